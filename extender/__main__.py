@@ -1,0 +1,80 @@
+"""``python -m extender``: run the gpusched scheduler extender.
+
+Configure kube-scheduler with ``urlPrefix: http://<host>:<port><url-prefix>`` and the verbs
+``filter``, ``prioritize`` and ``bind`` (see manifests/base/scheduler-config.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from extender.app import Collaborators, create_app
+from extender.settings import Settings, SettingsError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m extender",
+        description="gpusched: a GPU-aware kube-scheduler extender (filter, prioritize, bind) with a debug endpoint.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; the "
+                   "shipped Deployment runs kube-scheduler in the same pod and uses loopback)")
+    p.add_argument("--port", type=int, default=8888, help="HTTP port for the verbs, /healthz, /readyz, /metrics "
+                   "and /debug (default: %(default)s)")
+    p.add_argument("--url-prefix", default="/gpusched",
+                   help="path the verbs live under; kube-scheduler's urlPrefix must end with it (default: %(default)s)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file; without it the in-cluster service-account config is used")
+    p.add_argument("--token-file", default=None,
+                   help="in-cluster only: authenticate with this service-account token file instead of the pod's "
+                        "own (the shipped Deployment gives the extender container its own account this way)")
+    p.add_argument("--no-kube", action="store_true",
+                   help="standalone mode for dry runs and what-if tools: no cluster; judge from the full Node "
+                        "objects in each request (nodeCacheCapable: false) with an empty ledger; bind is refused")
+    p.add_argument("--max-body-bytes", type=int, default=Settings.max_body_bytes,
+                   help="largest request body accepted; larger ones get 413 (default: %(default)s)")
+    p.add_argument("--decision-capacity", type=int, default=Settings.decision_capacity,
+                   help="decision records kept in memory for /debug and `gpusched explain` (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="log level (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(host=args.host, port=args.port, url_prefix=args.url_prefix, max_body_bytes=args.max_body_bytes,
+                    decision_capacity=args.decision_capacity, no_kube=args.no_kube, kubeconfig=args.kubeconfig, token_file=args.token_file,
+                    log_level=args.log_level)
+
+
+def build_collaborators(settings: Settings) -> Collaborators:
+    if settings.no_kube:
+        return Collaborators()
+    from extender.adapters.kube import KubeBinder, api_client
+
+    return Collaborators(binder=KubeBinder(api_client(settings.kubeconfig, settings.token_file)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except SettingsError as exc:
+        print(f"gpusched extender: invalid setting: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        collaborators = build_collaborators(settings)
+    except Exception as exc:  # a bad kubeconfig or no in-cluster config: say what, exit non-zero
+        print(f"gpusched extender: cannot set up the Kubernetes client: {exc}", file=sys.stderr)
+        return 1
+    app = create_app(settings, collaborators)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=settings.log_level == "debug")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

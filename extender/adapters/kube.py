@@ -1,0 +1,80 @@
+"""Kubernetes edge of the extender: client construction and the binder.
+
+The binder writes gpusched's annotations on the pod and then creates its ``pods/binding``
+subresource — the extender *is* the binder when ``bindVerb`` is set, so kube-scheduler's default
+binder never runs for our pods. Both writes are guarded by the pod's UID: a pod deleted and
+recreated under the same name between filter and bind is never bound by mistake.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from extender.service.ports import BindError
+
+log = logging.getLogger("gpusched.extender.kube")
+
+# Statuses on which kube-scheduler's retry may succeed.
+_TEMPORARY = {409, 429, 500, 502, 503, 504}
+
+
+def api_client(kubeconfig: str | None, token_file: str | None = None) -> client.ApiClient:
+    """A client from ``kubeconfig``; else the in-cluster config, authenticating with
+    ``token_file`` when given (the extender's own account in a pod whose account is the
+    scheduler's) or the pod's service-account token. Sized for concurrent binds."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        loader = config.incluster_config.InClusterConfigLoader(
+            token_filename=token_file or config.incluster_config.SERVICE_TOKEN_FILENAME,
+            cert_filename=config.incluster_config.SERVICE_CERT_FILENAME)
+        loader.load_and_set(configuration)
+    configuration.connection_pool_maxsize = 64
+    return client.ApiClient(configuration)
+
+
+def _apiserver_message(exc: ApiException) -> str:
+    import json
+
+    try:
+        return json.loads(exc.body).get("message") or str(exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)
+
+
+class KubeBinder:
+    def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
+        self._core = client.CoreV1Api(api)
+        self._timeout = request_timeout_s
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        step = "annotate"
+        try:
+            if annotations:
+                # metadata.uid in a merge patch is a precondition: a different pod fails with 409/422.
+                self._core.patch_namespaced_pod(
+                    name, namespace, {"metadata": {"uid": uid, "annotations": dict(annotations)}},
+                    _request_timeout=self._timeout)
+            step = "bind"
+            body = client.V1Binding(
+                metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+            # _preload_content=False: the generated client cannot deserialize the Binding reply.
+            self._core.create_namespaced_pod_binding(
+                name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+        except ApiException as exc:
+            what = "annotating" if step == "annotate" else "creating pods/binding for"
+            hint = ""
+            if exc.status == 403:
+                hint = (" — the extender's service account lacks this permission; check the gpusched-extender "
+                        "ClusterRole in manifests/ (needs pods: patch and pods/binding: create)")
+            raise BindError(f"{what} pod {namespace}/{name} (node {node}) failed: "
+                            f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}",
+                            temporary=exc.status in _TEMPORARY) from None
+        except Exception as exc:  # connection refused, timeouts: the apiserver may come back
+            raise BindError(f"{step} of pod {namespace}/{name} to node {node} failed: {exc}", temporary=True) from None

@@ -1,0 +1,80 @@
+"""Reading request bodies safely: size-capped, parsed with orjson, validated against a wire model.
+
+Every failure becomes a :class:`BadRequest` carrying the HTTP status and a message that says what
+to fix; the routes turn it into a 4xx answer. Nothing a client sends can produce a 5xx here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    """A client error: ``status`` is 400, 413 or 422; ``message`` is for the caller."""
+
+    def __init__(self, status: int, message: str, details: list[dict[str, Any]] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details
+
+
+class OrjsonResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+async def read_capped(request: Request, limit_bytes: int) -> bytes:
+    """The request body, refusing (413) anything larger than ``limit_bytes`` — checked against
+    Content-Length up front and again while streaming, so a lying or absent header cannot
+    make the server buffer more than the cap."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise BadRequest(400, f"Content-Length {declared!r} is not an integer") from None
+        if size > limit_bytes:
+            raise BadRequest(413, f"body of {size} bytes exceeds the limit of {limit_bytes} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit_bytes:
+            raise BadRequest(413, f"body exceeds the limit of {limit_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, model: type[M]) -> tuple[M, Any]:
+    """Parse ``raw`` as JSON and validate it as ``model``; returns the model and the raw value
+    (kept so that objects can be echoed back verbatim)."""
+    if not raw:
+        raise BadRequest(400, f"empty body: expected a JSON object for {model.__name__}")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+    try:
+        return model.model_validate(value), value
+    except ValidationError as exc:
+        details = [
+            {"loc": ".".join(str(p) for p in err["loc"]), "msg": err["msg"], "type": err["type"]}
+            for err in exc.errors(include_url=False, include_input=False)[:20]
+        ]
+        first = details[0]
+        where = first["loc"] or "body"
+        message = (
+            f"invalid {model.__name__}: {where}: {first['msg']}"
+            + (f" (and {len(details) - 1} more)" if len(details) > 1 else "")
+        )
+        raise BadRequest(422, message, details) from None

@@ -1,0 +1,179 @@
+"""HTTP routes: the three extender verbs, health, metrics and the debug endpoints.
+
+Each verb route reads a size-capped body, validates it against the wire model, calls the service
+and answers 200 with the wire result. Client mistakes are answered 4xx with a message; a fault of
+gpusched's own is answered 200 with the protocol's ``Error`` field (kube-scheduler then backs
+the pod off and shows the message) and counted in ``gpusched_extender_internal_errors_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Query, Request
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.responses import Response
+
+from extender.api.bodies import BadRequest, OrjsonResponse, parse_body, read_capped
+from extender.api.wire import (
+    ErrorBody,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from extender.metrics import ExtenderMetrics
+from extender.service import ExtenderService, PodRef
+from extender.settings import Settings
+
+log = logging.getLogger("gpusched.extender")
+
+
+def _pod_ref(args: ExtenderArgs, raw: dict[str, Any]) -> PodRef:
+    meta = args.Pod.metadata
+    return PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {})
+
+
+def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]] | None]:
+    """Candidate node names in request order (deduplicated) and, when kube-scheduler sent full
+    Node objects (nodeCacheCapable: false), those objects by name."""
+    if args.NodeNames is not None:
+        return list(dict.fromkeys(args.NodeNames)), None
+    items = (raw.get("Nodes") or {}).get("items") or []
+    objects: dict[str, dict[str, Any]] = {}
+    for item in items:
+        objects.setdefault(item["metadata"]["name"], item)
+    return list(objects), objects
+
+
+def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
+                 internal_errors: Counter, ready: Callable[[], tuple[bool, str]]) -> APIRouter:
+    router = APIRouter()
+    prefix = settings.verb_prefix
+    limit = settings.max_body_bytes
+
+    async def answer(verb: str, request: Request, handle: Callable[[bytes], Any]) -> Response:
+        started = time.perf_counter()
+        try:
+            body = await read_capped(request, limit)
+            status, content = 200, await handle(body)
+        except BadRequest as exc:
+            status, content = exc.status, ErrorBody(error=exc.message, details=exc.details).model_dump(exclude_none=True)
+        metrics.request_seconds.labels(verb=verb).observe(time.perf_counter() - started)
+        metrics.requests.labels(verb=verb, code=str(status)).inc()
+        return OrjsonResponse(content, status_code=status)
+
+    def internal(verb: str, exc: Exception) -> str:
+        internal_errors.labels(verb=verb).inc()
+        log.exception("internal error in %s", verb)
+        return f"gpusched internal error in {verb}: {type(exc).__name__}: {exc}"
+
+    @router.post(f"{prefix}/filter", openapi_extra=_body_schema(ExtenderArgs),
+                 responses={200: {"model": ExtenderFilterResult}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+    async def filter_(request: Request) -> Response:
+        async def handle(body: bytes) -> dict[str, Any]:
+            args, raw = parse_body(body, ExtenderArgs)
+            names, objects = _candidates(args, raw)
+            try:
+                outcome = service.filter(_pod_ref(args, raw), names, objects)
+            except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
+                return ExtenderFilterResult(Error=internal("filter", exc)).model_dump()
+            result: dict[str, Any] = {
+                "Nodes": None, "NodeNames": None, "FailedNodes": dict(outcome.failed),
+                "FailedAndUnresolvableNodes": dict(outcome.unresolvable), "Error": outcome.error,
+            }
+            if objects is None:
+                result["NodeNames"] = list(outcome.feasible)
+            else:
+                result["Nodes"] = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
+            return result
+        return await answer("filter", request, handle)
+
+    @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
+                 responses={200: {"model": list[HostPriority]}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+    async def prioritize(request: Request) -> Response:
+        async def handle(body: bytes) -> list[dict[str, Any]]:
+            args, raw = parse_body(body, ExtenderArgs)
+            names, objects = _candidates(args, raw)
+            try:
+                outcome = service.prioritize(_pod_ref(args, raw), names, objects)
+            except Exception as exc:  # prioritize errors are ignored by kube-scheduler; answer neutral
+                internal("prioritize", exc)
+                return []
+            return [{"Host": n, "Score": int(outcome.scores.get(n, 0))} for n in names]
+        return await answer("prioritize", request, handle)
+
+    @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
+                 responses={200: {"model": ExtenderBindingResult}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+    async def bind(request: Request) -> Response:
+        async def handle(body: bytes) -> dict[str, str]:
+            args, _ = parse_body(body, ExtenderBindingArgs)
+            pod = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=args.PodUID)
+            try:
+                # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the
+                # apiserver: run them off the event loop so filter calls are never stuck behind them.
+                error = await anyio.to_thread.run_sync(service.bind, pod, args.Node)
+            except Exception as exc:
+                error = internal("bind", exc)
+            return {"Error": error}
+        return await answer("bind", request, handle)
+
+    @router.get("/healthz")
+    async def healthz() -> Response:
+        return OrjsonResponse({"status": "ok"})
+
+    @router.get("/readyz")
+    async def readyz() -> Response:
+        ok, why = ready()
+        return OrjsonResponse({"ready": ok, "reason": why}, status_code=200 if ok else 503)
+
+    @router.get("/metrics")
+    async def metrics_() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/debug/decisions")
+    async def decisions(namespace: str | None = None, pod: str | None = None, result: str | None = None,
+                        limit: int = Query(100, ge=1, le=5000)) -> Response:
+        records = service.decisions.recent(namespace=namespace, pod=pod, result=result, limit=limit)
+        return OrjsonResponse({"decisions": [r.to_json() for r in records]})
+
+    @router.get("/debug/decisions/{namespace}/{pod}")
+    async def pod_decisions(namespace: str, pod: str) -> Response:
+        records = service.decisions.for_pod(namespace, pod)
+        if not records:
+            return OrjsonResponse({"error": f"no decision recorded for {namespace}/{pod} (the store keeps the most recent pods only)"}, status_code=404)
+        return OrjsonResponse({"namespace": namespace, "pod": pod,
+                               "decisions": {verb: r.to_json() for verb, r in records.items()}})
+
+    return router
+
+
+def _body_schema(model: type) -> dict[str, Any]:
+    """OpenAPI request-body entry for routes that parse their own body (orjson, size cap)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def install_openapi(app: FastAPI, models: list[type]) -> None:
+    """Publish the wire models as components, so the schema describes the bodies exactly."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in js.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components[model.__name__] = js
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

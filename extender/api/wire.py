@@ -1,0 +1,99 @@
+"""Wire types of the kube-scheduler extender protocol (``k8s.io/kube-scheduler/extender/v1``).
+
+The Go structs carry no ``json`` tags, so the keys are the Go field names in PascalCase
+(``Pod``, ``Nodes``, ``NodeNames`` …); the embedded Pod and Node objects use ordinary
+Kubernetes camelCase JSON. These models mirror the wire exactly and are the schema the app
+publishes in its OpenAPI document (which the adversarial-body tests are generated from).
+
+Pods and Nodes are validated only as far as gpusched reads them (metadata, and spec/status as
+objects); everything else is kept verbatim so a NodeList can be echoed back unchanged when
+``nodeCacheCapable`` is false.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_NAME = Field(min_length=1, max_length=253)
+
+
+class _Open(BaseModel):
+    """A Kubernetes object part: known fields typed, unknown fields kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ObjectMeta(_Open):
+    name: str = _NAME
+    namespace: str = Field(default="default", max_length=253)
+    uid: str = Field(default="", max_length=128)
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class PodObject(_Open):
+    metadata: ObjectMeta
+    spec: dict[str, Any] = Field(default_factory=dict)
+    status: dict[str, Any] | None = None
+
+
+class NodeObject(_Open):
+    metadata: ObjectMeta
+    spec: dict[str, Any] | None = None
+    status: dict[str, Any] | None = None
+
+
+class NodeList(_Open):
+    metadata: dict[str, Any] | None = None
+    items: list[NodeObject] | None = None
+
+
+class ExtenderArgs(BaseModel):
+    """Filter and prioritize request. Exactly one of ``Nodes`` / ``NodeNames`` is set by
+    kube-scheduler: ``NodeNames`` with ``nodeCacheCapable: true``, ``Nodes`` otherwise."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    Pod: PodObject
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderFilterResult(BaseModel):
+    """Filter response. ``FailedNodes`` may fit later (preemption may try them);
+    ``FailedAndUnresolvableNodes`` never will; ``Error`` only for gpusched's own faults."""
+
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = Field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Error: str = ""
+
+
+class HostPriority(BaseModel):
+    """One element of the prioritize response (a top-level JSON array). Score is 0..10."""
+
+    Host: str
+    Score: int = Field(ge=0, le=10)
+
+
+class ExtenderBindingArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    PodName: str = _NAME
+    PodNamespace: str = _NAME
+    PodUID: str = Field(max_length=128)
+    Node: str = _NAME
+
+
+class ExtenderBindingResult(BaseModel):
+    Error: str = ""
+
+
+class ErrorBody(BaseModel):
+    """What a 4xx answer carries: what was wrong with the request, and where."""
+
+    error: str
+    details: list[dict[str, Any]] | None = None

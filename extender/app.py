@@ -1,0 +1,50 @@
+"""The extender's ASGI app, built by :func:`create_app` from settings and collaborators.
+
+Collaborators live on ``app.state`` (service, metrics, settings) so tests and the process entry
+point assemble the same app with different edges: a real binder and cluster view in production,
+fakes in unit tests, no cluster at all in the standalone mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+from prometheus_client import Counter
+
+from extender.api.routes import build_router, install_openapi
+from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
+from extender.metrics import ExtenderMetrics
+from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
+from extender.settings import Settings
+
+
+def _always_ready() -> tuple[bool, str]:
+    return True, "ready"
+
+
+@dataclass
+class Collaborators:
+    decider: Decider = field(default_factory=AcceptAllDecider)
+    binder: Binder = field(default_factory=DisabledBinder)
+    # Readiness: (ready, reason). The cluster view reports not-ready until its ledger is rebuilt.
+    ready: Callable[[], tuple[bool, str]] = _always_ready
+    metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+
+
+def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
+    c = collaborators or Collaborators()
+    service = ExtenderService(c.decider, c.binder, DecisionStore(settings.decision_capacity), c.metrics)
+    internal_errors = Counter(
+        "gpusched_extender_internal_errors_total",
+        "Faults of gpusched's own while answering a verb (answered in the protocol's Error field).",
+        ["verb"], registry=c.metrics.registry)
+    app = FastAPI(title="gpusched extender", version="0.1.0",
+                  description="kube-scheduler extender for GPU-aware LLM inference placement")
+    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready))
+    install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
+    app.state.settings = settings
+    app.state.service = service
+    app.state.metrics = c.metrics
+    return app

@@ -1,0 +1,165 @@
+"""The extender's use cases — filter, prioritize, bind — in domain terms.
+
+The HTTP layer converts wire types to these calls; the :class:`Decider` (the scheduling
+framework over a cluster snapshot) judges; this module records every decision, counts it, and
+drives the binder. It owns the one rule that makes bind safe: GPUs are reserved by the decider
+*before* the binding is written and released again if the binding fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from extender.service.decisions import DecisionRecord, DecisionStore
+from extender.service.ports import Binder, BindError
+
+DECISION_ID_ANNOTATION = "gpusched.io/decision-id"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The pod as the request gave it: identity plus the raw Kubernetes JSON."""
+
+    namespace: str
+    name: str
+    uid: str
+    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    feasible: tuple[str, ...]
+    failed: Mapping[str, str] = field(default_factory=dict)  # may fit later
+    unresolvable: Mapping[str, str] = field(default_factory=dict)  # never fits on that node
+    error: str = ""  # gpusched's own fault only
+    summary: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def result(self) -> str:
+        if self.error:
+            return "error"
+        if self.feasible:
+            return "feasible"
+        return "unresolvable" if self.unresolvable and not self.failed else "unschedulable"
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    scores: Mapping[str, int]  # 0..10 per node
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What the decider reserved for a pod on a node; ``annotations`` are written on the pod."""
+
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    summary: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The decider will not bind the pod to the node (capacity taken since filter, unknown pod…)."""
+
+    reason: str
+
+
+class Decider(Protocol):
+    def filter(self, pod: PodRef, candidates: Sequence[str],
+               node_objects: Mapping[str, Mapping[str, Any]] | None) -> FilterOutcome: ...
+
+    def prioritize(self, pod: PodRef, candidates: Sequence[str],
+                   node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome: ...
+
+    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+        """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice)."""
+
+    def unreserve(self, pod: PodRef) -> None:
+        """Release what :meth:`reserve` took; a no-op when nothing is held."""
+
+
+class AcceptAllDecider:
+    """Every node fits, all score alike, nothing is reserved. The foundation's placeholder and a
+    baseline for overhead measurements; the scheduling framework replaces it."""
+
+    def filter(self, pod, candidates, node_objects):
+        return FilterOutcome(feasible=tuple(candidates), summary=f"{len(candidates)} nodes accepted")
+
+    def prioritize(self, pod, candidates, node_objects):
+        return ScoreOutcome(scores={n: 5 for n in candidates})
+
+    def reserve(self, pod, node, decision_id):
+        return Reservation(summary="nothing to reserve")
+
+    def unreserve(self, pod):
+        return None
+
+
+class Observer(Protocol):
+    """Where the service reports what it did (Prometheus metrics in production)."""
+
+    def decision(self, verb: str, result: str) -> None: ...
+
+
+class ExtenderService:
+    def __init__(self, decider: Decider, binder: Binder, decisions: DecisionStore, observer: Observer):
+        self.decider = decider
+        self.binder = binder
+        self.decisions = decisions
+        self.observer = observer
+
+    def filter(self, pod: PodRef, candidates: Sequence[str],
+               node_objects: Mapping[str, Mapping[str, Any]] | None = None) -> FilterOutcome:
+        started = time.perf_counter()
+        outcome = self.decider.filter(pod, candidates, node_objects)
+        self._record("filter", pod, outcome.result, started, summary=outcome.summary,
+                     details={"candidates": len(candidates), "feasible": list(outcome.feasible),
+                              "failed": dict(outcome.failed), "unresolvable": dict(outcome.unresolvable),
+                              **outcome.details})
+        return outcome
+
+    def prioritize(self, pod: PodRef, candidates: Sequence[str],
+                   node_objects: Mapping[str, Mapping[str, Any]] | None = None) -> ScoreOutcome:
+        started = time.perf_counter()
+        outcome = self.decider.prioritize(pod, candidates, node_objects)
+        self._record("prioritize", pod, "scored", started, details={"scores": dict(outcome.scores), **outcome.details})
+        return outcome
+
+    def bind(self, pod: PodRef, node: str) -> str:
+        """Reserve, annotate, bind. Returns "" on success, else the error for the wire's
+        ``Error`` (kube-scheduler then unreserves the pod and retries it with backoff)."""
+        started = time.perf_counter()
+        decision_id = self.decisions.new_id()
+        reserved = self.decider.reserve(pod, node, decision_id)
+        if isinstance(reserved, Refusal):
+            self._record("bind", pod, "bind-refused", started, node=node, summary=reserved.reason, record_id=decision_id)
+            return f"gpusched refused to bind {pod.key} to {node}: {reserved.reason}"
+        annotations = {DECISION_ID_ANNOTATION: decision_id, **reserved.annotations}
+        try:
+            self.binder.bind(pod.namespace, pod.name, pod.uid, node, annotations)
+        except BindError as exc:
+            self.decider.unreserve(pod)
+            self._record("bind", pod, "bind-failed", started, node=node, summary=exc.message,
+                         details={"temporary": exc.temporary, **reserved.details}, record_id=decision_id)
+            return f"gpusched could not bind {pod.key} to {node}: {exc.message}"
+        self._record("bind", pod, "bound", started, node=node, summary=reserved.summary,
+                     details={"annotations": annotations, **reserved.details}, record_id=decision_id)
+        return ""
+
+    def _record(self, verb: str, pod: PodRef, result: str, started: float, *, node: str | None = None,
+                summary: str = "", details: Mapping[str, Any] | None = None, record_id: str | None = None) -> None:
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        self.decisions.add(DecisionRecord(
+            id=record_id or self.decisions.new_id(), verb=verb, namespace=pod.namespace, pod=pod.name,
+            uid=pod.uid, result=result, at_unix=time.time(), latency_ms=latency_ms, node=node,
+            summary=summary, details=dict(details or {})))
+        self.observer.decision(verb, result)

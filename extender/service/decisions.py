@@ -1,0 +1,102 @@
+"""A bounded in-memory record of every filter, prioritize and bind decision.
+
+The debug endpoint and ``gpusched explain`` read from here, so a platform engineer can see why a
+pod is where it is (or why it waits) without raising kube-scheduler's log level. Records are
+frozen values; the store keeps the most recent ``capacity`` records and, per pod, the newest
+record of each verb.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    id: str
+    verb: str  # filter | prioritize | bind
+    namespace: str
+    pod: str
+    uid: str
+    result: str  # e.g. feasible, unschedulable, unresolvable, scored, bound, bind-failed, error
+    at_unix: float
+    latency_ms: float
+    node: str | None = None
+    summary: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "verb": self.verb,
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "uid": self.uid,
+            "result": self.result,
+            "at": self.at_unix,
+            "latencyMs": round(self.latency_ms, 3),
+            "node": self.node,
+            "summary": self.summary,
+            "details": self.details,
+        }
+
+
+class DecisionStore:
+    """Thread-safe, bounded. ``capacity`` bounds both the recent list and the per-pod index."""
+
+    def __init__(self, capacity: int = 2000):
+        if capacity <= 0:
+            raise ValueError(f"decision store capacity must be positive, got {capacity}")
+        self._capacity = capacity
+        self._recent: deque[DecisionRecord] = deque(maxlen=capacity)
+        self._by_pod: OrderedDict[tuple[str, str], dict[str, DecisionRecord]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._prefix = f"{int(time.time()):x}"
+
+    def new_id(self) -> str:
+        """A decision id unique within this process and unlikely to repeat across restarts."""
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def add(self, record: DecisionRecord) -> None:
+        key = (record.namespace, record.pod)
+        with self._lock:
+            self._recent.append(record)
+            verbs = self._by_pod.pop(key, {})
+            verbs[record.verb] = record
+            self._by_pod[key] = verbs
+            while len(self._by_pod) > self._capacity:
+                self._by_pod.popitem(last=False)
+
+    def recent(self, *, namespace: str | None = None, pod: str | None = None,
+               result: str | None = None, limit: int = 100) -> list[DecisionRecord]:
+        """Newest first, filtered by any of namespace, pod and result."""
+        with self._lock:
+            records = list(self._recent)
+        out = []
+        for r in reversed(records):
+            if namespace and r.namespace != namespace:
+                continue
+            if pod and r.pod != pod:
+                continue
+            if result and r.result != result:
+                continue
+            out.append(r)
+            if len(out) >= limit:
+                break
+        return out
+
+    def for_pod(self, namespace: str, pod: str) -> dict[str, DecisionRecord]:
+        """The newest record of each verb for one pod (empty if none is kept)."""
+        with self._lock:
+            return dict(self._by_pod.get((namespace, pod), {}))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._recent)

@@ -1,0 +1,45 @@
+"""Typed, validated settings of the extender process. Built once at startup (from the command
+line in ``__main__``); a bad value fails startup with a message naming the setting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8888
+    # kube-scheduler calls urlPrefix + "/" + verb; our urlPrefix path part, e.g. "/gpusched".
+    url_prefix: str = "/gpusched"
+    # Largest request body accepted. A full NodeList (nodeCacheCapable: false) of 5,000 nodes
+    # is tens of MiB; anything larger is refused with 413 before it is buffered.
+    max_body_bytes: int = 64 * 1024 * 1024
+    decision_capacity: int = 2000
+    # No cluster: judge from full Node objects in each request; bind is refused.
+    no_kube: bool = False
+    kubeconfig: str | None = None
+    token_file: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.port <= 65535):
+            raise SettingsError(f"port: must be 0..65535, got {self.port}")
+        if not self.url_prefix.startswith("/") or (len(self.url_prefix) > 1 and self.url_prefix.endswith("/")):
+            raise SettingsError(f"url_prefix: must start with '/' and not end with '/', got {self.url_prefix!r}")
+        if self.max_body_bytes < 1024:
+            raise SettingsError(f"max_body_bytes: must be at least 1024, got {self.max_body_bytes}")
+        if self.decision_capacity < 1:
+            raise SettingsError(f"decision_capacity: must be positive, got {self.decision_capacity}")
+        if self.no_kube and (self.kubeconfig or self.token_file):
+            raise SettingsError("no_kube: contradicts kubeconfig/token_file; drop --no-kube or the cluster credentials")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise SettingsError(f"log_level: must be one of critical, error, warning, info, debug; got {self.log_level!r}")
+
+    @property
+    def verb_prefix(self) -> str:
+        return "" if self.url_prefix == "/" else self.url_prefix
