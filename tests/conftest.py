@@ -1,0 +1,9 @@
+"""Shared pytest setup: the repository root on sys.path so ``tests.support`` imports."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "engine-sidecar"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))

@@ -1,0 +1,206 @@
+"""The real Kubernetes control plane the end-to-end tests and the demo run against.
+
+etcd and kube-apiserver (RBAC on, token authentication, self-signed serving certificates, a
+service-account signing key) on loopback ports; identities for the gpusched scheduler and
+extender minted with the TokenRequest API for the service accounts that ``manifests/`` declares,
+so the components run with exactly the RBAC the manifests grant. No kubelet and no
+controller-manager: tests create Node objects and set their status themselves.
+
+Binaries come from ``hack/build-control-plane.sh`` (built from the Go module proxy, cached).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from tests.support.processes import Component, ComponentFailed, free_port, http_ok
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+NAMESPACE = "gpusched-system"
+SCHEDULER_SA = "gpusched-scheduler"
+EXTENDER_SA = "gpusched-extender"
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+
+
+def build_binaries() -> Path:
+    """Build (or reuse) the control-plane binaries; fails loudly with the build's output."""
+    script = REPO / "hack" / "build-control-plane.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ComponentFailed(f"{script} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ComponentFailed(f"openssl {' '.join(args)} failed: {proc.stderr}")
+
+
+def make_pki(d: Path) -> None:
+    """A throwaway CA, an apiserver serving cert for 127.0.0.1/localhost, and an SA signing key."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+             "-days", "3", "-subj", "/CN=gpusched-test-ca", cwd=d)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
+             "-subj", "/CN=kube-apiserver", cwd=d)
+    (d / "apiserver.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "apiserver.crt", "-days", "3", "-extfile", "apiserver.ext", cwd=d)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+def manifest_documents(paths: Iterable[Path] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every object in ``manifests/`` (recursively; kustomization files excluded), in file order."""
+    files = sorted(paths) if paths is not None else sorted(
+        p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
+    docs: list[tuple[Path, dict[str, Any]]] = []
+    for f in files:
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc:
+                docs.append((f, doc))
+    return docs
+
+
+def scheduler_config_from_manifests() -> dict[str, Any]:
+    """The KubeSchedulerConfiguration shipped in manifests/base/scheduler-config.yaml."""
+    for _, doc in manifest_documents([MANIFESTS / "base" / "scheduler-config.yaml"]):
+        if doc.get("kind") == "ConfigMap":
+            return yaml.safe_load(doc["data"]["config.yaml"])
+    raise ComponentFailed("manifests/base/scheduler-config.yaml holds no ConfigMap with config.yaml")
+
+
+class ControlPlane:
+    """etcd + kube-apiserver. ``start()`` returns once /readyz is 200 and RBAC is bootstrapped."""
+
+    def __init__(self, bin_dir: Path, workdir: Path | None = None):
+        self.bin_dir = bin_dir
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpusched-cp-"))
+        self._own_workdir = workdir is None
+        self.pki = self.workdir / "pki"
+        self.components: list[Component] = []
+        self.admin_token = "gpusched-test-admin-" + os.urandom(8).hex()
+        self.apiserver_port = free_port()
+        self.url = f"https://127.0.0.1:{self.apiserver_port}"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "ControlPlane":
+        make_pki(self.pki)
+        etcd_port, etcd_peer = free_port(), free_port()
+        etcd = self._spawn("etcd", [
+            str(self.bin_dir / "etcd"), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}", f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+            # Throwaway data: durability is not what the tests exercise, speed is.
+            "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296"])
+        etcd.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{etcd_port}/health"), 60)
+        (self.pki / "tokens.csv").write_text(f'{self.admin_token},gpusched-test-admin,gpusched-test-admin,"system:masters"\n')
+        apiserver = self._spawn("kube-apiserver", [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={self.pki / 'apiserver.crt'}", f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+            f"--client-ca-file={self.pki / 'ca.crt'}",
+            # Published in kube-system/extension-apiserver-authentication for components that
+            # delegate authentication (kube-scheduler's secure port).
+            f"--requestheader-client-ca-file={self.pki / 'ca.crt'}",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-", "--requestheader-allowed-names=front-proxy-client",
+            f"--token-auth-file={self.pki / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={API_AUDIENCE}",
+            f"--service-account-key-file={self.pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+            f"--api-audiences={API_AUDIENCE},gpusched",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # The `kubernetes` Service endpoint cannot be a loopback address, and nothing here
+            # reaches the apiserver through it.
+            "--endpoint-reconciler-type=none",
+            # No controller-manager runs, so no token controller creates the `default` service
+            # accounts that the ServiceAccount admission plugin demands of every pod.
+            "--disable-admission-plugins=ServiceAccount",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            "--profiling=false", "--v=1"])
+        apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
+                                               ca_file=str(self.pki / "ca.crt")), 120)
+        return self
+
+    def stop(self) -> None:
+        for c in reversed(self.components):
+            c.stop()
+        self.components.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Component:
+        c = Component(name, argv, self.workdir / "logs" / f"{name}.log", env=dict(env) if env else None)
+        self.components.append(c)
+        return c
+
+    # -- clients and identities ---------------------------------------------------------------
+    def api_client(self, token: str | None = None) -> client.ApiClient:
+        cfg = client.Configuration()
+        cfg.host = self.url
+        cfg.ssl_ca_cert = str(self.pki / "ca.crt")
+        cfg.api_key = {"authorization": "Bearer " + (token or self.admin_token)}
+        cfg.connection_pool_maxsize = 32
+        return client.ApiClient(cfg)
+
+    def kubeconfig(self, token: str, name: str) -> Path:
+        path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": name,
+            "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}],
+        }))
+        return path
+
+    def service_account_token(self, namespace: str, name: str, audiences: list[str] | None = None,
+                              seconds: int = 86400, bound_pod: tuple[str, str] | None = None) -> str:
+        """A token for an existing service account, minted with the TokenRequest API."""
+        spec = client.V1TokenRequestSpec(audiences=audiences or [API_AUDIENCE], expiration_seconds=seconds)
+        if bound_pod:
+            spec.bound_object_ref = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=bound_pod[0],
+                                                                  uid=bound_pod[1])
+        req = client.AuthenticationV1TokenRequest(spec=spec)
+        out = client.CoreV1Api(self.api_client()).create_namespaced_service_account_token(name, namespace, req)
+        return out.status.token
+
+    # -- applying manifests ----------------------------------------------------------------------
+    def apply(self, docs: Iterable[dict[str, Any]], *, dry_run: bool = False, field_manager: str = "gpusched-tests") -> None:
+        """Server-side apply of each object (``kubectl apply --server-side [--dry-run=server]``)."""
+        dyn = DynamicClient(self.api_client())
+        for doc in docs:
+            resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            namespace = doc.get("metadata", {}).get("namespace") if resource.namespaced else None
+            kwargs: dict[str, Any] = {"field_manager": field_manager, "force_conflicts": True}
+            if dry_run:
+                kwargs["dry_run"] = "All"
+            resource.server_side_apply(body=doc, name=doc["metadata"]["name"], namespace=namespace, **kwargs)
+
+
+def python_component_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "engine-sidecar"), env.get("PYTHONPATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+PYTHON = sys.executable

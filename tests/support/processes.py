@@ -1,0 +1,115 @@
+"""Child processes for the real components (etcd, kube-apiserver, kube-scheduler, extender):
+started with their output in a log file, waited on for health, and stopped for sure.
+
+A component that exits or never becomes healthy raises :class:`ComponentFailed` carrying the
+tail of its own log, so a failing run says *why* (never a skip)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class ComponentFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log written)"
+    return "\n".join(text[-lines:])
+
+
+class Component:
+    """One running child process. ``stop()`` sends SIGTERM, then SIGKILL after ``grace_s``."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                         cwd=cwd, start_new_session=True)
+        except OSError as exc:
+            self._log.close()
+            raise ComponentFailed(f"{name}: cannot start {self.argv[0]}: {exc}") from None
+
+    def tail(self, lines: int = 40) -> str:
+        self._log.flush()
+        return log_tail(self.log_path, lines)
+
+    def failure(self, what: str) -> ComponentFailed:
+        return ComponentFailed(f"{self.name} {what}\n--- last lines of {self.log_path} ---\n{self.tail()}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_healthy(self, probe: Callable[[], bool], timeout_s: float, what: str = "did not become healthy") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise self.failure(f"exited with code {self.proc.returncode} before becoming healthy")
+            try:
+                if probe():
+                    return
+            except Exception:  # not up yet: connection refused, TLS not ready, 5xx ...
+                pass
+            time.sleep(0.2)
+        raise self.failure(f"{what} within {timeout_s:.0f}s")
+
+    def kill(self) -> None:
+        """SIGKILL, the crash case; used by tests that restart a component mid-flight."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def http_ok(url: str, *, token: str | None = None, insecure_tls: bool = False, ca_file: str | None = None,
+            timeout_s: float = 2.0) -> bool:
+    """True when GET ``url`` answers 200."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = None
+    if url.startswith("https"):
+        context = ssl.create_default_context(cafile=ca_file)
+        if insecure_tls:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError:
+        return False

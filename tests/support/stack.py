@@ -1,0 +1,113 @@
+"""gpusched on the real control plane: the extender process and kube-scheduler processes, each
+running as the service account ``manifests/`` gives it, with the shipped scheduler config."""
+
+from __future__ import annotations
+
+import copy
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.controlplane import (
+    EXTENDER_SA,
+    NAMESPACE,
+    PYTHON,
+    SCHEDULER_SA,
+    ControlPlane,
+    manifest_documents,
+    python_component_env,
+    scheduler_config_from_manifests,
+)
+from tests.support.processes import Component, free_port, http_ok
+
+
+class Extender:
+    def __init__(self, component: Component, port: int, url_prefix: str):
+        self.component = component
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.url_prefix = url_prefix
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Value of one sample from /metrics (0.0 when absent)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"{self.base}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                    total += sample.value
+        return total
+
+    def get_json(self, path: str) -> Any:
+        import json
+        import urllib.error
+        import urllib.request
+
+        try:
+            return json.loads(urllib.request.urlopen(self.base + path, timeout=5).read())
+        except urllib.error.HTTPError as exc:
+            return {"status": exc.code, **json.loads(exc.read() or b"{}")}
+
+
+class Stack:
+    """Installs manifests/ into the control plane and runs gpusched's processes against it."""
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self.schedulers: list[Component] = []
+        self.extender: Extender | None = None
+
+    def install(self) -> None:
+        self.cp.apply(doc for _, doc in manifest_documents())
+
+    def identity_kubeconfig(self, service_account: str) -> Path:
+        token = self.cp.service_account_token(NAMESPACE, service_account)
+        return self.cp.kubeconfig(token, service_account)
+
+    def start_extender(self, *extra_args: str) -> Extender:
+        port = free_port()
+        kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
+        c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
+                                   *extra_args],
+                      self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
+        self.cp.components.append(c)
+        c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
+        self.extender = Extender(c, port, "/gpusched")
+        return self.extender
+
+    def scheduler_config(self, extender: Extender, kubeconfig: Path,
+                         adjust: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The manifests' config pointed at this control plane and this extender's port."""
+        config = copy.deepcopy(scheduler_config_from_manifests())
+        config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
+        for ext in config.get("extenders", []):
+            url = urllib.parse.urlsplit(ext["urlPrefix"])
+            ext["urlPrefix"] = urllib.parse.urlunsplit((url.scheme, f"127.0.0.1:{extender.port}", url.path, "", ""))
+        if adjust:
+            adjust(config)
+        return config
+
+    def start_scheduler(self, name: str = "kube-scheduler",
+                        adjust: Callable[[dict[str, Any]], None] | None = None) -> Component:
+        assert self.extender is not None, "start the extender first"
+        kubeconfig = self.identity_kubeconfig(SCHEDULER_SA)
+        config = self.scheduler_config(self.extender, kubeconfig, adjust)
+        path = self.cp.workdir / f"{name}-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        c = Component(name, [str(self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
+                             "--bind-address=127.0.0.1", f"--secure-port={port}",
+                             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+                             "--v=2"],
+                      self.cp.workdir / "logs" / f"{name}.log")
+        self.cp.components.append(c)
+        c.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
+        self.schedulers.append(c)
+        return c
