@@ -17,7 +17,8 @@ repo="$(cd "$here/.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
-cache_root="${GPUSCHED_BIN_CACHE:-$repo/.cache/control-plane}"
+# Outside the checkout, so fresh clones (CI) on the same machine reuse it.
+cache_root="${GPUSCHED_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/control-plane}"
 out="$cache_root/${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}"
 bins=(etcd kube-apiserver kube-scheduler)
 

@@ -1,4 +1,4 @@
-"""Shared pytest setup: the repository root on sys.path so ``tests.support`` imports."""
+"""Shared pytest setup: the repository root on sys.path so ``devcluster`` imports."""
 
 import sys
 from pathlib import Path

@@ -122,7 +122,8 @@ class ExtenderService:
         started = time.perf_counter()
         outcome = self.decider.filter(pod, candidates, node_objects)
         self._record("filter", pod, outcome.result, started, summary=outcome.summary,
-                     details={"candidates": len(candidates), "feasible": list(outcome.feasible),
+                     details={"candidates": len(candidates), "nodeCacheCapable": node_objects is None,
+                              "feasible": list(outcome.feasible),
                               "failed": dict(outcome.failed), "unresolvable": dict(outcome.unresolvable),
                               **outcome.details})
         return outcome

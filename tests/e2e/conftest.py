@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.support.cluster import create_namespace, unique
-from tests.support.controlplane import ControlPlane, build_binaries
-from tests.support.stack import Extender, Stack
+from devcluster.cluster import create_namespace, unique
+from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.stack import Extender, Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from tests.support.cluster import (
+from devcluster.cluster import (
     create_gpu_node,
     create_pod,
     pod_node,
@@ -13,8 +13,8 @@ from tests.support.cluster import (
     vllm_pod,
     wait_until,
 )
-from tests.support.controlplane import ControlPlane
-from tests.support.stack import Extender, Stack
+from devcluster.controlplane import ControlPlane
+from devcluster.stack import Extender, Stack
 
 
 def test_pod_is_bound_by_kube_scheduler_through_the_extender_bind(admin, namespace, extender: Extender, stack: Stack):
@@ -37,3 +37,24 @@ def test_pod_is_bound_by_kube_scheduler_through_the_extender_bind(admin, namespa
     assert (record["id"], record["node"], record["result"]) == (decision_id, node, "bound")
     assert extender.metric("gpusched_extender_decisions_total", {"verb": "bind", "result": "bound"}) == binds_before + 1
     assert extender.metric("gpusched_extender_request_duration_seconds_count", {"verb": "bind"}) >= 1
+
+
+def test_full_node_objects_with_node_cache_capable_false(admin, namespace, stack: Stack, extender: Extender):
+    """A second kube-scheduler whose config differs from the shipped one only where it must: its
+    own scheduler name, no leader election (the lease belongs to the first), nodeCacheCapable false."""
+    def full_nodes(config):
+        config["profiles"][0]["schedulerName"] = "gpusched-full-nodes"
+        config["leaderElection"] = {"leaderElect": False}
+        config["extenders"][0]["nodeCacheCapable"] = False
+    if not any(c.name == "kube-scheduler-full-nodes" and c.alive() for c in stack.schedulers):
+        stack.start_scheduler("kube-scheduler-full-nodes", adjust=full_nodes)
+    node = unique("gpu-node")
+    create_gpu_node(admin, node, gpus=1)
+    create_pod(admin, namespace, vllm_pod("engine", gpus=1, scheduler="gpusched-full-nodes"))
+
+    bound_to = wait_until(lambda: pod_node(admin, namespace, "engine"), 60, "pod to be bound by the full-nodes scheduler",
+                          context=lambda: stack.schedulers[-1].tail(20))
+    record = extender.get_json(f"/debug/decisions/{namespace}/engine")["decisions"]
+    assert record["filter"]["details"]["nodeCacheCapable"] is False
+    assert node in record["filter"]["details"]["feasible"]
+    assert (record["bind"]["node"], record["bind"]["result"]) == (bound_to, "bound")

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.controlplane import (
+from devcluster.controlplane import (
     EXTENDER_SA,
     NAMESPACE,
     PYTHON,
@@ -21,7 +21,7 @@ from tests.support.controlplane import (
     python_component_env,
     scheduler_config_from_manifests,
 )
-from tests.support.processes import Component, free_port, http_ok
+from devcluster.processes import Component, free_port, http_ok
 
 
 class Extender:

@@ -24,9 +24,9 @@ import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from tests.support.processes import Component, ComponentFailed, free_port, http_ok
+from devcluster.processes import Component, ComponentFailed, free_port, http_ok
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 NAMESPACE = "gpusched-system"
 SCHEDULER_SA = "gpusched-scheduler"

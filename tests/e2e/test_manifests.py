@@ -1,0 +1,58 @@
+"""manifests/ are what the tests run with, and every object in them is accepted by the apiserver."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from devcluster.controlplane import EXTENDER_SA, MANIFESTS, NAMESPACE, SCHEDULER_SA, ControlPlane, manifest_documents
+from devcluster.stack import Stack
+
+MANIFEST_FILES = sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
+
+
+@pytest.mark.parametrize("path", MANIFEST_FILES, ids=lambda p: str(p.relative_to(MANIFESTS)))
+def test_every_manifest_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, path):
+    docs = [doc for _, doc in manifest_documents([path])]
+    assert docs, f"{path} holds no objects"
+    control_plane.apply(docs, dry_run=True)
+
+
+def test_kustomization_lists_every_base_file():
+    import yaml
+
+    listed = set(yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in (MANIFESTS / "base").glob("*.yaml") if p.name != "kustomization.yaml"}
+    assert listed == present
+
+
+def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = "", group: str = "",
+         namespace: str = "default", name: str = "") -> bool:
+    review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+        resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, subresource=subresource,
+                                                        group=group, namespace=namespace, name=name)))
+    return client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed
+
+
+@pytest.mark.parametrize("account,verb,resource,subresource,group,allowed", [
+    pytest.param(EXTENDER_SA, "create", "pods", "binding", "", True, id="extender-binds"),
+    pytest.param(EXTENDER_SA, "patch", "pods", "", "", True, id="extender-annotates-pods"),
+    pytest.param(EXTENDER_SA, "watch", "nodes", "", "", True, id="extender-watches-nodes"),
+    pytest.param(EXTENDER_SA, "delete", "pods", "", "", False, id="extender-cannot-delete-pods"),
+    pytest.param(EXTENDER_SA, "update", "nodes", "", "", False, id="extender-cannot-update-nodes"),
+    pytest.param(EXTENDER_SA, "get", "secrets", "", "", False, id="extender-cannot-read-secrets"),
+    pytest.param(SCHEDULER_SA, "create", "pods", "binding", "", True, id="scheduler-binds"),
+    pytest.param(SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", True, id="scheduler-lease"),
+    pytest.param(SCHEDULER_SA, "get", "secrets", "", "", False, id="scheduler-cannot-read-secrets"),
+])
+def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane, stack: Stack, account, verb,
+                                                    resource, subresource, group, allowed):
+    """The tokens the e2e components run with belong to the manifests' service accounts, and those
+    accounts can do what gpusched needs and nothing obviously more."""
+    token = control_plane.service_account_token(NAMESPACE, account)
+    api = control_plane.api_client(token)
+    who = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview()).status.user_info
+    assert who.username == f"system:serviceaccount:{NAMESPACE}:{account}"
+    ns = NAMESPACE if resource == "leases" else "default"
+    name = "gpusched-scheduler" if resource == "leases" else ""
+    assert _can(api, verb, resource, subresource=subresource, group=group, namespace=ns, name=name) is allowed

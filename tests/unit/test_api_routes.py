@@ -1,0 +1,169 @@
+"""The wire protocol in-process: shapes, both nodeCacheCapable forms, size caps, error mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from extender.app import Collaborators, create_app
+from extender.service import BindError, FilterOutcome, RecordingBinder, Refusal, Reservation, ScoreOutcome
+from extender.settings import Settings, SettingsError
+
+
+def pod(name: str = "p", namespace: str = "ns", uid: str = "uid-1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "uid": uid}, "spec": {"containers": []}}
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"x": "y"}}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+
+
+class ScriptedDecider:
+    """Rejects nodes named bad-*, refuses nodes named full-*, scores by name length."""
+
+    def __init__(self):
+        self.unreserved: list[str] = []
+
+    def filter(self, pod, candidates, node_objects):
+        ok = tuple(n for n in candidates if not n.startswith("bad"))
+        return FilterOutcome(feasible=ok, failed={n: "only 1 of 4 GPUs free" for n in candidates if n.startswith("bad-f")},
+                             unresolvable={n: "no GPUs" for n in candidates if n.startswith("bad-u")})
+
+    def prioritize(self, pod, candidates, node_objects):
+        return ScoreOutcome(scores={n: min(10, len(n)) for n in candidates})
+
+    def reserve(self, pod, node, decision_id):
+        if node.startswith("full"):
+            return Refusal("GPUs 0,1 were taken since filter")
+        return Reservation(annotations={"gpusched.io/assigned-gpus": "GPU-a,GPU-b"})
+
+    def unreserve(self, pod):
+        self.unreserved.append(pod.key)
+
+
+@pytest.fixture
+def binder() -> RecordingBinder:
+    return RecordingBinder()
+
+
+@pytest.fixture
+def decider() -> ScriptedDecider:
+    return ScriptedDecider()
+
+
+@pytest.fixture
+def client(binder, decider) -> TestClient:
+    return TestClient(create_app(Settings(max_body_bytes=4096), Collaborators(decider=decider, binder=binder)))
+
+
+def test_filter_with_node_names_answers_node_names(client):
+    r = client.post("/gpusched/filter", json={"Pod": pod(), "Nodes": None, "NodeNames": ["good", "bad-f1", "bad-u1", "good"]})
+    assert r.status_code == 200
+    assert r.json() == {"Nodes": None, "NodeNames": ["good"], "FailedNodes": {"bad-f1": "only 1 of 4 GPUs free"},
+                        "FailedAndUnresolvableNodes": {"bad-u1": "no GPUs"}, "Error": ""}
+
+
+def test_filter_with_full_nodes_echoes_the_feasible_node_objects_verbatim(client):
+    items = [node("good"), node("bad-u1")]
+    r = client.post("/gpusched/filter", json={"Pod": pod(), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None})
+    body = r.json()
+    assert body["NodeNames"] is None
+    assert body["Nodes"]["items"] == [items[0]]
+
+
+def test_prioritize_is_a_top_level_array_of_host_scores(client):
+    r = client.post("/gpusched/prioritize", json={"Pod": pod(), "NodeNames": ["a", "abcdefghijklmn"]})
+    assert r.json() == [{"Host": "a", "Score": 1}, {"Host": "abcdefghijklmn", "Score": 10}]
+
+
+def test_bind_writes_the_reservation_and_decision_id_then_binds(client, binder):
+    r = client.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-1", "Node": "good"})
+    assert r.json() == {"Error": ""}
+    (ns, name, uid, node_name, annotations), = binder.bound
+    assert (ns, name, uid, node_name) == ("ns", "p", "uid-1", "good")
+    assert annotations["gpusched.io/assigned-gpus"] == "GPU-a,GPU-b"
+    assert annotations["gpusched.io/decision-id"]
+    record = client.get("/debug/decisions/ns/p").json()["decisions"]["bind"]
+    assert record["result"] == "bound" and record["id"] == annotations["gpusched.io/decision-id"]
+
+
+def test_bind_refused_by_the_decider_answers_error_and_binds_nothing(client, binder):
+    r = client.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "full-1"})
+    assert "GPUs 0,1 were taken since filter" in r.json()["Error"]
+    assert binder.bound == []
+
+
+def test_failed_bind_releases_the_reservation(decider):
+    failing = RecordingBinder(fail_with=BindError("HTTP 403: forbidden", temporary=False))
+    c = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=failing)))
+    r = c.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "good"})
+    assert "HTTP 403: forbidden" in r.json()["Error"]
+    assert decider.unreserved == ["ns/p"]
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    pytest.param("/gpusched/filter", b"", 400, "empty body", id="empty"),
+    pytest.param("/gpusched/filter", b"{nope", 400, "not valid JSON", id="not-json"),
+    pytest.param("/gpusched/filter", b"[]", 422, "valid dictionary", id="array-not-object"),
+    pytest.param("/gpusched/filter", b'{"NodeNames":["a"]}', 422, "Pod", id="missing-pod"),
+    pytest.param("/gpusched/filter", b'{"Pod":{"metadata":{}},"NodeNames":["a"]}', 422, "Pod.metadata.name", id="pod-without-name"),
+    pytest.param("/gpusched/filter", b'{"Pod":{"metadata":{"name":"p"}},"NodeNames":"a"}', 422, "NodeNames", id="names-not-list"),
+    pytest.param("/gpusched/filter", b'{"Pod":{"metadata":{"name":"p"}},"Nodes":{"items":[{}]}}', 422, "Nodes.items.0.metadata", id="node-without-metadata"),
+    pytest.param("/gpusched/prioritize", b'{"pod":{"metadata":{"name":"p"}}}', 422, "Pod", id="lowercase-keys"),
+    pytest.param("/gpusched/bind", b'{"PodName":"p","PodNamespace":"ns","PodUID":"u"}', 422, "Node", id="bind-without-node"),
+    pytest.param("/gpusched/bind", b'{"PodName":1,"PodNamespace":"ns","PodUID":"u","Node":"n"}', 422, "PodName", id="bind-wrong-type"),
+    pytest.param("/gpusched/bind", b"{" + b" " * 5000 + b"}", 413, "exceeds the limit", id="too-large"),
+])
+def test_bad_bodies_get_a_4xx_that_says_what_to_fix(client, path, body, status, needle):
+    r = client.post(path, content=body)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]
+
+
+def test_health_ready_metrics_and_openapi(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    client.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["a"]})
+    metrics = client.get("/metrics").text
+    assert 'gpusched_extender_request_duration_seconds_count{verb="filter"} 1.0' in metrics
+    assert 'gpusched_extender_decisions_total{result="feasible",verb="filter"} 1.0' in metrics
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert {"ExtenderArgs", "ExtenderFilterResult", "HostPriority", "ExtenderBindingArgs"} <= set(schemas)
+
+
+def test_not_ready_until_the_collaborator_says_so(binder, decider):
+    c = TestClient(create_app(Settings(), Collaborators(ready=lambda: (False, "ledger not rebuilt yet"))))
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["reason"] == "ledger not rebuilt yet"
+
+
+def test_internal_faults_answer_the_protocol_error_field_not_a_5xx(binder):
+    class Broken(ScriptedDecider):
+        def filter(self, *a):
+            raise RuntimeError("snapshot missing")
+    c = TestClient(create_app(Settings(), Collaborators(decider=Broken(), binder=binder)))
+    r = c.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["a"]})
+    assert r.status_code == 200 and "snapshot missing" in r.json()["Error"]
+    assert 'gpusched_extender_internal_errors_total{verb="filter"} 1.0' in c.get("/metrics").text
+
+
+def test_debug_decisions_filters_and_404s(client):
+    client.post("/gpusched/filter", json={"Pod": pod("a"), "NodeNames": ["good"]})
+    client.post("/gpusched/filter", json={"Pod": pod("b"), "NodeNames": ["bad-u1"]})
+    assert [d["pod"] for d in client.get("/debug/decisions?result=unresolvable").json()["decisions"]] == ["b"]
+    assert client.get("/debug/decisions/ns/missing").status_code == 404
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    pytest.param({"port": 70000}, "port", id="port"),
+    pytest.param({"url_prefix": "gpusched"}, "url_prefix", id="prefix-no-slash"),
+    pytest.param({"url_prefix": "/gpusched/"}, "url_prefix", id="prefix-trailing-slash"),
+    pytest.param({"max_body_bytes": 10}, "max_body_bytes", id="tiny-body-cap"),
+    pytest.param({"no_kube": True, "kubeconfig": "/x"}, "no_kube", id="no-kube-with-kubeconfig"),
+    pytest.param({"log_level": "loud"}, "log_level", id="log-level"),
+])
+def test_settings_reject_bad_values_naming_the_field(kwargs, needle):
+    with pytest.raises(SettingsError, match=needle):
+        Settings(**kwargs)
