@@ -1,0 +1,200 @@
+"""The GPU ledger: which schedulable GPU units each pod holds, on which node.
+
+kube-scheduler counts GPUs; it cannot stop two pods, placed a second apart, from being promised
+the same physical GPU. The ledger can: every unit id (a GPU UUID, or a MIG UUID for MIG
+instances) has at most one owner, and ``assume`` refuses atomically when any id is taken.
+
+Entries come from two places, as in kube-scheduler's cache:
+
+* **assumed** — we chose the units at bind time and the watch has not shown the bound pod yet
+  (``assume`` / ``forget`` on bind failure);
+* **bound** — the watch saw the pod with its ``gpusched.io/assigned-gpus`` (``observe``); the
+  observed assignment always wins over what we assumed. ``release`` drops a deleted, failed or
+  succeeded pod.
+
+Pod keys are ``"namespace/name"``; the uid is kept alongside so that a pod recreated under the
+same name can be told apart by callers. Readers take a ``LedgerView``: an immutable copy made at
+most once per version, so a scheduling request never sees a half-applied update.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+
+EMPTY: frozenset[str] = frozenset()
+
+
+class EntryState(str, Enum):
+    ASSUMED = "assumed"
+    BOUND = "bound"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The units one pod holds on one node. ``since`` is a monotonic timestamp (seconds)."""
+
+    pod_key: str
+    node: str
+    unit_ids: frozenset[str]
+    state: EntryState
+    uid: str = ""
+    since: float = 0.0
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """An immutable picture of the ledger at ``version``.
+
+    ``held_by_node[node]`` is the same frozenset object across views for every node whose
+    holdings did not change, so per-node caches may key on identity.
+    """
+
+    version: int
+    held_by_node: Mapping[str, frozenset[str]]
+    assignments: Mapping[str, Assignment]
+
+    def held_on(self, node: str) -> frozenset[str]:
+        return self.held_by_node.get(node, EMPTY)
+
+    def owner_of(self, node: str, unit_id: str) -> str | None:
+        """The pod key holding ``unit_id`` on ``node`` (linear in the node's pods; debug use)."""
+        for assignment in self.assignments.values():
+            if assignment.node == node and unit_id in assignment.unit_ids:
+                return assignment.pod_key
+        return None
+
+    def __len__(self) -> int:
+        return len(self.assignments)
+
+
+EMPTY_VIEW = LedgerView(0, MappingProxyType({}), MappingProxyType({}))
+
+
+class GpuLedger:
+    """Thread-safe owner map of GPU units. All mutators hold one lock; reads use ``view()``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._assignments: dict[str, Assignment] = {}
+        self._owners: dict[str, dict[str, str]] = {}  # node -> unit id -> pod key
+        self._held: dict[str, frozenset[str]] = {}  # node -> unit ids (replaced, never mutated)
+        self._version = 0
+        self._view = EMPTY_VIEW
+
+    def assume(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "") -> bool:
+        """Reserve ``unit_ids`` on ``node`` for a pod we are about to bind.
+
+        Returns False, changing nothing, if any id is held by another pod or the pod is already
+        bound elsewhere. Re-assuming the same pod replaces its earlier assumed reservation
+        (a retried bind), so a pod never holds two reservations.
+        """
+        ids = frozenset(unit_ids)
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            if current is not None and current.state is EntryState.BOUND:
+                return current.node == node and current.unit_ids == ids
+            owners = self._owners.get(node, {})
+            if any(owners.get(i, pod_key) != pod_key for i in ids):
+                return False
+            if current is not None:
+                self._remove(current)
+            self._add(Assignment(pod_key, node, ids, EntryState.ASSUMED, uid, self._clock()))
+            return True
+
+    def forget(self, pod_key: str) -> bool:
+        """Roll back an assumed reservation (bind failed). Bound entries are left alone."""
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            if current is None or current.state is not EntryState.ASSUMED:
+                return False
+            self._remove(current)
+            return True
+
+    def observe(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "") -> tuple[str, ...]:
+        """Record a bound pod seen by the watch; the observation replaces any assumed entry.
+
+        Returns the keys of other pods that held any of these ids (normally none); they lose
+        those ids, because what the cluster shows is the truth the ledger must follow.
+        """
+        ids = frozenset(unit_ids)
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            if current is not None:
+                self._remove(current)
+            owners = self._owners.get(node, {})
+            displaced = sorted({owners[i] for i in ids if i in owners})
+            for other_key in displaced:
+                other = self._assignments[other_key]
+                self._remove(other)
+                remaining = other.unit_ids - ids
+                if remaining:
+                    self._add(Assignment(other.pod_key, other.node, remaining, other.state,
+                                         other.uid, other.since))
+            self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock()))
+            return tuple(displaced)
+
+    def release(self, pod_key: str) -> bool:
+        """Drop whatever the pod holds (deleted, failed or succeeded). True if it held anything."""
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            if current is None:
+                return False
+            self._remove(current)
+            return True
+
+    def expire_assumed(self, ttl_s: float) -> tuple[str, ...]:
+        """Forget assumed entries older than ``ttl_s`` seconds whose bind was never observed."""
+        with self._lock:
+            deadline = self._clock() - ttl_s
+            stale = [a for a in self._assignments.values()
+                     if a.state is EntryState.ASSUMED and a.since < deadline]
+            for assignment in stale:
+                self._remove(assignment)
+            return tuple(sorted(a.pod_key for a in stale))
+
+    def assignment(self, pod_key: str) -> Assignment | None:
+        with self._lock:
+            return self._assignments.get(pod_key)
+
+    def view(self) -> LedgerView:
+        """An immutable view; copied once per version, so repeated calls are cheap."""
+        with self._lock:
+            if self._view.version != self._version:
+                self._view = LedgerView(
+                    self._version,
+                    MappingProxyType(dict(self._held)),
+                    MappingProxyType(dict(self._assignments)),
+                )
+            return self._view
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._assignments)
+
+    # Both helpers run under the lock and keep _owners, _held and _version consistent.
+    def _add(self, assignment: Assignment) -> None:
+        self._assignments[assignment.pod_key] = assignment
+        owners = self._owners.setdefault(assignment.node, {})
+        for unit_id in assignment.unit_ids:
+            owners[unit_id] = assignment.pod_key
+        self._held[assignment.node] = frozenset(owners)
+        self._version += 1
+
+    def _remove(self, assignment: Assignment) -> None:
+        del self._assignments[assignment.pod_key]
+        owners = self._owners.get(assignment.node, {})
+        for unit_id in assignment.unit_ids:
+            if owners.get(unit_id) == assignment.pod_key:
+                del owners[unit_id]
+        if owners:
+            self._held[assignment.node] = frozenset(owners)
+        else:
+            self._owners.pop(assignment.node, None)
+            self._held.pop(assignment.node, None)
+        self._version += 1

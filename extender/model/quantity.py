@@ -1,0 +1,58 @@
+"""Kubernetes resource quantities, as byte counts.
+
+Pods state their per-GPU memory need as a Kubernetes quantity (``gpusched.io/gpu-memory-per-gpu:
+40Gi``). This module turns such strings into whole bytes with the same suffix rules the API
+server uses (binary ``Ki Mi Gi Ti Pi Ei``, decimal ``k M G T P E``, a plain number, or a decimal
+exponent such as ``4e9``), so a value that ``kubectl`` accepts means the same here.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+# A number, then either a suffix or a decimal exponent (never both), as in apimachinery.
+_QUANTITY = re.compile(
+    r"^(?P<num>\+?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$"
+)
+
+MIB = 2**20
+GIB = 2**30
+
+
+def parse_quantity_bytes(text: str) -> int:
+    """Parse a Kubernetes quantity such as ``"40Gi"``, ``"1.5Gi"`` or ``"4e10"`` into bytes.
+
+    Fractions of a byte round up (a need is never understated). Raises ``ValueError`` with the
+    offending text and an example for anything else: empty strings, negative values, unknown or
+    wrongly cased suffixes (``"40GB"``, ``"40gi"``), milli-units (``"500m"`` of a byte).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"quantity must be a string such as '40Gi', got {text!r}")
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a Kubernetes quantity; use a number with an optional suffix "
+            "Ki, Mi, Gi, Ti (powers of 1024) or k, M, G, T (powers of 1000), e.g. '40Gi'"
+        )
+    try:
+        number = Decimal(match["num"])
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
+        raise ValueError(f"{text!r} is not a Kubernetes quantity") from exc
+    suffix = match["suffix"] or ""
+    if match["exp"] is not None:
+        exponent = int(match["exp"])
+        if exponent > 30:
+            raise ValueError(f"{text!r} is too large to be a byte count")
+        value = number * (Decimal(10) ** exponent)
+    else:
+        value = number * (_BINARY.get(suffix) or _DECIMAL[suffix])
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def format_gib(num_bytes: int) -> str:
+    """Render bytes as GiB with one decimal (``"40.0 GiB"``), the unit used in every reason."""
+    return f"{num_bytes / GIB:.1f} GiB"

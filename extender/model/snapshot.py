@@ -1,0 +1,221 @@
+"""Immutable cluster snapshots: nodes with their GPU units, plus a ledger view.
+
+A scheduling request reads one ``ClusterSnapshot`` reference and never sees a half-updated
+cluster; the watch builds a new snapshot and swaps it in. Everything that does not depend on the
+pod is computed here once: a node's inventory is decoded when the ``NodeInfo`` is built (never
+per request), its schedulable units are laid out in a fixed order, and the free units left by a
+ledger view are cached per node, keyed on the identity of the node's held-id set (the ledger
+replaces that set only when the node's holdings change).
+
+A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from extender.model.inventory import (
+    INVENTORY_ANNOTATION,
+    InventoryError,
+    NodeGpuInventory,
+    decode_inventory,
+    inventory_from_gfd_labels,
+)
+from extender.model.ledger import EMPTY_VIEW, LedgerView
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class GpuUnit:
+    """One schedulable unit. ``position`` is its place in ``NodeInfo.units`` (bit in masks);
+    ``island`` indexes ``NodeInfo.islands`` (-1: none); ``memory_mib`` is None when unknown."""
+
+    id: str
+    position: int
+    gpu_index: int
+    memory_mib: int | None
+    is_mig: bool = False
+    profile: str = ""
+    numa_node: int | None = None
+    pcie_switch: str | None = None
+    island: int = -1
+
+
+class Shape:
+    """A node's GPU layout without ids, with its hash computed once (it keys per-cycle caches)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Shape) and self._hash == other._hash
+                                 and self.value == other.value)
+
+    def __repr__(self) -> str:
+        return f"Shape({self._hash:#x})"
+
+
+@dataclass(frozen=True)
+class FreeUnits:
+    """The units of one node not held in the ledger view, in ``NodeInfo.units`` order.
+
+    ``mask`` has bit ``position`` set for each free unit: together with ``NodeInfo.shape`` it
+    determines every pod-independent fact about the node, which the framework uses to share one
+    verdict among identically shaped nodes.
+    """
+
+    whole: tuple[GpuUnit, ...]
+    mig: tuple[GpuUnit, ...]
+    mask: int
+
+    @property
+    def count(self) -> int:
+        return len(self.whole) + len(self.mig)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as gpusched sees it. Build with ``make_node_info`` or ``node_info_from_k8s``."""
+
+    name: str
+    labels: Mapping[str, str]
+    allocatable_gpus: int
+    inventory: NodeGpuInventory | None
+    inventory_error: str | None
+    units: tuple[GpuUnit, ...]
+    islands: tuple[tuple[int, ...], ...]  # NVLink islands as GPU indices
+    unschedulable: bool = False
+    # Everything about the node's GPUs except ids: equal shapes behave identically.
+    shape: Shape = Shape(())
+    _free_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def total_whole(self) -> int:
+        return sum(1 for u in self.units if not u.is_mig)
+
+    def free_units(self, held: frozenset[str]) -> FreeUnits:
+        """Units not in ``held``; cached for the last ``held`` object seen (identity)."""
+        cached = self._free_cache.get("entry")
+        if cached is not None and cached[0] is held:
+            return cached[1]
+        whole = tuple(u for u in self.units if not u.is_mig and u.id not in held)
+        mig = tuple(u for u in self.units if u.is_mig and u.id not in held)
+        mask = 0
+        for unit in whole + mig:
+            mask |= 1 << unit.position
+        free = FreeUnits(whole, mig, mask)
+        # One tuple assignment: concurrent readers see the old or the new pair, never a mix.
+        self._free_cache["entry"] = (held, free)
+        return free
+
+
+def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
+                   labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
+                   unschedulable: bool = False) -> NodeInfo:
+    """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
+    (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works."""
+    units: list[GpuUnit] = []
+    islands: tuple[tuple[int, ...], ...] = ()
+    if inventory is not None:
+        islands = inventory.nvlink_islands
+        island_of = {index: i for i, island in enumerate(islands) for index in island}
+        for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+            common = dict(gpu_index=gpu.index, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch)
+            if gpu.mig_enabled:
+                for inst in gpu.mig_instances:
+                    units.append(GpuUnit(inst.uuid, len(units), memory_mib=inst.memory_mib,
+                                         is_mig=True, profile=inst.profile, **common))
+            else:
+                units.append(GpuUnit(gpu.uuid, len(units), memory_mib=gpu.memory_mib,
+                                     island=island_of.get(gpu.index, -1), **common))
+    else:
+        units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
+    if allocatable_gpus is None:
+        allocatable_gpus = len(units)
+    shape = Shape((allocatable_gpus, islands, tuple(
+        (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island)
+        for u in units)))
+    return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
+                    inventory_error, tuple(units), islands, unschedulable, shape)
+
+
+def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:
+    """Build a NodeInfo from a Kubernetes Node in its JSON form (camelCase dict).
+
+    The inventory comes from the ``gpusched.io/gpu-inventory`` annotation, else from GPU Feature
+    Discovery labels. A malformed annotation is recorded in ``inventory_error`` (shown in debug
+    output and reasons) and the GFD labels, if any, are used instead.
+    """
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = meta.get("annotations") or {}
+    errors: list[str] = []
+    allocatable = _allocatable_gpus(node, errors)
+    inventory = None
+    if INVENTORY_ANNOTATION in annotations:
+        try:
+            inventory = decode_inventory(annotations[INVENTORY_ANNOTATION])
+        except InventoryError as exc:
+            errors.append(f"annotation {INVENTORY_ANNOTATION}: {exc}")
+    if inventory is None:
+        try:
+            inventory = inventory_from_gfd_labels(name, labels)
+        except InventoryError as exc:
+            errors.append(f"GPU Feature Discovery {exc}")
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable", False))
+    return make_node_info(name, inventory, allocatable_gpus=allocatable, labels=labels,
+                          inventory_error="; ".join(errors) or None, unschedulable=unschedulable)
+
+
+def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    if value is None:
+        return 0
+    text = str(value).strip()
+    if not text.isdigit():
+        errors.append(f"status.allocatable[{GPU_RESOURCE!r}] is not a whole number: {value!r}")
+        return 0
+    return int(text)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Nodes by name plus the ledger view they are judged against. Never mutated; replace it."""
+
+    nodes: Mapping[str, NodeInfo]
+    ledger: LedgerView = EMPTY_VIEW
+    generation: int = 0
+
+    @classmethod
+    def build(cls, nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW,
+              generation: int = 0) -> ClusterSnapshot:
+        """Index nodes by name; equal shapes are made one object so that per-request caches
+        keyed on shape compare by identity instead of element by element."""
+        canonical: dict[Shape, Shape] = {}
+        by_name = {}
+        for node in nodes:
+            shape = canonical.setdefault(node.shape, node.shape)
+            by_name[node.name] = node if shape is node.shape else replace(node, shape=shape)
+        return cls(MappingProxyType(by_name), ledger, generation)
+
+    def with_ledger(self, ledger: LedgerView) -> ClusterSnapshot:
+        """The same nodes against a newer ledger view (node free-unit caches carry over)."""
+        return ClusterSnapshot(self.nodes, ledger, self.generation)
+
+    def with_nodes(self, nodes: Iterable[NodeInfo], generation: int | None = None) -> ClusterSnapshot:
+        gen = self.generation + 1 if generation is None else generation
+        return ClusterSnapshot.build(nodes, self.ledger, gen)
+
+    def free_units(self, node: NodeInfo) -> FreeUnits:
+        return node.free_units(self.ledger.held_on(node.name))

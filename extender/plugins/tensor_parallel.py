@@ -1,0 +1,80 @@
+"""TensorParallel: the TP size must split the model's attention heads and KV heads evenly.
+
+vLLM refuses to start otherwise, after the pod has been placed, pulled and has loaded weights.
+The check depends only on the pod, so it runs once as a pre-filter and, when it fails, marks every
+node unresolvable with vLLM's own wording:
+
+* ``Total number of attention heads (64) must be divisible by tensor parallel size (3).``
+  (``ModelConfig.verify_with_parallel_config``);
+* KV heads: vLLM's ``QKVParallelLinear`` divides KV heads by TP when TP is smaller and TP by KV
+  heads otherwise, asserting ``"<a> is not divisible by <b>"`` when that fails.
+
+Pods that state no TP size, TP=1 pods and pods whose heads are unknown are not checked (demand
+parsing already rejects a stated TP > 1 with unknown heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extender.framework.interfaces import CycleState
+from extender.framework.status import Status
+from extender.model.demand import PodDemand
+
+NAME = "TensorParallel"
+
+
+@dataclass(frozen=True)
+class TensorParallelArgs:
+    """``suggest_up_to``: list the valid TP sizes up to this bound in the reason (0: don't)."""
+
+    suggest_up_to: int = 16
+
+    def validate(self) -> list[tuple[str, str]]:
+        if self.suggest_up_to < 0 or self.suggest_up_to > 1024:
+            return [("suggest_up_to", "must be between 0 and 1024")]
+        return []
+
+
+def valid_tp_sizes(heads: int, kv_heads: int | None, up_to: int) -> list[int]:
+    """TP sizes in 1..up_to that vLLM accepts for this head geometry."""
+    return [tp for tp in range(1, up_to + 1) if tp_problem(heads, kv_heads, tp) is None]
+
+
+def tp_problem(heads: int, kv_heads: int | None, tp: int) -> str | None:
+    """vLLM's complaint about this TP size, or None if it is valid."""
+    if heads % tp:
+        return (f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
+                f"size ({tp}).")
+    if kv_heads is not None:
+        numerator, denominator = (kv_heads, tp) if tp < kv_heads else (tp, kv_heads)
+        if numerator % denominator:
+            return (f"Total number of KV heads ({kv_heads}) must be divisible by tensor parallel "
+                    f"size ({tp}), or tensor parallel size by it; vLLM would fail with "
+                    f"'{numerator} is not divisible by {denominator}'.")
+    return None
+
+
+class TensorParallel:
+    name = NAME
+    node_shape_only = True
+
+    def __init__(self, args: TensorParallelArgs) -> None:
+        self.args = args
+
+    def pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
+        if not demand.parallelism_stated or demand.tp <= 1 or demand.attention_heads is None:
+            return Status.success(NAME)
+        problem = tp_problem(demand.attention_heads, demand.kv_heads, demand.tp)
+        if problem is None:
+            return Status.success(NAME)
+        if self.args.suggest_up_to:
+            sizes = valid_tp_sizes(demand.attention_heads, demand.kv_heads, self.args.suggest_up_to)
+            model = f" for {demand.model}" if demand.model else ""
+            problem += (f" Valid tensor parallel sizes{model} up to {self.args.suggest_up_to}: "
+                        f"{', '.join(map(str, sizes))}.")
+        return Status.unresolvable(NAME, problem)
+
+
+def new(args: TensorParallelArgs) -> TensorParallel:
+    return TensorParallel(args)

@@ -1,0 +1,129 @@
+"""Test builders: GPUs, nodes, pods and the reference fleet, with small defaults.
+
+Nodes go through the real wire path (inventory annotation -> ``node_info_from_k8s``) so tests
+exercise what the extender will see from the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from extender.framework.runtime import Framework
+from extender.model.catalog import builtin_catalog
+from extender.model.demand import DemandError, PodDemand, parse_pod_demand
+from extender.model.inventory import (
+    INVENTORY_ANNOTATION,
+    GpuDevice,
+    MigInstance,
+    NodeGpuInventory,
+    encode_inventory,
+)
+from extender.model.ledger import EMPTY_VIEW, LedgerView
+from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.plugins import default_profile, default_registry
+
+H100_MIB = 81559
+A100_40_MIB = 40960
+A100_80_MIB = 81920
+L40S_MIB = 46068
+MIG_3G_40_MIB = 40192
+MIG_2G_20_MIB = 19968
+
+
+def make_gpu(index: int, *, node: str = "n", product: str = "NVIDIA H100 80GB HBM3",
+             memory_mib: int = H100_MIB, numa: int | None = 0, switch: str | None = None,
+             mig: Sequence[tuple[str, int]] | None = None) -> GpuDevice:
+    """A GPU with a readable UUID ``GPU-<node>-<index>``; ``mig`` lists (profile, MiB) instances."""
+    instances = tuple(MigInstance(f"MIG-{node}-{index}-{i}", profile, mem)
+                      for i, (profile, mem) in enumerate(mig or ()))
+    return GpuDevice(index, f"GPU-{node}-{index}", product, memory_mib, numa, switch,
+                     mig_enabled=mig is not None, mig_instances=instances)
+
+
+def make_k8s_node(name: str, inventory: NodeGpuInventory | None = None, *,
+                  allocatable: int | None = None, labels: Mapping[str, str] | None = None,
+                  annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Kubernetes Node as JSON; the inventory goes into the gpusched annotation."""
+    notes = dict(annotations or {})
+    if inventory is not None:
+        notes[INVENTORY_ANNOTATION] = encode_inventory(inventory)
+        if allocatable is None:
+            allocatable = sum(len(g.mig_instances) if g.mig_enabled else 1 for g in inventory.gpus)
+    status: dict[str, Any] = {"allocatable": {"cpu": "32", "memory": "256Gi"}}
+    if allocatable is not None:
+        status["allocatable"]["nvidia.com/gpu"] = str(allocatable)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": dict(labels or {}), "annotations": notes},
+            "status": status}
+
+
+def make_node(name: str = "n", inventory: NodeGpuInventory | None = None, **kwargs: Any) -> NodeInfo:
+    return node_info_from_k8s(make_k8s_node(name, inventory, **kwargs))
+
+
+def h100_inventory(name: str = "h100") -> NodeGpuInventory:
+    gpus = tuple(make_gpu(i, node=name, numa=i // 4, switch=f"sw{i // 2}") for i in range(8))
+    return NodeGpuInventory(gpus, (tuple(range(8)),), nvswitch=True)
+
+
+def a100_inventory(name: str = "a100") -> NodeGpuInventory:
+    gpus = tuple(make_gpu(i, node=name, product="NVIDIA A100-SXM4-40GB", memory_mib=A100_40_MIB,
+                          numa=i // 2, switch=f"sw{i // 2}") for i in range(4))
+    return NodeGpuInventory(gpus, ((0, 1), (2, 3)))
+
+
+def l40s_inventory(name: str = "l40s") -> NodeGpuInventory:
+    gpus = tuple(make_gpu(i, node=name, product="NVIDIA L40S", memory_mib=L40S_MIB,
+                          numa=i // 4, switch=f"sw{i // 2}") for i in range(8))
+    return NodeGpuInventory(gpus)
+
+
+def mig_inventory(name: str = "mig") -> NodeGpuInventory:
+    gpu = make_gpu(0, node=name, product="NVIDIA A100-SXM4-80GB", memory_mib=A100_80_MIB,
+                   mig=[("3g.40gb", MIG_3G_40_MIB), ("2g.20gb", MIG_2G_20_MIB), ("2g.20gb", MIG_2G_20_MIB)])
+    return NodeGpuInventory((gpu,))
+
+
+FLEET_INVENTORIES = {"h100": h100_inventory, "a100": a100_inventory, "l40s": l40s_inventory,
+                     "mig": mig_inventory}
+
+
+def make_fleet(*kinds: str) -> list[NodeInfo]:
+    """Reference nodes by kind (default: all four); a name ``a100-2`` builds another ``a100``."""
+    names = kinds or tuple(FLEET_INVENTORIES)
+    return [make_node(n, FLEET_INVENTORIES[n.split("-")[0]](n)) for n in names]
+
+
+def make_snapshot(nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW) -> ClusterSnapshot:
+    return ClusterSnapshot.build(nodes, ledger)
+
+
+def make_pod(name: str = "p", namespace: str = "default", *, gpus: int = 1,
+             args: Sequence[str] | None = None, command: Sequence[str] | None = None,
+             annotations: Mapping[str, str] | None = None, model: str | None = None,
+             tp: int | None = None, extra_containers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A pod with one ``vllm`` container; ``model``/``tp`` become ``vllm serve`` arguments."""
+    if args is None:
+        args = []
+        if model is not None:
+            args += ["serve", model]
+        if tp is not None:
+            args += ["--tensor-parallel-size", str(tp)]
+    container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai", "args": list(args)}
+    if command is not None:
+        container["command"] = list(command)
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                         "annotations": dict(annotations or {})},
+            "spec": {"containers": [container, *extra_containers]}}
+
+
+def make_demand(**kwargs: Any) -> PodDemand | DemandError:
+    return parse_pod_demand(make_pod(**kwargs), builtin_catalog())
+
+
+def default_framework() -> Framework:
+    return Framework.from_profile(default_profile(), default_registry())

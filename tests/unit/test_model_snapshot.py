@@ -1,0 +1,48 @@
+from extender.model.ledger import GpuLedger
+from extender.model.snapshot import ClusterSnapshot, node_info_from_k8s
+from tests.unit.builders import h100_inventory, make_k8s_node, make_node, mig_inventory
+
+
+def test_node_from_annotation() -> None:
+    node = make_node("h100", h100_inventory())
+    assert node.allocatable_gpus == 8 and node.inventory_error is None
+    assert [u.id for u in node.units][:2] == ["GPU-h100-0", "GPU-h100-1"]
+    assert node.islands == (tuple(range(8)),) and all(u.island == 0 for u in node.units)
+
+
+def test_mig_node_units_are_instances() -> None:
+    node = make_node("mig", mig_inventory())
+    assert node.allocatable_gpus == 3 and node.total_whole == 0
+    assert [u.profile for u in node.units] == ["3g.40gb", "2g.20gb", "2g.20gb"]
+
+
+def test_bad_annotation_is_recorded_and_gfd_used() -> None:
+    raw = make_k8s_node("n", allocatable=2, annotations={"gpusched.io/gpu-inventory": "{"},
+                        labels={"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "1024"})
+    node = node_info_from_k8s(raw)
+    assert "gpusched.io/gpu-inventory" in (node.inventory_error or "")
+    assert node.inventory is not None and node.inventory.source == "gfd"
+    assert [u.id for u in node.units] == ["n/gpu0", "n/gpu1"]
+
+
+def test_no_inventory_falls_back_to_allocatable_count() -> None:
+    node = node_info_from_k8s(make_k8s_node("n", allocatable=2))
+    assert node.inventory is None and len(node.units) == 2 and node.units[0].memory_mib is None
+
+
+def test_free_units_follow_the_ledger_and_are_cached_per_held_set() -> None:
+    ledger = GpuLedger()
+    ledger.assume("ns/a", "h100", ["GPU-h100-0"])
+    snapshot = ClusterSnapshot.build([make_node("h100", h100_inventory())], ledger.view())
+    node = snapshot.nodes["h100"]
+    free = snapshot.free_units(node)
+    assert len(free.whole) == 7 and free.mask == 0b11111110
+    assert snapshot.free_units(node) is free
+    ledger.release("ns/a")
+    assert snapshot.with_ledger(ledger.view()).free_units(node).count == 8
+
+
+def test_identical_nodes_share_a_shape() -> None:
+    a, b = make_node("x", h100_inventory("x")), make_node("y", h100_inventory("y"))
+    assert a.shape == b.shape and hash(a.shape) == hash(b.shape)
+    assert a.shape != make_node("m", mig_inventory()).shape
