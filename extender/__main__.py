@@ -12,7 +12,8 @@ import sys
 
 import uvicorn
 
-from extender.app import Collaborators, create_app
+from extender.app import create_app
+from extender.assembly import StartupError, assemble
 from extender.settings import Settings, SettingsError
 
 
@@ -34,6 +35,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-kube", action="store_true",
                    help="standalone mode for dry runs and what-if tools: no cluster; judge from the full Node "
                         "objects in each request (nodeCacheCapable: false) with an empty ledger; bind is refused")
+    p.add_argument("--profile", default=None,
+                   help="scheduling profile YAML: filterPlugins, scorePlugins (name, weight), pluginArgs; "
+                        "validated at startup (default: the built-in profile, see extender/plugins/README.md)")
+    p.add_argument("--namespace", default="gpusched-system",
+                   help="namespace of gpusched's own objects, e.g. the gpusched-model-catalog ConfigMap "
+                        "(default: %(default)s)")
+    p.add_argument("--sync-timeout", type=float, default=60.0,
+                   help="seconds to wait for the first node/pod lists (the GPU ledger rebuilt) before serving; "
+                        "until then every filter answers 'not ready' (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=Settings.max_body_bytes,
                    help="largest request body accepted; larger ones get 413 (default: %(default)s)")
     p.add_argument("--decision-capacity", type=int, default=Settings.decision_capacity,
@@ -46,15 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, port=args.port, url_prefix=args.url_prefix, max_body_bytes=args.max_body_bytes,
                     decision_capacity=args.decision_capacity, no_kube=args.no_kube, kubeconfig=args.kubeconfig, token_file=args.token_file,
+                    namespace=args.namespace, profile=args.profile, sync_timeout_s=args.sync_timeout,
                     log_level=args.log_level)
-
-
-def build_collaborators(settings: Settings) -> Collaborators:
-    if settings.no_kube:
-        return Collaborators()
-    from extender.adapters.kube import KubeBinder, api_client
-
-    return Collaborators(binder=KubeBinder(api_client(settings.kubeconfig, settings.token_file)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        collaborators = build_collaborators(settings)
+        assembled = assemble(settings)
+    except StartupError as exc:
+        print(f"gpusched extender: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a bad kubeconfig or no in-cluster config: say what, exit non-zero
         print(f"gpusched extender: cannot set up the Kubernetes client: {exc}", file=sys.stderr)
         return 1
-    app = create_app(settings, collaborators)
+    if assembled.reflectors and not assembled.wait_synced(settings.sync_timeout_s):
+        ready, why = assembled.collaborators.ready()
+        logging.getLogger("gpusched.extender").warning("serving before the cluster view synced: %s", why)
+    app = create_app(settings, assembled.collaborators)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.log_level == "debug")
     return 0

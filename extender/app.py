@@ -31,6 +31,8 @@ class Collaborators:
     # Readiness: (ready, reason). The cluster view reports not-ready until its ledger is rebuilt.
     ready: Callable[[], tuple[bool, str]] = _always_ready
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+    # GET /debug/nodes: inventory and ledger per node, as gpusched sees them.
+    debug_nodes: Callable[[], dict] = lambda: {"nodes": []}
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
@@ -42,7 +44,7 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
         ["verb"], registry=c.metrics.registry)
     app = FastAPI(title="gpusched extender", version="0.1.0",
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
-    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready))
+    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
     app.state.settings = settings
     app.state.service = service

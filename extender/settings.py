@@ -24,6 +24,12 @@ class Settings:
     no_kube: bool = False
     kubeconfig: str | None = None
     token_file: str | None = None
+    # Namespace of gpusched's own objects (the model-catalog ConfigMap).
+    namespace: str = "gpusched-system"
+    # Scheduling profile YAML (enabled plugins, weights, plugin args); None = the default profile.
+    profile: str | None = None
+    # How long to wait for the first lists (ledger rebuilt) before serving anyway, not ready.
+    sync_timeout_s: float = 60.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:

@@ -52,7 +52,8 @@ def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dic
 
 
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
-                 internal_errors: Counter, ready: Callable[[], tuple[bool, str]]) -> APIRouter:
+                 internal_errors: Counter, ready: Callable[[], tuple[bool, str]],
+                 debug_nodes: Callable[[], dict[str, Any]]) -> APIRouter:
     router = APIRouter()
     prefix = settings.verb_prefix
     limit = settings.max_body_bytes
@@ -149,6 +150,10 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             return OrjsonResponse({"error": f"no decision recorded for {namespace}/{pod} (the store keeps the most recent pods only)"}, status_code=404)
         return OrjsonResponse({"namespace": namespace, "pod": pod,
                                "decisions": {verb: r.to_json() for verb, r in records.items()}})
+
+    @router.get("/debug/nodes")
+    async def nodes() -> Response:
+        return OrjsonResponse(debug_nodes())
 
     return router
 

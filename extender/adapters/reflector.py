@@ -1,0 +1,125 @@
+"""List+watch of one Kubernetes resource, feeding a handler — a small Python reflector.
+
+Contract (what client-go's reflector guarantees, and what the ledger relies on):
+- ``handler.replace(items)`` after every successful list: the full current set, so the handler
+  can drop what vanished while the watch was down;
+- ``handler.apply(event_type, obj)`` for each ADDED / MODIFIED / DELETED event after that list;
+- a watch that ends is resumed from the last seen resourceVersion (bookmarks keep it fresh);
+  ``410 Gone`` (the version is compacted away) means relist; any other failure is retried with
+  jittered exponential backoff, so a flapping apiserver is not hammered.
+Objects are plain dicts of the resource's JSON (parsed with orjson): the decision core reads
+dicts and nothing here pays for the generated client models.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import orjson
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger("gpusched.extender.reflector")
+
+
+class Handler(Protocol):
+    def replace(self, items: list[dict[str, Any]]) -> None: ...
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None: ...
+
+
+class _Gone(Exception):
+    pass
+
+
+class Reflector:
+    """Runs in a daemon thread. ``synced`` is set after the first list has been handed over."""
+
+    def __init__(self, kind: str, list_call: Callable[..., Any], handler: Handler, *,
+                 watch_timeout_s: int = 300, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
+                 list_kwargs: Mapping[str, Any] | None = None):
+        self.kind = kind
+        self._list_call = list_call
+        self._handler = handler
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._list_kwargs = dict(list_kwargs or {})
+        self.synced = threading.Event()
+        self.last_error: str = ""
+        self.relists = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{kind}", daemon=True)
+
+    def start(self) -> "Reflector":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        backoff = self._backoff_initial_s
+        resource_version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    resource_version = self._list()
+                for resource_version in self._watch(resource_version):
+                    backoff = self._backoff_initial_s  # events flowing: the connection is healthy
+            except _Gone:
+                log.info("%s watch: resourceVersion %s is gone (410); relisting", self.kind, resource_version)
+                resource_version = None
+                continue
+            except Exception as exc:  # apiserver down, network, bad JSON: retry, never die
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("%s list/watch failed (%s); retrying in about %.1fs", self.kind, self.last_error, backoff)
+                if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
+                    return
+                backoff = min(backoff * 2, self._backoff_max_s)
+
+    def _list(self) -> str:
+        resp = self._list_call(_preload_content=False, _request_timeout=60, **self._list_kwargs)
+        try:
+            body = orjson.loads(resp.data)
+        finally:
+            resp.release_conn()
+        items = body.get("items") or []
+        self._handler.replace(items)
+        self.relists += 1
+        self.synced.set()
+        self.last_error = ""
+        return body["metadata"]["resourceVersion"]
+
+    def _watch(self, resource_version: str) -> Iterator[str]:
+        """Yields the resourceVersion after each event; returns when the server ends the watch."""
+        try:
+            resp = self._list_call(watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                                   timeout_seconds=self._watch_timeout_s, _preload_content=False,
+                                   _request_timeout=(10, self._watch_timeout_s + 30), **self._list_kwargs)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone() from None
+            raise
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line:
+                    continue
+                event = orjson.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                if kind != "BOOKMARK":
+                    self._handler.apply(kind, obj)
+                yield resource_version
+        finally:
+            resp.release_conn()

@@ -1,0 +1,129 @@
+"""The composition root: builds the extender's collaborators from validated settings.
+
+In cluster mode: the Kubernetes client, reflectors (nodes, pods, the model-catalog ConfigMap)
+feeding the cluster state, the framework from the profile, the Kubernetes binder, and readiness
+that turns true only once the first lists are in (the ledger is rebuilt from the pods).
+In the standalone mode (``--no-kube``): the same framework over the Node objects of each
+request, an empty ledger, and no binder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.app import Collaborators
+from extender.framework.profile import ProfileConfig, ProfileError, load_profile
+from extender.framework.runtime import Framework
+from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
+from extender.model.ledger import GpuLedger
+from extender.plugins import default_profile, default_registry
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.state import ClusterState
+from extender.settings import Settings
+
+log = logging.getLogger("gpusched.extender")
+CATALOG_CONFIGMAP = "gpusched-model-catalog"
+
+
+class StartupError(Exception):
+    """A configuration problem found at startup; the message says what to fix."""
+
+
+def load_profile_file(path: str | None) -> ProfileConfig:
+    registry = default_registry()
+    if not path:
+        return default_profile()
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise StartupError(f"--profile {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise StartupError(f"--profile {path}: not valid YAML: {exc}") from None
+    try:
+        return load_profile(raw, registry, base=default_profile())
+    except ProfileError as exc:
+        raise StartupError(f"--profile {path}: {exc}") from None
+
+
+@dataclass
+class Assembled:
+    collaborators: Collaborators
+    state: ClusterState | None = None
+    reflectors: list[Any] = field(default_factory=list)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self.reflectors)
+
+
+class _CatalogHandler:
+    """Swaps the decider's catalog when the ConfigMap changes; a malformed one is logged and the
+    previous catalog kept (the error says which entry and field to fix)."""
+
+    def __init__(self, decider: FrameworkDecider):
+        self._decider = decider
+        self.error = ""
+
+    def _set(self, data: dict[str, str] | None) -> None:
+        try:
+            catalog = catalog_from_configmap_data(data)
+        except CatalogError as exc:
+            self.error = f"ConfigMap {CATALOG_CONFIGMAP}: {exc}"
+            log.error("%s; keeping the previous model catalog", self.error)
+            return
+        self.error = ""
+        self._decider.set_catalog(catalog)
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self._set(items[0].get("data") if items else None)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        self._set(None if event_type == "DELETED" else obj.get("data"))
+
+
+def assemble(settings: Settings) -> Assembled:
+    profile = load_profile_file(settings.profile)
+    framework = Framework.from_profile(profile, default_registry())
+    if settings.no_kube:
+        decider = FrameworkDecider(framework, builtin_catalog(), GpuLedger(), snapshot=None)
+        return Assembled(Collaborators(decider=decider, debug_nodes=lambda: {"mode": "standalone", "nodes": []}))
+
+    from kubernetes import client
+
+    from extender.adapters.kube import KubeBinder, api_client
+    from extender.adapters.reflector import Reflector
+
+    api = api_client(settings.kubeconfig, settings.token_file)
+    core = client.CoreV1Api(api)
+    state = ClusterState()
+    reflectors: list[Reflector] = []
+
+    def synced() -> tuple[bool, str]:
+        waiting = [r.kind for r in reflectors if not r.synced.is_set()]
+        if not waiting:
+            return True, "cluster view synced; ledger rebuilt from pods"
+        errors = "; ".join(f"{r.kind}: {r.last_error}" for r in reflectors if r.last_error)
+        return False, f"waiting for the first list of {', '.join(waiting)}" + (f" ({errors})" if errors else "")
+
+    decider = FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot, synced)
+    catalog_handler = _CatalogHandler(decider)
+    reflectors += [
+        Reflector("nodes", core.list_node, state.nodes),
+        Reflector("pods", core.list_pod_for_all_namespaces, state.pods),
+        Reflector("model-catalog", lambda **kw: core.list_namespaced_config_map(settings.namespace, **kw),
+                  catalog_handler, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}),
+    ]
+    for r in reflectors:
+        r.start()
+    from extender.service.describe import describe_nodes
+
+    collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced,
+                                  debug_nodes=lambda: describe_nodes(state.snapshot()))
+    return Assembled(collaborators, state, reflectors)
+

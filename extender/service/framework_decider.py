@@ -1,0 +1,171 @@
+"""The real decider: the scheduling framework judging a cluster snapshot.
+
+- filter/prioritize parse the pod's demand once (cached by UID and resourceVersion) and run the
+  framework over the snapshot: the watch's, or — when kube-scheduler sends full Node objects
+  (nodeCacheCapable: false, or the standalone mode) — one built from those objects;
+- reserve chooses the concrete GPUs with the same placement code filter judged with, and assumes
+  them in the ledger atomically; two binds racing for one node never get the same GPU.
+While the cluster view has not finished its first list (the ledger is not rebuilt yet), filter
+answers with the protocol's Error, so kube-scheduler backs off briefly instead of trusting an
+empty ledger — a restart can never double-book.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from extender.framework.runtime import Framework, summarize_failures
+from extender.framework.status import Status
+from extender.model.catalog import Catalog
+from extender.model.demand import DemandError, PodDemand, parse_pod_demand
+from extender.model.ledger import GpuLedger
+from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
+
+_MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
+
+
+class _Lru(OrderedDict):
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+class FrameworkDecider:
+    def __init__(self, framework: Framework, catalog: Catalog, ledger: GpuLedger,
+                 snapshot: Callable[[], ClusterSnapshot] | None,
+                 synced: Callable[[], tuple[bool, str]] = lambda: (True, "")):
+        """``snapshot`` is the watch's snapshot source; None in the standalone mode, where only
+        the Node objects in each request are known."""
+        self.framework = framework
+        self.catalog = catalog
+        self.ledger = ledger
+        self._snapshot = snapshot
+        self._synced = synced
+        self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
+        self._by_pod: _Lru = _Lru(8192)  # pod key -> demand last filtered
+        self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
+        self._reserve_lock = threading.Lock()
+        self._lock = threading.Lock()
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Swap the model catalog (the ConfigMap changed); cached demands are re-parsed."""
+        with self._lock:
+            self.catalog = catalog
+            self._demands.clear()
+
+    # -- inputs ------------------------------------------------------------------------------
+    def demand(self, pod: PodRef) -> PodDemand | DemandError:
+        rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
+        cache_key = (pod.uid, rv) if pod.uid else None
+        with self._lock:
+            cached = self._demands.get(cache_key) if cache_key else None
+        if cached is None:
+            cached = parse_pod_demand(pod.raw, self.catalog)
+            if cache_key:
+                with self._lock:
+                    self._demands.put(cache_key, cached)
+        with self._lock:
+            self._by_pod.put(pod.key, cached)
+        return cached
+
+    def _snapshot_for(self, node_objects: Mapping[str, Mapping[str, Any]] | None) -> ClusterSnapshot:
+        if node_objects is None:
+            return self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
+        infos = [self._node_info(obj) for obj in node_objects.values()]
+        return ClusterSnapshot.build(infos, self.ledger.view())
+
+    def _node_info(self, obj: Mapping[str, Any]) -> NodeInfo:
+        meta = obj.get("metadata") or {}
+        name, rv = meta.get("name", ""), meta.get("resourceVersion")
+        with self._lock:
+            cached = self._objects.get(name)
+        if cached is not None and rv is not None and cached[0] == rv:
+            return cached[1]
+        info = node_info_from_k8s(obj)
+        with self._lock:
+            self._objects.put(name, (rv, info))
+        return info
+
+    def _not_synced(self) -> str:
+        ok, why = self._synced()
+        return "" if ok else f"gpusched is not ready to judge GPUs yet ({why}); kube-scheduler will retry"
+
+    # -- verbs -------------------------------------------------------------------------------
+    def filter(self, pod: PodRef, candidates: Sequence[str],
+               node_objects: Mapping[str, Mapping[str, Any]] | None) -> FilterOutcome:
+        if not_synced := self._not_synced():
+            return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
+        demand = self.demand(pod)
+        snapshot = self._snapshot_for(node_objects)
+        decision = self.framework.filter(snapshot, demand, candidates)
+        rejected = len(decision.failed) + len(decision.unresolvable)
+        summary = summarize_failures(decision)
+        if decision.feasible:
+            summary = f"fits {len(decision.feasible)} of {len(candidates)} nodes" + (f"; {summary}" if summary else "")
+        verdicts = {name: [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in v.statuses]
+                    for name, v in list(decision.per_node.items())[:_MAX_VERDICTS_RECORDED]}
+        details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
+                   "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
+        if decision.error:
+            details["pluginErrors"] = decision.error
+        return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
+                             error="" if decision.feasible else decision.error, summary=summary, details=details)
+
+    def prioritize(self, pod: PodRef, candidates: Sequence[str],
+                   node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
+        demand = self.demand(pod)
+        decision = self.framework.score(self._snapshot_for(node_objects), demand, candidates)
+        breakdown = {name: {"final": s.final, "total": round(s.total, 2),
+                            "plugins": [{"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2),
+                                         "weight": p.weight, "weighted": round(p.weighted, 2)} for p in s.plugins]}
+                     for name, s in list(decision.per_node.items())[:_MAX_VERDICTS_RECORDED]}
+        return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
+
+    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+        with self._lock:
+            demand = self._by_pod.get(pod.key)
+        if demand is None:
+            return Refusal("gpusched has not judged this pod since it started (no filter call seen); "
+                           "kube-scheduler will retry it")
+        if isinstance(demand, DemandError):
+            return Refusal(demand.message)
+        with self._reserve_lock:
+            snapshot = self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
+            if node not in snapshot.nodes:
+                with self._lock:
+                    cached = self._objects.get(node)
+                if cached is not None:
+                    snapshot = ClusterSnapshot.build([*snapshot.nodes.values(), cached[1]], snapshot.ledger)
+            choice = self.framework.choose_gpus(snapshot, demand, node)
+            if isinstance(choice, Status):
+                return Refusal(f"node {node} no longer fits: {choice.reason}")
+            if not self.ledger.assume(pod.key, node, choice.unit_ids, pod.uid):
+                return Refusal(f"GPUs {list(choice.gpu_indices)} on {node} were just promised to another pod")
+        indices = ",".join(str(i) for i in choice.gpu_indices)
+        return Reservation(
+            annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids), ASSIGNED_GPU_INDICES_ANNOTATION: indices},
+            summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
+            details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
+                     "interconnect": choice.tier.label, "mig": choice.uses_mig})
+
+    def unreserve(self, pod: PodRef) -> None:
+        self.ledger.forget(pod.key)
+
+
+def _demand_json(demand: PodDemand | DemandError) -> dict[str, Any]:
+    if isinstance(demand, DemandError):
+        return {"error": demand.message}
+    return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
+            "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
+            "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink}
