@@ -125,5 +125,6 @@ def assemble(settings: Settings) -> Assembled:
 
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced,
                                   debug_nodes=lambda: describe_nodes(state.snapshot()))
+    collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     return Assembled(collaborators, state, reflectors)
 

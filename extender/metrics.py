@@ -3,7 +3,9 @@ live in one test process). Names are documented in the README's metrics table.""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Filter/prioritize sit on kube-scheduler's serial critical path: buckets resolve 0.1 ms–1 s.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -25,5 +27,18 @@ class ExtenderMetrics:
             "Decisions by verb and result (feasible, unschedulable, unresolvable, scored, bound, bind-failed, bind-refused, error).",
             ["verb", "result"], registry=self.registry)
 
+        self.rejections_total = Counter(
+            "gpusched_extender_rejections_total",
+            "Nodes rejected in filter, by the plugin that rejected them and its status code "
+            "(UNSCHEDULABLE: may fit later; UNSCHEDULABLE_AND_UNRESOLVABLE: never on that node).",
+            ["plugin", "code"], registry=self.registry)
+        self.ledger_entries = Gauge(
+            "gpusched_extender_ledger_entries",
+            "Pods holding GPUs in gpusched's ledger (bound and assumed).", registry=self.registry)
+
     def decision(self, verb: str, result: str) -> None:
         self.decisions.labels(verb=verb, result=result).inc()
+
+    def rejections(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for (plugin, code), n in counts.items():
+            self.rejections_total.labels(plugin=plugin or "Framework", code=code).inc(n)

@@ -41,6 +41,8 @@ class FilterOutcome:
     error: str = ""  # gpusched's own fault only
     summary: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    # (plugin, status code) -> rejected nodes, for gpusched_extender_rejections_total.
+    rejections: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def result(self) -> str:
@@ -109,6 +111,8 @@ class Observer(Protocol):
 
     def decision(self, verb: str, result: str) -> None: ...
 
+    def rejections(self, counts: Mapping[tuple[str, str], int]) -> None: ...
+
 
 class ExtenderService:
     def __init__(self, decider: Decider, binder: Binder, decisions: DecisionStore, observer: Observer):
@@ -126,6 +130,8 @@ class ExtenderService:
                               "feasible": list(outcome.feasible),
                               "failed": dict(outcome.failed), "unresolvable": dict(outcome.unresolvable),
                               **outcome.details})
+        if outcome.rejections:
+            self.observer.rejections(outcome.rejections)
         return outcome
 
     def prioritize(self, pod: PodRef, candidates: Sequence[str],

@@ -13,7 +13,7 @@ empty ledger — a restart can never double-book.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -119,8 +119,11 @@ class FrameworkDecider:
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
             details["pluginErrors"] = decision.error
+        rejections = Counter((v.plugin, v.code.name) for name, v in decision.per_node.items()
+                             if name in decision.failed or name in decision.unresolvable)
         return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
-                             error="" if decision.feasible else decision.error, summary=summary, details=details)
+                             error="" if decision.feasible else decision.error, summary=summary, details=details,
+                             rejections=rejections)
 
     def prioritize(self, pod: PodRef, candidates: Sequence[str],
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
