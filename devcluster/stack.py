@@ -71,8 +71,9 @@ class Stack:
         token = self.cp.service_account_token(NAMESPACE, service_account)
         return self.cp.kubeconfig(token, service_account)
 
-    def start_extender(self, *extra_args: str) -> Extender:
-        port = free_port()
+    def start_extender(self, *extra_args: str, port: int | None = None) -> Extender:
+        """Start the extender (on ``port`` to restart one that kube-scheduler already points at)."""
+        port = port or free_port()
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
                                    *extra_args],
@@ -81,6 +82,11 @@ class Stack:
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
         self.extender = Extender(c, port, "/gpusched")
         return self.extender
+
+    def kill_extender(self) -> None:
+        """SIGKILL the extender: no shutdown hooks, in-memory state lost."""
+        assert self.extender is not None
+        self.extender.component.kill()
 
     def scheduler_config(self, extender: Extender, kubeconfig: Path,
                          adjust: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
