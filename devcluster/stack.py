@@ -83,6 +83,19 @@ class Stack:
         self.extender = Extender(c, port, "/gpusched")
         return self.extender
 
+    def cli(self, *args: str) -> str:
+        """Run the ``gpusched`` CLI against this extender (and the apiserver as admin)."""
+        import subprocess
+
+        assert self.extender is not None
+        admin = self.cp.kubeconfig(self.cp.admin_token, "admin")
+        argv = [PYTHON, "-m", "gpusched_cli", *args, "--url", self.extender.base]
+        if args and args[0] == "explain":
+            argv += ["--kubeconfig", str(admin)]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=python_component_env(), timeout=60)
+        assert proc.returncode == 0, f"gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
+        return proc.stdout
+
     def kill_extender(self) -> None:
         """SIGKILL the extender: no shutdown hooks, in-memory state lost."""
         assert self.extender is not None

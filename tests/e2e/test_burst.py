@@ -83,6 +83,17 @@ def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool)
         per_node = Counter(p.spec.node_name for p in bound(pods))
         assert per_node == {nodes[0]: 8, nodes[1]: 8, nodes[2]: 4}
 
+        # Every pod explains itself: where it went and on which GPUs, or why it waits.
+        some_bound = bound(pods)[0]
+        out = stack.cli("explain", f"{namespace}/{some_bound.metadata.name}")
+        assert f"BOUND to {some_bound.spec.node_name}: GPUs [" in out, out  # from records, or the pod after a restart
+        waiting = next(p for p in pods if not p.spec.node_name)
+        out = stack.cli("explain", f"{namespace}/{waiting.metadata.name}")
+        assert "PodScheduled=False" in out and ("Insufficient nvidia.com/gpu" in out or "GpuFit" in out), out
+        table = stack.cli("nodes")
+        for p in bound(pods):
+            assert f"{namespace}/{p.metadata.name} (bound)" in table, table
+
         victims = [p.metadata.name for p in bound(pods)[:5]]
         for name in victims:  # no kubelet: force-delete so the pod is gone at once
             client.CoreV1Api(admin).delete_namespaced_pod(name, namespace, grace_period_seconds=0)

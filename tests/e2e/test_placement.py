@@ -108,6 +108,8 @@ def test_tp3_on_a_64_head_model_waits_with_vllms_sentence_everywhere(admin, name
     assert set(record["details"]["unresolvable"]) == set(nodes) and not record["details"]["failed"]
     assert all(sentence in reason for reason in record["details"]["unresolvable"].values())
     assert "False Unschedulable" in message
+    out = stack.cli("explain", f"{namespace}/tp3")
+    assert out.count("never") >= 2 and sentence in out, out
 
 
 def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(admin, namespace, fleet, stack, extender):

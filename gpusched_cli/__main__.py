@@ -1,0 +1,51 @@
+"""``gpusched``: the command-line tool for platform engineers running gpusched.
+
+  gpusched explain NAMESPACE/POD   why a pod is where it is, or why it waits
+  gpusched nodes                   GPU inventory and holders per node, as gpusched sees them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpusched_cli.explain import ExplainError, fetch_json, pod_status_lines, render_explain, render_nodes
+
+DEFAULT_URL = os.environ.get("GPUSCHED_URL", "http://127.0.0.1:8888")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpusched", description="Inspect gpusched's placement decisions.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("explain", help="why a pod is where it is, or why it waits")
+    ex.add_argument("pod", metavar="NAMESPACE/POD")
+    ex.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: $GPUSCHED_URL or %(default)s)")
+    ex.add_argument("--kubeconfig", default=None, help="kubeconfig to read the pod's status (default: the usual lookup)")
+    ex.add_argument("--json", action="store_true", help="print the raw decision records")
+    nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
+    nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "explain":
+            namespace, sep, name = args.pod.partition("/")
+            if not sep or not namespace or not name:
+                print(f"gpusched explain: expected NAMESPACE/POD, got {args.pod!r}", file=sys.stderr)
+                return 2
+            records = fetch_json(args.url, f"/debug/decisions/{namespace}/{name}")
+            if args.json:
+                import json
+
+                print(json.dumps(records, indent=2))
+                return 0
+            print(render_explain(namespace, name, records, pod_status_lines(namespace, name, args.kubeconfig)))
+        else:
+            print(render_nodes(fetch_json(args.url, "/debug/nodes") or {}))
+    except ExplainError as exc:
+        print(f"gpusched: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

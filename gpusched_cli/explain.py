@@ -1,0 +1,127 @@
+"""``gpusched explain NAMESPACE/POD``: why a pod is where it is, or why it waits.
+
+Reads the extender's decision records (``/debug/decisions/{ns}/{pod}``) and, when a kubeconfig is
+at hand, the pod itself — because kube-scheduler's own plugins may reject a pod before it ever
+asks gpusched (e.g. ``Insufficient nvidia.com/gpu``), and then only the pod's ``PodScheduled``
+condition knows why.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from gpusched_cli.render import table
+
+
+class ExplainError(Exception):
+    pass
+
+
+def fetch_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """GET JSON; None on 404; ExplainError (saying where) when the extender cannot be reached."""
+    url = base_url.rstrip("/") + path
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise ExplainError(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ExplainError(f"cannot reach the gpusched extender at {base_url} ({exc}); pass --url, or "
+                           "`kubectl -n gpusched-system port-forward deploy/gpusched-scheduler 8888` first") from None
+
+
+def pod_status_lines(namespace: str, name: str, kubeconfig: str | None) -> list[str]:
+    """The pod's node and PodScheduled condition, or a note saying why they are not shown."""
+    try:
+        from kubernetes import client, config
+
+        config.load_kube_config(config_file=kubeconfig)
+        pod = client.CoreV1Api().read_namespaced_pod(name, namespace)
+    except Exception as exc:  # no kubeconfig, no access, pod gone: explain still works from records
+        return [f"(pod not read from the cluster: {type(exc).__name__}: {str(exc).splitlines()[0][:160]})"]
+    lines = [f"phase {pod.status.phase}; node {pod.spec.node_name or '(none)'}"]
+    ann = pod.metadata.annotations or {}
+    if pod.spec.node_name and ann.get("gpusched.io/assigned-gpus"):
+        # Durable: written on the pod at bind, so it survives an extender restart.
+        lines.append(f"BOUND to {pod.spec.node_name}: GPUs [{ann.get('gpusched.io/assigned-gpu-indices', '?')}] "
+                     f"= {ann['gpusched.io/assigned-gpus']} (decision {ann.get('gpusched.io/decision-id', '?')}, "
+                     "from the pod's annotations)")
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status != "True":
+            lines.append(f"PodScheduled=False ({cond.reason}): {cond.message}")
+    return lines
+
+
+def render_explain(namespace: str, name: str, records: dict[str, Any] | None, pod_lines: list[str]) -> str:
+    out = [f"Pod {namespace}/{name}"]
+    out += [f"  {line}" for line in pod_lines]
+    if not records:
+        out.append("gpusched holds no decision record for this pod: kube-scheduler never called the extender "
+                   "for it (its own plugins rejected every node first; see PodScheduled above), the record "
+                   "aged out of the extender's bounded store, or the extender restarted since.")
+        return "\n".join(out)
+    decisions = records.get("decisions", {})
+    bind, filt, prio = decisions.get("bind"), decisions.get("filter"), decisions.get("prioritize")
+    if bind:
+        verdict = "BOUND" if bind["result"] == "bound" else bind["result"].upper()
+        out.append(f"\n{verdict} to {bind.get('node')}: {bind.get('summary', '')}  (decision {bind['id']})")
+    if filt:
+        details = filt.get("details", {})
+        demand = details.get("demand", {})
+        out.append(f"\nFilter ({filt['result']}): {filt.get('summary') or ''}")
+        if "error" in demand:
+            out.append(f"  demand: {demand['error']}")
+        elif demand:
+            out.append("  demand: {gpus} GPU(s), TP={tensorParallel} PP={pipelineParallel}, model {model}, heads "
+                       "{attentionHeads}/{kvHeads} KV, memory/GPU {mem}, NVLink required: {requireNvlink}".format(
+                           mem=_gib(demand.get("memoryPerGpuBytes")), **demand))
+        rows = []
+        for node, statuses in sorted(details.get("verdicts", {}).items()):
+            last = statuses[-1] if statuses else {"code": "SUCCESS", "plugin": "", "reason": ""}
+            rows.append((node, _verdict(last["code"]), last["plugin"], last["reason"]))
+        if rows:
+            out.append(table(["NODE", "VERDICT", "PLUGIN", "REASON"], rows))
+        shown = len(rows)
+        total = details.get("candidates", shown)
+        if total > shown:
+            out.append(f"  ({total - shown} more nodes; summary above)")
+    if prio:
+        breakdown = prio.get("details", {}).get("breakdown", {})
+        rows = []
+        for node, score in sorted(breakdown.items(), key=lambda kv: -kv[1]["final"]):
+            parts = ", ".join(f"{p['plugin']} {p['raw']}→{p['normalized']:g}×{p['weight']}" for p in score["plugins"])
+            rows.append((node, score["final"], parts))
+        if rows:
+            out.append("\nScores (0..10 sent to kube-scheduler; plugin raw→normalised×weight)")
+            out.append(table(["NODE", "SCORE", "PLUGINS"], rows))
+    return "\n".join(out)
+
+
+def render_nodes(nodes: dict[str, Any]) -> str:
+    """One row per GPU unit (whole GPU or MIG instance), the node's facts on its first row."""
+    rows = []
+    for n in nodes.get("nodes", []):
+        islands = " ".join("[" + ",".join(map(str, i)) + "]" for i in n["nvlinkIslands"]) or "-"
+        head = (n["name"], f"{n['free']}/{len(n['units'])}", islands, n["inventorySource"])
+        if not n["units"]:
+            rows.append((*head, "-", "-", "-", n.get("inventoryError") or "no GPUs"))
+        for i, u in enumerate(n["units"]):
+            unit = f"{u['gpu']}" + (f" {u['profile']}" if u["profile"] else "")
+            memory = f"{u['memoryMiB'] / 1024:.0f} GiB" if u["memoryMiB"] else "?"
+            holder = f"{u['heldBy']} ({u['state']})" if u["heldBy"] else "free"
+            rows.append((*(head if i == 0 else ("", "", "", "")), unit, memory, u["id"][:16], holder))
+    return table(["NODE", "FREE", "NVLINK ISLANDS", "INVENTORY", "GPU", "MEMORY", "UUID", "HELD BY"], rows)
+
+
+def _verdict(code: str) -> str:
+    return {"SUCCESS": "fits", "UNSCHEDULABLE": "not now", "UNSCHEDULABLE_AND_UNRESOLVABLE": "never",
+            "ERROR": "error"}.get(code, code)
+
+
+def _gib(value: int | None) -> str:
+    return "-" if not value else f"{value / 2**30:.1f} GiB"
