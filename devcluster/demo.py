@@ -1,0 +1,166 @@
+"""The local demo: the same vLLM workload placed by a count-only kube-scheduler and by gpusched.
+
+Everything is real except the GPUs: etcd, kube-apiserver, two kube-scheduler processes (the
+stock plugins counting ``nvidia.com/gpu``, bin-packing GPUs as many production clusters do; and
+the gpusched profile calling our extender), and simulated GPU nodes whose inventory annotations
+a node agent would publish. Each count-only placement is then judged with gpusched's own rules
+against that node *with every GPU free*: a rejection there means the placement fails whatever
+devices the kubelet hands out.
+
+    python -m devcluster.demo [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from devcluster.cluster import create_namespace, create_pod, vllm_pod, wait_until
+from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.fleet import create_preset_node
+from devcluster.stack import Stack
+from extender.framework.runtime import Framework
+from extender.model.catalog import builtin_catalog
+from extender.model.demand import parse_pod_demand
+from extender.model.snapshot import ClusterSnapshot, node_info_from_k8s
+from extender.plugins import default_profile, default_registry
+from gpusched_cli.render import table
+
+FLEET = [("h100", "h100-0"), ("a100", "a100-0"), ("l40s", "l40s-0"), ("mig", "mig-0")]
+COUNT_ONLY = "count-only"
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    model: str
+    gpus: int
+    args: tuple[str, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    what: str = ""
+
+
+WORKLOAD = [
+    Engine("llama70b-tp4", "meta-llama/Llama-3.1-70B-Instruct", 4, ("--tensor-parallel-size", "4"),
+           {"gpusched.io/require-nvlink": "true", "gpusched.io/gpu-memory-per-gpu": "38Gi"},
+           "70B, TP=4, must share one NVLink island"),
+    Engine("qwen7b-tp2", "Qwen/Qwen2.5-7B-Instruct", 2, ("-tp", "2"), {}, "7B, TP=2"),
+    Engine("llama8b-small", "meta-llama/Llama-3.1-8B-Instruct", 1, (), {"gpusched.io/gpu-memory-per-gpu": "15Gi"},
+           "8B on one GPU, 15 GiB is enough"),
+    Engine("llama70b-tp3", "meta-llama/Llama-3.1-70B-Instruct", 3, ("--tensor-parallel-size", "3"), {},
+           "70B, TP=3 (64 heads): impossible"),
+    Engine("llama70b-tp2", "meta-llama/Llama-3.1-70B-Instruct", 2, ("-tp", "2"),
+           {"gpusched.io/gpu-memory-per-gpu": "72Gi"}, "70B, TP=2: ~70 GiB of weights per GPU"),
+]
+
+
+def count_only_config(config: dict[str, Any]) -> None:
+    """The stock scheduler as GPU clusters often run it: no extender, GPUs bin-packed by count."""
+    config.pop("extenders", None)
+    config["leaderElection"] = {"leaderElect": False}
+    config["profiles"] = [{"schedulerName": COUNT_ONLY, "pluginConfig": [{"name": "NodeResourcesFit", "args": {
+        "scoringStrategy": {"type": "MostAllocated", "resources": [{"name": "nvidia.com/gpu", "weight": 1}]}}}]}]
+
+
+def place(api: client.ApiClient, namespace: str, scheduler: str, fleet_label: str, engine: Engine) -> tuple[str | None, str]:
+    """Submit one engine and wait until it is bound or judged unschedulable."""
+    pod = vllm_pod(engine.name, gpus=engine.gpus, scheduler=scheduler, model=engine.model, args=engine.args,
+                   annotations=engine.annotations)
+    pod["spec"]["nodeSelector"] = {"gpusched.io/demo-fleet": fleet_label}
+    create_pod(api, namespace, pod)
+    core = client.CoreV1Api(api)
+
+    def settled():
+        p = core.read_namespaced_pod(engine.name, namespace)
+        if p.spec.node_name:
+            return (p.spec.node_name, (p.metadata.annotations or {}).get("gpusched.io/assigned-gpu-indices", ""))
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return (None, c.message or c.reason)
+        return None
+
+    return wait_until(settled, 60, f"{namespace}/{engine.name} to be placed or judged")
+
+
+def judge_on_empty_node(api: client.ApiClient, node_name: str, namespace: str, engine: Engine) -> str:
+    """gpusched's verdict for this pod on this node with all of its GPUs free ("" = fine)."""
+    core = client.CoreV1Api(api)
+    node = api.sanitize_for_serialization(core.read_node(node_name))
+    pod = api.sanitize_for_serialization(core.read_namespaced_pod(engine.name, namespace))
+    framework = Framework.from_profile(default_profile(), default_registry())
+    demand = parse_pod_demand(pod, builtin_catalog())
+    decision = framework.filter(ClusterSnapshot.build([node_info_from_k8s(node)]), demand, [node_name])
+    return decision.failed.get(node_name) or decision.unresolvable.get(node_name) or ""
+
+
+def run(keep: bool) -> int:
+    print("Building/locating the control plane (first run compiles Kubernetes from the Go module proxy) ...", flush=True)
+    cp = ControlPlane(build_binaries())
+    try:
+        cp.start()
+        stack = Stack(cp)
+        stack.install()
+        extender = stack.start_extender()
+        stack.start_scheduler("kube-scheduler-gpusched")
+        stack.start_scheduler("kube-scheduler-count-only", adjust=count_only_config)
+        api = cp.api_client()
+        for label in (COUNT_ONLY, "gpusched"):
+            for preset, name in FLEET:
+                node = f"{label}-{name}"
+                create_preset_node(api, node, preset)
+                client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {"gpusched.io/demo-fleet": label}}})
+            create_namespace(api, f"demo-{label}")
+        print(f"Control plane at {cp.url}; extender at {extender.base}; simulated nodes: "
+              + ", ".join(f"{p} ({n})" for p, n in FLEET) + " — one fleet per scheduler.\n", flush=True)
+
+        rows, notes, count_failures, gpusched_failures = [], [], 0, 0
+        for engine in WORKLOAD:
+            counted_node, counted_info = place(api, f"demo-{COUNT_ONLY}", COUNT_ONLY, COUNT_ONLY, engine)
+            gs_node, gs_info = place(api, "demo-gpusched", "gpusched", "gpusched", engine)
+            failure = judge_on_empty_node(api, counted_node, f"demo-{COUNT_ONLY}", engine) if counted_node else ""
+            gs_failure = judge_on_empty_node(api, gs_node, "demo-gpusched", engine) if gs_node else ""
+            count_failures += bool(failure)
+            gpusched_failures += bool(gs_failure)
+            if failure:
+                notes.append(f"[{len(notes) + 1}] {engine.name} on count-only's {counted_node}: {failure}")
+            verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
+            if gs_node:
+                gs_where = f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]"
+                gs_why = extender.get_json(f"/debug/decisions/demo-gpusched/{engine.name}")["decisions"]["bind"]["summary"]
+                gs_why = gs_why.split(" (", 1)[-1].rstrip(")") if " (" in gs_why else gs_why
+            else:
+                notes.append(f"[{len(notes) + 1}] {engine.name} kept Pending by gpusched: {gs_info}")
+                gs_where, gs_why = "Pending", f"refused before costing a GPU [{len(notes)}]"
+            counted_where = counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending"
+            rows.append((engine.name, engine.what, counted_where, verdict,
+                         gs_where + (" WOULD FAIL" if gs_failure else ""), gs_why))
+        print(table(["ENGINE", "WHAT", "COUNT-ONLY", "AT LOAD TIME", "GPUSCHED", "WHY"], rows))
+        print("\n" + "\n".join(notes))
+        print(f"\nPlacements that would fail at load time: count-only {count_failures}, gpusched {gpusched_failures}."
+              f"\nExplain any decision: gpusched explain demo-gpusched/<engine> --url {extender.base}")
+        if keep:
+            admin = cp.kubeconfig(cp.admin_token, "admin")
+            print(f"\n--keep: running. Debug: {extender.base}/debug/decisions  {extender.base}/debug/nodes\n"
+                  f"kubectl --kubeconfig {admin} get pods -A -o wide\nPress Ctrl-C to stop.", flush=True)
+            while True:
+                time.sleep(3600)
+        return 0 if gpusched_failures == 0 else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cp.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m devcluster.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--keep", action="store_true", help="leave everything running and print the debug URLs")
+    return run(p.parse_args(argv).keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
