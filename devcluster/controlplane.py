@@ -31,6 +31,7 @@ MANIFESTS = REPO / "manifests"
 NAMESPACE = "gpusched-system"
 SCHEDULER_SA = "gpusched-scheduler"
 EXTENDER_SA = "gpusched-extender"
+AGENT_SA = "gpusched-node-agent"
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
 

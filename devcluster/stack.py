@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from devcluster.controlplane import (
+    AGENT_SA,
     EXTENDER_SA,
     NAMESPACE,
     PYTHON,
@@ -74,9 +75,10 @@ class Stack:
     def start_extender(self, *extra_args: str, port: int | None = None) -> Extender:
         """Start the extender (on ``port`` to restart one that kube-scheduler already points at)."""
         port = port or free_port()
+        self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
-                                   *extra_args],
+                                   "--telemetry-address", f"127.0.0.1:{self.telemetry_port}", *extra_args],
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
@@ -95,6 +97,27 @@ class Stack:
         proc = subprocess.run(argv, capture_output=True, text=True, env=python_component_env(), timeout=60)
         assert proc.returncode == 0, f"gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
         return proc.stdout
+
+    def agent_pod(self, node: str, account: str = AGENT_SA) -> tuple[str, str]:
+        """A pod of ``account`` bound to ``node`` (as the agent DaemonSet would place it); (name, uid)."""
+        from kubernetes import client
+
+        name = f"{account}-{node}"
+        core = client.CoreV1Api(self.cp.api_client())
+        try:
+            pod = core.read_namespaced_pod(name, NAMESPACE)
+        except client.ApiException:
+            pod = core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": name, "labels": {
+                "app.kubernetes.io/name": "gpusched-node-agent"}}, "spec": {
+                "nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "agent", "image": "ghcr.io/gpusched/node-agent:0.1.0"}]}})
+        return name, pod.metadata.uid
+
+    def agent_token(self, node: str, *, audience: str = "gpusched", account: str = AGENT_SA) -> str:
+        """A projected-style token: bound to the agent pod on ``node``, with the gpusched audience."""
+        name, uid = self.agent_pod(node, account)
+        return self.cp.service_account_token(NAMESPACE, account, audiences=[audience], seconds=3600,
+                                             bound_pod=(name, uid))
 
     def kill_extender(self) -> None:
         """SIGKILL the extender: no shutdown hooks, in-memory state lost."""

@@ -44,6 +44,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-timeout", type=float, default=60.0,
                    help="seconds to wait for the first node/pod lists (the GPU ledger rebuilt) before serving; "
                         "until then every filter answers 'not ready' (default: %(default)s)")
+    p.add_argument("--telemetry-address", default="",
+                   help="host:port of the gRPC endpoint node agents stream telemetry to, e.g. 0.0.0.0:9443 "
+                        "(default: disabled; the shipped Deployment enables it)")
+    p.add_argument("--telemetry-tls-cert", default=None, help="PEM certificate chain for the telemetry port (tls.crt "
+                   "of a Secret); with --telemetry-tls-key")
+    p.add_argument("--telemetry-tls-key", default=None, help="PEM private key for the telemetry port (tls.key)")
+    p.add_argument("--agent-service-account", default=Settings.agent_service_account,
+                   help="the only user allowed to stream telemetry (default: %(default)s)")
+    p.add_argument("--stale-after-periods", type=float, default=3.0,
+                   help="telemetry older than this many agent periods is stale: the node is judged on its static "
+                        "inventory and the ledger with a conservative memory assumption (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=Settings.max_body_bytes,
                    help="largest request body accepted; larger ones get 413 (default: %(default)s)")
     p.add_argument("--decision-capacity", type=int, default=Settings.decision_capacity,
@@ -57,6 +68,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, port=args.port, url_prefix=args.url_prefix, max_body_bytes=args.max_body_bytes,
                     decision_capacity=args.decision_capacity, no_kube=args.no_kube, kubeconfig=args.kubeconfig, token_file=args.token_file,
                     namespace=args.namespace, profile=args.profile, sync_timeout_s=args.sync_timeout,
+                    telemetry_address=args.telemetry_address, telemetry_tls_cert=args.telemetry_tls_cert,
+                    telemetry_tls_key=args.telemetry_tls_key, agent_service_account=args.agent_service_account,
+                    stale_after_periods=args.stale_after_periods,
                     log_level=args.log_level)
 
 

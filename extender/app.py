@@ -31,13 +31,15 @@ class Collaborators:
     # Readiness: (ready, reason). The cluster view reports not-ready until its ledger is rebuilt.
     ready: Callable[[], tuple[bool, str]] = _always_ready
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+    # Shared with the composition root (the requeue nudger asks it which pods wait).
+    decisions: DecisionStore | None = None
     # GET /debug/nodes: inventory and ledger per node, as gpusched sees them.
     debug_nodes: Callable[[], dict] = lambda: {"nodes": []}
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
     c = collaborators or Collaborators()
-    service = ExtenderService(c.decider, c.binder, DecisionStore(settings.decision_capacity), c.metrics)
+    service = ExtenderService(c.decider, c.binder, c.decisions or DecisionStore(settings.decision_capacity), c.metrics)
     internal_errors = Counter(
         "gpusched_extender_internal_errors_total",
         "Faults of gpusched's own while answering a verb (answered in the protocol's Error field).",

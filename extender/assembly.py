@@ -24,7 +24,9 @@ from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_c
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
 from extender.service.framework_decider import FrameworkDecider
+from extender.service.decisions import DecisionStore
 from extender.service.state import ClusterState
+from extender.service.telemetry import TelemetryStore
 from extender.settings import Settings
 
 log = logging.getLogger("gpusched.extender")
@@ -56,6 +58,7 @@ class Assembled:
     collaborators: Collaborators
     state: ClusterState | None = None
     reflectors: list[Any] = field(default_factory=list)
+    telemetry_server: Any = None
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -123,8 +126,37 @@ def assemble(settings: Settings) -> Assembled:
         r.start()
     from extender.service.describe import describe_nodes
 
-    collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced,
+    decisions = DecisionStore(settings.decision_capacity)
+    collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced, decisions=decisions,
                                   debug_nodes=lambda: describe_nodes(state.snapshot()))
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
-    return Assembled(collaborators, state, reflectors)
+    assembled = Assembled(collaborators, state, reflectors)
+    if settings.telemetry_address:
+        assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators)
+    return assembled
+
+
+def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decisions: DecisionStore,
+                     collaborators: Collaborators) -> Any:
+    """The agents' gRPC endpoint, its store (read by the snapshot) and the requeue nudger."""
+    from extender.adapters.requeue import NodeNudger
+    from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServer, TelemetryServicer
+    from extender.adapters.token_review import TokenReviewVerifier
+
+    store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
+    state.attach_telemetry(store)
+    nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
+    store.on_capacity_rise(nudger.capacity_rose)
+    tls = None
+    if settings.telemetry_tls_cert:
+        try:
+            tls = (Path(settings.telemetry_tls_cert).read_bytes(), Path(settings.telemetry_tls_key).read_bytes())
+        except OSError as exc:
+            raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
+    servicer = TelemetryServicer(store, TokenReviewVerifier(api).verify, settings.agent_service_account,
+                                 TelemetryMetrics(collaborators.metrics.registry))
+    try:
+        return TelemetryServer(servicer, settings.telemetry_address, tls).start()
+    except Exception as exc:
+        raise StartupError(f"--telemetry-address {settings.telemetry_address}: cannot serve: {exc}") from None
 

@@ -31,6 +31,14 @@ class Settings:
     # How long to wait for the first lists (ledger rebuilt) before serving anyway, not ready.
     sync_timeout_s: float = 60.0
     log_level: str = "info"
+    # gRPC endpoint node agents stream telemetry to ("" disables it; host:port, port 0 = any).
+    telemetry_address: str = ""
+    telemetry_tls_cert: str | None = None
+    telemetry_tls_key: str | None = None
+    # The only identity allowed to stream telemetry (pod-bound tokens of the agent DaemonSet).
+    agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
+    # A node whose telemetry is older than this many of its agent's periods is judged as stale.
+    stale_after_periods: float = 3.0
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -43,6 +51,12 @@ class Settings:
             raise SettingsError(f"decision_capacity: must be positive, got {self.decision_capacity}")
         if self.no_kube and (self.kubeconfig or self.token_file):
             raise SettingsError("no_kube: contradicts kubeconfig/token_file; drop --no-kube or the cluster credentials")
+        if bool(self.telemetry_tls_cert) != bool(self.telemetry_tls_key):
+            raise SettingsError("telemetry_tls_cert/telemetry_tls_key: give both (a Secret's tls.crt and tls.key) or neither")
+        if self.stale_after_periods <= 0:
+            raise SettingsError(f"stale_after_periods: must be positive, got {self.stale_after_periods}")
+        if self.no_kube and self.telemetry_address:
+            raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise SettingsError(f"log_level: must be one of critical, error, warning, info, debug; got {self.log_level!r}")
 

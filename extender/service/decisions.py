@@ -97,6 +97,18 @@ class DecisionStore:
         with self._lock:
             return dict(self._by_pod.get((namespace, pod), {}))
 
+    def waiting_pods(self) -> list[tuple[str, str]]:
+        """Pods whose newest filter found no node *for now* (unschedulable) and that have not been
+        bound since: the ones a capacity rise might help."""
+        with self._lock:
+            items = list(self._by_pod.items())
+        waiting = []
+        for key, verbs in items:
+            f, b = verbs.get("filter"), verbs.get("bind")
+            if f is not None and f.result == "unschedulable" and (b is None or b.at_unix < f.at_unix):
+                waiting.append(key)
+        return waiting
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._recent)

@@ -25,6 +25,7 @@ from typing import Any
 
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.service.telemetry import TelemetryStore
 
 ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
 ASSIGNED_GPU_INDICES_ANNOTATION = "gpusched.io/assigned-gpu-indices"
@@ -71,6 +72,11 @@ class ClusterState:
         self._last_expiry = clock()
         self.nodes = _NodeHandler(self)
         self.pods = _PodHandler(self)
+        self.telemetry: TelemetryStore | None = None
+
+    def attach_telemetry(self, store: TelemetryStore) -> None:
+        """Judge with the agents' live telemetry from now on (see ``snapshot``)."""
+        self.telemetry = store
 
     def snapshot(self) -> ClusterSnapshot:
         """The current nodes against the ledger's current view. Cheap when nothing changed."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from devcluster.controlplane import EXTENDER_SA, MANIFESTS, NAMESPACE, SCHEDULER_SA, ControlPlane, manifest_documents
+from devcluster.controlplane import AGENT_SA, EXTENDER_SA, MANIFESTS, NAMESPACE, SCHEDULER_SA, ControlPlane, manifest_documents
 from devcluster.stack import Stack
 
 MANIFEST_FILES = sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
@@ -40,6 +40,12 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(EXTENDER_SA, "watch", "nodes", "", "", True, id="extender-watches-nodes"),
     pytest.param(EXTENDER_SA, "delete", "pods", "", "", False, id="extender-cannot-delete-pods"),
     pytest.param(EXTENDER_SA, "update", "nodes", "", "", False, id="extender-cannot-update-nodes"),
+    pytest.param(EXTENDER_SA, "patch", "nodes", "", "", True, id="extender-nudges-nodes"),
+    pytest.param(EXTENDER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="extender-reviews-tokens"),
+    pytest.param(AGENT_SA, "patch", "nodes", "", "", True, id="agent-publishes-inventory"),
+    pytest.param(AGENT_SA, "list", "pods", "", "", True, id="agent-finds-engines"),
+    pytest.param(AGENT_SA, "create", "pods", "binding", "", False, id="agent-cannot-bind"),
+    pytest.param(AGENT_SA, "create", "tokenreviews", "", "authentication.k8s.io", False, id="agent-cannot-review-tokens"),
     pytest.param(EXTENDER_SA, "get", "secrets", "", "", False, id="extender-cannot-read-secrets"),
     pytest.param(SCHEDULER_SA, "create", "pods", "binding", "", True, id="scheduler-binds"),
     pytest.param(SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", True, id="scheduler-lease"),

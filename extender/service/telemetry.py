@@ -1,0 +1,106 @@
+"""Telemetry ingest and the stream's authorization policy.
+
+:class:`TelemetryStore` keeps the newest :class:`~extender.model.telemetry.NodeTelemetry` per node
+behind one reference per node (whole-value swaps: a reader never sees half a report) and tells
+its listeners when a node's usable GPU capacity rose, so the extender can make kube-scheduler
+retry pods it rejected (see ``adapters.requeue``).
+
+:func:`authorize_stream` is the pure decision of whether a verified identity may speak for the
+node a stream claims: an agent can only speak for its own node.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from extender.model.telemetry import NodeTelemetry
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+
+
+@dataclass(frozen=True)
+class TokenIdentity:
+    """What TokenReview said about a bearer token."""
+
+    authenticated: bool
+    username: str = ""
+    node_name: str = ""  # from the pod-bound token's extra; "" when not bound to a pod on a node
+    pod_name: str = ""
+    error: str = ""  # TokenReview's own error text when not authenticated
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # metric label: unauthenticated, wrong-account, not-pod-bound, wrong-node
+    message: str
+    permission: bool  # True: PERMISSION_DENIED (who you are is known); False: UNAUTHENTICATED
+
+
+def authorize_stream(identity: TokenIdentity | None, claimed_node: str, agent_username: str) -> Refusal | None:
+    if identity is None:
+        return Refusal("unauthenticated", "no bearer token: send 'authorization: Bearer <projected service-account "
+                       "token with audience gpusched>' metadata", permission=False)
+    if not identity.authenticated:
+        return Refusal("unauthenticated", f"token rejected by TokenReview: {identity.error or 'not authenticated'}",
+                       permission=False)
+    if identity.username != agent_username:
+        return Refusal("wrong-account", f"{identity.username} is not the node agent's service account "
+                       f"({agent_username})", permission=True)
+    if not identity.node_name:
+        return Refusal("not-pod-bound", "the token is not bound to a pod scheduled on a node; use the projected "
+                       "service-account token of the agent's pod", permission=True)
+    if identity.node_name != claimed_node:
+        return Refusal("wrong-node", f"the token's pod {identity.pod_name or '?'} runs on node {identity.node_name}, "
+                       f"but the stream claims node {claimed_node!r}: an agent may only report its own node",
+                       permission=True)
+    return None
+
+
+class TelemetryStore:
+    def __init__(self, *, stale_after_periods: float = 3.0, clock: Callable[[], float] = time.monotonic):
+        self.stale_after_periods = stale_after_periods
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeTelemetry] = {}
+        self._view: MappingProxyType = MappingProxyType({})
+        self._dirty = False
+        self._listeners: list[Callable[[str], None]] = []
+        self.reports = 0
+
+    def on_capacity_rise(self, listener: Callable[[str], None]) -> None:
+        self._listeners.append(listener)
+
+    def ingest(self, report: NodeTelemetry) -> None:
+        with self._lock:
+            previous = self._nodes.get(report.node)
+            self._nodes[report.node] = report
+            self._dirty = True
+            self.reports += 1
+        if previous is None or _usable_units(report) > _usable_units(previous) or \
+                not previous.is_fresh(report.received_at, self.stale_after_periods):
+            for listener in self._listeners:
+                listener(report.node)
+
+    def view(self) -> MappingProxyType:
+        """node -> NodeTelemetry; a new mapping object only when something was ingested."""
+        with self._lock:
+            if self._dirty:
+                self._view = MappingProxyType(dict(self._nodes))
+                self._dirty = False
+            return self._view
+
+    def get(self, node: str) -> NodeTelemetry | None:
+        with self._lock:
+            return self._nodes.get(node)
+
+
+def _usable_units(report: NodeTelemetry, foreign_tolerance: float = 0.05) -> int:
+    """Units no pod holds and no foreign process occupies beyond ``foreign_tolerance`` of memory.
+    Counting units, not bytes, keeps ordinary memory jitter from looking like new capacity."""
+    return sum(1 for g in report.gpus.values()
+               if not g.assigned_pods and g.foreign_used_bytes <= foreign_tolerance * g.memory_total_bytes)

@@ -1,0 +1,1 @@
+"""The node agent's side of the telemetry stream to the extender."""

@@ -1,0 +1,127 @@
+"""Streams this node's telemetry to the extender, forever.
+
+Contract:
+- every report is the node's *current* complete state (``collect()`` is called when a report is
+  due), so after a reconnect the extender gets the present, never a backlog;
+- the bearer token is re-read from its file on every connect (the kubelet rotates projected
+  service-account tokens);
+- failures reconnect with jittered exponential backoff; a refusal (UNAUTHENTICATED /
+  PERMISSION_DENIED) is logged with the extender's message — it says what to fix — and retried
+  slowly, since a rotated token or a fixed RBAC may cure it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+
+log = logging.getLogger("gpusched.nodeagent.publisher")
+
+
+@dataclass
+class PublisherStatus:
+    connected: bool = False
+    reports_sent: int = 0
+    acks: int = 0
+    reconnects: int = 0
+    last_error: str = ""
+    last_refusal: str = ""
+    last_ack_at: float = 0.0
+    sequence: int = 0
+    history: list[str] = field(default_factory=list)
+
+
+class Publisher:
+    def __init__(self, target: str, collect: Callable[[int], telemetry_pb2.NodeReport], *, period_s: float = 1.0,
+                 token_file: str | None = None, tls_ca_pem: bytes | None = None, tls_server_name: str | None = None,
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0):
+        """``collect(sequence)`` builds the current report; ``target`` is ``host:port``."""
+        self.target = target
+        self._collect = collect
+        self.period_s = period_s
+        self._token_file = token_file
+        self._tls_ca = tls_ca_pem
+        self._server_name = tls_server_name
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self.status = PublisherStatus()
+        self._stop = threading.Event()
+        self._sequence = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _channel(self) -> grpc.Channel:
+        if self._tls_ca is None:
+            return grpc.insecure_channel(self.target)
+        options = [("grpc.ssl_target_name_override", self._server_name)] if self._server_name else []
+        return grpc.secure_channel(self.target, grpc.ssl_channel_credentials(self._tls_ca), options=options)
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        if not self._token_file:
+            return []
+        token = Path(self._token_file).read_text().strip()
+        return [("authorization", f"Bearer {token}")]
+
+    def _reports(self) -> Iterator[telemetry_pb2.NodeReport]:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            delay = next_at - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                return
+            next_at = max(next_at + self.period_s, time.monotonic())
+            self._sequence += 1
+            report = self._collect(self._sequence)
+            self.status.reports_sent += 1
+            self.status.sequence = self._sequence
+            yield report
+
+    def run(self) -> None:
+        """Blocks until ``stop()``; never raises for network or auth trouble."""
+        backoff = self._backoff_initial_s
+        while not self._stop.is_set():
+            channel = None
+            try:
+                channel = self._channel()
+                stub = telemetry_pb2_grpc.TelemetryStub(channel)
+                responses = stub.Stream(self._reports(), metadata=self._metadata())
+                self.status.connected = True
+                for _ack in responses:
+                    self.status.acks += 1
+                    self.status.last_ack_at = time.monotonic()
+                    backoff = self._backoff_initial_s
+                    if self._stop.is_set():
+                        responses.cancel()
+                        break
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                message = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self.status.last_refusal = message
+                    log.error("extender refused the telemetry stream: %s", message)
+                    backoff = max(backoff, 5.0)
+                elif code != grpc.StatusCode.CANCELLED:
+                    log.warning("telemetry stream to %s failed: %s", self.target, message)
+                self.status.last_error = message
+            except OSError as exc:  # the token file is missing or unreadable
+                self.status.last_error = f"cannot read token file {self._token_file}: {exc}"
+                log.error("%s", self.status.last_error)
+            finally:
+                self.status.connected = False
+                if channel is not None:
+                    channel.close()
+            if self._stop.is_set():
+                return
+            self.status.reconnects += 1
+            if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
+                return
+            backoff = min(backoff * 2, self._backoff_max_s)
