@@ -6,14 +6,19 @@ weighting scores, and mapping the total to the extender's 0..10. Decisions are f
 HTTP layer translates to the wire and the decision store records as they are.
 
 Speed: nodes with the same GPU shape and the same free units get the same answers from
-shape-only plugins, so one verdict is computed per (shape, free mask) and shared.
+shape-only plugins, so one verdict is computed per (shape, free mask) group and shared. The
+snapshot keeps the grouping up to date per ledger view (``ClusterSnapshot.groups``), and the
+per-group answers are kept with it for pods of equal demand (replicas, retries), so a request
+costs a few C-level passes over the node names plus plugin work for groups not seen before.
+Per-node results are returned as lazy mappings over (names, group ids).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
+from dataclasses import dataclass, field, replace
+from itertools import compress
 from types import MappingProxyType
 from typing import Any
 
@@ -31,7 +36,7 @@ from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandError, PodDemand
 from extender.model.placement import Tier
-from extender.model.snapshot import ClusterSnapshot, NodeInfo
+from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeInfo
 
 FRAMEWORK = "Framework"
 DEMAND = "PodDemand"
@@ -66,6 +71,9 @@ class FilterDecision:
     unresolvable: Mapping[str, str]
     per_node: Mapping[str, NodeVerdict]
     error: str = ""
+    # Rejected nodes counted per verdict (None when built by hand): summaries without a pass
+    # over every node.
+    rejected_counts: Mapping[NodeVerdict, int] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class Framework:
         self._scores = list(scores)
         every = list(filters) + [p for p, _ in scores]
         self._shape_only = all(getattr(p, "node_shape_only", False) for p in every)
+        self._normalizes = any(isinstance(p, NormalizeScorePlugin) for p, _ in scores)
 
     @classmethod
     def from_profile(cls, profile: ProfileConfig, registry: Registry) -> Framework:
@@ -143,28 +152,51 @@ class Framework:
         names = list(dict.fromkeys(node_names))
         if isinstance(demand, DemandError):
             verdict = NodeVerdict((Status.unresolvable(DEMAND, demand.message),))
-            return _decide({n: verdict for n in names}), None
+            return _decide(names, [1] * len(names), {1: verdict}), None
         state = CycleState(snapshot, demand)
         pre = self._pre_filter(state, demand)
         if not pre.is_success:
-            verdict = NodeVerdict((pre,))
-            return _decide({n: verdict for n in names}), state
+            return _decide(names, [1] * len(names), {1: NodeVerdict((pre,))}), state
+        if self._shape_only and len(names) >= _GROUPED_FROM:
+            return self._filter_grouped(state, demand, names), state
+        verdicts: dict[int, NodeVerdict] = {}
         memo: dict[tuple[Any, int], NodeVerdict] = {}
-        verdicts: dict[str, NodeVerdict] = {}
-        for name in names:
+        ids = []
+        for i, name in enumerate(names, start=1):
             node = snapshot.nodes.get(name)
             if node is None:
-                verdicts[name] = _UNKNOWN_NODE
+                ids.append(UNKNOWN_GROUP)
+                verdicts[UNKNOWN_GROUP] = _UNKNOWN_NODE
                 continue
+            ids.append(i)
             if not self._shape_only:
-                verdicts[name] = self._filter_node(state, demand, node)
+                verdicts[i] = self._filter_node(state, demand, node)
                 continue
             key = (node.shape, state.free_units(node).mask)
             verdict = memo.get(key)
             if verdict is None:
                 verdict = memo[key] = self._filter_node(state, demand, node)
-            verdicts[name] = verdict
-        return _decide(verdicts), state
+            verdicts[i] = verdict
+        return _decide(names, ids, verdicts), state
+
+    def _filter_grouped(self, state: CycleState, demand: PodDemand, names: list[str]) -> FilterDecision:
+        """One verdict per (shape, free mask) group, kept across requests for equal demands."""
+        groups = state.snapshot.groups()
+        gids = groups.ids(names)
+        memo = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
+        verdicts: dict[int, NodeVerdict] = {}
+        for gid in set(gids):
+            if gid == UNKNOWN_GROUP:
+                verdicts[gid] = _UNKNOWN_NODE
+                continue
+            verdict = memo.get(gid)
+            if verdict is None:
+                node = state.snapshot.nodes[groups.representative(gid, names, gids)]
+                verdict = self._filter_node(state, demand, node)
+                if verdict.code is not Code.ERROR:  # faults are retried, never remembered
+                    memo[gid] = verdict
+            verdicts[gid] = verdict
+        return _decide(names, gids, verdicts)
 
     def _pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
         for plugin in self._pre_filters:
@@ -187,35 +219,76 @@ class Framework:
               node_names: Iterable[str]) -> ScoreDecision:
         """Score nodes 0..10. Unknown nodes, or pods whose demand or pre-filter fails, get 0."""
         names = list(dict.fromkeys(node_names))
-        zero = ScoreDecision(MappingProxyType({n: 0 for n in names}), MappingProxyType({}))
+
+        def zero(error: str = "") -> ScoreDecision:
+            return ScoreDecision(MappingProxyType(dict.fromkeys(names, 0)), MappingProxyType({}), error)
+
         if isinstance(demand, DemandError) or not self._scores:
-            return zero
+            return zero()
         state = CycleState(snapshot, demand)
         if not self._pre_filter(state, demand).is_success:
-            return zero
-        known = [snapshot.nodes[n] for n in names if n in snapshot.nodes]
-        per_plugin: list[tuple[Any, int, dict[str, int]]] = []
-        for plugin, weight in self._scores:
-            raw = self._raw_scores(plugin, state, demand, known)
-            if isinstance(raw, Status):
-                return ScoreDecision(zero.scores, MappingProxyType({}), f"{raw.plugin}: {raw.reason}")
-            per_plugin.append((plugin, weight, raw))
-        total_weight = sum(w for _, w, _ in per_plugin)
-        results: dict[str, NodeScore] = {}
+            return zero()
+        if self._shape_only and not self._normalizes and len(names) >= _GROUPED_FROM:
+            groups = snapshot.groups()
+            gids = groups.ids(names)
+            memo = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
+            missing = {g for g in set(gids) if g not in memo and g != UNKNOWN_GROUP}
+            if missing:
+                nodes = {g: snapshot.nodes[groups.representative(g, names, gids)] for g in missing}
+                fresh = self._group_raw_scores(state, demand, names, gids, nodes)
+                if isinstance(fresh, Status):
+                    return zero(f"{fresh.plugin}: {fresh.reason}")
+                memo.update(fresh)
+            raws = {g: memo[g] for g in set(gids) if g != UNKNOWN_GROUP}
+        else:
+            known = [snapshot.nodes[n] for n in names if n in snapshot.nodes]
+            per_plugin: list[dict[str, int]] = []
+            for plugin, _ in self._scores:
+                raw = self._raw_scores(plugin, state, demand, known)
+                if isinstance(raw, Status):
+                    return zero(f"{raw.plugin}: {raw.reason}")
+                per_plugin.append(raw)
+            position = {node.name: i for i, node in enumerate(known, start=1)}
+            gids = [position.get(n, UNKNOWN_GROUP) for n in names]
+            raws = {position[node.name]: tuple(raw[node.name] for raw in per_plugin) for node in known}
+        total_weight = sum(w for _, w in self._scores)
+        results: dict[int, NodeScore] = {}
         by_raw: dict[tuple[int, ...], NodeScore] = {}  # nodes with equal raw scores share one result
-        for node in known:
-            raws = tuple(raw[node.name] for _, _, raw in per_plugin)
-            result = by_raw.get(raws)
+        for gid, values in raws.items():
+            result = by_raw.get(values)
             if result is None:
                 parts = []
-                for (plugin, weight, _), value in zip(per_plugin, raws):
+                for (plugin, weight), value in zip(self._scores, values):
                     normalized = value * MAX_NODE_SCORE / plugin.max_score
                     parts.append(PluginScore(plugin.name, value, normalized, weight, normalized * weight))
                 total = sum(p.weighted for p in parts) / total_weight
-                result = by_raw[raws] = NodeScore(tuple(parts), total, to_extender_score(total))
-            results[node.name] = result
-        scores = {n: results[n].final if n in results else 0 for n in names}
-        return ScoreDecision(MappingProxyType(scores), MappingProxyType(results))
+                result = by_raw[values] = NodeScore(tuple(parts), total, to_extender_score(total))
+            results[gid] = result
+        finals = {gid: r.final for gid, r in results.items()}
+        finals[UNKNOWN_GROUP] = 0
+        scores = dict(zip(names, map(finals.__getitem__, gids)))
+        return ScoreDecision(MappingProxyType(scores), _ByGroup(names, gids, results))
+
+    def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: list[str], gids: list[int],
+                          nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[int, ...]] | Status:
+        """Raw scores of each plugin for one node per group, checked like ``_raw_scores``: the
+        first failing node in request order names the error."""
+        per_plugin: list[dict[int, Any]] = []
+        for plugin, _ in self._scores:
+            values = {g: _call(plugin, "score", state, demand, node) for g, node in nodes.items()}
+            bad = [g for g, v in values.items() if isinstance(v, Status)]
+            if bad:
+                value = values[min(bad, key=gids.index)]
+                return value if value.code is Code.ERROR else Status.error(
+                    plugin.name, f"score returned a {value.code.value} status instead of a number")
+            bad = [g for g, v in values.items()
+                   if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= plugin.max_score]
+            if bad:
+                first = min(bad, key=gids.index)
+                return Status.error(plugin.name, f"score {values[first]!r} for node {names[gids.index(first)]} "
+                                                 f"is outside 0..{plugin.max_score}")
+            per_plugin.append(values)
+        return {g: tuple(values[g] for values in per_plugin) for g in nodes}
 
     def _raw_scores(self, plugin: Any, state: CycleState, demand: PodDemand,
                     nodes: Sequence[NodeInfo]) -> dict[str, int] | Status:
@@ -269,7 +342,12 @@ def to_extender_score(total: float) -> int:
 
 def summarize_failures(decision: FilterDecision) -> str:
     """Rejections grouped by reason, commonest first: ``"3 nodes: …; 1 node: …"``."""
-    counts = Counter(list(decision.unresolvable.values()) + list(decision.failed.values()))
+    if decision.rejected_counts is not None:
+        counts: Counter[str] = Counter()
+        for verdict, n in decision.rejected_counts.items():
+            counts[verdict.reason] += n
+    else:
+        counts = Counter(list(decision.unresolvable.values()) + list(decision.failed.values()))
     parts = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     return "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}" for reason, n in parts)
 
@@ -286,18 +364,113 @@ def _call(plugin: Any, method: str, *args: Any) -> Any:
         return Status.error(plugin.name, f"{method} failed: {type(exc).__name__}: {exc}")
 
 
-def _decide(verdicts: Mapping[str, NodeVerdict]) -> FilterDecision:
-    feasible, failed, unresolvable, errors = [], {}, {}, []
-    for name, verdict in verdicts.items():
-        code = verdict.code
-        if code is Code.SUCCESS:
-            feasible.append(name)
-        elif code is Code.UNSCHEDULABLE:
-            failed[name] = verdict.reason
-        elif code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
-            unresolvable[name] = verdict.reason
+def _decide(names: list[str], gids: list[int], verdicts: Mapping[int, NodeVerdict]) -> FilterDecision:
+    """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]``; every output keeps
+    request order and is built with C-level passes over the names, not per-node Python."""
+    ok = {g for g, v in verdicts.items() if v.code is Code.SUCCESS}
+    bad = {g for g in verdicts if g not in ok}
+    if not bad:
+        feasible, rejected_names, rejected_ids = tuple(names), [], []
+    elif not ok:
+        feasible, rejected_names, rejected_ids = (), names, gids
+    else:
+        feasible = tuple(compress(names, map(ok.__contains__, gids)))
+        selected = list(map(bad.__contains__, gids))
+        rejected_names, rejected_ids = list(compress(names, selected)), list(compress(gids, selected))
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    counts: dict[NodeVerdict, int] = {}
+    errors: list[str] = []
+    if rejected_ids:
+        reason = {g: verdicts[g].reason for g in bad}
+        hopeless = {g for g in bad if verdicts[g].code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE}
+        if hopeless == bad:
+            unresolvable = dict(zip(rejected_names, map(reason.__getitem__, rejected_ids)))
+        elif not hopeless:
+            failed = dict(zip(rejected_names, map(reason.__getitem__, rejected_ids)))
         else:
-            failed[name] = verdict.reason
-            errors.append(f"{verdict.plugin}: {verdict.reason}")
-    return FilterDecision(tuple(feasible), MappingProxyType(failed), MappingProxyType(unresolvable),
-                          MappingProxyType(dict(verdicts)), "; ".join(dict.fromkeys(errors)))
+            selected = list(map(hopeless.__contains__, rejected_ids))
+            unresolvable = dict(zip(compress(rejected_names, selected),
+                                    map(reason.__getitem__, compress(rejected_ids, selected))))
+            others = [not s for s in selected]
+            failed = dict(zip(compress(rejected_names, others),
+                              map(reason.__getitem__, compress(rejected_ids, others))))
+        tally = {next(iter(bad)): len(rejected_ids)} if len(bad) == 1 else Counter(rejected_ids)
+        for gid, n in tally.items():
+            counts[verdicts[gid]] = counts.get(verdicts[gid], 0) + n
+        faulty = {g for g in bad if verdicts[g].code is Code.ERROR}
+        if faulty:
+            errors = [f"{verdicts[g].plugin}: {verdicts[g].reason}" for g in rejected_ids if g in faulty]
+    return FilterDecision(feasible, MappingProxyType(failed), MappingProxyType(unresolvable),
+                          _ByGroup(names, gids, verdicts), "; ".join(dict.fromkeys(errors)),
+                          MappingProxyType(counts))
+
+
+class _ByGroup(Mapping):
+    """A read-only node -> value mapping over (names, group ids, value per group), in request
+    order; names whose group has no value are absent. Built in O(1); lookups index lazily."""
+
+    __slots__ = ("_names", "_gids", "_values", "_index", "_len")
+
+    def __init__(self, names: list[str], gids: list[int], values: Mapping[int, Any]) -> None:
+        self._names, self._gids, self._values = names, gids, values
+        self._index: dict[str, int] | None = None
+        self._len: int | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        if self._index is None:
+            self._index = dict(zip(self._names, self._gids))
+        return self._values[self._index[name]]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._pairs())
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(1 for _ in self._pairs())
+        return self._len
+
+    def _pairs(self) -> Iterator[tuple[str, Any]]:
+        values, missing = self._values, _MISSING
+        for name, gid in zip(self._names, self._gids):
+            value = values.get(gid, missing)
+            if value is not missing:
+                yield name, value
+
+    def items(self) -> ItemsView[str, Any]:
+        return _ByGroupItems(self)
+
+    def values(self) -> ValuesView[Any]:
+        return _ByGroupValues(self)
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(f'{k!r}: {v!r}' for k, v in self._pairs())}}}"
+
+
+class _ByGroupItems(ItemsView):
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._mapping._pairs()  # type: ignore[attr-defined]
+
+
+class _ByGroupValues(ValuesView):
+    def __iter__(self) -> Iterator[Any]:
+        return (value for _, value in self._mapping._pairs())  # type: ignore[attr-defined]
+
+
+_MISSING = object()
+_GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small cluster)
+_MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
+
+
+def _demand_key(demand: PodDemand) -> PodDemand:
+    """The demand without the pod's identity: replicas and retries of one pod share answers."""
+    return replace(demand, name="", uid="")
+
+
+def _group_memo(cache: dict[object, object], key: object) -> dict[int, Any]:
+    memo = cache.get(key)
+    if memo is None:
+        if len(cache) >= _MEMO_DEMANDS:
+            cache.clear()
+        memo = cache.setdefault(key, {})
+    return memo  # type: ignore[return-value]

@@ -13,20 +13,107 @@ Entries come from two places, as in kube-scheduler's cache:
   succeeded pod.
 
 Pod keys are ``"namespace/name"``; the uid is kept alongside so that a pod recreated under the
-same name can be told apart by callers. Readers take a ``LedgerView``: an immutable copy made at
-most once per version, so a scheduling request never sees a half-applied update.
+same name can be told apart by callers. Readers take a ``LedgerView``: an immutable picture made
+at most once per version, so a scheduling request never sees a half-applied update.
+
+Views are cheap at any ledger size: the ledger's maps are split into buckets that are copied on
+write, so taking a view costs O(buckets) and a change after a view copies one bucket, never the
+whole ledger. Each view can also say which nodes changed since another view of the same ledger
+(``nodes_changed_since``), so per-node caches update only what changed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
+from typing import Any
 
 EMPTY: frozenset[str] = frozenset()
+_BUCKETS = 64  # copy-on-write granularity of the ledger's maps (a power of two)
+_LOG_KEEP = 4096  # node-change log entries kept after a trim (older views fall back to a full diff)
+
+
+class FrozenMap(Mapping):
+    """An immutable mapping over buckets shared with the ledger (read-only once handed out)."""
+
+    __slots__ = ("_buckets", "_len")
+
+    def __init__(self, buckets: tuple[dict[Any, Any], ...], length: int) -> None:
+        self._buckets = buckets
+        self._len = length
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._buckets[hash(key) & (_BUCKETS - 1)][key]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._buckets[hash(key) & (_BUCKETS - 1)].get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._buckets[hash(key) & (_BUCKETS - 1)]
+
+    def __iter__(self) -> Iterator[Any]:
+        for bucket in self._buckets:
+            yield from bucket
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict(self)!r})"
+
+
+class _CowMap:
+    """The ledger's mutable side of a FrozenMap: buckets handed to a view are copied before
+    the next write to them, so views stay immutable and a write costs one bucket copy at most."""
+
+    def __init__(self) -> None:
+        self._buckets: list[dict[Any, Any]] = [{} for _ in range(_BUCKETS)]
+        self._shared = [False] * _BUCKETS
+        self._len = 0
+
+    def _writable(self, key: Any) -> dict[Any, Any]:
+        i = hash(key) & (_BUCKETS - 1)
+        if self._shared[i]:
+            self._buckets[i] = dict(self._buckets[i])
+            self._shared[i] = False
+        return self._buckets[i]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._buckets[hash(key) & (_BUCKETS - 1)].get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._buckets[hash(key) & (_BUCKETS - 1)][key]
+
+    def __delitem__(self, key: Any) -> None:
+        bucket = self._writable(key)
+        del bucket[key]
+        self._len -= 1
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        bucket = self._writable(key)
+        self._len += key not in bucket
+        bucket[key] = value
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        bucket = self._writable(key)
+        if key in bucket:
+            self._len -= 1
+            return bucket.pop(key)
+        return default
+
+    def values(self) -> list[Any]:
+        return [v for bucket in self._buckets for v in bucket.values()]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def freeze(self) -> FrozenMap:
+        self._shared = [True] * _BUCKETS
+        return FrozenMap(tuple(self._buckets), self._len)
 
 
 class EntryState(str, Enum):
@@ -57,6 +144,24 @@ class LedgerView:
     version: int
     held_by_node: Mapping[str, frozenset[str]]
     assignments: Mapping[str, Assignment]
+    # Which node each version changed: ``_log[i]`` was changed by version ``_log_base + i + 1``.
+    # Shared with the ledger, which only appends to it (or replaces it when trimming).
+    _log: list[str] | None = field(default=None, compare=False, repr=False)
+    _log_base: int = field(default=0, compare=False, repr=False)
+    _source: object = field(default=None, compare=False, repr=False)
+
+    def nodes_changed_since(self, other: LedgerView) -> set[str] | None:
+        """Nodes whose holdings may differ between ``other`` and this view (either may be the
+        older), or None when that is unknown (different ledgers, or history already trimmed)."""
+        if other is self:
+            return set()
+        if self._source is None or other._source is not self._source:
+            return None
+        low, high = sorted((self.version, other.version))
+        newer = self if self.version >= other.version else other
+        if newer._log is None or low < newer._log_base:
+            return None
+        return set(newer._log[low - newer._log_base:high - newer._log_base])
 
     def held_on(self, node: str) -> frozenset[str]:
         return self.held_by_node.get(node, EMPTY)
@@ -81,10 +186,13 @@ class GpuLedger:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._clock = clock
-        self._assignments: dict[str, Assignment] = {}
+        self._assignments = _CowMap()  # pod key -> Assignment
         self._owners: dict[str, dict[str, str]] = {}  # node -> unit id -> pod key
-        self._held: dict[str, frozenset[str]] = {}  # node -> unit ids (replaced, never mutated)
+        self._held = _CowMap()  # node -> frozenset of unit ids (replaced, never mutated)
         self._version = 0
+        self._log: list[str] = []  # node changed by each version since _log_base
+        self._log_base = 0
+        self._source = object()  # identifies this ledger's views
         self._view = EMPTY_VIEW
 
     def assume(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "") -> bool:
@@ -163,14 +271,11 @@ class GpuLedger:
             return self._assignments.get(pod_key)
 
     def view(self) -> LedgerView:
-        """An immutable view; copied once per version, so repeated calls are cheap."""
+        """An immutable view; made once per version in O(buckets), so calls are cheap."""
         with self._lock:
             if self._view.version != self._version:
-                self._view = LedgerView(
-                    self._version,
-                    MappingProxyType(dict(self._held)),
-                    MappingProxyType(dict(self._assignments)),
-                )
+                self._view = LedgerView(self._version, self._held.freeze(), self._assignments.freeze(),
+                                        self._log, self._log_base, self._source)
             return self._view
 
     def __len__(self) -> int:
@@ -184,7 +289,7 @@ class GpuLedger:
         for unit_id in assignment.unit_ids:
             owners[unit_id] = assignment.pod_key
         self._held[assignment.node] = frozenset(owners)
-        self._version += 1
+        self._bump(assignment.node)
 
     def _remove(self, assignment: Assignment) -> None:
         del self._assignments[assignment.pod_key]
@@ -197,4 +302,12 @@ class GpuLedger:
         else:
             self._owners.pop(assignment.node, None)
             self._held.pop(assignment.node, None)
+        self._bump(assignment.node)
+
+    def _bump(self, node: str) -> None:
         self._version += 1
+        if len(self._log) >= 2 * _LOG_KEEP:
+            # A new list: views holding the old one keep reading it unchanged.
+            self._log_base += len(self._log) - _LOG_KEEP
+            self._log = self._log[-_LOG_KEEP:]
+        self._log.append(node)

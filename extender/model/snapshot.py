@@ -7,13 +7,20 @@ per request), its schedulable units are laid out in a fixed order, and the free 
 ledger view are cached per node, keyed on the identity of the node's held-id set (the ledger
 replaces that set only when the node's holdings change).
 
+For the scheduling framework, ``ClusterSnapshot.groups()`` groups nodes by (shape, free mask):
+identically shaped nodes with the same free units behave identically for shape-only plugins, so
+a request does its per-node work once per group. The grouping is kept per set of nodes and
+updated from one ledger view to the next only for the nodes the ledger says changed.
+
 A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -189,6 +196,69 @@ def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
     return int(text)
 
 
+UNKNOWN_GROUP = 0  # group id of names not in the snapshot
+
+
+class _GroupRegistry:
+    """Group ids of one set of nodes, shared by every snapshot of those nodes (``with_ledger``).
+
+    A group id stands for one (shape, free mask) forever, so answers computed for a group stay
+    valid across ledger views; ``cache`` is where callers keep them (bounded by the callers).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.keys: list[tuple[Shape, int] | None] = [None]  # index = group id; 0 = unknown node
+        self.ids: dict[tuple[Shape, int], int] = {}
+        self.representatives: list[str] = [""]  # a node name per group; checked before use
+        self.latest: NodeGroups | None = None
+        self.cache: dict[object, object] = {}
+
+    def group_id(self, shape: Shape, mask: int, name: str) -> int:
+        key = (shape, mask)
+        gid = self.ids.get(key)
+        if gid is None:
+            with self.lock:
+                gid = self.ids.get(key)
+                if gid is None:
+                    gid = len(self.keys)
+                    self.keys.append(key)
+                    self.representatives.append(name)
+                    self.ids[key] = gid
+        return gid
+
+
+class NodeGroups:
+    """The snapshot's nodes grouped by (shape, free mask) under one ledger view.
+
+    ``group_of[name]`` is the node's group id (>= 1); ids are stable for the life of the node set,
+    so callers may cache per-group answers in ``cache`` across ledger views. Immutable once built.
+    """
+
+    __slots__ = ("view", "group_of", "_registry")
+
+    def __init__(self, view: LedgerView, group_of: dict[str, int], registry: _GroupRegistry) -> None:
+        self.view = view
+        self.group_of = group_of
+        self._registry = registry
+
+    @property
+    def cache(self) -> dict[object, object]:
+        return self._registry.cache
+
+    def ids(self, names: Sequence[str]) -> list[int]:
+        """The group id of each name, ``UNKNOWN_GROUP`` for names not in the snapshot."""
+        return list(map(self.group_of.get, names, repeat(UNKNOWN_GROUP)))
+
+    def representative(self, gid: int, names: Sequence[str], gids: list[int]) -> str:
+        """A node of group ``gid``; ``gids`` (the ids of ``names``) must contain ``gid``."""
+        name = self._registry.representatives[gid]
+        if self.group_of.get(name) != gid:  # it moved to another group since it was recorded
+            name = names[gids.index(gid)]
+            self._registry.representatives[gid] = name
+        return name
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """Nodes by name plus the ledger view they are judged against. Never mutated; replace it."""
@@ -196,6 +266,8 @@ class ClusterSnapshot:
     nodes: Mapping[str, NodeInfo]
     ledger: LedgerView = EMPTY_VIEW
     generation: int = 0
+    # Shared by snapshots of the same nodes (with_ledger); holds the node grouping.
+    _groups: _GroupRegistry = field(default_factory=_GroupRegistry, compare=False, repr=False)
 
     @classmethod
     def build(cls, nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW,
@@ -211,7 +283,7 @@ class ClusterSnapshot:
 
     def with_ledger(self, ledger: LedgerView) -> ClusterSnapshot:
         """The same nodes against a newer ledger view (node free-unit caches carry over)."""
-        return ClusterSnapshot(self.nodes, ledger, self.generation)
+        return ClusterSnapshot(self.nodes, ledger, self.generation, self._groups)
 
     def with_nodes(self, nodes: Iterable[NodeInfo], generation: int | None = None) -> ClusterSnapshot:
         gen = self.generation + 1 if generation is None else generation
@@ -219,3 +291,24 @@ class ClusterSnapshot:
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
         return node.free_units(self.ledger.held_on(node.name))
+
+    def groups(self) -> NodeGroups:
+        """Nodes grouped by (shape, free mask) under this snapshot's ledger view. Built once per
+        node set, then updated per ledger view for the nodes that changed (O(changed))."""
+        registry = self._groups
+        latest = registry.latest
+        if latest is not None and latest.view is self.ledger:
+            return latest
+        changed = None if latest is None else self.ledger.nodes_changed_since(latest.view)
+        if latest is None or changed is None:
+            group_of = {name: registry.group_id(node.shape, self.free_units(node).mask, name)
+                        for name, node in self.nodes.items()}
+        else:
+            group_of = latest.group_of.copy()
+            for name in changed:
+                node = self.nodes.get(name)
+                if node is not None:
+                    group_of[name] = registry.group_id(node.shape, self.free_units(node).mask, name)
+        groups = NodeGroups(self.ledger, group_of, registry)
+        registry.latest = groups
+        return groups

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from extender.framework.runtime import Framework, summarize_failures
@@ -114,13 +115,18 @@ class FrameworkDecider:
         if decision.feasible:
             summary = f"fits {len(decision.feasible)} of {len(candidates)} nodes" + (f"; {summary}" if summary else "")
         verdicts = {name: [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in v.statuses]
-                    for name, v in list(decision.per_node.items())[:_MAX_VERDICTS_RECORDED]}
+                    for name, v in islice(decision.per_node.items(), _MAX_VERDICTS_RECORDED)}
         details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
             details["pluginErrors"] = decision.error
-        rejections = Counter((v.plugin, v.code.name) for name, v in decision.per_node.items()
-                             if name in decision.failed or name in decision.unresolvable)
+        rejections: Counter[tuple[str, str]] = Counter()
+        if decision.rejected_counts is not None:
+            for v, n in decision.rejected_counts.items():
+                rejections[(v.plugin, v.code.name)] += n
+        else:
+            rejections.update((v.plugin, v.code.name) for name, v in decision.per_node.items()
+                              if name in decision.failed or name in decision.unresolvable)
         return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections)
@@ -132,7 +138,7 @@ class FrameworkDecider:
         breakdown = {name: {"final": s.final, "total": round(s.total, 2),
                             "plugins": [{"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2),
                                          "weight": p.weight, "weighted": round(p.weighted, 2)} for p in s.plugins]}
-                     for name, s in list(decision.per_node.items())[:_MAX_VERDICTS_RECORDED]}
+                     for name, s in islice(decision.per_node.items(), _MAX_VERDICTS_RECORDED)}
         return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:

@@ -1,0 +1,339 @@
+"""Filter + prioritize latency of the extender with ``nodeCacheCapable: true``.
+
+Issue 3's target: p99 <= 2 ms at 5,000 nodes on one core. Measured at three levels:
+
+* ``decider`` — ``FrameworkDecider.filter`` + ``.prioritize`` (the framework over the watch's
+  snapshot, demand parsing, the per-decision details);
+* ``service`` — ``ExtenderService.filter`` + ``.prioritize`` (adds the decision record);
+* ``http`` — the ASGI app from ``create_app`` called through ``httpx.ASGITransport`` with an
+  ``ExtenderArgs`` body carrying ``NodeNames``: body read, JSON parse, pydantic validation,
+  the service, JSON encoding of the answer. httpx's own client-side cost is included (a real
+  server pays uvicorn's HTTP parsing instead), so this level is an upper bound.
+
+One iteration is one scheduling cycle as kube-scheduler runs it: filter with every node name,
+then prioritize with the feasible names filter returned. Every iteration uses a new pod (new
+uid, so the demand is parsed once per pod as in production) and, before it, the ledger changes
+(a bind of the previous cycle is assumed), so the ledger view is never reused across cycles.
+
+The fleet mixes the devcluster presets (h100 NVSwitch x8, a100 NVLink pairs x4, l40s PCIe x8,
+mig A100 3g.40gb + 2 x 2g.20gb); a seeded fraction of the GPU units is held by bound pods in
+the ledger. Nodes enter through the real watch path (``ClusterState``, inventory annotation).
+
+    .venv/bin/python -m bench.extender_latency            # full run, writes bench/results/
+    .venv/bin/python -m bench.extender_latency --quick    # fewer sizes/iterations, no file
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from devcluster.fleet import PRESETS, gfd_labels, units
+from extender.app import Collaborators, create_app
+from extender.model.catalog import builtin_catalog
+from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
+from extender.plugins import default_profile, default_registry
+from extender.framework.runtime import Framework
+from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.state import ClusterState
+from extender.settings import Settings
+
+RESULTS = Path(__file__).parent / "results" / "extender_latency.json"
+MIX = (("h100", 0.30), ("a100", 0.30), ("l40s", 0.25), ("mig", 0.15))  # share of the fleet
+SEED = 20240603
+TARGET_P99_MS = 2.0
+
+
+# ---- fleet, ledger and pods --------------------------------------------------------------------
+def node_object(name: str, preset: str) -> dict[str, Any]:
+    inventory = PRESETS[preset](name)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": "1",
+                         "labels": {**gfd_labels(inventory), "gpusched.io/preset": preset},
+                         "annotations": {INVENTORY_ANNOTATION: encode_inventory(inventory)}},
+            "status": {"allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": str(units(inventory))}}}
+
+
+def build_cluster(n_nodes: int, held_fraction: float, seed: int = SEED) -> tuple[ClusterState, list[str]]:
+    """``n_nodes`` nodes in the MIX proportions (shuffled), with ``held_fraction`` of each node's
+    units held by bound pods of 1, 2 or 4 units."""
+    rng = random.Random(seed)
+    presets = [p for p, share in MIX for _ in range(round(n_nodes * share))]
+    presets = (presets + [MIX[0][0]] * n_nodes)[:n_nodes]
+    rng.shuffle(presets)
+    state = ClusterState()
+    objects = [node_object(f"gpu-{preset}-{i:05d}", preset) for i, preset in enumerate(presets)]
+    state.nodes.replace(objects)
+    snapshot = state.snapshot()
+    pod = 0
+    for name, info in snapshot.nodes.items():
+        ids = [u.id for u in info.units]
+        rng.shuffle(ids)
+        take = round(len(ids) * held_fraction)
+        while take > 0:
+            size = min(take, rng.choice((1, 2, 4)))
+            state.ledger.observe(f"held/pod-{pod}", name, ids[:size], f"uid-held-{pod}")
+            ids, take, pod = ids[size:], take - size, pod + 1
+    return state, [o["metadata"]["name"] for o in objects]
+
+
+@dataclass(frozen=True)
+class PodShape:
+    name: str
+    gpus: int
+    model: str
+    tp: int
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def pod(self, i: int) -> dict[str, Any]:
+        args = ["serve", self.model, "--tensor-parallel-size", str(self.tp)]
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{self.name}-{i}", "namespace": "bench", "uid": f"uid-{self.name}-{i}",
+                             "resourceVersion": "1", "annotations": dict(self.annotations),
+                             "labels": {"app": "vllm"}},
+                "spec": {"schedulerName": "gpusched", "containers": [{
+                    "name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "args": args,
+                    "resources": {"limits": {"nvidia.com/gpu": str(self.gpus), "cpu": "8", "memory": "64Gi"}}}]},
+                "status": {"phase": "Pending"}}
+
+
+SHAPES = (
+    PodShape("tp1-15gi", 1, "meta-llama/Llama-3.1-8B-Instruct", 1, {"gpusched.io/gpu-memory-per-gpu": "15Gi"}),
+    PodShape("tp2", 2, "meta-llama/Llama-3.1-8B-Instruct", 2),
+    PodShape("tp4-nvlink", 4, "Qwen/Qwen2.5-32B-Instruct", 4, {"gpusched.io/require-nvlink": "true"}),
+    PodShape("tp8-70b", 8, "meta-llama/Llama-3.1-70B-Instruct", 8),
+    PodShape("tp3-impossible", 3, "meta-llama/Llama-3.1-70B-Instruct", 3),
+)
+
+
+class Churn:
+    """One bind per cycle: assume a unit on a random node, forget the previous one, so every
+    cycle sees a new ledger version (as it does when pods are being placed)."""
+
+    def __init__(self, state: ClusterState, names: Sequence[str], seed: int = SEED):
+        self._state, self._names, self._rng, self._i = state, names, random.Random(seed + 1), 0
+
+    def step(self) -> None:
+        ledger = self._state.ledger
+        ledger.forget("bench/churn")
+        name = self._rng.choice(self._names)
+        info = self._state.node(name)
+        held = ledger.view().held_on(name)
+        free = [u.id for u in info.units if u.id not in held] if info else []
+        if free:
+            ledger.assume("bench/churn", name, [free[0]], "uid-churn")
+        else:  # a full node: still move the version on
+            ledger.assume("bench/churn", name, [f"{name}/phantom"], "uid-churn")
+
+
+# ---- measuring --------------------------------------------------------------------------------
+def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return {"p50": round(statistics.median(ordered), 3), "p99": round(at(0.99), 3),
+            "max": round(ordered[-1], 3), "mean": round(statistics.fmean(ordered), 3), "n": len(ordered)}
+
+
+def make_decider(state: ClusterState) -> FrameworkDecider:
+    framework = Framework.from_profile(default_profile(), default_registry())
+    return FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot)
+
+
+def run_direct(level: str, state: ClusterState, names: list[str], shape: PodShape, warmup: int,
+               iterations: int) -> dict[str, Any]:
+    decider = make_decider(state)
+    service = ExtenderService(decider, RecordingBinder(), DecisionStore(2000), _NullObserver())
+    target = decider if level == "decider" else service
+    churn = Churn(state, names)
+    totals, filters, prios, feasible_counts = [], [], [], []
+    for i in range(warmup + iterations):
+        churn.step()
+        raw = shape.pod(i)
+        meta = raw["metadata"]
+        pod = PodRef(meta["namespace"], meta["name"], meta["uid"], raw)
+        t0 = time.perf_counter()
+        outcome = target.filter(pod, names, None)
+        t1 = time.perf_counter()
+        target.prioritize(pod, list(outcome.feasible), None)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            filters.append((t1 - t0) * 1e3)
+            prios.append((t2 - t1) * 1e3)
+            totals.append((t2 - t0) * 1e3)
+            feasible_counts.append(len(outcome.feasible))
+    return {"total": percentiles(totals), "filter": percentiles(filters), "prioritize": percentiles(prios),
+            "feasible": int(statistics.median(feasible_counts))}
+
+
+def run_http(state: ClusterState, names: list[str], shape: PodShape, warmup: int, iterations: int) -> dict[str, Any]:
+    decider = make_decider(state)
+    app = create_app(Settings(), Collaborators(decider=decider, binder=RecordingBinder()))
+    churn = Churn(state, names)
+
+    async def main() -> dict[str, Any]:
+        totals, filters, prios, feasible_counts = [], [], [], []
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+            headers = {"content-type": "application/json"}
+            for i in range(warmup + iterations):
+                churn.step()
+                pod = shape.pod(i)
+                body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+                t0 = time.perf_counter()
+                r = await client.post("/gpusched/filter", content=body, headers=headers)
+                t1 = time.perf_counter()
+                assert r.status_code == 200, r.text[:300]
+                feasible = orjson.loads(r.content)["NodeNames"]
+                body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": feasible})
+                t2 = time.perf_counter()
+                r = await client.post("/gpusched/prioritize", content=body, headers=headers)
+                t3 = time.perf_counter()
+                assert r.status_code == 200, r.text[:300]
+                if i >= warmup:
+                    filters.append((t1 - t0) * 1e3)
+                    prios.append((t3 - t2) * 1e3)
+                    totals.append((t1 - t0 + t3 - t2) * 1e3)
+                    feasible_counts.append(len(feasible))
+        return {"total": percentiles(totals), "filter": percentiles(filters), "prioritize": percentiles(prios),
+                "feasible": int(statistics.median(feasible_counts))}
+
+    return asyncio.run(main())
+
+
+class _NullObserver:
+    def decision(self, verb: str, result: str) -> None:
+        pass
+
+    def rejections(self, counts: Any) -> None:
+        pass
+
+
+def measure(level: str, state: ClusterState, names: list[str], shape: PodShape, warmup: int,
+            iterations: int) -> dict[str, Any]:
+    gc.collect()
+    if level == "http":
+        return run_http(state, names, shape, warmup, iterations)
+    return run_direct(level, state, names, shape, warmup, iterations)
+
+
+# ---- machine info and output ------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                                  cwd=Path(__file__).parent).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    return {"cpu": cpu, "cpus_online": os.cpu_count(), "pinned_cpus": sorted(os.sched_getaffinity(0)),
+            "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+            "platform": platform.platform(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--", "extender"))}
+
+
+def pin_one_core() -> None:
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    except (AttributeError, OSError):
+        print("warning: could not pin to one core", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations; results are printed, not written")
+    parser.add_argument("--sizes", type=int, nargs="*", help="node counts (default 100 1000 5000 10000)")
+    parser.add_argument("--levels", nargs="*", default=["decider", "service", "http"],
+                        choices=["decider", "service", "http"])
+    parser.add_argument("--shapes", nargs="*", choices=[s.name for s in SHAPES], help="pod shapes (default all)")
+    parser.add_argument("--held", type=float, nargs="*", help="fractions of GPU units held (default 0 0.5)")
+    parser.add_argument("--iterations", type=int, help="measured cycles per case (default 300, quick 60)")
+    parser.add_argument("--output", type=Path, help=f"results file (default {RESULTS}; not written with --quick)")
+    args = parser.parse_args(argv)
+
+    pin_one_core()
+    sizes = args.sizes or ([100, 1000, 5000] if args.quick else [100, 1000, 5000, 10000])
+    held = args.held if args.held is not None else ([0.5] if args.quick else [0.0, 0.5])
+    shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
+    iterations = args.iterations or (60 if args.quick else 300)
+    warmup = max(10, iterations // 10)
+    info = machine()
+    print(f"# {info['cpu']}, Python {info['python']}, pinned to CPU {info['pinned_cpus']}, "
+          f"commit {info['git_commit'][:12]}{' (dirty)' if info['git_dirty'] else ''}")
+    print(f"# {iterations} cycles per case after {warmup} warm-up; times in ms (filter + prioritize)")
+    header = f"{'nodes':>6} {'held':>5} {'ledger':>6} {'pod':<15} {'level':<8} {'feas':>5} " \
+             f"{'p50':>7} {'p99':>7} {'max':>7}   {'filt p50':>8} {'prio p50':>8}"
+    print(header)
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for fraction in held:
+            state, names = build_cluster(n, fraction)
+            entries = len(state.ledger)
+            for shape in shapes:
+                for level in args.levels:
+                    result = measure(level, state, names, shape, warmup, iterations)
+                    row = {"nodes": n, "held_fraction": fraction, "ledger_entries": entries, "pod": shape.name,
+                           "level": level, **result}
+                    rows.append(row)
+                    t = result["total"]
+                    print(f"{n:>6} {fraction:>5.0%} {entries:>6} {shape.name:<15} {level:<8} {result['feasible']:>5} "
+                          f"{t['p50']:>7.3f} {t['p99']:>7.3f} {t['max']:>7.3f}   "
+                          f"{result['filter']['p50']:>8.3f} {result['prioritize']['p50']:>8.3f}", flush=True)
+    summary = summarize(rows)
+    for line in summary["lines"]:
+        print(line)
+    if not args.quick or args.output:
+        out = args.output or RESULTS
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"machine": info, "iterations": iterations, "warmup": warmup,
+                                   "target_p99_ms": TARGET_P99_MS, "summary": summary["worst"], "rows": rows},
+                                  indent=1) + "\n")
+        print(f"# written to {out}")
+    return 0
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst p99 over pod shapes and ledger fills, per node count and level."""
+    worst: dict[str, dict[str, float]] = {}
+    for row in rows:
+        key = f"{row['nodes']}/{row['level']}"
+        entry = worst.setdefault(key, {"p50": 0.0, "p99": 0.0})
+        entry["p50"] = max(entry["p50"], row["total"]["p50"])
+        entry["p99"] = max(entry["p99"], row["total"]["p99"])
+    lines = ["# worst case over pod shapes and ledger fills (ms):"]
+    for key, v in worst.items():
+        n, level = key.split("/")
+        flag = "" if int(n) != 5000 or v["p99"] <= TARGET_P99_MS else f"  > target {TARGET_P99_MS} ms"
+        lines.append(f"#   {n:>6} nodes {level:<8} p50 {v['p50']:7.3f}  p99 {v['p99']:7.3f}{flag}")
+    return {"worst": worst, "lines": lines}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
