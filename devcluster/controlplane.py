@@ -66,7 +66,7 @@ def make_pki(d: Path) -> None:
 
 
 def manifest_documents(paths: Iterable[Path] | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """Every object in ``manifests/`` (recursively; kustomization files excluded), in file order."""
+    """Every object in ``manifests/`` (recursively; kustomization files excluded), CRDs first."""
     files = sorted(paths) if paths is not None else sorted(
         p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
     docs: list[tuple[Path, dict[str, Any]]] = []
@@ -74,7 +74,7 @@ def manifest_documents(paths: Iterable[Path] | None = None) -> list[tuple[Path, 
         for doc in yaml.safe_load_all(f.read_text()):
             if doc:
                 docs.append((f, doc))
-    return docs
+    return sorted(docs, key=lambda fd: fd[1].get("kind") != "CustomResourceDefinition")
 
 
 def scheduler_config_from_manifests() -> dict[str, Any]:
@@ -145,6 +145,9 @@ class ControlPlane:
         for c in reversed(self.components):
             c.stop()
         self.components.clear()
+        keep = os.environ.get("GPUSCHED_KEEP_LOGS")
+        if keep:  # every component's full log, for a failure that the log tails do not explain
+            shutil.copytree(self.workdir / "logs", Path(keep) / self.workdir.name, dirs_exist_ok=True)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -35,6 +35,8 @@ class Collaborators:
     decisions: DecisionStore | None = None
     # GET /debug/nodes: inventory and ledger per node, as gpusched sees them.
     debug_nodes: Callable[[], dict] = lambda: {"nodes": []}
+    # GET /debug/gangs: every gang gpusched has seen, its members, plan, barrier and reason.
+    debug_gangs: Callable[[], dict] = lambda: {"gangs": []}
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
@@ -46,7 +48,7 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
         ["verb"], registry=c.metrics.registry)
     app = FastAPI(title="gpusched extender", version="0.1.0",
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
-    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes))
+    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
     app.state.settings = settings
     app.state.service = service

@@ -10,6 +10,7 @@ request, an empty ledger, and no binder.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,9 @@ from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_c
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
 from extender.service.framework_decider import FrameworkDecider
+from extender.metrics import ExtenderMetrics
 from extender.service.decisions import DecisionStore
+from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
 from extender.settings import Settings
@@ -114,26 +117,55 @@ def assemble(settings: Settings) -> Assembled:
         errors = "; ".join(f"{r.kind}: {r.last_error}" for r in reflectors if r.last_error)
         return False, f"waiting for the first list of {', '.join(waiting)}" + (f" ({errors})" if errors else "")
 
-    decider = FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot, synced)
-    catalog_handler = _CatalogHandler(decider)
+    framework_decider = FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot, synced)
+    catalog_handler = _CatalogHandler(framework_decider)
+    from extender.adapters.requeue import PodNudger
+
+    pod_nudger = PodNudger(api)
+    gangs = GangIndex(on_pod_group_added=pod_nudger.nudge)
+    state.add_pod_listener(gangs)
+    metrics = ExtenderMetrics()
+    decider = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
+                              observer=lambda event: metrics.gang_events.labels(event=event).inc(),
+                              nudge=pod_nudger.nudge)
+    custom = client.CustomObjectsApi(api)
     reflectors += [
         Reflector("nodes", core.list_node, state.nodes),
         Reflector("pods", core.list_pod_for_all_namespaces, state.pods),
         Reflector("model-catalog", lambda **kw: core.list_namespaced_config_map(settings.namespace, **kw),
                   catalog_handler, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}),
     ]
-    for r in reflectors:
+    # Not part of readiness: clusters without the PodGroup CRD still schedule (404s are retried quietly).
+    pod_groups = Reflector("podgroups", lambda **kw: custom.list_cluster_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", "podgroups", **kw), gangs, backoff_max_s=10.0)
+    decider.pod_group_watch = lambda: ("synced" if pod_groups.synced.is_set() else "not synced") + \
+        (f"; last error: {pod_groups.last_error}" if pod_groups.last_error else "")
+    for r in reflectors + [pod_groups]:
         r.start()
+    _every(1.0, decider.tick)
     from extender.service.describe import describe_nodes
 
     decisions = DecisionStore(settings.decision_capacity)
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced, decisions=decisions,
-                                  debug_nodes=lambda: describe_nodes(state.snapshot()))
+                                  debug_nodes=lambda: describe_nodes(state.snapshot()), metrics=metrics,
+                                  debug_gangs=decider.describe)
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
     if settings.telemetry_address:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators)
     return assembled
+
+
+def _every(period_s: float, fn: Any) -> None:
+    """Run ``fn`` every ``period_s`` on a daemon thread; an exception is logged, never fatal."""
+    def loop() -> None:
+        while True:
+            time.sleep(period_s)
+            try:
+                fn()
+            except Exception:
+                log.exception("periodic %s failed", getattr(fn, "__qualname__", fn))
+    threading.Thread(target=loop, name=f"every-{getattr(fn, '__name__', 'task')}", daemon=True).start()
 
 
 def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decisions: DecisionStore,

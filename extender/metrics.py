@@ -36,6 +36,11 @@ class ExtenderMetrics:
             "gpusched_extender_ledger_entries",
             "Pods holding GPUs in gpusched's ledger (bound and assumed).", registry=self.registry)
 
+        self.gang_events = Counter(
+            "gpusched_extender_gang_events_total",
+            "Gang barrier events: wait (a member reached bind), complete (every member bound), timeout.",
+            ["event"], registry=self.registry)
+
     def decision(self, verb: str, result: str) -> None:
         self.decisions.labels(verb=verb, result=result).inc()
 

@@ -66,3 +66,34 @@ class NodeNudger:
                 log.warning("%s", self.last_error)
             self._last[node] = time.monotonic()
             time.sleep(self._spacing_s)
+
+
+POD_REQUEUE_ANNOTATION = "gpusched.io/requeue-generation"
+
+
+class PodNudger:
+    """Retries specific pending pods at once by bumping an annotation on them (a pod update
+    event requeues an unschedulable pod). Used when what a pod waited for appears — e.g. its
+    PodGroup was created after the pod was first judged. Runs off the caller's thread."""
+
+    def __init__(self, api: client.ApiClient, max_per_second: float = 50.0):
+        self._core = client.CoreV1Api(api)
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._spacing_s = 1.0 / max_per_second
+        self.patches = 0
+        threading.Thread(target=self._run, name="pod-nudger", daemon=True).start()
+
+    def nudge(self, pod_keys: list[str]) -> None:
+        for key in pod_keys:
+            self._queue.put(key)
+
+    def _run(self) -> None:
+        while True:
+            namespace, _, name = self._queue.get().partition("/")
+            try:
+                self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {
+                    POD_REQUEUE_ANNOTATION: str(time.time_ns())}}})
+                self.patches += 1
+            except Exception as exc:  # the pod may be gone; nothing to retry then
+                log.info("nudging pod %s/%s: %s", namespace, name, exc)
+            time.sleep(self._spacing_s)

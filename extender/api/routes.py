@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import anyio
@@ -53,8 +54,12 @@ def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dic
 
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
                  internal_errors: Counter, ready: Callable[[], tuple[bool, str]],
-                 debug_nodes: Callable[[], dict[str, Any]]) -> APIRouter:
+                 debug_nodes: Callable[[], dict[str, Any]],
+                 debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []}) -> APIRouter:
     router = APIRouter()
+    # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
+    # sized past any sane gang, so waiting members can never starve other binds of threads.
+    bind_limiter = anyio.CapacityLimiter(512)
     prefix = settings.verb_prefix
     limit = settings.max_body_bytes
 
@@ -106,7 +111,8 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             except Exception as exc:  # prioritize errors are ignored by kube-scheduler; answer neutral
                 internal("prioritize", exc)
                 return []
-            return [{"Host": n, "Score": int(outcome.scores.get(n, 0))} for n in names]
+            scores = map(int, map(outcome.scores.get, names, repeat(0)))
+            return [{"Host": n, "Score": score} for n, score in zip(names, scores)]
         return await answer("prioritize", request, handle)
 
     @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
@@ -118,7 +124,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             try:
                 # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the
                 # apiserver: run them off the event loop so filter calls are never stuck behind them.
-                error = await anyio.to_thread.run_sync(service.bind, pod, args.Node)
+                error = await anyio.to_thread.run_sync(service.bind, pod, args.Node, limiter=bind_limiter)
             except Exception as exc:
                 error = internal("bind", exc)
             return {"Error": error}
@@ -150,6 +156,10 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             return OrjsonResponse({"error": f"no decision recorded for {namespace}/{pod} (the store keeps the most recent pods only)"}, status_code=404)
         return OrjsonResponse({"namespace": namespace, "pod": pod,
                                "decisions": {verb: r.to_json() for verb, r in records.items()}})
+
+    @router.get("/debug/gangs")
+    async def gangs() -> Response:
+        return OrjsonResponse(debug_gangs())
 
     @router.get("/debug/nodes")
     async def nodes() -> Response:

@@ -73,6 +73,11 @@ class ClusterState:
         self.nodes = _NodeHandler(self)
         self.pods = _PodHandler(self)
         self.telemetry: TelemetryStore | None = None
+        self._pod_listeners: list[Any] = []
+
+    def add_pod_listener(self, listener: Any) -> None:
+        """Also hand every pod list/event to ``listener`` (``replace_pods(items)``, ``apply_pod(type, pod)``)."""
+        self._pod_listeners.append(listener)
 
     def attach_telemetry(self, store: TelemetryStore) -> None:
         """Judge with the agents' live telemetry from now on (see ``snapshot``)."""
@@ -190,7 +195,11 @@ class _PodHandler:
         self._state = state
 
     def replace(self, items: list[dict[str, Any]]) -> None:
+        for listener in self._state._pod_listeners:
+            listener.replace_pods(items)
         self._state._replace_pods(items)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        for listener in self._state._pod_listeners:
+            listener.apply_pod(event_type, obj)
         self._state._apply_pod(event_type, obj)

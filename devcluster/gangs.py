@@ -1,0 +1,43 @@
+"""Builders for gang workloads in the three declarations gpusched understands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+
+from devcluster.cluster import vllm_pod
+
+KINDS = ("podgroup", "leaderworkerset", "annotations")
+
+
+def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size: int, gpus: int,
+              node_selector: dict[str, str] | None = None, timeout_s: int = 20) -> list[dict[str, Any]]:
+    """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang.
+    For ``podgroup`` the PodGroup object is created too."""
+    pods = []
+    if kind == "podgroup":
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
+            {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": name},
+             "spec": {"minMember": size, "scheduleTimeoutSeconds": timeout_s}})
+    for i in range(size):
+        labels, annotations = {}, {}
+        if kind == "podgroup":
+            labels["scheduling.x-k8s.io/pod-group"] = name
+        elif kind == "leaderworkerset":
+            labels.update({"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": "0",
+                           "leaderworkerset.sigs.k8s.io/worker-index": str(i)})
+            annotations.update({"leaderworkerset.sigs.k8s.io/size": str(size),
+                                "gpusched.io/gang-timeout-seconds": str(timeout_s)})
+        else:
+            annotations.update({"gpusched.io/gang-name": name, "gpusched.io/gang-size": str(size),
+                                "gpusched.io/gang-timeout-seconds": str(timeout_s)})
+        pod = vllm_pod(f"{name}-{i}", gpus=gpus, model="meta-llama/Llama-3.1-405B-Instruct",
+                       args=["--tensor-parallel-size", str(gpus), "--pipeline-parallel-size", str(size)],
+                       annotations={**annotations, "gpusched.io/tensor-parallel-size": str(gpus),
+                                    "gpusched.io/pipeline-parallel-size": "1"}, labels=labels)
+        if node_selector:
+            pod["spec"]["nodeSelector"] = dict(node_selector)
+        pods.append(pod)
+    return pods
