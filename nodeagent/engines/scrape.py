@@ -1,0 +1,81 @@
+"""Fetch an engine's ``/metrics`` over HTTP and turn it into an ``EngineSample``.
+
+Every failure (refused, timeout, HTTP error, oversized body) is a stale sample with the reason:
+one sick engine must never stop the agent from reporting the others. Plain ``urllib`` keeps the
+agent free of an HTTP client dependency; the body size is capped because a misbehaving endpoint
+must not make the agent buffer gigabytes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from nodeagent.engines.discovery import EngineTarget
+from nodeagent.engines.metrics import EngineSample, parse_engine_metrics, stale_sample
+
+DEFAULT_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a vLLM exposition is ~100 KB; histograms with many labels a few MB
+_CHUNK_BYTES = 64 * 1024
+# Ask for the classic text format: the parser reads it, and OpenMetrics would change counter names.
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+def scrape_engine(target: EngineTarget, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                  max_bytes: int = MAX_BODY_BYTES, clock: Callable[[], float] = time.time) -> EngineSample:
+    """GET ``target.url``, whole answer within ``timeout_s``, and parse it; never raises."""
+    return scrape_url(target.url, engine=target.name, timeout_s=timeout_s, max_bytes=max_bytes, clock=clock)
+
+
+def scrape_url(url: str, *, engine: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
+               max_bytes: int = MAX_BODY_BYTES, clock: Callable[[], float] = time.time) -> EngineSample:
+    """``scrape_engine`` for a bare URL (tests, ad-hoc tools)."""
+    now = clock()
+    # urllib's timeout bounds each socket operation; the deadline bounds the whole answer, so an
+    # endpoint that drips bytes cannot hold the agent's scrape loop.
+    deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 — http only
+            body = _read_body(response, max_bytes, deadline)
+    except _Overdue:
+        return stale_sample(engine, url, now, f"no complete answer within {timeout_s}s")
+    except urllib.error.HTTPError as exc:
+        return stale_sample(engine, url, now, f"HTTP {exc.code} {exc.reason}")
+    except urllib.error.URLError as exc:
+        return stale_sample(engine, url, now, f"cannot connect: {exc.reason}")
+    except (TimeoutError, socket.timeout):
+        return stale_sample(engine, url, now, f"no answer within {timeout_s}s")
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # reset or cut mid-body, bad status…
+        return stale_sample(engine, url, now, f"scrape failed: {type(exc).__name__}: {exc}")
+    if len(body) > max_bytes:
+        return stale_sample(engine, url, now, f"response larger than {max_bytes} bytes")
+    return parse_engine_metrics(body, engine=engine, url=url, scraped_at=now)
+
+
+class _Overdue(Exception):
+    pass
+
+
+def _read_body(response: http.client.HTTPResponse, max_bytes: int, deadline: float) -> bytes:
+    """Read until EOF, ``max_bytes + 1`` bytes (enough to know it is too large) or the deadline."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= max_bytes:
+        if time.monotonic() > deadline:
+            raise _Overdue
+        chunk = response.read1(min(_CHUNK_BYTES, max_bytes + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    # read1 returns b"" when the peer closes early, even with bytes still announced: a body cut
+    # at a line boundary would otherwise parse as a complete (but partial) exposition.
+    if size <= max_bytes and response.length:
+        raise http.client.IncompleteRead(b"".join(chunks), response.length)
+    return b"".join(chunks)
+
