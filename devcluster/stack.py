@@ -119,6 +119,21 @@ class Stack:
         return self.cp.service_account_token(NAMESPACE, account, audiences=[audience], seconds=3600,
                                              bound_pod=(name, uid))
 
+    def start_agent(self, node: str, fleet: Path, period_s: float = 0.5) -> Component:
+        """A node agent process for ``node`` on the fake GPU backend, with the identities the
+        DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod."""
+        api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
+        kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}")
+        token_file = self.cp.workdir / f"agent-{node}.token"
+        token_file.write_text(self.agent_token(node))
+        c = Component(f"agent-{node}", [PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
+                                        "--fleet", str(fleet), "--extender", f"127.0.0.1:{self.telemetry_port}",
+                                        "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
+                                        "--period", f"{period_s}s", "--metrics-port", "0"],
+                      self.cp.workdir / "logs" / f"agent-{node}.log", env=python_component_env())
+        self.cp.components.append(c)
+        return c
+
     def kill_extender(self) -> None:
         """SIGKILL the extender: no shutdown hooks, in-memory state lost."""
         assert self.extender is not None

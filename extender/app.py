@@ -41,7 +41,9 @@ class Collaborators:
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
     c = collaborators or Collaborators()
-    service = ExtenderService(c.decider, c.binder, c.decisions or DecisionStore(settings.decision_capacity), c.metrics)
+    # "is None", not "or": an empty store is falsy (it has a length), and must still be shared.
+    decisions = c.decisions if c.decisions is not None else DecisionStore(settings.decision_capacity)
+    service = ExtenderService(c.decider, c.binder, decisions, c.metrics)
     internal_errors = Counter(
         "gpusched_extender_internal_errors_total",
         "Faults of gpusched's own while answering a verb (answered in the protocol's Error field).",

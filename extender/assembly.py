@@ -147,12 +147,14 @@ def assemble(settings: Settings) -> Assembled:
 
     decisions = DecisionStore(settings.decision_capacity)
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced, decisions=decisions,
-                                  debug_nodes=lambda: describe_nodes(state.snapshot()), metrics=metrics,
+                                  debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
+                                                                     if state.telemetry else None), metrics=metrics,
                                   debug_gangs=decider.describe)
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
     if settings.telemetry_address:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators)
+        framework_decider.telemetry = state
     return assembled
 
 
@@ -177,6 +179,7 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
 
     store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
     state.attach_telemetry(store)
+    _every(0.5, state.sweep_staleness)
     nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
     store.on_capacity_rise(nudger.capacity_rose)
     tls = None

@@ -81,11 +81,16 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
                        "{attentionHeads}/{kvHeads} KV, memory/GPU {mem}, NVLink required: {requireNvlink}".format(
                            mem=_gib(demand.get("memoryPerGpuBytes")), **demand))
         rows = []
+        amended = {**details.get("failed", {}), **details.get("unresolvable", {})}
+        telemetry = details.get("telemetry", {})
         for node, statuses in sorted(details.get("verdicts", {}).items()):
             last = statuses[-1] if statuses else {"code": "SUCCESS", "plugin": "", "reason": ""}
-            rows.append((node, _verdict(last["code"]), last["plugin"], last["reason"]))
+            rows.append((node, _verdict(last["code"]), last["plugin"], amended.get(node, last["reason"])))
         if rows:
-            out.append(table(["NODE", "VERDICT", "PLUGIN", "REASON"], rows))
+            out.append(table(["NODE", "VERDICT", "PLUGIN", "REASON"], rows, max_width=160))
+        if telemetry:
+            out.append("\nTelemetry")
+            out.append(table(["NODE", "STATE"], sorted(telemetry.items()), max_width=160))
         shown = len(rows)
         total = details.get("candidates", shown)
         if total > shown:

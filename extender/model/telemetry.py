@@ -61,3 +61,29 @@ class NodeTelemetry:
             for pod in gpu.assigned_pods:
                 out.setdefault(pod, []).append(gpu.uuid)
         return {pod: tuple(sorted(ids)) for pod, ids in out.items()}
+
+
+MIB = 1 << 20
+QUANTUM_MIB = 1024  # effective memory is judged in whole GiB, so ordinary jitter changes nothing
+STALE_MEMORY_FRACTION = 0.9  # a stale node is assumed to have at most 90 % of each unit free
+
+
+def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bool) -> int:
+    """What a new engine could allocate on one unit, in MiB, floored to whole GiB.
+
+    Fresh telemetry: the unit's free memory as NVML reports it (foreign processes already taken
+    out). Stale: conservative — the lower of the last report and 90 % of the static size, since
+    the agent can no longer vouch for the unit. No telemetry at all: the static size.
+    """
+    if sample is None:
+        return static_mib
+    reported = sample.memory_free_bytes // MIB
+    value = min(static_mib, reported) if fresh else min(reported, int(static_mib * STALE_MEMORY_FRACTION))
+    return max(0, value - value % QUANTUM_MIB)
+
+
+def memory_key(report: NodeTelemetry) -> tuple[tuple[str, int, int], ...]:
+    """The part of a report that changes how the node is judged: per unit, free memory and foreign
+    usage in whole GiB. Reports with the same key judge identically."""
+    return tuple(sorted((g.uuid, g.memory_free_bytes // (QUANTUM_MIB * MIB), g.foreign_used_bytes // (QUANTUM_MIB * MIB))
+                        for g in report.gpus.values()))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from extender.model.snapshot import ClusterSnapshot
 
 
-def describe_nodes(snapshot: ClusterSnapshot) -> dict[str, Any]:
+def describe_nodes(snapshot: ClusterSnapshot,
+                   telemetry_note: Callable[[str], tuple[str, str]] | None = None) -> dict[str, Any]:
+    """``telemetry_note(node) -> (state, foreign usage)`` adds what the node's agent reports."""
     holders: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)  # node -> unit -> (pod, state)
     for a in snapshot.ledger.assignments.values():
         for unit in a.unit_ids:
@@ -30,5 +33,9 @@ def describe_nodes(snapshot: ClusterSnapshot) -> dict[str, Any]:
             "inventoryError": info.inventory_error, "nvlinkIslands": [list(i) for i in info.islands],
             "free": sum(1 for u in units if u["heldBy"] is None), "units": units,
         })
+        if telemetry_note is not None:
+            state, foreign = telemetry_note(name)
+            nodes[-1]["telemetry"] = state
+            nodes[-1]["foreign"] = foreign
     return {"snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version,
             "ledgerEntries": len(snapshot.ledger), "nodes": nodes}

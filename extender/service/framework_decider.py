@@ -53,6 +53,8 @@ class FrameworkDecider:
         self.ledger = ledger
         self._snapshot = snapshot
         self._synced = synced
+        # The cluster state, when agents stream telemetry: notes for decision records and reasons.
+        self.telemetry: Any = None
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
         self._by_pod: _Lru = _Lru(8192)  # pod key -> demand last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
@@ -120,6 +122,21 @@ class FrameworkDecider:
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
             details["pluginErrors"] = decision.error
+        failed, unresolvable = decision.failed, decision.unresolvable
+        if self.telemetry is not None and node_objects is None:
+            details["telemetry"] = {name: self.telemetry.telemetry_note(name)[0] for name in verdicts}
+            # Name foreign usage in the reason itself, so `kubectl describe pod` says why.
+            foreign = self.telemetry.foreign_nodes()
+            if foreign:
+                failed, unresolvable = dict(failed), dict(unresolvable)
+                for reasons in (failed, unresolvable):
+                    for name in foreign & reasons.keys():
+                        reasons[name] = f"{reasons[name]} ({self.telemetry.telemetry_note(name)[1]})"
+                # Memory that foreign processes hold can be freed: on those nodes the verdict is
+                # "not now" (FailedNodes), and the pod counts as waiting for capacity to appear.
+                for name in foreign & unresolvable.keys():
+                    failed[name] = unresolvable.pop(name)
+                summary = _summary(failed, unresolvable, decision.feasible, len(candidates))
         rejections: Counter[tuple[str, str]] = Counter()
         if decision.rejected_counts is not None:
             for v, n in decision.rejected_counts.items():
@@ -127,7 +144,7 @@ class FrameworkDecider:
         else:
             rejections.update((v.plugin, v.code.name) for name, v in decision.per_node.items()
                               if name in decision.failed or name in decision.unresolvable)
-        return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
+        return FilterOutcome(feasible=decision.feasible, failed=failed, unresolvable=unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections)
 
@@ -178,3 +195,13 @@ def _demand_json(demand: PodDemand | DemandError) -> dict[str, Any]:
     return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
             "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
             "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink}
+
+
+def _summary(failed: Mapping[str, str], unresolvable: Mapping[str, str], feasible: Sequence[str], total: int) -> str:
+    """Rejections grouped by reason, commonest first, the way a user acts on them."""
+    counts = Counter(list(unresolvable.values()) + list(failed.values()))
+    parts = "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}"
+                      for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    if feasible:
+        return f"fits {len(feasible)} of {total} nodes" + (f"; {parts}" if parts else "")
+    return parts

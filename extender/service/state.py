@@ -21,10 +21,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from extender.model.ledger import EntryState, GpuLedger
-from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, make_node_info, node_info_from_k8s
+from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib
 from extender.service.telemetry import TelemetryStore
 
 ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
@@ -74,14 +76,84 @@ class ClusterState:
         self.pods = _PodHandler(self)
         self.telemetry: TelemetryStore | None = None
         self._pod_listeners: list[Any] = []
+        self._retelemetry: set[str] = set()  # nodes to re-lay with their telemetry
+        self._effective: dict[str, NodeInfo] = {}  # node -> info with effective memory
+        self._fresh: dict[str, bool] = {}
+        self._foreign: frozenset[str] = frozenset()
+        self._actual: dict[str, tuple[str, tuple[str, ...]]] = {}  # pod key -> (node, devices) per PodResources
 
     def add_pod_listener(self, listener: Any) -> None:
         """Also hand every pod list/event to ``listener`` (``replace_pods(items)``, ``apply_pod(type, pod)``)."""
         self._pod_listeners.append(listener)
 
     def attach_telemetry(self, store: TelemetryStore) -> None:
-        """Judge with the agents' live telemetry from now on (see ``snapshot``)."""
+        """Judge with the agents' live telemetry from now on: nodes whose report changed (or whose
+        freshness flipped, see ``sweep_staleness``) are re-laid with their effective memory."""
         self.telemetry = store
+        store.on_change(self._telemetry_changed)
+
+    def _telemetry_changed(self, node: str) -> None:
+        report = self.telemetry.get(node) if self.telemetry else None
+        if report is not None:
+            self._reconcile_actual(node, report.actual_assignments())
+        has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 for g in report.gpus.values())
+        with self._lock:
+            self._retelemetry.add(node)
+            self._dirty = True
+            if has_foreign != (node in self._foreign):
+                self._foreign = self._foreign | {node} if has_foreign else self._foreign - {node}
+
+    def foreign_nodes(self) -> frozenset[str]:
+        """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod."""
+        return self._foreign
+
+    def _reconcile_actual(self, node: str, actual: dict[str, tuple[str, ...]]) -> None:
+        """The kubelet's real device assignment (PodResources) wins over our intent."""
+        with self._lock:
+            gone = [k for k, (n, _) in self._actual.items() if n == node and k not in actual]
+            for k in gone:
+                del self._actual[k]
+            for k, ids in actual.items():
+                self._actual[k] = (node, ids)
+        for key, ids in actual.items():
+            current = self.ledger.assignment(key)
+            if current is None or current.node != node or current.unit_ids != frozenset(ids):
+                self.ledger.observe(key, node, ids)
+
+    def sweep_staleness(self) -> None:
+        """Mark nodes whose telemetry turned stale (or fresh again) for re-laying. Called
+        periodically: staleness is a matter of time passing, not of any event."""
+        if self.telemetry is None:
+            return
+        now = self._clock()
+        flipped = []
+        for node, report in self.telemetry.view().items():
+            fresh = report.is_fresh(now, self.telemetry.stale_after_periods)
+            if self._fresh.get(node) != fresh:
+                self._fresh[node] = fresh
+                flipped.append(node)
+        if flipped:
+            with self._lock:
+                self._retelemetry.update(flipped)
+                self._dirty = True
+
+    def telemetry_note(self, node: str) -> tuple[str, str]:
+        """(state, foreign usage) of a node's telemetry, as sentences for decision records."""
+        report = self.telemetry.get(node) if self.telemetry else None
+        if report is None:
+            return ("no telemetry: judged on the static inventory", "")
+        age = report.age_s(self._clock())
+        periods = self.telemetry.stale_after_periods
+        if not report.is_fresh(self._clock(), periods):
+            state = (f"STALE telemetry ({age:.1f}s old > {periods:g} periods of {report.period_s:g}s): judged on the "
+                     f"static inventory and the ledger, assuming at most {int(STALE_MEMORY_FRACTION * 100)}% of each "
+                     "GPU's memory free")
+        else:
+            state = f"fresh telemetry ({age:.1f}s old, {report.gpu_backend} GPUs)"
+        foreign = [g for g in sorted(report.gpus.values(), key=lambda g: g.index) if g.foreign_used_bytes >= 1 << 30]
+        text = ", ".join(f"{'MIG ' if g.is_mig else 'GPU '}{g.index}: {g.foreign_used_bytes / 2**30:.1f} GiB"
+                         for g in foreign)
+        return state, (f"foreign processes (outside any pod) hold {text}" if text else "")
 
     def snapshot(self) -> ClusterSnapshot:
         """The current nodes against the ledger's current view. Cheap when nothing changed."""
@@ -91,11 +163,37 @@ class ClusterState:
             self.ledger.expire_assumed(self._assumed_ttl_s)
         with self._lock:
             if self._dirty:
+                for name in self._retelemetry:
+                    static = self._nodes.get(name)
+                    if static is None:
+                        self._effective.pop(name, None)
+                    else:
+                        self._effective[name] = self._effective_info(static)
+                self._retelemetry.clear()
                 self._generation += 1
-                self._base = ClusterSnapshot.build(self._nodes.values(), generation=self._generation)
+                self._base = ClusterSnapshot.build([self._effective.get(n, info) for n, info in self._nodes.items()],
+                                                   generation=self._generation)
                 self._dirty = False
             base = self._base
         return base.with_ledger(self.ledger.view())
+
+    def _effective_info(self, static: NodeInfo) -> NodeInfo:
+        """``static`` with each unit's memory replaced by what its telemetry says is usable."""
+        report = self.telemetry.get(static.name) if self.telemetry else None
+        if report is None or static.inventory is None:
+            return static
+        fresh = report.is_fresh(self._clock(), self.telemetry.stale_after_periods)
+        gpus = []
+        for g in static.inventory.gpus:
+            if g.mig_enabled:
+                gpus.append(replace(g, mig_instances=tuple(
+                    replace(i, memory_mib=effective_memory_mib(i.memory_mib, report.gpus.get(i.uuid), fresh=fresh))
+                    for i in g.mig_instances)))
+            else:
+                gpus.append(replace(g, memory_mib=effective_memory_mib(g.memory_mib, report.gpus.get(g.uuid), fresh=fresh)))
+        return make_node_info(static.name, replace(static.inventory, gpus=tuple(gpus)),
+                              allocatable_gpus=static.allocatable_gpus, labels=static.labels,
+                              inventory_error=static.inventory_error, unschedulable=static.unschedulable)
 
     def node(self, name: str) -> NodeInfo | None:
         with self._lock:
@@ -114,6 +212,7 @@ class ClusterState:
         with self._lock:
             self._nodes[name] = info
             self._node_keys[name] = key
+            self._retelemetry.add(name)
             self._dirty = True
 
     def _delete_node(self, name: str) -> None:
@@ -147,6 +246,10 @@ class ClusterState:
             return  # pending: nothing held, except what an in-flight bind assumed
         uid = meta.get("uid", "")
         annotated = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        with self._lock:
+            actual = self._actual.get(key)
+        if actual is not None and actual[0] == node:
+            annotated = ",".join(actual[1])  # what the kubelet really gave the pod beats our intent
         if annotated:
             ids = tuple(i for i in annotated.split(",") if i)
             current = self.ledger.assignment(key)

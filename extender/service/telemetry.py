@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from extender.model.telemetry import NodeTelemetry
+from extender.model.telemetry import NodeTelemetry, memory_key
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -70,17 +70,33 @@ class TelemetryStore:
         self._view: MappingProxyType = MappingProxyType({})
         self._dirty = False
         self._listeners: list[Callable[[str], None]] = []
+        self._change_listeners: list[Callable[[str], None]] = []
+        self._keys: dict[str, tuple] = {}
+        self._assignments: dict[str, dict[str, tuple[str, ...]]] = {}
         self.reports = 0
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """``listener(node)`` when a report changes how the node is judged (its memory key or
+        the kubelet's device assignment) — not on every report."""
+        self._change_listeners.append(listener)
 
     def on_capacity_rise(self, listener: Callable[[str], None]) -> None:
         self._listeners.append(listener)
 
     def ingest(self, report: NodeTelemetry) -> None:
+        key = memory_key(report)
+        assignments = report.actual_assignments()
         with self._lock:
             previous = self._nodes.get(report.node)
             self._nodes[report.node] = report
             self._dirty = True
             self.reports += 1
+            changed = self._keys.get(report.node) != key or self._assignments.get(report.node) != assignments
+            self._keys[report.node] = key
+            self._assignments[report.node] = assignments
+        if changed:
+            for listener in self._change_listeners:
+                listener(report.node)
         if previous is None or _usable_units(report) > _usable_units(previous) or \
                 not previous.is_fresh(report.received_at, self.stale_after_periods):
             for listener in self._listeners:

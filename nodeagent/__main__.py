@@ -1,0 +1,154 @@
+"""``python -m nodeagent``: the gpusched node agent (one per GPU node, as a DaemonSet)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from nodeagent.agent import Agent, inventory_patcher
+from nodeagent.gpu import GpuReaderError, open_reader
+from nodeagent.stream.publisher import Publisher
+
+
+def parse_duration(text: str) -> float:
+    text = text.strip()
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    for suffix in ("ms", "s", "m"):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * scale[suffix]
+    return float(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m nodeagent", description="gpusched node agent: GPU truth from NVML, "
+                                "the kubelet and the engines, streamed to the extender.")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="this node (default: $NODE_NAME)")
+    p.add_argument("--gpu-backend", required=True, choices=["nvml", "fake"],
+                   help="nvml: the real GPUs; fake: a fleet file (simulated GPUs, for kind demos and tests). "
+                        "Chosen explicitly: a failing NVML is reported, never replaced by the fake")
+    p.add_argument("--fleet", help="fleet YAML for --gpu-backend fake (see nodeagent/gpu/fleet.py); edits are followed")
+    p.add_argument("--extender", required=True, help="host:port of the extender's telemetry endpoint")
+    p.add_argument("--token-file", help="projected service-account token (audience gpusched); re-read on reconnect")
+    p.add_argument("--tls-ca", help="CA bundle to verify the extender's telemetry certificate (enables TLS)")
+    p.add_argument("--tls-server-name", help="name to verify in the extender's certificate")
+    p.add_argument("--period", default="1s", help="reporting period, e.g. 1s, 500ms (default: %(default)s)")
+    p.add_argument("--podresources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's PodResources socket (default: %(default)s)")
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster) for the inventory annotation and engine discovery")
+    p.add_argument("--no-kube", action="store_true", help="do not publish the inventory or discover engines")
+    p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.node_name:
+        print("gpusched node agent: --node-name (or $NODE_NAME from the downward API) is required", file=sys.stderr)
+        return 2
+    if args.gpu_backend == "fake" and not args.fleet:
+        print("gpusched node agent: --gpu-backend fake needs --fleet FILE", file=sys.stderr)
+        return 2
+    try:
+        period = parse_duration(args.period)
+        if period <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"gpusched node agent: --period {args.period!r} is not a positive duration (e.g. 1s, 500ms)", file=sys.stderr)
+        return 2
+    try:
+        reader = open_reader(args.gpu_backend, args.fleet, node_name=args.node_name)
+        reader.read()
+    except (GpuReaderError, OSError, ValueError) as exc:
+        print(f"gpusched node agent: cannot read GPUs with the {args.gpu_backend} backend: {exc}", file=sys.stderr)
+        return 1
+
+    def assignments():
+        if os.path.exists(args.podresources_socket):
+            from nodeagent.podresources import list_assignments
+
+            return {device: tuple(ref) for device, ref in list_assignments(args.podresources_socket).items()}
+        if args.gpu_backend == "fake":
+            return reader.assignments()  # the fleet's pod processes stand in for the kubelet
+        raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
+
+    publish = list_pods = None
+    if not args.no_kube:
+        from kubernetes import client, config
+
+        if args.kubeconfig:
+            config.load_kube_config(config_file=args.kubeconfig)
+        else:
+            config.load_incluster_config()
+        core = client.CoreV1Api()
+        publish = inventory_patcher(core, args.node_name)
+        list_pods = lambda: core.api_client.sanitize_for_serialization(  # noqa: E731
+            core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={args.node_name}"))["items"]
+
+    agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
+                  publish_inventory=publish, list_node_pods=list_pods)
+    ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
+    publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
+                          tls_server_name=args.tls_server_name)
+    stop = threading.Event()
+    agent.start_engine_scraper(stop)
+    if args.metrics_port:
+        _serve_metrics(args.metrics_port, agent, publisher)
+
+    def shutdown(*_):
+        stop.set()
+        publisher.stop()
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    publisher.run()
+    reader.close()
+    return 0
+
+
+def _serve_metrics(port: int, agent: Agent, publisher: Publisher) -> None:
+    registry = CollectorRegistry()
+    Gauge("gpusched_agent_reports_sent", "Reports sent since start.", registry=registry).set_function(
+        lambda: publisher.status.reports_sent)
+    Gauge("gpusched_agent_stream_connected", "1 while the telemetry stream is up.", registry=registry).set_function(
+        lambda: 1 if publisher.status.connected else 0)
+    Gauge("gpusched_agent_reconnects", "Stream reconnects since start.", registry=registry).set_function(
+        lambda: publisher.status.reconnects)
+    Gauge("gpusched_agent_engines", "Engines scraped on this node.", registry=registry).set_function(
+        lambda: agent.status.engines)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path == "/metrics":
+                body, ctype = generate_latest(registry), "text/plain; version=0.0.4"
+            elif self.path == "/healthz":
+                ok = not agent.status.last_read_error
+                body, ctype = (b"ok" if ok else agent.status.last_read_error.encode()), "text/plain"
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Type", ctype)
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, name="agent-metrics", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The node agent's loop: read this node's GPU truth and stream it to the extender.
+
+Every period the publisher asks :meth:`Agent.report` for the node's current state:
+- GPUs from the chosen reader (NVML, or the fake fleet — chosen explicitly, never a fallback);
+- who holds which device, from the kubelet's PodResources socket (with the fake backend and no
+  socket, the fleet file's pod-owned processes stand in, as they would on a kind demo node);
+- foreign usage: memory in use on devices no pod holds;
+- engine samples, scraped on a thread of their own so a slow engine never delays a report.
+The static inventory (GPUs, MIG layout, NVLink islands) is published as the node's
+``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
+from gpusched_wire.telemetry.v1 import telemetry_pb2
+from nodeagent.engines.discovery import discover_engines
+from nodeagent.engines.scrape import scrape_engine
+from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
+from nodeagent.podresources import foreign_usage
+
+log = logging.getLogger("gpusched.nodeagent")
+VERSION = "0.1.0"
+
+
+@dataclass
+class AgentStatus:
+    last_read_error: str = ""
+    last_assignment_error: str = ""
+    inventory_published: str = ""
+    engines: int = 0
+
+
+class Agent:
+    def __init__(self, node: str, reader: GpuReader, backend: str, period_s: float, *,
+                 assignments: Callable[[], Mapping[str, tuple[str, str, str]]],
+                 publish_inventory: Callable[[str], None] | None = None,
+                 list_node_pods: Callable[[], list[dict[str, Any]]] | None = None):
+        self.node = node
+        self._reader = reader
+        self._backend = backend
+        self.period_s = period_s
+        self._assignments = assignments
+        self._publish_inventory = publish_inventory
+        self._list_node_pods = list_node_pods
+        self._engines: list[telemetry_pb2.EngineTelemetry] = []
+        self._published = ""
+        self.status = AgentStatus()
+
+    def start_engine_scraper(self, stop: threading.Event) -> None:
+        if self._list_node_pods is None:
+            return
+
+        def loop() -> None:
+            while not stop.wait(self.period_s):
+                try:
+                    self._engines = self._scrape()
+                except Exception as exc:  # the apiserver or an engine misbehaving must not stop reports
+                    log.warning("engine discovery failed: %s", exc)
+        threading.Thread(target=loop, name="engine-scraper", daemon=True).start()
+
+    def _scrape(self) -> list[telemetry_pb2.EngineTelemetry]:
+        discovery = discover_engines(self._list_node_pods(), node_name=self.node)
+        out = []
+        for target in discovery.targets:
+            s = scrape_engine(target, timeout_s=min(2.0, self.period_s))
+            out.append(telemetry_pb2.EngineTelemetry(
+                pod=telemetry_pb2.PodRef(namespace=target.namespace, name=target.pod), model=s.model_name or "",
+                kv_cache_usage=s.kv_cache_usage or 0.0, requests_running=int(s.running or 0),
+                requests_waiting=int(s.waiting or 0), preemptions_total=int(s.preemptions_total or 0),
+                kv_capacity_tokens=int(s.kv_capacity_tokens or 0), stale=s.stale, stale_reason=s.reason or ""))
+        self.status.engines = len(out)
+        return out
+
+    def read(self) -> GpuState | None:
+        try:
+            state = self._reader.read()
+            self.status.last_read_error = ""
+            return state
+        except Exception as exc:  # a temporary NVML error: report nothing this period, say why
+            self.status.last_read_error = str(exc)
+            log.warning("reading GPUs failed: %s", exc)
+            return None
+
+    def publish_inventory(self, state: GpuState) -> None:
+        if self._publish_inventory is None:
+            return
+        text = encode_inventory(to_inventory(state))
+        if text == self._published:
+            return
+        try:
+            self._publish_inventory(text)
+            self._published = text
+            self.status.inventory_published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        except Exception as exc:  # retried on the next report
+            log.warning("publishing the inventory annotation failed: %s", exc)
+
+    def report(self, sequence: int) -> telemetry_pb2.NodeReport:
+        report = telemetry_pb2.NodeReport(node_name=self.node, sequence=sequence, sampled_at_unix_nanos=time.time_ns(),
+                                          period_millis=int(self.period_s * 1000), agent_version=VERSION,
+                                          gpu_backend=self._backend)
+        state = self.read()
+        if state is None:
+            return report
+        self.publish_inventory(state)
+        try:
+            assignments = dict(self._assignments())
+            self.status.last_assignment_error = ""
+        except Exception as exc:
+            assignments = {}
+            self.status.last_assignment_error = str(exc)
+        foreign = foreign_usage(state, assignments)
+        holders: dict[str, list[telemetry_pb2.PodRef]] = {}
+        for device, ref in assignments.items():
+            ns, pod, container = ref[0], ref[1], ref[2] if len(ref) > 2 else ""
+            holders.setdefault(device, []).append(telemetry_pb2.PodRef(namespace=ns, name=pod, container=container))
+        for gpu in state.gpus:
+            if gpu.mig_enabled:
+                for mig in gpu.mig_devices:
+                    report.gpus.append(telemetry_pb2.GpuTelemetry(
+                        uuid=mig.uuid, index=gpu.index, is_mig=True, parent_index=gpu.index, profile=mig.profile,
+                        memory_total_bytes=mig.memory_total_bytes, memory_free_bytes=mig.memory_free_bytes,
+                        foreign_used_bytes=foreign.get(mig.uuid, 0), assigned_pods=holders.get(mig.uuid, [])))
+            else:
+                report.gpus.append(telemetry_pb2.GpuTelemetry(
+                    uuid=gpu.uuid, index=gpu.index, memory_total_bytes=gpu.memory_total_bytes,
+                    memory_free_bytes=gpu.memory_free_bytes, memory_reserved_bytes=gpu.memory_reserved_bytes,
+                    foreign_used_bytes=foreign.get(gpu.uuid, 0), assigned_pods=holders.get(gpu.uuid, [])))
+        report.engines.extend(self._engines)
+        return report
+
+
+def inventory_patcher(core: Any, node: str) -> Callable[[str], None]:
+    def patch(text: str) -> None:
+        core.patch_node(node, {"metadata": {"annotations": {INVENTORY_ANNOTATION: text}}})
+    return patch

@@ -1,0 +1,113 @@
+"""The classic incident, end to end with real node-agent processes (fake GPU backend, one per
+simulated node) streaming to the extender: foreign GPU memory the kube-scheduler cannot see."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import yaml
+from kubernetes import client
+
+from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
+from devcluster.stack import Stack
+
+GIB_MIB = 1024
+
+
+def fleet_yaml(foreign_gpus: list[int], foreign_mib: int = 60 * GIB_MIB) -> str:
+    """4 x H100 80 GB on NVSwitch; ``foreign_gpus`` each carry a leftover process."""
+    return yaml.safe_dump({
+        "version": 1, "nvswitch": True,
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "numaNode": 0,
+                  "pcieSwitch": f"pcie{i // 2}"} for i in range(4)],
+        "processes": [{"pid": 4000 + i, "gpu": i, "usedMiB": foreign_mib} for i in foreign_gpus],
+    })
+
+
+@pytest.fixture
+def agents(admin, stack: Stack, tmp_path):
+    fleet_id = unique("agents")
+    started = []
+
+    def node_with_agent(foreign_gpus: list[int]) -> tuple[str, object]:
+        node = unique("n")
+        create_gpu_node(admin, node, gpus=4, labels={"gpusched.io/test-fleet": fleet_id})
+        fleet = tmp_path / f"{node}.yaml"
+        fleet.write_text(fleet_yaml(foreign_gpus))
+        agent = stack.start_agent(node, fleet)
+        started.append((node, agent))
+        # The agent publishes the node's inventory itself, and its telemetry turns fresh.
+        wait_until(lambda: "gpusched.io/gpu-inventory" in (client.CoreV1Api(admin).read_node(node).metadata.annotations or {}),
+                   30, f"the agent to publish {node}'s inventory", context=lambda: agent.tail(20))
+        wait_until(lambda: node_view(stack, node).get("telemetry", "").startswith("fresh"), 30,
+                   f"fresh telemetry from {node}", context=lambda: agent.tail(20))
+        return node, fleet
+
+    yield fleet_id, node_with_agent
+    for node, agent in started:
+        agent.stop()
+        client.CoreV1Api(admin).delete_node(node)
+
+
+def node_view(stack: Stack, node: str) -> dict:
+    return next((n for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node), {})
+
+
+def tp4_pod(fleet_id: str) -> dict:
+    pod = vllm_pod("llama70b", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", args=["--tensor-parallel-size", "4"],
+                   annotations={"gpusched.io/gpu-memory-per-gpu": "40Gi"})
+    pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
+    return pod
+
+
+def test_foreign_memory_steers_the_pod_away_and_explain_names_it(admin, namespace, stack: Stack, agents):
+    fleet_id, node_with_agent = agents
+    n1, _ = node_with_agent([0, 1])
+    n2, _ = node_with_agent([])
+    assert "60.0 GiB" in node_view(stack, n1)["foreign"]
+    create_pod(admin, namespace, tp4_pod(fleet_id))
+    assert wait_until(lambda: pod_node(admin, namespace, "llama70b"), 30, "the TP=4 pod to be bound") == n2
+    out = stack.cli("explain", f"{namespace}/llama70b")
+    assert "foreign processes" in out and "60.0 GiB" in out and n1 in out, out
+
+
+def test_pod_waits_for_foreign_memory_and_binds_within_10s_of_the_process_exiting(admin, namespace, stack: Stack, agents):
+    fleet_id, node_with_agent = agents
+    n1, fleet = node_with_agent([0, 1])
+    create_pod(admin, namespace, tp4_pod(fleet_id))
+    wait_until(lambda: "foreign processes" in pod_scheduled_message(admin, namespace, "llama70b"), 30,
+               "the pod to wait, naming the foreign usage",
+               context=lambda: pod_scheduled_message(admin, namespace, "llama70b"))
+    time.sleep(2)
+    assert pod_node(admin, namespace, "llama70b") is None
+
+    fleet.write_text(fleet_yaml([]))  # the leftover processes exit; nothing else changes in the cluster
+    exited = time.monotonic()
+    wait_until(lambda: pod_node(admin, namespace, "llama70b"), 10, "the pod to be bound after the processes exit",
+               context=lambda: pod_scheduled_message(admin, namespace, "llama70b") + "\nnode annotations: "
+               + str(client.CoreV1Api(admin).read_node(n1).metadata.annotations.get("gpusched.io/capacity-generation"))
+               + "\n" + str(node_view(stack, n1).get("foreign")) + str(stack.extender.get_json("/debug/decisions?limit=3")["decisions"][:2]))
+    assert pod_node(admin, namespace, "llama70b") == n1
+    assert time.monotonic() - exited <= 10
+
+
+def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(admin, namespace, stack: Stack, agents):
+    fleet_id, node_with_agent = agents
+    n1, _ = node_with_agent([])
+    agent = next(c for c in stack.cp.components if c.name == f"agent-{n1}")
+    agent.proc.send_signal(signal.SIGSTOP)  # alive but silent: no reports, no stream close
+    stopped = time.monotonic()
+    try:
+        wait_until(lambda: node_view(stack, n1).get("telemetry", "").startswith("STALE"), 5, "the node to go stale")
+        assert time.monotonic() - stopped <= 3 * 0.5 + 1.0  # 3 periods of 0.5 s, plus the 0.5 s sweep
+        pod = vllm_pod("probe", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
+        create_pod(admin, namespace, pod)
+        record = wait_until(lambda: stack.extender.get_json(f"/debug/decisions/{namespace}/probe").get("decisions", {}).get("filter"),
+                            30, "a decision about the probe pod")
+        assert record["details"]["telemetry"][n1].startswith("STALE"), record["details"]["telemetry"]
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: node_view(stack, n1).get("telemetry", "").startswith("fresh"), 10, "fresh telemetry again")
