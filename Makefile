@@ -6,12 +6,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint control-plane venv clean
+.PHONY: demo test lint control-plane vllm-venv venv clean
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
-test: $(STAMP) control-plane lint  ## Run every test (unit, contract, end-to-end on the real control plane).
+test: $(STAMP) control-plane vllm-venv lint  ## Run every test (unit, contract, e2e on the real control plane, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
@@ -19,6 +19,11 @@ lint: $(STAMP)
 
 control-plane:
 	bash hack/build-control-plane.sh >/dev/null
+
+# A separate venv with the real vLLM CPU engine for tests/engine (never in .venv); needs the
+# torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.
+vllm-venv:
+	bash hack/vllm-venv.sh >/dev/null
 
 venv: $(STAMP)
 

@@ -2,6 +2,7 @@
 
   gpusched explain NAMESPACE/POD   why a pod is where it is, or why it waits
   gpusched nodes                   GPU inventory and holders per node, as gpusched sees them
+  gpusched tune                    tuned vLLM parameters for a model on given GPUs (no cluster needed)
 """
 
 from __future__ import annotations
@@ -25,7 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
+    from gpusched_cli import tune
+
+    tune.add_parser(sub)
     args = p.parse_args(argv)
+    if args.command == "tune":
+        from engine_sidecar.errors import SidecarError
+
+        try:
+            text, code = tune.run(args)
+        except SidecarError as exc:
+            print(f"gpusched tune: {exc}" + (f" ({exc.fix})" if exc.fix else ""), file=sys.stderr)
+            return 1
+        print(text)
+        return code
     try:
         if args.command == "explain":
             namespace, sep, name = args.pod.partition("/")

@@ -1,0 +1,204 @@
+"""``python -m engine_sidecar``: tune, preflight, then run ``vllm serve`` under supervision.
+
+    python -m engine_sidecar --model-dir /models/llama --gpu-backend nvml --profile interactive \\
+        [--set max_num_seqs=64 ...] [--annotations-file /etc/podinfo/annotations] [-- EXTRA VLLM ARGS]
+
+Exit codes: the engine's own code (128+N when killed by signal N); 1 when the preflight refuses
+the setup or an input cannot be read (the reasons are printed and written to the termination
+log); 0 after ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engine_sidecar.errors import Problem, SidecarError
+from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
+from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts
+from engine_sidecar.modelinfo import load_model_dir
+from engine_sidecar.podinfo import METRICS_PORT, read_pod_info
+from engine_sidecar.preflight import plan
+from engine_sidecar.profiles import PROFILES, profile
+from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine_sidecar", description=__doc__.split("\n\n")[0],
+                                epilog="Arguments after -- go to vllm serve verbatim (a tuned flag there counts as an override).")
+    p.add_argument("--model-dir", required=True, help="Hugging Face model directory (config.json, safetensors)")
+    p.add_argument("--model", help="what vllm serve loads (default: --model-dir)")
+    p.add_argument("--served-model-name", help="name in /v1/models (default: the directory name)")
+    p.add_argument("--gpu-backend", choices=("nvml", "cpu", "file"), default=os.environ.get("GPUSCHED_GPU_BACKEND", "nvml"),
+                   help="where GPU facts come from; chosen explicitly, never a fallback (default: %(default)s)")
+    p.add_argument("--cpu-kv-bytes", type=int, help="KV-cache budget of the CPU engine in bytes (--gpu-backend cpu)")
+    p.add_argument("--gpu-file", help="JSON/YAML GPU description (--gpu-backend file)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="interactive")
+    p.add_argument("--prompt-tokens", type=int, help="expected prompt length (default: the profile's)")
+    p.add_argument("--output-tokens", type=int, help="expected output length (default: the profile's)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, help="default: the visible GPUs / PP")
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override an EngineArgs field (e.g. max_num_seqs=64); overrides always win and are reported")
+    p.add_argument("--annotations-file", default=os.environ.get("GPUSCHED_ANNOTATIONS_FILE"),
+                   help="downward-API annotations file (gpusched.io/assigned-gpus, gpu-memory-share, metrics-port)")
+    p.add_argument("--termination-log", default=os.environ.get("GPUSCHED_TERMINATION_LOG", DEFAULT_TERMINATION_LOG),
+                   help="where refusals are written (default: $GPUSCHED_TERMINATION_LOG or %(default)s)")
+    p.add_argument("--vllm", default=os.environ.get("GPUSCHED_VLLM") or shutil.which("vllm") or "vllm",
+                   help="the vllm console script (default: $GPUSCHED_VLLM or vllm on PATH)")
+    p.add_argument("--engine-host", default="0.0.0.0")
+    p.add_argument("--engine-port", type=int, default=8000, help="vLLM's port; also its /metrics port")
+    p.add_argument("--host", default="0.0.0.0", help="the sidecar's /live /ready /tuning address")
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--grace-period", type=int, default=30, help="seconds the engine gets to drain after SIGTERM")
+    p.add_argument("--flags-cache", help="where the installed vLLM's flag list is cached (default: ~/.cache/gpusched)")
+    p.add_argument("--dry-run", action="store_true", help="print the tuning and the vllm command, start nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    try:
+        return _run(args, extra)
+    except SidecarError as exc:
+        return refuse(args.termination_log, [Problem("input", str(exc), exc.fix or "fix the input above")])
+
+
+def _gpu_backend(args: argparse.Namespace) -> GpuFacts:
+    if args.gpu_backend == "cpu":
+        if args.cpu_kv_bytes is None:
+            raise SidecarError("--gpu-backend cpu needs --cpu-kv-bytes", "declare the CPU KV budget in bytes")
+        return CpuGpus(args.cpu_kv_bytes)
+    if args.gpu_backend == "file":
+        if not args.gpu_file:
+            raise SidecarError("--gpu-backend file needs --gpu-file", "point --gpu-file at a GPU description")
+        return FileGpus(args.gpu_file)
+    from engine_sidecar.nvml import NvmlGpus
+
+    return NvmlGpus()
+
+
+def _run(args: argparse.Namespace, extra: list[str]) -> int:
+    # Tuned fields, plus fields the tuning reads (KV dtype and block size change the bytes per token).
+    owned = frozenset(EngineParams.__dataclass_fields__) | {"dtype", "kv_cache_dtype", "block_size"}
+    passthrough, overrides = split_passthrough(extra, owned)
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SidecarError(f"--set {item!r}: expected FIELD=VALUE", "e.g. --set max_num_seqs=64")
+        overrides[name.strip()] = value.strip()
+    model = load_model_dir(args.model_dir)
+    pod = read_pod_info(args.annotations_file)
+    gpus = _gpu_backend(args).read().select(pod.assigned_gpus)
+    inputs = TuningInputs(model=model, gpus=gpus, profile=profile(args.profile, args.prompt_tokens, args.output_tokens),
+                          tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
+                          memory_share=pod.memory_share, overrides=overrides, grace_period_s=args.grace_period)
+    result = plan(inputs)
+    if not result.ok or result.tuning is None:
+        return refuse(args.termination_log, list(result.problems))
+    tuning = result.tuning
+
+    accepted = VllmHelpFlags(args.vllm, args.flags_cache).flags()
+    rendered = render(((f, v) for f, v, _ in tuning.items()), accepted)
+    served = args.served_model_name or Path(args.model_dir).name
+    engine_argv = [args.vllm, "serve", args.model or args.model_dir, "--host", args.engine_host,
+                   "--port", str(args.engine_port), "--served-model-name", served, *rendered.args, *passthrough]
+    notes = list(tuning.notes)
+    if pod.metrics_port is None:
+        notes.append(f"annotation {METRICS_PORT} is not set; set it to \"{args.engine_port}\" in the pod template so the node agent scrapes the engine")
+    elif pod.metrics_port != args.engine_port:
+        notes.append(f"annotation {METRICS_PORT}={pod.metrics_port} but the engine serves /metrics on {args.engine_port}: fix one of them")
+    report = build_report(tuning, rendered, accepted, engine_argv, args, served, pod.metrics_port, notes, gpus.source)
+    print_summary(report)
+    if args.dry_run:
+        print(json.dumps({"argv": engine_argv}, indent=None))
+        return 0
+    env = dict(os.environ)
+    if tuning.params.kv_cache_memory_bytes is not None and "kv_cache_memory_bytes" not in {n.field for n in rendered.not_passed}:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override the rendered flag
+    return supervise(args, engine_argv, env, served, report)
+
+
+def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, str], served: str, report: dict[str, Any]) -> int:
+    import uvicorn
+
+    from engine_sidecar.readiness import HttpModelsClient, Readiness
+    from engine_sidecar.server import SidecarState, create_app
+    from engine_sidecar.supervisor import SubprocessLauncher, Supervisor
+
+    sup = Supervisor(SubprocessLauncher(), args.grace_period, log=lambda m: print(f"[sidecar] {m}", flush=True))
+    sup.install_signal_handlers()
+    probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
+    readiness = Readiness(HttpModelsClient(f"http://{probe_host}:{args.engine_port}"), served, lambda: sup.running)
+
+    def engine_state() -> str:
+        if sup.process is None:
+            return "starting"
+        return "running" if sup.running else "exited"
+
+    server = uvicorn.Server(uvicorn.Config(create_app(SidecarState(readiness, engine_state, report)), host=args.host,
+                                           port=args.port, log_level="warning", lifespan="off"))
+    threading.Thread(target=server.run, name="sidecar-http", daemon=True).start()
+    readiness.start()
+    try:
+        return sup.run(engine_argv, env)
+    finally:
+        readiness.stop()
+        server.should_exit = True
+
+
+def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine_argv: list[str], args: argparse.Namespace,
+                 served: str, announced: int | None, notes: list[str], source: str) -> dict[str, Any]:
+    skipped = {n.field: n.reason for n in rendered.not_passed}
+    return {
+        "model": served, "profile": args.profile, "gpus": source,
+        "parameters": [{"field": f, "value": v, "reason": r, "flag": flag_for(f), "passed": f not in skipped}
+                       for f, v, r in tuning.items()],
+        "not_passed": [{"field": n.field, "value": n.value, "reason": n.reason} for n in rendered.not_passed],
+        "overridden": dict(tuning.overridden),
+        "prediction": asdict(tuning.prediction),
+        "notes": notes,
+        "engine": {"argv": engine_argv, "port": args.engine_port},
+        "metrics": {"port": args.engine_port, "path": "/metrics", "annotation": METRICS_PORT, "announced": announced},
+        "vllm_flags_known": len(accepted),
+    }
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    lines = [f"[sidecar] tuned vLLM for {report['model']} ({report['profile']}, {report['gpus']}):"]
+    for p in report["parameters"]:
+        mark = "" if p["passed"] else "   [NOT PASSED: installed vLLM has no " + p["flag"] + "]"
+        lines.append(f"[sidecar]   {p['field']} = {p['value']}  # {p['reason']}{mark}")
+    pred = report["prediction"]
+    lines.append(f"[sidecar] predicted KV cache: {pred['kv_tokens']:,} tokens ({pred['kv_blocks']:,} blocks of {pred['block_size']}, "
+                 f"{pred['kv_bytes_per_token_per_gpu']} B/token/GPU){'' if pred['exact'] else ' (estimate)'}")
+    lines += [f"[sidecar] note: {n}" for n in report["notes"]]
+    print("\n".join(lines), flush=True)
+
+
+def refuse(termination_log: str, problems: list[Problem]) -> int:
+    text = "gpusched engine sidecar refused to start vLLM:\n" + "\n".join(f"- {p.line()}" for p in problems) + "\n"
+    print(text, file=sys.stderr, end="", flush=True)
+    path = Path(termination_log)
+    # The kubelet creates /dev/termination-log; outside a pod, never create files under /dev.
+    if termination_log != DEFAULT_TERMINATION_LOG or path.exists():
+        try:
+            path.write_text(text[:4096])  # the kubelet keeps at most 4096 bytes
+        except OSError as exc:
+            print(f"(could not write {termination_log}: {exc})", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The sidecar's own HTTP endpoints (not vLLM's): ``/live``, ``/ready``, ``/tuning``.
+
+| route | 200 when | body |
+|---|---|---|
+| ``GET /live`` | the engine process is running (or not started yet) | ``{"status": ...}`` |
+| ``GET /ready`` | vLLM's ``/v1/models`` lists the served model (else 503) | ``{"ready": bool, "reason": str}`` |
+| ``GET /tuning`` | always | the parameters with reasons, what was not passed and why, the KV prediction, the metrics port |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from engine_sidecar.readiness import Readiness
+
+
+@dataclass
+class SidecarState:
+    readiness: Readiness
+    engine_state: Callable[[], str]  # "starting" | "running" | "exited"
+    report: Mapping[str, Any]
+
+
+def create_app(state: SidecarState) -> FastAPI:
+    app = FastAPI(title="gpusched engine sidecar", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sidecar = state
+
+    @app.get("/live")
+    def live() -> JSONResponse:
+        engine = state.engine_state()
+        return JSONResponse({"status": engine}, status_code=503 if engine == "exited" else 200)
+
+    @app.get("/ready")
+    def ready() -> JSONResponse:
+        r = state.readiness
+        return JSONResponse({"ready": r.ready, "reason": r.reason}, status_code=200 if r.ready else 503)
+
+    @app.get("/tuning")
+    def tuning() -> JSONResponse:
+        return JSONResponse(dict(state.report))
+
+    return app
