@@ -12,7 +12,7 @@ KINDS = ("podgroup", "leaderworkerset", "annotations")
 
 
 def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size: int, gpus: int,
-              node_selector: dict[str, str] | None = None, timeout_s: int = 20) -> list[dict[str, Any]]:
+              node_selector: dict[str, str] | None = None, timeout_s: int = 40) -> list[dict[str, Any]]:
     """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang.
     For ``podgroup`` the PodGroup object is created too."""
     pods = []

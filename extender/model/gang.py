@@ -26,7 +26,9 @@ LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 GANG_NAME_ANNOTATION = "gpusched.io/gang-name"
 GANG_SIZE_ANNOTATION = "gpusched.io/gang-size"
 GANG_TIMEOUT_ANNOTATION = "gpusched.io/gang-timeout-seconds"
-DEFAULT_TIMEOUT_S = 20.0
+# Longer than kube-scheduler's maximum pod backoff (10 s) plus a scheduling cycle, so members that
+# were rejected earlier can still reach the barrier; shorter than the shipped httpTimeout (60 s).
+DEFAULT_TIMEOUT_S = 40.0
 
 
 @dataclass(frozen=True)
