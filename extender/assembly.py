@@ -121,14 +121,14 @@ def assemble(settings: Settings) -> Assembled:
     catalog_handler = _CatalogHandler(framework_decider)
     from extender.adapters.requeue import PodNudger
 
+    custom = client.CustomObjectsApi(api)
     pod_nudger = PodNudger(api)
     gangs = GangIndex(on_pod_group_added=pod_nudger.nudge)
     state.add_pod_listener(gangs)
     metrics = ExtenderMetrics()
     decider = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
                               observer=lambda event: metrics.gang_events.labels(event=event).inc(),
-                              nudge=pod_nudger.nudge)
-    custom = client.CustomObjectsApi(api)
+                              nudge=pod_nudger.nudge, pod_group_status=_pod_group_status_writer(custom))
     reflectors += [
         Reflector("nodes", core.list_node, state.nodes),
         Reflector("pods", core.list_pod_for_all_namespaces, state.pods),
@@ -156,6 +156,18 @@ def assemble(settings: Settings) -> Assembled:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators)
         framework_decider.telemetry = state
     return assembled
+
+
+def _pod_group_status_writer(custom: Any) -> Any:
+    """Patches a PodGroup's status subresource; failures (CRD without status, RBAC) are logged."""
+    def write(key: Any, phase: str, scheduled: int) -> None:
+        try:
+            custom.patch_namespaced_custom_object_status(
+                "scheduling.x-k8s.io", "v1alpha1", key.namespace, "podgroups", key.name,
+                {"status": {"phase": phase, "scheduled": scheduled}})
+        except Exception as exc:
+            log.info("updating PodGroup %s status: %s", key, exc)
+    return write
 
 
 def _every(period_s: float, fn: Any) -> None:

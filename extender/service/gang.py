@@ -152,7 +152,8 @@ class GangCoordinator:
     def __init__(self, inner: Any, index: GangIndex, framework: Any, snapshot: Callable[[], ClusterSnapshot],
                  ledger: Any, *, clock: Callable[[], float] = time.monotonic, cooldown_s: float = 3.0,
                  observer: Callable[[str], None] = lambda event: None,
-                 nudge: Callable[[list[str]], None] = lambda pods: None):
+                 nudge: Callable[[list[str]], None] = lambda pods: None,
+                 pod_group_status: Callable[[GangKey, str, int], None] = lambda key, phase, scheduled: None):
         """``inner`` judges pods without a gang and parses demands (``inner.demand``);
         ``framework``, ``snapshot`` and ``ledger`` are the ones ``inner`` judges with."""
         self.inner = inner
@@ -168,6 +169,10 @@ class GangCoordinator:
         # extender-rejected pods when a sibling appears, so without it they would show a stale
         # reason (or, once planned, reach bind only after their backoff or the 5-minute flush).
         self._nudge = nudge
+        # Writes a PodGroup's status.phase and scheduled count (coscheduling's vocabulary:
+        # Pending, Scheduling, Scheduled) when its gang changes state; asynchronous, best effort.
+        self._pod_group_status = pod_group_status
+        self._phases: dict[GangKey, tuple[str, int]] = {}
         self._lock = threading.Condition()
         self._plans: dict[GangKey, Plan] = {}
         self._status: dict[GangKey, GangStatus] = {}
@@ -348,8 +353,22 @@ class GangCoordinator:
         self._lock.notify_all()
 
     def tick(self) -> None:
-        """Periodic housekeeping (expiry) for when no request arrives."""
+        """Periodic housekeeping: expiry, and PodGroup status for gangs whose state changed."""
         self._expire()
+        with self._lock:
+            updates = []
+            for key, status in self._status.items():
+                if key.source != "PodGroup" or status.spec is None:
+                    continue
+                members = self.index.members(status.spec)
+                scheduled = sum(1 for m in members if m.node)
+                phase = ("Scheduled" if scheduled >= status.spec.min_member else
+                         "Scheduling" if key in self._plans else "Pending")
+                if self._phases.get(key) != (phase, scheduled):
+                    self._phases[key] = (phase, scheduled)
+                    updates.append((key, phase, scheduled))
+        for key, phase, scheduled in updates:
+            self._pod_group_status(key, phase, scheduled)
 
     # -- visibility ----------------------------------------------------------------------------
     def _describe(self, key: GangKey) -> dict[str, Any]:

@@ -59,6 +59,13 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
                context=lambda: str(stack.extender.get_json("/debug/gangs")))
     nodes = {p.spec.node_name for p in pods(admin, namespace, "pp4-")}
     assert len(nodes) == 4
+    if kind == "podgroup":  # the PodGroup's status is kept current
+        custom = client.CustomObjectsApi(admin)
+        wait_until(lambda: (custom.get_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
+                                                                "pp4").get("status") or {}).get("phase") == "Scheduled", 15,
+                   "PodGroup status.phase Scheduled")
+        status = custom.get_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", "pp4")["status"]
+        assert status["scheduled"] == 4, status
     expected = f"{namespace}/pp4-0" if kind == "leaderworkerset" else f"{namespace}/pp4"  # LWS: <name>-<group-index>
     gang = next(g for g in stack.extender.get_json("/debug/gangs")["gangs"] if g["gang"] == expected)
     assert gang["source"] == {"podgroup": "PodGroup", "leaderworkerset": "LeaderWorkerSet", "annotations": "annotations"}[kind]
