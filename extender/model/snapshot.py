@@ -104,6 +104,9 @@ class NodeInfo:
     unschedulable: bool = False
     # Everything about the node's GPUs except ids: equal shapes behave identically.
     shape: Shape = Shape(())
+    # The node's engines' headroom from telemetry, 0 (saturated) .. 10 (idle), or None when
+    # unknown. Quantised so that it joins the shape without splitting groups on noise.
+    engine_headroom: int | None = None
     _free_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -128,7 +131,7 @@ class NodeInfo:
 
 def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
                    labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
-                   unschedulable: bool = False) -> NodeInfo:
+                   unschedulable: bool = False, engine_headroom: int | None = None) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works."""
     units: list[GpuUnit] = []
@@ -151,9 +154,9 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
         allocatable_gpus = len(units)
     shape = Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island)
-        for u in units)))
+        for u in units), engine_headroom))
     return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
-                    inventory_error, tuple(units), islands, unschedulable, shape)
+                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
 
 
 def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:

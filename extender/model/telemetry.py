@@ -82,8 +82,26 @@ def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bo
     return max(0, value - value % QUANTUM_MIB)
 
 
-def memory_key(report: NodeTelemetry) -> tuple[tuple[str, int, int], ...]:
+def memory_key(report: NodeTelemetry) -> tuple:
     """The part of a report that changes how the node is judged: per unit, free memory and foreign
-    usage in whole GiB. Reports with the same key judge identically."""
-    return tuple(sorted((g.uuid, g.memory_free_bytes // (QUANTUM_MIB * MIB), g.foreign_used_bytes // (QUANTUM_MIB * MIB))
-                        for g in report.gpus.values()))
+    usage in whole GiB, and the engines' quantised headroom. Equal keys judge identically."""
+    return (tuple(sorted((g.uuid, g.memory_free_bytes // (QUANTUM_MIB * MIB), g.foreign_used_bytes // (QUANTUM_MIB * MIB))
+                         for g in report.gpus.values())), engine_headroom(report))
+
+
+def engine_headroom(report: NodeTelemetry) -> int | None:
+    """0 (saturated) .. 10 (idle) for the node's engines, None when no fresh engine sample.
+
+    The fullest engine decides: headroom = 1 - KV-cache usage, halved when requests queue
+    (waiting >= running means the engine is already shedding load). Quantised to tenths.
+    """
+    samples = [e for e in report.engines if not e.stale]
+    if not samples:
+        return None
+    worst = 1.0
+    for e in samples:
+        headroom = max(0.0, 1.0 - min(1.0, e.kv_cache_usage))
+        if e.requests_waiting and e.requests_waiting >= max(1, e.requests_running):
+            headroom /= 2
+        worst = min(worst, headroom)
+    return round(worst * 10)

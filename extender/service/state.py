@@ -26,7 +26,7 @@ from typing import Any
 
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, make_node_info, node_info_from_k8s
-from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib
+from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib, engine_headroom
 from extender.service.telemetry import TelemetryStore
 
 ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
@@ -193,7 +193,8 @@ class ClusterState:
                 gpus.append(replace(g, memory_mib=effective_memory_mib(g.memory_mib, report.gpus.get(g.uuid), fresh=fresh)))
         return make_node_info(static.name, replace(static.inventory, gpus=tuple(gpus)),
                               allocatable_gpus=static.allocatable_gpus, labels=static.labels,
-                              inventory_error=static.inventory_error, unschedulable=static.unschedulable)
+                              inventory_error=static.inventory_error, unschedulable=static.unschedulable,
+                              engine_headroom=engine_headroom(report) if fresh else None)
 
     def node(self, name: str) -> NodeInfo | None:
         with self._lock:

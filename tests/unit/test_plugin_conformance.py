@@ -16,6 +16,7 @@ EXPECTED = {
     "MigIsolation": {PreFilterPlugin, FilterPlugin},
     "NvlinkTopology": {PreFilterPlugin, FilterPlugin, ScorePlugin},
     "TopologyPacking": {ScorePlugin},
+    "EngineLoad": {ScorePlugin},
 }
 
 
