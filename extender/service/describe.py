@@ -31,6 +31,7 @@ def describe_nodes(snapshot: ClusterSnapshot,
             "inventorySource": "annotation" if info.inventory is not None and not info.inventory_error else
                                ("none" if info.inventory is None else "fallback"),
             "inventoryError": info.inventory_error, "nvlinkIslands": [list(i) for i in info.islands],
+            "engineHeadroom": info.engine_headroom,
             "free": sum(1 for u in units if u["heldBy"] is None), "units": units,
         })
         if telemetry_note is not None:

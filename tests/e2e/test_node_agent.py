@@ -111,3 +111,56 @@ def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(ad
     finally:
         agent.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: node_view(stack, n1).get("telemetry", "").startswith("fresh"), 10, "fresh telemetry again")
+
+
+def test_engine_load_steers_a_new_engine_away_from_a_saturated_one(admin, namespace, stack: Stack, agents, tmp_path):
+    """The whole engine path: the agent finds an engine pod by gpusched.io/metrics-port, scrapes
+    its /metrics (a real vLLM 0.32 exposition, made saturated), streams it, and EngineLoad
+    prefers the quiet node for the next engine."""
+    import http.server
+    import re
+    import threading
+    from pathlib import Path
+
+    exposition = (Path(__file__).parents[1] / "fixtures" / "vllm_metrics_0.32.txt").read_text()
+    exposition = re.sub(r"^(vllm:kv_cache_usage_perc\{[^}]*\}) .*$", r"\1 0.97", exposition, flags=re.M)
+    exposition = re.sub(r"^(vllm:num_requests_waiting\{[^}]*\}) .*$", r"\1 12.0", exposition, flags=re.M)
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = exposition.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet_id, node_with_agent = agents
+        busy, _ = node_with_agent([])
+        quiet, _ = node_with_agent([])
+        # A running engine pod on the busy node (no kubelet: the test sets its status, as a kubelet would).
+        engine = vllm_pod("busy-engine", gpus=0, annotations={"gpusched.io/metrics-port": str(server.server_port)})
+        engine["spec"]["nodeName"] = busy
+        create_pod(admin, namespace, engine)
+        client.CoreV1Api(admin).patch_namespaced_pod_status("busy-engine", namespace, {"status": {
+            "phase": "Running", "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}]}})
+        wait_until(lambda: node_view(stack, busy).get("engineHeadroom") == 0, 20,
+                   "the busy node's engine load (KV 97 %, 12 waiting) to reach the extender",
+                   context=lambda: str(node_view(stack, busy)))
+        assert node_view(stack, quiet).get("engineHeadroom") is None  # no engines there
+        pod = vllm_pod("new", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
+        create_pod(admin, namespace, pod)
+        assert wait_until(lambda: pod_node(admin, namespace, "new"), 30, "the new engine to be bound") == quiet
+        breakdown = stack.extender.get_json(f"/debug/decisions/{namespace}/new")["decisions"]["prioritize"]["details"]["breakdown"]
+        raw = {node: next(p["raw"] for p in b["plugins"] if p["plugin"] == "EngineLoad") for node, b in breakdown.items()}
+        assert raw == {busy: 0, quiet: 100}, raw
+        assert breakdown[quiet]["final"] > breakdown[busy]["final"], breakdown
+    finally:
+        server.shutdown()
