@@ -139,6 +139,12 @@ class TelemetryServer:
         self._started.set()
         await self._server.wait_for_termination()
 
-    def stop(self) -> None:
-        if self._server is not None:
-            asyncio.run_coroutine_threadsafe(self._server.stop(1), self._loop).result(5)
+    def stop(self, grace_s: float = 0.5) -> None:
+        """Best effort: cancel open streams (agents reconnect elsewhere) and stop serving."""
+        if self._server is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self._loop)
+        try:
+            future.result(grace_s + 5)
+        except Exception as exc:  # a stuck stream must not hang shutdown; the thread is a daemon
+            log.warning("telemetry server did not stop cleanly: %r", exc)
