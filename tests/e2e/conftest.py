@@ -47,6 +47,27 @@ def admin(control_plane: ControlPlane) -> client.ApiClient:
 
 
 @pytest.fixture
+def fleet(admin: client.ApiClient):
+    """(fleet_id, add): ``add(preset="h100", name=None)`` creates a preset GPU node labelled
+    ``gpusched.io/test-fleet=<fleet_id>``; pods select it so tests never see each other's nodes."""
+    from devcluster.fleet import create_preset_node
+
+    fleet_id = unique("fleet")
+    created: list[str] = []
+
+    def add(preset: str = "h100", name: str | None = None) -> str:
+        node = name or unique(preset)
+        create_preset_node(admin, node, preset)
+        client.CoreV1Api(admin).patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet_id}}})
+        created.append(node)
+        return node
+
+    yield fleet_id, add
+    for node in created:
+        client.CoreV1Api(admin).delete_node(node)
+
+
+@pytest.fixture
 def namespace(admin: client.ApiClient) -> Iterator[str]:
     name = unique("t")
     create_namespace(admin, name)

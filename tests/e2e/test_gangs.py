@@ -7,27 +7,11 @@ import time
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_pod, pod_scheduled_message, unique, wait_until
-from devcluster.fleet import create_preset_node
+from devcluster.cluster import create_pod, pod_scheduled_message, wait_until
 from devcluster.gangs import KINDS, gang_pods
 from devcluster.stack import Stack
 
 
-@pytest.fixture
-def fleet(admin):
-    fleet_id = unique("gang-fleet")
-    created: list[str] = []
-
-    def add(preset: str = "h100") -> str:
-        node = unique(preset)
-        create_preset_node(admin, node, preset)
-        client.CoreV1Api(admin).patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet_id}}})
-        created.append(node)
-        return node
-
-    yield fleet_id, add
-    for node in created:
-        client.CoreV1Api(admin).delete_node(node)
 
 
 def pods(admin, namespace, prefix):

@@ -8,27 +8,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
-from devcluster.fleet import create_preset_node
+from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, vllm_pod, wait_until
 from devcluster.stack import Extender, Stack
 
 
-@pytest.fixture
-def fleet(admin):
-    """Creates preset nodes labelled with a per-test fleet id; returns (fleet_id, create)."""
-    fleet_id = unique("fleet")
-    created = []
-
-    def create(preset: str, name: str | None = None) -> str:
-        node = name or unique(preset)
-        create_preset_node(admin, node, preset)
-        client.CoreV1Api(admin).patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet_id}}})
-        created.append(node)
-        return node
-
-    yield fleet_id, create
-    for node in created:
-        client.CoreV1Api(admin).delete_node(node)
 
 
 def in_fleet(pod: dict, fleet_id: str) -> dict:
