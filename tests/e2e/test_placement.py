@@ -5,11 +5,10 @@ that fleet with a node selector on a per-test label, so tests do not see each ot
 
 from __future__ import annotations
 
-import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, vllm_pod, wait_until
-from devcluster.stack import Extender, Stack
+from devcluster.stack import Extender
 
 
 
