@@ -202,6 +202,12 @@ def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
 UNKNOWN_GROUP = 0  # group id of names not in the snapshot
 
 
+def _canonical(node: NodeInfo, shapes: dict[Shape, Shape]) -> NodeInfo:
+    """Equal shapes become one object, so caches keyed on shape compare by identity."""
+    shape = shapes.setdefault(node.shape, node.shape)
+    return node if shape is node.shape else replace(node, shape=shape)
+
+
 class _GroupRegistry:
     """Group ids of one set of nodes, shared by every snapshot of those nodes (``with_ledger``).
 
@@ -216,6 +222,7 @@ class _GroupRegistry:
         self.representatives: list[str] = [""]  # a node name per group; checked before use
         self.latest: NodeGroups | None = None
         self.cache: dict[object, object] = {}
+        self.shapes: dict[Shape, Shape] = {}  # canonical shape objects of this lineage
 
     def group_id(self, shape: Shape, mask: int, name: str) -> int:
         key = (shape, mask)
@@ -238,12 +245,14 @@ class NodeGroups:
     so callers may cache per-group answers in ``cache`` across ledger views. Immutable once built.
     """
 
-    __slots__ = ("view", "group_of", "_registry")
+    __slots__ = ("view", "group_of", "_registry", "node_token")
 
-    def __init__(self, view: LedgerView, group_of: dict[str, int], registry: _GroupRegistry) -> None:
+    def __init__(self, view: LedgerView, group_of: dict[str, int], registry: _GroupRegistry,
+                 node_token: object = None) -> None:
         self.view = view
         self.group_of = group_of
         self._registry = registry
+        self.node_token = node_token  # identity of the node set these groups were computed from
 
     @property
     def cache(self) -> dict[object, object]:
@@ -269,24 +278,42 @@ class ClusterSnapshot:
     nodes: Mapping[str, NodeInfo]
     ledger: LedgerView = EMPTY_VIEW
     generation: int = 0
-    # Shared by snapshots of the same nodes (with_ledger); holds the node grouping.
+    # Shared by snapshots of the same lineage (with_ledger, with_nodes_replaced); holds the grouping.
     _groups: _GroupRegistry = field(default_factory=_GroupRegistry, compare=False, repr=False)
+    # Identity of this exact node set; with_nodes_replaced records (parent token, changed names),
+    # so grouping can be updated for the changed nodes only, and never from another node set.
+    _node_token: object = field(default_factory=object, compare=False, repr=False)
+    _derived_from: tuple[object, frozenset[str]] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW,
               generation: int = 0) -> ClusterSnapshot:
         """Index nodes by name; equal shapes are made one object so that per-request caches
         keyed on shape compare by identity instead of element by element."""
-        canonical: dict[Shape, Shape] = {}
+        registry = _GroupRegistry()
         by_name = {}
         for node in nodes:
-            shape = canonical.setdefault(node.shape, node.shape)
-            by_name[node.name] = node if shape is node.shape else replace(node, shape=shape)
-        return cls(MappingProxyType(by_name), ledger, generation)
+            by_name[node.name] = _canonical(node, registry.shapes)
+        return cls(MappingProxyType(by_name), ledger, generation, registry)
 
     def with_ledger(self, ledger: LedgerView) -> ClusterSnapshot:
         """The same nodes against a newer ledger view (node free-unit caches carry over)."""
-        return ClusterSnapshot(self.nodes, ledger, self.generation, self._groups)
+        return ClusterSnapshot(self.nodes, ledger, self.generation, self._groups, self._node_token,
+                               self._derived_from)
+
+    def with_nodes_replaced(self, updates: Mapping[str, NodeInfo | None], generation: int,
+                            ledger: LedgerView | None = None) -> ClusterSnapshot:
+        """These nodes replaced (None: removed), the rest shared; grouping and the per-group
+        caches carry over, regrouping only the replaced nodes. O(nodes) for the name index,
+        O(changed) for everything the hot path uses."""
+        by_name = dict(self.nodes)
+        for name, node in updates.items():
+            if node is None:
+                by_name.pop(name, None)
+            else:
+                by_name[name] = _canonical(node, self._groups.shapes)
+        return ClusterSnapshot(MappingProxyType(by_name), self.ledger if ledger is None else ledger, generation,
+                               self._groups, object(), (self._node_token, frozenset(updates)))
 
     def with_nodes(self, nodes: Iterable[NodeInfo], generation: int | None = None) -> ClusterSnapshot:
         gen = self.generation + 1 if generation is None else generation
@@ -300,18 +327,26 @@ class ClusterSnapshot:
         node set, then updated per ledger view for the nodes that changed (O(changed))."""
         registry = self._groups
         latest = registry.latest
-        if latest is not None and latest.view is self.ledger:
+        if latest is not None and latest.view is self.ledger and latest.node_token is self._node_token:
             return latest
-        changed = None if latest is None else self.ledger.nodes_changed_since(latest.view)
-        if latest is None or changed is None:
+        replaced: frozenset[str] | None = None  # nodes that differ from latest's node set
+        if latest is not None:
+            if latest.node_token is self._node_token:
+                replaced = frozenset()
+            elif self._derived_from is not None and self._derived_from[0] is latest.node_token:
+                replaced = self._derived_from[1]
+        changed = None if replaced is None else self.ledger.nodes_changed_since(latest.view)
+        if changed is None:
             group_of = {name: registry.group_id(node.shape, self.free_units(node).mask, name)
                         for name, node in self.nodes.items()}
         else:
             group_of = latest.group_of.copy()
-            for name in changed:
+            for name in changed | replaced:
                 node = self.nodes.get(name)
                 if node is not None:
                     group_of[name] = registry.group_id(node.shape, self.free_units(node).mask, name)
-        groups = NodeGroups(self.ledger, group_of, registry)
+                else:
+                    group_of.pop(name, None)
+        groups = NodeGroups(self.ledger, group_of, registry, self._node_token)
         registry.latest = groups
         return groups

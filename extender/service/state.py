@@ -76,7 +76,8 @@ class ClusterState:
         self.pods = _PodHandler(self)
         self.telemetry: TelemetryStore | None = None
         self._pod_listeners: list[Any] = []
-        self._retelemetry: set[str] = set()  # nodes to re-lay with their telemetry
+        self._retelemetry: set[str] = set()  # nodes to re-lay (static change, telemetry, deletion)
+        self._full_rebuild = True
         self._effective: dict[str, NodeInfo] = {}  # node -> info with effective memory
         self._fresh: dict[str, bool] = {}
         self._foreign: frozenset[str] = frozenset()
@@ -163,16 +164,22 @@ class ClusterState:
             self.ledger.expire_assumed(self._assumed_ttl_s)
         with self._lock:
             if self._dirty:
+                updates: dict[str, NodeInfo | None] = {}
                 for name in self._retelemetry:
                     static = self._nodes.get(name)
                     if static is None:
                         self._effective.pop(name, None)
+                        updates[name] = None
                     else:
-                        self._effective[name] = self._effective_info(static)
+                        updates[name] = self._effective[name] = self._effective_info(static)
                 self._retelemetry.clear()
                 self._generation += 1
-                self._base = ClusterSnapshot.build([self._effective.get(n, info) for n, info in self._nodes.items()],
-                                                   generation=self._generation)
+                if self._full_rebuild or len(updates) > max(64, len(self._nodes) // 4):
+                    self._base = ClusterSnapshot.build([self._effective.get(n, info) for n, info in self._nodes.items()],
+                                                       generation=self._generation)
+                    self._full_rebuild = False
+                else:  # a few nodes changed: keep every other node's grouping and cached verdicts
+                    self._base = self._base.with_nodes_replaced(updates, self._generation)
                 self._dirty = False
             base = self._base
         return base.with_ledger(self.ledger.view())
@@ -220,6 +227,7 @@ class ClusterState:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
                 self._node_keys.pop(name, None)
+                self._retelemetry.add(name)
                 self._dirty = True
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -231,7 +239,9 @@ class ClusterState:
             for gone in set(self._nodes) - names:
                 self._nodes.pop(gone, None)
                 self._node_keys.pop(gone, None)
-                self._dirty = True
+                self._effective.pop(gone, None)
+            self._full_rebuild = True  # a relist: lay everything out afresh
+            self._dirty = True
 
     # -- pod events ------------------------------------------------------------------------------
     def _apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
