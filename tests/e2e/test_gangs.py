@@ -55,13 +55,14 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
     assert gang["source"] == {"podgroup": "PodGroup", "leaderworkerset": "LeaderWorkerSet", "annotations": "annotations"}[kind]
 
 
-def test_two_gangs_that_fit_alone_but_not_together_never_split(admin, namespace, fleet, stack: Stack):
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_gangs_that_fit_alone_but_not_together_never_split(admin, namespace, fleet, stack: Stack, kind):
     fleet_id, add = fleet
     for _ in range(4):
         add()
     selector = {"gpusched.io/test-fleet": fleet_id}
-    for pod in gang_pods(admin, namespace, "annotations", "ga", 3, 8, selector) + \
-            gang_pods(admin, namespace, "annotations", "gb", 3, 8, selector):
+    for pod in gang_pods(admin, namespace, kind, "ga", 3, 8, selector) + \
+            gang_pods(admin, namespace, kind, "gb", 3, 8, selector):
         create_pod(admin, namespace, pod)
 
     def one_complete():
