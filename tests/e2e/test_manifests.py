@@ -1,14 +1,27 @@
-"""manifests/ are what the tests run with, and every object in them is accepted by the apiserver."""
+"""manifests/ are what the tests run with, and every object in them is accepted by the apiserver.
+
+The stack installs manifests/crds and manifests/base; manifests/observability is dry-run here
+against the CRDs it needs (the permissive ServiceMonitor/PrometheusRule ones in manifests/crds,
+installed with the stack). Overlays and the Helm chart: tests/e2e/test_packaging.py."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes import client
 
-from devcluster.controlplane import AGENT_SA, EXTENDER_SA, MANIFESTS, NAMESPACE, SCHEDULER_SA, ControlPlane, manifest_documents
+from devcluster.controlplane import (
+    AGENT_SA,
+    EXTENDER_SA,
+    MANIFESTS,
+    NAMESPACE,
+    SCHEDULER_SA,
+    ControlPlane,
+    manifest_documents,
+    manifest_files,
+)
 from devcluster.stack import Stack
 
-MANIFEST_FILES = sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and "helm" not in p.parts)
+MANIFEST_FILES = manifest_files(("crds", "base", "observability", "examples"))
 
 
 @pytest.mark.parametrize("path", MANIFEST_FILES, ids=lambda p: str(p.relative_to(MANIFESTS)))
@@ -18,11 +31,17 @@ def test_every_manifest_passes_server_side_dry_run(control_plane: ControlPlane, 
     control_plane.apply(docs, dry_run=True)
 
 
-def test_kustomization_lists_every_base_file():
+def test_the_stack_installs_base_and_crds_only():
+    installed = {p.relative_to(MANIFESTS).parts[0] for p, _ in manifest_documents()}
+    assert installed == {"base", "crds"}
+
+
+@pytest.mark.parametrize("folder", ["base", "observability"])
+def test_kustomization_lists_every_file(folder):
     import yaml
 
-    listed = set(yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())["resources"])
-    present = {p.name for p in (MANIFESTS / "base").glob("*.yaml") if p.name != "kustomization.yaml"}
+    listed = set(yaml.safe_load((MANIFESTS / folder / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in (MANIFESTS / folder).glob("*.yaml") if p.name != "kustomization.yaml"}
     assert listed == present
 
 
@@ -50,6 +69,10 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(SCHEDULER_SA, "create", "pods", "binding", "", True, id="scheduler-binds"),
     pytest.param(SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", True, id="scheduler-lease"),
     pytest.param(SCHEDULER_SA, "get", "secrets", "", "", False, id="scheduler-cannot-read-secrets"),
+    # The scheduler pod's metrics proxy authenticates and authorizes /metrics callers as this account.
+    pytest.param(SCHEDULER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="metrics-proxy-reviews-tokens"),
+    pytest.param(SCHEDULER_SA, "create", "subjectaccessreviews", "", "authorization.k8s.io", True,
+                 id="metrics-proxy-reviews-access"),
 ])
 def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane, stack: Stack, account, verb,
                                                     resource, subresource, group, allowed):
