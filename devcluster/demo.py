@@ -15,19 +15,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from devcluster.cluster import create_namespace, create_pod, vllm_pod, wait_until
+from devcluster.cluster import create_gpu_node, create_namespace, create_pod, vllm_pod, wait_until
 from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.fleet import create_preset_node
 from devcluster.stack import Stack
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import parse_pod_demand
-from extender.model.snapshot import ClusterSnapshot, node_info_from_k8s
+from extender.model.snapshot import ClusterSnapshot, make_node_info, node_info_from_k8s
 from extender.plugins import default_profile, default_registry
 from gpusched_cli.render import table
 
@@ -98,6 +99,90 @@ def judge_on_empty_node(api: client.ApiClient, node_name: str, namespace: str, e
     return decision.failed.get(node_name) or decision.unresolvable.get(node_name) or ""
 
 
+LEFTOVER_FLEET = """version: 1
+nvswitch: true
+gpus:
+""" + "".join(f"  - {{index: {i}, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559, numaNode: 0, pcieSwitch: pcie{i // 2}}}\n"
+              for i in range(4)) + """processes:  # a crashed job's workers still hold memory: no pod owns them
+  - {pid: 41234, gpu: 0, usedMiB: 61440}
+  - {pid: 41235, gpu: 1, usedMiB: 61440}
+"""
+LEFTOVER_ENGINE = Engine("llama70b-leftover", "meta-llama/Llama-3.1-70B-Instruct", 4, ("--tensor-parallel-size", "4"),
+                         {"gpusched.io/gpu-memory-per-gpu": "38Gi"}, "70B, TP=4; a 4-GPU node has leftover processes")
+
+
+def judge_with_fleet(api: client.ApiClient, node_name: str, namespace: str, engine: Engine, fleet: Path) -> str:
+    """Like judge_on_empty_node, but with each GPU's memory as the node's fleet says is free —
+    what NVML would show the engine when it loads."""
+    from nodeagent.gpu.fake import FakeFleetReader
+    from nodeagent.gpu.model import to_inventory
+
+    state = FakeFleetReader(fleet, node_name=node_name).read()
+    inventory = to_inventory(state)
+    free = {g.index: g.memory_free_bytes >> 20 for g in state.gpus}
+    inventory = replace(inventory, gpus=tuple(replace(g, memory_mib=free[g.index]) for g in inventory.gpus))
+    pod = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_pod(engine.name, namespace))
+    demand = parse_pod_demand(pod, builtin_catalog())
+    framework = Framework.from_profile(default_profile(), default_registry())
+    decision = framework.filter(ClusterSnapshot.build([make_node_info(node_name, inventory)]), demand, [node_name])
+    reason = decision.failed.get(node_name) or decision.unresolvable.get(node_name) or ""
+    return f"{reason} — processes outside any pod hold 60 GiB on GPUs 0 and 1" if reason else ""
+
+
+def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender) -> tuple:
+    """Each scheduler gets a 4 x H100 node whose GPUs 0,1 carry 60 GiB of leftover processes
+    (its node agent reports them to gpusched) and a clean 8 x H100 node. Count-only bin-packing
+    picks the exact-fit 4-GPU node; gpusched sees the memory is not there."""
+    results = {}
+    for label in (COUNT_ONLY, "gpusched"):
+        fleet_label = f"{label}-leftover"
+        node = f"{label}-leftover-0"
+        fleet = workdir / f"{node}.yaml"
+        fleet.write_text(LEFTOVER_FLEET)
+        create_gpu_node(api, node, 4, labels={"gpusched.io/demo-fleet": fleet_label})
+        create_preset_node(api, f"{label}-clean-0", "h100")
+        client.CoreV1Api(api).patch_node(f"{label}-clean-0", {"metadata": {"labels": {"gpusched.io/demo-fleet": fleet_label}}})
+        if label == "gpusched":  # only gpusched listens to node agents
+            stack.start_agent(node, fleet)
+            wait_until(lambda: any(n["name"] == node and n.get("telemetry", "").startswith("fresh")
+                                   for n in extender.get_json("/debug/nodes")["nodes"]), 30, f"{node}'s agent to report")
+        scheduler = COUNT_ONLY if label == COUNT_ONLY else "gpusched"
+        results[label] = (place(api, f"demo-{label}", scheduler, fleet_label, LEFTOVER_ENGINE), fleet)
+    return results
+
+
+GANG = ("llama405b-pp", 2, 8)  # name, members, GPUs each
+
+
+def gang_row(api: client.ApiClient) -> dict[str, tuple[list[str], str]]:
+    """A 2 x 8-GPU pipeline-parallel gang against a single free 8-GPU node, per scheduler.
+    Returns, per scheduler, the bound members and the reason the others wait."""
+    from devcluster.gangs import gang_pods
+
+    out = {}
+    name, size, gpus = GANG
+    for label in (COUNT_ONLY, "gpusched"):
+        fleet_label, namespace = f"{label}-gang", f"demo-{label}"
+        create_preset_node(api, f"{label}-gang-0", "h100")
+        client.CoreV1Api(api).patch_node(f"{label}-gang-0", {"metadata": {"labels": {"gpusched.io/demo-fleet": fleet_label}}})
+        for pod in gang_pods(api, namespace, "annotations", name, size, gpus, {"gpusched.io/demo-fleet": fleet_label}):
+            pod["spec"]["schedulerName"] = COUNT_ONLY if label == COUNT_ONLY else "gpusched"
+            create_pod(api, namespace, pod)
+        core = client.CoreV1Api(api)
+
+        def settled():
+            pods = [core.read_namespaced_pod(f"{name}-{i}", namespace) for i in range(size)]
+            judged = [p for p in pods if p.spec.node_name or any(
+                c.type == "PodScheduled" and c.status == "False" for c in (p.status.conditions or []))]
+            return pods if len(judged) == size else None
+        pods = wait_until(settled, 60, f"{namespace}/{name} members to be placed or judged")
+        bound = [p.metadata.name for p in pods if p.spec.node_name]
+        waiting = next((c.message for p in pods if not p.spec.node_name for c in (p.status.conditions or [])
+                        if c.type == "PodScheduled"), "")
+        out[label] = (bound, waiting)
+    return out
+
+
 def run(keep: bool) -> int:
     print("Building/locating the control plane (first run compiles Kubernetes from the Go module proxy) ...", flush=True)
     cp = ControlPlane(build_binaries())
@@ -139,6 +224,47 @@ def run(keep: bool) -> int:
             counted_where = counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending"
             rows.append((engine.name, engine.what, counted_where, verdict,
                          gs_where + (" WOULD FAIL" if gs_failure else ""), gs_why))
+
+        # Leftover GPU memory that only a node agent can see.
+        leftover = leftover_row(api, stack, cp.workdir, extender)
+        (counted_node, _), counted_fleet = leftover[COUNT_ONLY]
+        (gs_node, gs_info), gs_fleet = leftover["gpusched"]
+        failure = judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet) if counted_node else ""
+        gs_failure = judge_with_fleet(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE, gs_fleet) \
+            if gs_node and "leftover" in gs_node else (judge_on_empty_node(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE) if gs_node else "")
+        count_failures += bool(failure)
+        gpusched_failures += bool(gs_failure)
+        if failure:
+            notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name} on count-only's {counted_node}: {failure}")
+        counted_verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
+        record = extender.get_json(f"/debug/decisions/demo-gpusched/{LEFTOVER_ENGINE.name}").get("decisions", {})
+        gs_rejected = (record.get("filter") or {}).get("details", {}).get("failed", {}).get("gpusched-leftover-0", "")
+        gs_why = gs_info
+        if gs_rejected:
+            notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name}: gpusched rejected gpusched-leftover-0: {gs_rejected}")
+            gs_why = f"leftover memory seen by the node agent [{len(notes)}]"
+        rows.append((LEFTOVER_ENGINE.name, LEFTOVER_ENGINE.what,
+                     counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending", counted_verdict,
+                     (f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]" if gs_node else "Pending")
+                     + (" WOULD FAIL" if gs_failure else ""),
+                     gs_why))
+
+        # A gang that cannot fit whole.
+        gangs = gang_row(api)
+        name, size, gpus = GANG
+        counted_bound, _ = gangs[COUNT_ONLY]
+        gs_bound, gs_reason = gangs["gpusched"]
+        partial = 0 < len(counted_bound) < size
+        count_failures += partial
+        gpusched_failures += 0 < len(gs_bound) < size
+        if partial:
+            notes.append(f"[{len(notes) + 1}] {name}: count-only bound {len(counted_bound)} of {size} members; the "
+                         f"engine cannot start without the rest, and those {len(counted_bound) * gpus} GPUs sit idle")
+        counted_verdict = f"WOULD FAIL [{len(notes)}]" if partial else ("ok" if len(counted_bound) == size else "Pending")
+        notes.append(f"[{len(notes) + 1}] {name} kept whole by gpusched: {gs_reason}")
+        rows.append((f"{name} (gang)", f"405B as {size} pipeline stages x {gpus} GPUs, one 8-GPU node free",
+                     f"{len(counted_bound)} of {size} bound", counted_verdict,
+                     f"{len(gs_bound)} of {size} bound", f"all or nothing [{len(notes)}]"))
         print(table(["ENGINE", "WHAT", "COUNT-ONLY", "AT LOAD TIME", "GPUSCHED", "WHY"], rows))
         print("\n" + "\n".join(notes))
         print(f"\nPlacements that would fail at load time: count-only {count_failures}, gpusched {gpusched_failures}."
