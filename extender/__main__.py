@@ -14,6 +14,7 @@ import uvicorn
 
 from extender.app import create_app
 from extender.assembly import StartupError, assemble
+from extender.heap import settle_heap
 from extender.settings import Settings, SettingsError
 
 
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if assembled.reflectors and not assembled.wait_synced(settings.sync_timeout_s):
         ready, why = assembled.collaborators.ready()
         logging.getLogger("gpusched.extender").warning("serving before the cluster view synced: %s", why)
+    settle_heap()
     app = create_app(settings, assembled.collaborators)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.log_level == "debug")

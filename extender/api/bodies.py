@@ -6,6 +6,7 @@ to fix; the routes turn it into a 4xx answer. Nothing a client sends can produce
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -26,11 +27,23 @@ class BadRequest(Exception):
         self.details = details
 
 
+def _jsonable(value: Any) -> Any:
+    """orjson's fallback: read-only mappings (decision records share the decision's own
+    mappings instead of copying them) are encoded as objects."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 class OrjsonResponse(Response):
+    """JSON via orjson; ``bytes`` content is taken as already-encoded JSON and sent as is."""
+
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        if isinstance(content, bytes):
+            return content
+        return orjson.dumps(content, default=_jsonable)
 
 
 async def read_capped(request: Request, limit_bytes: int) -> bytes:

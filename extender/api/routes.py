@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 
 import anyio
@@ -20,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.responses import Response
 
 from extender.api.bodies import BadRequest, OrjsonResponse, parse_body, read_capped
+from extender.api.encode import encode_filter_result, encode_host_priorities
 from extender.api.wire import (
     ErrorBody,
     ExtenderArgs,
@@ -29,6 +29,7 @@ from extender.api.wire import (
     HostPriority,
 )
 from extender.metrics import ExtenderMetrics
+from extender.model.nodemaps import UniqueNames
 from extender.service import ExtenderService, PodRef
 from extender.settings import Settings
 
@@ -44,12 +45,15 @@ def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dic
     """Candidate node names in request order (deduplicated) and, when kube-scheduler sent full
     Node objects (nodeCacheCapable: false), those objects by name."""
     if args.NodeNames is not None:
-        return list(dict.fromkeys(args.NodeNames)), None
+        names = args.NodeNames
+        # kube-scheduler never repeats a name; the set check (which also caches every name's
+        # hash for the lookups that follow) is cheaper than always rebuilding the list.
+        return UniqueNames(names if len(set(names)) == len(names) else dict.fromkeys(names)), None
     items = (raw.get("Nodes") or {}).get("items") or []
     objects: dict[str, dict[str, Any]] = {}
     for item in items:
         objects.setdefault(item["metadata"]["name"], item)
-    return list(objects), objects
+    return UniqueNames(objects), objects
 
 
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
@@ -82,37 +86,32 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     @router.post(f"{prefix}/filter", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": ExtenderFilterResult}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
     async def filter_(request: Request) -> Response:
-        async def handle(body: bytes) -> dict[str, Any]:
+        async def handle(body: bytes) -> bytes | dict[str, Any]:
             args, raw = parse_body(body, ExtenderArgs)
             names, objects = _candidates(args, raw)
             try:
                 outcome = service.filter(_pod_ref(args, raw), names, objects)
             except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
                 return ExtenderFilterResult(Error=internal("filter", exc)).model_dump()
-            result: dict[str, Any] = {
-                "Nodes": None, "NodeNames": None, "FailedNodes": dict(outcome.failed),
-                "FailedAndUnresolvableNodes": dict(outcome.unresolvable), "Error": outcome.error,
-            }
             if objects is None:
-                result["NodeNames"] = list(outcome.feasible)
-            else:
-                result["Nodes"] = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
-            return result
+                return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable,
+                                            outcome.error)
+            nodes = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
+            return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
         return await answer("filter", request, handle)
 
     @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": list[HostPriority]}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
     async def prioritize(request: Request) -> Response:
-        async def handle(body: bytes) -> list[dict[str, Any]]:
+        async def handle(body: bytes) -> bytes:
             args, raw = parse_body(body, ExtenderArgs)
             names, objects = _candidates(args, raw)
             try:
                 outcome = service.prioritize(_pod_ref(args, raw), names, objects)
             except Exception as exc:  # prioritize errors are ignored by kube-scheduler; answer neutral
                 internal("prioritize", exc)
-                return []
-            scores = map(int, map(outcome.scores.get, names, repeat(0)))
-            return [{"Host": n, "Score": score} for n, score in zip(names, scores)]
+                return b"[]"
+            return encode_host_priorities(names, outcome.scores)
         return await answer("prioritize", request, handle)
 
     @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),

@@ -16,7 +16,7 @@ Per-node results are returned as lazy mappings over (names, group ids).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from types import MappingProxyType
@@ -35,6 +35,7 @@ from extender.framework.profile import ROOT, ProfileConfig, ProfileError
 from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandError, PodDemand
+from extender.model.nodemaps import GroupedMapping, UniqueNames
 from extender.model.placement import Tier
 from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeInfo
 
@@ -149,7 +150,7 @@ class Framework:
 
     def _filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
                 node_names: Iterable[str]) -> tuple[FilterDecision, CycleState | None]:
-        names = list(dict.fromkeys(node_names))
+        names = _unique(node_names)
         if isinstance(demand, DemandError):
             verdict = NodeVerdict((Status.unresolvable(DEMAND, demand.message),))
             return _decide(names, [1] * len(names), {1: verdict}), None
@@ -218,7 +219,7 @@ class Framework:
     def score(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
               node_names: Iterable[str]) -> ScoreDecision:
         """Score nodes 0..10. Unknown nodes, or pods whose demand or pre-filter fails, get 0."""
-        names = list(dict.fromkeys(node_names))
+        names = _unique(node_names)
 
         def zero(error: str = "") -> ScoreDecision:
             return ScoreDecision(MappingProxyType(dict.fromkeys(names, 0)), MappingProxyType({}), error)
@@ -266,8 +267,7 @@ class Framework:
             results[gid] = result
         finals = {gid: r.final for gid, r in results.items()}
         finals[UNKNOWN_GROUP] = 0
-        scores = dict(zip(names, map(finals.__getitem__, gids)))
-        return ScoreDecision(MappingProxyType(scores), _ByGroup(names, gids, results))
+        return ScoreDecision(GroupedMapping(names, gids, finals, complete=True), GroupedMapping(names, gids, results))
 
     def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: list[str], gids: list[int],
                           nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[int, ...]] | Status:
@@ -377,89 +377,44 @@ def _decide(names: list[str], gids: list[int], verdicts: Mapping[int, NodeVerdic
         feasible = tuple(compress(names, map(ok.__contains__, gids)))
         selected = list(map(bad.__contains__, gids))
         rejected_names, rejected_ids = list(compress(names, selected)), list(compress(gids, selected))
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
+    failed: Mapping[str, str] = _NONE
+    unresolvable: Mapping[str, str] = _NONE
     counts: dict[NodeVerdict, int] = {}
     errors: list[str] = []
     if rejected_ids:
         reason = {g: verdicts[g].reason for g in bad}
         hopeless = {g for g in bad if verdicts[g].code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE}
         if hopeless == bad:
-            unresolvable = dict(zip(rejected_names, map(reason.__getitem__, rejected_ids)))
+            unresolvable = GroupedMapping(rejected_names, rejected_ids, reason, complete=True)
         elif not hopeless:
-            failed = dict(zip(rejected_names, map(reason.__getitem__, rejected_ids)))
+            failed = GroupedMapping(rejected_names, rejected_ids, reason, complete=True)
         else:
             selected = list(map(hopeless.__contains__, rejected_ids))
-            unresolvable = dict(zip(compress(rejected_names, selected),
-                                    map(reason.__getitem__, compress(rejected_ids, selected))))
+            unresolvable = GroupedMapping(list(compress(rejected_names, selected)),
+                                          list(compress(rejected_ids, selected)), reason, complete=True)
             others = [not s for s in selected]
-            failed = dict(zip(compress(rejected_names, others),
-                              map(reason.__getitem__, compress(rejected_ids, others))))
+            failed = GroupedMapping(list(compress(rejected_names, others)),
+                                    list(compress(rejected_ids, others)), reason, complete=True)
         tally = {next(iter(bad)): len(rejected_ids)} if len(bad) == 1 else Counter(rejected_ids)
         for gid, n in tally.items():
             counts[verdicts[gid]] = counts.get(verdicts[gid], 0) + n
         faulty = {g for g in bad if verdicts[g].code is Code.ERROR}
         if faulty:
             errors = [f"{verdicts[g].plugin}: {verdicts[g].reason}" for g in rejected_ids if g in faulty]
-    return FilterDecision(feasible, MappingProxyType(failed), MappingProxyType(unresolvable),
-                          _ByGroup(names, gids, verdicts), "; ".join(dict.fromkeys(errors)),
+    return FilterDecision(feasible, failed, unresolvable,
+                          GroupedMapping(names, gids, verdicts, complete=True), "; ".join(dict.fromkeys(errors)),
                           MappingProxyType(counts))
 
 
-class _ByGroup(Mapping):
-    """A read-only node -> value mapping over (names, group ids, value per group), in request
-    order; names whose group has no value are absent. Built in O(1); lookups index lazily."""
-
-    __slots__ = ("_names", "_gids", "_values", "_index", "_len")
-
-    def __init__(self, names: list[str], gids: list[int], values: Mapping[int, Any]) -> None:
-        self._names, self._gids, self._values = names, gids, values
-        self._index: dict[str, int] | None = None
-        self._len: int | None = None
-
-    def __getitem__(self, name: str) -> Any:
-        if self._index is None:
-            self._index = dict(zip(self._names, self._gids))
-        return self._values[self._index[name]]
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, _ in self._pairs())
-
-    def __len__(self) -> int:
-        if self._len is None:
-            self._len = sum(1 for _ in self._pairs())
-        return self._len
-
-    def _pairs(self) -> Iterator[tuple[str, Any]]:
-        values, missing = self._values, _MISSING
-        for name, gid in zip(self._names, self._gids):
-            value = values.get(gid, missing)
-            if value is not missing:
-                yield name, value
-
-    def items(self) -> ItemsView[str, Any]:
-        return _ByGroupItems(self)
-
-    def values(self) -> ValuesView[Any]:
-        return _ByGroupValues(self)
-
-    def __repr__(self) -> str:
-        return f"{{{', '.join(f'{k!r}: {v!r}' for k, v in self._pairs())}}}"
-
-
-class _ByGroupItems(ItemsView):
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return self._mapping._pairs()  # type: ignore[attr-defined]
-
-
-class _ByGroupValues(ValuesView):
-    def __iter__(self) -> Iterator[Any]:
-        return (value for _, value in self._mapping._pairs())  # type: ignore[attr-defined]
-
-
-_MISSING = object()
+_NONE: Mapping[str, str] = MappingProxyType({})
 _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small cluster)
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
+
+
+def _unique(names: Iterable[str]) -> list[str]:
+    """``names`` once each, in order; a :class:`UniqueNames` is trusted as it is (the HTTP layer
+    has deduplicated it, and a second pass over 5,000 names is a measurable cost)."""
+    return names if isinstance(names, UniqueNames) else list(dict.fromkeys(names))
 
 
 def _demand_key(demand: PodDemand) -> PodDemand:

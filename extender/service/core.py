@@ -126,10 +126,11 @@ class ExtenderService:
         started = time.perf_counter()
         outcome = self.decider.filter(pod, candidates, node_objects)
         self._record("filter", pod, outcome.result, started, summary=outcome.summary,
-                     details={"candidates": len(candidates), "nodeCacheCapable": node_objects is None,
-                              "feasible": list(outcome.feasible),
-                              "failed": dict(outcome.failed), "unresolvable": dict(outcome.unresolvable),
-                              **outcome.details})
+                     # The outcome's own immutable values, shared rather than copied (5,000-node
+                # copies per request were a measurable share of filter latency).
+                details={"candidates": len(candidates), "nodeCacheCapable": node_objects is None,
+                         "feasible": outcome.feasible, "failed": outcome.failed,
+                         "unresolvable": outcome.unresolvable, **outcome.details})
         if outcome.rejections:
             self.observer.rejections(outcome.rejections)
         return outcome
@@ -138,7 +139,7 @@ class ExtenderService:
                    node_objects: Mapping[str, Mapping[str, Any]] | None = None) -> ScoreOutcome:
         started = time.perf_counter()
         outcome = self.decider.prioritize(pod, candidates, node_objects)
-        self._record("prioritize", pod, "scored", started, details={"scores": dict(outcome.scores), **outcome.details})
+        self._record("prioritize", pod, "scored", started, details={"scores": outcome.scores, **outcome.details})
         return outcome
 
     def bind(self, pod: PodRef, node: str) -> str:

@@ -116,8 +116,7 @@ class FrameworkDecider:
         summary = summarize_failures(decision)
         if decision.feasible:
             summary = f"fits {len(decision.feasible)} of {len(candidates)} nodes" + (f"; {summary}" if summary else "")
-        verdicts = {name: [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in v.statuses]
-                    for name, v in islice(decision.per_node.items(), _MAX_VERDICTS_RECORDED)}
+        verdicts = _per_node_json(decision.per_node, _verdict_json)
         details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
@@ -152,10 +151,7 @@ class FrameworkDecider:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         demand = self.demand(pod)
         decision = self.framework.score(self._snapshot_for(node_objects), demand, candidates)
-        breakdown = {name: {"final": s.final, "total": round(s.total, 2),
-                            "plugins": [{"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2),
-                                         "weight": p.weight, "weighted": round(p.weighted, 2)} for p in s.plugins]}
-                     for name, s in islice(decision.per_node.items(), _MAX_VERDICTS_RECORDED)}
+        breakdown = _per_node_json(decision.per_node, _score_json)
         return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
@@ -187,6 +183,30 @@ class FrameworkDecider:
 
     def unreserve(self, pod: PodRef) -> None:
         self.ledger.forget(pod.key)
+
+
+def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:
+    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Many nodes share equal
+    results (one per group), so each distinct value is encoded once and its JSON shared
+    (read-only). Results are frozen, hashable values."""
+    encoded: dict[Any, Any] = {}
+    out = {}
+    for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED):
+        js = encoded.get(value)
+        if js is None:
+            js = encoded[value] = encode(value)
+        out[name] = js
+    return out
+
+
+def _verdict_json(verdict: Any) -> list[dict[str, Any]]:
+    return [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in verdict.statuses]
+
+
+def _score_json(score: Any) -> dict[str, Any]:
+    return {"final": score.final, "total": round(score.total, 2),
+            "plugins": [{"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2),
+                         "weight": p.weight, "weighted": round(p.weighted, 2)} for p in score.plugins]}
 
 
 def _demand_json(demand: PodDemand | DemandError) -> dict[str, Any]:
