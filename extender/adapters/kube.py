@@ -1,9 +1,12 @@
 """Kubernetes edge of the extender: client construction and the binder.
 
-The binder writes gpusched's annotations on the pod and then creates its ``pods/binding``
-subresource — the extender *is* the binder when ``bindVerb`` is set, so kube-scheduler's default
-binder never runs for our pods. Both writes are guarded by the pod's UID: a pod deleted and
-recreated under the same name between filter and bind is never bound by mistake.
+The binder creates the pod's ``pods/binding`` subresource — the extender *is* the binder when
+``bindVerb`` is set, so kube-scheduler's default binder never runs for our pods. gpusched's
+annotations travel in the Binding's own metadata: the apiserver copies them onto the pod in the
+same atomic update that sets ``spec.nodeName`` (``BindingREST.setPodNodeAndMetadata``), so a bind
+is one write, and no pod ever carries GPU assignments without being bound (or the reverse). The
+write is guarded by the pod's UID: a pod deleted and recreated under the same name between
+filter and bind is never bound by mistake.
 """
 
 from __future__ import annotations
@@ -53,28 +56,21 @@ class KubeBinder:
         self._timeout = request_timeout_s
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
-        step = "annotate"
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid,
+                                         annotations=dict(annotations) or None),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
-            if annotations:
-                # metadata.uid in a merge patch is a precondition: a different pod fails with 409/422.
-                self._core.patch_namespaced_pod(
-                    name, namespace, {"metadata": {"uid": uid, "annotations": dict(annotations)}},
-                    _request_timeout=self._timeout)
-            step = "bind"
-            body = client.V1Binding(
-                metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
-                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
             # _preload_content=False: the generated client cannot deserialize the Binding reply.
             self._core.create_namespaced_pod_binding(
                 name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
         except ApiException as exc:
-            what = "annotating" if step == "annotate" else "creating pods/binding for"
             hint = ""
             if exc.status == 403:
                 hint = (" — the extender's service account lacks this permission; check the gpusched-extender "
-                        "ClusterRole in manifests/ (needs pods: patch and pods/binding: create)")
-            raise BindError(f"{what} pod {namespace}/{name} (node {node}) failed: "
+                        "ClusterRole in manifests/ (needs pods/binding: create)")
+            raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
                             f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}",
                             temporary=exc.status in _TEMPORARY) from None
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
-            raise BindError(f"{step} of pod {namespace}/{name} to node {node} failed: {exc}", temporary=True) from None
+            raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True) from None
