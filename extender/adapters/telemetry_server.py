@@ -6,6 +6,11 @@ Each stream: bearer token from metadata → TokenReview (off the loop) → :func
 on the first report → every report of the stream must claim the same node. Refusals end the
 stream with UNAUTHENTICATED or PERMISSION_DENIED and a message saying what to fix, and are
 counted in ``gpusched_telemetry_streams_refused_total{reason}``.
+
+Ingest is built for thousands of agents per core: a report whose units are unchanged in what the
+extender judges (free memory in whole GiB, foreign usage, assignments: :func:`gpu_report_key`)
+reuses the previous conversion, so it costs a key, a small value and a dict store; acks are sent
+for the first report and then every ``ack_every``-th (see ``StreamAck`` in the proto).
 """
 
 from __future__ import annotations
@@ -14,29 +19,45 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from extender.model.telemetry import EngineSample, GpuSample, NodeTelemetry
+from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry
 from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_stream
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = logging.getLogger("gpusched.extender.telemetry")
 
 
-def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float) -> NodeTelemetry:
-    """Proto → frozen model value (the decision core never sees protobuf)."""
-    gpus = {g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
-                              g.is_mig, tuple(f"{p.namespace}/{p.name}" for p in g.assigned_pods))
-            for g in report.gpus}
-    engines = tuple(EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
-                                 e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
-                                 e.stale, e.stale_reason) for e in report.engines)
+def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
+                        gpus: Mapping[str, GpuSample] | None = None) -> NodeTelemetry:
+    """Proto → frozen model value (the decision core never sees protobuf).
+
+    ``gpus``: the mapping converted from an earlier report of the same stream whose
+    :func:`gpu_report_key` was equal — reused as is, so an unchanged report skips the per-unit
+    conversion and the store reuses what it derived from that mapping."""
+    if gpus is None:
+        gpus = MappingProxyType({
+            g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
+                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]))
+            for g in report.gpus})
+    engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
+                                  e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
+                                  e.stale, e.stale_reason) for e in report.engines]) if report.engines else ()
     return NodeTelemetry(report.node_name, report.sequence, received_at, max(report.period_millis, 1) / 1000.0,
-                         report.gpu_backend, MappingProxyType(gpus), engines)
+                         report.gpu_backend, gpus, engines)
+
+
+def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
+    """What of a report's units the extender judges, read straight from the proto: every field of
+    every unit except free memory, which counts in whole GiB (``QUANTUM_BYTES``) as in
+    ``effective_memory_mib`` and ``memory_key``. Equal keys → the earlier conversion may stand in."""
+    return [(g.uuid, g.index, g.is_mig, g.memory_total_bytes, g.memory_free_bytes // QUANTUM_BYTES,
+             g.foreign_used_bytes, [(p.namespace, p.name) for p in g.assigned_pods] if g.assigned_pods else None)
+            for g in report.gpus]
 
 
 class TelemetryMetrics:
@@ -50,27 +71,42 @@ class TelemetryMetrics:
 
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
+    """One ``Stream`` per agent connection. Per report: node check, conversion (skipped for the
+    units when they are unchanged, see :func:`gpu_report_key`), ``store.ingest``. Acknowledged:
+    the first report (the stream was accepted), then every ``ack_every``-th report or the first
+    report ``ack_interval_s`` after the last ack, whichever comes first — an ack is a write with a
+    completion of its own, and agents only need it as a sign of life, not per report."""
+
     def __init__(self, store: TelemetryStore, verify: Callable[[str], TokenIdentity], agent_username: str,
-                 metrics: TelemetryMetrics, first_report_timeout_s: float = 30.0):
+                 metrics: TelemetryMetrics, first_report_timeout_s: float = 30.0, *,
+                 ack_every: int = 10, ack_interval_s: float = 10.0):
+        if ack_every < 1:
+            raise ValueError(f"ack_every must be >= 1 (1 = every report), got {ack_every}")
         self._store = store
         self._verify = verify
         self._agent_username = agent_username
         self._metrics = metrics
         self._first_timeout = first_report_timeout_s
+        self.ack_every = ack_every
+        self.ack_interval_s = ack_interval_s
 
     async def _refuse(self, context: grpc.aio.ServicerContext, reason: str, code: grpc.StatusCode, message: str):
         self._metrics.refused.labels(reason=reason).inc()
         log.warning("telemetry stream refused (%s): %s", reason, message)
         await context.abort(code, message)
 
-    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        # A coroutine reading with context.read() (not an async generator over request_iterator):
+        # one layer of async iteration less per report, and writes only when acking.
         token = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and value.startswith("Bearer "):
                 token = value[len("Bearer "):].strip()
         try:
-            first = await asyncio.wait_for(request_iterator.__anext__(), self._first_timeout)
-        except (StopAsyncIteration, asyncio.TimeoutError):
+            first = await asyncio.wait_for(context.read(), self._first_timeout)
+        except asyncio.TimeoutError:
+            return
+        if first is grpc.aio.EOF:
             return
         identity = await asyncio.get_running_loop().run_in_executor(None, self._verify, token) if token else None
         refusal = authorize_stream(identity, first.node_name, self._agent_username)
@@ -79,6 +115,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             await self._refuse(context, refusal.reason, code, refusal.message)
             return
         node = first.node_name
+        ingest, count, clock, read = self._store.ingest, self._metrics.reports.inc, time.monotonic, context.read
+        ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
+        last_key: list | None = None
+        gpus = None
+        since_ack = ack_every  # the first report is acknowledged at once
+        last_ack_at = 0.0
         self._metrics.streams.inc()
         try:
             report = first
@@ -87,12 +129,20 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                     await self._refuse(context, "wrong-node", grpc.StatusCode.PERMISSION_DENIED,
                                        f"this stream speaks for node {node}; a report claimed {report.node_name!r}")
                     return
-                self._store.ingest(report_to_telemetry(report, time.monotonic()))
-                self._metrics.reports.inc()
-                yield telemetry_pb2.StreamAck(sequence=report.sequence, period_millis=report.period_millis)
-                try:
-                    report = await request_iterator.__anext__()
-                except StopAsyncIteration:
+                now = clock()
+                key = gpu_report_key(report)
+                telemetry = report_to_telemetry(report, now, gpus if key == last_key else None)
+                last_key, gpus = key, telemetry.gpus
+                ingest(telemetry)
+                count()
+                if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
+                    since_ack, last_ack_at = 0, now
+                    await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
+                                                                period_millis=report.period_millis,
+                                                                ack_every=ack_every))
+                since_ack += 1
+                report = await read()
+                if report is grpc.aio.EOF:
                     return
         finally:
             self._metrics.streams.dec()

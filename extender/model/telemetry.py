@@ -4,6 +4,12 @@ The node agent streams a complete picture every period (memory per GPU and MIG i
 usage, the kubelet's actual device assignment, engine KV-cache load). The extender keeps the
 newest per node and judges with it while it is fresh; ``received_at`` is the receiver's monotonic
 clock, so agent clock skew never makes data look fresher than it is.
+
+``received_at`` and ``sequence`` are always the newest report's. The per-unit values may come
+from an earlier report of the same stream when the newer one changed nothing judged (same whole
+GiB of free memory, same foreign usage and assignments; the telemetry adapter's
+``gpu_report_key``): they judge identically, and converting them again for every report is what
+made ingest expensive.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class NodeTelemetry:
 
 MIB = 1 << 20
 QUANTUM_MIB = 1024  # effective memory is judged in whole GiB, so ordinary jitter changes nothing
+QUANTUM_BYTES = QUANTUM_MIB * MIB
 STALE_MEMORY_FRACTION = 0.9  # a stale node is assumed to have at most 90 % of each unit free
 
 
@@ -85,8 +92,14 @@ def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bo
 def memory_key(report: NodeTelemetry) -> tuple:
     """The part of a report that changes how the node is judged: per unit, free memory and foreign
     usage in whole GiB, and the engines' quantised headroom. Equal keys judge identically."""
-    return (tuple(sorted((g.uuid, g.memory_free_bytes // (QUANTUM_MIB * MIB), g.foreign_used_bytes // (QUANTUM_MIB * MIB))
-                         for g in report.gpus.values())), engine_headroom(report))
+    return gpu_memory_key(report), engine_headroom(report)
+
+
+def gpu_memory_key(report: NodeTelemetry) -> tuple:
+    """The per-unit half of :func:`memory_key` (it depends on ``report.gpus`` only, so a store can
+    keep it with the mapping and reuse it while the mapping object is the same)."""
+    return tuple(sorted((g.uuid, g.memory_free_bytes // QUANTUM_BYTES, g.foreign_used_bytes // QUANTUM_BYTES)
+                        for g in report.gpus.values()))
 
 
 def engine_headroom(report: NodeTelemetry) -> int | None:

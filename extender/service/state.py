@@ -82,6 +82,7 @@ class ClusterState:
         self._fresh: dict[str, bool] = {}
         self._foreign: frozenset[str] = frozenset()
         self._actual: dict[str, tuple[str, tuple[str, ...]]] = {}  # pod key -> (node, devices) per PodResources
+        self._actual_by_node: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> its last reported assignment
 
     def add_pod_listener(self, listener: Any) -> None:
         """Also hand every pod list/event to ``listener`` (``replace_pods(items)``, ``apply_pod(type, pod)``)."""
@@ -96,7 +97,7 @@ class ClusterState:
     def _telemetry_changed(self, node: str) -> None:
         report = self.telemetry.get(node) if self.telemetry else None
         if report is not None:
-            self._reconcile_actual(node, report.actual_assignments())
+            self._reconcile_actual(node, self.telemetry.actual_assignments(node))
         has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 for g in report.gpus.values())
         with self._lock:
             self._retelemetry.add(node)
@@ -109,13 +110,19 @@ class ClusterState:
         return self._foreign
 
     def _reconcile_actual(self, node: str, actual: dict[str, tuple[str, ...]]) -> None:
-        """The kubelet's real device assignment (PodResources) wins over our intent."""
-        with self._lock:
-            gone = [k for k, (n, _) in self._actual.items() if n == node and k not in actual]
-            for k in gone:
-                del self._actual[k]
-            for k, ids in actual.items():
-                self._actual[k] = (node, ids)
+        """The kubelet's real device assignment (PodResources) wins over our intent.
+
+        Called from the telemetry loop on every judged change of a node (mostly not an assignment
+        change): ``_actual`` is only touched, under the lock the snapshot also takes, when the
+        node's assignment differs from the one last recorded for it; the ledger is checked always."""
+        if self._actual_by_node.get(node) != actual:
+            with self._lock:
+                for k in self._actual_by_node.get(node, ()):
+                    if k not in actual and self._actual.get(k, ("",))[0] == node:
+                        del self._actual[k]
+                for k, ids in actual.items():
+                    self._actual[k] = (node, ids)
+                self._actual_by_node[node] = dict(actual)
         for key, ids in actual.items():
             current = self.ledger.assignment(key)
             if current is None or current.node != node or current.unit_ids != frozenset(ids):

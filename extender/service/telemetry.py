@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
-from extender.model.telemetry import NodeTelemetry, memory_key
+from extender.model.telemetry import NodeTelemetry, engine_headroom, gpu_memory_key
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -62,6 +63,16 @@ def authorize_stream(identity: TokenIdentity | None, claimed_node: str, agent_us
 
 
 class TelemetryStore:
+    """The newest report per node, and who to tell when one changes how the node is judged.
+
+    Called from the telemetry event loop (``ingest``, up to thousands of times a second) and read
+    by the snapshot and the staleness sweep (``view``, ``get``). What a report's GPU mapping
+    implies (its memory key, the kubelet's assignments, its usable units) is computed once per
+    mapping object: the servicer hands a report whose units are unchanged the previous mapping
+    (see ``adapters.telemetry_server.gpu_report_key``), so such a report costs a dict store and a
+    few comparisons.
+    """
+
     def __init__(self, *, stale_after_periods: float = 3.0, clock: Callable[[], float] = time.monotonic):
         self.stale_after_periods = stale_after_periods
         self.clock = clock
@@ -72,7 +83,8 @@ class TelemetryStore:
         self._listeners: list[Callable[[str], None]] = []
         self._change_listeners: list[Callable[[str], None]] = []
         self._keys: dict[str, tuple] = {}
-        self._assignments: dict[str, dict[str, tuple[str, ...]]] = {}
+        # node -> (gpus mapping, its gpu_memory_key, its actual assignments, its usable units)
+        self._derived: dict[str, tuple[Any, tuple, dict[str, tuple[str, ...]], int]] = {}
         self.reports = 0
 
     def on_change(self, listener: Callable[[str], None]) -> None:
@@ -84,23 +96,27 @@ class TelemetryStore:
         self._listeners.append(listener)
 
     def ingest(self, report: NodeTelemetry) -> None:
-        key = memory_key(report)
-        assignments = report.actual_assignments()
+        node = report.node
+        derived = self._derived.get(node)
+        if derived is None or derived[0] is not report.gpus:
+            derived = (report.gpus, gpu_memory_key(report), report.actual_assignments(), _usable_units(report))
+        key = (derived[1], engine_headroom(report) if report.engines else None)
         with self._lock:
-            previous = self._nodes.get(report.node)
-            self._nodes[report.node] = report
+            previous = self._nodes.get(node)
+            before = self._derived.get(node)
+            self._nodes[node] = report
             self._dirty = True
             self.reports += 1
-            changed = self._keys.get(report.node) != key or self._assignments.get(report.node) != assignments
-            self._keys[report.node] = key
-            self._assignments[report.node] = assignments
+            changed = self._keys.get(node) != key or before is None or before[2] != derived[2]
+            self._keys[node] = key
+            self._derived[node] = derived
         if changed:
             for listener in self._change_listeners:
-                listener(report.node)
-        if previous is None or _usable_units(report) > _usable_units(previous) or \
+                listener(node)
+        if previous is None or before is None or derived[3] > before[3] or \
                 not previous.is_fresh(report.received_at, self.stale_after_periods):
             for listener in self._listeners:
-                listener(report.node)
+                listener(node)
 
     def view(self) -> MappingProxyType:
         """node -> NodeTelemetry; a new mapping object only when something was ingested."""
@@ -113,6 +129,11 @@ class TelemetryStore:
     def get(self, node: str) -> NodeTelemetry | None:
         with self._lock:
             return self._nodes.get(node)
+
+    def actual_assignments(self, node: str) -> dict[str, tuple[str, ...]]:
+        """pod key -> device UUIDs per the node's latest report (computed once per GPU mapping)."""
+        derived = self._derived.get(node)
+        return dict(derived[2]) if derived is not None else {}
 
 
 def _usable_units(report: NodeTelemetry, foreign_tolerance: float = 0.05) -> int:

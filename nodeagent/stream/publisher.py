@@ -5,6 +5,9 @@ Contract:
   due), so after a reconnect the extender gets the present, never a backlog;
 - the bearer token is re-read from its file on every connect (the kubelet rotates projected
   service-account tokens);
+- the extender acknowledges the first report of a stream and then only every few reports
+  (``StreamAck.ack_every``; every report with an older extender): acks are a sign of life that
+  resets the backoff and feeds ``status``, never a condition for sending the next report;
 - failures reconnect with jittered exponential backoff; a refusal (UNAUTHENTICATED /
   PERMISSION_DENIED) is logged with the extender's message — it says what to fix — and retried
   slowly, since a rotated token or a fixed RBAC may cure it.
@@ -31,7 +34,8 @@ log = logging.getLogger("gpusched.nodeagent.publisher")
 class PublisherStatus:
     connected: bool = False
     reports_sent: int = 0
-    acks: int = 0
+    acks: int = 0  # StreamAcks received: the first report of each stream, then one per ack_every reports
+    ack_every: int = 0  # the extender's ack cadence in reports, as its last ack said (0: every report)
     reconnects: int = 0
     last_error: str = ""
     last_refusal: str = ""
@@ -95,8 +99,9 @@ class Publisher:
                 stub = telemetry_pb2_grpc.TelemetryStub(channel)
                 responses = stub.Stream(self._reports(), metadata=self._metadata())
                 self.status.connected = True
-                for _ack in responses:
+                for ack in responses:
                     self.status.acks += 1
+                    self.status.ack_every = ack.ack_every
                     self.status.last_ack_at = time.monotonic()
                     backoff = self._backoff_initial_s
                     if self._stop.is_set():

@@ -1,0 +1,164 @@
+"""The extender's telemetry ingest path: unchanged reports only refresh age and sequence, changed
+ones are converted and announced, acks come at a cadence, and PodResources reconciliation keeps
+its per-node bookkeeping right."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extender.adapters.telemetry_server import (TelemetryMetrics, TelemetryServicer, gpu_report_key,
+                                                report_to_telemetry)
+from extender.service.state import ClusterState
+from extender.service.telemetry import TelemetryStore, TokenIdentity
+from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+
+AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def report(seq: int = 1, *, free_mib: int = 40 * 1024 + 512, foreign_gib: int = 0, pods: tuple[str, ...] = (),
+           kv: float | None = None, node: str = "n1") -> pb.NodeReport:
+    r = pb.NodeReport(node_name=node, sequence=seq, period_millis=1000, gpu_backend="fake")
+    for i in range(2):
+        g = r.gpus.add(uuid=f"GPU-{i}", index=i, memory_total_bytes=80 * GIB, memory_free_bytes=free_mib * MIB,
+                       foreign_used_bytes=foreign_gib * GIB if i == 0 else 0)
+        if i == 0:
+            for p in pods:
+                g.assigned_pods.add(namespace="ns", name=p)
+    if kv is not None:
+        r.engines.add(pod=pb.PodRef(namespace="ns", name="e"), kv_cache_usage=kv, requests_running=8)
+    return r
+
+
+@pytest.mark.parametrize("change,equal", [
+    pytest.param(dict(free_mib=40 * 1024 + 900), True, id="free-jitter-inside-the-GiB"),
+    pytest.param(dict(free_mib=41 * 1024 + 1), False, id="free-crosses-a-GiB"),
+    pytest.param(dict(foreign_gib=20), False, id="foreign-process-appears"),
+    pytest.param(dict(pods=("p",)), False, id="kubelet-assigns-a-pod"),
+    pytest.param(dict(kv=0.5), True, id="engines-are-not-in-the-unit-key"),
+])
+def test_gpu_report_key_changes_only_with_what_is_judged(change, equal):
+    assert (gpu_report_key(report()) == gpu_report_key(report(**change))) is equal
+
+
+def test_an_unchanged_report_reuses_the_unit_conversion_and_refreshes_age_and_sequence():
+    store = TelemetryStore()
+    changes: list[str] = []
+    store.on_change(changes.append)
+    first = report_to_telemetry(report(1), received_at=10.0)
+    store.ingest(first)
+    again = report_to_telemetry(report(2, free_mib=40 * 1024 + 100), received_at=11.0, gpus=first.gpus)
+    store.ingest(again)
+    stored = store.view()["n1"]
+    assert (stored.sequence, stored.received_at) == (2, 11.0)
+    assert stored.gpus is first.gpus
+    assert changes == ["n1"], "only the first report changed how the node is judged"
+
+
+@pytest.mark.parametrize("second,announced", [
+    pytest.param(dict(free_mib=30 * 1024), True, id="memory"),
+    pytest.param(dict(pods=("p",)), True, id="assignment"),
+    pytest.param(dict(kv=0.9), True, id="engine-headroom"),
+    pytest.param(dict(free_mib=40 * 1024 + 100), False, id="jitter"),
+])
+def test_changed_reports_are_announced(second, announced):
+    store = TelemetryStore()
+    changes: list[str] = []
+    store.on_change(changes.append)
+    store.ingest(report_to_telemetry(report(1), 1.0))
+    store.ingest(report_to_telemetry(report(2, **second), 2.0))
+    assert changes == (["n1", "n1"] if announced else ["n1"])
+
+
+def test_a_report_after_staleness_counts_as_a_capacity_rise_even_when_unchanged():
+    store = TelemetryStore(stale_after_periods=3.0)
+    rises: list[str] = []
+    store.on_capacity_rise(rises.append)
+    first = report_to_telemetry(report(1), 1.0)
+    store.ingest(first)
+    store.ingest(report_to_telemetry(report(2), 2.0, gpus=first.gpus))
+    store.ingest(report_to_telemetry(report(3), 10.0, gpus=first.gpus))  # 8 s after: the node had gone stale
+    assert rises == ["n1", "n1"]
+
+
+class FakeContext:
+    """What TelemetryServicer.Stream uses of grpc.aio.ServicerContext."""
+
+    def __init__(self, reports: list[pb.NodeReport], token: str = "t"):
+        self._reports = list(reports)
+        self.acks: list[pb.StreamAck] = []
+        self.aborted: tuple | None = None
+        self._token = token
+
+    def invocation_metadata(self):
+        return (("authorization", f"Bearer {self._token}"),)
+
+    async def read(self):
+        import grpc
+        return self._reports.pop(0) if self._reports else grpc.aio.EOF
+
+    async def write(self, message):
+        self.acks.append(message)
+
+    async def abort(self, code, details):
+        self.aborted = (code, details)
+
+
+def run_stream(reports: list[pb.NodeReport], **kwargs) -> tuple[FakeContext, TelemetryStore, TelemetryServicer]:
+    store = TelemetryStore()
+    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT,
+                                 TelemetryMetrics(CollectorRegistry()), **kwargs)
+    context = FakeContext(reports)
+    asyncio.run(servicer.Stream(iter(()), context))
+    return context, store, servicer
+
+
+@pytest.mark.parametrize("ack_every,interval,acked", [
+    pytest.param(10, 60.0, [1, 11, 21], id="every-10th"),
+    pytest.param(3, 60.0, [1, 4, 7, 10, 13, 16, 19, 22, 25], id="every-3rd"),
+    pytest.param(1, 60.0, list(range(1, 26)), id="every-report"),
+    pytest.param(100, 0.0, list(range(1, 26)), id="interval-elapsed"),
+])
+def test_acks_come_first_and_then_at_the_cadence(ack_every, interval, acked):
+    context, store, _ = run_stream([report(i) for i in range(1, 26)], ack_every=ack_every, ack_interval_s=interval)
+    assert [a.sequence for a in context.acks] == acked
+    assert all(a.ack_every == ack_every and a.period_millis == 1000 for a in context.acks)
+    assert store.reports == 25 and store.view()["n1"].sequence == 25
+
+
+def test_the_stream_converts_units_only_when_they_change():
+    reports = [report(1), report(2, free_mib=40 * 1024 + 7), report(3, foreign_gib=20), report(4, foreign_gib=20)]
+    seen = []
+    store = TelemetryStore()
+    real = store.ingest
+    store.ingest = lambda t: (seen.append(t), real(t))[1]
+    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT,
+                                 TelemetryMetrics(CollectorRegistry()))
+    asyncio.run(servicer.Stream(iter(()), FakeContext(reports)))
+    assert seen[1].gpus is seen[0].gpus and seen[3].gpus is seen[2].gpus and seen[2].gpus is not seen[1].gpus
+    assert [t.sequence for t in seen] == [1, 2, 3, 4]
+    assert seen[3].gpus["GPU-0"].foreign_used_bytes == 20 * GIB
+
+
+def test_a_report_for_another_node_still_ends_the_stream():
+    context, store, _ = run_stream([report(1), report(2, node="n2")])
+    import grpc
+    assert context.aborted and context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
+    assert "n2" not in store.view()
+
+
+def test_ack_every_must_be_positive():
+    with pytest.raises(ValueError, match="ack_every"):
+        TelemetryServicer(TelemetryStore(), lambda t: None, AGENT, TelemetryMetrics(CollectorRegistry()), ack_every=0)
+
+
+def test_reconcile_actual_forgets_pods_that_left_the_node_but_not_pods_that_moved():
+    state = ClusterState()
+    state._reconcile_actual("a", {"ns/p": ("GPU-a0",), "ns/q": ("GPU-a1",)})
+    state._reconcile_actual("b", {"ns/q": ("GPU-b0",)})  # q moved to b
+    state._reconcile_actual("a", {})  # a's next report: neither pod is there
+    assert state._actual == {"ns/q": ("b", ("GPU-b0",))}
+    assert state.ledger.assignment("ns/q").node == "b"
