@@ -36,17 +36,27 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
     """``[{"Host": name, "Score": scores.get(name, 0)}, ...]`` in ``names`` order."""
     if not names:
         return b"[]"
-    if isinstance(scores, GroupedMapping) and scores.names is names and scores.complete:
-        values = list(map(int, scores.ordered_values()))
-    else:
-        values = list(map(int, map(scores.get, names, repeat(0))))
+    if (isinstance(scores, GroupedMapping) and scores.names is names and scores.complete
+            and all(_valid_score(v) for v in scores.by_group.values()) and _plain(names)):
+        # One fragment per group, mapped over the group ids: a single pass over the nodes.
+        between = {g: _HOST_BETWEEN[v] for g, v in scores.by_group.items()}
+        pieces: list[str] = [""] * (2 * len(names))
+        pieces[0::2] = names
+        pieces[1::2] = map(between.__getitem__, scores.gids)
+        pieces[-1] = _HOST_LAST[scores.by_group[scores.gids[-1]]]
+        return ('[{"Host":"' + "".join(pieces)).encode()
+    values = list(map(int, map(scores.get, names, repeat(0))))
     if min(values) < 0 or max(values) > MAX_EXTENDER_SCORE or not _plain(names):
         return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values)])
-    pieces: list[str] = [""] * (2 * len(values))
+    pieces = [""] * (2 * len(values))
     pieces[0::2] = names
     pieces[1::2] = map(_HOST_BETWEEN.__getitem__, values)
     pieces[-1] = _HOST_LAST[values[-1]]
     return ('[{"Host":"' + "".join(pieces)).encode()
+
+
+def _valid_score(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_EXTENDER_SCORE
 
 
 def encode_reasons(reasons: Mapping[str, str]) -> bytes:

@@ -29,7 +29,7 @@ from extender.api.wire import (
     HostPriority,
 )
 from extender.metrics import ExtenderMetrics
-from extender.model.nodemaps import UniqueNames
+from extender.model.nodemaps import UniqueNames, unique_names
 from extender.service import ExtenderService, PodRef
 from extender.settings import Settings
 
@@ -45,10 +45,7 @@ def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dic
     """Candidate node names in request order (deduplicated) and, when kube-scheduler sent full
     Node objects (nodeCacheCapable: false), those objects by name."""
     if args.NodeNames is not None:
-        names = args.NodeNames
-        # kube-scheduler never repeats a name; the set check (which also caches every name's
-        # hash for the lookups that follow) is cheaper than always rebuilding the list.
-        return UniqueNames(names if len(set(names)) == len(names) else dict.fromkeys(names)), None
+        return unique_names(args.NodeNames), None
     items = (raw.get("Nodes") or {}).get("items") or []
     objects: dict[str, dict[str, Any]] = {}
     for item in items:

@@ -7,6 +7,10 @@ per group and hands out these views instead of dicts:
 
 - :class:`UniqueNames` — a list of node names that holds each name once (the HTTP layer
   deduplicates the request once; nobody downstream pays for it again).
+- :data:`RECENT_ANSWERS` — the feasible lists filter answered lately. kube-scheduler sends
+  prioritize exactly the names filter kept, in the same order; a request equal to a remembered
+  answer is known to be unique without hashing every name, and carries the group ids the
+  framework computed for it (valid while the grouping is the same object).
 - :class:`GroupedMapping` — a read-only name -> value mapping stored as (names, group ids, value
   per group). Built in O(1); a lookup builds the name index once, lazily. The wire encoders read
   ``names``/``gids``/``by_group`` directly to write JSON with C-level passes.
@@ -16,15 +20,72 @@ Both are values: never mutated after construction.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from typing import Any
 
 
 class UniqueNames(list):
     """Node names in request order, each once. Construct only from something already
-    deduplicated (``UniqueNames(dict.fromkeys(names))``); the type is the promise."""
+    deduplicated (``UniqueNames(dict.fromkeys(names))``); the type is the promise. ``answer``
+    is the remembered filter answer these names equal, if any."""
 
-    __slots__ = ()
+    __slots__ = ("answer",)
+
+    def __init__(self, names: Iterable[str] = (), answer: Answer | None = None) -> None:
+        super().__init__(names)
+        self.answer = answer
+
+
+class Answer:
+    """A feasible list filter answered: the names (a tuple, unique) and their group ids under
+    ``grouping`` (an opaque object: the ids are valid only while the caller's grouping is it)."""
+
+    __slots__ = ("names", "gids", "grouping")
+
+    def __init__(self, names: tuple[str, ...], gids: Sequence[int], grouping: object) -> None:
+        self.names, self.gids, self.grouping = names, gids, grouping
+
+
+class RecentAnswers:
+    """The last ``capacity`` answers, found by (length, first name, last name) and confirmed by
+    comparing every name (C-level ``==``: no hashing). Thread-safe: single dict operations."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._capacity = capacity
+        self._by_key: dict[tuple[int, str, str], Answer] = {}
+
+    def remember(self, answer: Answer) -> None:
+        if len(answer.names) < 2:
+            return
+        if len(self._by_key) >= self._capacity:
+            try:
+                del self._by_key[next(iter(self._by_key))]
+            except (StopIteration, KeyError, RuntimeError):
+                pass
+        self._by_key[(len(answer.names), answer.names[0], answer.names[-1])] = answer
+
+    def find(self, names: Sequence[str]) -> Answer | None:
+        if len(names) < 2:
+            return None
+        answer = self._by_key.get((len(names), names[0], names[-1]))
+        if answer is None or tuple(names) != answer.names:
+            return None
+        return answer
+
+
+RECENT_ANSWERS = RecentAnswers(16)
+
+
+def unique_names(names: Sequence[str]) -> UniqueNames:
+    """``names`` once each, in order. A request equal to a remembered filter answer is unique
+    already; otherwise kube-scheduler never repeats a name either, so a set check (which also
+    caches every name's hash for the lookups that follow) usually replaces the rebuild."""
+    if isinstance(names, UniqueNames):
+        return names
+    answer = RECENT_ANSWERS.find(names)
+    if answer is not None:
+        return UniqueNames(names, answer)
+    return UniqueNames(names if len(set(names)) == len(names) else dict.fromkeys(names))
 
 
 class GroupedMapping(Mapping):

@@ -23,6 +23,7 @@ def plain_priorities(names, scores):
     (UniqueNames([]), {}),
     (UniqueNames(['we"ird', "back\\slash", "ctl\x01", "ünï"]), {'we"ird': 1, "ünï": 2}),  # escaping
     (UniqueNames(["a", "b"]), {"a": 11, "b": -1}),  # out of range: the ordinary encoder
+    (NAMES, GroupedMapping(NAMES, GIDS, {0: 0, 1: 12, 2: 3}, complete=True)),  # grouped, out of range
     (UniqueNames(["a", "b"]), GroupedMapping(UniqueNames(["b", "a"]), [1, 2], {1: 5, 2: 6}, complete=True)),
 ])
 def test_host_priorities_equal_orjson(names, scores):

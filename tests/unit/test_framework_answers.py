@@ -1,0 +1,78 @@
+"""Prioritize after filter: a request equal to filter's answer reuses that answer's group ids
+(and skips deduplication) — and must score exactly as a fresh list of the same names would,
+including when the ledger moved between the two calls."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extender.model.ledger import GpuLedger
+from extender.model.nodemaps import RECENT_ANSWERS, UniqueNames, unique_names
+from extender.model.snapshot import ClusterSnapshot
+from tests.unit.builders import default_framework, make_demand, make_fleet
+
+
+def fleet(n: int, seed: int):
+    rng = random.Random(seed)
+    kinds = ["h100", "a100", "l40s", "mig"]
+    return make_fleet(*[f"{rng.choice(kinds)}-{i}" for i in range(n)])
+
+
+def fresh(names):
+    """The same names as new string objects, the way a parsed request carries them."""
+    return [("x" + n)[1:] for n in names]
+
+
+@pytest.mark.parametrize("seed, move_ledger", [(1, False), (2, True), (3, False), (4, True)])
+def test_prioritize_on_filters_answer_scores_as_a_fresh_list(seed, move_ledger):
+    nodes = fleet(80, seed)
+    ledger = GpuLedger()
+    rng = random.Random(seed)
+    for i, node in enumerate(rng.sample(nodes, 15)):  # some GPUs held
+        ledger.assume(f"ns/held-{i}", node.name, [node.units[0].id])
+    snapshot = ClusterSnapshot.build(nodes, ledger.view())
+    framework = default_framework()
+    demand = make_demand(gpus=2, tp=2, model="meta-llama/Llama-3.1-8B-Instruct")
+    names = [n.name for n in nodes]
+    decision = framework.filter(snapshot, demand, unique_names(fresh(names)))
+    assert 16 <= len(decision.feasible) < len(names)  # 16: the grouped path (see runtime._GROUPED_FROM)
+
+    if move_ledger:  # other pods bound on feasible nodes between filter and prioritize
+        for name in [n for n in decision.feasible if n.startswith("h100")][:5]:
+            node = next(n for n in nodes if n.name == name)  # two GPUs left: a tight fit now
+            ledger.assume(f"ns/other-{name}", name, [u.id for u in node.units[2:]])
+        snapshot = snapshot.with_ledger(ledger.view())
+
+    back = unique_names(fresh(decision.feasible))
+    assert back.answer is not None and back.answer.names == decision.feasible
+    reused = framework.score(snapshot, demand, back).scores
+    # Another framework instance: its per-group memo is its own, so a wrong reuse above cannot
+    # leak into the reference.
+    plain = default_framework().score(snapshot, demand, UniqueNames(fresh(decision.feasible))).scores
+    assert dict(reused) == dict(plain)
+    if move_ledger:  # the ledger move is visible in the scores (else the case would prove nothing)
+        before = framework.score(ClusterSnapshot.build(nodes, back.answer.grouping.view), demand,
+                                 UniqueNames(decision.feasible)).scores
+        assert dict(before) != dict(plain)
+
+
+@pytest.mark.parametrize("request_of", [
+    lambda answer: list(reversed(answer)),  # same names, another order
+    lambda answer: list(answer[:-1]),  # one fewer
+    lambda answer: [*answer[:-1], "intruder"],  # same length and first name, another last
+    lambda answer: [answer[0], "intruder", *answer[2:]],  # same ends, another name inside
+])
+def test_only_an_equal_list_is_taken_for_the_answer(request_of):
+    answer = tuple(f"node-{i}" for i in range(10))
+    from extender.model.nodemaps import Answer
+    RECENT_ANSWERS.remember(Answer(answer, list(range(10)), object()))
+    request = request_of(answer)
+    names = unique_names(request)
+    assert names.answer is None and list(names) == list(dict.fromkeys(request))
+    assert unique_names(list(answer)).answer is not None
+
+
+def test_duplicates_are_removed_in_order():
+    assert unique_names(["b", "a", "b", "c", "a"]) == ["b", "a", "c"]
