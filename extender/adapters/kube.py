@@ -62,8 +62,13 @@ class KubeBinder:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
             # _preload_content=False: the generated client cannot deserialize the Binding reply.
-            self._core.create_namespaced_pod_binding(
+            # The raw response must then be drained and released, or urllib3 never returns the
+            # connection to the pool and every bind pays a new TCP + TLS handshake (seen as ~20 %
+            # of the extender's samples under load).
+            response = self._core.create_namespaced_pod_binding(
                 name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+            response.read()
+            response.release_conn()
         except ApiException as exc:
             hint = ""
             if exc.status == 403:
