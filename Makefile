@@ -5,8 +5,9 @@ SHELL := bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane vllm-venv tools venv clean
+.PHONY: demo test lint control-plane vllm-venv tools venv clean bench bench-quick bench-report
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
@@ -30,7 +31,25 @@ vllm-venv:
 tools:
 	bash hack/build-tools.sh >/dev/null
 
+# Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~13 min on 2 vCPUs), redraw
+# bench/results/*.png and rewrite the table in README.md and bench/README.md. BENCH_ARGS is passed
+# to `python -m bench` (e.g. BENCH_ARGS='--only scheduler_throughput', '--skip engine_sidecar').
+bench: $(BENCH_STAMP) control-plane vllm-venv
+	$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+bench-quick: $(BENCH_STAMP) control-plane vllm-venv  ## Each benchmark's --quick variant (prints only), then plots and tables.
+	$(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
+
+bench-report: $(STAMP)  ## Fail if the README tables do not match bench/results/*.json.
+	$(VENV)/bin/python -m bench.report --check README.md bench/README.md
+
 venv: $(STAMP)
+
+# The bench extra (matplotlib, py-spy) on top of the test venv; its own stamp, so `make test`
+# never installs it.
+$(BENCH_STAMP): $(STAMP) pyproject.toml constraints.txt
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test,bench]'
+	touch $(BENCH_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpusched needs Python >= 3.11, found " + sys.version' 

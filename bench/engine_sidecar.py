@@ -13,10 +13,12 @@ Reported per run: output-token throughput, TTFT p50/p99, request latency p50, an
 ``vllm:num_preemptions_total`` scraped after the mix. Results: bench/results/engine_sidecar.json.
 
     .venv/bin/python -m bench.engine_sidecar          # ~2 minutes on 2 cores
+    .venv/bin/python -m bench.engine_sidecar --quick  # 8 requests per run, prints only
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import json
@@ -82,10 +84,10 @@ async def _one(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, floa
     return ttft or float("nan"), time.perf_counter() - start, tokens
 
 
-async def _mix(url: str) -> dict[str, float]:
+async def _mix(url: str, requests: int) -> dict[str, float]:
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(_one(client, url, i) for i in range(REQUESTS)))
+        results = await asyncio.gather(*(_one(client, url, i) for i in range(requests)))
         wall = time.perf_counter() - start
     ttfts = sorted(r[0] for r in results)
     tokens = sum(r[2] for r in results)
@@ -95,7 +97,8 @@ async def _mix(url: str) -> dict[str, float]:
             "latency_p50_s": round(statistics.median(r[1] for r in results), 3)}
 
 
-def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log: Path) -> dict[str, object]:
+def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log: Path,
+         requests: int = REQUESTS) -> dict[str, object]:
     url = f"http://127.0.0.1:{engine_port}"
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -112,7 +115,7 @@ def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log:
                 time.sleep(0.5)
             else:
                 raise RuntimeError(f"{name}: not ready in 300 s\n{log.read_text()[-3000:]}")
-            result: dict[str, object] = asyncio.run(_mix(url))
+            result: dict[str, object] = asyncio.run(_mix(url, requests))
             metrics = httpx.get(url + "/metrics", timeout=10).text
             m = re.search(r"^vllm:num_preemptions_total\{[^}]*\} ([\d.e+]+)", metrics, re.M)
             result["num_preemptions_total"] = int(float(m.group(1))) if m else None
@@ -127,7 +130,25 @@ def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log:
                 proc.kill()
 
 
-def main() -> int:
+def headline(tuned: dict, defaults: dict) -> list[dict[str, object]]:
+    """The figures bench.report puts in the README table (no targets: issue 6 asks for none)."""
+    out: list[dict[str, object]] = []
+    if defaults.get("throughput_tok_s"):
+        out.append({"metric": "throughput, sidecar-tuned / vLLM defaults (CPU engine, same KV cache)",
+                    "measured": round(tuned["throughput_tok_s"] / defaults["throughput_tok_s"], 3), "unit": "ratio",
+                    "target": "—", "met": None, "anchor": None})
+    for name, run in (("sidecar-tuned", tuned), ("vLLM defaults", defaults)):
+        if run.get("num_preemptions_total") is not None:
+            out.append({"metric": f"preemptions, {name}", "measured": run["num_preemptions_total"], "unit": "",
+                        "target": "—", "met": None, "anchor": None})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 requests per run, print only (results file untouched)")
+    args = ap.parse_args(argv)
+    requests = 8 if args.quick else REQUESTS
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
         scratch = Path(tmp)
         vllm, model, env = _setup(scratch)
@@ -137,23 +158,25 @@ def main() -> int:
                                "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
                                "--vllm", str(vllm), "--engine-host", "127.0.0.1", "--engine-port", str(port),
                                "--host", "127.0.0.1", "--port", str(_port()), "--termination-log", str(scratch / "term"),
-                               "--", *EXTRA], env, port, scratch / "tuned.log")
+                               "--", *EXTRA], env, port, scratch / "tuned.log", requests)
         port = _port()
         defaults = _run("defaults", [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
                                      "--served-model-name", "tiny", "--kv-cache-memory-bytes", str(KV_BYTES), *EXTRA],
-                        env, port, scratch / "defaults.log")
-    out = {"benchmark": "engine_sidecar", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                        env, port, scratch / "defaults.log", requests)
+    out = {"benchmark": "engine_sidecar", "headline": headline(tuned, defaults), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, vLLM 0.32.0 CPU build",
-           "mix": {"requests": REQUESTS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+           "mix": {"requests": requests, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                    "arrival": "all at once", "kv_cache_bytes": KV_BYTES, "model": "tiny random Llama (2 layers, float32)"},
            "tuned": tuned, "defaults": defaults}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    if not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     for name in ("tuned", "defaults"):
         r = out[name]
         print(f"{name:9} throughput {r['throughput_tok_s']:>7} tok/s  TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s  "
               f"preemptions {r['num_preemptions_total']}")
-    print(f"results: {RESULTS.relative_to(ROOT)}")
+    if not args.quick:
+        print(f"results: {RESULTS.relative_to(ROOT)}")
     return 0
 
 

@@ -16,15 +16,27 @@ per-pod latency (creation call → nodeName seen on the watch), and the extender
 from its ``gpusched_extender_request_duration_seconds`` histogram (difference of /metrics before
 and after the configuration).
 
-    .venv/bin/python -m bench.scheduler_throughput [--nodes 500 1000] [--pods 2000] [--quick]
+Nodes and pods are created from several processes (``--procs`` × ``--threads``), so that the
+stock scheduler (a) is limited by scheduling, not by one Python client; the creation rate is
+recorded per configuration. (c) cannot keep up at these sizes, so it runs for a fixed window
+(``--c-window``) with fewer pods, and its pods/s are bound pods over that window. During (b) at
+``--profile-nodes`` nodes the extender process is sampled with py-spy; the top functions go to
+``results/scheduler_throughput_profile.json``.
+
+    .venv/bin/python -m bench.scheduler_throughput [--nodes 500 1000 5000] [--pods 2000] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import random
+import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -42,6 +54,8 @@ from devcluster.fleet import create_preset_node, units
 from devcluster.stack import Stack
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_throughput.json"
+PROFILE = RESULTS.with_name("scheduler_throughput_profile.json")
+PROFILE_RAW_MAX_BYTES = 512 * 1024  # the raw folded stacks are kept only when this small
 PRESET_MIX = (("h100", 0.35), ("a100", 0.30), ("l40s", 0.30), ("mig", 0.05))
 METRIC = "gpusched_extender_request_duration_seconds"
 TARGET = {"nodes": 1000, "b_over_a": 0.5, "anchor_b_over_a": 0.11,
@@ -91,12 +105,99 @@ def preset_for(i: int, seed: int = 8) -> str:
     return PRESET_MIX[-1][0]
 
 
-def grow_fleet(api: client.ApiClient, have: int, want: int, threads: int) -> tuple[float, int]:
+# ---- creating objects from several processes ----------------------------------------------
+# Each worker process opens its own client (one Python client tops out near 130 pods/s here),
+# connects, reports ready, and waits for the common "go" so that creation starts at one instant.
+# time.monotonic() is CLOCK_MONOTONIC, the same clock in every process.
+def _worker_client(conn: dict[str, str], pool: int) -> client.ApiClient:
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert = conn["host"], conn["ca"]
+    cfg.api_key = {"authorization": "Bearer " + conn["token"]}
+    cfg.connection_pool_maxsize = pool
+    return client.ApiClient(cfg)
+
+
+def _make_nodes(api: client.ApiClient, pool: ThreadPoolExecutor, indices: list[int]) -> dict[str, Any]:
+    invs = list(pool.map(lambda i: create_preset_node(api, f"bench-{i:05d}", preset_for(i)), indices))
+    return {"units": sum(units(inv) for inv in invs)}
+
+
+def _make_pods(api: client.ApiClient, pool: ThreadPoolExecutor, names: list[str], namespace: str,
+               scheduler: str) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    created: dict[str, float] = {}
+    errors: list[str] = []
+
+    def make(name: str) -> None:
+        t = time.monotonic()
+        try:
+            core.create_namespaced_pod(namespace, vllm_pod(name, gpus=1, scheduler=scheduler), _preload_content=False)
+            created[name] = t
+        except Exception as exc:  # noqa: BLE001 — counted, reported
+            errors.append(f"{name}: {exc}")
+
+    list(pool.map(make, names))
+    return {"created": created, "errors": errors, "done": time.monotonic()}
+
+
+TASKS = {"nodes": _make_nodes, "pods": _make_pods}
+
+
+def _worker(conn: dict[str, str], task: str, chunk: list, threads: int, extra: tuple, ready, go, out) -> None:
+    signalled = False
+    try:
+        api = _worker_client(conn, threads + 4)
+        version = client.VersionApi(api)
+        with ThreadPoolExecutor(threads) as pool:
+            # One TLS connection per thread before the clock starts: a barrier keeps the warm-up
+            # requests concurrent, so each thread's request opens its own pooled connection.
+            barrier = threading.Barrier(threads)
+            list(pool.map(lambda _: (barrier.wait(30), version.get_code()), range(threads)))
+            ready.release()
+            signalled = True
+            go.wait()
+            out.put(TASKS[task](api, pool, chunk, *extra))
+    except BaseException as exc:  # noqa: BLE001 — reported to the parent, which raises
+        if not signalled:
+            ready.release()
+        out.put({"error": repr(exc)})
+
+
+class Creators:
+    """``procs`` processes × ``threads`` threads running one creation task over a list, split evenly."""
+
+    def __init__(self, conn: dict[str, str], procs: int, threads: int):
+        self.conn, self.procs, self.threads = conn, procs, threads
+        self.ctx = multiprocessing.get_context("spawn")  # no fork of a process holding SSL and threads
+
+    def run(self, task: str, items: list, extra: tuple = (), before_go=None) -> tuple[float, list[dict]]:
+        """Run ``task``; ``before_go()`` is called when every worker is connected, right before the
+        start. Returns (monotonic start time, the workers' results)."""
+        chunks = [items[i::self.procs] for i in range(self.procs)]
+        ready, go, out = self.ctx.Semaphore(0), self.ctx.Event(), self.ctx.Queue()
+        workers = [self.ctx.Process(target=_worker, args=(self.conn, task, c, self.threads, extra, ready, go, out),
+                                    daemon=True) for c in chunks if c]
+        for w in workers:
+            w.start()
+        for _ in workers:
+            ready.acquire(timeout=120)
+        if before_go:
+            before_go()
+        t0 = time.monotonic()
+        go.set()
+        results = [out.get(timeout=1800) for _ in workers]
+        for w in workers:
+            w.join(30)
+        failed = [r["error"] for r in results if "error" in r]
+        if failed:
+            raise RuntimeError(f"{task} creation worker failed: {failed[0]}")
+        return t0, results
+
+
+def grow_fleet(creators: Creators, have: int, want: int) -> tuple[float, int]:
     """Create nodes have..want-1 (names bench-<i>); returns (seconds, GPU units added)."""
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        invs = list(pool.map(lambda i: create_preset_node(api, f"bench-{i:05d}", preset_for(i)), range(have, want)))
-    return time.monotonic() - t0, sum(units(inv) for inv in invs)
+    t0, results = creators.run("nodes", list(range(have, want)))
+    return time.monotonic() - t0, sum(r["units"] for r in results)
 
 
 # ---- watching pods ----------------------------------------------------------------------------
@@ -214,9 +315,110 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(p * (len(xs) - 1)))))]
 
 
+# ---- profiling the extender ---------------------------------------------------------------
+def py_spy() -> str | None:
+    """The py-spy binary of this venv (the ``bench`` extra), else one on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def start_profile(pid: int, duration_s: int, rate_hz: int, raw: Path) -> subprocess.Popen | None:
+    exe = py_spy()
+    if exe is None:
+        print("py-spy not found (pip install -c constraints.txt -e '.[bench]'); no profile", flush=True)
+        return None
+    # --nonblocking: the extender is never paused to read its stacks, so the profile does not
+    # slow down the run it measures (a sample can occasionally be torn; negligible in aggregate).
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(duration_s), "--rate", str(rate_hz),
+                             "--nonblocking", "--threads", "--full-filenames", "--format", "raw", "--output", str(raw)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """'func (path/to/file.py:123)' -> ('func', 'path/to/file.py')."""
+    func, _, where = frame.rpartition(" (")
+    return (func or frame), where.rstrip(")").rpartition(":")[0] or where.rstrip(")")
+
+
+def _package(path: str) -> str:
+    """Where a frame's code lives: a site-packages distribution, this repo's top folder, or the stdlib."""
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    root = str(Path(__file__).resolve().parents[1]) + "/"
+    if path.startswith(root):
+        return path[len(root):].split("/", 1)[0]
+    if "/lib/python3" in path:
+        rest = path.split("/lib/python3", 1)[1].split("/", 1)
+        return "stdlib:" + (rest[1].split("/", 1)[0].removesuffix(".py") if len(rest) > 1 else "?")
+    return path or "?"
+
+
+def summarize_profile(raw_text: str, top: int = 25) -> dict[str, Any]:
+    """Own and total samples per function (and own samples per thread and per package) from
+    py-spy's raw (folded) output: one ``frame;frame;...;leaf count`` line per distinct stack,
+    root first; with ``--threads`` the first frame names the thread."""
+    own: dict[tuple[str, str], int] = {}
+    total: dict[tuple[str, str], int] = {}
+    threads: dict[str, int] = {}
+    packages: dict[str, int] = {}
+    samples = 0
+    for line in raw_text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        if frames[0].startswith(("thread ", "process ")):
+            head = [f for f in frames if f.startswith(("thread ", "process "))]
+            frames = [f for f in frames if not f.startswith(("thread ", "process "))]
+            key = head[-1] if head else "?"
+            threads[key] = threads.get(key, 0) + n
+        if not frames:
+            continue
+        leaf = _frame(frames[-1])
+        own[leaf] = own.get(leaf, 0) + n
+        pkg = _package(leaf[1])
+        packages[pkg] = packages.get(pkg, 0) + n
+        for f in {_frame(f) for f in frames}:
+            total[f] = total.get(f, 0) + n
+
+    def rows(d: dict, k: int) -> list[dict[str, Any]]:
+        return [{"function": f, "file": path, "samples": c, "share": round(c / samples, 4)}
+                for (f, path), c in sorted(d.items(), key=lambda kv: -kv[1])[:k]]
+
+    return {"samples": samples,
+            "top_own": rows(own, top), "top_total": rows(total, top),
+            "own_by_package": [{"package": k, "samples": v, "share": round(v / samples, 4)}
+                               for k, v in sorted(packages.items(), key=lambda kv: -kv[1])] if samples else [],
+            "by_thread": [{"thread": k, "samples": v, "share": round(v / samples, 4)}
+                          for k, v in sorted(threads.items(), key=lambda kv: -kv[1])] if samples else []}
+
+
+def finish_profile(proc: subprocess.Popen, raw: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        log, _ = proc.communicate(timeout=meta["duration_s"] + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        log, _ = proc.communicate()
+    if proc.returncode != 0 or not raw.exists():
+        print(f"py-spy failed ({proc.returncode}): {log.strip()[-500:]}", flush=True)
+        return {**meta, "error": f"py-spy exited {proc.returncode}: {log.strip()[-500:]}"}
+    text = raw.read_text()
+    out = {**meta, "py_spy": log.strip().splitlines()[0] if log.strip() else "", **summarize_profile(text)}
+    if len(text.encode()) <= PROFILE_RAW_MAX_BYTES:
+        out["raw_text"] = text  # main() writes it beside the summary
+    return out
+
+
 # ---- one configuration ------------------------------------------------------------------------
-def run_config(cp: ControlPlane, stack: Stack, api: client.ApiClient, key: str, sched_name: str, adjust,
-               n_nodes: int, n_pods: int, threads: int, timeout_s: float) -> dict[str, Any]:
+def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str, sched_name: str, adjust,
+               n_nodes: int, n_pods: int, timeout_s: float, window_s: float | None = None,
+               profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Place ``n_pods`` pods with one scheduler configuration. With ``window_s`` the run stops
+    after that many seconds and throughput is bound pods / window. With ``profile`` (keys
+    duration_s, rate_hz, raw) the extender is sampled by py-spy from the first creation call;
+    the summary comes back under the row's "profile" key."""
     core = client.CoreV1Api(api)
     ns = f"bench-{key}-{n_nodes}-{int(time.time()) % 100000}"
     create_namespace(api, ns)
@@ -226,69 +428,129 @@ def run_config(cp: ControlPlane, stack: Stack, api: client.ApiClient, key: str, 
     h0 = histogram(ext)
     watch = BindWatch(api, ns)
     names = [f"p{i:05d}" for i in range(n_pods)]
-    created: dict[str, float] = {}
-    errors: list[str] = []
+    spy: list[subprocess.Popen | None] = [None]
 
-    def make(name: str) -> None:
-        t = time.monotonic()
-        try:
-            core.create_namespaced_pod(ns, vllm_pod(name, gpus=1, scheduler=sched_name), _preload_content=False)
-            created[name] = t
-        except Exception as exc:  # noqa: BLE001 — counted, reported
-            errors.append(f"{name}: {exc}")
+    def begin() -> None:
+        if profile:
+            spy[0] = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
 
-    t_start = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(make, names))
-    t_created = time.monotonic()
-    deadline = t_start + timeout_s
+    t_start, results = creators.run("pods", names, (ns, sched_name), before_go=begin)
+    created = {n: t for r in results for n, t in r["created"].items()}
+    errors = [e for r in results for e in r["errors"]]
+    t_created = max(r["done"] for r in results)
+    limit = window_s if window_s else timeout_s
+    deadline = t_start + limit
     while len(watch.bound) < len(created) and time.monotonic() < deadline:
         if not sched.alive():
             break
         time.sleep(0.05)
+    t_end = time.monotonic()
     watch.stop()
     h1 = histogram(ext)
-    bound = dict(watch.bound)
+    bound = {n: t for n, t in watch.bound.items() if t <= deadline}
     sched.stop()
     lat = [bound[n] - created[n] for n in bound if n in created]
     t_last = max(bound.values()) if bound else float("nan")
+    all_bound = len(bound) >= len(created)
+    span = (t_last - t_start) if all_bound and bound else (t_end - t_start)
     row = {
         "config": key, "scheduler_name": sched_name, "nodes": n_nodes, "pods": n_pods,
         "created": len(created), "create_errors": len(errors), "bound": len(bound),
         "create_s": round(t_created - t_start, 3), "create_rate": round(len(created) / (t_created - t_start), 1),
-        "makespan_s": round(t_last - t_start, 3) if bound else None,
-        "pods_per_s": round(len(bound) / (t_last - t_start), 1) if bound else 0.0,
+        "creators": f"{creators.procs} processes x {creators.threads} threads",
+        "makespan_s": round(t_last - t_start, 3) if all_bound and bound else None,
+        "pods_per_s": round(len(bound) / span, 2) if bound else 0.0,
         "latency_ms": {"p50": round(pct(lat, 0.5) * 1000, 1), "p90": round(pct(lat, 0.9) * 1000, 1),
                        "p99": round(pct(lat, 0.99) * 1000, 1), "max": round(max(lat) * 1000, 1),
                        "mean": round(statistics.fmean(lat) * 1000, 1)} if lat else None,
         "extender_verbs": hist_diff(h0, h1), "watch_restarts": watch.restarts,
+        # Other tenants of the box show up here (2 vCPUs: anything well above ~4 means contention).
+        "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
     }
+    if window_s:
+        row["window_s"] = window_s
+        row["window_note"] = (f"capped: measured for {window_s:g} s from the first creation call; pods/s = pods bound "
+                              f"in the window / {span:.1f} s" if not all_bound else
+                              f"all pods bound within the {window_s:g} s window")
+    elif not all_bound:
+        row["timeout_note"] = f"timed out after {timeout_s:g} s; pods/s = pods bound / {span:.1f} s"
     if errors:
         row["create_error_sample"] = errors[:3]
+    if spy[0] is not None:
+        meta = {"config": key, "nodes": n_nodes, "pods": n_pods, "pid": ext.component.proc.pid,
+                "duration_s": profile["duration_s"], "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking"
+                " --threads --full-filenames --format raw; samples of threads not idle (CPU or GIL wait)"}
+        row["profile"] = finish_profile(spy[0], profile["raw"], meta)
     # Clean up: force-delete, wait until the pods are gone and the ledger drained.
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
-    wait_until(lambda: not core.list_namespaced_pod(ns, _preload_content=False).json()["items"], 120,
+    wait_until(lambda: not core.list_namespaced_pod(ns, _preload_content=False).json()["items"], 180,
                f"pods of {ns} deleted")
-    wait_until(lambda: ext.metric("gpusched_extender_ledger_entries") == 0, 60, "extender ledger drained")
+    wait_until(lambda: ext.metric("gpusched_extender_ledger_entries") == 0, 120, "extender ledger drained")
     return row
+
+
+# ---- the headline (common to every benchmark, rendered by bench.report) ---------------------------
+def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ratios to (a) per node count, pods/s and creation rate at the target's node count."""
+    by = {(r["nodes"], r["config"]): r for r in rows}
+    anchor = f"{TARGET['anchor_b_over_a']} (kube-scheduler-wasm-extension PR #63, 500 nodes)"
+    out: list[dict[str, Any]] = []
+
+    def ratio(n: int, k: str) -> float | None:
+        a, x = by.get((n, "a")), by.get((n, k))
+        return round(x["pods_per_s"] / a["pods_per_s"], 3) if a and x and a["pods_per_s"] else None
+
+    tn = TARGET["nodes"]
+    r = ratio(tn, "b")
+    if r is not None:
+        out.append({"metric": f"b/a at {tn:,} nodes (gpusched nodeCache / stock)", "measured": r, "unit": "ratio",
+                    "target": f"≥ {TARGET['b_over_a']}", "met": r >= TARGET["b_over_a"], "anchor": anchor})
+    r = ratio(tn, "c")
+    if r is not None:
+        cap = " (windowed)" if by[(tn, "c")].get("window_s") else ""
+        out.append({"metric": f"c/a at {tn:,} nodes (no nodeCache / stock){cap}", "measured": r, "unit": "ratio",
+                    "target": "—", "met": None, "anchor": None})
+    for n in sorted({n for n, _ in by} - {tn}):
+        r = ratio(n, "b")
+        if r is not None:
+            out.append({"metric": f"b/a at {n:,} nodes", "measured": r, "unit": "ratio", "target": "—", "met": None,
+                        "anchor": anchor})
+    for k, what in (("a", "stock"), ("b", "gpusched nodeCache")):
+        if (tn, k) in by:
+            out.append({"metric": f"({k}) {what} at {tn:,} nodes", "measured": by[(tn, k)]["pods_per_s"],
+                        "unit": "pods/s", "target": "—", "met": None, "anchor": None})
+    if (tn, "a") in by:
+        out.append({"metric": f"pod creation rate during (a) at {tn:,} nodes", "measured": by[(tn, "a")]["create_rate"],
+                    "unit": "pods/s", "target": "—", "met": None, "anchor": None})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, nargs="+", default=[500, 1000])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[500, 1000, 5000])
     ap.add_argument("--pods", type=int, default=2000)
-    ap.add_argument("--quick", action="store_true", help="50 nodes, 100 pods, print only")
-    ap.add_argument("--threads", type=int, default=32, help="creation thread pool (nodes and pods)")
+    ap.add_argument("--quick", action="store_true", help="50 nodes, 100 pods, 20 s window for (c), print only")
+    ap.add_argument("--procs", type=int, default=4, help="creation processes (nodes and pods)")
+    ap.add_argument("--threads", type=int, default=16, help="creation threads per process")
     ap.add_argument("--client-qps", type=int, default=1000,
                     help="kube-scheduler clientConnection qps = burst for every configuration (0: the shipped "
                          "default, 50/100, which caps the stock scheduler's own binds at ~50/s)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration before giving up")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per configuration (a)/(b) before giving up")
+    ap.add_argument("--c-window", type=float, default=60,
+                    help="(c) runs this many seconds from the first creation call; pods/s over the window")
+    ap.add_argument("--c-pods", type=int, default=500, help="pods created for (c) (it binds far fewer in the window)")
     ap.add_argument("--configs", default="abc")
+    ap.add_argument("--profile-nodes", type=int, default=1000,
+                    help="profile the extender with py-spy during (b) at this node count (0: never)")
+    ap.add_argument("--profile-seconds", type=int, default=30)
+    ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.quick:
-        args.nodes, args.pods = [50], 100
+        args.nodes, args.pods, args.c_pods, args.c_window = [50], 100, 50, 20
+        args.profile_nodes, args.profile_seconds = (50 if args.profile_nodes else 0), 10
     output = args.output if args.output else (None if args.quick else RESULTS)
+    profile_out = PROFILE if output == RESULTS else (output.with_name(output.stem + "_profile.json") if output else None)
 
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}",
@@ -296,20 +558,26 @@ def main(argv: list[str] | None = None) -> int:
     cp = ControlPlane(build_binaries())
     rows: list[dict[str, Any]] = []
     fleets: list[dict[str, Any]] = []
+    profile: dict[str, Any] | None = None
+    t_bench = time.monotonic()
     try:
         cp.start()
         api = cp.api_client()
-        api.configuration.connection_pool_maxsize = max(32, args.threads + 4)
+        api.configuration.connection_pool_maxsize = 32
         api = client.ApiClient(api.configuration)
+        creators = Creators({"host": cp.url, "ca": str(cp.pki / "ca.crt"), "token": cp.admin_token},
+                            args.procs, args.threads)
         stack = Stack(cp)
         stack.install()
         stack.start_extender()
         have, gpu_units = 0, 0
         for n in sorted(args.nodes):
-            secs, added = grow_fleet(api, have, n, args.threads)
+            secs, added = grow_fleet(creators, have, n)
+            fleets.append({"nodes": n, "gpu_units": gpu_units + added, "created": n - have, "create_s": round(secs, 1),
+                           "nodes_per_s": round((n - have) / secs, 1)})
             have, gpu_units = n, gpu_units + added
-            fleets.append({"nodes": n, "gpu_units": gpu_units, "create_s": round(secs, 1)})
-            print(f"nodes {n}: {gpu_units} GPU units, created in {secs:.1f}s", flush=True)
+            print(f"nodes {n}: {gpu_units} GPU units, {fleets[-1]['created']} created in {secs:.1f}s "
+                  f"({fleets[-1]['nodes_per_s']}/s)", flush=True)
             time.sleep(2.0)  # the extender's node watch catches up
             by_key = {}
             for key, name, _ in CONFIGS:
@@ -318,12 +586,19 @@ def main(argv: list[str] | None = None) -> int:
                 sched_name = f"bench-{name}"
                 adjust = (count_only(sched_name, args.client_qps) if key == "a"
                           else gpusched(sched_name, args.client_qps, node_cache=(key == "b")))
-                row = run_config(cp, stack, api, key, sched_name, adjust, n, args.pods, args.threads, args.timeout)
+                spy = ({"duration_s": args.profile_seconds, "rate_hz": args.profile_rate,
+                        "raw": Path(cp.workdir) / "extender-profile.raw.txt"}
+                       if key == "b" and n == args.profile_nodes else None)
+                row = run_config(stack, api, creators, key, sched_name, adjust, n,
+                                 args.c_pods if key == "c" else args.pods, args.timeout,
+                                 window_s=args.c_window if key == "c" else None, profile=spy)
+                if "profile" in row:
+                    profile = row.pop("profile")
                 by_key[key] = row
                 rows.append(row)
                 lat = row["latency_ms"] or {}
                 verbs = " ".join(f"{v}={d['p50_ms']}/{d['p99_ms']}ms" for v, d in row["extender_verbs"].items())
-                print(f"  ({key}) {name:17s} {row['bound']}/{row['pods']} bound  {row['pods_per_s']:7.1f} pods/s  "
+                print(f"  ({key}) {name:17s} {row['bound']}/{row['created']} bound  {row['pods_per_s']:7.1f} pods/s  "
                       f"create {row['create_rate']:.0f}/s  latency p50 {lat.get('p50')} p99 {lat.get('p99')} ms  "
                       f"{verbs}", flush=True)
             if "a" in by_key and by_key["a"]["pods_per_s"]:
@@ -336,22 +611,42 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "b"), None)
     result = {
+        "benchmark": "scheduler_throughput",
+        "headline": headline(rows),
         "machine": info,
+        "wall_s": round(time.monotonic() - t_bench, 1),
         "target": {**TARGET, "measured_b_over_a": ratio,
                    "verdict": "not measured" if ratio is None else ("met" if ratio >= TARGET["b_over_a"] else "NOT met")},
-        "setup": {"pods_per_config": args.pods, "pod": "vllm_pod(gpus=1), Llama-3.1-8B, one nvidia.com/gpu",
-                  "preset_mix": dict(PRESET_MIX), "fleets": fleets, "creation_threads": args.threads,
+        "setup": {"pods_per_config": args.pods, "pods_config_c": args.c_pods, "window_c_s": args.c_window,
+                  "pod": "vllm_pod(gpus=1), Llama-3.1-8B, one nvidia.com/gpu",
+                  "preset_mix": dict(PRESET_MIX), "fleets": fleets,
+                  "creators": f"{args.procs} processes x {args.threads} threads (nodes and pods)",
                   "scheduler_client_qps_burst": args.client_qps or "shipped default (50/100)",
                   "percentageOfNodesToScore": 100,
                   "configs": {k: d for k, _, d in CONFIGS},
                   "latency": "creation call start -> nodeName first seen on a watch (client-side monotonic clock)",
-                  "throughput": "bound pods / (last binding seen - first creation call)"},
+                  "throughput": "bound pods / (last binding seen - first creation call); for (c), and for any "
+                                "configuration that timed out, bound pods / the window",
+                  "profile": (profile_out.name if profile and profile_out else None)},
         "rows": rows,
     }
+    if profile:
+        top = ", ".join(f"{t['function']} {t['share']:.0%}" for t in profile.get("top_own", [])[:5])
+        print(f"profile ({profile.get('samples', 0)} samples), top own time: {top}", flush=True)
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {output}")
+        if profile and profile_out:
+            raw = profile.pop("raw_text", None)
+            if raw is not None:
+                raw_out = profile_out.with_suffix(".raw.txt")
+                raw_out.write_text(raw)
+                profile["raw"] = raw_out.name
+            profile_out.write_text(json.dumps(profile, indent=1) + "\n")
+            print(f"wrote {profile_out}")
+    for h in result["headline"]:
+        print(f"  {h['metric']}: {h['measured']} {h['unit']} (target {h['target']}, met {h['met']})")
     return 0
 
 
