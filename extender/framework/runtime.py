@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress
-from operator import not_
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 from extender.framework.interfaces import (
     MAX_EXTENDER_SCORE,
@@ -187,10 +188,11 @@ class Framework:
         """One verdict per (shape, free mask) group, kept across requests for equal demands."""
         groups = state.snapshot.groups()
         gids = _group_ids(groups, names)
+        gid_array = np.asarray(gids, dtype=np.int64)
         memo = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
         verdicts: dict[int, NodeVerdict] = {}
-        tally = Counter(gids)  # the groups present, and how many nodes each: one pass serves both
-        for gid in tally:
+        tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
+        for gid in np.flatnonzero(tally).tolist():  # the groups present
             if gid == UNKNOWN_GROUP:
                 verdicts[gid] = _UNKNOWN_NODE
                 continue
@@ -201,9 +203,9 @@ class Framework:
                 if verdict.code is not Code.ERROR:  # faults are retried, never remembered
                     memo[gid] = verdict
             verdicts[gid] = verdict
-        decision = _decide(names, gids, verdicts, tally)
+        decision = _decide(names, gids, verdicts, tally, gid_array)
         if decision.feasible_gids is not None:
-            RECENT_ANSWERS.remember(Answer(decision.feasible, decision.feasible_gids, groups))
+            RECENT_ANSWERS.remember(Answer(decision.feasible, tuple(decision.feasible_gids), groups))
         return decision
 
     def _pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
@@ -372,59 +374,75 @@ def _call(plugin: Any, method: str, *args: Any) -> Any:
         return Status.error(plugin.name, f"{method} failed: {type(exc).__name__}: {exc}")
 
 
-def _decide(names: list[str], gids: list[int], verdicts: Mapping[int, NodeVerdict],
-            tally: Mapping[int, int] | None = None) -> FilterDecision:
+def _decide(names: Sequence[str], gids: Sequence[int], verdicts: Mapping[int, NodeVerdict],
+            tally: np.ndarray | None = None, gid_array: np.ndarray | None = None) -> FilterDecision:
     """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]``; every output keeps
-    request order and is built with C-level passes over the names, not per-node Python (each
-    such pass over 5,000 names costs ~0.1 ms, so they are counted). ``tally`` — nodes per
-    group id, when the caller has it — saves a pass."""
-    ok = {g for g, v in verdicts.items() if v.code is Code.SUCCESS}
-    bad = {g for g in verdicts if g not in ok}
+    request order. Built with array operations over the group ids (numpy) and one C-level
+    gather of names per output list, never per-node Python: at 5,000 names each list-level
+    pass costs ~0.1 ms, the array operations a few microseconds. ``tally`` (nodes per group id,
+    ``np.bincount``) and ``gid_array`` save work when the caller has them."""
+    if gid_array is None:
+        gid_array = np.asarray(gids, dtype=np.int64)
+    size = max(verdicts) + 1
+    if tally is None:
+        tally = np.bincount(gid_array, minlength=size) if len(gid_array) else np.zeros(size, np.int64)
+    counted = tally.tolist()
+    codes = {g: v.code for g, v in verdicts.items() if g < size and counted[g]}  # groups present
+    ok = [g for g, code in codes.items() if code is _SUCCESS]
+    bad = [g for g, code in codes.items() if code is not _SUCCESS]
+    feasible_gids: Sequence[int]
     if not bad:
-        feasible, feasible_gids, rejected_names, rejected_ids = tuple(names), gids, [], []
+        feasible, feasible_gids, rejected_names, rejected_ids = tuple(names), gids, (), np.zeros(0, np.int64)
     elif not ok:
-        feasible, feasible_gids, rejected_names, rejected_ids = (), (), names, gids
+        feasible, feasible_gids, rejected_names, rejected_ids = (), (), names, gid_array
     else:
-        is_bad = [False] * (max(verdicts) + 1)
-        for g in bad:
-            is_bad[g] = True
-        selected = list(map(is_bad.__getitem__, gids))
-        kept = list(map(not_, selected))
-        feasible, feasible_gids = tuple(compress(names, kept)), list(compress(gids, kept))
-        rejected_names, rejected_ids = list(compress(names, selected)), list(compress(gids, selected))
+        is_ok = np.zeros(size, dtype=bool)
+        is_ok[ok] = True
+        kept = is_ok[gid_array]
+        kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
+        feasible, feasible_gids = _gather(names, kept_at), gid_array[kept_at].tolist()
+        rejected_names, rejected_ids = _gather(names, rejected_at), gid_array[rejected_at]
     failed: Mapping[str, str] = _NONE
     unresolvable: Mapping[str, str] = _NONE
     counts: dict[NodeVerdict, int] = {}
     errors: list[str] = []
-    if rejected_ids:
+    if len(rejected_ids):
         reason = {g: verdicts[g].reason for g in bad}
-        hopeless = {g for g in bad if verdicts[g].code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE}
-        if hopeless == bad:
-            unresolvable = GroupedMapping(rejected_names, rejected_ids, reason, complete=True)
+        hopeless = [g for g in bad if codes[g] is _HOPELESS]
+        if len(hopeless) == len(bad):
+            unresolvable = GroupedMapping(rejected_names, rejected_ids.tolist(), reason, complete=True)
         elif not hopeless:
-            failed = GroupedMapping(rejected_names, rejected_ids, reason, complete=True)
+            failed = GroupedMapping(rejected_names, rejected_ids.tolist(), reason, complete=True)
         else:
-            selected = list(map(hopeless.__contains__, rejected_ids))
-            unresolvable = GroupedMapping(list(compress(rejected_names, selected)),
-                                          list(compress(rejected_ids, selected)), reason, complete=True)
-            others = [not s for s in selected]
-            failed = GroupedMapping(list(compress(rejected_names, others)),
-                                    list(compress(rejected_ids, others)), reason, complete=True)
-        if tally is None:
-            tally = {next(iter(bad)): len(rejected_ids)} if len(bad) == 1 else Counter(rejected_ids)
+            is_hopeless = np.zeros(size, dtype=bool)
+            is_hopeless[hopeless] = True
+            split = is_hopeless[rejected_ids]
+            at, others_at = np.flatnonzero(split), np.flatnonzero(~split)
+            unresolvable = GroupedMapping(_gather(rejected_names, at), rejected_ids[at].tolist(), reason, complete=True)
+            failed = GroupedMapping(_gather(rejected_names, others_at), rejected_ids[others_at].tolist(), reason,
+                                    complete=True)
         for gid in bad:
-            n = tally.get(gid, 0)
-            if n:
-                counts[verdicts[gid]] = counts.get(verdicts[gid], 0) + n
-        faulty = {g for g in bad if verdicts[g].code is Code.ERROR}
+            counts[verdicts[gid]] = counts.get(verdicts[gid], 0) + counted[gid]
+        faulty = [g for g in bad if codes[g] is _ERROR]
         if faulty:
-            errors = [f"{verdicts[g].plugin}: {verdicts[g].reason}" for g in rejected_ids if g in faulty]
+            errors = [f"{verdicts[g].plugin}: {verdicts[g].reason}" for g in faulty]
     return FilterDecision(feasible, failed, unresolvable,
                           GroupedMapping(names, gids, verdicts, complete=True), "; ".join(dict.fromkeys(errors)),
                           MappingProxyType(counts), feasible_gids)
 
 
+def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
+    """``names`` at the positions ``at`` (ascending), as a tuple, in one C-level call."""
+    if len(at) == 0:
+        return ()
+    if len(at) == 1:
+        return (names[int(at[0])],)
+    return itemgetter(*at.tolist())(names)
+
+
 _NONE: Mapping[str, str] = MappingProxyType({})
+# Enum members read once: attribute access on an Enum class is a descriptor call, per group.
+_SUCCESS, _HOPELESS, _ERROR = Code.SUCCESS, Code.UNSCHEDULABLE_AND_UNRESOLVABLE, Code.ERROR
 _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small cluster)
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
 
