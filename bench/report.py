@@ -71,6 +71,7 @@ class Benchmark:
     profile: str | None = None  # repo-relative path of the profile that explains a miss
     profile_top: tuple[str, ...] = ()  # "function share" of the top own-time functions
     missing: str | None = None  # why there are no real entries (placeholder)
+    why_not_met: str | None = None  # the results file's own explanation of a miss ("why_not_met")
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -139,7 +140,8 @@ def load_benchmark(name: str, path: Path, *, allow_missing: bool = False) -> Ben
     entries = tuple(Entry(name, e["metric"], e["measured"], e["unit"], e["target"], e["met"], e["anchor"])
                     for e in validate_headline(path, data["headline"]))
     profile, top = _profile_of(path, data)
-    return Benchmark(name, path, entries, profile, top)
+    why = data.get("why_not_met") if isinstance(data.get("why_not_met"), str) else None
+    return Benchmark(name, path, entries, profile, top, why_not_met=why)
 
 
 def load_all(results_dir: Path = RESULTS_DIR, *, bench_dir: Path = BENCH_DIR,
@@ -205,6 +207,10 @@ def render(benchmarks: list[Benchmark]) -> str:
         what = "; ".join(f"{e.metric}: {fmt_measured(e)}, target {e.target}" for e in missed)
         if b.profile:
             why = f"Profile: `{b.profile}`" + (f" (top own time: {', '.join(b.profile_top)})" if b.profile_top else "")
+            if b.why_not_met:
+                why = f"{b.why_not_met.rstrip('.')}. {why}"
+        elif b.why_not_met:
+            why = b.why_not_met.rstrip(".")
         else:
             why = "No profile recorded; see the benchmark's section in bench/README.md"
         notes.append(f"- **Not met** — `{b.name}`: {what}. {why}.")

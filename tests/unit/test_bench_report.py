@@ -62,6 +62,13 @@ def test_a_target_not_met_without_profile_says_so(tmp_path):
     assert "No profile recorded" in table
 
 
+def test_a_target_not_met_gives_the_results_files_own_reason(tmp_path):
+    files = {"alpha.json": {"headline": [make_entry()], "why_not_met": "count-only counts pods that crash."},
+             "beta.json": {"headline": []}}
+    note = next(line for line in report.render(load(tmp_path, files)).splitlines() if line.startswith("- **Not met**"))
+    assert note.endswith("count-only counts pods that crash.") and "No profile recorded" not in note
+
+
 @pytest.mark.parametrize("files, message", [
     ({"alpha.json": {"rows": []}, "beta.json": {"headline": []}}, "python -m bench.alpha"),
     ({"beta.json": {"headline": []}}, "python -m bench.alpha"),
