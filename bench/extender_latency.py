@@ -359,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{'p50':>7} {'p99':>7} {'max':>7}  {'cpu p50':>7} {'cpu p99':>7}   {'filt p50':>8} {'prio p50':>8}"
     print(header)
     rows: list[dict[str, Any]] = []
+    floor = NoiseFloor(per_case=max(20, iterations // 3))
     for n in sizes:
         for fraction in held:
             state, names = build_cluster(n, fraction)
@@ -367,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for shape in shapes:
                 for level in args.levels:
                     result = measure(level, state, names, shape, warmup, iterations)
+                    floor.sample()
                     row = {"nodes": n, "held_fraction": fraction, "ledger_entries": entries, "pod": shape.name,
                            "level": level, **result}
                     rows.append(row)
@@ -378,12 +380,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(rows)
     for line in summary["lines"]:
         print(line)
+    noise = floor.result()
+    print(f"# noise floor: a fixed memory-bound workload, {len(floor.walls)} times between cases: wall p50 {noise['wall']['p50']:.3f} "
+          f"p99 {noise['wall']['p99']:.3f} max {noise['wall']['max']:.3f} ms; CPU p50 {noise['cpu']['p50']:.3f} "
+          f"p99 {noise['cpu']['p99']:.3f} ms")
     if not args.quick or args.output:
         out = args.output or RESULTS
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"benchmark": "extender_latency", "machine": info, "iterations": iterations,
                                    "warmup": warmup, "target_p99_ms": TARGET_P99_MS,
-                                   "headline": headline(summary["worst"]), "summary": summary["worst"],
+                                   "headline": headline(summary["worst"], rows, noise), "noise_floor": noise,
+                                   "summary": summary["worst"],
                                    "rows": rows}, indent=1) + "\n")
         print(f"# written to {out}")
     return 0
@@ -408,18 +415,70 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"worst": worst, "lines": lines}
 
 
-def headline(worst: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The 5,000-node p99 per level against the target (worst pod shape and ledger fill)."""
+def headline(worst: dict[str, dict[str, float]], rows: list[dict[str, Any]],
+             noise: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The 5,000-node p99 per level against the target (worst pod shape and ledger fill), with the
+    p50s, the median p99 over the cases and the machine's noise floor next to it."""
     out = []
     for level in LEVELS:
         v = worst.get(f"5000/{level}")
         if v is None:
             continue
-        for what, key in (("wall", "p99"), ("CPU", "cpu_p99")):
-            out.append({"metric": f"filter+prioritize p99, 5,000 nodes, {level} level ({what} time, worst pod shape)",
-                        "measured": v[key], "unit": "ms", "target": f"<= {TARGET_P99_MS} ms",
-                        "met": v[key] <= TARGET_P99_MS, "anchor": None})
+        cases = [r for r in rows if r["nodes"] == 5000 and r["level"] == level]
+        p50s = sorted(r["total"]["p50"] for r in cases)
+        p99s = sorted(r["total"]["p99"] for r in cases)
+        context = (f"p50 {p50s[0]:.2f}–{p50s[-1]:.2f} ms over {len(cases)} cases; median case p99 "
+                   f"{statistics.median(p99s):.2f} ms")
+        if noise:
+            context += (f"; machine noise — a fixed memory-bound Python workload timed the same way between cases: p50 "
+                        f"{noise['wall']['p50']:.2f} / p99 {noise['wall']['p99']:.2f} ms")
+        out.append({"metric": f"filter+prioritize p99 at 5,000 nodes, {level} level (worst pod shape and fill)",
+                    "measured": v["p99"], "unit": "ms", "target": f"<= {TARGET_P99_MS} ms",
+                    "met": v["p99"] <= TARGET_P99_MS, "anchor": context})
     return out
+
+
+class NoiseFloor:
+    """The machine's own jitter for memory-bound Python: a fixed workload of ~``work_ms`` that
+    reads a few tens of thousands of scattered string objects (as a 5,000-node cycle does), timed
+    exactly like a cycle, ``per_case`` times after every measured case, so the samples spread over
+    the whole run like the cases' own. On this VM a register-only loop has p99 ~1.5x its p50 while
+    this one has 2x or more: the tail comes from memory (shared caches, neighbours), not from the
+    code being timed. Its p99 over p50 is what the box adds to any p99 here."""
+
+    def __init__(self, per_case: int, work_ms: float = 1.5) -> None:
+        self.per_case, self.work_ms = per_case, work_ms
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        rng = random.Random(SEED)
+        self._objects = [("x" + str(i) * 3)[1:] for i in range(300_000)]
+        rng.shuffle(self._objects)  # scattered in memory relative to list order
+        n = 5_000
+        while True:  # calibrate n to ~work_ms
+            self._work(n)
+            t0 = time.perf_counter()
+            self._work(n)
+            took = (time.perf_counter() - t0) * 1e3
+            if took >= work_ms / 4 or n >= len(self._objects):
+                n = min(len(self._objects), max(1, int(n * work_ms / took)))
+                break
+            n *= 2
+        self.n = n
+
+    def _work(self, n: int) -> int:
+        return sum(map(len, self._objects[:n]))
+
+    def sample(self) -> None:
+        for _ in range(self.per_case):
+            t0 = _clocks()
+            self._work(self.n)
+            wall, cpu = _since(t0)
+            self.walls.append(wall * 1e3)
+            self.cpus.append(cpu * 1e3)
+
+    def result(self) -> dict[str, Any]:
+        return {"work_ms": self.work_ms, "loop_n": self.n, "samples_per_case": self.per_case,
+                "wall": percentiles(self.walls), "cpu": percentiles(self.cpus)}
 
 
 if __name__ == "__main__":
