@@ -22,7 +22,10 @@ def test_pod_is_bound_by_kube_scheduler_through_the_extender_bind(admin, namespa
     create_gpu_node(admin, node, gpus=2)
     binds_before = extender.metric("gpusched_extender_decisions_total", {"verb": "bind", "result": "bound"})
     name = "engine"
-    create_pod(admin, namespace, vllm_pod(name, gpus=1))
+    pod = vllm_pod(name, gpus=1)
+    # Only this test's node: other tests in the session leave free GPU nodes behind.
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    create_pod(admin, namespace, pod)
 
     bound_to = wait_until(lambda: pod_node(admin, namespace, name), 60, f"pod {namespace}/{name} to be bound",
                           context=lambda: stack.schedulers[0].tail(20))
