@@ -13,7 +13,7 @@ score outside 0..10, a plain mapping — takes ``orjson`` on the plain structure
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -32,6 +32,16 @@ def _plain(names: Sequence[str]) -> bool:
     return len(orjson.dumps(names)) == len("".join(names).encode()) + 3 * len(names) + 1
 
 
+def _interleave(opening: str, names: Sequence[str], fragments: Iterable[str], closing: str) -> bytes:
+    """``opening + names[0] + fragments[0] + names[1] + ... + names[-1] + closing`` as UTF-8, with
+    the last fragment (which would lead into a next name) replaced by ``closing``."""
+    pieces: list[str] = [""] * (2 * len(names))
+    pieces[0::2] = names
+    pieces[1::2] = fragments
+    pieces[-1] = closing
+    return (opening + "".join(pieces)).encode()
+
+
 def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> bytes:
     """``[{"Host": name, "Score": scores.get(name, 0)}, ...]`` in ``names`` order."""
     if not names:
@@ -40,19 +50,12 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
             and all(_valid_score(v) for v in scores.by_group.values()) and _plain(names)):
         # One fragment per group, mapped over the group ids: a single pass over the nodes.
         between = {g: _HOST_BETWEEN[v] for g, v in scores.by_group.items()}
-        pieces: list[str] = [""] * (2 * len(names))
-        pieces[0::2] = names
-        pieces[1::2] = map(between.__getitem__, scores.gids)
-        pieces[-1] = _HOST_LAST[scores.by_group[scores.gids[-1]]]
-        return ('[{"Host":"' + "".join(pieces)).encode()
+        return _interleave('[{"Host":"', names, map(between.__getitem__, scores.gids),
+                           _HOST_LAST[scores.by_group[scores.gids[-1]]])
     values = list(map(int, map(scores.get, names, repeat(0))))
     if min(values) < 0 or max(values) > MAX_EXTENDER_SCORE or not _plain(names):
         return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values)])
-    pieces = [""] * (2 * len(values))
-    pieces[0::2] = names
-    pieces[1::2] = map(_HOST_BETWEEN.__getitem__, values)
-    pieces[-1] = _HOST_LAST[values[-1]]
-    return ('[{"Host":"' + "".join(pieces)).encode()
+    return _interleave('[{"Host":"', names, map(_HOST_BETWEEN.__getitem__, values), _HOST_LAST[values[-1]])
 
 
 def _valid_score(value: Any) -> bool:
@@ -66,12 +69,10 @@ def encode_reasons(reasons: Mapping[str, str]) -> bytes:
     if not (isinstance(reasons, GroupedMapping) and reasons.complete and _plain(reasons.names)):
         return orjson.dumps(dict(reasons))
     # Each distinct reason encoded once; names interleaved with '":<reason>,"'.
-    between = {gid: '":' + orjson.dumps(reason).decode() + ',"' for gid, reason in reasons.by_group.items()}
-    pieces: list[str] = [""] * (2 * len(reasons.names))
-    pieces[0::2] = reasons.names
-    pieces[1::2] = map(between.__getitem__, reasons.gids)
-    pieces[-1] = pieces[-1][:-2] + "}"
-    return ('{"' + "".join(pieces)).encode()
+    encoded = {gid: orjson.dumps(reason).decode() for gid, reason in reasons.by_group.items()}
+    between = {gid: f'":{reason},"' for gid, reason in encoded.items()}
+    return _interleave('{"', reasons.names, map(between.__getitem__, reasons.gids),
+                       f'":{encoded[reasons.gids[-1]]}}}')
 
 
 def encode_filter_result(node_names: Sequence[str] | None, nodes: Any, failed: Mapping[str, str],
