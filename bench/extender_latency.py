@@ -60,7 +60,6 @@ from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
 from extender.plugins import default_profile, default_registry
 from extender.framework.runtime import Framework
 from extender.heap import settle_heap
-from extender.model.nodemaps import unique_names
 from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.state import ClusterState
@@ -217,12 +216,12 @@ def run_direct(level: str, state: ClusterState, names: list[str], shape: PodShap
         meta = raw["metadata"]
         pod = PodRef(meta["namespace"], meta["name"], meta["uid"], raw)
         t0 = _clocks()
-        # What the route does with the request's names before calling the service.
-        outcome = target.filter(pod, unique_names(names), None)
+        # The route hands the request's names on as they are (the framework deduplicates).
+        outcome = target.filter(pod, names, None)
         filter_s = _since(t0)
         feasible = list(outcome.feasible)  # kube-scheduler sends them back as a new list
         t1 = _clocks()
-        target.prioritize(pod, unique_names(feasible), None)
+        target.prioritize(pod, feasible, None)
         cycles.add(filter_s, _since(t1), len(outcome.feasible))
     return cycles.result()
 

@@ -183,6 +183,7 @@ def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, A
     return None
 
 
+_HAS_SPACE = re.compile(r"\s").search
 _ALL_FLAGS = set(_TP_FLAGS + _PP_FLAGS + _MODEL_FLAGS)
 
 
@@ -191,7 +192,7 @@ def _tokens(container: Mapping[str, Any]) -> list[str]:
     tokens: list[str] = []
     for raw in list(container.get("command") or []) + list(container.get("args") or []):
         text = str(raw)
-        if any(c.isspace() for c in text):
+        if _HAS_SPACE(text):
             try:
                 tokens.extend(shlex.split(text))
             except ValueError:

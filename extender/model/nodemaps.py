@@ -91,7 +91,8 @@ def unique_names(names: Sequence[str]) -> UniqueNames:
 class GroupedMapping(Mapping):
     """``names[i] -> by_group[gids[i]]``, in ``names`` order; names whose group has no value are
     absent. ``complete`` says every gid has a value (then ``len`` and iteration are O(1)/C-level).
-    ``names`` must hold each name once."""
+    ``names`` must hold each name once. ``gids`` may be a list, a tuple or a numpy integer array
+    (numpy integers hash and compare like ints, so ``by_group`` lookups work either way)."""
 
     __slots__ = ("names", "gids", "by_group", "complete", "_index", "_len")
 

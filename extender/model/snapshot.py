@@ -24,6 +24,8 @@ from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from extender.model.inventory import (
     INVENTORY_ANNOTATION,
     InventoryError,
@@ -238,19 +240,45 @@ class _GroupRegistry:
         return gid
 
 
+class NodeIndex:
+    """Positions of one set of node names: ``names[i]`` is at position ``i``. Shared by every
+    grouping of that node set; immutable.
+
+    ``locate`` maps request names to positions with one C-level pass (a dict lookup per name,
+    the least any name-keyed request costs); everything after that is array arithmetic.
+    ``array`` holds the names as a numpy object array, so answers gather their names with one
+    fancy-index instead of a Python step per name.
+    """
+
+    __slots__ = ("names", "position", "array")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+        self.position = {name: i for i, name in enumerate(self.names)}
+        self.array = np.empty(len(self.names), dtype=object)
+        self.array[:] = self.names
+
+    def locate(self, names: Sequence[str]) -> np.ndarray:
+        """The position of each name, -1 for names not in the set."""
+        return np.fromiter(map(self.position.get, names, repeat(-1)), np.intp, len(names))
+
+
 class NodeGroups:
     """The snapshot's nodes grouped by (shape, free mask) under one ledger view.
 
-    ``group_of[name]`` is the node's group id (>= 1); ids are stable for the life of the node set,
+    ``gid_at[p]`` is the group id (>= 1) of the node at position ``p`` of ``index``; the array
+    has one extra, last element ``UNKNOWN_GROUP``, so ``gid_at[index.locate(names)]`` gives
+    unknown names (position -1) the unknown group. Ids are stable for the life of the node set,
     so callers may cache per-group answers in ``cache`` across ledger views. Immutable once built.
     """
 
-    __slots__ = ("view", "group_of", "_registry", "node_token")
+    __slots__ = ("view", "index", "gid_at", "_registry", "node_token")
 
-    def __init__(self, view: LedgerView, group_of: dict[str, int], registry: _GroupRegistry,
+    def __init__(self, view: LedgerView, index: NodeIndex, gid_at: np.ndarray, registry: _GroupRegistry,
                  node_token: object = None) -> None:
         self.view = view
-        self.group_of = group_of
+        self.index = index
+        self.gid_at = gid_at
         self._registry = registry
         self.node_token = node_token  # identity of the node set these groups were computed from
 
@@ -258,15 +286,24 @@ class NodeGroups:
     def cache(self) -> dict[object, object]:
         return self._registry.cache
 
+    @property
+    def group_of(self) -> dict[str, int]:
+        """Node name -> group id (built on each call: for tests and debugging)."""
+        return dict(zip(self.index.names, self.gid_at[:-1].tolist()))
+
     def ids(self, names: Sequence[str]) -> list[int]:
         """The group id of each name, ``UNKNOWN_GROUP`` for names not in the snapshot."""
-        return list(map(self.group_of.get, names, repeat(UNKNOWN_GROUP)))
+        return self.gid_at[self.index.locate(names)].tolist()
 
-    def representative(self, gid: int, names: Sequence[str], gids: list[int]) -> str:
+    def gid(self, name: str) -> int:
+        position = self.index.position.get(name)
+        return UNKNOWN_GROUP if position is None else int(self.gid_at[position])
+
+    def representative(self, gid: int, names: Sequence[str], gids: Sequence[int]) -> str:
         """A node of group ``gid``; ``gids`` (the ids of ``names``) must contain ``gid``."""
         name = self._registry.representatives[gid]
-        if self.group_of.get(name) != gid:  # it moved to another group since it was recorded
-            name = names[gids.index(gid)]
+        if self.gid(name) != gid:  # it moved to another group since it was recorded
+            name = names[list(gids).index(gid)]
             self._registry.representatives[gid] = name
         return name
 
@@ -324,7 +361,9 @@ class ClusterSnapshot:
 
     def groups(self) -> NodeGroups:
         """Nodes grouped by (shape, free mask) under this snapshot's ledger view. Built once per
-        node set, then updated per ledger view for the nodes that changed (O(changed))."""
+        node set, then updated per ledger view for the nodes that changed (O(changed) plus one
+        array copy); a node set with names added or removed re-indexes (O(nodes), C-level) and
+        carries the other nodes' group ids over."""
         registry = self._groups
         latest = registry.latest
         if latest is not None and latest.view is self.ledger and latest.node_token is self._node_token:
@@ -336,17 +375,30 @@ class ClusterSnapshot:
             elif self._derived_from is not None and self._derived_from[0] is latest.node_token:
                 replaced = self._derived_from[1]
         changed = None if replaced is None else self.ledger.nodes_changed_since(latest.view)
+
+        def gid_of(name: str) -> int:
+            node = self.nodes[name]
+            return registry.group_id(node.shape, self.free_units(node).mask, name)
+
         if changed is None:
-            group_of = {name: registry.group_id(node.shape, self.free_units(node).mask, name)
-                        for name, node in self.nodes.items()}
+            index = NodeIndex(self.nodes)
+            gid_at = np.fromiter(map(gid_of, index.names), np.int64, len(index.names))
+            gid_at = np.append(gid_at, UNKNOWN_GROUP)
         else:
-            group_of = latest.group_of.copy()
+            assert latest is not None and replaced is not None
+            position = latest.index.position
+            same_names = all((name in self.nodes) == (name in position) for name in replaced)
+            if same_names:
+                index, gid_at = latest.index, latest.gid_at.copy()
+            else:
+                index = NodeIndex(self.nodes)
+                gid_at = latest.gid_at[latest.index.locate(index.names)]  # new names: UNKNOWN, set below
+                gid_at = np.append(gid_at, UNKNOWN_GROUP)
             for name in changed | replaced:
-                node = self.nodes.get(name)
-                if node is not None:
-                    group_of[name] = registry.group_id(node.shape, self.free_units(node).mask, name)
-                else:
-                    group_of.pop(name, None)
-        groups = NodeGroups(self.ledger, group_of, registry, self._node_token)
+                at = index.position.get(name)
+                if at is not None:
+                    gid_at[at] = gid_of(name)
+        gid_at.flags.writeable = False
+        groups = NodeGroups(self.ledger, index, gid_at, registry, self._node_token)
         registry.latest = groups
         return groups

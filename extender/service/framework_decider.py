@@ -23,6 +23,7 @@ from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandError, PodDemand, parse_pod_demand
 from extender.model.ledger import GpuLedger
+from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
@@ -115,7 +116,7 @@ class FrameworkDecider:
         rejected = len(decision.failed) + len(decision.unresolvable)
         summary = summarize_failures(decision)
         if decision.feasible:
-            summary = f"fits {len(decision.feasible)} of {len(candidates)} nodes" + (f"; {summary}" if summary else "")
+            summary = f"fits {len(decision.feasible)} of {len(decision.per_node)} nodes" + (f"; {summary}" if summary else "")
         verdicts = _per_node_json(decision.per_node, _verdict_json)
         details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
@@ -135,7 +136,7 @@ class FrameworkDecider:
                 # "not now" (FailedNodes), and the pod counts as waiting for capacity to appear.
                 for name in foreign & unresolvable.keys():
                     failed[name] = unresolvable.pop(name)
-                summary = _summary(failed, unresolvable, decision.feasible, len(candidates))
+                summary = _summary(failed, unresolvable, decision.feasible, len(decision.per_node))
         rejections: Counter[tuple[str, str]] = Counter()
         if decision.rejected_counts is not None:
             for v, n in decision.rejected_counts.items():
@@ -186,17 +187,26 @@ class FrameworkDecider:
 
 
 def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:
-    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Many nodes share equal
-    results (one per group), so each distinct value is encoded once and its JSON shared
-    (read-only). Results are frozen, hashable values."""
-    encoded: dict[Any, Any] = {}
-    out = {}
-    for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED):
-        js = encoded.get(value)
+    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Many nodes share one result
+    object (one per group), so each distinct object is encoded once and its JSON shared
+    (read-only). Keyed by identity, not value: hashing a verdict hashes every status in it, and
+    the objects outlive this call, so their ids stay unique while it runs."""
+    encoded: dict[int, Any] = {}
+
+    def json_of(value: Any) -> Any:
+        js = encoded.get(id(value))
         if js is None:
-            js = encoded[value] = encode(value)
-        out[name] = js
-    return out
+            js = encoded[id(value)] = encode(value)
+        return js
+
+    if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
+        names = per_node.names[:_MAX_VERDICTS_RECORDED]
+        gids = [int(g) for g in per_node.gids[:_MAX_VERDICTS_RECORDED]]  # may be a numpy array
+        by_gid = {g: json_of(per_node.by_group[g]) for g in set(gids) if g in per_node.by_group}
+        if len(by_gid) == len(set(gids)):
+            return dict(zip(names, map(by_gid.__getitem__, gids)))
+        return {n: by_gid[g] for n, g in zip(names, gids) if g in by_gid}
+    return {name: json_of(value) for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED)}
 
 
 def _verdict_json(verdict: Any) -> list[dict[str, Any]]:

@@ -208,7 +208,7 @@ class GangCoordinator:
             reason = f"gang {gang.key} was planned without this pod (it appeared later); it waits for the next attempt"
             return FilterOutcome(feasible=(), failed={n: reason for n in candidates}, summary=reason)
         node = placement[0]
-        feasible = tuple(n for n in candidates if n == node)
+        feasible = (node,) if node in candidates else ()
         reason = f"gang {gang.key}: this member is reserved GPUs on node {node}"
         return FilterOutcome(feasible=feasible, failed={n: reason for n in candidates if n != node},
                              summary=f"gang {gang.key}: planned on {node} GPUs {list(placement[2])}",

@@ -27,6 +27,7 @@ class ScriptedDecider:
         self.unreserved: list[str] = []
 
     def filter(self, pod, candidates, node_objects):
+        candidates = list(dict.fromkeys(candidates))  # the Decider contract: each node once
         ok = tuple(n for n in candidates if not n.startswith("bad"))
         return FilterOutcome(feasible=ok, failed={n: "only 1 of 4 GPUs free" for n in candidates if n.startswith("bad-f")},
                              unresolvable={n: "no GPUs" for n in candidates if n.startswith("bad-u")})

@@ -76,3 +76,44 @@ def test_only_an_equal_list_is_taken_for_the_answer(request_of):
 
 def test_duplicates_are_removed_in_order():
     assert unique_names(["b", "a", "b", "c", "a"]) == ["b", "a", "c"]
+
+
+def _located_reference(framework, snapshot, demand, names):
+    """The answer for ``names`` once each, judged one node per call (below the grouped path's
+    size), as plain values."""
+    feasible, failed, unresolvable = [], {}, {}
+    for name in dict.fromkeys(names):
+        decision = framework.filter(snapshot, demand, [name])
+        feasible += decision.feasible
+        failed.update(decision.failed)
+        unresolvable.update(decision.unresolvable)
+    return feasible, failed, unresolvable
+
+
+@pytest.mark.parametrize("repeats, unknown", [(0, 0), (5, 0), (0, 3), (4, 2)])
+@pytest.mark.parametrize("seed", [7, 8])
+def test_repeated_and_unknown_names_are_answered_once_each(seed, repeats, unknown):
+    """Requests go to the framework as sent: repeats and unknown names are found on the
+    positions the grouped path looks up, and the answer equals that for the names once each."""
+    nodes = fleet(60, seed)
+    ledger = GpuLedger()
+    rng = random.Random(seed)
+    for i, node in enumerate(rng.sample(nodes, 12)):
+        ledger.assume(f"ns/held-{i}", node.name, [u.id for u in node.units[:2]])
+    snapshot = ClusterSnapshot.build(nodes, ledger.view())
+    demand = make_demand(gpus=2, tp=2, model="meta-llama/Llama-3.1-8B-Instruct")
+    names = [n.name for n in nodes]
+    request = names + rng.sample(names, repeats) + [f"ghost-{i}" for i in range(unknown)]
+    rng.shuffle(request)
+    request = fresh(request)
+
+    decision = default_framework().filter(snapshot, demand, request)
+    feasible, failed, unresolvable = list(decision.feasible), dict(decision.failed), dict(decision.unresolvable)
+    assert (feasible, failed, unresolvable) == _located_reference(default_framework(), snapshot, demand, request)
+    assert len(feasible) + len(failed) + len(unresolvable) == len(set(request))
+    assert list(decision.per_node) == list(dict.fromkeys(request))
+    assert all(f"ghost-{i}" in unresolvable for i in range(unknown))
+
+    scores = default_framework().score(snapshot, demand, request).scores
+    assert list(scores) == list(dict.fromkeys(request))
+    assert dict(scores) == dict(default_framework().score(snapshot, demand, UniqueNames(dict.fromkeys(request))).scores)
