@@ -211,6 +211,8 @@ def run_direct(level: str, state: ClusterState, names: list[str], shape: PodShap
     churn = Churn(state, names)
     cycles = Cycles(warmup)
     for i in range(warmup + iterations):
+        if i == warmup:
+            gc.collect()  # what warm-up left young (a fresh decider's caches) is old in a running extender
         churn.step()
         raw = shape.pod(i)
         meta = raw["metadata"]
@@ -267,6 +269,8 @@ def run_asgi(state: ClusterState, names: list[str], shape: PodShape, warmup: int
 
     async def main() -> None:
         for i in range(warmup + iterations):
+            if i == warmup:
+                gc.collect()  # as in run_direct
             churn.step()
             pod = shape.pod(i)
             body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})

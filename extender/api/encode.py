@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
+import numpy as np
 import orjson
 
 from extender.model.nodemaps import GroupedMapping
@@ -42,6 +43,16 @@ def _interleave(opening: str, names: Sequence[str], fragments: Iterable[str], cl
     return (opening + "".join(pieces)).encode()
 
 
+def _fragments(by_group: Mapping[int, str], gids: Sequence[int]) -> Sequence[str]:
+    """``by_group[g]`` for each ``g`` in ``gids``: one numpy gather for a numpy ``gids`` (a dict
+    lookup per element would box a numpy scalar for each), a C-level ``map`` otherwise."""
+    if isinstance(gids, np.ndarray):
+        table = np.empty(max(by_group) + 1, dtype=object)
+        table[list(by_group)] = list(by_group.values())
+        return table[gids].tolist()
+    return list(map(by_group.__getitem__, gids))
+
+
 def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> bytes:
     """``[{"Host": name, "Score": scores.get(name, 0)}, ...]`` in ``names`` order."""
     if not names:
@@ -50,8 +61,8 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
             and all(_valid_score(v) for v in scores.by_group.values()) and _plain(names)):
         # One fragment per group, mapped over the group ids: a single pass over the nodes.
         between = {g: _HOST_BETWEEN[v] for g, v in scores.by_group.items()}
-        return _interleave('[{"Host":"', names, map(between.__getitem__, scores.gids),
-                           _HOST_LAST[scores.by_group[scores.gids[-1]]])
+        return _interleave('[{"Host":"', names, _fragments(between, scores.gids),
+                           _HOST_LAST[scores.by_group[int(scores.gids[-1])]])
     values = list(map(int, map(scores.get, names, repeat(0))))
     if min(values) < 0 or max(values) > MAX_EXTENDER_SCORE or not _plain(names):
         return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values)])
@@ -69,10 +80,12 @@ def encode_reasons(reasons: Mapping[str, str]) -> bytes:
     if not (isinstance(reasons, GroupedMapping) and reasons.complete and _plain(reasons.names)):
         return orjson.dumps(dict(reasons))
     # Each distinct reason encoded once; names interleaved with '":<reason>,"'.
-    encoded = {gid: orjson.dumps(reason).decode() for gid, reason in reasons.by_group.items()}
+    by_reason: dict[str, str] = {}  # groups often share a reason: encode each once
+    encoded = {gid: by_reason.get(reason) or by_reason.setdefault(reason, orjson.dumps(reason).decode())
+               for gid, reason in reasons.by_group.items()}
     between = {gid: f'":{reason},"' for gid, reason in encoded.items()}
-    return _interleave('{"', reasons.names, map(between.__getitem__, reasons.gids),
-                       f'":{encoded[reasons.gids[-1]]}}}')
+    return _interleave('{"', reasons.names, _fragments(between, reasons.gids),
+                       f'":{encoded[int(reasons.gids[-1])]}}}')
 
 
 def encode_filter_result(node_names: Sequence[str] | None, nodes: Any, failed: Mapping[str, str],

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from extender.framework.groupmemo import GroupAnswers
 from extender.framework.interfaces import (
     MAX_EXTENDER_SCORE,
     MAX_NODE_SCORE,
@@ -78,7 +79,7 @@ class FilterDecision:
     # over every node.
     rejected_counts: Mapping[NodeVerdict, int] | None = field(default=None, compare=False, repr=False)
     # Group ids of ``feasible`` (None when built by hand): remembered with the answer.
-    feasible_gids: Sequence[int] | None = field(default=None, compare=False, repr=False)
+    feasible_gids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,12 @@ class Framework:
         if isinstance(demand, DemandError):
             names = _unique(requested)
             verdict = NodeVerdict((Status.unresolvable(DEMAND, demand.message),))
-            return _decide(names, [1] * len(names), {1: verdict}), None
+            return _decide(names, np.ones(len(names), np.int64), {1: verdict}), None
         state = CycleState(snapshot, demand)
         pre = self._pre_filter(state, demand)
         if not pre.is_success:
             names = _unique(requested)
-            return _decide(names, [1] * len(names), {1: NodeVerdict((pre,))}), state
+            return _decide(names, np.ones(len(names), np.int64), {1: NodeVerdict((pre,))}), state
         if self._shape_only and len(requested) >= _GROUPED_FROM:
             return self._filter_grouped(state, demand, requested), state
         names = _unique(requested)
@@ -192,32 +193,33 @@ class Framework:
         groups = state.snapshot.groups()
         names, positions = _locate(groups, requested)
         gid_array = groups.gid_at[positions]
-        memo = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
-        verdicts: dict[int, NodeVerdict] = {}
+        answers = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
         tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
-        gids: Sequence[int] | None = None
-        for gid in np.flatnonzero(tally).tolist():  # the groups present
-            if gid == UNKNOWN_GROUP:
-                verdicts[gid] = _UNKNOWN_NODE
-                continue
-            verdict = memo.get(gid)
-            if verdict is None:
-                if gids is None:
-                    gids = gid_array.tolist()
+        present = np.flatnonzero(tally)
+        slots = answers.slots(present)
+        faults: dict[int, NodeVerdict] = {}
+        if (slots < 0).any():
+            gids: list[int] = gid_array.tolist()
+            for gid in present[slots < 0].tolist():  # groups never judged for this demand
+                if gid == UNKNOWN_GROUP:
+                    answers.add(gid, _UNKNOWN_NODE, _TAG[_UNKNOWN_NODE.code])
+                    continue
                 node = state.snapshot.nodes[groups.representative(gid, names, gids)]
                 verdict = self._filter_node(state, demand, node)
-                if verdict.code is not Code.ERROR:  # faults are retried, never remembered
-                    memo[gid] = verdict
-            verdicts[gid] = verdict
+                if verdict.code is Code.ERROR:  # faults are retried, never remembered
+                    faults[gid] = verdict
+                else:
+                    answers.add(gid, verdict, _TAG[verdict.code])
+            slots = answers.slots(present)
         pick = None
         if tally[UNKNOWN_GROUP] == 0:  # every name is a snapshot node: gather from the index's array
             array = groups.index.array
 
             def pick(at: np.ndarray) -> tuple[str, ...]:
                 return tuple(array[positions[at]].tolist())
-        decision = _decide(names, gid_array, verdicts, tally, gid_array, pick)
+        decision = _decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick)
         if decision.feasible_gids is not None:
-            RECENT_ANSWERS.remember(Answer(decision.feasible, tuple(decision.feasible_gids), groups))
+            RECENT_ANSWERS.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
 
     def _pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
@@ -255,45 +257,68 @@ class Framework:
         if not self._pre_filter(state, demand).is_success:
             return zero()
         if grouped:
-            groups = snapshot.groups()
-            names, gids = _group_ids(groups, requested)
-            memo = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
-            present = set(gids)
-            missing = {g for g in present if g not in memo and g != UNKNOWN_GROUP}
+            return self._score_grouped(state, demand, requested, zero)
+        known = [snapshot.nodes[n] for n in names if n in snapshot.nodes]
+        per_plugin: list[dict[str, int]] = []
+        for plugin, _ in self._scores:
+            raw = self._raw_scores(plugin, state, demand, known)
+            if isinstance(raw, Status):
+                return zero(f"{raw.plugin}: {raw.reason}")
+            per_plugin.append(raw)
+        position = {node.name: i for i, node in enumerate(known, start=1)}
+        gids = [position.get(n, UNKNOWN_GROUP) for n in names]
+        by_raw: dict[tuple[int, ...], NodeScore] = {}  # nodes with equal raw scores share one result
+        results: dict[int, NodeScore] = {}
+        for node in known:
+            values = tuple(raw[node.name] for raw in per_plugin)
+            result = by_raw.get(values)
+            if result is None:
+                result = by_raw[values] = self._node_score(values)
+            results[position[node.name]] = result
+        finals = {gid: r.final for gid, r in results.items()}
+        finals[UNKNOWN_GROUP] = 0
+        return ScoreDecision(GroupedMapping(names, gids, finals, complete=True), GroupedMapping(names, gids, results))
+
+    def _score_grouped(self, state: CycleState, demand: PodDemand, requested: Sequence[str],
+                       zero: Callable[[str], ScoreDecision]) -> ScoreDecision:
+        """One score per (shape, free mask) group, kept across requests for equal demands; the
+        per-node outputs are views over the group ids, read with array operations."""
+        snapshot = state.snapshot
+        groups = snapshot.groups()
+        names, gid_array = _group_ids(groups, requested)
+        answers = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
+        present = np.flatnonzero(np.bincount(gid_array)) if len(gid_array) else gid_array
+        slots = answers.slots(present)
+        if (slots < 0).any():
+            missing = [g for g in present[slots < 0].tolist() if g != UNKNOWN_GROUP]
+            if UNKNOWN_GROUP in present[slots < 0]:
+                answers.add(UNKNOWN_GROUP, _UNKNOWN_SCORE, 0)
             if missing:
+                gids = gid_array.tolist()
                 nodes = {g: snapshot.nodes[groups.representative(g, names, gids)] for g in missing}
                 fresh = self._group_raw_scores(state, demand, names, gids, nodes)
                 if isinstance(fresh, Status):
                     return zero(f"{fresh.plugin}: {fresh.reason}")
-                memo.update(fresh)
-            raws = {g: memo[g] for g in present if g != UNKNOWN_GROUP}
-        else:
-            known = [snapshot.nodes[n] for n in names if n in snapshot.nodes]
-            per_plugin: list[dict[str, int]] = []
-            for plugin, _ in self._scores:
-                raw = self._raw_scores(plugin, state, demand, known)
-                if isinstance(raw, Status):
-                    return zero(f"{raw.plugin}: {raw.reason}")
-                per_plugin.append(raw)
-            position = {node.name: i for i, node in enumerate(known, start=1)}
-            gids = [position.get(n, UNKNOWN_GROUP) for n in names]
-            raws = {position[node.name]: tuple(raw[node.name] for raw in per_plugin) for node in known}
+                for gid, values in fresh.items():
+                    result = self._node_score(values)
+                    answers.add(gid, result, result.final)
+            slots = answers.slots(present)
+        present_list, slot_list = present.tolist(), slots.tolist()
+        finals = dict(zip(present_list, answers.tags[slots].tolist()))
+        results = dict(zip(present_list, map(answers.values.__getitem__, slot_list)))
+        results.pop(UNKNOWN_GROUP, None)
+        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True),
+                             GroupedMapping(names, gid_array, results))
+
+    def _node_score(self, values: tuple[int, ...]) -> NodeScore:
+        """Raw scores (one per score plugin) normalised, weighted and mapped to 0..10."""
         total_weight = sum(w for _, w in self._scores)
-        results: dict[int, NodeScore] = {}
-        by_raw: dict[tuple[int, ...], NodeScore] = {}  # nodes with equal raw scores share one result
-        for gid, values in raws.items():
-            result = by_raw.get(values)
-            if result is None:
-                parts = []
-                for (plugin, weight), value in zip(self._scores, values):
-                    normalized = value * MAX_NODE_SCORE / plugin.max_score
-                    parts.append(PluginScore(plugin.name, value, normalized, weight, normalized * weight))
-                total = sum(p.weighted for p in parts) / total_weight
-                result = by_raw[values] = NodeScore(tuple(parts), total, to_extender_score(total))
-            results[gid] = result
-        finals = {gid: r.final for gid, r in results.items()}
-        finals[UNKNOWN_GROUP] = 0
-        return ScoreDecision(GroupedMapping(names, gids, finals, complete=True), GroupedMapping(names, gids, results))
+        parts = []
+        for (plugin, weight), value in zip(self._scores, values):
+            normalized = value * MAX_NODE_SCORE / plugin.max_score
+            parts.append(PluginScore(plugin.name, value, normalized, weight, normalized * weight))
+        total = sum(p.weighted for p in parts) / total_weight
+        return NodeScore(tuple(parts), total, to_extender_score(total))
 
     def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: list[str], gids: list[int],
                           nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[int, ...]] | Status:
@@ -378,6 +403,7 @@ def summarize_failures(decision: FilterDecision) -> str:
     return "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}" for reason, n in parts)
 
 
+_UNKNOWN_SCORE = NodeScore((), 0.0, 0)  # never shown: unknown nodes have no per-node score
 _UNKNOWN_NODE = NodeVerdict((Status.unresolvable(
     FRAMEWORK, "node not known to gpusched (not in its node cache yet)"),))
 
@@ -390,75 +416,96 @@ def _call(plugin: Any, method: str, *args: Any) -> Any:
         return Status.error(plugin.name, f"{method} failed: {type(exc).__name__}: {exc}")
 
 
-def _decide(names: Sequence[str], gids: Sequence[int], verdicts: Mapping[int, NodeVerdict],
-            tally: np.ndarray | None = None, gid_array: np.ndarray | None = None,
+def _decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Mapping[int, NodeVerdict],
             pick: Callable[[np.ndarray], tuple[str, ...]] | None = None) -> FilterDecision:
-    """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]``; every output keeps
-    request order. Built with array operations over the group ids (numpy) and one C-level
-    gather of names per output list, never per-node Python: at 5,000 names each list-level
-    pass costs ~0.1 ms, the array operations a few microseconds. ``tally`` (nodes per group id,
-    ``np.bincount``) and ``gid_array`` save work when the caller has them; ``pick(at)`` returns
-    ``names`` at the ascending positions ``at`` (default: an ``itemgetter`` over ``names``)."""
-    if gid_array is None:
-        gid_array = np.asarray(gids, dtype=np.int64)
+    """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]`` (any group ids)."""
+    answers = GroupAnswers()
+    faults = {}
+    for gid, verdict in verdicts.items():
+        if verdict.code is Code.ERROR:
+            faults[gid] = verdict
+        else:
+            answers.add(gid, verdict, _TAG[verdict.code])
+    gid_array = np.asarray(gids, dtype=np.int64)
+    tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
+    present = np.flatnonzero(tally)
+    return _decide_grouped(names, gid_array, tally, present, answers.slots(present), answers, faults, pick)
+
+
+def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarray, present: np.ndarray,
+                    slots: np.ndarray, answers: GroupAnswers, faults: Mapping[int, NodeVerdict],
+                    pick: Callable[[np.ndarray], tuple[str, ...]] | None) -> FilterDecision:
+    """The decision for ``names`` of groups ``gid_array``: ``tally`` counts names per group id,
+    ``present`` lists the group ids with names (ascending), ``slots`` their verdicts' slots in
+    ``answers`` (-1 only for ``faults``, verdicts of this request not kept). Every output keeps
+    request order. Built with array operations (numpy) and one C-level gather of names per
+    output list, never a Python step per node, and per group only C-level ``zip``s: at 5,000
+    names each list-level pass costs ~0.1 ms, the array operations a few microseconds.
+    ``pick(at)`` returns ``names`` at the ascending positions ``at`` (default: an
+    ``itemgetter`` over ``names``)."""
     if pick is None:
         def pick(at: np.ndarray) -> tuple[str, ...]:
             return _gather(names, at)
-    size = max(verdicts) + 1
-    if tally is None:
-        tally = np.bincount(gid_array, minlength=size) if len(gid_array) else np.zeros(size, np.int64)
-    counted = tally.tolist()
-    codes = {g: v.code for g, v in verdicts.items() if g < size and counted[g]}  # groups present
-    ok = [g for g, code in codes.items() if code is _SUCCESS]
-    bad = [g for g, code in codes.items() if code is not _SUCCESS]
-    feasible_gids: Sequence[int]
+    values: list[Any] = answers.values
+    tags = answers.tags
+    if faults:  # give this request's faults slots of their own, past the kept ones
+        values, slots = list(values), slots.copy()
+        tags = np.append(tags[:len(values)], np.full(len(faults), _TAG[Code.ERROR], tags.dtype))
+        for gid, verdict in faults.items():
+            slots[np.searchsorted(present, gid)] = len(values)
+            values.append(verdict)
+    present_tags = tags[slots]
+    tag_of_gid = np.full(int(present[-1]) + 1 if len(present) else 1, -1, np.int16)
+    tag_of_gid[present] = present_tags
+    node_tags = tag_of_gid[gid_array]
+    by_group = dict(zip(present.tolist(), map(values.__getitem__, slots.tolist())))
     rejected_at: np.ndarray | None = None  # None: every name is rejected
-    if not bad:
+    feasible_gids: np.ndarray
+    is_bad = present_tags != _TAG[Code.SUCCESS]
+    if not is_bad.any():
         feasible = names if isinstance(names, tuple) else tuple(names)
-        feasible_gids = gids if isinstance(gids, (list, tuple)) else gid_array.tolist()
-    elif not ok:
-        feasible, feasible_gids = (), ()
+        feasible_gids = gid_array
+    elif is_bad.all():
+        feasible, feasible_gids = (), gid_array[:0]
     else:
-        is_ok = np.zeros(size, dtype=bool)
-        is_ok[ok] = True
-        kept = is_ok[gid_array]
+        kept = node_tags == _TAG[Code.SUCCESS]
         kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
-        feasible, feasible_gids = pick(kept_at), gid_array[kept_at].tolist()
+        feasible, feasible_gids = pick(kept_at), gid_array[kept_at]
     failed: Mapping[str, str] = _NONE
     unresolvable: Mapping[str, str] = _NONE
     counts: dict[NodeVerdict, int] = {}
-    errors: list[str] = []
-    if bad:
-        reason = {g: verdicts[g].reason for g in bad}
-        hopeless = [g for g in bad if codes[g] is _HOPELESS]
+    error = ""
+    if is_bad.any():
+        bad_slots = slots[is_bad]
+        reason_of_slot = {s: values[s].reason for s in set(bad_slots.tolist())}
+        reason = dict(zip(present[is_bad].tolist(), map(reason_of_slot.__getitem__, bad_slots.tolist())))
 
         def reasons(at: np.ndarray | None) -> GroupedMapping:
             if at is None:
-                return GroupedMapping(names, gid_array.tolist(), reason, complete=True)
-            return GroupedMapping(pick(at), gid_array[at].tolist(), reason, complete=True)
+                return GroupedMapping(names, gid_array, reason, complete=True)
+            return GroupedMapping(pick(at), gid_array[at], reason, complete=True)
 
-        if len(hopeless) == len(bad):
+        hopeless_tag = _TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
+        bad_tags = present_tags[is_bad]
+        if (bad_tags == hopeless_tag).all():
             unresolvable = reasons(rejected_at)
-        elif not hopeless:
+        elif not (bad_tags == hopeless_tag).any():
             failed = reasons(rejected_at)
         else:
-            is_hopeless = np.zeros(size, dtype=bool)
-            is_hopeless[hopeless] = True
-            split = is_hopeless[gid_array]
+            split = node_tags == hopeless_tag
             if rejected_at is None:
                 at, others_at = np.flatnonzero(split), np.flatnonzero(~split)
             else:
                 split = split[rejected_at]
                 at, others_at = rejected_at[split], rejected_at[~split]
             unresolvable, failed = reasons(at), reasons(others_at)
-        for gid in bad:
-            counts[verdicts[gid]] = counts.get(verdicts[gid], 0) + counted[gid]
-        faulty = [g for g in bad if codes[g] is _ERROR]
-        if faulty:
-            errors = [f"{verdicts[g].plugin}: {verdicts[g].reason}" for g in faulty]
-    return FilterDecision(feasible, failed, unresolvable,
-                          GroupedMapping(names, gids, verdicts, complete=True), "; ".join(dict.fromkeys(errors)),
-                          MappingProxyType(counts), feasible_gids)
+        per_slot = np.bincount(bad_slots, weights=tally[present[is_bad]])
+        for s, n in enumerate(per_slot.tolist()):
+            if n:  # faults are not interned: equal ones add up
+                counts[values[s]] = counts.get(values[s], 0) + int(n)
+        error = "; ".join(dict.fromkeys(f"{v.plugin}: {v.reason}" for v in counts if v.code is Code.ERROR))
+    return FilterDecision(feasible, failed, unresolvable, GroupedMapping(names, gid_array, by_group, complete=True),
+                          error, MappingProxyType(counts), feasible_gids)
 
 
 def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
@@ -472,12 +519,12 @@ def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
 
 _NONE: Mapping[str, str] = MappingProxyType({})
 # Enum members read once: attribute access on an Enum class is a descriptor call, per group.
-_SUCCESS, _HOPELESS, _ERROR = Code.SUCCESS, Code.UNSCHEDULABLE_AND_UNRESOLVABLE, Code.ERROR
+_TAG = {Code.SUCCESS: 0, Code.UNSCHEDULABLE: 1, Code.UNSCHEDULABLE_AND_UNRESOLVABLE: 2, Code.ERROR: 3}
 _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small cluster)
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
 
 
-def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], Sequence[int]]:
+def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray]:
     """The names once each (``requested`` itself when it repeats none) and their group ids.
     Names equal to a filter answer under this very grouping reuse the ids computed for that
     answer (prioritize after filter) instead of a lookup per name."""
@@ -485,7 +532,7 @@ def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[s
     if answer is not None and answer.grouping is groups:
         return requested, answer.gids
     names, positions = _locate(groups, requested)
-    return names, groups.gid_at[positions].tolist()
+    return names, groups.gid_at[positions]
 
 
 def _locate(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray]:
@@ -515,10 +562,10 @@ def _demand_key(demand: PodDemand) -> PodDemand:
     return replace(demand, name="", uid="")
 
 
-def _group_memo(cache: dict[object, object], key: object) -> dict[int, Any]:
+def _group_memo(cache: dict[object, object], key: object, factory: Callable[[], Any] = GroupAnswers) -> Any:
     memo = cache.get(key)
     if memo is None:
         if len(cache) >= _MEMO_DEMANDS:
             cache.clear()
-        memo = cache.setdefault(key, {})
-    return memo  # type: ignore[return-value]
+        memo = cache.setdefault(key, factory())
+    return memo

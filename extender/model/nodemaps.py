@@ -37,8 +37,8 @@ class UniqueNames(list):
 
 
 class Answer:
-    """A feasible list filter answered: the names (a tuple, unique) and their group ids under
-    ``grouping`` (an opaque object: the ids are valid only while the caller's grouping is it)."""
+    """A feasible list filter answered: the names (a tuple, unique) and their group ids (a numpy
+    integer array, or any sequence of ints) under ``grouping`` (an opaque object: the ids are valid only while the caller's grouping is it)."""
 
     __slots__ = ("names", "gids", "grouping")
 
@@ -94,17 +94,26 @@ class GroupedMapping(Mapping):
     ``names`` must hold each name once. ``gids`` may be a list, a tuple or a numpy integer array
     (numpy integers hash and compare like ints, so ``by_group`` lookups work either way)."""
 
-    __slots__ = ("names", "gids", "by_group", "complete", "_index", "_len")
+    __slots__ = ("names", "gids", "by_group", "complete", "_index", "_len", "_gid_list")
 
     def __init__(self, names: Sequence[str], gids: Sequence[int], by_group: Mapping[int, Any],
                  complete: bool = False) -> None:
         self.names, self.gids, self.by_group, self.complete = names, gids, by_group, complete
         self._index: dict[str, int] | None = None
         self._len: int | None = len(names) if complete else None
+        self._gid_list: Sequence[int] | None = None
+
+    @property
+    def gid_list(self) -> Sequence[int]:
+        """``gids`` as Python ints (iterating a numpy array makes a numpy scalar per element)."""
+        if self._gid_list is None:
+            tolist = getattr(self.gids, "tolist", None)
+            self._gid_list = tolist() if tolist is not None else self.gids
+        return self._gid_list
 
     def __getitem__(self, name: str) -> Any:
         if self._index is None:
-            self._index = dict(zip(self.names, self.gids))
+            self._index = dict(zip(self.names, self.gid_list))
         return self.by_group[self._index[name]]
 
     def __contains__(self, name: object) -> bool:
@@ -127,16 +136,16 @@ class GroupedMapping(Mapping):
     def ordered_values(self) -> list[Any]:
         """The values in ``names`` order (complete mappings only)."""
         assert self.complete, "ordered_values needs a complete mapping"
-        return list(map(self.by_group.__getitem__, self.gids))
+        return list(map(self.by_group.__getitem__, self.gid_list))
 
     def _pairs(self) -> Iterator[tuple[str, Any]]:
         if self.complete:
-            return zip(self.names, map(self.by_group.__getitem__, self.gids))
+            return zip(self.names, map(self.by_group.__getitem__, self.gid_list))
         return self._present_pairs()
 
     def _present_pairs(self) -> Iterator[tuple[str, Any]]:
         values, missing = self.by_group, _MISSING
-        for name, gid in zip(self.names, self.gids):
+        for name, gid in zip(self.names, self.gid_list):
             value = values.get(gid, missing)
             if value is not missing:
                 yield name, value

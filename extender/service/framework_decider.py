@@ -187,26 +187,33 @@ class FrameworkDecider:
 
 
 def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:
-    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Many nodes share one result
-    object (one per group), so each distinct object is encoded once and its JSON shared
-    (read-only). Keyed by identity, not value: hashing a verdict hashes every status in it, and
-    the objects outlive this call, so their ids stay unique while it runs."""
-    encoded: dict[int, Any] = {}
-
-    def json_of(value: Any) -> Any:
-        js = encoded.get(id(value))
-        if js is None:
-            js = encoded[id(value)] = encode(value)
-        return js
-
+    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Nodes share result objects
+    (the framework interns one per distinct result), so each object's JSON is made once and
+    shared, read-only, by every record that shows it (``_SHARED_JSON``): fresh JSON per record
+    made the decision store the bulk of what each garbage collection walks."""
     if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
         names = per_node.names[:_MAX_VERDICTS_RECORDED]
         gids = [int(g) for g in per_node.gids[:_MAX_VERDICTS_RECORDED]]  # may be a numpy array
-        by_gid = {g: json_of(per_node.by_group[g]) for g in set(gids) if g in per_node.by_group}
+        by_gid = {g: _shared_json(per_node.by_group[g], encode) for g in set(gids) if g in per_node.by_group}
         if len(by_gid) == len(set(gids)):
             return dict(zip(names, map(by_gid.__getitem__, gids)))
         return {n: by_gid[g] for n, g in zip(names, gids) if g in by_gid}
-    return {name: json_of(value) for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED)}
+    return {name: _shared_json(value, encode) for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED)}
+
+
+def _shared_json(value: Any, encode: Callable[[Any], Any]) -> Any:
+    """``encode(value)``, made once per value object. Keyed by identity (hashing a verdict hashes
+    every status in it); the entry holds the value, so its id cannot be reused while cached."""
+    entry = _SHARED_JSON.get(id(value))
+    if entry is None or entry[0] is not value:
+        if len(_SHARED_JSON) >= _SHARED_JSON_MAX:
+            _SHARED_JSON.clear()
+        entry = _SHARED_JSON[id(value)] = (value, encode(value))
+    return entry[1]
+
+
+_SHARED_JSON: dict[int, tuple[Any, Any]] = {}
+_SHARED_JSON_MAX = 4096
 
 
 def _verdict_json(verdict: Any) -> list[dict[str, Any]]:

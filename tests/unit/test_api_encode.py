@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 
@@ -18,6 +19,7 @@ def plain_priorities(names, scores):
 
 @pytest.mark.parametrize("names, scores", [
     (NAMES, GroupedMapping(NAMES, GIDS, {0: 0, 1: 10, 2: 3}, complete=True)),
+    (NAMES, GroupedMapping(NAMES, np.array(GIDS), {0: 0, 1: 10, 2: 3}, complete=True)),  # numpy group ids
     (NAMES, {"gpu-a": 4, "gpu-c": 7}),  # a plain mapping, missing names score 0
     (UniqueNames(["only"]), {"only": 10}),
     (UniqueNames([]), {}),
@@ -33,6 +35,9 @@ def test_host_priorities_equal_orjson(names, scores):
 
 @pytest.mark.parametrize("reasons", [
     GroupedMapping(NAMES, [1, 2, 1, 2], {1: "needs 2 GPUs, 1 free", 2: 'quote " and \\ and \n'}, complete=True),
+    GroupedMapping(NAMES, np.array([2, 2, 1, 2]), {1: "needs 2 GPUs, 1 free", 2: "same"}, complete=True),
+    GroupedMapping(NAMES, np.array([1, 2, 2, 1]), {1: "shared", 2: "shared"}, complete=True),  # one reason, two groups
+    GroupedMapping(NAMES, np.array([1, 0, 1, 0]), {1: "partial"}),  # incomplete, numpy ids
     GroupedMapping(UniqueNames(["x"]), [3], {3: "r"}, complete=True),
     GroupedMapping(UniqueNames(['n"ame', "m"]), [1, 1], {1: "r"}, complete=True),  # escaped names
     GroupedMapping(NAMES, [1, 0, 1, 0], {1: "partial"}),  # incomplete: only present names
