@@ -58,7 +58,7 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
     if not names:
         return b"[]"
     if (isinstance(scores, GroupedMapping) and scores.names is names and scores.complete
-            and all(_valid_score(v) for v in scores.by_group.values()) and _plain(names)):
+            and _valid_scores(scores.by_group.values()) and (scores.plain or _plain(names))):
         # One fragment per group, mapped over the group ids: a single pass over the nodes.
         between = {g: _HOST_BETWEEN[v] for g, v in scores.by_group.items()}
         return _interleave('[{"Host":"', names, _fragments(between, scores.gids),
@@ -69,15 +69,18 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
     return _interleave('[{"Host":"', names, map(_HOST_BETWEEN.__getitem__, values), _HOST_LAST[values[-1]])
 
 
-def _valid_score(value: Any) -> bool:
-    return type(value) is int and 0 <= value <= MAX_EXTENDER_SCORE
+def _valid_scores(values: Iterable[Any]) -> bool:
+    """Every value an int (not a bool) in 0..10: C-level passes, no Python step per value."""
+    values = list(values)
+    return not values or (set(map(type, values)) == {int}
+                          and 0 <= min(values) and max(values) <= MAX_EXTENDER_SCORE)
 
 
 def encode_reasons(reasons: Mapping[str, str]) -> bytes:
     """A node -> reason mapping as a JSON object (``FailedNodes`` and friends)."""
     if not reasons:
         return b"{}"
-    if not (isinstance(reasons, GroupedMapping) and reasons.complete and _plain(reasons.names)):
+    if not (isinstance(reasons, GroupedMapping) and reasons.complete and (reasons.plain or _plain(reasons.names))):
         return orjson.dumps(dict(reasons))
     # Each distinct reason encoded once; names interleaved with '":<reason>,"'.
     by_reason: dict[str, str] = {}  # groups often share a reason: encode each once

@@ -217,7 +217,8 @@ class Framework:
 
             def pick(at: np.ndarray) -> tuple[str, ...]:
                 return tuple(array[positions[at]].tolist())
-        decision = _decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick)
+        plain = pick is not None and groups.index.plain  # names of snapshot nodes need no JSON escaping
+        decision = _decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
         if decision.feasible_gids is not None:
             RECENT_ANSWERS.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
@@ -285,7 +286,7 @@ class Framework:
         per-node outputs are views over the group ids, read with array operations."""
         snapshot = state.snapshot
         groups = snapshot.groups()
-        names, gid_array = _group_ids(groups, requested)
+        names, gid_array, known = _group_ids(groups, requested)
         answers = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
         present = np.flatnonzero(np.bincount(gid_array)) if len(gid_array) else gid_array
         slots = answers.slots(present)
@@ -307,7 +308,7 @@ class Framework:
         finals = dict(zip(present_list, answers.tags[slots].tolist()))
         results = dict(zip(present_list, map(answers.values.__getitem__, slot_list)))
         results.pop(UNKNOWN_GROUP, None)
-        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True),
+        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, plain=known and groups.index.plain),
                              GroupedMapping(names, gid_array, results))
 
     def _node_score(self, values: tuple[int, ...]) -> NodeScore:
@@ -434,7 +435,7 @@ def _decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Ma
 
 def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarray, present: np.ndarray,
                     slots: np.ndarray, answers: GroupAnswers, faults: Mapping[int, NodeVerdict],
-                    pick: Callable[[np.ndarray], tuple[str, ...]] | None) -> FilterDecision:
+                    pick: Callable[[np.ndarray], tuple[str, ...]] | None, plain: bool = False) -> FilterDecision:
     """The decision for ``names`` of groups ``gid_array``: ``tally`` counts names per group id,
     ``present`` lists the group ids with names (ascending), ``slots`` their verdicts' slots in
     ``answers`` (-1 only for ``faults``, verdicts of this request not kept). Every output keeps
@@ -442,7 +443,7 @@ def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarr
     output list, never a Python step per node, and per group only C-level ``zip``s: at 5,000
     names each list-level pass costs ~0.1 ms, the array operations a few microseconds.
     ``pick(at)`` returns ``names`` at the ascending positions ``at`` (default: an
-    ``itemgetter`` over ``names``)."""
+    ``itemgetter`` over ``names``); ``plain`` vouches that no name needs JSON escaping."""
     if pick is None:
         def pick(at: np.ndarray) -> tuple[str, ...]:
             return _gather(names, at)
@@ -482,8 +483,8 @@ def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarr
 
         def reasons(at: np.ndarray | None) -> GroupedMapping:
             if at is None:
-                return GroupedMapping(names, gid_array, reason, complete=True)
-            return GroupedMapping(pick(at), gid_array[at], reason, complete=True)
+                return GroupedMapping(names, gid_array, reason, complete=True, plain=plain)
+            return GroupedMapping(pick(at), gid_array[at], reason, complete=True, plain=plain)
 
         hopeless_tag = _TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
         bad_tags = present_tags[is_bad]
@@ -524,15 +525,16 @@ _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
 
 
-def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray]:
-    """The names once each (``requested`` itself when it repeats none) and their group ids.
-    Names equal to a filter answer under this very grouping reuse the ids computed for that
-    answer (prioritize after filter) instead of a lookup per name."""
+def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray, bool]:
+    """The names once each (``requested`` itself when it repeats none), their group ids, and
+    whether every name is a snapshot node. Names equal to a filter answer under this very
+    grouping reuse the ids computed for that answer (prioritize after filter) instead of a
+    lookup per name; an answer only ever holds snapshot nodes."""
     answer = getattr(requested, "answer", None) or RECENT_ANSWERS.find(requested)
     if answer is not None and answer.grouping is groups:
-        return requested, answer.gids
+        return requested, answer.gids, True
     names, positions = _locate(groups, requested)
-    return names, groups.gid_at[positions]
+    return names, groups.gid_at[positions], bool(len(positions) == 0 or positions.min() >= 0)
 
 
 def _locate(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray]:

@@ -94,11 +94,14 @@ class GroupedMapping(Mapping):
     ``names`` must hold each name once. ``gids`` may be a list, a tuple or a numpy integer array
     (numpy integers hash and compare like ints, so ``by_group`` lookups work either way)."""
 
-    __slots__ = ("names", "gids", "by_group", "complete", "_index", "_len", "_gid_list")
+    __slots__ = ("names", "gids", "by_group", "complete", "plain", "_index", "_len", "_gid_list")
 
     def __init__(self, names: Sequence[str], gids: Sequence[int], by_group: Mapping[int, Any],
-                 complete: bool = False) -> None:
+                 complete: bool = False, plain: bool = False) -> None:
         self.names, self.gids, self.by_group, self.complete = names, gids, by_group, complete
+        # True when the maker knows no name needs escaping in JSON (see json_plain); the
+        # encoders check the names themselves otherwise.
+        self.plain = plain
         self._index: dict[str, int] | None = None
         self._len: int | None = len(names) if complete else None
         self._gid_list: Sequence[int] | None = None
@@ -178,3 +181,10 @@ class _Values(ValuesView):
 
 
 _MISSING = object()
+
+
+def json_plain(text: str) -> bool:
+    """True when JSON writes ``text`` as it is between quotes: no quote, backslash or control
+    character (conservatively: every character printable). Kubernetes node names (DNS
+    subdomains) always are."""
+    return text.isprintable() and '"' not in text and "\\" not in text

@@ -34,6 +34,7 @@ from extender.model.inventory import (
     inventory_from_gfd_labels,
 )
 from extender.model.ledger import EMPTY_VIEW, LedgerView
+from extender.model.nodemaps import json_plain
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -250,10 +251,11 @@ class NodeIndex:
     fancy-index instead of a Python step per name.
     """
 
-    __slots__ = ("names", "position", "array")
+    __slots__ = ("names", "position", "array", "plain")
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = tuple(names)
+        self.plain = json_plain("".join(self.names))  # no name needs escaping in JSON
         self.position = {name: i for i, name in enumerate(self.names)}
         self.array = np.empty(len(self.names), dtype=object)
         self.array[:] = self.names

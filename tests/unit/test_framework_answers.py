@@ -5,6 +5,7 @@ including when the ledger moved between the two calls."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -117,3 +118,29 @@ def test_repeated_and_unknown_names_are_answered_once_each(seed, repeats, unknow
     scores = default_framework().score(snapshot, demand, request).scores
     assert list(scores) == list(dict.fromkeys(request))
     assert dict(scores) == dict(default_framework().score(snapshot, demand, UniqueNames(dict.fromkeys(request))).scores)
+
+
+@pytest.mark.parametrize("odd", ['we"ird', "back\\slash", "ctl\x01", "ünï"])
+def test_answers_encode_like_orjson_whatever_the_node_names(odd):
+    """The framework vouches for JSON-plain names only when the snapshot's names are: a node
+    name that needs escaping (impossible in Kubernetes, possible in a hand-made snapshot) takes
+    the encoders' checked path, and the bytes stay exactly orjson's."""
+    import orjson
+
+    from extender.api.encode import encode_host_priorities, encode_reasons
+
+    nodes = fleet(100, 3)
+    at = next(i for i, n in enumerate(nodes) if n.name.startswith("l40s"))  # rejected: no NVLink
+    nodes[at] = replace(nodes[at], name=f"{odd}-{nodes[at].name}")
+    snapshot = ClusterSnapshot.build(nodes, GpuLedger().view())
+    demand = make_demand(gpus=4, tp=4, model="Qwen/Qwen2.5-32B-Instruct", annotations={"gpusched.io/require-nvlink": "true"})
+    names = [n.name for n in nodes]
+    decision = default_framework().filter(snapshot, demand, fresh(names))
+    assert names[at] in decision.unresolvable and decision.feasible
+    for reasons in (decision.failed, decision.unresolvable):
+        assert encode_reasons(reasons) == orjson.dumps(dict(reasons))
+    request = fresh(list(decision.feasible) + [names[at]])
+    assert len(request) >= 16  # the grouped path (see runtime._GROUPED_FROM)
+    scores = default_framework().score(snapshot, demand, request).scores
+    assert encode_host_priorities(request, scores) == orjson.dumps(
+        [{"Host": n, "Score": scores[n]} for n in request])
