@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
@@ -211,12 +211,8 @@ class Framework:
                 else:
                     answers.add(gid, verdict, _TAG[verdict.code])
             slots = answers.slots(present)
-        pick = None
-        if tally[UNKNOWN_GROUP] == 0:  # every name is a snapshot node: gather from the index's array
-            array = groups.index.array
-
-            def pick(at: np.ndarray) -> tuple[str, ...]:
-                return tuple(array[positions[at]].tolist())
+        # Every name a snapshot node: gather answers from the index's array of names.
+        pick = _picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         plain = pick is not None and groups.index.plain  # names of snapshot nodes need no JSON escaping
         decision = _decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
         if decision.feasible_gids is not None:
@@ -509,6 +505,13 @@ def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarr
                           error, MappingProxyType(counts), feasible_gids)
 
 
+def _picker(array: np.ndarray, positions: np.ndarray) -> Callable[[np.ndarray], tuple[str, ...]]:
+    """``at -> array[positions[at]]`` as a tuple: request positions to names, one numpy take."""
+    def pick(at: np.ndarray) -> tuple[str, ...]:
+        return tuple(array[positions[at]].tolist())
+    return pick
+
+
 def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
     """``names`` at the positions ``at`` (ascending), as a tuple, in one C-level call."""
     if len(at) == 0:
@@ -561,7 +564,7 @@ def _unique(names: Iterable[str]) -> list[str]:
 
 def _demand_key(demand: PodDemand) -> PodDemand:
     """The demand without the pod's identity: replicas and retries of one pod share answers."""
-    return replace(demand, name="", uid="")
+    return demand.without_identity
 
 
 def _group_memo(cache: dict[object, object], key: object, factory: Callable[[], Any] = GroupAnswers) -> Any:

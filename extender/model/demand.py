@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from extender.model.catalog import Catalog
@@ -83,6 +84,12 @@ class PodDemand:
     def key(self) -> str:
         """The ledger key, ``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def without_identity(self) -> PodDemand:
+        """This demand without the pod's name and uid: replicas and retries of one pod compare
+        equal (computed once per demand; equality and hashing ignore the cache)."""
+        return replace(self, name="", uid="")
 
 
 class _Invalid(Exception):

@@ -136,6 +136,19 @@ class GroupedMapping(Mapping):
             self._len = sum(1 for _ in self._pairs())
         return self._len
 
+    def head(self, count: int) -> dict[str, Any]:
+        """The first ``count`` entries as a dict, touching only as many names as it must."""
+        if self.complete:
+            gids = self.gids[:count]
+            tolist = getattr(gids, "tolist", None)
+            return dict(zip(self.names[:count], map(self.by_group.__getitem__, tolist() if tolist else gids)))
+        out: dict[str, Any] = {}
+        for name, value in self._present_pairs():
+            if len(out) >= count:
+                break
+            out[name] = value
+        return out
+
     def ordered_values(self) -> list[Any]:
         """The values in ``names`` order (complete mappings only)."""
         assert self.complete, "ordered_values needs a complete mapping"

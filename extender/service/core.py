@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
 
+from extender.model.nodemaps import GroupedMapping
 from extender.service.decisions import DecisionRecord, DecisionStore
 from extender.service.ports import Binder, BindError
 
@@ -133,8 +134,10 @@ def _bounded(key: str, values: Sequence[str] | Mapping[str, Any]) -> dict[str, A
     key + "Total": count}`` (a mapping stays a mapping, a sequence a list)."""
     if len(values) <= WHOLE_UP_TO:
         return {key: values}
-    if isinstance(values, Mapping):
-        head: Any = dict(islice(values.items(), RECORDED_NODES))
+    if isinstance(values, GroupedMapping):
+        head: Any = values.head(RECORDED_NODES)
+    elif isinstance(values, Mapping):
+        head = dict(islice(values.items(), RECORDED_NODES))
     else:
         head = list(values[:RECORDED_NODES])
     return {key: head, key + "Total": len(values)}
