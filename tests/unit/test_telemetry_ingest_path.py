@@ -150,6 +150,19 @@ def test_a_report_for_another_node_still_ends_the_stream():
     assert "n2" not in store.view()
 
 
+def test_the_reports_metric_is_the_stores_count_read_at_scrape_time():
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry()
+    metrics = TelemetryMetrics(registry)
+    store = TelemetryStore()
+    for _ in range(2):  # a second servicer on the same metrics registers nothing twice
+        servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT, metrics)
+    asyncio.run(servicer.Stream(iter(()), FakeContext([report(i) for i in range(1, 6)])))
+    exposed = generate_latest(registry).decode()
+    assert "gpusched_telemetry_reports_total 5.0" in exposed, exposed
+
+
 def test_ack_every_must_be_positive():
     with pytest.raises(ValueError, match="ack_every"):
         TelemetryServicer(TelemetryStore(), lambda t: None, AGENT, TelemetryMetrics(CollectorRegistry()), ack_every=0)
