@@ -652,19 +652,40 @@ def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return {"metric": metric, "measured": measured, "unit": unit, "target": target, "met": met, "anchor": None}
     store_p99 = r["age_store_periods"].get("p99", float("inf"))
     data_p99 = r["age_data_periods"].get("p99", float("inf"))
+    generators = generator_load(r)
     return [
         entry(f"reports ingested per second, {n} at 1 Hz", r["reports_per_s"], "reports/s",
               f">= 97 % of {r['expected_reports_per_s']:,.0f}",
               r["reports_per_s"] >= 0.97 * r["expected_reports_per_s"]),
-        entry(f"store age p99 (now - received_at), {n}", store_p99, "periods", age, store_p99 <= TARGET_AGE_P99_PERIODS),
-        entry(f"data age p99 (now - agent's sampled_at), {n}", data_p99, "periods", age,
-              data_p99 <= TARGET_AGE_P99_PERIODS),
+        {**entry(f"store age p99 (now - received_at), {n}", store_p99, "periods", age,
+                 store_p99 <= TARGET_AGE_P99_PERIODS), "anchor": generators},
+        {**entry(f"data age p99 (now - agent's sampled_at), {n}", data_p99, "periods", age,
+                 data_p99 <= TARGET_AGE_P99_PERIODS), "anchor": generators},
         entry(f"extender CPU per wall second, {n}, pinned to one core", r["cpu"]["process_per_wall_s"], "CPU s/s",
               "one core (< 1.0 leaves headroom; ~1.0 = saturated)", None),
         entry(f"ingest CPU per report, {n}", r["cpu"]["ingest_us_per_report"], "us", "informational", None),
         entry(f"filter + prioritize p99 while ingesting, {n}", r["filter_ingesting_ms"]["total"].get("p99", 0.0), "ms",
               "informational (extender_latency holds the latency target)", None),
     ]
+
+
+def generator_load(r: dict[str, Any]) -> str:
+    """The load generators' own state, which every age includes: a late send is an older report."""
+    gen_cpu = sum(g.get("cpu_per_wall_s", 0) for g in r.get("generators", []))
+    gen_late = max((g.get("send_late_ms", {}).get("p99", 0) for g in r.get("generators", [])), default=0)
+    return (f"load generators (their own core): {gen_cpu:.2f} CPU s/s, send lateness p99 {gen_late:.0f} ms "
+            "(part of every age)")
+
+
+def why_not_met(rows: list[dict[str, Any]]) -> str | None:
+    """Why the age target was missed, in the recorded run's own figures (None when met)."""
+    r = next((x for x in rows if x["agents"] == 5000), None)
+    if r is None or verdict(r) == "met":
+        return None
+    return (f"at {r['agents']:,} agents the extender's core is at {r['cpu']['process_per_wall_s']:.2f} CPU s/s "
+            f"(ingest {r['cpu']['ingest_us_per_report']:.0f} us per report, mostly gRPC's per-message work), so "
+            f"reports queue; and on this 2-vCPU box the agents' side is saturated too ({generator_load(r)}), "
+            "which this machine cannot separate from the extender's share")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -764,7 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.output:
                 r.pop("profile_top", None)
         out.write_text(json.dumps({
-            "headline": headline(ok), "machine": info, "target": target,
+            "headline": headline(ok), "why_not_met": why_not_met(ok), "machine": info, "target": target,
             "setup": {"period_s": args.period, "seconds": args.seconds, "idle_seconds": args.idle_seconds,
                       "generators": args.generators, "filter_hz": args.filter_hz, "change_prob": args.change_prob,
                       "ramp_s": args.ramp, "warmup_s": args.warmup, "pod": "tp2 (Llama-3.1-8B, TP=2), service level",
