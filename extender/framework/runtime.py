@@ -10,23 +10,35 @@ shape-only plugins, so one verdict is computed per (shape, free mask) group and 
 snapshot keeps the grouping up to date per ledger view (``ClusterSnapshot.groups``), and the
 per-group answers are kept with it for pods of equal demand (replicas, retries), so a request
 costs a few C-level passes over the node names plus plugin work for groups not seen before.
-Per-node results are returned as lazy mappings over (names, group ids).
+Per-node results are returned as lazy mappings over (names, group ids). The decision values and
+how a filter decision is built from per-group verdicts are in ``decisions``; the per-group
+answers kept across requests in ``groupmemo``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from extender.framework.decisions import (
+    CODE_TAG,
+    FilterDecision,
+    GpuChoice,
+    NodeScore,
+    NodeVerdict,
+    PluginScore,
+    ScoreDecision,
+    decide,
+    decide_grouped,
+    picker,
+    summarize_failures,
+    to_extender_score,
+)
 from extender.framework.groupmemo import GroupAnswers
 from extender.framework.interfaces import (
-    MAX_EXTENDER_SCORE,
     MAX_NODE_SCORE,
     CycleState,
     FilterPlugin,
@@ -39,81 +51,13 @@ from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandError, PodDemand
 from extender.model.nodemaps import RECENT_ANSWERS, Answer, GroupedMapping, UniqueNames, unique_names
-from extender.model.placement import Tier
 from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeGroups, NodeInfo
+
+__all__ = ["Framework", "FilterDecision", "GpuChoice", "NodeScore", "NodeVerdict", "PluginScore", "ScoreDecision",
+           "summarize_failures", "to_extender_score"]
 
 FRAMEWORK = "Framework"
 DEMAND = "PodDemand"
-
-
-@dataclass(frozen=True)
-class NodeVerdict:
-    """Every status produced for one node, in the order the plugins ran; the last one decides."""
-
-    statuses: tuple[Status, ...]
-
-    @property
-    def code(self) -> Code:
-        return self.statuses[-1].code if self.statuses else Code.SUCCESS
-
-    @property
-    def reason(self) -> str:
-        return self.statuses[-1].reason if self.statuses else ""
-
-    @property
-    def plugin(self) -> str:
-        return self.statuses[-1].plugin if self.statuses else ""
-
-
-@dataclass(frozen=True)
-class FilterDecision:
-    """``feasible`` keeps request order; ``failed``/``unresolvable`` map node -> reason
-    (``FailedNodes``/``FailedAndUnresolvableNodes``); ``error`` is non-empty only for our faults."""
-
-    feasible: tuple[str, ...]
-    failed: Mapping[str, str]
-    unresolvable: Mapping[str, str]
-    per_node: Mapping[str, NodeVerdict]
-    error: str = ""
-    # Rejected nodes counted per verdict (None when built by hand): summaries without a pass
-    # over every node.
-    rejected_counts: Mapping[NodeVerdict, int] | None = field(default=None, compare=False, repr=False)
-    # Group ids of ``feasible`` (None when built by hand): remembered with the answer.
-    feasible_gids: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class PluginScore:
-    plugin: str
-    raw: int
-    normalized: float  # 0..MAX_NODE_SCORE
-    weight: int
-    weighted: float  # normalized * weight
-
-
-@dataclass(frozen=True)
-class NodeScore:
-    plugins: tuple[PluginScore, ...]
-    total: float  # weighted mean of normalised scores, 0..MAX_NODE_SCORE
-    final: int  # 0..MAX_EXTENDER_SCORE, what the wire carries
-
-
-@dataclass(frozen=True)
-class ScoreDecision:
-    scores: Mapping[str, int]
-    per_node: Mapping[str, NodeScore]
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class GpuChoice:
-    """The units bind records in ``gpusched.io/assigned-gpus`` and assumes in the ledger."""
-
-    node: str
-    unit_ids: tuple[str, ...]
-    gpu_indices: tuple[int, ...]
-    tier: Tier
-    uses_mig: bool
 
 
 class Framework:
@@ -159,12 +103,12 @@ class Framework:
         if isinstance(demand, DemandError):
             names = _unique(requested)
             verdict = NodeVerdict((Status.unresolvable(DEMAND, demand.message),))
-            return _decide(names, np.ones(len(names), np.int64), {1: verdict}), None
+            return decide(names, np.ones(len(names), np.int64), {1: verdict}), None
         state = CycleState(snapshot, demand)
         pre = self._pre_filter(state, demand)
         if not pre.is_success:
             names = _unique(requested)
-            return _decide(names, np.ones(len(names), np.int64), {1: NodeVerdict((pre,))}), state
+            return decide(names, np.ones(len(names), np.int64), {1: NodeVerdict((pre,))}), state
         if self._shape_only and len(requested) >= _GROUPED_FROM:
             return self._filter_grouped(state, demand, requested), state
         names = _unique(requested)
@@ -186,7 +130,7 @@ class Framework:
             if verdict is None:
                 verdict = memo[key] = self._filter_node(state, demand, node)
             verdicts[i] = verdict
-        return _decide(names, ids, verdicts), state
+        return decide(names, ids, verdicts), state
 
     def _filter_grouped(self, state: CycleState, demand: PodDemand, requested: Sequence[str]) -> FilterDecision:
         """One verdict per (shape, free mask) group, kept across requests for equal demands."""
@@ -202,19 +146,19 @@ class Framework:
             gids: list[int] = gid_array.tolist()
             for gid in present[slots < 0].tolist():  # groups never judged for this demand
                 if gid == UNKNOWN_GROUP:
-                    answers.add(gid, _UNKNOWN_NODE, _TAG[_UNKNOWN_NODE.code])
+                    answers.add(gid, _UNKNOWN_NODE, CODE_TAG[_UNKNOWN_NODE.code])
                     continue
                 node = state.snapshot.nodes[groups.representative(gid, names, gids)]
                 verdict = self._filter_node(state, demand, node)
                 if verdict.code is Code.ERROR:  # faults are retried, never remembered
                     faults[gid] = verdict
                 else:
-                    answers.add(gid, verdict, _TAG[verdict.code])
+                    answers.add(gid, verdict, CODE_TAG[verdict.code])
             slots = answers.slots(present)
         # Every name a snapshot node: gather answers from the index's array of names.
-        pick = _picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
+        pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         plain = pick is not None and groups.index.plain  # names of snapshot nodes need no JSON escaping
-        decision = _decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
+        decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
         if decision.feasible_gids is not None:
             RECENT_ANSWERS.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
@@ -382,24 +326,6 @@ class Framework:
                          placement.uses_mig)
 
 
-def to_extender_score(total: float) -> int:
-    """Map 0..100 to the extender's 0..10, rounding half up."""
-    clamped = min(max(total, 0.0), float(MAX_NODE_SCORE))
-    return int(clamped * MAX_EXTENDER_SCORE / MAX_NODE_SCORE + 0.5)
-
-
-def summarize_failures(decision: FilterDecision) -> str:
-    """Rejections grouped by reason, commonest first: ``"3 nodes: …; 1 node: …"``."""
-    if decision.rejected_counts is not None:
-        counts: Counter[str] = Counter()
-        for verdict, n in decision.rejected_counts.items():
-            counts[verdict.reason] += n
-    else:
-        counts = Counter(list(decision.unresolvable.values()) + list(decision.failed.values()))
-    parts = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    return "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}" for reason, n in parts)
-
-
 _UNKNOWN_SCORE = NodeScore((), 0.0, 0)  # never shown: unknown nodes have no per-node score
 _UNKNOWN_NODE = NodeVerdict((Status.unresolvable(
     FRAMEWORK, "node not known to gpusched (not in its node cache yet)"),))
@@ -413,117 +339,6 @@ def _call(plugin: Any, method: str, *args: Any) -> Any:
         return Status.error(plugin.name, f"{method} failed: {type(exc).__name__}: {exc}")
 
 
-def _decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Mapping[int, NodeVerdict],
-            pick: Callable[[np.ndarray], tuple[str, ...]] | None = None) -> FilterDecision:
-    """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]`` (any group ids)."""
-    answers = GroupAnswers()
-    faults = {}
-    for gid, verdict in verdicts.items():
-        if verdict.code is Code.ERROR:
-            faults[gid] = verdict
-        else:
-            answers.add(gid, verdict, _TAG[verdict.code])
-    gid_array = np.asarray(gids, dtype=np.int64)
-    tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
-    present = np.flatnonzero(tally)
-    return _decide_grouped(names, gid_array, tally, present, answers.slots(present), answers, faults, pick)
-
-
-def _decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarray, present: np.ndarray,
-                    slots: np.ndarray, answers: GroupAnswers, faults: Mapping[int, NodeVerdict],
-                    pick: Callable[[np.ndarray], tuple[str, ...]] | None, plain: bool = False) -> FilterDecision:
-    """The decision for ``names`` of groups ``gid_array``: ``tally`` counts names per group id,
-    ``present`` lists the group ids with names (ascending), ``slots`` their verdicts' slots in
-    ``answers`` (-1 only for ``faults``, verdicts of this request not kept). Every output keeps
-    request order. Built with array operations (numpy) and one C-level gather of names per
-    output list, never a Python step per node, and per group only C-level ``zip``s: at 5,000
-    names each list-level pass costs ~0.1 ms, the array operations a few microseconds.
-    ``pick(at)`` returns ``names`` at the ascending positions ``at`` (default: an
-    ``itemgetter`` over ``names``); ``plain`` vouches that no name needs JSON escaping."""
-    if pick is None:
-        def pick(at: np.ndarray) -> tuple[str, ...]:
-            return _gather(names, at)
-    values: list[Any] = answers.values
-    tags = answers.tags
-    if faults:  # give this request's faults slots of their own, past the kept ones
-        values, slots = list(values), slots.copy()
-        tags = np.append(tags[:len(values)], np.full(len(faults), _TAG[Code.ERROR], tags.dtype))
-        for gid, verdict in faults.items():
-            slots[np.searchsorted(present, gid)] = len(values)
-            values.append(verdict)
-    present_tags = tags[slots]
-    tag_of_gid = np.full(int(present[-1]) + 1 if len(present) else 1, -1, np.int16)
-    tag_of_gid[present] = present_tags
-    node_tags = tag_of_gid[gid_array]
-    by_group = dict(zip(present.tolist(), map(values.__getitem__, slots.tolist())))
-    rejected_at: np.ndarray | None = None  # None: every name is rejected
-    feasible_gids: np.ndarray
-    is_bad = present_tags != _TAG[Code.SUCCESS]
-    if not is_bad.any():
-        feasible = names if isinstance(names, tuple) else tuple(names)
-        feasible_gids = gid_array
-    elif is_bad.all():
-        feasible, feasible_gids = (), gid_array[:0]
-    else:
-        kept = node_tags == _TAG[Code.SUCCESS]
-        kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
-        feasible, feasible_gids = pick(kept_at), gid_array[kept_at]
-    failed: Mapping[str, str] = _NONE
-    unresolvable: Mapping[str, str] = _NONE
-    counts: dict[NodeVerdict, int] = {}
-    error = ""
-    if is_bad.any():
-        bad_slots = slots[is_bad]
-        reason_of_slot = {s: values[s].reason for s in set(bad_slots.tolist())}
-        reason = dict(zip(present[is_bad].tolist(), map(reason_of_slot.__getitem__, bad_slots.tolist())))
-
-        def reasons(at: np.ndarray | None) -> GroupedMapping:
-            if at is None:
-                return GroupedMapping(names, gid_array, reason, complete=True, plain=plain)
-            return GroupedMapping(pick(at), gid_array[at], reason, complete=True, plain=plain)
-
-        hopeless_tag = _TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
-        bad_tags = present_tags[is_bad]
-        if (bad_tags == hopeless_tag).all():
-            unresolvable = reasons(rejected_at)
-        elif not (bad_tags == hopeless_tag).any():
-            failed = reasons(rejected_at)
-        else:
-            split = node_tags == hopeless_tag
-            if rejected_at is None:
-                at, others_at = np.flatnonzero(split), np.flatnonzero(~split)
-            else:
-                split = split[rejected_at]
-                at, others_at = rejected_at[split], rejected_at[~split]
-            unresolvable, failed = reasons(at), reasons(others_at)
-        per_slot = np.bincount(bad_slots, weights=tally[present[is_bad]])
-        for s, n in enumerate(per_slot.tolist()):
-            if n:  # faults are not interned: equal ones add up
-                counts[values[s]] = counts.get(values[s], 0) + int(n)
-        error = "; ".join(dict.fromkeys(f"{v.plugin}: {v.reason}" for v in counts if v.code is Code.ERROR))
-    return FilterDecision(feasible, failed, unresolvable, GroupedMapping(names, gid_array, by_group, complete=True),
-                          error, MappingProxyType(counts), feasible_gids)
-
-
-def _picker(array: np.ndarray, positions: np.ndarray) -> Callable[[np.ndarray], tuple[str, ...]]:
-    """``at -> array[positions[at]]`` as a tuple: request positions to names, one numpy take."""
-    def pick(at: np.ndarray) -> tuple[str, ...]:
-        return tuple(array[positions[at]].tolist())
-    return pick
-
-
-def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
-    """``names`` at the positions ``at`` (ascending), as a tuple, in one C-level call."""
-    if len(at) == 0:
-        return ()
-    if len(at) == 1:
-        return (names[int(at[0])],)
-    return itemgetter(*at.tolist())(names)
-
-
-_NONE: Mapping[str, str] = MappingProxyType({})
-# Enum members read once: attribute access on an Enum class is a descriptor call, per group.
-_TAG = {Code.SUCCESS: 0, Code.UNSCHEDULABLE: 1, Code.UNSCHEDULABLE_AND_UNRESOLVABLE: 2, Code.ERROR: 3}
 _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small cluster)
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
 
