@@ -17,7 +17,7 @@ Each cycle is timed twice: wall clock (``perf_counter``) and the thread's CPU ti
 the core spent on other processes, which the CPU figure excludes.
 
 The process settles its heap like the extender's entry point does after the first list
-(``extender.heap.settle_heap``: ``gc.freeze()``).
+(``extender.heap.settle_heap``: ``gc.freeze()`` and the young generation's threshold).
 
 One iteration is one scheduling cycle as kube-scheduler runs it: filter with every node name,
 then prioritize with the feasible names filter returned. Every iteration uses a new pod (new

@@ -47,6 +47,9 @@ reported and a warm-up:
 * ingest lag per report = wall time at ingest - ``sampled_at`` (same machine, same clock);
 * filter + prioritize latency while ingesting, and after the agents stopped ("idle": same state,
   telemetry left to go stale, the one rebuild that causes absorbed before measuring);
+* garbage collections in the window (``gc``: per generation, count and the collecting thread's
+  CPU), after the process settled its heap as the extender's entry point does
+  (``extender.heap.settle_heap``: freeze, young threshold);
 * CPU per thread name from /proc (``by_thread_per_wall_s``: ``python`` = the interpreter's
   threads, ``event_engine`` = gRPC core's I/O threads); ``--profile`` is a cProfile of the
   telemetry event loop in thread CPU time (not wall: waits for the GIL or a lock are not cost).
@@ -169,6 +172,7 @@ def extender_main(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     import extender.adapters.telemetry_server as ts
+    from extender.heap import settle_heap
     from bench.extender_latency import SHAPES, Churn, _NullObserver, make_decider, node_object
     from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
     from extender.service.state import ClusterState
@@ -297,7 +301,7 @@ def extender_main(args: argparse.Namespace) -> int:
 
     for _ in range(10):  # warm-up: demand parsing, group caches
         filter_cycle()
-    gc.collect()
+    settle_heap()  # as the extender's entry point does once the cluster view is listed (gc.freeze)
     say(f"READY {server.port}")
 
     # ramp: wait until every node has reported, then warm up
@@ -325,9 +329,11 @@ def extender_main(args: argparse.Namespace) -> int:
     threads0 = thread_cpu()
     w0 = time.monotonic()
     recording[0] = True
+    collector = GcWatch().start()
     end = w0 + args.seconds
     filter_loop(lambda: time.monotonic() > end, ingest)
     recording[0] = False
+    collector.stop()
     wall = time.monotonic() - w0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     threads1 = thread_cpu()
@@ -380,7 +386,7 @@ def extender_main(args: argparse.Namespace) -> int:
         "node_samples_without_report": missing[0], "age_samples": missing[1],
         "judged_changes_per_s": round((judged[0] - judged0) / wall, 1),
         "snapshot_rebuilds_per_s": round(rebuilds / wall, 2), "capacity_rises_per_s": round((rises[0] - rises0) / wall, 2),
-        "filter_ingesting_ms": _latency(ingest), "filter_idle_ms": _latency(idle),
+        "filter_ingesting_ms": _latency(ingest), "filter_idle_ms": _latency(idle), "gc": collector.result(),
         "ledger_entries": len(state.ledger),
     }
     if profile_text:
@@ -404,6 +410,36 @@ def _profile_summary(profiler: Any, top: int = 30) -> list[str]:
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("tottime").print_stats(top)
     return out.getvalue().splitlines()
+
+
+class GcWatch:
+    """Garbage collections in the measured window: per generation, how many and the collecting
+    thread's CPU time in them (the collector runs on whichever thread allocates), plus the
+    young generations' size and allocation count at the end (what the next collection walks)."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._per_gen = {g: [0, 0.0] for g in range(3)}
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            entry = self._per_gen[info["generation"]]
+            entry[0] += 1
+            entry[1] += time.thread_time() - self._started
+
+    def start(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def result(self) -> dict[str, Any]:
+        return {"threshold": list(gc.get_threshold()), "count_at_end": list(gc.get_count()),
+                "young_objects_at_end": [len(gc.get_objects(0)), len(gc.get_objects(1))],
+                "collections": {str(g): {"n": n, "cpu_ms": round(cpu * 1e3, 1)} for g, (n, cpu) in self._per_gen.items()}}
 
 
 def _latency(rec: dict[str, list]) -> dict[str, Any]:
