@@ -159,7 +159,8 @@ def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarra
     rejected_at: np.ndarray | None = None  # None: every name is rejected
     feasible_gids: np.ndarray
     is_bad = present_tags != CODE_TAG[Code.SUCCESS]
-    if not is_bad.any():
+    any_bad = bool(is_bad.any())
+    if not any_bad:
         feasible = names if isinstance(names, tuple) else tuple(names)
         feasible_gids = gid_array
     elif is_bad.all():
@@ -172,7 +173,7 @@ def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarra
     unresolvable: Mapping[str, str] = _NONE
     counts: dict[NodeVerdict, int] = {}
     error = ""
-    if is_bad.any():
+    if any_bad:
         bad_slots = slots[is_bad]
         reason_of_slot = {s: values[s].reason for s in set(bad_slots.tolist())}
         reason = dict(zip(present[is_bad].tolist(), map(reason_of_slot.__getitem__, bad_slots.tolist())))
