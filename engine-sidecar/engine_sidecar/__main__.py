@@ -30,6 +30,7 @@ from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+HTTP_STOP_TIMEOUT_S = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,13 +150,17 @@ def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, s
 
     server = uvicorn.Server(uvicorn.Config(create_app(SidecarState(readiness, engine_state, report)), host=args.host,
                                            port=args.port, log_level="warning", lifespan="off"))
-    threading.Thread(target=server.run, name="sidecar-http", daemon=True).start()
+    http = threading.Thread(target=server.run, name="sidecar-http", daemon=True)
+    http.start()
     readiness.start()
     try:
         return sup.run(engine_argv, env)
     finally:
         readiness.stop()
         server.should_exit = True
+        # Wait for the server's event loop to close: a uvloop loop still running in a daemon thread
+        # while the interpreter finalises segfaults now and then (exit -11 after a clean drain).
+        http.join(HTTP_STOP_TIMEOUT_S)
 
 
 def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine_argv: list[str], args: argparse.Namespace,

@@ -43,6 +43,7 @@ class Readiness:
         self.ready = False
         self.reason = "engine starting"
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def check_once(self) -> bool:
         if not self.engine_alive():
@@ -58,15 +59,20 @@ class Readiness:
         return self.ready
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="readiness", daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, name="readiness", daemon=True)
+        self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop polling and wait (at most ``timeout_s``, more than one probe takes) for the thread to end,
+        so no probe is mid-request while the interpreter shuts down."""
         self._stop.set()
         self.ready, self.reason = False, "shutting down"
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.check_once()
-            if self._stop.is_set():
-                self.ready = False
+            if self._stop.is_set():  # a probe that ended after stop() must not undo it
+                self.ready, self.reason = False, "shutting down"
             self._stop.wait(self.interval_s if not self.ready else 5 * self.interval_s)

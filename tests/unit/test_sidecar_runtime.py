@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import stat
+import threading
+import time
 
 from fastapi.testclient import TestClient
 
@@ -111,6 +113,29 @@ def test_live_fails_once_engine_exited():
     r = Readiness(FakeModels(), "tiny", lambda: False)
     app = TestClient(create_app(SidecarState(r, lambda: "exited", {})))
     assert app.get("/live").status_code == 503
+
+
+
+class SlowModels:
+    """A probe that is mid-request when ``stop`` is called."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+
+    def served_models(self):
+        self.entered.set()
+        time.sleep(0.3)
+        return ["tiny"]
+
+
+def test_stop_waits_for_the_probe_in_flight():
+    client = SlowModels()
+    r = Readiness(client, "tiny", lambda: True, interval_s=0.01)
+    r.start()
+    assert client.entered.wait(5)
+    r.stop()
+    assert r._thread is not None and not r._thread.is_alive()
+    assert not r.ready and r.reason == "shutting down"
 
 
 HELP_032 = """options:
