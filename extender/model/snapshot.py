@@ -17,10 +17,12 @@ A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG i
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -245,13 +247,13 @@ class NodeIndex:
     """Positions of one set of node names: ``names[i]`` is at position ``i``. Shared by every
     grouping of that node set; immutable.
 
-    ``locate`` maps request names to positions with one C-level pass (a dict lookup per name,
-    the least any name-keyed request costs); everything after that is array arithmetic.
+    ``locate`` maps request names to positions with C-level passes only (a dict lookup per
+    name, the least any name-keyed request costs); everything after that is array arithmetic.
     ``array`` holds the names as a numpy object array, so answers gather their names with one
     fancy-index instead of a Python step per name.
     """
 
-    __slots__ = ("names", "position", "array", "plain")
+    __slots__ = ("names", "position", "array", "plain", "_codes")
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = tuple(names)
@@ -259,10 +261,23 @@ class NodeIndex:
         self.position = {name: i for i, name in enumerate(self.names)}
         self.array = np.empty(len(self.names), dtype=object)
         self.array[:] = self.names
+        # Each position as 4 little-endian bytes: a request's positions are then one joined
+        # buffer, read by numpy in place (converting Python ints one by one cost as much as the
+        # lookups themselves: ~0.1 ms of ~0.3 at 5,000 names).
+        self._codes = {name: _POSITION.pack(i) for i, name in enumerate(self.names)}
 
     def locate(self, names: Sequence[str]) -> np.ndarray:
-        """The position of each name, -1 for names not in the set."""
+        """The position of each name, -1 for names not in the set (a read-only array)."""
+        if len(names) >= 2:  # itemgetter of one name returns the item, not a tuple
+            try:
+                return np.frombuffer(b"".join(itemgetter(*names)(self._codes)), _POSITION_DTYPE)
+            except KeyError:  # some name is not in the set: look each up with a default
+                pass
         return np.fromiter(map(self.position.get, names, repeat(-1)), np.intp, len(names))
+
+
+_POSITION = struct.Struct("<i")
+_POSITION_DTYPE = np.dtype("<i4")
 
 
 class NodeGroups:

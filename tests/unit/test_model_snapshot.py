@@ -1,5 +1,7 @@
+import pytest
+
 from extender.model.ledger import GpuLedger
-from extender.model.snapshot import ClusterSnapshot, node_info_from_k8s
+from extender.model.snapshot import ClusterSnapshot, NodeIndex, node_info_from_k8s
 from tests.unit.builders import h100_inventory, make_k8s_node, make_node, mig_inventory
 
 
@@ -46,3 +48,28 @@ def test_identical_nodes_share_a_shape() -> None:
     a, b = make_node("x", h100_inventory("x")), make_node("y", h100_inventory("y"))
     assert a.shape == b.shape and hash(a.shape) == hash(b.shape)
     assert a.shape != make_node("m", mig_inventory()).shape
+
+
+# ---- NodeIndex.locate: the joined-buffer path and the per-name fallback agree ----------------
+_INDEX_NAMES = ("n0", "n1", "n2", "n3")
+
+
+@pytest.mark.parametrize("names,expected", [
+    (["n2", "n0", "n3", "n1"], [2, 0, 3, 1]),  # every name known: one joined buffer
+    (["n1", "n1", "n0"], [1, 1, 0]),  # repeats are located, not dropped
+    (["n1", "ghost", "n3"], [1, -1, 3]),  # an unknown name: per-name lookups with -1
+    (["ghost"], [-1]),
+    (["n3"], [3]),  # one name (itemgetter of one name is not a tuple)
+    ([], []),
+])
+def test_node_index_locate(names, expected):
+    positions = NodeIndex(_INDEX_NAMES).locate(names)
+    assert positions.tolist() == expected
+    assert positions.dtype.kind == "i"
+
+
+def test_node_index_locate_matches_a_dict_lookup_at_scale():
+    names = [f"gpu-node-{i:05d}" for i in range(5000)]
+    index = NodeIndex(names)
+    request = [str(n) for n in reversed(names[::3])]  # other str objects, another order
+    assert index.locate(request).tolist() == [index.position[n] for n in request]
