@@ -5,9 +5,8 @@ Issue 3's target: p99 <= 2 ms at 5,000 nodes on one core. Measured at three leve
 * ``decider`` — ``FrameworkDecider.filter`` + ``.prioritize`` (the framework over the watch's
   snapshot, demand parsing, the per-decision details);
 * ``service`` — ``ExtenderService.filter`` + ``.prioritize`` (adds the decision record);
-
-  both given the node names as the route gives them: parsed from JSON (untimed), new ``str``
-  objects each cycle, so their hashing counts as it does behind the route;
+  at both levels the node names are what the route gives: parsed from JSON (untimed), new
+  ``str`` objects each cycle, so hashing them counts as it does behind the route;
 * ``asgi`` — the ASGI app from ``create_app``, driven directly (the ASGI messages uvicorn would
   send, no client library) with an ``ExtenderArgs`` body carrying ``NodeNames``: routing, body
   read, JSON parse, pydantic validation, the service, JSON encoding of the answer and the

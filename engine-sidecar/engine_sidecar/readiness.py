@@ -63,8 +63,8 @@ class Readiness:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop polling and wait (at most ``timeout_s``, more than one probe takes) for the thread to end,
-        so no probe is mid-request while the interpreter shuts down."""
+        """Stop polling and wait for the thread to end (at most ``timeout_s``, longer than one
+        probe takes), so no probe is mid-request while the interpreter shuts down."""
         self._stop.set()
         self.ready, self.reason = False, "shutting down"
         if self._thread is not None:
