@@ -77,12 +77,15 @@ def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, sta
 
 def test_helm_values_reach_the_objects():
     objects = helm_template({**TLS, "namespace": "inference-system", "createNamespace": False,
-                             "extender": {"weight": 7, "httpTimeout": "90s", "staleAfterPeriods": 5},
+                             "extender": {"weight": 7, "httpTimeout": "90s", "staleAfterPeriods": 5,
+                                          "resources": {"requests": {"cpu": "2"}, "limits": {"memory": "4Gi"}}},
                              "images": {"extender": "registry.example/gpusched/extender:dev"}})
     assert not any(o["kind"] == "Namespace" for o in objects)
     assert {o["metadata"].get("namespace") for o in objects} <= {"inference-system", "kube-system", None}
     extender = _container(objects, "Deployment", "extender")
     assert extender["image"] == "registry.example/gpusched/extender:dev"
+    # Helm merges the given keys into the defaults: the memory request stays.
+    assert extender["resources"] == {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "4Gi"}}
     assert {"--telemetry-tls-cert=/etc/gpusched/telemetry-tls/tls.crt", "--stale-after-periods=5",
             "--agent-service-account=system:serviceaccount:inference-system:gpusched-node-agent"} <= set(extender["args"])
     agent = _container(objects, "DaemonSet", "agent")
