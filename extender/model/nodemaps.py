@@ -5,8 +5,9 @@ every fresh 5,000-entry dict costs its construction and the garbage collections 
 Nodes fall into a few hundred groups of identical answers, so the framework computes one value
 per group and hands out these views instead of dicts:
 
-- :class:`UniqueNames` — a list of node names that holds each name once (the HTTP layer
-  deduplicates the request once; nobody downstream pays for it again).
+- :class:`UniqueNames` — a list of node names that holds each name once (the names of the Node
+  objects a request carried, deduplicated by the HTTP layer; ``NodeNames`` go on as sent and the
+  framework finds repeats on the positions it looks up).
 - :data:`RECENT_ANSWERS` — the feasible lists filter answered lately. kube-scheduler sends
   prioritize exactly the names filter kept, in the same order; a request equal to a remembered
   answer is known to be unique without hashing every name, and carries the group ids the

@@ -192,14 +192,10 @@ def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) ->
     shared, read-only, by every record that shows it (``_SHARED_JSON``): fresh JSON per record
     made the decision store the bulk of what each garbage collection walks."""
     if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
-        names = per_node.names[:_MAX_VERDICTS_RECORDED]
-        gids = [int(g) for g in per_node.gids[:_MAX_VERDICTS_RECORDED]]  # may be a numpy array
-        distinct = set(gids)
-        by_gid = {g: _shared_json(per_node.by_group[g], encode) for g in distinct if g in per_node.by_group}
-        if len(by_gid) == len(distinct):
-            return dict(zip(names, map(by_gid.__getitem__, gids)))
-        return {n: by_gid[g] for n, g in zip(names, gids) if g in by_gid}
-    return {name: _shared_json(value, encode) for name, value in islice(per_node.items(), _MAX_VERDICTS_RECORDED)}
+        head = per_node.head(_MAX_VERDICTS_RECORDED)
+    else:
+        head = dict(islice(per_node.items(), _MAX_VERDICTS_RECORDED))
+    return {name: _shared_json(value, encode) for name, value in head.items()}
 
 
 def _shared_json(value: Any, encode: Callable[[Any], Any]) -> Any:
