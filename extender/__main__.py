@@ -56,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stale-after-periods", type=float, default=3.0,
                    help="telemetry older than this many agent periods is stale: the node is judged on its static "
                         "inventory and the ledger with a conservative memory assumption (default: %(default)s)")
+    p.add_argument("--scheduler-http-timeout", type=_seconds, default=Settings.scheduler_http_timeout_s,
+                   help="the httpTimeout of this extender in the KubeSchedulerConfiguration (e.g. 60s): a gang member "
+                        "waits for its group inside one bind call, so a group's timeout is clamped below it "
+                        "(default: %(default)ss)")
+    p.add_argument("--scheduler-max-backoff", type=_seconds, default=Settings.scheduler_max_backoff_s,
+                   help="kube-scheduler's podMaxBackoffSeconds: gang timeouts must leave room for a member to come back "
+                        "from its backoff (default: %(default)ss)")
     p.add_argument("--max-body-bytes", type=int, default=Settings.max_body_bytes,
                    help="largest request body accepted; larger ones get 413 (default: %(default)s)")
     p.add_argument("--decision-capacity", type=int, default=Settings.decision_capacity,
@@ -65,6 +72,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _seconds(text: str) -> float:
+    """A duration as kube-scheduler's config writes it ("60s", "1m", "1500ms") or plain seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    number, unit = text.strip(), "s"
+    for suffix in ("ms", "s", "m"):
+        if number.endswith(suffix):
+            number, unit = number[: -len(suffix)], suffix
+            break
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; write e.g. 60s, 1m or 1500ms") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
+    return value
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, port=args.port, url_prefix=args.url_prefix, max_body_bytes=args.max_body_bytes,
                     decision_capacity=args.decision_capacity, no_kube=args.no_kube, kubeconfig=args.kubeconfig, token_file=args.token_file,
@@ -72,6 +96,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     telemetry_address=args.telemetry_address, telemetry_tls_cert=args.telemetry_tls_cert,
                     telemetry_tls_key=args.telemetry_tls_key, agent_service_account=args.agent_service_account,
                     stale_after_periods=args.stale_after_periods,
+                    scheduler_http_timeout_s=args.scheduler_http_timeout,
+                    scheduler_max_backoff_s=args.scheduler_max_backoff,
                     log_level=args.log_level)
 
 

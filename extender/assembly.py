@@ -25,7 +25,7 @@ from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_c
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
 from extender.service.framework_decider import FrameworkDecider
-from extender.metrics import ExtenderMetrics
+from extender.metrics import ExtenderMetrics, GangMetrics
 from extender.service.decisions import DecisionStore
 from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.state import ClusterState
@@ -121,14 +121,24 @@ def assemble(settings: Settings) -> Assembled:
     catalog_handler = _CatalogHandler(framework_decider)
     from extender.adapters.requeue import PodNudger
 
+    from extender.adapters.events import EventWriter
+
     custom = client.CustomObjectsApi(api)
     pod_nudger = PodNudger(api)
+    events = EventWriter(api)
     gangs = GangIndex(on_pod_group_added=pod_nudger.nudge)
     state.add_pod_listener(gangs)
     metrics = ExtenderMetrics()
+
+    def on_partial(report: Any) -> None:
+        log.warning("%s", report.message)
+        events.partial_gang(report)
+
     decider = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
-                              observer=lambda event: metrics.gang_events.labels(event=event).inc(),
-                              nudge=pod_nudger.nudge, pod_group_status=_pod_group_status_writer(custom))
+                              timing=settings.barrier_timing, observer=GangMetrics(metrics),
+                              nudge=pod_nudger.nudge, pod_group_status=_pod_group_status_writer(custom),
+                              on_partial=on_partial)
+    gangs.set_commit_handler(decider.adopt)  # before the pod reflector starts: every list reaches it
     reflectors += [
         Reflector("nodes", core.list_node, state.nodes),
         Reflector("pods", core.list_pod_for_all_namespaces, state.pods),
@@ -146,7 +156,7 @@ def assemble(settings: Settings) -> Assembled:
     from extender.service.describe import describe_nodes
 
     decisions = DecisionStore(settings.decision_capacity)
-    collaborators = Collaborators(decider=decider, binder=KubeBinder(api), ready=synced, decisions=decisions,
+    collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced, decisions=decisions,
                                   debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
                                                                      if state.telemetry else None), metrics=metrics,
                                   debug_gangs=decider.describe)

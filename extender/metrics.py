@@ -38,8 +38,17 @@ class ExtenderMetrics:
 
         self.gang_events = Counter(
             "gpusched_extender_gang_events_total",
-            "Gang barrier events: wait (a member reached bind), complete (every member bound), timeout.",
+            "Gang events: wait (a member reached bind), commit (the barrier opened), complete (every member "
+            "bound), timeout (not every member reached bind in time; nothing bound), bind-retry (a member's bind "
+            "write failed after the barrier opened; its reservation is kept), partial (a group left partially "
+            "bound), recovered (a committed plan rebuilt after a restart).",
             ["event"], registry=self.registry)
+        for event in ("wait", "commit", "complete", "timeout", "bind-retry", "partial", "recovered"):
+            self.gang_events.labels(event=event)  # exported at 0, so alerts see the series from the start
+        self.gang_gather_seconds = Histogram(
+            "gpusched_extender_gang_gather_seconds",
+            "From a gang's plan to its barrier opening (every member at bind); compare with the gang timeout.",
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0), registry=self.registry)
 
     def decision(self, verb: str, result: str) -> None:
         self.decisions.labels(verb=verb, result=result).inc()
@@ -47,3 +56,16 @@ class ExtenderMetrics:
     def rejections(self, counts: Mapping[tuple[str, str], int]) -> None:
         for (plugin, code), n in counts.items():
             self.rejections_total.labels(plugin=plugin or "Framework", code=code).inc(n)
+
+
+class GangMetrics:
+    """The gang coordinator's observer (``service.gang.GangObserver``) over the extender's metrics."""
+
+    def __init__(self, metrics: ExtenderMetrics):
+        self._metrics = metrics
+
+    def event(self, event: str) -> None:
+        self._metrics.gang_events.labels(event=event).inc()
+
+    def gathered(self, seconds: float) -> None:
+        self._metrics.gang_gather_seconds.observe(seconds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from extender.model.gang import BarrierTiming
+
 
 class SettingsError(ValueError):
     pass
@@ -39,6 +41,12 @@ class Settings:
     agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
     # A node whose telemetry is older than this many of its agent's periods is judged as stale.
     stale_after_periods: float = 3.0
+    # kube-scheduler's limits the gang barrier must fit in (see model.gang.BarrierTiming): the
+    # extender's httpTimeout in the KubeSchedulerConfiguration and its podMaxBackoffSeconds.
+    scheduler_http_timeout_s: float = 60.0
+    scheduler_max_backoff_s: float = 10.0
+    # The apiserver timeout of one bind write.
+    bind_write_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -57,8 +65,17 @@ class Settings:
             raise SettingsError(f"stale_after_periods: must be positive, got {self.stale_after_periods}")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
+        if min(self.scheduler_http_timeout_s, self.scheduler_max_backoff_s, self.bind_write_timeout_s) <= 0:
+            raise SettingsError("scheduler_http_timeout_s/scheduler_max_backoff_s/bind_write_timeout_s: must be positive")
+        if problem := self.barrier_timing.problem():
+            raise SettingsError(f"scheduler_http_timeout_s: {problem}")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise SettingsError(f"log_level: must be one of critical, error, warning, info, debug; got {self.log_level!r}")
+
+    @property
+    def barrier_timing(self) -> BarrierTiming:
+        return BarrierTiming(http_timeout_s=self.scheduler_http_timeout_s, bind_write_s=self.bind_write_timeout_s,
+                             max_backoff_s=self.scheduler_max_backoff_s)
 
     @property
     def verb_prefix(self) -> str:

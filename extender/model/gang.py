@@ -11,10 +11,17 @@ Three declarations, all of which users already have:
 
 A pod declaring two of them, a non-positive or non-integer size, or a PodGroup label whose object
 does not exist is a :class:`GangError` — reported on the pod, never guessed.
+
+Also here, because both are pure and the coordinator (``extender.service.gang``) lives by them:
+:class:`BarrierTiming`, how long a group may take to reach its bind barrier given kube-scheduler's
+own limits, and :class:`GangCommit`, the record every member's Binding carries once its group's
+barrier opened (annotation ``gpusched.io/gang-commit``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +33,14 @@ LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
 GANG_NAME_ANNOTATION = "gpusched.io/gang-name"
 GANG_SIZE_ANNOTATION = "gpusched.io/gang-size"
 GANG_TIMEOUT_ANNOTATION = "gpusched.io/gang-timeout-seconds"
+GANG_COMMIT_ANNOTATION = "gpusched.io/gang-commit"
 # Longer than kube-scheduler's maximum pod backoff (10 s) plus a scheduling cycle, so members that
-# were rejected earlier can still reach the barrier; shorter than the shipped httpTimeout (60 s).
+# were rejected earlier can still reach the barrier; shorter than the shipped httpTimeout (60 s)
+# less the bind write (see BarrierTiming).
 DEFAULT_TIMEOUT_S = 40.0
+# A commit record larger than this is not written (a gang of ~100 members of 8 GPUs each); such a
+# group still binds all-or-nothing, it only loses the restart recovery the record gives.
+MAX_COMMIT_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -143,3 +155,95 @@ def pod_group_info(obj: Mapping[str, Any]) -> PodGroupInfo:
     except (TypeError, ValueError):
         timeout_s = None
     return PodGroupInfo(min_member, timeout_s)
+
+
+@dataclass(frozen=True)
+class BarrierTiming:
+    """How long a gang may take, derived from kube-scheduler's own limits rather than from how fast
+    an idle machine is.
+
+    A member waits for its siblings *inside* its bind call, which kube-scheduler abandons after
+    the extender's ``httpTimeout``; the bind write itself may then take up to ``bind_write_s``.
+    So no member may wait longer than ``max_wait_s`` = httpTimeout - bind write - margin, and a
+    group's timeout is clamped to it. At the other end, a member rejected before its group was
+    planned comes back only after its backoff, up to kube-scheduler's ``podMaxBackoffSeconds``
+    (``max_backoff_s``): a timeout shorter than that plus a margin would time groups out that are
+    merely waiting for kube-scheduler, so :meth:`problem` refuses such settings at startup.
+    """
+
+    http_timeout_s: float = 60.0
+    bind_write_s: float = 10.0
+    max_backoff_s: float = 10.0
+    margin_s: float = 5.0
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.http_timeout_s - self.bind_write_s - self.margin_s
+
+    def clamp(self, timeout_s: float) -> float:
+        """The timeout a group gets: what it asked for, at most :attr:`max_wait_s`."""
+        return min(timeout_s, self.max_wait_s)
+
+    def problem(self) -> str:
+        """What is wrong with these settings ("" when nothing is)."""
+        floor = self.max_backoff_s + self.margin_s
+        if self.max_wait_s < floor:
+            return (f"a gang member may wait at most {self.max_wait_s:g}s at the bind barrier (httpTimeout "
+                    f"{self.http_timeout_s:g}s - bind write {self.bind_write_s:g}s - margin {self.margin_s:g}s), "
+                    f"less than kube-scheduler's maximum backoff {self.max_backoff_s:g}s + {self.margin_s:g}s: "
+                    f"raise the extender's httpTimeout in the KubeSchedulerConfiguration (and "
+                    f"--scheduler-http-timeout) to at least {floor + self.bind_write_s + self.margin_s:g}s")
+        return ""
+
+
+@dataclass(frozen=True)
+class MemberPlacement:
+    """Where a planned member goes: its node and the units (GPU or MIG UUIDs) with their indices."""
+
+    node: str
+    units: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GangCommit:
+    """A group whose barrier opened: every planned member's placement, and until when (Unix time)
+    the members not bound yet keep their reservations. Each member's Binding carries it, so an
+    extender restarted between two members' binds rebuilds the others' reservations from the
+    members already bound before it answers anything. ``placements`` is keyed by pod name; all
+    members share the gang's namespace."""
+
+    gang: str  # "namespace/name"
+    until_unix: float
+    placements: Mapping[str, MemberPlacement]
+
+
+def encode_commit(commit: GangCommit) -> str:
+    """The annotation value (compact JSON), or "" when it would exceed ``MAX_COMMIT_BYTES``."""
+    text = json.dumps({"v": 1, "gang": commit.gang, "until": round(commit.until_unix, 3),
+                       "members": {name: {"node": p.node, "gpus": list(p.units), "indices": list(p.indices)}
+                                   for name, p in sorted(commit.placements.items())}}, separators=(",", ":"))
+    return text if len(text) <= MAX_COMMIT_BYTES else ""
+
+
+def parse_commit(text: Any) -> GangCommit | None:
+    """The record from an annotation value; None when it is absent or malformed (anyone who may
+    edit the pod may edit it, so nothing in it is trusted beyond its shape)."""
+    if not isinstance(text, str) or not text or len(text) > MAX_COMMIT_BYTES:
+        return None
+    try:
+        raw = json.loads(text)
+        gang, until, members = raw["gang"], float(raw["until"]), raw["members"]
+        if raw.get("v") != 1 or not isinstance(gang, str) or not isinstance(members, dict) or not math.isfinite(until):
+            return None
+        placements = {}
+        for name, p in members.items():
+            units, indices = p["gpus"], p["indices"]
+            if not (isinstance(name, str) and isinstance(p["node"], str) and isinstance(units, list)
+                    and isinstance(indices, list) and all(isinstance(u, str) for u in units)
+                    and all(isinstance(i, int) for i in indices)):
+                return None
+            placements[name] = MemberPlacement(p["node"], tuple(units), tuple(indices))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return GangCommit(gang, until, placements)

@@ -92,8 +92,13 @@ class Decider(Protocol):
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice)."""
 
-    def unreserve(self, pod: PodRef) -> None:
-        """Release what :meth:`reserve` took; a no-op when nothing is held."""
+    def unreserve(self, pod: PodRef, reason: str = "") -> None:
+        """The bind write failed (``reason``): release what :meth:`reserve` took, or keep it when
+        the pod's bind will be retried under it (a gang member past its barrier); a no-op when
+        nothing is held."""
+
+    def bound(self, pod: PodRef, node: str) -> None:
+        """The binding of ``pod`` to ``node`` was written (the watch may show it later)."""
 
 
 class AcceptAllDecider:
@@ -109,7 +114,10 @@ class AcceptAllDecider:
     def reserve(self, pod, node, decision_id):
         return Reservation(summary="nothing to reserve")
 
-    def unreserve(self, pod):
+    def unreserve(self, pod, reason=""):
+        return None
+
+    def bound(self, pod, node):
         return None
 
 
@@ -182,10 +190,14 @@ class ExtenderService:
         try:
             self.binder.bind(pod.namespace, pod.name, pod.uid, node, annotations)
         except BindError as exc:
-            self.decider.unreserve(pod)
+            self.decider.unreserve(pod, exc.message)
             self._record("bind", pod, "bind-failed", started, node=node, summary=exc.message,
                          details={"temporary": exc.temporary, **reserved.details}, record_id=decision_id)
             return f"gpusched could not bind {pod.key} to {node}: {exc.message}"
+        except Exception as exc:  # a binder bug: the decider must still learn the write's outcome
+            self.decider.unreserve(pod, f"{type(exc).__name__}: {exc}")
+            raise
+        self.decider.bound(pod, node)
         self._record("bind", pod, "bound", started, node=node, summary=reserved.summary,
                      details={"annotations": annotations, **reserved.details}, record_id=decision_id)
         return ""

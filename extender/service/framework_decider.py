@@ -182,8 +182,11 @@ class FrameworkDecider:
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
 
-    def unreserve(self, pod: PodRef) -> None:
+    def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self.ledger.forget(pod.key)
+
+    def bound(self, pod: PodRef, node: str) -> None:
+        return None  # the watch turns the assumed entry into a bound one
 
 
 def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:

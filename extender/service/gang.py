@@ -1,18 +1,38 @@
 """All-or-nothing placement of pod groups, with the extender protocol alone.
 
-Admission (filter): the first member of a group seen without a plan triggers a simulation of the
-whole group — every pending member with its own demand, on nodes matching its ``nodeSelector``,
-against the ledger (which already holds other groups' plans). If every member fits, the plan is
-reserved in the ledger atomically (assumed entries, one per member) and each member's filter
-answers only its planned node. If not, every member is told how many fit and what is missing, and
-nothing is reserved. Plans are made under one lock, so two groups never hold half their GPUs each.
+A group's plan goes through these states:
 
-Barrier (bind): kube-scheduler binds each pod in its own goroutine, so a member may wait in
-``reserve`` until all planned members have arrived; then all bind. If the group does not complete
-within its timeout, every waiting member is refused and the whole plan released, and the group
-cools down briefly so others can use the capacity: no partial group is bound, and a group that
-keeps failing holds nothing between attempts. Plans live in memory only: an extender restart
-drops them, and no member was bound or annotated before its barrier opened.
+1. **Admission** (filter). The first member seen without a plan triggers a simulation of the
+   whole group — every pending member with its own demand, on nodes matching its
+   ``nodeSelector``, against the ledger (which already holds other groups' plans). If every
+   member fits, the plan is reserved in the ledger atomically (assumed entries, one per member)
+   and each member's filter answers only its planned node; the other members are nudged so
+   kube-scheduler retries them now. If not, every member is told how many fit and what is
+   missing, and nothing is reserved. Plans are made under one lock, so two groups never hold
+   half their GPUs each.
+2. **Gathering** (bind). kube-scheduler binds each pod in its own goroutine; a member waits in
+   ``reserve`` until every planned member has reached bind. If that does not happen within the
+   group's timeout (see ``BarrierTiming``), every waiting member is refused, the whole plan
+   released and the group cools down briefly: nothing was bound.
+3. **Committed**. When the last member arrives the barrier opens and every member's bind
+   proceeds, each Binding carrying the whole plan (``gpusched.io/gang-commit``). Binding N pods
+   is N API writes, so some may succeed while another fails or never comes. From the commit on:
+   - an unbound member keeps its reservation: a failed write does not release it, and
+     kube-scheduler's retry (nudged to come promptly) finds filter answering the planned node
+     and the barrier open, until the group's timeout, counted again from the commit;
+   - an extender restarted meanwhile rebuilds those reservations from the commit record on the
+     members already bound, before it answers anything (``adopt``);
+   - a member still unbound at the end — or deleted — has its reservation released and the
+     group is **partially bound**: ``on_partial`` (an Event on every bound member, a metric, the
+     reason in ``/debug/gangs``). The bound members are left running: gpusched never deletes
+     pods, and the workload's controller (or its user) decides. Missing members that exist and
+     fit are then planned as the group's remainder (bound members count toward its minimum).
+4. **Complete**: every planned member bound.
+
+Never: a gang member bound through the single-pod path (``reserve`` refuses a member its group
+holds no reservation for); a plan dropped because the pod watch lags (only a DELETED event says
+a member is gone, see ``GangIndex``); a reservation released while its member's bind may still
+be written.
 """
 
 from __future__ import annotations
@@ -21,32 +41,58 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, Protocol
 
 from extender.framework.runtime import summarize_failures
 from extender.model.demand import DemandError, PodDemand
-from extender.model.gang import DEFAULT_TIMEOUT_S, GangError, GangKey, GangSpec, PodGroupInfo, gang_of, pod_group_info
+from extender.model.gang import (
+    DEFAULT_TIMEOUT_S,
+    GANG_COMMIT_ANNOTATION,
+    BarrierTiming,
+    GangCommit,
+    GangError,
+    GangKey,
+    GangSpec,
+    MemberPlacement,
+    encode_commit,
+    gang_of,
+)
 from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
-from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION, pod_key
+from extender.service.gang_index import GangIndex, Member, SeenCommit
+from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
+
+__all__ = ["GangCoordinator", "GangIndex", "GangObserver", "PartialGang"]
 
 
-@dataclass
-class Member:
-    key: str
-    raw: Mapping[str, Any]
-    node: str | None  # bound node
+class Phase(str, Enum):
+    GATHERING = "gathering"  # waiting for every member at the bind barrier
+    COMMITTED = "committed"  # the barrier opened; binds are being written
 
 
 @dataclass
 class Plan:
     spec: GangSpec
-    placements: dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]]  # member -> (node, units, indices)
+    placements: dict[str, MemberPlacement]  # member pod key -> placement
+    uids: dict[str, str]  # member pod key -> the uid it was planned for ("" unknown)
     created: float
-    deadline: float
+    deadline: float  # gathering: every member at the barrier by then; committed: every member bound
+    timeout_s: float  # the group's timeout after BarrierTiming's clamp
+    phase: Phase = Phase.GATHERING
     arrived: set[str] = field(default_factory=set)
+    written: set[str] = field(default_factory=set)  # bind writes that succeeded
+    writing: dict[str, float] = field(default_factory=dict)  # given their Reservation, outcome not known -> since
+    bind_errors: dict[str, str] = field(default_factory=dict)  # member -> last failed write
+    commit_text: str = ""
+    commit_until: float = 0.0  # Unix time the commit record names
     released: bool = False
+    nudged_at: float = 0.0
+
+    @property
+    def committed(self) -> bool:
+        return self.phase is Phase.COMMITTED
 
 
 @dataclass
@@ -57,77 +103,46 @@ class GangStatus:
     cooldown_until: float = 0.0
     completions: int = 0
     timeouts: int = 0
+    partials: int = 0
+    bind_retries: int = 0
+    gather_s: list[float] = field(default_factory=list)  # plan -> barrier open, the last 16 commits
 
 
-class GangIndex:
-    """Pods that declare a gang, and PodGroup objects; fed by the watches."""
+@dataclass(frozen=True)
+class PartialGang:
+    """A group left partially bound: its bound members (pod key -> node) and each missing
+    member's reason. Reported once per occurrence."""
 
-    def __init__(self, on_pod_group_added: Callable[[list[str]], None] = lambda pods: None) -> None:
-        """``on_pod_group_added(pending member keys)`` runs when a PodGroup appears, so members
-        judged before it existed are retried at once (see ``adapters.requeue.PodNudger``)."""
-        self._lock = threading.Lock()
-        self.pods: dict[str, Member] = {}
-        self.pod_groups: dict[tuple[str, str], PodGroupInfo] = {}
-        self._on_pod_group_added = on_pod_group_added
-        self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
+    gang: GangKey
+    bound: Mapping[str, str]
+    missing: Mapping[str, str]
 
-    def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangError | None:
-        """``gang_of`` under the index lock; a pod whose PodGroup is missing is remembered, so the
-        PodGroup's arrival retries it however the two watch events interleave."""
-        with self._lock:
-            gang = gang_of(pod, self.pod_groups, default_timeout_s)
-            if isinstance(gang, GangError) and gang.may_resolve:
-                meta = pod.get("metadata") or {}
-                group = ((meta.get("namespace") or "default"), (meta.get("labels") or {}).get(
-                    "scheduling.x-k8s.io/pod-group", ""))
-                self._awaiting_group.setdefault(group, set()).add(pod_key(pod))
-            return gang
+    @property
+    def message(self) -> str:
+        total = len(self.bound) + len(self.missing)
+        why = "; ".join(f"{k}: {reason}" for k, reason in sorted(self.missing.items()))
+        return (f"gang {self.gang} is partially bound: {len(self.bound)} of {total} planned members bound after its "
+                f"barrier opened, and {', '.join(sorted(self.missing))} could not be bound ({why}). The bound "
+                "members keep their GPUs (gpusched never deletes pods); the missing ones are planned again as the "
+                "group's remainder once they exist and fit")
 
-    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
-        key = pod_key(pod)
-        meta = pod.get("metadata") or {}
-        declares = any(k in (meta.get("labels") or {}) for k in ("scheduling.x-k8s.io/pod-group",
-                                                                 "leaderworkerset.sigs.k8s.io/name")) or \
-            "gpusched.io/gang-name" in (meta.get("annotations") or {})
-        phase = (pod.get("status") or {}).get("phase")
-        with self._lock:
-            if event_type == "DELETED" or not declares or phase in ("Succeeded", "Failed"):
-                self.pods.pop(key, None)
-            else:
-                self.pods[key] = Member(key, pod, (pod.get("spec") or {}).get("nodeName"))
 
-    def replace_pods(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self.pods.clear()
-        for pod in items:
-            self.apply_pod("ADDED", pod)
+class GangObserver(Protocol):
+    """Where the coordinator reports what happened (Prometheus metrics in production)."""
 
-    def members(self, spec: GangSpec) -> list[Member]:
-        with self._lock:
-            pods = list(self.pods.values())
-        return [m for m in pods if isinstance(g := gang_of(m.raw, self.pod_groups), GangSpec) and g.key == spec.key]
+    def event(self, event: str) -> None:
+        """wait, commit, complete, timeout, bind-retry, partial, recovered."""
 
-    # PodGroup reflector handler
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self.pod_groups = {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): pod_group_info(o)
-                               for o in items}
-            # A (re)list may bring groups that pods were judged without, just as a watch event does.
-            pending = sorted(p for key in list(self._awaiting_group) if key in self.pod_groups
-                             for p in self._awaiting_group.pop(key))
-        if pending:
-            self._on_pod_group_added(pending)
+    def gathered(self, seconds: float) -> None:
+        """A plan's barrier opened ``seconds`` after the plan was made."""
 
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        key = ((obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"])
-        with self._lock:
-            if event_type == "DELETED":
-                self.pod_groups.pop(key, None)
-                return
-            self.pod_groups[key] = pod_group_info(obj)
-            pending = sorted(self._awaiting_group.pop(key, set()))
-        if pending:
-            self._on_pod_group_added(pending)
+
+class _NoObserver:
+    def event(self, event: str) -> None:
+        return None
+
+    def gathered(self, seconds: float) -> None:
+        return None
 
 
 def _selector_matches(pod: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -145,114 +160,205 @@ def _with_holdings(view: LedgerView, extra: list[tuple[str, str, tuple[str, ...]
     return LedgerView(view.version, held, assignments)
 
 
+def _pod_ref(member: Member) -> PodRef:
+    meta = member.raw.get("metadata") or {}
+    return PodRef(meta.get("namespace", "default"), meta.get("name", ""), member.uid, member.raw)
+
+
 class GangCoordinator:
     """Wraps a decider (normally ``FrameworkDecider``): gang members go through admission and the
     barrier; pods without a gang pass straight through."""
 
     def __init__(self, inner: Any, index: GangIndex, framework: Any, snapshot: Callable[[], ClusterSnapshot],
-                 ledger: Any, *, clock: Callable[[], float] = time.monotonic, cooldown_s: float = 3.0,
-                 observer: Callable[[str], None] = lambda event: None,
+                 ledger: Any, *, timing: BarrierTiming = BarrierTiming(), clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time, cooldown_s: float = 3.0, renudge_s: float = 5.0,
+                 observer: GangObserver = _NoObserver(),
                  nudge: Callable[[list[str]], None] = lambda pods: None,
-                 pod_group_status: Callable[[GangKey, str, int], None] = lambda key, phase, scheduled: None):
+                 pod_group_status: Callable[[GangKey, str, int], None] = lambda key, phase, scheduled: None,
+                 on_partial: Callable[[PartialGang], None] = lambda partial: None):
         """``inner`` judges pods without a gang and parses demands (``inner.demand``);
-        ``framework``, ``snapshot`` and ``ledger`` are the ones ``inner`` judges with."""
+        ``framework``, ``snapshot`` and ``ledger`` are the ones ``inner`` judges with.
+        ``nudge(pod keys)`` makes kube-scheduler retry those pods now: it does not requeue
+        extender-rejected pods when a sibling appears, so without it members would show a stale
+        reason or reach bind only after their backoff. ``pod_group_status`` writes a PodGroup's
+        phase and scheduled count; ``on_partial`` reports a partially bound group. The three
+        callbacks are called with the coordinator's lock held: they must not block."""
         self.inner = inner
         self.index = index
         self.default_timeout_s = DEFAULT_TIMEOUT_S
         self.framework = framework
         self.snapshot = snapshot
         self.ledger = ledger
+        self.timing = timing
         self._clock = clock
+        self._wall = wall_clock
         self._cooldown_s = cooldown_s
-        self._observer = observer  # "wait", "complete", "timeout"
-        # Retries other members when the gang's verdict changes: kube-scheduler does not requeue
-        # extender-rejected pods when a sibling appears, so without it they would show a stale
-        # reason (or, once planned, reach bind only after their backoff or the 5-minute flush).
+        self._renudge_s = renudge_s
+        self._observer = observer
         self._nudge = nudge
-        # Writes a PodGroup's status.phase and scheduled count (coscheduling's vocabulary:
-        # Pending, Scheduling, Scheduled) when its gang changes state; asynchronous, best effort.
         self._pod_group_status = pod_group_status
+        self._on_partial = on_partial
         self._phases: dict[GangKey, tuple[str, int]] = {}
         self._lock = threading.Condition()
         self._plans: dict[GangKey, Plan] = {}
         self._status: dict[GangKey, GangStatus] = {}
+        # Members whose bind was written, until the watch shows them bound (it may lag).
+        self._written: dict[str, float] = {}
+        # Commit records whose plan ended (gang key, until): a relist must not adopt or report them again.
+        self._ended: set[tuple[GangKey, float]] = set()
 
     # -- Decider ---------------------------------------------------------------------------
     def filter(self, pod: PodRef, candidates: Sequence[str], node_objects) -> FilterOutcome:
+        self.index.observe_requested(pod.raw)
         gang = self.index.gang_of(pod.raw, self.default_timeout_s)
-        if gang is None:
-            return self.inner.filter(pod, candidates, node_objects)
         if isinstance(gang, GangError):
             rejected = {n: gang.message for n in candidates}
             return FilterOutcome(feasible=(), failed=rejected if gang.may_resolve else {},
                                  unresolvable={} if gang.may_resolve else rejected,
                                  summary=gang.message, details={"gang": {"error": gang.message}})
-        self._expire()
+        if gang is not None:
+            self._expire()
         with self._lock:
-            plan = self._plans.get(gang.key)
-            if plan is None:
-                before = self._status.get(gang.key)
-                reason_before = before.reason if before else ""
-                plan = self._admit(gang, pod)
-                status = self._status[gang.key]
-                if status.reason != reason_before:
-                    others = [m.key for m in self.index.members(gang) if not m.node and m.key != pod.key]
-                    if others:
-                        self._nudge(others)
-            if isinstance(plan, str):
-                reason = plan
-                return FilterOutcome(feasible=(), failed={n: reason for n in candidates}, summary=reason,
-                                     details={"gang": self._describe(gang.key)})
-            placement = plan.placements.get(pod.key)
+            if gang is None or (gang.key not in self._plans and self._satisfied(gang)):
+                plan: Plan | str | None = None  # on its own (coscheduling: past minMember, no barrier)
+            else:
+                plan = self._plans.get(gang.key)
+                if plan is not None and plan.released:  # timed out a moment ago; expiry has not run yet
+                    plan = self._plans.pop(gang.key) and None
+                plan = plan or self._admit_and_nudge(gang, pod)
+                details = {"gang": self._describe(gang.key)}
+        if plan is None:
+            return self.inner.filter(pod, candidates, node_objects)
+        if isinstance(plan, str):
+            return FilterOutcome(feasible=(), failed={n: plan for n in candidates}, summary=plan, details=details)
+        placement = plan.placements.get(pod.key)
         if placement is None:
-            reason = f"gang {gang.key} was planned without this pod (it appeared later); it waits for the next attempt"
+            reason = f"gang {plan.spec.key} was planned without this pod (it appeared later); it waits for the next attempt"
             return FilterOutcome(feasible=(), failed={n: reason for n in candidates}, summary=reason)
-        node = placement[0]
-        feasible = (node,) if node in candidates else ()
-        reason = f"gang {gang.key}: this member is reserved GPUs on node {node}"
-        return FilterOutcome(feasible=feasible, failed={n: reason for n in candidates if n != node},
-                             summary=f"gang {gang.key}: planned on {node} GPUs {list(placement[2])}",
-                             details={"gang": self._describe(gang.key)})
+        node = placement.node
+        reason = f"gang {plan.spec.key}: this member is reserved GPUs on node {node}"
+        return FilterOutcome(feasible=(node,) if node in candidates else (),
+                             failed={n: reason for n in candidates if n != node},
+                             summary=f"gang {plan.spec.key}: planned on {node} GPUs {list(placement.indices)}",
+                             details=details)
+
+    def _admit_and_nudge(self, gang: GangSpec, pod: PodRef) -> Plan | str:
+        """Admission for a group without a plan; the other members are nudged when a plan is made
+        (so they reach bind now) or when the group's reason changed (so they show it). Lock held."""
+        before = self._status.get(gang.key)
+        reason_before = before.reason if before else ""
+        plan = self._admit(gang, pod)
+        if isinstance(plan, Plan):
+            self._nudge_plan(plan, exclude=pod.key)
+        elif self._status[gang.key].reason != reason_before:
+            others = [m.key for m in self.index.members(gang) if not m.node and m.key != pod.key]
+            if others:
+                self._nudge(others)
+        return plan
 
     def prioritize(self, pod: PodRef, candidates, node_objects) -> ScoreOutcome:
         return self.inner.prioritize(pod, candidates, node_objects)
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         with self._lock:
-            plan = next((p for p in self._plans.values() if pod.key in p.placements and not p.released), None)
-        if plan is None:
-            return self.inner.reserve(pod, node, decision_id)
-        planned_node, units, indices = plan.placements[pod.key]
-        if node != planned_node:
-            return Refusal(f"gang {plan.spec.key}: this member is planned on {planned_node}, not {node}")
+            # A live plan naming the pod is the authority on its membership, whatever the index says.
+            plan = next((p for p in self._plans.values() if pod.key in p.placements), None)
+            if plan is not None:
+                return self._reserve_member(plan.spec, plan, pod, node)
+        member = self.index.member(pod.key)
+        gang = self.index.gang_of(member.raw, self.default_timeout_s) if member is not None else None
+        if isinstance(gang, GangError):
+            return Refusal(gang.message)
         with self._lock:
+            plan = self._plans.get(gang.key) if gang is not None else None
+            if gang is not None and (plan is not None or not self._satisfied(gang)):
+                return self._reserve_member(gang, plan, pod, node)
+        return self.inner.reserve(pod, node, decision_id)
+
+    def _reserve_member(self, gang: GangSpec, plan: Plan | None, pod: PodRef, node: str) -> Reservation | Refusal:
+        """A gang member at bind: wait at the barrier, or pass an open one. Lock held."""
+        placement = plan.placements.get(pod.key) if plan is not None and not plan.released else None
+        if plan is None or placement is None:
+            status = self._status.get(gang.key)
+            last = f" (last: {status.reason})" if status and status.reason else ""
+            return Refusal(f"gang {gang.key} holds no reservation for this member{last}; a gang member is bound "
+                           "only together with its group, so it is planned again at its next attempt")
+        if node != placement.node:
+            return Refusal(f"gang {gang.key}: this member is planned on {placement.node}, not {node}")
+        if not plan.committed:
             plan.arrived.add(pod.key)
-            self._lock.notify_all()
-            self._observer("wait")
-            while len(plan.arrived) < len(plan.placements) and not plan.released:
+            self._observer.event("wait")
+            if plan.arrived >= plan.placements.keys():
+                self._commit(plan)
+            while not plan.committed and not plan.released:
                 remaining = plan.deadline - self._clock()
                 if remaining <= 0:
                     self._release(plan, timed_out=True)
                     break
                 self._lock.wait(min(remaining, 0.5))
-            if plan.released:
-                return Refusal(f"gang {plan.spec.key} did not complete within {plan.spec.timeout_s:g}s: "
+            if not plan.committed:
+                return Refusal(f"gang {gang.key} did not complete within {plan.timeout_s:g}s: "
                                f"{len(plan.arrived)} of {len(plan.placements)} members reached bind; the whole "
                                "reservation was released and the group retries later")
+        # Committed: (re)assert the reservation. It is normally still held; after a failed write
+        # or a restart this is what keeps the member's GPUs from anyone else.
+        if not self.ledger.assume(pod.key, placement.node, placement.units, pod.uid):
+            plan.bind_errors[pod.key] = f"its GPUs {list(placement.indices)} on {placement.node} were taken"
+            return Refusal(f"gang {gang.key}: this member's GPUs {list(placement.indices)} on {placement.node} "
+                           "are held by another pod (seen by the watch); the group cannot complete as planned")
+        annotations = {ASSIGNED_GPUS_ANNOTATION: ",".join(placement.units),
+                       ASSIGNED_GPU_INDICES_ANNOTATION: ",".join(map(str, placement.indices))}
+        if plan.commit_text:
+            annotations[GANG_COMMIT_ANNOTATION] = plan.commit_text
+        retry = " (retried after a failed write)" if pod.key in plan.bind_errors else ""
+        plan.writing[pod.key] = self._clock()  # until bound() or unreserve(): never released under the write
         return Reservation(
-            annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(units),
-                         ASSIGNED_GPU_INDICES_ANNOTATION: ",".join(map(str, indices))},
-            summary=f"GPUs [{','.join(map(str, indices))}] on {node} (gang {plan.spec.key}, all "
-                    f"{len(plan.placements)} members at the barrier)",
-            details={"gang": str(plan.spec.key), "gpus": list(units), "gpuIndices": list(indices)})
+            annotations=annotations,
+            summary=f"GPUs [{','.join(map(str, placement.indices))}] on {node} (gang {plan.spec.key}, all "
+                    f"{len(plan.placements)} members through the barrier){retry}",
+            details={"gang": str(plan.spec.key), "gpus": list(placement.units), "gpuIndices": list(placement.indices)})
 
-    def unreserve(self, pod: PodRef) -> None:
+    def bound(self, pod: PodRef, node: str) -> None:
+        with self._lock:
+            now = self._clock()
+            self._written = {k: t for k, t in self._written.items() if now - t < 60.0}
+            self._written[pod.key] = now
+            plan = self._committed_plan_of(pod.key)
+            if plan is not None:
+                plan.written.add(pod.key)
+                plan.writing.pop(pod.key, None)
+                plan.bind_errors.pop(pod.key, None)
+                if plan.written >= plan.placements.keys():
+                    self._complete(plan)
+
+    def unreserve(self, pod: PodRef, reason: str = "") -> None:
+        """A bind write failed. A committed member keeps its reservation and is retried (see the
+        module docstring); anything else is released by the inner decider."""
+        with self._lock:
+            plan = self._committed_plan_of(pod.key)
+            if plan is not None:
+                plan.writing.pop(pod.key, None)
+                plan.bind_errors[pod.key] = reason or "the bind write failed"
+                self._status_of(plan.spec).bind_retries += 1
+                self._observer.event("bind-retry")
+                self._nudge([pod.key])
+                return
         self.inner.unreserve(pod)
 
+    def _satisfied(self, gang: GangSpec) -> bool:
+        """At least minMember members bound (or just written). Lock held."""
+        return sum(1 for m in self.index.members(gang) if m.node or m.key in self._written) >= gang.min_member
+
+    def _committed_plan_of(self, key: str) -> Plan | None:
+        return next((p for p in self._plans.values() if p.committed and key in p.placements), None)
+
     # -- admission -------------------------------------------------------------------------
+    def _status_of(self, gang: GangSpec) -> GangStatus:
+        return self._status.setdefault(gang.key, GangStatus(gang, waiting_since=self._clock()))
+
     def _admit(self, gang: GangSpec, pod: PodRef) -> Plan | str:
         """Plan the whole group or explain why not. Called with the lock held."""
-        status = self._status.setdefault(gang.key, GangStatus(gang, waiting_since=self._clock()))
+        status = self._status_of(gang)
         status.spec = gang
         now = self._clock()
         if now < status.cooldown_until:
@@ -261,44 +367,46 @@ class GangCoordinator:
             return status.reason
         members = self.index.members(gang)
         if pod.key not in {m.key for m in members}:
-            members.append(Member(pod.key, pod.raw, None))
-        bound = [m for m in members if m.node]
-        pending = sorted((m for m in members if not m.node), key=lambda m: m.key)
+            members.append(Member(pod.key, pod.uid, pod.raw, None))
+        bound = [m for m in members if m.node or m.key in self._written]
+        pending = sorted((m for m in members if not (m.node or m.key in self._written)), key=lambda m: m.key)
         if len(members) < gang.min_member:
             status.reason = (f"gang {gang.key}: {len(members)} of {gang.min_member} members exist; waiting for the "
                              "rest before reserving anything")
             return status.reason
         needed = pending[: max(0, gang.min_member - len(bound))] if len(bound) < gang.min_member else []
-        plan_or_reason = self._simulate(gang, needed)
-        if isinstance(plan_or_reason, str):
-            status.reason = plan_or_reason
-            return plan_or_reason
+        placements = self._simulate(gang, needed)
+        if isinstance(placements, str):
+            status.reason = placements
+            return placements
+        uids = {m.key: m.uid for m in needed}
         reserved: list[str] = []
-        for key, (node, units, _) in plan_or_reason.items():
-            if not self.ledger.assume(key, node, units):
+        for key, placement in placements.items():
+            if not self.ledger.assume(key, placement.node, placement.units, uids.get(key, "")):
                 for k in reserved:
                     self.ledger.forget(k)
                 status.reason = f"gang {gang.key}: capacity changed while planning; retrying"
                 return status.reason
             reserved.append(key)
-        plan = Plan(gang, plan_or_reason, now, now + gang.timeout_s)
+        timeout = self.timing.clamp(gang.timeout_s)
+        plan = Plan(gang, placements, uids, now, now + timeout, timeout)
         self._plans[gang.key] = plan
-        status.reason = f"gang {gang.key}: all {len(plan_or_reason)} members planned; waiting at the bind barrier"
+        remainder = f" (the remainder: {len(bound)} already bound)" if bound else ""
+        status.reason = (f"gang {gang.key}: all {len(placements)} members planned{remainder}; waiting at the bind "
+                         "barrier")
         return plan
 
-    def _simulate(self, gang: GangSpec, members: list[Member]) -> dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]] | str:
+    def _simulate(self, gang: GangSpec, members: list[Member]) -> dict[str, MemberPlacement] | str:
         snapshot: ClusterSnapshot = self.snapshot()
         demands: list[tuple[Member, PodDemand]] = []
         for m in members:
-            demand = self.inner.demand(PodRef((m.raw.get("metadata") or {}).get("namespace", "default"),
-                                              (m.raw.get("metadata") or {}).get("name", ""),
-                                              (m.raw.get("metadata") or {}).get("uid", ""), m.raw))
+            demand = self.inner.demand(_pod_ref(m))
             if isinstance(demand, DemandError):
                 return f"gang {gang.key}: member {m.key} cannot be placed anywhere: {demand.message}"
             demands.append((m, demand))
         demands.sort(key=lambda md: (-md[1].gpu_count, md[0].key))  # biggest first: fewer dead ends
         held: list[tuple[str, str, tuple[str, ...]]] = []
-        plan: dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]] = {}
+        plan: dict[str, MemberPlacement] = {}
         for fitted, (member, demand) in enumerate(demands):
             sim = snapshot.with_ledger(_with_holdings(snapshot.ledger, held))
             nodes = [n for n, info in sim.nodes.items() if not info.unschedulable and _selector_matches(member.raw, info.labels)]
@@ -310,52 +418,165 @@ class GangCoordinator:
             scores = self.framework.score(sim, demand, list(decision.feasible)).scores
             node = max(decision.feasible, key=lambda n: (scores.get(n, 0), n))
             choice = self.framework.choose_gpus(sim, demand, node)
-            units, indices = choice.unit_ids, choice.gpu_indices
-            held.append((member.key, node, units))
-            plan[member.key] = (node, units, indices)
+            held.append((member.key, node, choice.unit_ids))
+            plan[member.key] = MemberPlacement(node, tuple(choice.unit_ids), tuple(choice.gpu_indices))
         return plan
 
-    # -- expiry and completion ----------------------------------------------------------------
-    def _expire(self) -> None:
+    # -- the barrier and after -------------------------------------------------------------------
+    def _commit(self, plan: Plan) -> None:
+        """Every member reached bind: open the barrier. Called with the lock held."""
         now = self._clock()
-        with self._lock:
-            for key, plan in list(self._plans.items()):
-                members = {m.key: m for m in self.index.members(plan.spec)}
-                if all(members.get(k) is not None and members[k].node for k in plan.placements):
-                    del self._plans[key]
-                    status = self._status.setdefault(key, GangStatus(plan.spec))
-                    status.completions += 1
-                    status.reason = f"gang {key}: all {len(plan.placements)} members bound"
-                    self._observer("complete")
-                elif plan.released or now > plan.deadline:
-                    self._release(plan, timed_out=not plan.released)
-                    del self._plans[key]
-                elif any(k not in members for k in plan.placements):
-                    # A planned member was deleted: the group cannot complete as planned.
-                    self._release(plan, timed_out=False)
-                    del self._plans[key]
-                    self._status[key].reason = f"gang {key}: a planned member was deleted; reservation released"
+        plan.phase = Phase.COMMITTED
+        plan.deadline = now + plan.timeout_s
+        plan.commit_until = round(self._wall() + plan.timeout_s, 3)
+        plan.commit_text = encode_commit(GangCommit(
+            str(plan.spec.key), plan.commit_until, {key.partition("/")[2]: p for key, p in plan.placements.items()}))
+        self._status_of(plan.spec).reason = (f"gang {plan.spec.key}: all {len(plan.placements)} members at the "
+                                             "barrier; binding")
+        self._observer.event("commit")
+        self._observer.gathered(now - plan.created)
+        gathers = self._status_of(plan.spec).gather_s
+        gathers.append(round(now - plan.created, 3))
+        del gathers[:-16]
+        self._lock.notify_all()
+
+    def _complete(self, plan: Plan) -> None:
+        self._plans.pop(plan.spec.key, None)
+        self._ended.add((plan.spec.key, plan.commit_until))
+        status = self._status_of(plan.spec)
+        status.completions += 1
+        status.reason = f"gang {plan.spec.key}: all {len(plan.placements)} members bound"
+        self._observer.event("complete")
+
+    def _partial(self, plan: Plan, missing: Mapping[str, str]) -> None:
+        """A committed plan ends with members unbound: release them, report. Lock held."""
+        self._plans.pop(plan.spec.key, None)
+        self._ended.add((plan.spec.key, plan.commit_until))
+        for key in missing:
+            self.ledger.forget(key)
+        bound = {k: p.node for k, p in plan.placements.items() if k not in missing}
+        report = PartialGang(plan.spec.key, bound, dict(missing))
+        status = self._status_of(plan.spec)
+        status.partials += 1
+        status.reason = report.message
+        self._observer.event("partial")
+        self._on_partial(report)
+        self._nudge(sorted(missing))  # those that still exist are planned as the remainder
 
     def _release(self, plan: Plan, *, timed_out: bool) -> None:
-        """Forget every member's reservation. Called with the lock held."""
+        """Forget every member's reservation (gathering only: nothing was bound). Lock held."""
         if plan.released:
             return
+        assert not plan.committed, "a committed plan is never released whole"
         plan.released = True
         for key in plan.placements:
             self.ledger.forget(key)
-        status = self._status.setdefault(plan.spec.key, GangStatus(plan.spec))
+        status = self._status_of(plan.spec)
         if timed_out:
             status.timeouts += 1
             status.cooldown_until = self._clock() + self._cooldown_s
-            status.reason = (f"gang {plan.spec.key} timed out after {plan.spec.timeout_s:g}s with "
+            status.reason = (f"gang {plan.spec.key} timed out after {plan.timeout_s:g}s with "
                              f"{len(plan.arrived)} of {len(plan.placements)} members at the barrier; released")
-            self._observer("timeout")
+            self._observer.event("timeout")
         self._lock.notify_all()
 
-    def tick(self) -> None:
-        """Periodic housekeeping: expiry, and PodGroup status for gangs whose state changed."""
-        self._expire()
+    def _expire(self) -> None:
+        now = self._clock()
         with self._lock:
+            for plan in list(self._plans.values()):
+                members = {m.key: m for m in self.index.members(plan.spec)}
+                bound = {k for k in plan.placements if (m := members.get(k)) is not None and m.node} | plan.written
+                gone = {k for k in plan.placements if k not in bound and self.index.deleted(k, plan.uids.get(k, ""))}
+                if plan.committed:
+                    if bound >= plan.placements.keys():
+                        self._complete(plan)
+                    elif any(k not in bound and now - since < self.timing.bind_write_s + self.timing.margin_s
+                             for k, since in plan.writing.items()):
+                        continue  # a write in flight (bounded by its own timeout) decides first
+                    elif gone or now > plan.deadline:
+                        self._partial(plan, {k: ("deleted after the barrier opened" if k in gone else
+                                                 plan.bind_errors.get(k) or
+                                                 f"not bound within {plan.timeout_s:g}s of the barrier opening")
+                                             for k in plan.placements if k not in bound})
+                elif plan.released or now > plan.deadline:
+                    self._release(plan, timed_out=not plan.released)
+                    self._plans.pop(plan.spec.key, None)
+                elif gone:  # the group cannot complete as planned; nothing was bound
+                    self._release(plan, timed_out=False)
+                    self._plans.pop(plan.spec.key, None)
+                    self._status_of(plan.spec).reason = (f"gang {plan.spec.key}: planned member(s) "
+                                                         f"{', '.join(sorted(gone))} were deleted; reservation released")
+
+    def _nudge_plan(self, plan: Plan, exclude: str = "") -> None:
+        """Retry the members that have not reached bind yet (gathering) or are not bound yet."""
+        done = plan.written if plan.committed else plan.arrived
+        waiting = sorted(k for k in plan.placements if k not in done and k != exclude)
+        plan.nudged_at = self._clock()
+        if waiting:
+            self._nudge(waiting)
+
+    # -- restart recovery ------------------------------------------------------------------------
+    def adopt(self, seen: list[SeenCommit]) -> None:
+        """Rebuild committed plans from the records on bound members (a (re)list): the members
+        not bound yet get their reservations back, or — when the record's time ran out while the
+        extender was away — the group is reported partially bound. Of several records of one
+        group (a remainder plan commits anew) the newest counts."""
+        now, wall = self._clock(), self._wall()
+        newest: dict[GangKey, tuple[GangSpec, SeenCommit]] = {}
+        for record in seen:
+            gang = gang_of(record.pod, self.index.pod_groups, self.default_timeout_s)
+            if isinstance(gang, GangSpec) and str(gang.key) == record.commit.gang and (
+                    gang.key not in newest or newest[gang.key][1].commit.until_unix < record.commit.until_unix):
+                newest[gang.key] = (gang, record)
+        with self._lock:
+            for key, (gang, record) in newest.items():
+                until = round(record.commit.until_unix, 3)
+                if key in self._plans or (key, until) in self._ended:
+                    continue
+                members = {m.key: m for m in self.index.members(gang)}
+                placements = {f"{key.namespace}/{name}": p for name, p in record.commit.placements.items()}
+                unbound = {k: p for k, p in placements.items() if (m := members.get(k)) is not None and not m.node}
+                if not unbound:
+                    continue
+                bound = {k for k, m in members.items() if k in placements and m.node}
+                remaining = record.commit.until_unix - wall
+                self._ended.add((key, until))
+                if remaining <= 0:
+                    self._report_partial_now(gang, placements, bound, unbound)
+                    continue
+                plan = Plan(gang, placements, {k: members[k].uid for k in unbound}, now, now + remaining,
+                            remaining, Phase.COMMITTED, arrived=set(placements), written=bound,
+                            commit_text=encode_commit(record.commit), commit_until=until)
+                for k, p in unbound.items():
+                    if not self.ledger.assume(k, p.node, p.units, members[k].uid):
+                        plan.bind_errors[k] = f"its GPUs {list(p.indices)} on {p.node} were taken meanwhile"
+                self._plans[key] = plan
+                self._status_of(gang).reason = (f"gang {key}: recovered a committed plan after a restart; "
+                                                f"{len(bound)} of {len(placements)} members bound, the rest keep "
+                                                f"their reservations for {remaining:.0f}s")
+                self._observer.event("recovered")
+                self._nudge_plan(plan)
+
+    def _report_partial_now(self, gang: GangSpec, placements: Mapping[str, MemberPlacement], bound: set[str],
+                            unbound: Mapping[str, MemberPlacement]) -> None:
+        report = PartialGang(gang.key, {k: placements[k].node for k in bound},
+                             {k: "not bound before its commit ran out (the extender was not running)" for k in unbound})
+        status = self._status_of(gang)
+        status.partials += 1
+        status.reason = report.message
+        self._observer.event("partial")
+        self._on_partial(report)
+        self._nudge(sorted(unbound))
+
+    # -- housekeeping ------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Periodic: expiry, nudging members that have not arrived, and PodGroup status."""
+        self._expire()
+        now = self._clock()
+        with self._lock:
+            for plan in self._plans.values():
+                if now - plan.nudged_at >= self._renudge_s:
+                    self._nudge_plan(plan)
             updates = []
             for key, status in self._status.items():
                 if key.source != "PodGroup" or status.spec is None:
@@ -374,27 +595,41 @@ class GangCoordinator:
     def _describe(self, key: GangKey) -> dict[str, Any]:
         status = self._status.get(key)
         plan = self._plans.get(key)
-        members = self.index.members(status.spec) if status and status.spec else []
-        return {
+        spec = status.spec if status else None
+        members = self.index.members(spec) if spec else []
+        described = {
             "gang": str(key), "source": key.source,
-            "minMember": status.spec.min_member if status and status.spec else None,
-            "timeoutSeconds": status.spec.timeout_s if status and status.spec else None,
+            "minMember": spec.min_member if spec else None,
+            "timeoutSeconds": self.timing.clamp(spec.timeout_s) if spec else None,
             "members": sorted(m.key for m in members),
             "bound": sorted(m.key for m in members if m.node),
-            "planned": {k: {"node": v[0], "gpus": list(v[2])} for k, v in (plan.placements.items() if plan else [])},
+            "phase": plan.phase.value if plan else None,
+            "planned": {k: {"node": v.node, "gpus": list(v.indices)} for k, v in (plan.placements.items() if plan else [])},
             "atBarrier": sorted(plan.arrived) if plan else [],
+            "written": sorted(plan.written) if plan else [],
+            "bindErrors": dict(plan.bind_errors) if plan else {},
+            "deadlineInSeconds": round(plan.deadline - self._clock(), 1) if plan else None,
             "waitingSeconds": round(self._clock() - status.waiting_since, 1) if status else 0,
             "reason": status.reason if status else "",
             "completions": status.completions if status else 0,
             "timeouts": status.timeouts if status else 0,
+            "partials": status.partials if status else 0,
+            "bindRetries": status.bind_retries if status else 0,
+            "gatherSeconds": list(status.gather_s) if status else [],
         }
+        if spec and self.timing.clamp(spec.timeout_s) < spec.timeout_s:
+            described["timeoutClamped"] = (f"asked for {spec.timeout_s:g}s; at most {self.timing.max_wait_s:g}s fits "
+                                           "in one bind call (httpTimeout - bind write - margin)")
+        return described
 
     def describe(self) -> dict[str, Any]:
         self._expire()
         with self._lock:
             return {"podGroupsSeen": len(self.index.pod_groups), "podGroupWatch": self.pod_group_watch(),
-                    "waitingForPodGroup": {f"{ns}/{name}": sorted(pods)
-                                           for (ns, name), pods in self.index._awaiting_group.items()},
+                    "barrier": {"maxWaitSeconds": self.timing.max_wait_s,
+                                "httpTimeoutSeconds": self.timing.http_timeout_s,
+                                "maxBackoffSeconds": self.timing.max_backoff_s},
+                    "waitingForPodGroup": self.index.awaiting_pod_group(),
                     "gangs": [self._describe(k) for k in sorted(self._status, key=str)]}
 
     # Set by the composition root: the PodGroup reflector's state, for /debug/gangs.

@@ -40,8 +40,11 @@ class ScriptedDecider:
             return Refusal("GPUs 0,1 were taken since filter")
         return Reservation(annotations={"gpusched.io/assigned-gpus": "GPU-a,GPU-b"})
 
-    def unreserve(self, pod):
+    def unreserve(self, pod, reason=""):
         self.unreserved.append(pod.key)
+
+    def bound(self, pod, node):
+        return None
 
 
 @pytest.fixture

@@ -1,0 +1,223 @@
+"""Which pods declare a gang, and the PodGroup objects; fed by the watches and by filter requests.
+
+Two rules keep the index honest under load, when the pod watch lags what kube-scheduler sends:
+
+- a pod kube-scheduler asks about in filter *exists*: it joins the index at once if the watch has
+  not shown it yet (never overwriting what the watch said), so a group is not judged smaller
+  than it is. Such an entry lasts ``request_ttl_s`` after the last request unless the watch
+  confirms it (the watch always does, within seconds), so a pod deleted before the watch ever
+  showed it cannot stay a phantom member that its group waits for forever;
+- a pod the index does not list is *not* therefore deleted: only a DELETED (or terminal) event
+  from the watch says so, and it leaves a tombstone (key and UID), so a late filter request for
+  that pod cannot bring it back.
+
+On every (re)list, the commit records (``gpusched.io/gang-commit``) found on bound members are
+handed to ``on_commits``: an extender that restarted between two members' binds learns from
+them which reservations to rebuild, before its first answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.model.gang import (
+    GANG_COMMIT_ANNOTATION,
+    GANG_NAME_ANNOTATION,
+    LWS_NAME_LABEL,
+    POD_GROUP_LABEL,
+    GangCommit,
+    GangError,
+    GangSpec,
+    PodGroupInfo,
+    gang_of,
+    parse_commit,
+    pod_group_info,
+)
+from extender.service.state import pod_key
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A pod that declares a gang, as last seen. ``node`` is its bound node (None: pending)."""
+
+    key: str
+    uid: str
+    raw: Mapping[str, Any]
+    node: str | None
+
+
+@dataclass(frozen=True)
+class SeenCommit:
+    """A commit record found on a bound member during a list."""
+
+    pod: Mapping[str, Any]
+    commit: GangCommit
+
+
+def declares_gang(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return POD_GROUP_LABEL in labels or LWS_NAME_LABEL in labels or \
+        GANG_NAME_ANNOTATION in (meta.get("annotations") or {})
+
+
+def _member(pod: Mapping[str, Any]) -> Member:
+    meta = pod.get("metadata") or {}
+    return Member(pod_key(pod), meta.get("uid", ""), pod, (pod.get("spec") or {}).get("nodeName") or None)
+
+
+class GangIndex:
+    def __init__(self, on_pod_group_added: Callable[[list[str]], None] = lambda pods: None,
+                 on_commits: Callable[[list[SeenCommit]], None] = lambda commits: None,
+                 tombstones: int = 16384, request_ttl_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``on_pod_group_added(pending member keys)`` runs when a PodGroup appears, so members
+        judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
+        ``on_commits`` receives each list's commit records. Both run outside the index lock.
+        ``tombstones``: deleted pods remembered (oldest forgotten first)."""
+        self._lock = threading.Lock()
+        self._pods: dict[str, Member] = {}
+        self.pod_groups: dict[tuple[str, str], PodGroupInfo] = {}
+        self._on_pod_group_added = on_pod_group_added
+        self._on_commits = on_commits
+        self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
+        self._deleted: OrderedDict[str, str] = OrderedDict()  # pod key -> uid of the deleted incarnation
+        self._requested_only: dict[str, float] = {}  # pods known from filter requests only -> last request
+        self._request_ttl_s = request_ttl_s
+        self._clock = clock
+        self._tombstones = tombstones
+
+    def set_commit_handler(self, on_commits: Callable[[list[SeenCommit]], None]) -> None:
+        """Where each list's commit records go (the coordinator, built after the index)."""
+        self._on_commits = on_commits
+
+    def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangError | None:
+        """``gang_of`` under the index lock; a pod whose PodGroup is missing is remembered, so the
+        PodGroup's arrival retries it however the two watch events interleave."""
+        with self._lock:
+            gang = gang_of(pod, self.pod_groups, default_timeout_s)
+            if isinstance(gang, GangError) and gang.may_resolve:
+                meta = pod.get("metadata") or {}
+                group = ((meta.get("namespace") or "default"), (meta.get("labels") or {}).get(POD_GROUP_LABEL, ""))
+                self._awaiting_group.setdefault(group, set()).add(pod_key(pod))
+            return gang
+
+    # -- pods ------------------------------------------------------------------------------
+    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        """A watch event. DELETED and terminal pods leave a tombstone."""
+        member = _member(pod)
+        phase = (pod.get("status") or {}).get("phase")
+        with self._lock:
+            self._requested_only.pop(member.key, None)
+            if event_type == "DELETED" or phase in _TERMINAL:
+                self._pods.pop(member.key, None)
+                self._bury(member.key, member.uid)
+            elif not declares_gang(pod):
+                self._pods.pop(member.key, None)
+            else:
+                if self._deleted.get(member.key) not in (None, member.uid):
+                    del self._deleted[member.key]  # a new incarnation under the same name
+                self._pods[member.key] = member
+
+    def observe_requested(self, pod: Mapping[str, Any]) -> None:
+        """A pod kube-scheduler sent in a filter request: it exists, even if the watch has not
+        shown it yet. Adds it only when the index does not know it and it was not deleted."""
+        if not declares_gang(pod):
+            return
+        member = _member(pod)
+        with self._lock:
+            if member.key in self._requested_only:
+                self._requested_only[member.key] = self._clock()
+            elif member.key not in self._pods and not self._is_deleted(member.key, member.uid):
+                self._pods[member.key] = member
+                self._requested_only[member.key] = self._clock()
+
+    def replace_pods(self, items: list[dict[str, Any]]) -> None:
+        """A (re)list: the full current set. Hands the commit records on bound members to
+        ``on_commits`` once the index holds every listed pod."""
+        with self._lock:
+            listed = {pod_key(p) for p in items}
+            for key, member in list(self._pods.items()):
+                # A pod known only from a request may be newer than the list: it stays (until its TTL).
+                if key not in listed and key not in self._requested_only:
+                    del self._pods[key]
+                    self._bury(key, member.uid)  # the watch knew it, the list does not: deleted
+        commits = []
+        for pod in items:
+            self.apply_pod("ADDED", pod)
+            if (pod.get("spec") or {}).get("nodeName") and declares_gang(pod):
+                commit = parse_commit(((pod.get("metadata") or {}).get("annotations") or {}).get(GANG_COMMIT_ANNOTATION))
+                if commit is not None:
+                    commits.append(SeenCommit(pod, commit))
+        if commits:
+            self._on_commits(commits)
+
+    def member(self, key: str) -> Member | None:
+        with self._lock:
+            self._prune_requested()
+            return self._pods.get(key)
+
+    def members(self, spec: GangSpec) -> list[Member]:
+        with self._lock:
+            self._prune_requested()
+            pods = list(self._pods.values())
+            groups = self.pod_groups
+        return [m for m in pods if isinstance(g := gang_of(m.raw, groups), GangSpec) and g.key == spec.key]
+
+    def deleted(self, key: str, uid: str) -> bool:
+        """True when the watch reported this incarnation (``uid``; "" = any) deleted or terminal."""
+        with self._lock:
+            return self._is_deleted(key, uid)
+
+    def _prune_requested(self) -> None:
+        if self._requested_only:
+            horizon = self._clock() - self._request_ttl_s
+            for key in [k for k, seen in self._requested_only.items() if seen < horizon]:
+                del self._requested_only[key]
+                self._pods.pop(key, None)
+
+    def _is_deleted(self, key: str, uid: str) -> bool:
+        buried = self._deleted.get(key)
+        return buried is not None and (not uid or not buried or buried == uid)
+
+    def _bury(self, key: str, uid: str) -> None:
+        self._deleted[key] = uid
+        self._deleted.move_to_end(key)
+        while len(self._deleted) > self._tombstones:
+            self._deleted.popitem(last=False)
+
+    def awaiting_pod_group(self) -> dict[str, list[str]]:
+        with self._lock:
+            return {f"{ns}/{name}": sorted(pods) for (ns, name), pods in self._awaiting_group.items()}
+
+    # -- PodGroup reflector handler ------------------------------------------------------------
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.pod_groups = {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): pod_group_info(o)
+                               for o in items}
+            # A (re)list may bring groups that pods were judged without, just as a watch event does.
+            pending = sorted(p for key in list(self._awaiting_group) if key in self.pod_groups
+                             for p in self._awaiting_group.pop(key))
+        if pending:
+            self._on_pod_group_added(pending)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        key = ((obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"])
+        with self._lock:
+            groups = dict(self.pod_groups)  # replaced, never mutated: members() reads it unlocked
+            if event_type == "DELETED":
+                groups.pop(key, None)
+                self.pod_groups = groups
+                return
+            groups[key] = pod_group_info(obj)
+            self.pod_groups = groups
+            pending = sorted(self._awaiting_group.pop(key, set()))
+        if pending:
+            self._on_pod_group_added(pending)
