@@ -61,6 +61,8 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(EXTENDER_SA, "update", "nodes", "", "", False, id="extender-cannot-update-nodes"),
     pytest.param(EXTENDER_SA, "patch", "nodes", "", "", True, id="extender-nudges-nodes"),
     pytest.param(EXTENDER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="extender-reviews-tokens"),
+    pytest.param(EXTENDER_SA, "create", "events", "", "events.k8s.io", True, id="extender-writes-events"),
+    pytest.param(EXTENDER_SA, "delete", "events", "", "events.k8s.io", False, id="extender-cannot-delete-events"),
     pytest.param(AGENT_SA, "patch", "nodes", "", "", True, id="agent-publishes-inventory"),
     pytest.param(AGENT_SA, "list", "pods", "", "", True, id="agent-finds-engines"),
     pytest.param(AGENT_SA, "create", "pods", "binding", "", False, id="agent-cannot-bind"),
@@ -85,3 +87,15 @@ def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane,
     ns = NAMESPACE if resource == "leases" else "default"
     name = "gpusched-scheduler" if resource == "leases" else ""
     assert _can(api, verb, resource, subresource=subresource, group=group, namespace=ns, name=name) is allowed
+
+
+def test_the_extender_is_told_the_scheduler_configs_http_timeout():
+    """A gang member waits for its group inside one bind call: the extender clamps gang timeouts
+    below kube-scheduler's httpTimeout, so the Deployment must pass the config's value."""
+    from devcluster.controlplane import scheduler_config_from_manifests
+
+    timeout = scheduler_config_from_manifests()["extenders"][0]["httpTimeout"]
+    deployment = next(doc for _, doc in manifest_documents([MANIFESTS / "base" / "scheduler-deployment.yaml"])
+                      if doc["kind"] == "Deployment")
+    extender = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+    assert f"--scheduler-http-timeout={timeout}" in extender["args"]

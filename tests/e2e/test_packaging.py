@@ -87,7 +87,8 @@ def test_helm_values_reach_the_objects():
     # Helm merges the given keys into the defaults: the memory request stays.
     assert extender["resources"] == {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "4Gi"}}
     assert {"--telemetry-tls-cert=/etc/gpusched/telemetry-tls/tls.crt", "--stale-after-periods=5",
-            "--agent-service-account=system:serviceaccount:inference-system:gpusched-node-agent"} <= set(extender["args"])
+            "--agent-service-account=system:serviceaccount:inference-system:gpusched-node-agent",
+            "--scheduler-http-timeout=90s"} <= set(extender["args"])
     agent = _container(objects, "DaemonSet", "agent")
     assert "--tls-server-name=gpusched-telemetry.inference-system.svc" in agent["args"]
     assert "--extender=gpusched-telemetry.inference-system.svc:9443" in agent["args"]
