@@ -226,9 +226,30 @@ def engine_sidecar(results: Path, out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "engine_sidecar.png")
 
 
+def gang_barrier(results: Path, out_dir: Path) -> Path | None:
+    """Plan -> barrier-open times under CPU load, against the gang timeout."""
+    data = _load(results, "gang_barrier")
+    times = [float(t) for t in (data or {}).get("gather_seconds", {}).get("all", []) if _num(t) is not None]
+    if not times:
+        if data is not None:
+            print("plots: skipped gang_barrier: no gather_seconds.all")
+        return None
+    timeout = float(data.get("config", {}).get("gang_timeout_s", 40))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(times, bins=40, range=(0, timeout * 1.1), color="C0")
+    ax.axvline(timeout, color="C3", linestyle="--", label=f"gang timeout {timeout:g} s")
+    cfg = data.get("config", {})
+    ax.set(xlabel="seconds from plan to every member at the bind barrier", ylabel="gangs",
+           title=f"Gang barrier under load ({cfg.get('cpu_hogs', '?')} CPU hogs, {cfg.get('mixes', '?')} mixes)")
+    ax.legend()
+    return _save(fig, out_dir / "gang_barrier.png")
+
+
 PLOTS: dict[str, Callable[[Path, Path], Path | None]] = {
     "extender_latency": extender_latency, "scheduler_throughput": scheduler_throughput,
     "telemetry_ingest": telemetry_ingest, "placement_quality": placement_quality, "engine_sidecar": engine_sidecar,
+    "gang_barrier": gang_barrier,
 }
 
 

@@ -30,15 +30,17 @@ class MixOutcome:
     gangs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run_mix(stack: Stack, mix: Mix, *, gang_timeout_s: int = 40,
+def run_mix(stack: Stack, mix: Mix, *, gang_timeout_s: int = 40, prefix: str = "mix",
             debug_gangs: Callable[[], dict[str, Any]] | None = None) -> MixOutcome:
+    """``prefix`` names the mix's namespace and nodes (``<prefix>-<seed>``): the same mix can run
+    twice in one cluster."""
     api = stack.cp.api_client()
     core = client.CoreV1Api(api)
-    namespace = fleet = f"mix-{mix.seed}"
+    namespace = fleet = f"{prefix}-{mix.seed}"
     create_namespace(api, namespace)
     nodes = []
     for i, preset in enumerate(mix.nodes):
-        node = f"mix-{mix.seed}-{preset}-{i}"
+        node = f"{prefix}-{mix.seed}-{preset}-{i}"
         create_preset_node(api, node, preset)
         core.patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet}}})
         nodes.append(node)
