@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stale-after-periods", type=float, default=3.0,
                    help="telemetry older than this many agent periods is stale: the node is judged on its static "
                         "inventory and the ledger with a conservative memory assumption (default: %(default)s)")
+    p.add_argument("--telemetry-period", type=_seconds, default=Settings.telemetry_period_s,
+                   help="the node agents' --period (e.g. 1s): staleness is judged against it, and a report claiming a "
+                        "longer period counts as this one (default: %(default)ss)")
+    p.add_argument("--telemetry-max-streams", type=int, default=Settings.telemetry_max_streams,
+                   help="telemetry streams served at once, one per GPU node; more are refused and retried "
+                        "(default: %(default)s)")
     p.add_argument("--scheduler-http-timeout", type=_seconds, default=Settings.scheduler_http_timeout_s,
                    help="the httpTimeout of this extender in the KubeSchedulerConfiguration (e.g. 60s): a gang member "
                         "waits for its group inside one bind call, so a group's timeout is clamped below it "
@@ -96,6 +102,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     telemetry_address=args.telemetry_address, telemetry_tls_cert=args.telemetry_tls_cert,
                     telemetry_tls_key=args.telemetry_tls_key, agent_service_account=args.agent_service_account,
                     stale_after_periods=args.stale_after_periods,
+                    telemetry_period_s=args.telemetry_period, telemetry_max_streams=args.telemetry_max_streams,
                     scheduler_http_timeout_s=args.scheduler_http_timeout,
                     scheduler_max_backoff_s=args.scheduler_max_backoff,
                     log_level=args.log_level)

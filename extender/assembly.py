@@ -163,7 +163,7 @@ def assemble(settings: Settings) -> Assembled:
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
     if settings.telemetry_address:
-        assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators)
+        assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors)
         framework_decider.telemetry = state
     return assembled
 
@@ -193,10 +193,10 @@ def _every(period_s: float, fn: Any) -> None:
 
 
 def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decisions: DecisionStore,
-                     collaborators: Collaborators) -> Any:
+                     collaborators: Collaborators, reflectors: list[Any]) -> Any:
     """The agents' gRPC endpoint, its store (read by the snapshot) and the requeue nudger."""
     from extender.adapters.requeue import NodeNudger
-    from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServer, TelemetryServicer
+    from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServer, TelemetryServicer
     from extender.adapters.token_review import TokenReviewVerifier
 
     store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
@@ -210,8 +210,18 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
             tls = (Path(settings.telemetry_tls_cert).read_bytes(), Path(settings.telemetry_tls_key).read_bytes())
         except OSError as exc:
             raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
+    telemetry_metrics = TelemetryMetrics(collaborators.metrics.registry)
+    telemetry_metrics.count_refused_holders_of(state.holders_refused)
+    pods = next(r for r in reflectors if r.kind == "pods")
+
+    def pod_alive(identity: Any) -> bool:
+        """The token's pod still runs on its node (unknown until the first pod list: alive)."""
+        return not pods.synced.is_set() or state.pod_runs_on(f"{identity.namespace}/{identity.pod_name}",
+                                                            identity.node_name)
+
+    limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
     servicer = TelemetryServicer(store, TokenReviewVerifier(api).verify, settings.agent_service_account,
-                                 TelemetryMetrics(collaborators.metrics.registry))
+                                 telemetry_metrics, limits=limits, pod_alive=pod_alive)
     try:
         return TelemetryServer(servicer, settings.telemetry_address, tls).start()
     except Exception as exc:

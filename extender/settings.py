@@ -41,6 +41,11 @@ class Settings:
     agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
     # A node whose telemetry is older than this many of its agent's periods is judged as stale.
     stale_after_periods: float = 3.0
+    # The agents' configured --period: a report claiming a longer one counts as this, so no node
+    # can declare a period that keeps it fresh for days.
+    telemetry_period_s: float = 1.0
+    # Open telemetry streams served at once (one per GPU node); more are refused, the agent retries.
+    telemetry_max_streams: int = 10_000
     # kube-scheduler's limits the gang barrier must fit in (see model.gang.BarrierTiming): the
     # extender's httpTimeout in the KubeSchedulerConfiguration and its podMaxBackoffSeconds.
     scheduler_http_timeout_s: float = 60.0
@@ -61,6 +66,10 @@ class Settings:
             raise SettingsError("no_kube: contradicts kubeconfig/token_file; drop --no-kube or the cluster credentials")
         if bool(self.telemetry_tls_cert) != bool(self.telemetry_tls_key):
             raise SettingsError("telemetry_tls_cert/telemetry_tls_key: give both (a Secret's tls.crt and tls.key) or neither")
+        if self.telemetry_period_s <= 0:
+            raise SettingsError(f"telemetry_period_s: must be positive (the agents' --period), got {self.telemetry_period_s}")
+        if self.telemetry_max_streams < 1:
+            raise SettingsError(f"telemetry_max_streams: must be positive, got {self.telemetry_max_streams}")
         if self.stale_after_periods <= 0:
             raise SettingsError(f"stale_after_periods: must be positive, got {self.stale_after_periods}")
         if self.no_kube and self.telemetry_address:

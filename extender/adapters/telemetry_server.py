@@ -2,10 +2,23 @@
 
 Runs a ``grpc.aio`` server on a thread and event loop of its own, so ingesting thousands of
 reports never queues behind (or in front of) kube-scheduler's filter calls on the HTTP loop.
-Each stream: bearer token from metadata → TokenReview (off the loop) → :func:`authorize_stream`
-on the first report → every report of the stream must claim the same node. Refusals end the
-stream with UNAUTHENTICATED or PERMISSION_DENIED and a message saying what to fix, and are
-counted in ``gpusched_telemetry_streams_refused_total{reason}``.
+
+What an agent sends is untrusted, so each stream is judged before it may cost much:
+- at most ``StreamLimits.max_streams`` open streams and ``max_pending_reviews`` TokenReviews in
+  flight (RESOURCE_EXHAUSTED beyond: the agent backs off and retries);
+- bearer token from metadata → TokenReview (off the loop, on a small pool of its own) →
+  :func:`authorize_identity` — *before* any message is read; then the first report's node →
+  :func:`authorize_node`; every later report must claim the same node;
+- a stream lives no longer than its token: a report after the token's ``exp`` ends it
+  (UNAUTHENTICATED with trailing metadata ``gpusched-reconnect: token-expired``, so the agent
+  reconnects at once with the kubelet's rotated token), and every ``recheck_s`` the stream's pod
+  must still run on its node (``pod_alive``), or the stream ends;
+- a report is bounded: messages up to 256 KiB, at most ``max_units`` units and ``max_engines``
+  engines (else the stream ends, ``bad-report``); the period it claims counts at most
+  ``max_period_s`` (the agents' configured period), so a node cannot declare a period that never
+  goes stale.
+Refusals say what to fix and are counted in ``gpusched_telemetry_streams_refused_total{reason}``;
+streams ended later in ``gpusched_telemetry_streams_ended_total{reason}``.
 
 Ingest is built for thousands of agents per core: a report whose units are unchanged in what the
 extender judges (free memory in whole GiB, foreign usage, assignments: :func:`gpu_report_key`)
@@ -20,6 +33,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import grpc
@@ -28,14 +43,29 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry
-from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_stream
+from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = logging.getLogger("gpusched.extender.telemetry")
 
 
+MAX_MESSAGE_BYTES = 256 * 1024  # a report of 64 MIG units with engines is a few KiB
+RECONNECT_TRAILER = "gpusched-reconnect"
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_streams: int = 10_000
+    max_pending_reviews: int = 256
+    review_workers: int = 8
+    max_period_s: float = 1.0
+    max_units: int = 512
+    max_engines: int = 512
+    recheck_s: float = 5.0
+
+
 def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
-                        gpus: Mapping[str, GpuSample] | None = None) -> NodeTelemetry:
+                        gpus: Mapping[str, GpuSample] | None = None, max_period_s: float = float("inf")) -> NodeTelemetry:
     """Proto → frozen model value (the decision core never sees protobuf).
 
     ``gpus``: the mapping converted from an earlier report of the same stream whose
@@ -49,8 +79,8 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
     engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
                                   e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
                                   e.stale, e.stale_reason) for e in report.engines]) if report.engines else ()
-    return NodeTelemetry(report.node_name, report.sequence, received_at, max(report.period_millis, 1) / 1000.0,
-                         report.gpu_backend, gpus, engines)
+    period_s = min(max(report.period_millis, 1) / 1000.0, max_period_s)
+    return NodeTelemetry(report.node_name, report.sequence, received_at, period_s, report.gpu_backend, gpus, engines)
 
 
 def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
@@ -66,7 +96,14 @@ class TelemetryMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.refused = Counter("gpusched_telemetry_streams_refused_total",
                                "Telemetry streams refused, by reason (unauthenticated, wrong-account, not-pod-bound, "
-                               "wrong-node, bad-report).", ["reason"], registry=registry)
+                               "wrong-node, bad-report, too-many-streams, review-backlog).", ["reason"],
+                               registry=registry)
+        self.ended = Counter("gpusched_telemetry_streams_ended_total",
+                             "Accepted telemetry streams the extender ended, by reason (token-expired: the token's exp "
+                             "passed, the agent reconnects with its rotated token; pod-gone: the stream's pod no "
+                             "longer runs on its node).", ["reason"], registry=registry)
+        for reason in ("token-expired", "pod-gone"):
+            self.ended.labels(reason=reason)
         self.streams = Gauge("gpusched_telemetry_streams_open", "Authenticated telemetry streams open.",
                              registry=registry)
         self._registry = registry
@@ -80,6 +117,30 @@ class TelemetryMetrics:
             return
         self._counted.append(store)
         self._registry.register(_ReportsIngested(store))
+
+
+    def count_refused_holders_of(self, refused: Mapping[str, int]) -> None:
+        """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
+        state keeps (``ClusterState.holders_refused``), read at scrape time."""
+        self._registry.register(_HoldersRefused(refused))
+
+
+class _HoldersRefused(Collector):
+    REASONS = ("pod-unknown", "pod-on-other-node", "unit-not-in-inventory")
+
+    def __init__(self, refused: Mapping[str, int]) -> None:
+        self._refused = refused
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "gpusched_telemetry_holders_refused",
+            "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
+            "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
+            "another node's pod), unit-not-in-inventory (a unit the node does not have). Ignored, never applied.",
+            labels=["reason"])
+        for reason in self.REASONS:
+            family.add_metric([reason], self._refused.get(reason, 0))
+        yield family
 
 
 class _ReportsIngested(Collector):
@@ -99,7 +160,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
 
     def __init__(self, store: TelemetryStore, verify: Callable[[str], TokenIdentity], agent_username: str,
                  metrics: TelemetryMetrics, first_report_timeout_s: float = 30.0, *,
-                 ack_every: int = 10, ack_interval_s: float = 10.0):
+                 ack_every: int = 10, ack_interval_s: float = 10.0, limits: StreamLimits = StreamLimits(),
+                 pod_alive: Callable[[TokenIdentity], bool] = lambda identity: True,
+                 wall_clock: Callable[[], float] = time.time):
+        """``pod_alive(identity)``: whether the token's pod still runs on its node (the extender's
+        pod watch); checked every ``limits.recheck_s`` per stream."""
         if ack_every < 1:
             raise ValueError(f"ack_every must be >= 1 (1 = every report), got {ack_every}")
         self._store = store
@@ -109,6 +174,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self._first_timeout = first_report_timeout_s
         self.ack_every = ack_every
         self.ack_interval_s = ack_interval_s
+        self.limits = limits
+        self._pod_alive = pod_alive
+        self._wall = wall_clock
+        self._reviews = ThreadPoolExecutor(limits.review_workers, thread_name_prefix="token-review")
+        self._pending_reviews = 0
+        self._open = 0
         metrics.count_reports_of(store)
 
     async def _refuse(self, context: grpc.aio.ServicerContext, reason: str, code: grpc.StatusCode, message: str):
@@ -116,56 +187,106 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         log.warning("telemetry stream refused (%s): %s", reason, message)
         await context.abort(code, message)
 
+    async def _end(self, context: grpc.aio.ServicerContext, reason: str, message: str) -> None:
+        self._metrics.ended.labels(reason=reason).inc()
+        log.info("telemetry stream ended (%s): %s", reason, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=((RECONNECT_TRAILER, reason),))
+
+    async def _review(self, token: str) -> TokenIdentity | None:
+        self._pending_reviews += 1  # only touched on the event loop: no lock needed
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._reviews, self._verify, token)
+        finally:
+            self._pending_reviews -= 1
+
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # A coroutine reading with context.read() (not an async generator over request_iterator):
         # one layer of async iteration less per report, and writes only when acking.
+        limits = self.limits
+        if self._open >= limits.max_streams:
+            await self._refuse(context, "too-many-streams", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"the extender serves at most {limits.max_streams} telemetry streams; retry later")
+            return
         token = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and value.startswith("Bearer "):
                 token = value[len("Bearer "):].strip()
+        if token and self._pending_reviews >= limits.max_pending_reviews:
+            await self._refuse(context, "review-backlog", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"{self._pending_reviews} token reviews are in flight; retry later")
+            return
+        identity = await self._review(token) if token else None
+        refusal = authorize_identity(identity, self._agent_username)  # before reading anything
+        if refusal is not None:
+            code = grpc.StatusCode.PERMISSION_DENIED if refusal.permission else grpc.StatusCode.UNAUTHENTICATED
+            await self._refuse(context, refusal.reason, code, refusal.message)
+            return
+        assert identity is not None
+        self._open += 1
+        self._metrics.streams.inc()
+        try:
+            await self._serve(context, identity)
+        finally:
+            self._open -= 1
+            self._metrics.streams.dec()
+
+    async def _serve(self, context: grpc.aio.ServicerContext, identity: TokenIdentity) -> None:
+        limits = self.limits
         try:
             first = await asyncio.wait_for(context.read(), self._first_timeout)
         except asyncio.TimeoutError:
             return
         if first is grpc.aio.EOF:
             return
-        identity = await asyncio.get_running_loop().run_in_executor(None, self._verify, token) if token else None
-        refusal = authorize_stream(identity, first.node_name, self._agent_username)
+        refusal = authorize_node(identity, first.node_name)
         if refusal is not None:
-            code = grpc.StatusCode.PERMISSION_DENIED if refusal.permission else grpc.StatusCode.UNAUTHENTICATED
-            await self._refuse(context, refusal.reason, code, refusal.message)
+            await self._refuse(context, refusal.reason, grpc.StatusCode.PERMISSION_DENIED, refusal.message)
             return
         node = first.node_name
-        ingest, clock, read = self._store.ingest, time.monotonic, context.read
+        ingest, clock, wall, read = self._store.ingest, time.monotonic, self._wall, context.read
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
+        expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
+        max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
         last_key: list | None = None
         gpus = None
         since_ack = ack_every  # the first report is acknowledged at once
         last_ack_at = 0.0
-        self._metrics.streams.inc()
-        try:
-            report = first
-            while True:
-                if report.node_name != node:
-                    await self._refuse(context, "wrong-node", grpc.StatusCode.PERMISSION_DENIED,
-                                       f"this stream speaks for node {node}; a report claimed {report.node_name!r}")
+        next_check = clock() + limits.recheck_s
+        report = first
+        while True:
+            if report.node_name != node:
+                await self._refuse(context, "wrong-node", grpc.StatusCode.PERMISSION_DENIED,
+                                   f"this stream speaks for node {node}; a report claimed {report.node_name!r}")
+                return
+            if len(report.gpus) > max_units or len(report.engines) > max_engines:
+                await self._refuse(context, "bad-report", grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"a report may carry at most {max_units} GPU units and {max_engines} engines; "
+                                   f"this one has {len(report.gpus)} and {len(report.engines)}")
+                return
+            if wall() >= expires_at:
+                await self._end(context, "token-expired", f"the stream's token expired at {expires_at:.0f} (Unix "
+                                "time); reconnect with the refreshed projected token")
+                return
+            now = clock()
+            if now >= next_check:
+                next_check = now + limits.recheck_s
+                if not self._pod_alive(identity):
+                    await self._end(context, "pod-gone", f"the token's pod {identity.namespace}/{identity.pod_name} "
+                                    f"no longer runs on node {node}")
                     return
-                now = clock()
-                key = gpu_report_key(report)
-                telemetry = report_to_telemetry(report, now, gpus if key == last_key else None)
-                last_key, gpus = key, telemetry.gpus
-                ingest(telemetry)
-                if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
-                    since_ack, last_ack_at = 0, now
-                    await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
-                                                                period_millis=report.period_millis,
-                                                                ack_every=ack_every))
-                since_ack += 1
-                report = await read()
-                if report is grpc.aio.EOF:
-                    return
-        finally:
-            self._metrics.streams.dec()
+            key = gpu_report_key(report)
+            telemetry = report_to_telemetry(report, now, gpus if key == last_key else None, max_period_s)
+            last_key, gpus = key, telemetry.gpus
+            ingest(telemetry)
+            if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
+                since_ack, last_ack_at = 0, now
+                await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
+                                                            period_millis=report.period_millis,
+                                                            ack_every=ack_every))
+            since_ack += 1
+            report = await read()
+            if report is grpc.aio.EOF:
+                return
 
 
 class TelemetryServer:
@@ -203,7 +324,7 @@ class TelemetryServer:
         # reports piling up in per-stream buffers that are read oldest first. 5,000 agents, back
         # to back: ingest lag p99 23 s -> 1.5 s, data age p99 2.78 -> 2.26 periods, 4,691 -> 5,188
         # reports/s. A report is a few hundred bytes; larger messages still pass, in window steps.
-        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * 1024 * 1024),
+        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                                 ("grpc.http2.lookahead_bytes", 4096), ("grpc.http2.bdp_probe", 0)])
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(self._servicer, self._server)
         if self._tls:

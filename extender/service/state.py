@@ -14,12 +14,20 @@ Ledger rules for pods seen by the watch:
 - Succeeded, Failed or deleted: it holds nothing;
 - after a relist, bound entries for pods that no longer exist are released; assumed entries
   (binds in flight) are kept until observed, forgotten, or expired.
+
+What a node's agent reports about who holds its devices (the kubelet's PodResources) is
+untrusted input from that node: a holder is accepted only for a pod the watch shows bound to that
+very node, and only for units in that node's inventory. Anything else is refused and counted by
+reason (:attr:`ClusterState.holders_refused`): one compromised node must not be able to move
+another node's pods in the ledger and free their GPUs.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -29,6 +37,7 @@ from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, mak
 from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib, engine_headroom
 from extender.service.telemetry import TelemetryStore
 
+log = logging.getLogger("gpusched.extender.state")
 ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
 ASSIGNED_GPU_INDICES_ANNOTATION = "gpusched.io/assigned-gpu-indices"
 _TERMINAL = ("Succeeded", "Failed")
@@ -82,7 +91,13 @@ class ClusterState:
         self._fresh: dict[str, bool] = {}
         self._foreign: frozenset[str] = frozenset()
         self._actual: dict[str, tuple[str, tuple[str, ...]]] = {}  # pod key -> (node, devices) per PodResources
-        self._actual_by_node: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> its last reported assignment
+        self._actual_by_node: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> its last accepted assignment
+        self._pod_nodes: dict[str, str] = {}  # pod key -> node, for bound, non-terminal pods (the watch's view)
+        # Reported holders refused, by reason: pod-unknown (the watch shows it bound nowhere: may be
+        # watch lag), pod-on-other-node (the watch shows it elsewhere), unit-not-in-inventory.
+        self.holders_refused: Counter[str] = Counter()
+        self._refusal_logged: dict[str, float] = {}  # node -> last warning (one a minute per node)
+        self._unknown_holders: dict[str, set[str]] = {}  # node -> pods refused as unknown, re-judged when seen
 
     def add_pod_listener(self, listener: Any) -> None:
         """Also hand every pod list/event to ``listener`` (``replace_pods(items)``, ``apply_pod(type, pod)``)."""
@@ -109,12 +124,14 @@ class ClusterState:
         """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod."""
         return self._foreign
 
-    def _reconcile_actual(self, node: str, actual: dict[str, tuple[str, ...]]) -> None:
-        """The kubelet's real device assignment (PodResources) wins over our intent.
+    def _reconcile_actual(self, node: str, reported: dict[str, tuple[str, ...]]) -> None:
+        """The kubelet's real device assignment (PodResources) wins over our intent — for the
+        holders :meth:`_accepted_holders` lets this node speak for.
 
         Called from the telemetry loop on every judged change of a node (mostly not an assignment
         change): ``_actual`` is only touched, under the lock the snapshot also takes, when the
         node's assignment differs from the one last recorded for it; the ledger is checked always."""
+        actual = self._accepted_holders(node, reported)
         if self._actual_by_node.get(node) != actual:
             with self._lock:
                 for k in self._actual_by_node.get(node, ()):
@@ -127,6 +144,34 @@ class ClusterState:
             current = self.ledger.assignment(key)
             if current is None or current.node != node or current.unit_ids != frozenset(ids):
                 self.ledger.observe(key, node, ids)
+
+    def _accepted_holders(self, node: str, reported: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        """The reported holders a node may speak for: pods the watch shows bound to ``node``,
+        holding units of ``node``'s inventory. The rest is counted and (at most once a minute per
+        node) logged."""
+        if not reported:
+            return {}
+        info = self.node(node)
+        units = {u.id for u in info.units} if info is not None else set()
+        with self._lock:
+            where = {key: self._pod_nodes.get(key) for key in reported}
+        accepted: dict[str, tuple[str, ...]] = {}
+        refused: list[str] = []
+        for key, ids in reported.items():
+            reason = ("pod-unknown" if where[key] is None else "pod-on-other-node" if where[key] != node else
+                      "unit-not-in-inventory" if not units.issuperset(ids) else "")
+            if reason == "pod-unknown":
+                self._unknown_holders.setdefault(node, set()).add(key)
+            if reason:
+                self.holders_refused[reason] += 1
+                refused.append(f"{key} ({reason}{': on ' + where[key] if reason == 'pod-on-other-node' else ''})")
+            else:
+                accepted[key] = tuple(ids)
+        if refused and self._clock() - self._refusal_logged.get(node, -1e9) >= 60.0:
+            self._refusal_logged[node] = self._clock()
+            log.warning("node %s reported device holders it may not speak for; ignored: %s", node,
+                        ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else ""))
+        return accepted
 
     def sweep_staleness(self) -> None:
         """Mark nodes whose telemetry turned stale (or fresh again) for re-laying. Called
@@ -210,6 +255,11 @@ class ClusterState:
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
                               engine_headroom=engine_headroom(report) if fresh else None)
 
+    def pod_runs_on(self, key: str, node: str) -> bool:
+        """The watch shows pod ``key`` bound to ``node`` and not terminal."""
+        with self._lock:
+            return self._pod_nodes.get(key) == node
+
     def node(self, name: str) -> NodeInfo | None:
         with self._lock:
             return self._nodes.get(name)
@@ -258,10 +308,19 @@ class ClusterState:
         phase = (pod.get("status") or {}).get("phase")
         node = spec.get("nodeName")
         if event_type == "DELETED" or phase in _TERMINAL:
+            with self._lock:
+                self._pod_nodes.pop(key, None)
             self.ledger.release(key)
             return
         if not node:
             return  # pending: nothing held, except what an in-flight bind assumed
+        if self._pod_nodes.get(key) != node:
+            with self._lock:
+                self._pod_nodes[key] = node
+            waiting = self._unknown_holders.get(node)
+            if waiting and key in waiting and self.telemetry is not None:
+                waiting.discard(key)  # refused while the watch lagged: the node's report is judged again
+                self._reconcile_actual(node, self.telemetry.actual_assignments(node))
         uid = meta.get("uid", "")
         annotated = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
         with self._lock:
@@ -292,6 +351,8 @@ class ClusterState:
         for pod in items:
             present.add(pod_key(pod))
             self._apply_pod("ADDED", pod)
+        with self._lock:
+            self._pod_nodes = {k: n for k, n in self._pod_nodes.items() if k in present}
         for key, assignment in self.ledger.view().assignments.items():
             if key not in present and assignment.state is EntryState.BOUND:
                 self.ledger.release(key)

@@ -5,8 +5,9 @@ behind one reference per node (whole-value swaps: a reader never sees half a rep
 its listeners when a node's usable GPU capacity rose, so the extender can make kube-scheduler
 retry pods it rejected (see ``adapters.requeue``).
 
-:func:`authorize_stream` is the pure decision of whether a verified identity may speak for the
-node a stream claims: an agent can only speak for its own node.
+:func:`authorize_identity` and :func:`authorize_node` are the pure decisions of whether a verified
+identity may stream at all (the agent's account, a token bound to a pod on a node) and for which
+node: an agent can only speak for its own node.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from extender.model.telemetry import NodeTelemetry, engine_headroom, gpu_memory_
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,18 @@ class TokenIdentity:
 
     authenticated: bool
     username: str = ""
-    node_name: str = ""  # from the pod-bound token's extra; "" when not bound to a pod on a node
-    pod_name: str = ""
+    node_name: str = ""  # from the token's extra: the node its pod (or, for a Node-bound token, the node) is on
+    pod_name: str = ""  # "" unless the token is bound to a pod
     error: str = ""  # TokenReview's own error text when not authenticated
+    pod_uid: str = ""
+    expires_at: float | None = None  # Unix time of the token's ``exp`` (None: unknown, not a JWT)
+
+    @property
+    def namespace(self) -> str:
+        """The service account's namespace (``system:serviceaccount:<ns>:<name>``); pods bound
+        to its tokens live there."""
+        parts = self.username.split(":")
+        return parts[2] if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] else ""
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,8 @@ class Refusal:
     permission: bool  # True: PERMISSION_DENIED (who you are is known); False: UNAUTHENTICATED
 
 
-def authorize_stream(identity: TokenIdentity | None, claimed_node: str, agent_username: str) -> Refusal | None:
+def authorize_identity(identity: TokenIdentity | None, agent_username: str) -> Refusal | None:
+    """May this identity open a telemetry stream at all? Judged before any message is read."""
     if identity is None:
         return Refusal("unauthenticated", "no bearer token: send 'authorization: Bearer <projected service-account "
                        "token with audience gpusched>' metadata", permission=False)
@@ -52,9 +64,16 @@ def authorize_stream(identity: TokenIdentity | None, claimed_node: str, agent_us
     if identity.username != agent_username:
         return Refusal("wrong-account", f"{identity.username} is not the node agent's service account "
                        f"({agent_username})", permission=True)
-    if not identity.node_name:
+    if not identity.node_name or not identity.pod_name:
+        # A Node-bound token carries a node name but no pod: only a pod-bound token proves the
+        # stream comes from the agent pod the DaemonSet placed on that node.
         return Refusal("not-pod-bound", "the token is not bound to a pod scheduled on a node; use the projected "
                        "service-account token of the agent's pod", permission=True)
+    return None
+
+
+def authorize_node(identity: TokenIdentity, claimed_node: str) -> Refusal | None:
+    """May an authorized identity speak for ``claimed_node``? Only for its own pod's node."""
     if identity.node_name != claimed_node:
         return Refusal("wrong-node", f"the token's pod {identity.pod_name or '?'} runs on node {identity.node_name}, "
                        f"but the stream claims node {claimed_node!r}: an agent may only report its own node",

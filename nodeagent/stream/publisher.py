@@ -10,7 +10,10 @@ Contract:
   resets the backoff and feeds ``status``, never a condition for sending the next report;
 - failures reconnect with jittered exponential backoff; a refusal (UNAUTHENTICATED /
   PERMISSION_DENIED) is logged with the extender's message — it says what to fix — and retried
-  slowly, since a rotated token or a fixed RBAC may cure it.
+  slowly, since a rotated token or a fixed RBAC may cure it;
+- a stream the extender ended because its token expired (trailing metadata
+  ``gpusched-reconnect: token-expired``) is reconnected at once with the token file's current
+  (rotated) content: the kubelet refreshes projected tokens well before they expire.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class PublisherStatus:
     acks: int = 0  # StreamAcks received: the first report of each stream, then one per ack_every reports
     ack_every: int = 0  # the extender's ack cadence in reports, as its last ack said (0: every report)
     reconnects: int = 0
+    rotations: int = 0  # streams the extender ended for token expiry, reconnected at once
     last_error: str = ""
     last_refusal: str = ""
     last_ack_at: float = 0.0
@@ -110,7 +114,13 @@ class Publisher:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 message = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
+                if trailers.get("gpusched-reconnect"):
+                    self.status.rotations += 1
+                    log.info("the extender ended the stream (%s); reconnecting with the current token",
+                             trailers["gpusched-reconnect"])
+                    backoff = 0.0  # at once: the token file already holds the rotated token
+                elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     self.status.last_refusal = message
                     log.error("extender refused the telemetry stream: %s", message)
                     backoff = max(backoff, 5.0)
@@ -129,4 +139,4 @@ class Publisher:
             self.status.reconnects += 1
             if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
                 return
-            backoff = min(backoff * 2, self._backoff_max_s)
+            backoff = min(max(backoff * 2, self._backoff_initial_s), self._backoff_max_s)

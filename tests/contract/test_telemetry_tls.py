@@ -41,7 +41,7 @@ def pki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(pki):
     store = TelemetryStore()
-    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT,
+    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1"), AGENT,
                                  TelemetryMetrics(CollectorRegistry()))
     srv = TelemetryServer(servicer, f"127.0.0.1:{free_port()}",
                           tls=((pki / "tls.crt").read_bytes(), (pki / "tls.key").read_bytes())).start()

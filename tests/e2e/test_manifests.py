@@ -99,3 +99,15 @@ def test_the_extender_is_told_the_scheduler_configs_http_timeout():
                       if doc["kind"] == "Deployment")
     extender = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
     assert f"--scheduler-http-timeout={timeout}" in extender["args"]
+
+
+def test_the_extender_judges_staleness_by_the_agents_period():
+    """A report may not declare its own period (a node could stay fresh for days): the extender
+    counts at most its --telemetry-period, which must be the DaemonSet's --period."""
+    docs = [doc for _, doc in manifest_documents([MANIFESTS / "base" / "scheduler-deployment.yaml",
+                                                  MANIFESTS / "base" / "node-agent-daemonset.yaml"])]
+    def args(kind: str, container: str) -> list[str]:
+        obj = next(d for d in docs if d["kind"] == kind)
+        return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == container)["args"]
+    period = next(a.split("=", 1)[1] for a in args("DaemonSet", "agent") if a.startswith("--period="))
+    assert f"--telemetry-period={period}" in args("Deployment", "extender")

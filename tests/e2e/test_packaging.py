@@ -79,7 +79,8 @@ def test_helm_values_reach_the_objects():
     objects = helm_template({**TLS, "namespace": "inference-system", "createNamespace": False,
                              "extender": {"weight": 7, "httpTimeout": "90s", "staleAfterPeriods": 5,
                                           "resources": {"requests": {"cpu": "2"}, "limits": {"memory": "4Gi"}}},
-                             "images": {"extender": "registry.example/gpusched/extender:dev"}})
+                             "images": {"extender": "registry.example/gpusched/extender:dev"},
+                             "nodeAgent": {"period": "2s"}})
     assert not any(o["kind"] == "Namespace" for o in objects)
     assert {o["metadata"].get("namespace") for o in objects} <= {"inference-system", "kube-system", None}
     extender = _container(objects, "Deployment", "extender")
@@ -88,7 +89,7 @@ def test_helm_values_reach_the_objects():
     assert extender["resources"] == {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "4Gi"}}
     assert {"--telemetry-tls-cert=/etc/gpusched/telemetry-tls/tls.crt", "--stale-after-periods=5",
             "--agent-service-account=system:serviceaccount:inference-system:gpusched-node-agent",
-            "--scheduler-http-timeout=90s"} <= set(extender["args"])
+            "--scheduler-http-timeout=90s", "--telemetry-period=2s"} <= set(extender["args"])
     agent = _container(objects, "DaemonSet", "agent")
     assert "--tls-server-name=gpusched-telemetry.inference-system.svc" in agent["args"]
     assert "--extender=gpusched-telemetry.inference-system.svc:9443" in agent["args"]

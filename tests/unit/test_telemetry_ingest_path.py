@@ -14,6 +14,7 @@ from extender.adapters.telemetry_server import (TelemetryMetrics, TelemetryServi
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore, TokenIdentity
 from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
 GIB, MIB = 1 << 30, 1 << 20
@@ -103,14 +104,15 @@ class FakeContext:
     async def write(self, message):
         self.acks.append(message)
 
-    async def abort(self, code, details):
+    async def abort(self, code, details, trailing_metadata=()):
         self.aborted = (code, details)
+        self.trailers = dict(trailing_metadata)
 
 
 def run_stream(reports: list[pb.NodeReport], **kwargs) -> tuple[FakeContext, TelemetryStore, TelemetryServicer]:
     store = TelemetryStore()
-    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT,
-                                 TelemetryMetrics(CollectorRegistry()), **kwargs)
+    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1"),
+                                 AGENT, TelemetryMetrics(CollectorRegistry()), **kwargs)
     context = FakeContext(reports)
     asyncio.run(servicer.Stream(iter(()), context))
     return context, store, servicer
@@ -135,8 +137,8 @@ def test_the_stream_converts_units_only_when_they_change():
     store = TelemetryStore()
     real = store.ingest
     store.ingest = lambda t: (seen.append(t), real(t))[1]
-    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT,
-                                 TelemetryMetrics(CollectorRegistry()))
+    servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1"),
+                                 AGENT, TelemetryMetrics(CollectorRegistry()))
     asyncio.run(servicer.Stream(iter(()), FakeContext(reports)))
     assert seen[1].gpus is seen[0].gpus and seen[3].gpus is seen[2].gpus and seen[2].gpus is not seen[1].gpus
     assert [t.sequence for t in seen] == [1, 2, 3, 4]
@@ -157,7 +159,8 @@ def test_the_reports_metric_is_the_stores_count_read_at_scrape_time():
     metrics = TelemetryMetrics(registry)
     store = TelemetryStore()
     for _ in range(2):  # a second servicer on the same metrics registers nothing twice
-        servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1"), AGENT, metrics)
+        servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1", pod_name="a"), AGENT,
+                                     metrics)
     asyncio.run(servicer.Stream(iter(()), FakeContext([report(i) for i in range(1, 6)])))
     exposed = generate_latest(registry).decode()
     assert "gpusched_telemetry_reports_total 5.0" in exposed, exposed
@@ -168,10 +171,21 @@ def test_ack_every_must_be_positive():
         TelemetryServicer(TelemetryStore(), lambda t: None, AGENT, TelemetryMetrics(CollectorRegistry()), ack_every=0)
 
 
-def test_reconcile_actual_forgets_pods_that_left_the_node_but_not_pods_that_moved():
+def test_reconcile_actual_forgets_pods_that_left_the_node_and_follows_pods_the_watch_moved():
+    """Bookkeeping across nodes; what a node may claim at all is tests/unit/test_state_holders.py."""
     state = ClusterState()
-    state._reconcile_actual("a", {"ns/p": ("GPU-a0",), "ns/q": ("GPU-a1",)})
-    state._reconcile_actual("b", {"ns/q": ("GPU-b0",)})  # q moved to b
+    state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("a", "b")])
+    for name, node in (("p", "a"), ("q", "a")):
+        state.pods.apply("ADDED", bound_pod(name, node))
+    state._reconcile_actual("a", {"ns/p": ("GPU-a-0",), "ns/q": ("GPU-a-1",)})
+    state.pods.apply("MODIFIED", bound_pod("q", "b"))  # the watch shows q on b now (recreated there)
+    state._reconcile_actual("b", {"ns/q": ("GPU-b-0",)})
     state._reconcile_actual("a", {})  # a's next report: neither pod is there
-    assert state._actual == {"ns/q": ("b", ("GPU-b0",))}
+    assert state._actual == {"ns/q": ("b", ("GPU-b-0",))}
     assert state.ledger.assignment("ns/q").node == "b"
+
+
+def bound_pod(name: str, node: str) -> dict:
+    pod = make_pod(name, "ns", gpus=1)
+    pod["spec"]["nodeName"] = node
+    return pod

@@ -1,0 +1,75 @@
+"""A node's report of who holds its devices may speak only for its own pods and its own units
+(issue 14, S1): a compromised node must not move another node's pods in the ledger and free
+their GPUs for a second promise."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.model.telemetry import GpuSample, NodeTelemetry
+from extender.service.state import ClusterState
+from extender.service.telemetry import TelemetryStore
+from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
+
+
+def bound_pod(name: str, node: str, gpus: str = "") -> dict:
+    pod = make_pod(name, "ns", gpus=1, annotations={"gpusched.io/assigned-gpus": gpus} if gpus else None)
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def report(node: str, holders: dict[str, tuple[str, ...]]) -> NodeTelemetry:
+    """A report whose GPUs name ``holders`` (pod key -> device UUIDs)."""
+    by_device: dict[str, list[str]] = {}
+    for pod, devices in holders.items():
+        for d in devices:
+            by_device.setdefault(d, []).append(pod)
+    gpus = {d: GpuSample(d, i, 80 << 30, 40 << 30, 0, False, tuple(pods)) for i, (d, pods) in enumerate(by_device.items())}
+    return NodeTelemetry(node, 1, 0.0, 1.0, "fake", gpus, ())
+
+
+@pytest.fixture
+def cluster() -> ClusterState:
+    state = ClusterState()
+    state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("a", "b")])
+    state.attach_telemetry(TelemetryStore())
+    state.pods.apply("ADDED", bound_pod("on-a", "a", "GPU-a-0"))
+    state.pods.apply("ADDED", bound_pod("on-b", "b", "GPU-b-0"))
+    return state
+
+
+@pytest.mark.parametrize("node,holders,reason", [
+    pytest.param("a", {"ns/on-b": ("GPU-a-5",)}, "pod-on-other-node", id="a-claims-b's-pod"),
+    pytest.param("a", {"ns/on-b": ("GPU-b-0",)}, "pod-on-other-node", id="a-claims-b's-pod-on-b's-gpu"),
+    pytest.param("a", {"ns/ghost": ("GPU-a-3",)}, "pod-unknown", id="a-claims-a-pod-nobody-knows"),
+    pytest.param("a", {"ns/on-a": ("GPU-b-1",)}, "unit-not-in-inventory", id="a-claims-a-unit-of-b"),
+    pytest.param("a", {"ns/on-a": ("GPU-made-up",)}, "unit-not-in-inventory", id="a-claims-a-made-up-unit"),
+])
+def test_a_report_cannot_speak_for_other_nodes_pods_or_units(cluster, node, holders, reason):
+    before = cluster.ledger.view().assignments
+    cluster.telemetry.ingest(report(node, holders))
+    after = cluster.ledger.view().assignments
+    assert after == before, "the ledger moved on a report the node may not make"
+    assert cluster.holders_refused[reason] == 1, dict(cluster.holders_refused)
+    assert after["ns/on-b"].node == "b" and after["ns/on-b"].unit_ids == frozenset({"GPU-b-0"})
+
+
+def test_the_kubelets_truth_for_the_nodes_own_pod_and_unit_is_followed(cluster):
+    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-4",)}))
+    assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-4"})
+    assert not cluster.holders_refused
+
+
+def test_a_holder_refused_while_the_watch_lagged_is_accepted_once_the_watch_shows_the_pod(cluster):
+    cluster.telemetry.ingest(report("a", {"ns/late": ("GPU-a-6",)}))
+    assert cluster.holders_refused["pod-unknown"] == 1
+    assert cluster.ledger.assignment("ns/late") is None
+    cluster.pods.apply("ADDED", bound_pod("late", "a", "GPU-a-2"))  # the watch catches up
+    assert cluster.ledger.assignment("ns/late").unit_ids == frozenset({"GPU-a-6"}), "the kubelet's choice wins"
+
+
+def test_after_a_deletion_the_node_cannot_keep_claiming_the_pod(cluster):
+    cluster.pods.apply("DELETED", bound_pod("on-a", "a", "GPU-a-0"))
+    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-0",)}))
+    assert cluster.ledger.assignment("ns/on-a") is None
+    assert cluster.holders_refused["pod-unknown"] == 1

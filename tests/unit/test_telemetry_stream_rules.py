@@ -1,0 +1,236 @@
+"""What an agent's stream may do (issue 14: S6, S7, S8, S10): authenticated before anything is
+read, bounded in streams, reviews and report size, no longer alive than its token or its pod, and
+unable to declare a period that never goes stale."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extender.adapters.telemetry_server import (RECONNECT_TRAILER, StreamLimits, TelemetryMetrics,
+                                                TelemetryServicer, report_to_telemetry)
+from extender.adapters.token_review import TokenReviewVerifier, jwt_expiry
+from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node
+from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+
+AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
+POD_BOUND = TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1", pod_uid="u1")
+
+
+def report(seq: int = 1, *, node: str = "n1", units: int = 2, period_ms: int = 1000) -> pb.NodeReport:
+    r = pb.NodeReport(node_name=node, sequence=seq, period_millis=period_ms, gpu_backend="fake")
+    for i in range(units):
+        r.gpus.add(uuid=f"GPU-{i}", index=i, memory_total_bytes=80 << 30, memory_free_bytes=40 << 30)
+    return r
+
+
+class Context:
+    """grpc.aio.ServicerContext as the servicer uses it; counts the reads it was asked for."""
+
+    def __init__(self, reports: list[pb.NodeReport], token: str | None = "t", on_read=None):
+        self._reports = list(reports)
+        self.reads = 0
+        self.aborted: tuple | None = None
+        self.trailers: dict[str, str] = {}
+        self._token = token
+        self._on_read = on_read or (lambda n: None)
+
+    def invocation_metadata(self):
+        return (("authorization", f"Bearer {self._token}"),) if self._token else ()
+
+    async def read(self):
+        self.reads += 1
+        self._on_read(self.reads)
+        return self._reports.pop(0) if self._reports else grpc.aio.EOF
+
+    async def write(self, message):
+        return None
+
+    async def abort(self, code, details, trailing_metadata=()):
+        self.aborted = (code, details)
+        self.trailers = dict(trailing_metadata)
+
+
+def servicer(identity: TokenIdentity | None = POD_BOUND, *, wall: list[float] | None = None, alive=lambda i: True,
+             **limits: Any) -> tuple[TelemetryServicer, TelemetryStore, TelemetryMetrics]:
+    store = TelemetryStore()
+    metrics = TelemetryMetrics(CollectorRegistry())
+    clock = wall if wall is not None else [1_000.0]
+    s = TelemetryServicer(store, lambda token: identity, AGENT, metrics, limits=StreamLimits(**limits),
+                          pod_alive=alive, wall_clock=lambda: clock[0])
+    return s, store, metrics
+
+
+def run(s: TelemetryServicer, context: Context) -> Context:
+    asyncio.run(s.Stream(iter(()), context))
+    return context
+
+
+def refused(metrics: TelemetryMetrics, reason: str) -> float:
+    return metrics.refused.labels(reason=reason)._value.get()
+
+
+@pytest.mark.parametrize("identity,token,reason", [
+    pytest.param(None, None, "unauthenticated", id="no-token"),
+    pytest.param(TokenIdentity(False, error="token has expired"), "t", "unauthenticated", id="rejected"),
+    pytest.param(TokenIdentity(True, "system:serviceaccount:x:y", node_name="n1", pod_name="p"), "t",
+                 "wrong-account", id="other-account"),
+    pytest.param(TokenIdentity(True, AGENT, node_name="n1"), "t", "not-pod-bound", id="node-bound-token"),
+    pytest.param(TokenIdentity(True, AGENT), "t", "not-pod-bound", id="unbound-token"),
+])
+def test_a_stream_is_refused_before_any_message_is_read(identity, token, reason):
+    s, store, metrics = servicer(identity)
+    context = run(s, Context([report()], token=token))
+    assert context.reads == 0, "the first message was read before the stream was authorized"
+    assert context.aborted is not None and refused(metrics, reason) == 1
+    assert not store.view()
+
+
+def test_the_first_report_must_name_the_tokens_node():
+    s, store, metrics = servicer()
+    context = run(s, Context([report(node="n2")]))
+    assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED and refused(metrics, "wrong-node") == 1
+    assert not store.view()
+
+
+def test_a_report_after_the_tokens_expiry_ends_the_stream_with_a_reconnect_trailer():
+    wall = [1_000.0]
+    identity = TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1", expires_at=1_010.0)
+    s, store, metrics = servicer(identity, wall=wall)
+    context = run(s, Context([report(i) for i in range(1, 6)], on_read=lambda n: wall.__setitem__(0, 1_000.0 + 4 * n)))
+    assert store.view()["n1"].sequence == 2, "reports before exp count, none after"
+    assert context.aborted[0] == grpc.StatusCode.UNAUTHENTICATED and "expired" in context.aborted[1]
+    assert context.trailers == {RECONNECT_TRAILER: "token-expired"}
+    assert metrics.ended.labels(reason="token-expired")._value.get() == 1
+
+
+def test_a_stream_whose_pod_is_gone_ends_at_the_next_check():
+    alive = {"yes": True}
+    s, store, metrics = servicer(alive=lambda identity: alive["yes"], recheck_s=0.0)
+
+    def on_read(n: int) -> None:
+        if n == 2:
+            alive["yes"] = False  # the agent pod is deleted while the second report is on its way
+    context = run(s, Context([report(i) for i in range(1, 6)], on_read=on_read))
+    assert context.aborted and "no longer runs" in context.aborted[1]
+    assert metrics.ended.labels(reason="pod-gone")._value.get() == 1
+    assert store.view()["n1"].sequence == 1, "nothing is accepted from a stream whose pod is gone"
+
+
+@pytest.mark.parametrize("bad", [report(units=513), pytest.param(None, id="engines")])
+def test_an_oversized_report_ends_the_stream(bad):
+    if bad is None:
+        bad = report()
+        for i in range(513):
+            bad.engines.add(pod=pb.PodRef(namespace="ns", name=f"e{i}"))
+    s, store, metrics = servicer()
+    context = run(s, Context([report(1), bad]))
+    assert context.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT and refused(metrics, "bad-report") == 1
+    assert store.view()["n1"].sequence == 1
+
+
+def test_a_huge_declared_period_counts_as_the_configured_one():
+    s, store, _ = servicer(max_period_s=1.0)
+    run(s, Context([report(period_ms=49 * 24 * 3600 * 1000)]))
+    stored = store.view()["n1"]
+    assert stored.period_s == 1.0
+    assert not stored.is_fresh(stored.received_at + 3.5, 3.0), "a 49-day period must not keep the node fresh"
+    assert report_to_telemetry(report(period_ms=500), 0.0, max_period_s=1.0).period_s == 0.5
+
+
+def test_streams_and_reviews_are_bounded():
+    s, _, metrics = servicer(max_streams=1)
+    s._open = 1
+    context = run(s, Context([report()]))
+    assert context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and refused(metrics, "too-many-streams") == 1
+    s, _, metrics = servicer(max_pending_reviews=2)
+    s._pending_reviews = 2
+    context = run(s, Context([report()]))
+    assert context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and refused(metrics, "review-backlog") == 1
+
+
+def test_authorize_node_accepts_only_the_tokens_node():
+    assert authorize_node(POD_BOUND, "n1") is None
+    assert authorize_node(POD_BOUND, "n2").reason == "wrong-node"
+    assert authorize_identity(POD_BOUND, AGENT) is None
+
+
+def jwt(payload: dict[str, Any]) -> str:
+    def part(obj: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'RS256'})}.{part(payload)}.c2ln"
+
+
+@pytest.mark.parametrize("token,expected", [
+    (jwt({"exp": 1_800_000_000}), 1_800_000_000.0),
+    (jwt({"exp": 1.5}), 1.5),
+    (jwt({"sub": "x"}), None),
+    (jwt({"exp": "soon"}), None),
+    (jwt({"exp": True}), None),
+    ("not-a-jwt", None),
+    ("a.!!!.c", None),
+])
+def test_jwt_expiry(token, expected):
+    assert jwt_expiry(token) == expected
+
+
+class FakeAuth:
+    """AuthenticationV1Api.create_token_review, scripted."""
+
+    def __init__(self, answers: list[Any]):
+        self.answers = answers
+        self.calls: list[float] = []
+
+    def create_token_review(self, review, _request_timeout=None):
+        self.calls.append(_request_timeout)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def status(authenticated: bool, *, extra: dict[str, list[str]] | None = None) -> Any:
+    from kubernetes import client
+    return client.V1TokenReview(spec=client.V1TokenReviewSpec(token="t"), status=client.V1TokenReviewStatus(
+        authenticated=authenticated, audiences=["gpusched"], error=None if authenticated else "invalid bearer token",
+        user=client.V1UserInfo(username=AGENT, extra=extra or {})))
+
+
+def verifier(answers: list[Any], now: list[float]) -> tuple[TokenReviewVerifier, FakeAuth]:
+    from kubernetes import client
+    v = TokenReviewVerifier(client.ApiClient(), clock=lambda: now[0])
+    v._auth = auth = FakeAuth(answers)
+    return v, auth
+
+
+def test_rejections_are_cached_briefly_failures_never_and_every_call_has_a_timeout():
+    now = [1_000.0]
+    v, auth = verifier([status(False), status(False), TimeoutError("read timed out"), TimeoutError("again")], now)
+    assert not v.verify("bad").authenticated
+    assert not v.verify("bad").authenticated and len(auth.calls) == 1, "a rejected token is reviewed once per interval"
+    now[0] += 11
+    v.verify("bad")
+    assert len(auth.calls) == 2
+    assert "TimeoutError" in v.verify("other").error and "TimeoutError" in v.verify("other").error
+    assert len(auth.calls) == 4, "a failed call is not cached"
+    assert all(t == 5.0 for t in auth.calls)
+
+
+def test_an_accepted_token_is_cached_no_longer_than_its_exp_and_carries_its_pod():
+    now = [1_000.0]
+    extra = {"authentication.kubernetes.io/node-name": ["n1"], "authentication.kubernetes.io/pod-name": ["agent-n1"],
+             "authentication.kubernetes.io/pod-uid": ["u1"]}
+    token = jwt({"exp": 1_020})
+    v, auth = verifier([status(True, extra=extra), status(False)], now)
+    identity = v.verify(token)
+    assert (identity.node_name, identity.pod_name, identity.pod_uid, identity.expires_at) == ("n1", "agent-n1", "u1", 1_020.0)
+    now[0] = 1_019.0
+    assert v.verify(token).authenticated and len(auth.calls) == 1
+    now[0] = 1_021.0
+    assert not v.verify(token).authenticated and len(auth.calls) == 2, "cached past the token's own exp"
