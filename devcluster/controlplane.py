@@ -139,7 +139,8 @@ class ControlPlane:
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
             f"--api-audiences={API_AUDIENCE},gpusched",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            # Reserved for benchmarking (RFC 2544), never routed: no packet leaves this machine.
+            "--service-cluster-ip-range=198.18.0.0/16",
             # The `kubernetes` Service endpoint cannot be a loopback address, and nothing here
             # reaches the apiserver through it.
             "--endpoint-reconciler-type=none",

@@ -174,7 +174,7 @@ def _pod_group_status_writer(custom: Any) -> Any:
         try:
             custom.patch_namespaced_custom_object_status(
                 "scheduling.x-k8s.io", "v1alpha1", key.namespace, "podgroups", key.name,
-                {"status": {"phase": phase, "scheduled": scheduled}})
+                {"status": {"phase": phase, "scheduled": scheduled}}, _request_timeout=10)
         except Exception as exc:
             log.info("updating PodGroup %s status: %s", key, exc)
     return write

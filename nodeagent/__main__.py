@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from nodeagent.agent import Agent, inventory_patcher
+from nodeagent.agent import Agent
 from nodeagent.gpu import GpuReaderError, open_reader
 from nodeagent.stream.publisher import Publisher
 
@@ -88,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
             config.load_kube_config(config_file=args.kubeconfig)
         else:
             config.load_incluster_config()
+        from extender.adapters.reflector import Reflector
+        from nodeagent.kube import InventoryPublisher, NodePods, inventory_patcher
+
         core = client.CoreV1Api()
-        publish = inventory_patcher(core, args.node_name)
-        list_pods = lambda: core.api_client.sanitize_for_serialization(  # noqa: E731
-            core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={args.node_name}"))["items"]
+        publish = InventoryPublisher(inventory_patcher(core, args.node_name)).publish
+        node_pods = NodePods()
+        Reflector("pods", core.list_pod_for_all_namespaces, node_pods,
+                  list_kwargs={"field_selector": f"spec.nodeName={args.node_name}"}).start()
+        list_pods = node_pods.pods
 
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods)

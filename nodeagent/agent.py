@@ -7,7 +7,8 @@ Every period the publisher asks :meth:`Agent.report` for the node's current stat
 - foreign usage: memory in use on devices no pod holds;
 - engine samples, scraped on a thread of their own so a slow engine never delays a report.
 The static inventory (GPUs, MIG layout, NVLink islands) is published as the node's
-``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period.
+``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period, and
+never on the report's own path (``publish_inventory`` must not block: see ``nodeagent.kube``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
+from extender.model.inventory import encode_inventory
 from gpusched_wire.telemetry.v1 import telemetry_pb2
 from nodeagent.engines.discovery import discover_engines
 from nodeagent.engines.scrape import scrape_engine
@@ -90,17 +91,15 @@ class Agent:
             return None
 
     def publish_inventory(self, state: GpuState) -> None:
+        """Hand the inventory to the (non-blocking) publisher when it changed."""
         if self._publish_inventory is None:
             return
         text = encode_inventory(to_inventory(state))
         if text == self._published:
             return
-        try:
-            self._publish_inventory(text)
-            self._published = text
-            self.status.inventory_published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        except Exception as exc:  # retried on the next report
-            log.warning("publishing the inventory annotation failed: %s", exc)
+        self._publish_inventory(text)
+        self._published = text
+        self.status.inventory_published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def report(self, sequence: int) -> telemetry_pb2.NodeReport:
         report = telemetry_pb2.NodeReport(node_name=self.node, sequence=sequence, sampled_at_unix_nanos=time.time_ns(),
@@ -136,8 +135,3 @@ class Agent:
         report.engines.extend(self._engines)
         return report
 
-
-def inventory_patcher(core: Any, node: str) -> Callable[[str], None]:
-    def patch(text: str) -> None:
-        core.patch_node(node, {"metadata": {"annotations": {INVENTORY_ANNOTATION: text}}})
-    return patch

@@ -174,10 +174,33 @@ def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine
         "overridden": dict(tuning.overridden),
         "prediction": asdict(tuning.prediction),
         "notes": notes,
-        "engine": {"argv": engine_argv, "port": args.engine_port},
+        "engine": {"argv": redact_argv(engine_argv), "port": args.engine_port},
         "metrics": {"port": args.engine_port, "path": "/metrics", "annotation": METRICS_PORT, "announced": announced},
         "vllm_flags_known": len(accepted),
     }
+
+
+# vLLM flags whose value is a credential; /tuning (served to anyone who reaches the pod) shows them
+# as "<redacted>". The engine itself gets them unchanged.
+SECRET_FLAGS = ("--api-key", "--ssl-keyfile-password", "--hf-token")
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the values of ``SECRET_FLAGS`` replaced (``--api-key X`` and ``--api-key=X``)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif arg.split("=", 1)[0] in SECRET_FLAGS and "=" in arg:
+            out.append(arg.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(arg)
+    return out
 
 
 def print_summary(report: dict[str, Any]) -> None:

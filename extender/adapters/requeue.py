@@ -19,6 +19,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 log = logging.getLogger("gpusched.extender.requeue")
+REQUEST_TIMEOUT_S = 10.0  # a hung apiserver call delays one nudge, never the thread forever
 GENERATION_ANNOTATION = "gpusched.io/capacity-generation"
 
 
@@ -59,7 +60,8 @@ class NodeNudger:
                 self._generation += 1
                 generation = self._generation
             try:
-                self._core.patch_node(node, {"metadata": {"annotations": {GENERATION_ANNOTATION: str(generation)}}})
+                self._core.patch_node(node, {"metadata": {"annotations": {GENERATION_ANNOTATION: str(generation)}}},
+                                      _request_timeout=REQUEST_TIMEOUT_S)
                 self.patches += 1
             except Exception as exc:  # a vanished node or a missing permission must not kill the thread
                 self.last_error = f"patching node {node}: {exc}"
@@ -92,7 +94,7 @@ class PodNudger:
             namespace, _, name = self._queue.get().partition("/")
             try:
                 self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {
-                    POD_REQUEUE_ANNOTATION: str(time.time_ns())}}})
+                    POD_REQUEUE_ANNOTATION: str(time.time_ns())}}}, _request_timeout=REQUEST_TIMEOUT_S)
                 self.patches += 1
             except Exception as exc:  # the pod may be gone; nothing to retry then
                 log.info("nudging pod %s/%s: %s", namespace, name, exc)

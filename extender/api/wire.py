@@ -84,7 +84,9 @@ class ExtenderBindingArgs(BaseModel):
 
     PodName: str = _NAME
     PodNamespace: str = _NAME
-    PodUID: str = Field(max_length=128)
+    # Required and non-empty: the bind is written with the UID as a precondition, so a pod deleted
+    # and recreated under the same name is never bound by mistake; an empty UID would disable it.
+    PodUID: str = Field(min_length=1, max_length=128)
     Node: str = _NAME
 
 

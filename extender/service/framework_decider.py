@@ -57,7 +57,7 @@ class FrameworkDecider:
         # The cluster state, when agents stream telemetry: notes for decision records and reasons.
         self.telemetry: Any = None
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
-        self._by_pod: _Lru = _Lru(8192)  # pod key -> demand last filtered
+        self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
         self._reserve_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -80,7 +80,7 @@ class FrameworkDecider:
                 with self._lock:
                     self._demands.put(cache_key, cached)
         with self._lock:
-            self._by_pod.put(pod.key, cached)
+            self._by_pod.put(pod.key, (pod.uid, cached))
         return cached
 
     def _snapshot_for(self, node_objects: Mapping[str, Mapping[str, Any]] | None) -> ClusterSnapshot:
@@ -157,10 +157,14 @@ class FrameworkDecider:
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         with self._lock:
-            demand = self._by_pod.get(pod.key)
-        if demand is None:
+            judged = self._by_pod.get(pod.key)
+        if judged is None:
             return Refusal("gpusched has not judged this pod since it started (no filter call seen); "
                            "kube-scheduler will retry it")
+        judged_uid, demand = judged
+        if judged_uid != pod.uid:
+            return Refusal(f"the pod was filtered with UID {judged_uid or '(none)'} but bind names UID {pod.uid}: it "
+                           "was recreated since; kube-scheduler will retry it")
         if isinstance(demand, DemandError):
             return Refusal(demand.message)
         with self._reserve_lock:

@@ -285,6 +285,10 @@ class GangCoordinator:
                            "only together with its group, so it is planned again at its next attempt")
         if node != placement.node:
             return Refusal(f"gang {gang.key}: this member is planned on {placement.node}, not {node}")
+        planned_uid = plan.uids.get(pod.key, "")
+        if planned_uid and pod.uid != planned_uid:
+            return Refusal(f"gang {gang.key}: this member was planned as UID {planned_uid}, but bind names UID "
+                           f"{pod.uid} (the pod was recreated); it is planned again at its next attempt")
         if not plan.committed:
             plan.arrived.add(pod.key)
             self._observer.event("wait")

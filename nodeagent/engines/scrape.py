@@ -40,7 +40,7 @@ def scrape_url(url: str, *, engine: str = "", timeout_s: float = DEFAULT_TIMEOUT
     deadline = time.monotonic() + timeout_s
     request = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 — http only
+        with _NO_REDIRECTS.open(request, timeout=timeout_s) as response:
             body = _read_body(response, max_bytes, deadline)
     except _Overdue:
         return stale_sample(engine, url, now, f"no complete answer within {timeout_s}s")
@@ -55,6 +55,21 @@ def scrape_url(url: str, *, engine: str = "", timeout_s: float = DEFAULT_TIMEOUT
     if len(body) > max_bytes:
         return stale_sample(engine, url, now, f"response larger than {max_bytes} bytes")
     return parse_engine_metrics(body, engine=engine, url=url, scraped_at=now)
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """An engine's /metrics answering a redirect is refused, not followed: the pod's annotation
+    chose the address, and a redirect must not send the agent (root on the node) anywhere else."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D401 - urllib's hook
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+
+
+# Plain HTTP only (no file:, ftp: or data: handlers) and no redirects.
+_NO_REDIRECTS = urllib.request.OpenerDirector()
+for _handler in (urllib.request.HTTPHandler(), urllib.request.HTTPErrorProcessor(), _RefuseRedirects(),
+                 urllib.request.HTTPDefaultErrorHandler(), urllib.request.UnknownHandler()):
+    _NO_REDIRECTS.add_handler(_handler)
 
 
 class _Overdue(Exception):

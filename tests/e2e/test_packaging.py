@@ -102,3 +102,35 @@ def test_helm_chart_ships_the_manifests_crds():
     for crd in (CHART / "crds").glob("*.yaml"):
         assert crd.read_text() == (MANIFESTS / "crds" / crd.name).read_text(), crd.name
     assert (CHART / "crds" / "scheduling.x-k8s.io_podgroups.yaml").exists()
+
+
+def _token_mounts(objects, kind) -> dict[str, set[str]]:
+    """Container (init containers included) -> the service-account-token volumes it mounts, and
+    whether the pod automounts its account's token into every container."""
+    spec = next(o for o in objects if o["kind"] == kind)["spec"]["template"]["spec"]
+    assert spec.get("automountServiceAccountToken") is False, f"{kind}: the pod's token would reach every container"
+    tokens = {v["name"] for v in spec.get("volumes", [])
+              if any("serviceAccountToken" in src for src in (v.get("projected") or {}).get("sources", []))}
+    assert not any("secret" in v and "token" in v["name"] for v in spec.get("volumes", [])), "a Secret token is mounted"
+    return {c["name"]: {m["name"] for m in c.get("volumeMounts", []) if m["name"] in tokens}
+            for c in spec.get("initContainers", []) + spec["containers"]}
+
+
+RENDERS = [pytest.param(lambda: kustomize_build(MANIFESTS / "base"), id="kustomize-base"),
+           pytest.param(lambda: kustomize_build(MANIFESTS / "overlays/fake-gpus"), id="kustomize-fake-gpus"),
+           pytest.param(lambda: helm_template({}), id="helm-defaults"),
+           pytest.param(lambda: helm_template({**TLS, **FAKE_GPUS}), id="helm-tls-fake-gpus")]
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_the_schedulers_token_reaches_only_the_containers_that_act_as_the_scheduler(render):
+    """Issue 14, S4/S9: the extender never holds kube-scheduler's token (it gets its own, expiring
+    one, minted into a memory volume by the extender-token sidecar); no Secret token anywhere."""
+    objects = render()
+    assert _token_mounts(objects, "Deployment") == {
+        "extender-token": {"scheduler-identity"}, "kube-scheduler": {"scheduler-identity"},
+        "metrics-proxy": {"scheduler-identity"}, "extender": set()}
+    assert not any(o["kind"] == "Secret" for o in objects)
+    agent = _token_mounts(objects, "DaemonSet")
+    assert agent.pop("agent") == {"token", "api-access"}
+    assert all(not mounts for mounts in agent.values()), agent

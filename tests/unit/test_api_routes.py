@@ -118,6 +118,8 @@ def test_failed_bind_releases_the_reservation(decider):
     pytest.param("/gpusched/prioritize", b'{"pod":{"metadata":{"name":"p"}}}', 422, "Pod", id="lowercase-keys"),
     pytest.param("/gpusched/bind", b'{"PodName":"p","PodNamespace":"ns","PodUID":"u"}', 422, "Node", id="bind-without-node"),
     pytest.param("/gpusched/bind", b'{"PodName":1,"PodNamespace":"ns","PodUID":"u","Node":"n"}', 422, "PodName", id="bind-wrong-type"),
+    # An empty UID would turn off the bind's UID precondition (issue 14, S11).
+    pytest.param("/gpusched/bind", b'{"PodName":"p","PodNamespace":"ns","PodUID":"","Node":"n"}', 422, "PodUID", id="bind-empty-uid"),
     pytest.param("/gpusched/bind", b"{" + b" " * 5000 + b"}", 413, "exceeds the limit", id="too-large"),
 ])
 def test_bad_bodies_get_a_4xx_that_says_what_to_fix(client, path, body, status, needle):

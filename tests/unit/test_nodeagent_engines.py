@@ -143,7 +143,7 @@ def test_every_truncation_of_a_real_exposition_is_safe(cut: int) -> None:
 # -- discovery ----------------------------------------------------------------------------------
 
 def make_pod(name: str, *, port: object = "8000", node: str = "n1", phase: str = "Running",
-             ip: str | None = "10.0.0.7", deleting: bool = False, namespace: str = "ml") -> dict:
+             ip: str | None = "192.0.2.7", deleting: bool = False, namespace: str = "ml") -> dict:
     annotations = {} if port is None else {"gpusched.io/metrics-port": port}
     meta = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations}
     if deleting:
@@ -153,8 +153,8 @@ def make_pod(name: str, *, port: object = "8000", node: str = "n1", phase: str =
 
 
 @pytest.mark.parametrize("pod, target, skipped", [
-    pytest.param(make_pod("a"), "http://10.0.0.7:8000/metrics", None, id="engine"),
-    pytest.param(make_pod("a", port=9090), "http://10.0.0.7:9090/metrics", None, id="int-port"),
+    pytest.param(make_pod("a"), "http://192.0.2.7:8000/metrics", None, id="engine"),
+    pytest.param(make_pod("a", port=9090), "http://192.0.2.7:9090/metrics", None, id="int-port"),
     pytest.param(make_pod("a", ip="fd00::7"), "http://[fd00::7]:8000/metrics", None, id="ipv6"),
     pytest.param(make_pod("a", port=None), None, None, id="not-an-engine"),
     pytest.param(make_pod("a", port="http"), None, "must be a port number", id="named-port"),
@@ -189,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, list):
             time.sleep(delay)  # a slow server: nothing until the delay is over
         self.send_response(status)
+        if 300 <= status < 400:  # a redirect's body names where it points
+            self.send_header("Location", body.decode())
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         # A fourth route element announces that many bytes more than are sent (a cut-off body).
         self.send_header("Content-Length", str(sum(map(len, chunks)) + sum(missing)))
@@ -236,6 +238,8 @@ def test_scrape_a_live_engine(http_server) -> None:
     pytest.param((200, b"garbage {\n", 0.0), "unparseable", {}, id="garbage-body"),
     pytest.param((200, b"", 0.0), "empty exposition", {}, id="empty-body"),
     pytest.param((200, b"x" * 5000, 0.0), "larger than 1000 bytes", {"max_bytes": 1000}, id="oversized"),
+    pytest.param((302, b"http://169.254.169.254/latest/meta-data/", 0.0), "redirect to http://169.254.169.254",
+                 {}, id="redirect-refused"),
     pytest.param((200, b"", 1.5), "no answer within 0.3s", {"timeout_s": 0.3}, id="slow"),
     pytest.param((200, DOCUMENTED.read_bytes(), 0.0, 500), "IncompleteRead", {}, id="cut-off-body"),
     pytest.param((200, [b"vllm:num_requests_running 1\n"] * 20, 0.1), "no complete answer within 0.5s",
@@ -247,6 +251,11 @@ def test_scrape_failures_are_stale_samples(http_server, route, reason, kwargs) -
         routes["/metrics"] = route
     sample = scrape_url(f"{base}/metrics", engine="ml/x", **kwargs)
     assert sample.stale and reason in sample.reason, sample.reason
+
+
+def test_only_http_urls_are_scraped() -> None:
+    sample = scrape_url("file:///etc/passwd")
+    assert sample.stale, "a file: URL must not be read"
 
 
 def test_scrape_refused() -> None:

@@ -462,3 +462,13 @@ def test_a_commit_record_round_trips_and_is_bounded():
     huge = GangCommit("ns/g", 1.0, {f"m{i}": MemberPlacement("n" * 60, tuple(f"GPU-{'x' * 36}" for _ in range(8)),
                                                                tuple(range(8))) for i in range(200)})
     assert encode_commit(huge) == "", "an oversized record is not written"
+
+
+def test_a_bind_naming_another_uid_than_the_filtered_pod_is_refused(clocks):
+    """The pod was deleted and recreated under its name between filter and bind (issue 14, S11)."""
+    world = World(*clocks)
+    pod = single("p", gpus=2)
+    node = world.filter(pod).feasible[0]
+    error = world.service.bind(PodRef(NS, "p", "uid-of-the-new-pod"), node)
+    assert "was recreated" in error and world.binder.bound == {}
+    assert world.bind(pod, node) == ""

@@ -1,0 +1,109 @@
+"""Least privilege enforced by the apiserver, through the shipped ValidatingAdmissionPolicies
+(manifests/base/admission-policies.yaml; issue 14, S2/S3): with the very tokens the components run
+with, the node agent cannot touch another node or any field but its inventory annotation, and the
+extender cannot change anything on a pod or node but gpusched.io/ annotations — not a pod's image."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from devcluster.cluster import create_gpu_node, create_namespace, unique
+from devcluster.controlplane import API_AUDIENCE, EXTENDER_SA, NAMESPACE, ControlPlane
+from devcluster.stack import Stack
+
+INVENTORY = "gpusched.io/gpu-inventory"
+
+
+def refused(call) -> str:
+    """The apiserver's message for a call the policy must refuse (fails if it is allowed)."""
+    try:
+        call()
+    except client.ApiException as exc:
+        assert exc.status == 403, (exc.status, exc.body)
+        return exc.body
+    raise AssertionError("the apiserver allowed a write the shipped policies must refuse")
+
+
+@pytest.fixture(scope="module")
+def nodes(admin):
+    a, b = unique("vap-a"), unique("vap-b")
+    for n in (a, b):
+        create_gpu_node(admin, n, gpus=1)
+    yield a, b
+    for n in (a, b):
+        client.CoreV1Api(admin).delete_node(n)
+
+
+@pytest.fixture(scope="module")
+def agent_of_a(stack: Stack, control_plane: ControlPlane, nodes) -> client.CoreV1Api:
+    """The agent's API identity on node A: its account's token bound to its pod on A."""
+    token = stack.agent_token(nodes[0], audience=API_AUDIENCE)
+    return client.CoreV1Api(control_plane.api_client(token))
+
+
+@pytest.fixture(scope="module")
+def extender_api(control_plane: ControlPlane) -> client.CoreV1Api:
+    return client.CoreV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
+
+
+def test_the_agent_may_write_its_own_nodes_inventory_annotation(agent_of_a, nodes):
+    agent_of_a.patch_node(nodes[0], {"metadata": {"annotations": {INVENTORY: '{"version": 1, "gpus": []}'}}})
+
+
+@pytest.mark.parametrize("target,patch,needle", [
+    pytest.param("b", {"metadata": {"annotations": {INVENTORY: "{}"}}}, "only the Node its pod runs on",
+                 id="another-nodes-inventory"),
+    pytest.param("a", {"metadata": {"labels": {"nvidia.com/gpu.product": "forged"}}}, "only the gpusched.io/gpu-inventory",
+                 id="own-node-label"),
+    pytest.param("a", {"metadata": {"annotations": {"gpusched.io/capacity-generation": "1"}}},
+                 "gpusched.io/capacity-generation", id="own-node-other-annotation"),
+    pytest.param("a", {"spec": {"taints": [{"key": "x", "value": "y", "effect": "NoSchedule"}]}},
+                 "only the gpusched.io/gpu-inventory", id="own-node-taint"),
+    pytest.param("a", {"spec": {"unschedulable": True}}, "only the gpusched.io/gpu-inventory", id="own-node-cordon"),
+])
+def test_the_agent_cannot_write_anything_else(agent_of_a, nodes, target, patch, needle):
+    node = nodes[0] if target == "a" else nodes[1]
+    body = refused(lambda: agent_of_a.patch_node(node, patch))
+    assert "gpusched-node-agent" in body and needle in body, body
+
+
+@pytest.fixture
+def pod(admin, namespace) -> str:
+    name = unique("victim")
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": {"app": "x"}},
+                                                              "spec": {"schedulerName": "nobody", "containers": [
+                                                                  {"name": "c", "image": "registry.local/app:1"}]}})
+    return name
+
+
+def test_the_extender_may_write_gpusched_annotations_on_pods_and_nodes(extender_api, pod, namespace, nodes):
+    extender_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {"gpusched.io/requeue-generation": "1"}}})
+    extender_api.patch_node(nodes[1], {"metadata": {"annotations": {"gpusched.io/capacity-generation": "7"}}})
+
+
+@pytest.mark.parametrize("patch,needle", [
+    pytest.param({"spec": {"containers": [{"name": "c", "image": "registry.local/evil:1"}]}}, "not its spec",
+                 id="pod-image"),
+    pytest.param({"metadata": {"labels": {"app": "other"}}}, "not its spec, labels", id="pod-label"),
+    pytest.param({"metadata": {"annotations": {"prometheus.io/scrape": "true"}}}, "prometheus.io/scrape",
+                 id="pod-foreign-annotation"),
+])
+def test_the_extender_cannot_change_a_pod_beyond_gpusched_annotations(extender_api, pod, namespace, patch, needle):
+    body = refused(lambda: extender_api.patch_namespaced_pod(pod, namespace, patch))
+    assert "gpusched-extender" in body and needle in body, body
+
+
+def test_the_extender_cannot_relabel_a_node(extender_api, nodes):
+    body = refused(lambda: extender_api.patch_node(nodes[1], {"metadata": {"labels": {"nvidia.com/gpu.present": "no"}}}))
+    assert "gpusched-extender" in body
+
+
+def test_the_extenders_bindings_carry_only_gpusched_annotations(extender_api, pod, namespace, nodes):
+    def bind(annotations):
+        return extender_api.create_namespaced_pod_binding(pod, namespace, client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod, annotations=annotations),
+            target=client.V1ObjectReference(kind="Node", name=nodes[1])), _preload_content=False)
+    body = refused(lambda: bind({"gpusched.io/decision-id": "d1", "sidecar.istio.io/inject": "true"}))
+    assert "sidecar.istio.io/inject" in body and "in a Binding" in body, body
+    bind({"gpusched.io/decision-id": "d1", "gpusched.io/assigned-gpus": "GPU-x"})
