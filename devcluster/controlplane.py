@@ -50,8 +50,12 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise ComponentFailed(f"openssl {' '.join(args)} failed: {proc.stderr}")
 
 
+TELEMETRY_HOST = "gpusched-telemetry.gpusched-system.svc"
+
+
 def make_pki(d: Path) -> None:
-    """A throwaway CA, an apiserver serving cert for 127.0.0.1/localhost, and an SA signing key."""
+    """A throwaway CA, serving certs for the apiserver (127.0.0.1/localhost) and the extender's
+    telemetry port (127.0.0.1 and the gpusched-telemetry Service name), and an SA signing key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "3", "-subj", "/CN=gpusched-test-ca", cwd=d)
@@ -61,6 +65,11 @@ def make_pki(d: Path) -> None:
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "apiserver.crt", "-days", "3", "-extfile", "apiserver.ext", cwd=d)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "telemetry.key", "-out", "telemetry.csr",
+             "-subj", "/CN=gpusched-telemetry", cwd=d)
+    (d / "telemetry.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:{TELEMETRY_HOST}\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "telemetry.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "telemetry.crt", "-days", "3", "-extfile", "telemetry.ext", cwd=d)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 

@@ -17,6 +17,7 @@ from devcluster.controlplane import (
     NAMESPACE,
     PYTHON,
     SCHEDULER_SA,
+    TELEMETRY_HOST,
     ControlPlane,
     manifest_documents,
     python_component_env,
@@ -78,12 +79,26 @@ class Stack:
         self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
-                                   "--telemetry-address", f"127.0.0.1:{self.telemetry_port}", *extra_args],
+                                   "--telemetry-address", f"127.0.0.1:{self.telemetry_port}",
+                                   "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
+                                   "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"), *extra_args],
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
         self.extender = Extender(c, port, "/gpusched")
         return self.extender
+
+    @property
+    def telemetry_ca(self) -> bytes:
+        """The CA the extender's telemetry certificate chains to (the DaemonSet's --tls-ca)."""
+        return (self.cp.pki / "ca.crt").read_bytes()
+
+    def telemetry_channel(self):
+        """A gRPC channel to the telemetry port over TLS, verifying it as the agents do."""
+        import grpc
+
+        return grpc.secure_channel(f"127.0.0.1:{self.telemetry_port}", grpc.ssl_channel_credentials(self.telemetry_ca),
+                                   options=[("grpc.ssl_target_name_override", TELEMETRY_HOST)])
 
     def cli(self, *args: str) -> str:
         """Run the ``gpusched`` CLI against this extender (and the apiserver as admin)."""
@@ -130,6 +145,7 @@ class Stack:
         c = Component(f"agent-{node}", [PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
                                         "--fleet", str(fleet), "--extender", f"127.0.0.1:{self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
+                                        "--tls-ca", str(self.cp.pki / "ca.crt"), "--tls-server-name", TELEMETRY_HOST,
                                         "--period", f"{period_s}s", "--metrics-port", str(metrics_port)],
                       self.cp.workdir / "logs" / f"agent-{node}.log", env=python_component_env())
         self.cp.components.append(c)

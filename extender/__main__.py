@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--telemetry-tls-cert", default=None, help="PEM certificate chain for the telemetry port (tls.crt "
                    "of a Secret); with --telemetry-tls-key")
     p.add_argument("--telemetry-tls-key", default=None, help="PEM private key for the telemetry port (tls.key)")
+    p.add_argument("--telemetry-insecure", action="store_true",
+                   help="serve the telemetry port without TLS, so the agents' tokens travel in cleartext (loopback "
+                        "tests, or a service mesh that encrypts pod traffic); without it, TLS is required")
     p.add_argument("--agent-service-account", default=Settings.agent_service_account,
                    help="the only user allowed to stream telemetry (default: %(default)s)")
     p.add_argument("--stale-after-periods", type=float, default=3.0,
@@ -100,7 +103,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     decision_capacity=args.decision_capacity, no_kube=args.no_kube, kubeconfig=args.kubeconfig, token_file=args.token_file,
                     namespace=args.namespace, profile=args.profile, sync_timeout_s=args.sync_timeout,
                     telemetry_address=args.telemetry_address, telemetry_tls_cert=args.telemetry_tls_cert,
-                    telemetry_tls_key=args.telemetry_tls_key, agent_service_account=args.agent_service_account,
+                    telemetry_tls_key=args.telemetry_tls_key, telemetry_insecure=args.telemetry_insecure, agent_service_account=args.agent_service_account,
                     stale_after_periods=args.stale_after_periods,
                     telemetry_period_s=args.telemetry_period, telemetry_max_streams=args.telemetry_max_streams,
                     scheduler_http_timeout_s=args.scheduler_http_timeout,

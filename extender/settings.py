@@ -37,6 +37,9 @@ class Settings:
     telemetry_address: str = ""
     telemetry_tls_cert: str | None = None
     telemetry_tls_key: str | None = None
+    # Serve the telemetry port without TLS: the agents' tokens then travel in cleartext. Only as an
+    # explicit choice (loopback tests, a mesh that encrypts pod traffic).
+    telemetry_insecure: bool = False
     # The only identity allowed to stream telemetry (pod-bound tokens of the agent DaemonSet).
     agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
     # A node whose telemetry is older than this many of its agent's periods is judged as stale.
@@ -66,6 +69,12 @@ class Settings:
             raise SettingsError("no_kube: contradicts kubeconfig/token_file; drop --no-kube or the cluster credentials")
         if bool(self.telemetry_tls_cert) != bool(self.telemetry_tls_key):
             raise SettingsError("telemetry_tls_cert/telemetry_tls_key: give both (a Secret's tls.crt and tls.key) or neither")
+        if self.telemetry_address and not self.telemetry_tls_cert and not self.telemetry_insecure:
+            raise SettingsError("telemetry_address: without TLS the node agents' bearer tokens would cross the network "
+                                "in cleartext; give --telemetry-tls-cert/--telemetry-tls-key (hack/telemetry-certs.sh "
+                                "or cert-manager make the Secret) or choose cleartext with --telemetry-insecure")
+        if self.telemetry_insecure and self.telemetry_tls_cert:
+            raise SettingsError("telemetry_insecure: contradicts telemetry_tls_cert; drop one")
         if self.telemetry_period_s <= 0:
             raise SettingsError(f"telemetry_period_s: must be positive (the agents' --period), got {self.telemetry_period_s}")
         if self.telemetry_max_streams < 1:

@@ -66,6 +66,7 @@ k apply --server-side -f "$repo/manifests/crds/scheduling.x-k8s.io_podgroups.yam
 k create namespace "$ns" --dry-run=client -o yaml | k apply -f -
 k -n "$ns" create configmap gpusched-fleet-presets --from-file="$repo/nodeagent/gpu/presets/" \
   --dry-run=client -o yaml | k apply -f -
+KUBECTL="kubectl --context $ctx" "$repo/hack/telemetry-certs.sh" "$ns" "${PKI_DIR:-$HOME/.cache/gpusched/kind-telemetry-pki}"
 k apply --server-side -k "$repo/manifests/overlays/fake-gpus"
 k -n "$ns" rollout status deployment/gpusched-scheduler --timeout=180s
 k -n "$ns" rollout status daemonset/gpusched-node-agent --timeout=180s

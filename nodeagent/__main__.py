@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token-file", help="projected service-account token (audience gpusched); re-read on reconnect")
     p.add_argument("--tls-ca", help="CA bundle to verify the extender's telemetry certificate (enables TLS)")
     p.add_argument("--tls-server-name", help="name to verify in the extender's certificate")
+    p.add_argument("--insecure-telemetry", action="store_true",
+                   help="stream without TLS, sending the token in cleartext (loopback tests, a mesh that encrypts); "
+                        "without it, --tls-ca is required whenever --token-file is given")
     p.add_argument("--period", default="1s", help="reporting period, e.g. 1s, 500ms (default: %(default)s)")
     p.add_argument("--podresources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="the kubelet's PodResources socket (default: %(default)s)")
@@ -101,8 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods)
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
-    publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
-                          tls_server_name=args.tls_server_name)
+    try:
+        publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
+                              tls_server_name=args.tls_server_name, insecure=args.insecure_telemetry)
+    except ValueError as exc:
+        print(f"gpusched node agent: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     agent.start_engine_scraper(stop)
     if args.metrics_port:

@@ -51,8 +51,12 @@ class PublisherStatus:
 class Publisher:
     def __init__(self, target: str, collect: Callable[[int], telemetry_pb2.NodeReport], *, period_s: float = 1.0,
                  token_file: str | None = None, tls_ca_pem: bytes | None = None, tls_server_name: str | None = None,
-                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0):
-        """``collect(sequence)`` builds the current report; ``target`` is ``host:port``."""
+                 insecure: bool = False, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0):
+        """``collect(sequence)`` builds the current report; ``target`` is ``host:port``. A token is
+        sent only over TLS (``tls_ca_pem``) unless ``insecure`` says cleartext is wanted."""
+        if token_file and tls_ca_pem is None and not insecure:
+            raise ValueError("the telemetry stream would send the bearer token in cleartext: give the extender's CA "
+                             "(--tls-ca) or choose cleartext explicitly (--insecure-telemetry)")
         self.target = target
         self._collect = collect
         self.period_s = period_s

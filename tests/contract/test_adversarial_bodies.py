@@ -1,7 +1,12 @@
 """At least 1,000 malformed or adversarial bodies against /filter, /prioritize and /bind, generated
-from the app's own OpenAPI schema (schemathesis, positive and negative modes) and from raw-byte /
-structural attacks (hypothesis). None may produce a 5xx or an internal error, and the server must
-stay healthy afterwards."""
+from the app's own OpenAPI schema (schemathesis, positive and negative modes), from raw-byte /
+structural attacks, and — to reach past the wire validation into the decision core — well-formed
+requests whose pods carry hostile values in everything gpusched reads (GPU counts, vLLM args,
+gpusched.io annotations, gang declarations) against the real node names (hypothesis). They run
+against the real deciders of both modes: the standalone framework over the request's Node objects
+(``--no-kube``), and the cluster mode's gang coordinator over the framework, the cluster state and
+the ledger. None may produce a 5xx or an internal error, no GPU may be promised twice, and the
+server must stay healthy afterwards."""
 
 from __future__ import annotations
 
@@ -14,9 +19,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+import time
+
+import pytest
+
 from extender.app import Collaborators, create_app
+from extender.assembly import assemble
+from extender.model.catalog import builtin_catalog
 from extender.service import RecordingBinder
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.gang import GangCoordinator
+from extender.service.gang_index import GangIndex
+from extender.service.state import ClusterState
 from extender.settings import Settings
+from tests.unit.builders import FLEET_INVENTORIES, default_framework, make_k8s_node
 
 VERBS = ("/gpusched/filter", "/gpusched/prioritize", "/gpusched/bind")
 PER_VERB_AND_MODE = 150  # 3 verbs x 2 modes x 150 = 900 schema-driven bodies
@@ -38,8 +54,70 @@ adversarial = st.one_of(
 )
 
 
-def test_a_thousand_adversarial_bodies_get_no_5xx_and_leave_the_server_healthy():
-    app = create_app(Settings(max_body_bytes=64 * 1024), Collaborators(binder=RecordingBinder()))
+NODES = [make_k8s_node(name, FLEET_INVENTORIES[name.split("-")[0]](name))
+         for name in ("h100-0", "h100-1", "a100-0", "l40s-0", "mig-0")]
+NODE_NAMES = [n["metadata"]["name"] for n in NODES]
+FRESH = make_k8s_node("h100-fresh", FLEET_INVENTORIES["h100"]("h100-fresh"))  # never in a fuzzed request
+
+gpu_count = st.one_of(st.integers(-2, 20).map(str), st.sampled_from(["", "1.5", "x", "1e3", " 4", "-0", "99999999999"]))
+arg_value = st.one_of(st.integers(-2, 17).map(str), st.sampled_from(
+    ["meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "", "abc", "../../etc", "1e9", "8" * 40]))
+vllm_args = st.lists(st.one_of(st.sampled_from(["serve", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size",
+                                                 "-pp", "--model", "--tensor-parallel-size=4", "-tp=3", "--"]),
+                               arg_value), max_size=8)
+annotation = st.tuples(st.sampled_from([
+    "gpusched.io/tensor-parallel-size", "gpusched.io/pipeline-parallel-size", "gpusched.io/model",
+    "gpusched.io/model-attention-heads", "gpusched.io/model-kv-heads", "gpusched.io/gpu-memory-per-gpu",
+    "gpusched.io/require-nvlink", "gpusched.io/gang-name", "gpusched.io/gang-size", "gpusched.io/gang-timeout-seconds",
+    "leaderworkerset.sigs.k8s.io/size"]), st.one_of(arg_value, st.sampled_from(["40Gi", "true", "g", "0.001", "-5"])))
+label = st.tuples(st.sampled_from(["scheduling.x-k8s.io/pod-group", "leaderworkerset.sigs.k8s.io/name",
+                                   "leaderworkerset.sigs.k8s.io/group-index"]), st.sampled_from(["g", "0", "", "x" * 63]))
+
+
+@st.composite
+def hostile_pod(draw) -> dict:
+    name = draw(st.sampled_from([f"p{i}" for i in range(12)]))
+    containers = [{"name": f"c{i}", "args": draw(vllm_args),
+                   "resources": draw(st.sampled_from([{}, {"limits": {}}, {"limits": {"nvidia.com/gpu": draw(gpu_count)}},
+                                                      {"requests": {"nvidia.com/gpu": draw(gpu_count)}}]))}
+                  for i in range(draw(st.integers(0, 3)))]
+    return {"metadata": {"name": name, "namespace": draw(st.sampled_from(["ns", "other"])),
+                         "uid": draw(st.sampled_from([f"uid-{name}", "", "uid-other"])),
+                         "labels": dict(draw(st.lists(label, max_size=3))),
+                         "annotations": dict(draw(st.lists(annotation, max_size=6)))},
+            "spec": {"containers": containers, "nodeSelector": draw(st.sampled_from([{}, {"x": "y"}]))}}
+
+
+HOSTILE_REQUESTS = 300
+
+
+def standalone() -> Collaborators:
+    """The --no-kube composition: the framework over the Node objects in each request."""
+    return assemble(Settings(no_kube=True)).collaborators
+
+
+def cluster_mode() -> Collaborators:
+    """The cluster composition's deciders over a fed cluster state (no apiserver): the gang
+    coordinator wrapping the framework decider. Its clock runs 1,000 times fast, so a fuzzed gang
+    member waiting at its barrier times out in milliseconds."""
+    state = ClusterState()
+    state.nodes.replace([*NODES, FRESH])
+    state.pods.replace([])
+    fast = (lambda start: (lambda: start + (time.monotonic() - start) * 1000.0))(time.monotonic())
+    inner = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
+    index = GangIndex()
+    state.add_pod_listener(index)
+    decider = GangCoordinator(inner, index, inner.framework, state.snapshot, state.ledger, clock=fast)
+    collaborators = Collaborators(decider=decider, binder=RecordingBinder())
+    collaborators.ledger = state.ledger  # type: ignore[attr-defined]  # for the invariant check
+    return collaborators
+
+
+@pytest.mark.parametrize("make,node_objects", [(standalone, True), (cluster_mode, False)], ids=["standalone", "cluster"])
+def test_a_thousand_adversarial_bodies_get_no_5xx_and_leave_the_server_healthy(make, node_objects):
+    """``node_objects``: the mode's requests carry Node objects (standalone) or names (cluster)."""
+    collaborators = make()
+    app = create_app(Settings(max_body_bytes=64 * 1024), collaborators)
     client = TestClient(app)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     statuses: Counter[int] = Counter()
@@ -66,6 +144,38 @@ def test_a_thousand_adversarial_bodies_get_no_5xx_and_leave_the_server_healthy()
         record(f"{path} raw {body[:80]!r}", response.status_code, response.text)
     run_raw()
 
+    # Well-formed requests with hostile pods, through filter, prioritize and bind of the real decider.
+    @settings(max_examples=HOSTILE_REQUESTS, **FUZZ)
+    @given(hostile_pod(), st.lists(st.sampled_from(NODE_NAMES + ["ghost", ""]), min_size=1, max_size=7),
+           st.sampled_from(NODE_NAMES + ["ghost"]))
+    def run_hostile(pod, names, bind_to):
+        body = {"Pod": pod, "Nodes": {"items": [n for n in NODES if n["metadata"]["name"] in names]}} \
+            if node_objects else {"Pod": pod, "NodeNames": names}
+        for verb in ("filter", "prioritize"):
+            response = client.post(f"/gpusched/{verb}", json=body)
+            record(f"hostile {verb} {pod!r:.120}", response.status_code, response.text)
+        meta = pod["metadata"]
+        response = client.post("/gpusched/bind", json={"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                                       "PodUID": meta["uid"] or "u", "Node": bind_to})
+        record(f"hostile bind {pod!r:.120}", response.status_code, response.text)
+    run_hostile()
+    # The hostile requests must have reached the decision core, not only the wire validation.
+    reached = _reached(client.get("/metrics").text)
+    expected = {"filter:feasible", "filter:unschedulable", "filter:unresolvable", "prioritize:scored",
+                "bind:bind-refused"} | ({"bind:bound"} if not node_objects else set())
+    assert expected <= reached, f"the fuzz never produced {sorted(expected - reached)}"
+
+    ledger = getattr(collaborators, "ledger", None)
+    if ledger is not None:  # no unit promised twice, whatever was bound
+        owners: dict[tuple[str, str], str] = {}
+        for key, a in ledger.view().assignments.items():
+            for unit in a.unit_ids:
+                assert (a.node, unit) not in owners, f"{unit} on {a.node} held by {owners[(a.node, unit)]} and {key}"
+                owners[(a.node, unit)] = key
+        bound_units = [u for *_, annotations in collaborators.binder.bound
+                       for u in annotations.get("gpusched.io/assigned-gpus", "").split(",") if u]
+        assert len(bound_units) == len(set(bound_units)), "a GPU was bound to two pods"
+
     # A body over the cap is refused before it is buffered, with or without a truthful length.
     big = b'{"Pod":' + b" " * (70 * 1024) + b"{}}"
     for headers in ({}, {"content-length": "10"}):
@@ -74,11 +184,27 @@ def test_a_thousand_adversarial_bodies_get_no_5xx_and_leave_the_server_healthy()
     assert statuses[413] >= 1
 
     total = sum(statuses.values())
-    assert total >= 1000, f"only {total} bodies were sent: {dict(statuses)}"
+    assert total >= 1000 + 3 * HOSTILE_REQUESTS, f"only {total} bodies were sent: {dict(statuses)}"
     assert not server_errors, "\n".join(server_errors[:10])
     metrics = client.get("/metrics").text
     assert "gpusched_extender_internal_errors_total{" not in metrics, "an adversarial body caused an internal error"
     assert client.get("/healthz").status_code == 200
-    # Still serving real requests correctly afterwards.
-    ok = client.post("/gpusched/filter", json={"Pod": {"metadata": {"name": "p", "namespace": "ns"}}, "NodeNames": ["a"]})
-    assert ok.status_code == 200 and ok.json()["NodeNames"] == ["a"]
+    # Still serving real requests correctly afterwards: a plain 8B pod fits the untouched node.
+    pod = {"metadata": {"name": "after", "namespace": "ns", "uid": "u-after"}, "spec": {"containers": [
+        {"name": "vllm", "args": ["serve", "meta-llama/Llama-3.1-8B-Instruct"],
+         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    if node_objects:
+        ok = client.post("/gpusched/filter", json={"Pod": pod, "Nodes": {"items": [FRESH]}})
+        assert ok.status_code == 200 and [n["metadata"]["name"] for n in ok.json()["Nodes"]["items"]] == ["h100-fresh"]
+    else:
+        ok = client.post("/gpusched/filter", json={"Pod": pod, "NodeNames": ["h100-fresh"]})
+        assert ok.status_code == 200 and ok.json()["NodeNames"] == ["h100-fresh"], ok.json()
+
+
+def _reached(metrics_text: str) -> set[str]:
+    """The (verb, result) decisions the fuzz produced, from /metrics."""
+    import re
+
+    return {f"{v}:{r}" for v, r, n in re.findall(
+        r'gpusched_extender_decisions_total\{result="([^"]+)",verb="([^"]+)"\} ([0-9.e+]+)', metrics_text)
+        if float(n) > 0 for v, r in [(r, v)]}

@@ -12,7 +12,9 @@ from devcluster.stack import Stack
 
 FAKE_GPUS = {"nodeAgent": {"fakeGpus": {"enabled": True}}}
 NVIDIA_RUNTIME = {"nodeAgent": {"runtimeClassName": "nvidia"}}
-TLS = {"telemetry": {"tls": {"enabled": True}}}
+TLS = {"telemetry": {"tls": {"enabled": True}}}  # the default
+INSECURE = {"telemetry": {"tls": {"enabled": False}}}
+GENERATE = {"telemetry": {"tls": {"generate": True}}}
 
 
 def _daemonset(objects):
@@ -70,7 +72,8 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
         assert helm[key] == kustomize[key], key
 
 
-@pytest.mark.parametrize("values", [{}, FAKE_GPUS, TLS], ids=["defaults", "fake-gpus", "tls"])
+@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE], ids=["defaults", "fake-gpus", "insecure",
+                                                                         "generated-tls"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 
@@ -119,7 +122,7 @@ def _token_mounts(objects, kind) -> dict[str, set[str]]:
 RENDERS = [pytest.param(lambda: kustomize_build(MANIFESTS / "base"), id="kustomize-base"),
            pytest.param(lambda: kustomize_build(MANIFESTS / "overlays/fake-gpus"), id="kustomize-fake-gpus"),
            pytest.param(lambda: helm_template({}), id="helm-defaults"),
-           pytest.param(lambda: helm_template({**TLS, **FAKE_GPUS}), id="helm-tls-fake-gpus")]
+           pytest.param(lambda: helm_template({**GENERATE, **FAKE_GPUS}), id="helm-generated-tls-fake-gpus")]
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -130,7 +133,83 @@ def test_the_schedulers_token_reaches_only_the_containers_that_act_as_the_schedu
     assert _token_mounts(objects, "Deployment") == {
         "extender-token": {"scheduler-identity"}, "kube-scheduler": {"scheduler-identity"},
         "metrics-proxy": {"scheduler-identity"}, "extender": set()}
-    assert not any(o["kind"] == "Secret" for o in objects)
+    assert not any(o["kind"] == "Secret" and o.get("type") == "kubernetes.io/service-account-token" for o in objects)
     agent = _token_mounts(objects, "DaemonSet")
     assert agent.pop("agent") == {"token", "api-access"}
     assert all(not mounts for mounts in agent.values()), agent
+
+
+def _args(objects, kind, container):
+    return _container(objects, kind, container)["args"]
+
+
+def test_telemetry_is_tls_unless_cleartext_is_chosen_explicitly():
+    """Issue 14, S5: by default the telemetry port serves TLS and the agents verify it; cleartext
+    (the agents' tokens included) only with telemetry.tls.enabled=false, rendered as explicit flags."""
+    default = helm_template({})
+    assert "--telemetry-tls-cert=/etc/gpusched/telemetry-tls/tls.crt" in _args(default, "Deployment", "extender")
+    assert "--tls-ca=/etc/gpusched/telemetry-ca/ca.crt" in _args(default, "DaemonSet", "agent")
+    ds = next(o for o in default if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert not any("secret" in v for v in ds["volumes"]), "the TLS Secret (with its key) must not reach GPU nodes"
+    insecure = helm_template(INSECURE)
+    assert "--telemetry-insecure" in _args(insecure, "Deployment", "extender")
+    assert "--insecure-telemetry" in _args(insecure, "DaemonSet", "agent")
+    assert not any(a.startswith("--tls-ca") for a in _args(insecure, "DaemonSet", "agent"))
+
+
+def test_the_generated_certificate_verifies_against_the_generated_ca(tmp_path):
+    import base64
+    import subprocess
+
+    objects = helm_template({**GENERATE, "namespace": "inference-system", "createNamespace": False})
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "gpusched-telemetry-tls")
+    ca = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpusched-telemetry-ca")
+    (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+    (tmp_path / "ca.crt").write_text(ca["data"]["ca.crt"])
+    assert secret["type"] == "kubernetes.io/tls" and "tls.key" in secret["data"]
+    verify = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname",
+                             "gpusched-telemetry.inference-system.svc", "tls.crt"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_the_cert_script_makes_the_secret_and_ca_with_the_real_kubectl(control_plane: ControlPlane, tmp_path):
+    """hack/telemetry-certs.sh, as a kustomize user runs it, against the real apiserver; rerun
+    keeps the CA (the agents keep trusting it) and issues a new serving certificate."""
+    import base64
+    import subprocess
+
+    from kubernetes import client
+
+    from devcluster.cluster import unique
+
+    ns = unique("certs")
+    admin = control_plane.kubeconfig(control_plane.admin_token, "admin")
+    env = {"PATH": f"{control_plane.bin_dir}:/usr/bin:/bin",
+           "KUBECTL": f"{control_plane.bin_dir / 'kubectl'} --kubeconfig {admin}"}
+    script = MANIFESTS.parent / "hack" / "telemetry-certs.sh"
+    core = client.CoreV1Api(control_plane.api_client())
+    cas = []
+    for _ in range(2):
+        run = subprocess.run(["bash", str(script), ns, str(tmp_path / "pki")], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        secret = core.read_namespaced_secret("gpusched-telemetry-tls", ns)
+        cas.append(core.read_namespaced_config_map("gpusched-telemetry-ca", ns).data["ca.crt"])
+        (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret.data["tls.crt"]))
+        (tmp_path / "ca.crt").write_text(cas[-1])
+        verify = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname",
+                                 f"gpusched-telemetry.{ns}.svc", "tls.crt"], cwd=tmp_path, capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert secret.type == "kubernetes.io/tls"
+    assert cas[0] == cas[1], "a rerun replaced the CA the agents trust"
+    core.delete_namespace(ns)
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_only_node_agent_pods_may_reach_the_telemetry_port(render):
+    policy = next(o for o in render() if o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "gpusched-scheduler"}
+    telemetry = [rule for rule in policy["spec"]["ingress"] if {"port": 9443, "protocol": "TCP"} in rule["ports"]]
+    assert len(telemetry) == 1 and telemetry[0]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpusched-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpusched-node-agent"}}}]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from devcluster.cluster import create_gpu_node, unique, wait_until
-from devcluster.controlplane import EXTENDER_SA
+from devcluster.controlplane import EXTENDER_SA, TELEMETRY_HOST
 from devcluster.jwt import expired_copy
 from devcluster.stack import Stack
 from gpusched_wire.telemetry.v1 import telemetry_pb2
@@ -31,7 +31,8 @@ def stream_once(stack: Stack, claimed_node: str, token: str | None, tmp_path) ->
         token_file = tmp_path / f"token-{time.monotonic_ns()}"
         token_file.write_text(token)
     pub = Publisher(f"127.0.0.1:{stack.telemetry_port}", report_for(claimed_node), period_s=0.2,
-                    token_file=str(token_file) if token_file else None, backoff_initial_s=0.2)
+                    token_file=str(token_file) if token_file else None, backoff_initial_s=0.2,
+                    tls_ca_pem=stack.telemetry_ca, tls_server_name=TELEMETRY_HOST)
     t = threading.Thread(target=pub.run, daemon=True)
     t.start()
     wait_until(lambda: pub.status.acks >= 2 or pub.status.last_refusal or pub.status.last_error, 30,

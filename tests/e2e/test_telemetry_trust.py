@@ -15,6 +15,7 @@ from kubernetes import client
 from devcluster.cluster import unique, wait_until
 from devcluster.fleet import create_preset_node
 from devcluster.jwt import copy_expiring_in
+from devcluster.controlplane import TELEMETRY_HOST
 from devcluster.stack import Stack
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from nodeagent.stream.publisher import Publisher
@@ -45,7 +46,7 @@ def gpu_report(node: str, sequence: int, *, holders: dict[str, str] | None = Non
 
 def send(stack: Stack, token: str, reports: list) -> None:
     """One stream carrying ``reports`` (a hostile agent needs no agent: just the token and a channel)."""
-    channel = grpc.insecure_channel(f"127.0.0.1:{stack.telemetry_port}")
+    channel = stack.telemetry_channel()
     try:
         stub = telemetry_pb2_grpc.TelemetryStub(channel)
 
@@ -104,7 +105,8 @@ def test_a_stream_ends_at_its_tokens_expiry_and_the_agent_carries_on_with_the_ro
     token_file.write_text(copy_expiring_in(stack.agent_token(node), control_plane.pki / "sa.key", 8))
     ended_before = stack.extender.metric("gpusched_telemetry_streams_ended_total", {"reason": "token-expired"})
     pub = Publisher(f"127.0.0.1:{stack.telemetry_port}", lambda seq: gpu_report(node, seq), period_s=0.5,
-                    token_file=str(token_file), backoff_initial_s=0.2)
+                    token_file=str(token_file), backoff_initial_s=0.2, tls_ca_pem=stack.telemetry_ca,
+                    tls_server_name=TELEMETRY_HOST)
     thread = threading.Thread(target=pub.run, daemon=True)
     thread.start()
     try:

@@ -3,6 +3,7 @@ prediction against vLLM's own report, the metrics exposition, and a SIGTERM drai
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -123,27 +124,50 @@ def test_rendered_args_only_use_flags_the_installed_vllm_accepts(sidecar, vllm_e
     assert "NOT PASSED: installed vLLM has no --max-num-partial-prefills" in sidecar.log()
 
 
+TOKENS, SEQUENCES = 450, 4  # the tiny model's context is 512
+
+
 def test_sigterm_drains_in_flight_request_and_exits_cleanly(sidecar):
-    result: dict[str, object] = {}
+    """SIGTERM while a request is provably running. The completion is streamed and the reader
+    thread itself sends SIGTERM on the first token — no scheduling gap between seeing the request
+    run and signalling — while hundreds of engine steps remain (4 sequences x 450 tokens); tokens
+    that arrive after the signal show the engine kept serving it. (vllm:num_requests_running is no
+    proof here: vLLM updates it per stats interval, and the tiny CPU model outruns it.)"""
+    result: dict[str, object] = {"after_sigterm": 0}
+    sent = threading.Event()
 
     def long_request() -> None:
+        signalled = False
         try:
-            r = httpx.post(sidecar.engine_url + "/v1/completions", timeout=120,
-                           json={"model": "tiny", "prompt": "drain me", "max_tokens": 200, "ignore_eos": True})
-            result["status"], result["tokens"] = r.status_code, r.json().get("usage", {}).get("completion_tokens")
+            with httpx.stream("POST", sidecar.engine_url + "/v1/completions", timeout=120, json={
+                    "model": "tiny", "prompt": "drain me", "max_tokens": TOKENS, "n": SEQUENCES, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True}}) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if chunk.get("choices") and not signalled:
+                        sidecar.proc.send_signal(15)
+                        signalled = True
+                        sent.set()
+                    elif chunk.get("choices"):
+                        result["after_sigterm"] += 1
+                    if chunk.get("usage"):
+                        result["tokens"] = chunk["usage"]["completion_tokens"]
         except httpx.HTTPError as exc:
             result["error"] = repr(exc)
 
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(0.5)  # the request is running
-    sidecar.proc.send_signal(15)
+    assert sent.wait(60), f"the request never streamed a token, so SIGTERM was not sent: {result}"
     rc = sidecar.wait_exit(GRACE_S + 15)
     t.join(30)
     log = sidecar.log()
     assert rc == 0, f"exit {rc}\n{log[-3000:]}"
     assert "draining the engine" in log and "engine exited with code 0" in log
     assert "killing it" not in log
-    assert result.get("status") == 200 and result.get("tokens") == 200, result
+    assert result.get("status") == 200 and result.get("tokens") == TOKENS * SEQUENCES, result
+    assert result["after_sigterm"] > 0, f"no token arrived after SIGTERM, so none was in flight: {result}"
     pid = sidecar.engine_pid()
     assert pid and not Path(f"/proc/{pid}").exists()
