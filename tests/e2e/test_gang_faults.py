@@ -105,16 +105,17 @@ def planned_units(admin, namespace: str, member: str) -> tuple[str, tuple[str, .
     return commit.placements[member].node, commit.placements[member].units
 
 
-def test_a_refused_bind_write_keeps_its_reservation_and_binds_on_it_once_allowed(
-        admin, namespace, fleet, stack: Stack, bind_fault):
-    allow = bind_fault("pp-1")
-    selector, _ = two_node_gang(admin, namespace, fleet, timeout_s=40)
-    first_bound_and_refused(stack, admin, namespace)
-    node, units = planned_units(admin, namespace, "pp-1")
-    # Another pod wants a whole 8-GPU node of this fleet: pp-1's node is reserved for pp-1.
+def create_intruder(admin, namespace: str, selector: dict[str, str]) -> None:
+    """Another pod that wants a whole 8-GPU node of the fleet: only pp-1's reserved node is free."""
     intruder = vllm_pod("intruder", gpus=8)
     intruder["spec"]["nodeSelector"] = selector
     create_pod(admin, namespace, intruder)
+
+
+def assert_pp1_binds_on_its_reservation(stack: Stack, admin, namespace: str, allow, node: str,
+                                        units: tuple[str, ...]) -> None:
+    """The intruder never gets pp-1's GPUs; once the apiserver allows pp-1's Binding, pp-1 binds on
+    exactly the node and GPUs its group's commit record planned."""
     time.sleep(3)
     assert not pods_by_name(admin, namespace)["intruder"].spec.node_name, "pp-1's reserved GPUs went to another pod"
     allow()
@@ -124,6 +125,16 @@ def test_a_refused_bind_write_keeps_its_reservation_and_binds_on_it_once_allowed
     assert pp1.spec.node_name == node
     assert tuple(pp1.metadata.annotations["gpusched.io/assigned-gpus"].split(",")) == units
     assert not pods_by_name(admin, namespace)["intruder"].spec.node_name
+
+
+def test_a_refused_bind_write_keeps_its_reservation_and_binds_on_it_once_allowed(
+        admin, namespace, fleet, stack: Stack, bind_fault):
+    allow = bind_fault("pp-1")
+    selector, _ = two_node_gang(admin, namespace, fleet, timeout_s=40)
+    first_bound_and_refused(stack, admin, namespace)
+    node, units = planned_units(admin, namespace, "pp-1")
+    create_intruder(admin, namespace, selector)
+    assert_pp1_binds_on_its_reservation(stack, admin, namespace, allow, node, units)
     gang = gang_state(stack, namespace, "pp")
     assert gang["partials"] == 0 and gang["bindRetries"] >= 1, gang
 
@@ -160,19 +171,9 @@ def test_an_extender_sigkilled_between_two_binds_rebuilds_the_reservation(
     node, units = planned_units(admin, namespace, "pp-1")
     port = stack.extender.port
     stack.kill_extender()
-    intruder = vllm_pod("intruder", gpus=8)  # waiting for a whole node while the extender is away
-    intruder["spec"]["nodeSelector"] = selector
-    create_pod(admin, namespace, intruder)
+    create_intruder(admin, namespace, selector)  # waiting for a whole node while the extender is away
     stack.start_extender(port=port)
     gang = wait_until(lambda: (g := gang_state(stack, namespace, "pp")).get("phase") == "committed" and g, 15,
                       "the restarted extender to recover the committed plan")
     assert "recovered" in gang["reason"], gang
-    time.sleep(3)
-    assert not pods_by_name(admin, namespace)["intruder"].spec.node_name, "pp-1's GPUs went to another pod after the restart"
-    allow()
-    wait_until(lambda: pods_by_name(admin, namespace)["pp-1"].spec.node_name, 30, "pp-1 bound after the restart",
-               context=lambda: str(gang_state(stack, namespace, "pp")))
-    pp1 = pods_by_name(admin, namespace)["pp-1"]
-    assert pp1.spec.node_name == node
-    assert tuple(pp1.metadata.annotations["gpusched.io/assigned-gpus"].split(",")) == units
-    assert not pods_by_name(admin, namespace)["intruder"].spec.node_name
+    assert_pp1_binds_on_its_reservation(stack, admin, namespace, allow, node, units)
