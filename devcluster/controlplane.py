@@ -32,6 +32,7 @@ NAMESPACE = "gpusched-system"
 SCHEDULER_SA = "gpusched-scheduler"
 EXTENDER_SA = "gpusched-extender"
 AGENT_SA = "gpusched-node-agent"
+METRICS_PROXY_SA = "gpusched-metrics-proxy"
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
 

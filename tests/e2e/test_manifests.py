@@ -12,6 +12,7 @@ from kubernetes import client
 from devcluster.controlplane import (
     AGENT_SA,
     EXTENDER_SA,
+    METRICS_PROXY_SA,
     MANIFESTS,
     NAMESPACE,
     SCHEDULER_SA,
@@ -72,9 +73,17 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", True, id="scheduler-lease"),
     pytest.param(SCHEDULER_SA, "get", "secrets", "", "", False, id="scheduler-cannot-read-secrets"),
     # The scheduler pod's metrics proxy authenticates and authorizes /metrics callers as this account.
-    pytest.param(SCHEDULER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="metrics-proxy-reviews-tokens"),
+    pytest.param(SCHEDULER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="scheduler-reviews-tokens"),
     pytest.param(SCHEDULER_SA, "create", "subjectaccessreviews", "", "authorization.k8s.io", True,
-                 id="metrics-proxy-reviews-access"),
+                 id="scheduler-reviews-access"),
+    pytest.param(METRICS_PROXY_SA, "create", "tokenreviews", "", "authentication.k8s.io", True,
+                 id="metrics-proxy-reviews-tokens-as-itself"),
+    pytest.param(METRICS_PROXY_SA, "create", "subjectaccessreviews", "", "authorization.k8s.io", True,
+                 id="metrics-proxy-reviews-access-as-itself"),
+    pytest.param(METRICS_PROXY_SA, "list", "pods", "", "", False, id="metrics-proxy-reads-nothing"),
+    pytest.param(SCHEDULER_SA, "create", "serviceaccounts", "token", "", True, id="scheduler-mints-extender-token"),
+    pytest.param(SCHEDULER_SA, "create", "serviceaccounts/" + AGENT_SA, "token", "", False,
+                 id="scheduler-cannot-mint-agent-tokens"),
 ])
 def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane, stack: Stack, account, verb,
                                                     resource, subresource, group, allowed):
@@ -84,8 +93,10 @@ def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane,
     api = control_plane.api_client(token)
     who = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview()).status.user_info
     assert who.username == f"system:serviceaccount:{NAMESPACE}:{account}"
-    ns = NAMESPACE if resource == "leases" else "default"
-    name = "gpusched-scheduler" if resource == "leases" else ""
+    ns = NAMESPACE if resource in ("leases", "serviceaccounts") or resource.startswith("serviceaccounts/") else "default"
+    name = {"leases": "gpusched-scheduler", "serviceaccounts": EXTENDER_SA}.get(resource, "")
+    if resource.startswith("serviceaccounts/"):  # "serviceaccounts/<name>": a specific account
+        resource, name = resource.split("/")
     assert _can(api, verb, resource, subresource=subresource, group=group, namespace=ns, name=name) is allowed
 
 

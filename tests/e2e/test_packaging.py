@@ -132,7 +132,14 @@ def test_the_schedulers_token_reaches_only_the_containers_that_act_as_the_schedu
     objects = render()
     assert _token_mounts(objects, "Deployment") == {
         "extender-token": {"scheduler-identity"}, "kube-scheduler": {"scheduler-identity"},
-        "metrics-proxy": {"scheduler-identity"}, "extender": set()}
+        "metrics-proxy": set(), "extender": set()}
+    spec = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    at_standard_path = {c["name"]: m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])
+                        if m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"}
+    assert at_standard_path == {"kube-scheduler": "scheduler-identity", "extender": "extender-identity",
+                                "metrics-proxy": "metrics-proxy-identity"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert all(volumes[n]["emptyDir"]["medium"] == "Memory" for n in ("extender-identity", "metrics-proxy-identity"))
     assert not any(o["kind"] == "Secret" and o.get("type") == "kubernetes.io/service-account-token" for o in objects)
     agent = _token_mounts(objects, "DaemonSet")
     assert agent.pop("agent") == {"token", "api-access"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine_sidecar.__main__ import redact_argv
-from extender.token_minter import run, write_atomically
+from extender.token_minter import parse_mint, run, write_atomically
 from nodeagent.kube import InventoryPublisher, NodePods
 
 
@@ -41,11 +41,14 @@ def test_the_minter_writes_renews_and_keeps_the_last_token_while_the_apiserver_i
         if not answers:
             stop.set()
         return answer
-    thread = threading.Thread(target=run, args=(request, out, stop), kwargs={"backoff_initial_s": 0.05}, daemon=True)
+    thread = threading.Thread(target=run, args=(request, out, stop), daemon=True,
+                              kwargs={"backoff_initial_s": 0.05, "also": {"ca.crt": "CA", "namespace": "ns"}})
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
     assert seen == ["t1"] and out.read_text() == "t2"
+    assert (out.parent / "ca.crt").read_text() == "CA" and (out.parent / "namespace").read_text() == "ns", \
+        "the folder is a whole in-cluster identity"
     assert oct(out.stat().st_mode & 0o777) == "0o440"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".token-")], "a temporary file was left"
 
@@ -82,3 +85,13 @@ def test_node_pods_follow_list_and_events():
     pods.apply("ADDED", {"metadata": {"namespace": "a", "name": "q"}})
     pods.apply("DELETED", {"metadata": {"namespace": "a", "name": "p"}})
     assert [p["metadata"]["name"] for p in pods.pods()] == ["q"]
+
+
+@pytest.mark.parametrize("spec,ok", [("gpusched-extender=/var/run/x", True), ("=/x", False), ("a=", False), ("a", False)])
+def test_mint_specs_name_an_account_and_a_folder(spec, ok):
+    import argparse
+    if ok:
+        assert parse_mint(spec) == ("gpusched-extender", Path("/var/run/x"))
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="ACCOUNT=DIR"):
+            parse_mint(spec)
