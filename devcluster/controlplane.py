@@ -107,10 +107,18 @@ def scheduler_config_from_manifests() -> dict[str, Any]:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver. ``start()`` returns once /readyz is 200 and RBAC is bootstrapped."""
+    """etcd + kube-apiserver. ``start()`` returns once /readyz is 200 and RBAC is bootstrapped.
 
-    def __init__(self, bin_dir: Path, workdir: Path | None = None):
+    ``with_nodes``: a control plane for real kubelets (``devcluster.realnode``): the Node authorizer
+    and NodeRestriction admission, the ServiceAccount admission plugin, a client certificate for the
+    apiserver's calls to kubelets (logs), and kube-controller-manager (ServiceAccounts, DaemonSets,
+    node lifecycle). Without it there is no controller-manager, so simulated Node objects are never
+    marked NotReady for lack of a heartbeat — which is why real nodes get a control plane of their own.
+    """
+
+    def __init__(self, bin_dir: Path, workdir: Path | None = None, *, with_nodes: bool = False):
         self.bin_dir = bin_dir
+        self.with_nodes = with_nodes
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpusched-cp-"))
         self._own_workdir = workdir is None
         self.pki = self.workdir / "pki"
@@ -132,6 +140,21 @@ class ControlPlane:
             "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296"])
         etcd.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{etcd_port}/health"), 60)
         (self.pki / "tokens.csv").write_text(f'{self.admin_token},gpusched-test-admin,gpusched-test-admin,"system:masters"\n')
+        nodes: list[str] = []
+        if self.with_nodes:
+            _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key", "-out",
+                     "kubelet-client.csr", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client", cwd=self.pki)
+            _openssl("x509", "-req", "-in", "kubelet-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                     "-CAcreateserial", "-out", "kubelet-client.crt", "-days", "3", cwd=self.pki)
+            nodes = ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                     f"--kubelet-client-certificate={self.pki / 'kubelet-client.crt'}",
+                     f"--kubelet-client-key={self.pki / 'kubelet-client.key'}",
+                     "--kubelet-preferred-address-types=InternalIP"]
+        else:
+            nodes = ["--authorization-mode=RBAC",
+                     # No controller-manager runs, so no token controller creates the `default` service
+                     # accounts that the ServiceAccount admission plugin demands of every pod.
+                     "--disable-admission-plugins=ServiceAccount"]
         apiserver = self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
@@ -144,7 +167,7 @@ class ControlPlane:
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-", "--requestheader-allowed-names=front-proxy-client",
             f"--token-auth-file={self.pki / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            *nodes,
             f"--service-account-issuer={API_AUDIENCE}",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
@@ -154,14 +177,34 @@ class ControlPlane:
             # The `kubernetes` Service endpoint cannot be a loopback address, and nothing here
             # reaches the apiserver through it.
             "--endpoint-reconciler-type=none",
-            # No controller-manager runs, so no token controller creates the `default` service
-            # accounts that the ServiceAccount admission plugin demands of every pod.
-            "--disable-admission-plugins=ServiceAccount",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--profiling=false", "--v=1"])
         apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
                                                ca_file=str(self.pki / "ca.crt")), 120)
+        if self.with_nodes:
+            self._start_controller_manager()
         return self
+
+    def _start_controller_manager(self) -> None:
+        port = free_port()
+        kubeconfig = self.kubeconfig(self.admin_token, "kube-controller-manager")
+        cm = self._spawn("kube-controller-manager", [
+            str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", "--leader-elect=false",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}", f"--root-ca-file={self.pki / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            # Quick to react in tests: a node whose kubelet is gone is NotReady within 20 s.
+            "--node-monitor-period=2s", "--node-monitor-grace-period=20s", "--v=1"])
+        cm.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
+
+        def default_account() -> bool:  # pods need it (ServiceAccount admission); the SA controller makes it
+            try:
+                client.CoreV1Api(self.api_client()).read_namespaced_service_account("default", "default")
+                return True
+            except client.ApiException:
+                return False
+        cm.wait_healthy(default_account, 60, "did not create the default ServiceAccount")
 
     def stop(self) -> None:
         for c in reversed(self.components):

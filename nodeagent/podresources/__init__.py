@@ -11,10 +11,11 @@ from nodeagent.podresources.client import (
     assignments_from_response,
     is_gpu_resource,
     list_assignments,
+    list_pod_resources,
 )
 from nodeagent.podresources.foreign import foreign_usage
 
 __all__ = [
     "DEFAULT_SOCKET", "PodRef", "PodResourcesError", "assignments_from_response", "foreign_usage",
-    "is_gpu_resource", "list_assignments",
+    "is_gpu_resource", "list_assignments", "list_pod_resources",
 ]

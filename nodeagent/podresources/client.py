@@ -57,6 +57,12 @@ def list_assignments(socket_path: str | os.PathLike[str] = DEFAULT_SOCKET, *,
     Raises ``PodResourcesError`` when the socket is missing, the kubelet does not answer within
     ``timeout_s``, or answers with an error; the message names the socket and the cause.
     """
+    return assignments_from_response(list_pod_resources(socket_path, timeout_s=timeout_s), resource_filter)
+
+
+def list_pod_resources(socket_path: str | os.PathLike[str] = DEFAULT_SOCKET, *,
+                       timeout_s: float = DEFAULT_TIMEOUT_S) -> api_pb2.ListPodResourcesResponse:
+    """The kubelet's whole ``List`` answer (every pod and container, with or without devices)."""
     path = os.fspath(socket_path)
     if not os.path.exists(path):
         raise PodResourcesError(
@@ -67,10 +73,9 @@ def list_assignments(socket_path: str | os.PathLike[str] = DEFAULT_SOCKET, *,
     with grpc.insecure_channel(target, options=options) as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
         try:
-            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout_s)
+            return stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout_s)
         except grpc.RpcError as exc:
             raise _error(path, timeout_s, exc) from exc
-    return assignments_from_response(response, resource_filter)
 
 
 def assignments_from_response(response: api_pb2.ListPodResourcesResponse,

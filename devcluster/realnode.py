@@ -1,0 +1,427 @@
+"""One real Kubernetes node on this machine: containerd + runc + kubelet, against a test control plane.
+
+The facts this is built on are in ../shared/reference/real-node-recipe.md (settings this VM needs,
+what the kubelet does). ``RealNode.start()`` returns once the Node is ``Ready``; ``stop()`` removes
+everything it created, also after a failed start: the processes (by PID, containers' shims
+included), the runtime's and kubelet's state, the mounts under them, the kubelet's cgroups and
+iptables chains, the device-plugin directory's sockets and checkpoint, the dummy interface, and
+the sysctls the kubelet changes. All traffic stays on this machine: pods use ``hostNetwork``, the
+node's one address is on an interface the harness creates (a bridge without ports) (``192.0.2.0/24``, reserved for
+documentation), and the kubelet listens there and on loopback only.
+
+Needs root and the packages ``hack/real-node-deps.sh`` installs; without them ``start()`` fails
+saying which is missing (the tests never skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster.controlplane import ComponentFailed, ControlPlane, _openssl
+from devcluster.images import PAUSE_IMAGE, node_test_images
+from devcluster.processes import Component, free_port, http_ok
+
+INTERFACE = "gpusched0"
+NODE_IP = "192.0.2.10"  # TEST-NET-1 (RFC 5737): on the harness's own interface only, never routed
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # pluginapi.KubeletSocket's folder; not under --root-dir
+RUNC_ROOT = Path("/run/containerd/runc")
+# What the kubelet sets at start (setupKernelTunables) and the harness puts back.
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-PROXY-CANARY")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Host folders the kubelet, containerd and runc write to whatever their flags say: what was not
+# there before start() is removed by stop(), entry by entry.
+HOST_FOLDERS = (Path("/var/lib/kubelet"), DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT,
+                Path("/var/log/pods"), Path("/var/log/containers"))
+NEEDED = ("containerd", "runc", "ctr", "iptables", "ip", "containerd-shim-runc-v2")
+
+
+def _run(*argv: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, input=input)
+    if check and proc.returncode != 0:
+        raise ComponentFailed(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+    return proc
+
+
+def host_state() -> dict[str, Any]:
+    """What a real node may leave behind on this machine, as comparable values (tests compare a
+    snapshot before start() with one after stop())."""
+    procs = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if os.path.basename(cmd) in ("kubelet", "containerd", "containerd-shim-runc-v2", "runc"):
+                procs.append(os.path.basename(cmd))
+    mounts = sorted(line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                    if any(k in line.split()[1] for k in ("containerd", "kubelet", "gpusched-cp-")))
+    chains = sorted({c for tool in ("iptables", "ip6tables") if shutil.which(tool)
+                     for table in ("filter", "nat", "mangle")
+                     for c in KUBELET_CHAINS if f"-N {c}" in _run(tool, "-t", table, "-S", check=False).stdout.decode()})
+    return {"processes": sorted(procs), "interface": _run("ip", "link", "show", INTERFACE, check=False).returncode == 0,
+            "mounts": mounts, "iptables chains": chains,
+            "cgroups": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods*")) if CGROUP_ROOT.is_dir() else [],
+            "folders": {str(f): sorted(os.listdir(f)) if f.is_dir() else None for f in HOST_FOLDERS},
+            "sysctls": {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS
+                        if (Path("/proc/sys") / k).exists()}}
+
+
+class RealNode:
+    def __init__(self, cp: ControlPlane, name: str = "gpusched-real-node", *, labels: dict[str, str] | None = None,
+                 kubelet_overrides: dict[str, Any] | None = None):
+        """``kubelet_overrides``: KubeletConfiguration fields to change (tests of failure paths)."""
+        self.cp = cp
+        self.name = name
+        self.labels = dict(labels or {})
+        self.kubelet_overrides = dict(kubelet_overrides or {})
+        self.dir = cp.workdir / "realnode"
+        self.containerd_dir = self.dir / "containerd"
+        self.socket = self.containerd_dir / "containerd.sock"
+        self.root_dir = self.dir / "kubelet"
+        self.kubelet: Component | None = None
+        self.containerd: Component | None = None
+        self._sysctls: dict[str, str] = {}
+        self._interface_created = False
+        self._folders_before: dict[Path, set[str] | None] = {}  # folder -> entries before (None: absent)
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    # -- start ------------------------------------------------------------------------------
+    def start(self) -> "RealNode":
+        try:
+            self._preflight()
+            self._remember_host_state()
+            self._create_interface()
+            self._start_containerd()
+            self._import_images()
+            self._start_kubelet()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _preflight(self) -> None:
+        if os.geteuid() != 0:
+            raise ComponentFailed("the real test node needs root (containerd, runc and the kubelet manage cgroups, "
+                                  "mounts and network namespaces); run the tests as root")
+        missing = [c for c in NEEDED if shutil.which(c) is None]
+        if missing:
+            raise ComponentFailed(f"the real test node needs {', '.join(missing)}: run hack/real-node-deps.sh "
+                                  "(make test does) to install Debian's containerd, runc and friends")
+        for binary in ("kubelet",):
+            if not (self.cp.bin_dir / binary).is_file():
+                raise ComponentFailed(f"{self.cp.bin_dir / binary} is missing: run hack/build-control-plane.sh")
+        if (DEVICE_PLUGINS / "kubelet.sock").exists() and self._socket_alive(DEVICE_PLUGINS / "kubelet.sock"):
+            raise ComponentFailed(f"another kubelet serves {DEVICE_PLUGINS / 'kubelet.sock'}: one kubelet with device "
+                                  "plugins per machine; stop it first")
+
+    @staticmethod
+    def _socket_alive(path: Path) -> bool:
+        import socket
+
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def _remember_host_state(self) -> None:
+        for key in KUBELET_SYSCTLS:
+            path = Path("/proc/sys") / key
+            if path.exists():
+                self._sysctls[key] = path.read_text().strip()
+        for folder in HOST_FOLDERS:
+            self._folders_before[folder] = set(os.listdir(folder)) if folder.is_dir() else None
+
+    def _create_interface(self) -> None:
+        if _run("ip", "link", "show", INTERFACE, check=False).returncode == 0:
+            raise ComponentFailed(f"interface {INTERFACE} exists already (a harness that did not clean up?); "
+                                  f"remove it with 'ip link del {INTERFACE}'")
+        # A bridge with no ports: this kernel has no dummy driver; either only holds the address.
+        _run("ip", "link", "add", INTERFACE, "type", "bridge")
+        self._interface_created = True
+        _run("ip", "addr", "add", f"{NODE_IP}/32", "dev", INTERFACE)
+        _run("ip", "link", "set", INTERFACE, "up")
+
+    def _start_containerd(self) -> None:
+        cni = self.dir / "cni"
+        cni.mkdir(parents=True, exist_ok=True)
+        # Pods use hostNetwork; the runtime still wants one network config to report NetworkReady:
+        # loopback only, so a pod that is not hostNetwork gets no address and sends nothing.
+        (cni / "10-gpusched-lo.conflist").write_text(json.dumps(
+            {"cniVersion": "1.0.0", "name": "gpusched-lo", "plugins": [{"type": "loopback"}]}))
+        config = self.containerd_dir / "config.toml"
+        self.containerd_dir.mkdir(parents=True, exist_ok=True)
+        config.write_text(f'''version = 2
+root = "{self.containerd_dir / 'root'}"
+state = "{self.containerd_dir / 'state'}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.containerd_dir / 'ttrpc.sock'}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.containerd_dir / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj (recipe)
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      # runc's state beside containerd's, not in the machine-wide /run/containerd/runc.
+      Root = "{self.containerd_dir / 'runc'}"
+''')
+        self.containerd = Component("containerd", ["containerd", "--config", str(config)],
+                                    self.cp.workdir / "logs" / "containerd.log")
+        self.cp.components.append(self.containerd)
+        self.containerd.wait_healthy(lambda: _run("ctr", "--address", str(self.socket), "version",
+                                                  check=False).returncode == 0, 30)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return _run("ctr", "--address", str(self.socket), "-n", "k8s.io", *args, check=check)
+
+    def _import_images(self) -> None:
+        for image in node_test_images():
+            self.ctr("images", "import", "--all-platforms", str(image.path))
+
+    def import_image(self, archive: Path) -> None:
+        """Load an image archive (docker- or oci-archive) into the node's runtime."""
+        self.ctr("images", "import", "--all-platforms", str(archive))
+
+    def _credentials(self) -> Path:
+        """A kubeconfig with a client certificate for ``system:node:<name>`` (the Node authorizer's subject)."""
+        pki = self.cp.pki
+        key, csr, crt = (pki / f"node-{self.name}.{ext}" for ext in ("key", "csr", "crt"))
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+                 "-subj", f"/O=system:nodes/CN=system:node:{self.name}", cwd=pki)
+        _openssl("x509", "-req", "-in", str(csr), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", str(crt), "-days", "3", cwd=pki)
+        path = self.dir / "kubelet.kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "test", "cluster": {"server": self.cp.url, "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "node", "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+            "contexts": [{"name": "node", "context": {"cluster": "test", "user": "node"}}]}))
+        return path
+
+    def kubelet_config(self) -> dict[str, Any]:
+        """The KubeletConfiguration (every setting this VM needs is explained in the recipe)."""
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": NODE_IP, "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.healthz_port,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.cp.pki / "ca.crt")}},
+            "authorization": {"mode": "Webhook"},
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            "podLogsDir": "/var/log/pods",
+            # The imported images can never be pulled again: image GC must not collect them.
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "registerWithTaints": [], "maxPods": 110, "serializeImagePulls": False,
+            "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "10s",
+            "syncFrequency": "5s", "fileCheckFrequency": "5s",
+        }
+
+    def _start_kubelet(self) -> None:
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
+        self.kubelet_port, self.healthz_port = free_port(), free_port()
+        config = self.dir / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump({**self.kubelet_config(), **self.kubelet_overrides}))
+        argv = [str(self.cp.bin_dir / "kubelet"), f"--config={config}", f"--kubeconfig={self._credentials()}",
+                f"--root-dir={self.root_dir}", f"--cert-dir={self.dir / 'kubelet-pki'}",
+                f"--hostname-override={self.name}", f"--node-ip={NODE_IP}", "--v=2"]
+        if self.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        self.kubelet = Component("kubelet", argv, self.cp.workdir / "logs" / "kubelet.log")
+        self.cp.components.append(self.kubelet)
+        self.kubelet.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"), 60)
+
+    def _wait_ready(self, timeout_s: float = 90) -> None:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.cp.api_client())
+        deadline = time.monotonic() + timeout_s
+        last = "not registered"
+        while time.monotonic() < deadline:
+            try:
+                node = core.read_node(self.name)
+                ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+                if ready is not None and ready.status == "True":
+                    return
+                last = f"Ready={ready.status if ready else '?'}: {ready.message if ready else ''}"
+            except client.ApiException as exc:
+                last = f"HTTP {exc.status}"
+            time.sleep(0.5)
+        raise ComponentFailed(f"node {self.name} did not become Ready within {timeout_s:.0f}s ({last})\n"
+                              f"--- kubelet log ---\n{self.kubelet.tail(40) if self.kubelet else ''}")
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM) and start it again with the same configuration and state."""
+        assert self.kubelet is not None
+        argv = list(self.kubelet.argv)
+        self.kubelet.stop()
+        self.cp.components.remove(self.kubelet)
+        self.kubelet = Component("kubelet", argv, self.cp.workdir / "logs" / "kubelet.log")
+        self.cp.components.append(self.kubelet)
+        self.kubelet.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"), 60)
+
+    # -- stop -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Remove everything start() created; each step runs even when an earlier one failed."""
+        errors: list[str] = []
+        for step in (self._stop_kubelet, self._remove_containers, self._stop_containerd, self._unmount,
+                     self._remove_cgroups, self._remove_chains, self._remove_files, self._remove_interface,
+                     self._restore_sysctls):
+            try:
+                step()
+            except Exception as exc:  # keep cleaning; report at the end
+                errors.append(f"{step.__name__}: {exc}")
+        if errors:
+            raise ComponentFailed("real node cleanup incomplete:\n" + "\n".join(errors))
+
+    def _stop_kubelet(self) -> None:
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            if self.kubelet in self.cp.components:
+                self.cp.components.remove(self.kubelet)
+            self.kubelet = None
+
+    def _remove_containers(self) -> None:
+        """Every container this containerd ran (runc state under RUNC_ROOT/k8s.io), then the shims."""
+        if self.containerd is not None and self.socket.exists():
+            for task in self.ctr("tasks", "list", "-q", check=False).stdout.decode().split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self.ctr("tasks", "list", "-q", check=False).stdout.strip():
+                time.sleep(0.2)
+            for task in self.ctr("tasks", "list", "-q", check=False).stdout.decode().split():
+                self.ctr("tasks", "delete", "-f", task, check=False)
+            for c in self.ctr("containers", "list", "-q", check=False).stdout.decode().split():
+                self.ctr("containers", "delete", c, check=False)
+        root = self.containerd_dir / "runc" / "k8s.io"
+        if root.is_dir() and shutil.which("runc"):
+            listed = _run("runc", "--root", str(root), "list", "-q", check=False).stdout.decode().split()
+            for cid in listed:
+                _run("runc", "--root", str(root), "delete", "-f", cid, check=False)
+        for pid in self._shim_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _shim_pids(self) -> list[int]:
+        """containerd-shim-runc-v2 processes started by this containerd (their -address is our socket)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and str(self.socket).encode() in cmdline:
+                pids.append(int(entry.name))
+        return pids
+
+    def _stop_containerd(self) -> None:
+        if self.containerd is not None:
+            self.containerd.stop()
+            if self.containerd in self.cp.components:
+                self.cp.components.remove(self.containerd)
+            self.containerd = None
+
+    def _unmount(self) -> None:
+        """Mounts under the node's folders (overlay snapshots, volumes, netns), deepest first."""
+        prefixes = (str(self.dir), "/run/containerd", str(RUNC_ROOT))
+        mounts = [line.split()[1].replace("\\040", " ") for line in Path("/proc/mounts").read_text().splitlines()]
+        for target in sorted((m for m in mounts if m.startswith(prefixes)), key=len, reverse=True):
+            _run("umount", "-l", target, check=False)
+
+    def _remove_cgroups(self) -> None:
+        """The kubelet's QoS hierarchy (kubepods, and any pod cgroups left) in every v1 controller."""
+        for controller in CGROUP_ROOT.iterdir() if CGROUP_ROOT.is_dir() else []:
+            top = controller / "kubepods"
+            if not top.is_dir():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            try:
+                top.rmdir()
+            except OSError:
+                pass
+
+    def _remove_chains(self) -> None:
+        for tool in ("iptables", "ip6tables"):
+            if shutil.which(tool) is None:
+                continue
+            for table in ("filter", "nat", "mangle"):
+                rules = _run(tool, "-t", table, "-S", check=False).stdout.decode().splitlines()
+                for rule in rules:  # jumps into our chains first, then the chains
+                    parts = rule.split()
+                    if parts[:1] == ["-A"] and any(chain in parts for chain in KUBELET_CHAINS):
+                        _run(tool, "-t", table, "-D", *parts[1:], check=False)
+                for chain in KUBELET_CHAINS:
+                    _run(tool, "-t", table, "-F", chain, check=False)
+                    _run(tool, "-t", table, "-X", chain, check=False)
+
+    def _remove_files(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        # Deepest first, so a folder that did not exist before is removed after its entries.
+        for folder in sorted(self._folders_before, key=lambda f: len(f.parts), reverse=True):
+            before = self._folders_before[folder]
+            if not folder.is_dir():
+                continue
+            if before is None:
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            for name in set(os.listdir(folder)) - before:
+                path = folder / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    def _remove_interface(self) -> None:
+        if self._interface_created:
+            _run("ip", "link", "del", INTERFACE, check=False)
+            self._interface_created = False
+
+    def _restore_sysctls(self) -> None:
+        for key, value in self._sysctls.items():
+            path = Path("/proc/sys") / key
+            if path.read_text().strip() != value:
+                path.write_text(value)

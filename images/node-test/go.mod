@@ -1,0 +1,3 @@
+module gpusched.local/nodetest
+
+go 1.26.0
