@@ -46,6 +46,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the kubelet's PodResources socket (default: %(default)s)")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster) for the inventory annotation and engine discovery")
     p.add_argument("--no-kube", action="store_true", help="do not publish the inventory or discover engines")
+    p.add_argument("--device-plugin", action="store_true",
+                   help="also serve the kubelet's device plugin API for nvidia.com/gpu: containers get exactly the "
+                        "GPUs gpusched chose (keep NVIDIA's device plugin off this node)")
+    p.add_argument("--device-list-strategy", default="envvar", choices=["envvar", "cdi-cri", "cdi-annotations"],
+                   help="how Allocate names the devices: NVIDIA_VISIBLE_DEVICES (the NVIDIA container runtime), or "
+                        "CDI names nvidia.com/gpu=<uuid> in the CRI field or an annotation (default: %(default)s)")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
+                   help="the kubelet's device plugin folder (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
@@ -84,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
     publish = list_pods = None
+    fresh_pods = lambda: []  # noqa: E731  # the node's pods from a new list (device plugin mode)
     if not args.no_kube:
         from kubernetes import client, config
 
@@ -101,8 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                   list_kwargs={"field_selector": f"spec.nodeName={args.node_name}"}).start()
         list_pods = node_pods.pods
 
+        def fresh_pods() -> list:
+            return core.api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={args.node_name}", _request_timeout=5))["items"]
+
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods)
+    plugin_runner = _start_device_plugin(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else None
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     try:
         publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
@@ -118,11 +132,42 @@ def main(argv: list[str] | None = None) -> int:
     def shutdown(*_):
         stop.set()
         publisher.stop()
+        if plugin_runner is not None:
+            plugin_runner.stop()
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     publisher.run()
     reader.close()
     return 0
+
+
+def _start_device_plugin(args: argparse.Namespace, agent: Agent, assignments, list_pods, fresh_pods):
+    """Serve the device plugin: units from the agent's own GPU reads (every period, whether or not
+    the extender is reachable), candidates from the node's pods minus those the kubelet already
+    gave devices."""
+    from pathlib import Path
+
+    from nodeagent.deviceplugin.allocation import candidates
+    from nodeagent.deviceplugin.server import GpuDevicePlugin, PluginRunner
+
+    def pods_waiting(fresh: bool):
+        try:
+            allocated = {f"{ref[0]}/{ref[1]}" for ref in assignments().values()}
+        except Exception as exc:  # no kubelet answer: every bound pod may still be waiting
+            logging.getLogger("gpusched.nodeagent").warning("PodResources for the device plugin: %s", exc)
+            allocated = set()
+        try:
+            pods = fresh_pods() if fresh else (list_pods() if list_pods else [])
+        except Exception as exc:
+            logging.getLogger("gpusched.nodeagent").warning("listing the node's pods: %s", exc)
+            pods = []
+        return candidates(pods, args.node_name, allocated)
+
+    plugin = GpuDevicePlugin(agent.units, pods_waiting, strategy=args.device_list_strategy)
+    agent.on_units_changed(plugin.changed)
+    agent.refresh_units()
+    agent.start_unit_refresher(threading.Event())
+    return PluginRunner(plugin, Path(args.device_plugin_dir)).start()
 
 
 def _serve_metrics(port: int, agent: Agent, publisher: Publisher) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from extender.model.inventory import encode_inventory
 from gpusched_wire.telemetry.v1 import telemetry_pb2
+from nodeagent.deviceplugin.allocation import Unit, units_of
 from nodeagent.engines.discovery import discover_engines
 from nodeagent.engines.scrape import scrape_engine
 from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
@@ -54,6 +55,9 @@ class Agent:
         self._engines: list[telemetry_pb2.EngineTelemetry] = []
         self._published = ""
         self.status = AgentStatus()
+        self._read_lock = threading.Lock()  # readers are not thread-safe; the unit refresher reads too
+        self._units: list[Unit] = []
+        self._unit_listeners: list[Callable[[], None]] = []
 
     def start_engine_scraper(self, stop: threading.Event) -> None:
         if self._list_node_pods is None:
@@ -80,9 +84,47 @@ class Agent:
         self.status.engines = len(out)
         return out
 
+    # -- units, for the device plugin ----------------------------------------------------------
+    def units(self) -> list[Unit]:
+        """The node's units at the last read (health and foreign use included)."""
+        return self._units
+
+    def on_units_changed(self, listener: Callable[[], None]) -> None:
+        self._unit_listeners.append(listener)
+
+    def refresh_units(self) -> None:
+        state = self.read()
+        if state is None:
+            return
+        try:
+            assignments = dict(self._assignments())
+        except Exception:
+            assignments = {}
+        self._set_units(units_of(state, foreign_usage(state, assignments)))
+
+    def _set_units(self, units: list[Unit]) -> None:
+        if [(u.id, u.failure) for u in units] != [(u.id, u.failure) for u in self._units]:
+            self._units = units
+            for listener in self._unit_listeners:
+                listener()
+        else:
+            self._units = units
+
+    def start_unit_refresher(self, stop: threading.Event) -> None:
+        """Read the GPUs every period on a thread of their own, so the device plugin's health is
+        current whether or not the telemetry stream is up."""
+        def loop() -> None:
+            while not stop.wait(self.period_s):
+                try:
+                    self.refresh_units()
+                except Exception as exc:
+                    log.warning("refreshing the device plugin's units failed: %s", exc)
+        threading.Thread(target=loop, name="unit-refresher", daemon=True).start()
+
     def read(self) -> GpuState | None:
         try:
-            state = self._reader.read()
+            with self._read_lock:
+                state = self._reader.read()
             self.status.last_read_error = ""
             return state
         except Exception as exc:  # a temporary NVML error: report nothing this period, say why
@@ -116,6 +158,8 @@ class Agent:
             assignments = {}
             self.status.last_assignment_error = str(exc)
         foreign = foreign_usage(state, assignments)
+        if self._unit_listeners:
+            self._set_units(units_of(state, foreign))
         holders: dict[str, list[telemetry_pb2.PodRef]] = {}
         for device, ref in assignments.items():
             ns, pod, container = ref[0], ref[1], ref[2] if len(ref) > 2 else ""
@@ -126,12 +170,14 @@ class Agent:
                     report.gpus.append(telemetry_pb2.GpuTelemetry(
                         uuid=mig.uuid, index=gpu.index, is_mig=True, parent_index=gpu.index, profile=mig.profile,
                         memory_total_bytes=mig.memory_total_bytes, memory_free_bytes=mig.memory_free_bytes,
-                        foreign_used_bytes=foreign.get(mig.uuid, 0), assigned_pods=holders.get(mig.uuid, [])))
+                        foreign_used_bytes=foreign.get(mig.uuid, 0), assigned_pods=holders.get(mig.uuid, []),
+                        failure=gpu.failure))
             else:
                 report.gpus.append(telemetry_pb2.GpuTelemetry(
                     uuid=gpu.uuid, index=gpu.index, memory_total_bytes=gpu.memory_total_bytes,
                     memory_free_bytes=gpu.memory_free_bytes, memory_reserved_bytes=gpu.memory_reserved_bytes,
-                    foreign_used_bytes=foreign.get(gpu.uuid, 0), assigned_pods=holders.get(gpu.uuid, [])))
+                    foreign_used_bytes=foreign.get(gpu.uuid, 0), assigned_pods=holders.get(gpu.uuid, []),
+                    failure=gpu.failure))
         report.engines.extend(self._engines)
         return report
 

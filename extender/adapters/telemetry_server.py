@@ -74,7 +74,7 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
     if gpus is None:
         gpus = MappingProxyType({
             g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
-                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]))
+                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:256])
             for g in report.gpus})
     engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
                                   e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
@@ -88,7 +88,8 @@ def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
     every unit except free memory, which counts in whole GiB (``QUANTUM_BYTES``) as in
     ``effective_memory_mib`` and ``memory_key``. Equal keys → the earlier conversion may stand in."""
     return [(g.uuid, g.index, g.is_mig, g.memory_total_bytes, g.memory_free_bytes // QUANTUM_BYTES,
-             g.foreign_used_bytes, [(p.namespace, p.name) for p in g.assigned_pods] if g.assigned_pods else None)
+             g.foreign_used_bytes, [(p.namespace, p.name) for p in g.assigned_pods] if g.assigned_pods else None,
+             g.failure)
             for g in report.gpus]
 
 

@@ -44,7 +44,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 @dataclass(frozen=True)
 class GpuUnit:
     """One schedulable unit. ``position`` is its place in ``NodeInfo.units`` (bit in masks);
-    ``island`` indexes ``NodeInfo.islands`` (-1: none); ``memory_mib`` is None when unknown."""
+    ``island`` indexes ``NodeInfo.islands`` (-1: none); ``memory_mib`` is None when unknown;
+    ``failure`` says why the unit is out of service ("" in service): it is never free, so a pod
+    that needs it waits ("may fit later": a GPU can recover) instead of being refused forever."""
 
     id: str
     position: int
@@ -55,6 +57,7 @@ class GpuUnit:
     numa_node: int | None = None
     pcie_switch: str | None = None
     island: int = -1
+    failure: str = ""
 
 
 class Shape:
@@ -123,8 +126,8 @@ class NodeInfo:
         cached = self._free_cache.get("entry")
         if cached is not None and cached[0] is held:
             return cached[1]
-        whole = tuple(u for u in self.units if not u.is_mig and u.id not in held)
-        mig = tuple(u for u in self.units if u.is_mig and u.id not in held)
+        whole = tuple(u for u in self.units if not u.is_mig and u.id not in held and not u.failure)
+        mig = tuple(u for u in self.units if u.is_mig and u.id not in held and not u.failure)
         mask = 0
         for unit in whole + mig:
             mask |= 1 << unit.position
@@ -136,9 +139,12 @@ class NodeInfo:
 
 def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
                    labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
-                   unschedulable: bool = False, engine_headroom: int | None = None) -> NodeInfo:
+                   unschedulable: bool = False, engine_headroom: int | None = None,
+                   failures: Mapping[str, str] | None = None) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
-    (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works."""
+    (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
+    ``failures``: unit id -> why it is out of service (from telemetry)."""
+    failures = failures or {}
     units: list[GpuUnit] = []
     islands: tuple[tuple[int, ...], ...] = ()
     if inventory is not None:
@@ -149,16 +155,18 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
             if gpu.mig_enabled:
                 for inst in gpu.mig_instances:
                     units.append(GpuUnit(inst.uuid, len(units), memory_mib=inst.memory_mib,
-                                         is_mig=True, profile=inst.profile, **common))
+                                         is_mig=True, profile=inst.profile, failure=failures.get(inst.uuid, ""),
+                                         **common))
             else:
                 units.append(GpuUnit(gpu.uuid, len(units), memory_mib=gpu.memory_mib,
-                                     island=island_of.get(gpu.index, -1), **common))
+                                     island=island_of.get(gpu.index, -1), failure=failures.get(gpu.uuid, ""),
+                                     **common))
     else:
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
     if allocatable_gpus is None:
         allocatable_gpus = len(units)
     shape = Shape((allocatable_gpus, islands, tuple(
-        (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island)
+        (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure))
         for u in units), engine_headroom))
     return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
                     inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)

@@ -28,6 +28,7 @@ class GpuSample:
     foreign_used_bytes: int = 0
     is_mig: bool = False
     assigned_pods: tuple[str, ...] = ()  # "namespace/name" holding this device per PodResources
+    failure: str = ""  # why the unit is out of service ("" in service): lost, or a critical XID
 
 
 @dataclass(frozen=True)
@@ -91,15 +92,16 @@ def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bo
 
 def memory_key(report: NodeTelemetry) -> tuple:
     """The part of a report that changes how the node is judged: per unit, free memory and foreign
-    usage in whole GiB, and the engines' quantised headroom. Equal keys judge identically."""
+    usage in whole GiB and whether it is out of service, and the engines' quantised headroom. Equal
+    keys judge identically."""
     return gpu_memory_key(report), engine_headroom(report)
 
 
 def gpu_memory_key(report: NodeTelemetry) -> tuple:
     """The per-unit half of :func:`memory_key` (it depends on ``report.gpus`` only, so a store can
     keep it with the mapping and reuse it while the mapping object is the same)."""
-    return tuple(sorted((g.uuid, g.memory_free_bytes // QUANTUM_BYTES, g.foreign_used_bytes // QUANTUM_BYTES)
-                        for g in report.gpus.values()))
+    return tuple(sorted((g.uuid, g.memory_free_bytes // QUANTUM_BYTES, g.foreign_used_bytes // QUANTUM_BYTES,
+                         g.failure) for g in report.gpus.values()))
 
 
 def engine_headroom(report: NodeTelemetry) -> int | None:

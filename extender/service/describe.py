@@ -25,14 +25,15 @@ def describe_nodes(snapshot: ClusterSnapshot,
             pod, state = held.get(u.id, (None, None))
             units.append({"id": u.id, "gpu": u.gpu_index, "memoryMiB": u.memory_mib, "mig": u.is_mig,
                           "profile": u.profile or None, "numaNode": u.numa_node, "pcieSwitch": u.pcie_switch,
-                          "nvlinkIsland": u.island if u.island >= 0 else None, "heldBy": pod, "state": state})
+                          "nvlinkIsland": u.island if u.island >= 0 else None, "heldBy": pod, "state": state,
+                          "failure": u.failure or None})
         nodes.append({
             "name": name, "allocatableGpus": info.allocatable_gpus, "unschedulable": info.unschedulable,
             "inventorySource": "annotation" if info.inventory is not None and not info.inventory_error else
                                ("none" if info.inventory is None else "fallback"),
             "inventoryError": info.inventory_error, "nvlinkIslands": [list(i) for i in info.islands],
             "engineHeadroom": info.engine_headroom,
-            "free": sum(1 for u in units if u["heldBy"] is None), "units": units,
+            "free": sum(1 for u in units if u["heldBy"] is None and not u["failure"]), "units": units,
         })
         if telemetry_note is not None:
             state, foreign = telemetry_note(name)

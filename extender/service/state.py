@@ -113,7 +113,10 @@ class ClusterState:
         report = self.telemetry.get(node) if self.telemetry else None
         if report is not None:
             self._reconcile_actual(node, self.telemetry.actual_assignments(node))
-        has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 for g in report.gpus.values())
+        # "Foreign" in the wide sense: capacity that may come back (memory foreign processes hold,
+        # units out of service), so verdicts there say "not now" rather than "never".
+        has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 or g.failure
+                                                 for g in report.gpus.values())
         with self._lock:
             self._retelemetry.add(node)
             self._dirty = True
@@ -121,7 +124,8 @@ class ClusterState:
                 self._foreign = self._foreign | {node} if has_foreign else self._foreign - {node}
 
     def foreign_nodes(self) -> frozenset[str]:
-        """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod."""
+        """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod, or a unit
+        out of service: capacity that may come back."""
         return self._foreign
 
     def _reconcile_actual(self, node: str, reported: dict[str, tuple[str, ...]]) -> None:
@@ -203,10 +207,14 @@ class ClusterState:
                      "GPU's memory free")
         else:
             state = f"fresh telemetry ({age:.1f}s old, {report.gpu_backend} GPUs)"
-        foreign = [g for g in sorted(report.gpus.values(), key=lambda g: g.index) if g.foreign_used_bytes >= 1 << 30]
+        ordered = sorted(report.gpus.values(), key=lambda g: g.index)
+        foreign = [g for g in ordered if g.foreign_used_bytes >= 1 << 30]
         text = ", ".join(f"{'MIG ' if g.is_mig else 'GPU '}{g.index}: {g.foreign_used_bytes / 2**30:.1f} GiB"
                          for g in foreign)
-        return state, (f"foreign processes (outside any pod) hold {text}" if text else "")
+        failed = ", ".join(f"{'MIG ' if g.is_mig else 'GPU '}{g.index} ({g.failure})" for g in ordered if g.failure)
+        notes = ([f"foreign processes (outside any pod) hold {text}"] if text else []) + \
+            ([f"out of service: {failed}"] if failed else [])
+        return state, "; ".join(notes)
 
     def snapshot(self) -> ClusterSnapshot:
         """The current nodes against the ledger's current view. Cheap when nothing changed."""
@@ -250,10 +258,12 @@ class ClusterState:
                     for i in g.mig_instances)))
             else:
                 gpus.append(replace(g, memory_mib=effective_memory_mib(g.memory_mib, report.gpus.get(g.uuid), fresh=fresh)))
+        # A unit reported out of service stays so while the report is the newest, fresh or not.
+        failures = {uuid: g.failure for uuid, g in report.gpus.items() if g.failure}
         return make_node_info(static.name, replace(static.inventory, gpus=tuple(gpus)),
                               allocatable_gpus=static.allocatable_gpus, labels=static.labels,
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
-                              engine_headroom=engine_headroom(report) if fresh else None)
+                              engine_headroom=engine_headroom(report) if fresh else None, failures=failures)
 
     def pod_runs_on(self, key: str, node: str) -> bool:
         """The watch shows pod ``key`` bound to ``node`` and not terminal."""

@@ -25,6 +25,9 @@ Format (version 1; unknown keys are errors, so a typo never silently means "abse
         pciBusId: "00000000:18:00.0"  # optional; default 00000000:<0x18 + index>:00.0
         numaNode: 0                   # optional int >= 0 or null
         pcieSwitch: pcie0             # optional string or null: GPUs with equal ids share a switch
+        failure: null                 # optional: "lost" (fell off the bus) or a critical XID number
+                                      #   (e.g. 79): the device plugin reports the GPU Unhealthy;
+                                      #   remove it again to recover
         mig:                          # optional: present = MIG mode on, with these instances
           - profile: 3g.40gb          #   required non-empty string
             memoryMiB: 40192          #   required int > 0
@@ -72,7 +75,8 @@ FLEET_VERSION = 1
 NVSWITCH_LINKS = 18  # links per GPU on an H100 HGX board; only the count of "switch" peers matters
 
 _TOP_KEYS = {"version", "node", "driverVersion", "nvswitch", "nvlinkIslands", "gpus", "processes"}
-_GPU_KEYS = {"index", "name", "memoryMiB", "reservedMiB", "uuid", "pciBusId", "numaNode", "pcieSwitch", "mig"}
+_GPU_KEYS = {"index", "name", "memoryMiB", "reservedMiB", "uuid", "pciBusId", "numaNode", "pcieSwitch", "mig",
+             "failure"}
 _MIG_KEYS = {"profile", "memoryMiB", "uuid"}
 _PROC_KEYS = {"pid", "gpu", "mig", "usedMiB", "usedBytes", "pod"}
 
@@ -146,6 +150,7 @@ def _gpu_spec(raw: Any, path: str, node: str) -> dict[str, Any]:
         "numa": None if numa is None else _int(numa, f"{path}.numaNode", minimum=0),
         "switch": None if switch is None else _string(switch, f"{path}.pcieSwitch"),
         "mig": None,
+        "failure": _failure(raw.get("failure"), f"{path}.failure"),
     }
     if "mig" in raw:
         raw_mig = raw["mig"] if raw["mig"] is not None else []
@@ -163,6 +168,16 @@ def _gpu_spec(raw: Any, path: str, node: str) -> dict[str, Any]:
                                             f"more than the GPU's {memory} MiB")
         spec["mig"] = migs
     return spec
+
+
+def _failure(value: Any, path: str) -> str:
+    if value is None:
+        return ""
+    if value == "lost":
+        return "the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return f"critical XID {value}"
+    raise FleetError(path, f'must be "lost" or a positive XID error number, got {value!r}')
 
 
 def _check_unique(specs: list[dict[str, Any]]) -> None:
@@ -275,7 +290,7 @@ def _gpu_info(spec: dict[str, Any], links: tuple[NvLinkInfo, ...],
         index=index, uuid=spec["uuid"], name=spec["name"], pci_bus_id=spec["bus"],
         memory_total_bytes=total, memory_free_bytes=max(0, total - reserved - used), memory_reserved_bytes=reserved,
         numa_node=spec["numa"], pcie_switch=spec["switch"], mig_enabled=spec["mig"] is not None,
-        mig_devices=migs, nvlinks=links, processes=tuple(procs.get((index, None), [])),
+        mig_devices=migs, nvlinks=links, processes=tuple(procs.get((index, None), [])), failure=spec["failure"],
     )
 
 

@@ -99,7 +99,9 @@ class GpuInfo:
     only v1 is available, where it hides inside "used"). ``memory_free_bytes`` is what a new
     process could allocate now. With MIG enabled, processes are listed on the MIG devices and
     ``processes`` is empty. ``pcie_switch`` is an id shared by GPUs behind the same PCIe switch
-    (None when unknown or when the GPU shares its switch with no other GPU).
+    (None when unknown or when the GPU shares its switch with no other GPU). ``failure`` says why
+    the GPU must not be handed out ("" when healthy): it fell off the bus, or reported a critical
+    XID error; its MIG devices fail with it.
     """
 
     index: int
@@ -115,10 +117,21 @@ class GpuInfo:
     mig_devices: tuple[MigDeviceInfo, ...] = ()
     nvlinks: tuple[NvLinkInfo, ...] = ()
     processes: tuple[ProcessInfo, ...] = ()
+    failure: str = ""
 
     @property
     def memory_mib(self) -> int:
         return self.memory_total_bytes // MIB
+
+    @property
+    def healthy(self) -> bool:
+        return not self.failure
+
+
+# The XIDs NVIDIA's device plugin does not count against a GPU: they are the application's fault
+# (13 graphics engine exception, 31 memory page fault, 43 GPU stopped processing, 45 preemptive
+# cleanup, 68 video processor exception, 109 context switch timeout).
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True)

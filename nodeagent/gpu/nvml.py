@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pynvml
 
 from nodeagent.gpu.model import (
+    APPLICATION_XIDS,
     SWITCH,
     GpuInfo,
     GpuPair,
@@ -100,6 +101,8 @@ class NvmlReader:
         self._topology: tuple[GpuPair, ...] = ()
         self._switches: dict[int, str] = {}
         self._driver: str | None = None
+        self._events: Any = None  # the XID event set (False: NVML cannot give one)
+        self._xids: dict[str, int] = {}  # GPU uuid -> first critical XID seen (sticky, as NVIDIA's plugin)
 
     def close(self) -> None:
         """Shut NVML down once; later calls do nothing."""
@@ -122,13 +125,59 @@ class NvmlReader:
                 # First read, or a GPU appeared/vanished (hot-plug, recovery): re-read topology.
                 self._read_static(handles, warnings)
             assert self._static is not None
-            gpus = tuple(self._read_gpu(handle, static, warnings)
+            self._drain_xids(warnings)
+            gpus = tuple(self._read_health(handle, static, warnings)
                          for handle, static in zip(handles, self._static))
         except pynvml.NVMLError as exc:
             raise GpuReaderError(f"NVML query failed: {exc} (NVML error {getattr(exc, 'value', '?')})",
                                  temporary=True) from exc
         return GpuState(gpus=gpus, topology=self._topology, driver_version=self._driver,
                         warnings=tuple(warnings))
+
+    # -- health ------------------------------------------------------------------------------
+
+    def _read_health(self, handle: Any, static: _Static, warnings: list[str]) -> GpuInfo:
+        """The GPU's state, or — when it fell off the bus — its static facts marked failed; a GPU
+        that reported a critical XID is marked failed for as long as the agent runs."""
+        try:
+            info = self._read_gpu(handle, static, warnings)
+        except pynvml.NVMLError_GpuIsLost:
+            return GpuInfo(index=static.index, uuid=static.uuid, name=static.name, pci_bus_id=static.pci_bus_id,
+                           memory_total_bytes=0, memory_free_bytes=0, numa_node=static.numa_node,
+                           pcie_switch=self._switches.get(static.index), nvlinks=static.nvlinks,
+                           failure="the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)")
+        xid = self._xids.get(static.uuid)
+        return replace(info, failure=f"critical XID {xid}") if xid is not None else info
+
+    def _register_xid_events(self, handles: list[Any], warnings: list[str]) -> None:
+        nv = self._nvml
+        if self._events is None:
+            self._events = self._optional(nv.nvmlEventSetCreate, warnings, "XID event set") or False
+        if self._events is False:
+            return
+        for i, h in enumerate(handles):
+            self._optional(lambda h=h: nv.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError,
+                                                                   self._events), warnings, f"GPU {i} XID events")
+
+    def _drain_xids(self, warnings: list[str]) -> None:
+        """Take every pending XID event without waiting; application XIDs do not count."""
+        if not self._events:
+            return
+        nv = self._nvml
+        for _ in range(1024):
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0)
+            except pynvml.NVMLError_Timeout:
+                return
+            except pynvml.NVMLError as exc:
+                warnings.append(f"reading XID events failed: {exc}")
+                return
+            xid = int(data.eventData)
+            if xid in APPLICATION_XIDS:
+                continue
+            uuid = self._optional(lambda: _text(nv.nvmlDeviceGetUUID(data.device)), warnings, "XID event's GPU")
+            if uuid is not None:
+                self._xids.setdefault(uuid, xid)
 
     # -- static facts ------------------------------------------------------------------------
 
@@ -161,6 +210,7 @@ class NvmlReader:
                     pairs.append(GpuPair(a, b, TopologyLevel(_nearest_level(level))))
         self._static = tuple(statics)
         self._topology = tuple(pairs)
+        self._register_xid_events(handles, warnings)
         self._switches = pcie_switch_groups(list(range(len(handles))), self._topology)
 
     def _read_nvlinks(self, i: int, handle: Any, warnings: list[str]) -> tuple[NvLinkInfo, ...]:

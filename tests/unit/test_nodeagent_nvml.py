@@ -74,6 +74,8 @@ class FakeNvml:
         self.fail = fail or {}  # function name -> exception, for every GPU
         self.mig_handle_flag = mig_handle_flag
         self.init_calls = self.shutdown_calls = 0
+        self.events: list[tuple[int, int]] = []  # pending XID events: (gpu index, xid)
+        self.registered: set[int] = set()
 
     def _check(self, fn: str, handle: Handle | None = None) -> None:
         exc = self.fail.get(fn) or (self.gpus[handle.gpu].fail.get(fn) if handle is not None else None)
@@ -87,6 +89,24 @@ class FakeNvml:
 
     def nvmlShutdown(self) -> None:
         self.shutdown_calls += 1
+
+    def nvmlEventSetCreate(self) -> str:
+        self._check("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, h: Handle, types: int, event_set: str) -> None:
+        self._check("nvmlDeviceRegisterEvents", h)
+        assert types == pynvml.nvmlEventTypeXidCriticalError and event_set == "event-set"
+        self.registered.add(h.gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        assert timeout_ms == 0, "the reader must never block on events"
+        pending = [e for e in self.events if e[0] in self.registered]
+        if not pending:
+            raise pynvml.NVMLError_Timeout()
+        self.events.remove(pending[0])
+        return SimpleNamespace(device=Handle(pending[0][0]), eventData=pending[0][1],
+                               eventType=pynvml.nvmlEventTypeXidCriticalError)
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check("nvmlSystemGetDriverVersion")
@@ -382,9 +402,10 @@ def test_essential_failure_during_read_is_a_temporary_reader_error() -> None:
     box = l40s_box()
     reader = NvmlReader(box)
     reader.read()
-    box.gpus[3].fail["nvmlDeviceGetMemoryInfo"] = pynvml.NVMLError_GpuIsLost
-    box.gpus[3].fail["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVMLError_GpuIsLost
-    with pytest.raises(GpuReaderError, match="GPU is lost") as caught:
+    # (A lost GPU is not this: it is reported failed, see the health tests below.)
+    box.gpus[3].fail["nvmlDeviceGetMemoryInfo"] = pynvml.NVMLError_Unknown
+    box.gpus[3].fail["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVMLError_Unknown
+    with pytest.raises(GpuReaderError, match="Unknown Error") as caught:
         reader.read()
     assert caught.value.temporary
 
@@ -409,3 +430,34 @@ def test_memory_is_read_every_time_topology_once() -> None:
     box.fail["nvmlDeviceGetTopologyCommonAncestor"] = pynvml.NVMLError_Unknown  # not asked again
     state = reader.read()
     assert state.gpus[0].memory_free_bytes == 45044 * MIB and state.warnings == ()
+
+
+def test_a_gpu_that_fell_off_the_bus_is_reported_failed_and_the_others_still_read():
+    gpus = [gpu(0, "NVIDIA H100 80GB HBM3", 81559), gpu(1, "NVIDIA H100 80GB HBM3", 81559)]
+    gpus[1].fail = {"nvmlDeviceGetMemoryInfo_v2": pynvml.NVMLError_GpuIsLost,
+                    "nvmlDeviceGetMemoryInfo": pynvml.NVMLError_GpuIsLost}
+    pair = {(0, 1): pynvml.NVML_TOPOLOGY_SYSTEM}
+    state = NvmlReader(FakeNvml(gpus, levels=pair)).read()
+    assert state.gpus[0].healthy and not state.gpus[1].healthy
+    assert "fell off the bus" in state.gpus[1].failure and state.gpus[1].uuid == gpus[1].uuid
+    gpus[1].fail = {}
+    assert NvmlReader(FakeNvml(gpus, levels=pair)).read().gpus[1].healthy, "a GPU that answers again is healthy again"
+
+
+def test_a_critical_xid_marks_its_gpu_failed_for_good_and_application_xids_do_not():
+    nvml = FakeNvml([gpu(0, "NVIDIA H100 80GB HBM3", 81559), gpu(1, "NVIDIA H100 80GB HBM3", 81559)],
+                    levels={(0, 1): pynvml.NVML_TOPOLOGY_SYSTEM})
+    reader = NvmlReader(nvml)
+    assert all(g.healthy for g in reader.read().gpus)
+    nvml.events += [(0, 13), (1, 79)]  # 13: the application's fault; 79: fell off the bus (critical)
+    state = reader.read()
+    assert state.gpus[0].healthy
+    assert state.gpus[1].failure == "critical XID 79"
+    assert reader.read().gpus[1].failure == "critical XID 79", "XID failures are sticky, as NVIDIA's plugin"
+
+
+@pytest.mark.parametrize("error,warned", [(pynvml.NVMLError_NotSupported, False), (pynvml.NVMLError_NoPermission, True)])
+def test_a_driver_without_xid_events_still_reads(error, warned):
+    state = NvmlReader(FakeNvml([gpu(0, "NVIDIA H100 80GB HBM3", 81559)], fail={"nvmlEventSetCreate": error})).read()
+    assert state.gpus[0].healthy
+    assert any("XID event set" in w for w in state.warnings) is warned

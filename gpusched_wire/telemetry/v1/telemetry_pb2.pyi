@@ -28,7 +28,7 @@ class NodeReport(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., sampled_at_unix_nanos: _Optional[int] = ..., period_millis: _Optional[int] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuTelemetry, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineTelemetry, _Mapping]]] = ..., gpu_backend: _Optional[str] = ...) -> None: ...
 
 class GpuTelemetry(_message.Message):
-    __slots__ = ("uuid", "index", "is_mig", "parent_index", "profile", "memory_total_bytes", "memory_free_bytes", "memory_reserved_bytes", "foreign_used_bytes", "assigned_pods")
+    __slots__ = ("uuid", "index", "is_mig", "parent_index", "profile", "memory_total_bytes", "memory_free_bytes", "memory_reserved_bytes", "foreign_used_bytes", "assigned_pods", "failure")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     IS_MIG_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class GpuTelemetry(_message.Message):
     MEMORY_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     FOREIGN_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_PODS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     is_mig: bool
@@ -49,7 +50,8 @@ class GpuTelemetry(_message.Message):
     memory_reserved_bytes: int
     foreign_used_bytes: int
     assigned_pods: _containers.RepeatedCompositeFieldContainer[PodRef]
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., is_mig: _Optional[bool] = ..., parent_index: _Optional[int] = ..., profile: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_reserved_bytes: _Optional[int] = ..., foreign_used_bytes: _Optional[int] = ..., assigned_pods: _Optional[_Iterable[_Union[PodRef, _Mapping]]] = ...) -> None: ...
+    failure: str
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., is_mig: _Optional[bool] = ..., parent_index: _Optional[int] = ..., profile: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_reserved_bytes: _Optional[int] = ..., foreign_used_bytes: _Optional[int] = ..., assigned_pods: _Optional[_Iterable[_Union[PodRef, _Mapping]]] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class PodRef(_message.Message):
     __slots__ = ("namespace", "name", "container")

@@ -1,0 +1,157 @@
+"""gpusched's device plugin: the match rule of GetPreferredAllocation, the fallback rules, Allocate's
+answer per strategy and ListAndWatch's health (issue 15). The real kubelet calls it in
+tests/e2e/test_device_plugin.py."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from nodeagent.deviceplugin.allocation import Candidate, Unit, candidates, prefer, units_of
+from nodeagent.deviceplugin.generated import api_pb2
+from nodeagent.deviceplugin.server import GpuDevicePlugin
+from nodeagent.gpu.fleet import parse_fleet
+
+GIB = 1 << 30
+
+
+def unit(i: int, *, island: int = 0, numa: int = 0, foreign_gib: int = 0, failure: str = "") -> Unit:
+    return Unit(f"GPU-{i}", i, numa, island, False, failure, foreign_gib * GIB)
+
+
+EIGHT_SWITCHED = [unit(i, numa=i // 4) for i in range(8)]  # one NVSwitch island, two NUMA nodes
+FOUR_PAIRS = [unit(i, island=i // 2, numa=i // 2) for i in range(4)]  # NVLink pairs (0,1) (2,3)
+IDS = [u.id for u in EIGHT_SWITCHED]
+
+
+@pytest.mark.parametrize("available,size,units,pods,expected,why", [
+    pytest.param(IDS, 4, EIGHT_SWITCHED, [Candidate("ns/a", "t1", ("GPU-4", "GPU-5", "GPU-6", "GPU-7"))],
+                 ("GPU-4", "GPU-5", "GPU-6", "GPU-7"), "assignment", id="gpuscheds-choice"),
+    pytest.param(IDS, 4, EIGHT_SWITCHED, [Candidate("ns/new", "t2", ("GPU-0", "GPU-1", "GPU-2", "GPU-3")),
+                                          Candidate("ns/old", "t1", ("GPU-4", "GPU-5", "GPU-6", "GPU-7"))],
+                 ("GPU-4", "GPU-5", "GPU-6", "GPU-7"), "assignment", id="oldest-candidate-first"),
+    pytest.param(IDS[2:], 4, EIGHT_SWITCHED, [Candidate("ns/a", "t1", ("GPU-0", "GPU-1", "GPU-2", "GPU-3"))],
+                 ("GPU-4", "GPU-5", "GPU-6", "GPU-7"), "rules", id="assignment-no-longer-available-falls-to-rules"),
+    pytest.param(IDS, 2, EIGHT_SWITCHED, [Candidate("ns/a", "t1", ("GPU-0", "GPU-1", "GPU-2", "GPU-3"))],
+                 ("GPU-0", "GPU-1"), "rules", id="size-mismatch-is-not-a-match"),
+    pytest.param(IDS, 4, [unit(0, foreign_gib=70), unit(1, foreign_gib=70), *EIGHT_SWITCHED[2:]], [],
+                 ("GPU-4", "GPU-5", "GPU-6", "GPU-7"), "rules", id="never-dirty-while-clean-is-free"),
+    pytest.param(IDS, 2, [unit(0, foreign_gib=70), unit(1, foreign_gib=70), *EIGHT_SWITCHED[2:]], [],
+                 ("GPU-2", "GPU-3"), "rules", id="clean-and-numa-local"),
+    pytest.param(IDS, 7, [unit(0, foreign_gib=70), unit(1, foreign_gib=70), *EIGHT_SWITCHED[2:]], [],
+                 ("GPU-0", "GPU-2", "GPU-3", "GPU-4", "GPU-5", "GPU-6", "GPU-7"), "rules",
+                 id="dirty-only-when-clean-ones-run-out"),
+    pytest.param(IDS, 2, [unit(0, failure="critical XID 79"), *EIGHT_SWITCHED[1:]], [],
+                 ("GPU-1", "GPU-2"), "rules", id="never-an-unhealthy-unit"),
+    pytest.param(IDS, 4, EIGHT_SWITCHED, [], ("GPU-0", "GPU-1", "GPU-2", "GPU-3"), "rules", id="numa-local"),
+    pytest.param(["GPU-0", "GPU-2", "GPU-3"], 2, FOUR_PAIRS, [], ("GPU-2", "GPU-3"), "rules", id="one-nvlink-island"),
+    pytest.param(["GPU-0", "GPU-2", "GPU-3"], 1, FOUR_PAIRS, [], ("GPU-0",), "rules",
+                 id="tightest-fit-keeps-the-whole-pair"),
+])
+def test_preferred_allocation(available, size, units, pods, expected, why):
+    choice = prefer(available, [], size, pods, units)
+    assert choice.units == expected
+    assert bool(choice.pod) is (why == "assignment"), choice.reason
+
+
+def test_must_include_devices_are_always_in_the_answer():
+    choice = prefer(IDS, ["GPU-6"], 2, [], EIGHT_SWITCHED)
+    assert "GPU-6" in choice.units and len(choice.units) == 2
+    matched = prefer(IDS, ["GPU-6"], 2, [Candidate("ns/a", "t", ("GPU-6", "GPU-7"))], EIGHT_SWITCHED)
+    assert matched.units == ("GPU-6", "GPU-7") and matched.pod == "ns/a"
+
+
+def pod(name: str, *, node: str = "n", gpus: str = "GPU-0", created: str = "2026-12-01T00:00:00Z",
+        phase: str = "Running", deleting: bool = False) -> dict:
+    meta = {"namespace": "ns", "name": name, "creationTimestamp": created,
+            "annotations": {"gpusched.io/assigned-gpus": gpus} if gpus else {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-01T00:00:05Z"
+    return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def test_candidates_are_live_gpusched_pods_of_this_node_not_yet_given_devices():
+    pods = [pod("b", created="2026-12-01T00:00:02Z"), pod("a", created="2026-12-01T00:00:01Z"),
+            pod("elsewhere", node="m"), pod("unannotated", gpus=""), pod("done", phase="Succeeded"),
+            pod("leaving", deleting=True), pod("admitted")]
+    found = candidates(pods, "n", allocated={"ns/admitted"})
+    assert [c.pod for c in found] == ["ns/a", "ns/b"]
+
+
+def test_units_follow_the_fleet_with_health_and_mig():
+    state = parse_fleet('''version: 1
+node: n
+nvswitch: true
+gpus:
+- {index: 0, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559, numaNode: 0}
+- {index: 1, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559, numaNode: 1, failure: 79}
+- {index: 2, name: NVIDIA A100-SXM4-80GB, memoryMiB: 81920, mig: [{profile: 3g.40gb, memoryMiB: 40192}]}
+''', node_name="n").state
+    units = units_of(state, {state.gpus[0].uuid: 30 * GIB})
+    assert [(u.gpu_index, u.is_mig, u.healthy, u.clean) for u in units] == [
+        (0, False, True, False), (1, False, False, False), (2, True, True, True)]
+    assert units[1].failure == "critical XID 79" and units[2].id.startswith("MIG-")
+
+
+class Context:
+    def __init__(self, active: int = 3):
+        self.active, self.aborted = active, None
+
+    def is_active(self) -> bool:
+        self.active -= 1
+        return self.active >= 0
+
+    def abort(self, code, details):
+        self.aborted = (code, details)
+        raise grpc.RpcError(details)
+
+
+@pytest.mark.parametrize("strategy,check", [
+    ("envvar", lambda r: r.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}),
+    ("cdi-cri", lambda r: [d.name for d in r.cdi_devices] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]),
+    ("cdi-annotations", lambda r: r.annotations == {"cdi.k8s.io/gpusched": "nvidia.com/gpu=GPU-1,nvidia.com/gpu=GPU-2"}),
+])
+def test_allocate_names_exactly_the_allocated_devices(strategy, check):
+    plugin = GpuDevicePlugin(lambda: EIGHT_SWITCHED, lambda fresh: [], strategy=strategy)
+    response = plugin.Allocate(api_pb2.AllocateRequest(container_requests=[
+        api_pb2.ContainerAllocateRequest(devices_ids=["GPU-1", "GPU-2"])]), Context())
+    assert check(response.container_responses[0])
+
+
+def test_allocate_refuses_a_device_it_does_not_own():
+    plugin = GpuDevicePlugin(lambda: EIGHT_SWITCHED, lambda fresh: [])
+    context = Context()
+    with pytest.raises(grpc.RpcError):
+        plugin.Allocate(api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=["GPU-1", "GPU-of-another-node"])]), context)
+    assert context.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT and "GPU-of-another-node" in context.aborted[1]
+
+
+def test_preferred_allocation_asks_a_fresh_pod_list_when_the_watch_has_no_match():
+    asked: list[bool] = []
+
+    def pods(fresh: bool):
+        asked.append(fresh)
+        return [Candidate("ns/new", "t", ("GPU-6", "GPU-7"))] if fresh else []
+    plugin = GpuDevicePlugin(lambda: EIGHT_SWITCHED, pods)
+    response = plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=IDS, allocation_size=2)]), Context())
+    assert list(response.container_responses[0].deviceIDs) == ["GPU-6", "GPU-7"] and asked == [False, True]
+
+
+def test_list_and_watch_sends_the_list_again_when_health_changes():
+    units = list(EIGHT_SWITCHED)
+    plugin = GpuDevicePlugin(lambda: units, lambda fresh: [])
+    stream = plugin.ListAndWatch(api_pb2.Empty(), Context(active=10))
+    first = next(stream)
+    assert {d.health for d in first.devices} == {"Healthy"} and len(first.devices) == 8
+    assert [n.ID for n in first.devices[5].topology.nodes] == [1]
+
+    def fail_later():
+        units[3] = unit(3, failure="the GPU fell off the bus")
+        plugin.changed()
+    threading.Timer(0.1, fail_later).start()
+    second = next(stream)
+    assert [d.health for d in second.devices if d.ID == "GPU-3"] == ["Unhealthy"]
