@@ -156,6 +156,7 @@ def assemble(settings: Settings) -> Assembled:
     from extender.service.describe import describe_nodes
 
     decisions = DecisionStore(settings.decision_capacity)
+    state.on_assignment_mismatch(_mismatch_recorder(decisions, metrics))
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced, decisions=decisions,
                                   debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
                                                                      if state.telemetry else None), metrics=metrics,
@@ -166,6 +167,25 @@ def assemble(settings: Settings) -> Assembled:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors)
         framework_decider.telemetry = state
     return assembled
+
+
+def _mismatch_recorder(decisions: DecisionStore, metrics: ExtenderMetrics) -> Any:
+    """A container got other devices than gpusched assigned: count it, and say so in the pod's
+    decision record (``gpusched explain`` shows it beside filter and bind)."""
+    from extender.service.decisions import DecisionRecord
+
+    def record(key: str, node: str, intended: tuple[str, ...], got: tuple[str, ...]) -> None:
+        namespace, _, name = key.partition("/")
+        metrics.assignment_mismatches.inc()
+        log.warning("pod %s on %s: the kubelet gave %s, gpusched assigned %s; the ledger follows the kubelet",
+                    key, node, ",".join(got), ",".join(intended))
+        decisions.add(DecisionRecord(
+            id=decisions.new_id(), verb="kubelet", namespace=namespace, pod=name, uid="", result="assignment-mismatch",
+            at_unix=time.time(), latency_ms=0.0, node=node,
+            summary=f"the kubelet gave this pod {list(got)}, not gpusched's {list(intended)}; the ledger follows "
+                    "the kubelet",
+            details={"assigned": list(intended), "kubelet": list(got)}))
+    return record
 
 
 def _pod_group_status_writer(custom: Any) -> Any:

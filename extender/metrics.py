@@ -45,6 +45,11 @@ class ExtenderMetrics:
             ["event"], registry=self.registry)
         for event in ("wait", "commit", "complete", "timeout", "bind-retry", "partial", "recovered"):
             self.gang_events.labels(event=event)  # exported at 0, so alerts see the series from the start
+        self.assignment_mismatches = Counter(
+            "gpusched_extender_assignment_mismatches_total",
+            "Pods whose containers the kubelet gave other devices than gpusched assigned (the ledger follows the "
+            "kubelet; the pod's decision record says which). With gpusched's device plugin, only pods whose "
+            "assignment was no longer possible at admission.", registry=self.registry)
         self.gang_gather_seconds = Histogram(
             "gpusched_extender_gang_gather_seconds",
             "From a gang's plan to its barrier opening (every member at bind); compare with the gang timeout.",

@@ -111,9 +111,29 @@ def eligible(units: Iterable[GpuUnit], request: UnitRequest) -> list[GpuUnit]:
 
 
 def find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Placement | None:
-    """The best set of ``request.count`` free units on ``node``, or None if there is none."""
+    """The best set of ``request.count`` free units on ``node``, or None if there is none.
+
+    Units holding foreign memory come last: a placement among clean units wins over any that
+    uses one (an engine sized by the pod's request, or by default most of each GPU, would not load
+    beside a leftover process), and one with fewer of them over one with more; the rest of the
+    rules then decide among the placements with the fewest."""
     if request.count <= 0:
         return Placement((), Tier.SINGLE, 0)
+    dirty = sorted((u for u in free.whole + free.mig if u.foreign), key=lambda u: (-(u.memory_mib or 0), u.position))
+    if not dirty:
+        return _find_placement(node, free, request)
+    # As few foreign-memory units as will do: none, then one (the roomiest), then two, ...
+    for allowed in range(len(dirty) + 1):
+        admitted = {u.position for u in dirty[:allowed]}
+        whole = tuple(u for u in free.whole if not u.foreign or u.position in admitted)
+        mig = tuple(u for u in free.mig if not u.foreign or u.position in admitted)
+        placed = _find_placement(node, FreeUnits(whole, mig, sum(1 << u.position for u in whole + mig)), request)
+        if placed is not None:
+            return placed
+    return None
+
+
+def _find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Placement | None:
     if request.count == 1:
         return _place_single(free, request)
     candidates = [u for u in free.whole if fits_memory(u, request)]

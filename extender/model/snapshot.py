@@ -46,7 +46,9 @@ class GpuUnit:
     """One schedulable unit. ``position`` is its place in ``NodeInfo.units`` (bit in masks);
     ``island`` indexes ``NodeInfo.islands`` (-1: none); ``memory_mib`` is None when unknown;
     ``failure`` says why the unit is out of service ("" in service): it is never free, so a pod
-    that needs it waits ("may fit later": a GPU can recover) instead of being refused forever."""
+    that needs it waits ("may fit later": a GPU can recover) instead of being refused forever.
+    ``foreign``: processes outside any pod hold >= 1 GiB on it (from telemetry); placement takes
+    such a unit only when no clean one will do."""
 
     id: str
     position: int
@@ -58,6 +60,7 @@ class GpuUnit:
     pcie_switch: str | None = None
     island: int = -1
     failure: str = ""
+    foreign: bool = False
 
 
 class Shape:
@@ -140,10 +143,11 @@ class NodeInfo:
 def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
                    labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
                    unschedulable: bool = False, engine_headroom: int | None = None,
-                   failures: Mapping[str, str] | None = None) -> NodeInfo:
+                   failures: Mapping[str, str] | None = None, foreign: frozenset[str] = frozenset()) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
-    ``failures``: unit id -> why it is out of service (from telemetry)."""
+    ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
+    memory (both from telemetry)."""
     failures = failures or {}
     units: list[GpuUnit] = []
     islands: tuple[tuple[int, ...], ...] = ()
@@ -156,17 +160,18 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
                 for inst in gpu.mig_instances:
                     units.append(GpuUnit(inst.uuid, len(units), memory_mib=inst.memory_mib,
                                          is_mig=True, profile=inst.profile, failure=failures.get(inst.uuid, ""),
-                                         **common))
+                                         foreign=inst.uuid in foreign, **common))
             else:
                 units.append(GpuUnit(gpu.uuid, len(units), memory_mib=gpu.memory_mib,
                                      island=island_of.get(gpu.index, -1), failure=failures.get(gpu.uuid, ""),
-                                     **common))
+                                     foreign=gpu.uuid in foreign, **common))
     else:
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
     if allocatable_gpus is None:
         allocatable_gpus = len(units)
     shape = Shape((allocatable_gpus, islands, tuple(
-        (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure))
+        (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
+         u.foreign)
         for u in units), engine_headroom))
     return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
                     inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)

@@ -20,7 +20,7 @@ from typing import Any
 @dataclass(frozen=True)
 class DecisionRecord:
     id: str
-    verb: str  # filter | prioritize | bind
+    verb: str  # filter | prioritize | bind | kubelet (the kubelet gave other devices than assigned)
     namespace: str
     pod: str
     uid: str

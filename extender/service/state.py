@@ -98,6 +98,16 @@ class ClusterState:
         self.holders_refused: Counter[str] = Counter()
         self._refusal_logged: dict[str, float] = {}  # node -> last warning (one a minute per node)
         self._unknown_holders: dict[str, set[str]] = {}  # node -> pods refused as unknown, re-judged when seen
+        # gpusched's assignment per bound pod (its annotation), to tell when the kubelet gave others.
+        self._intended: dict[str, frozenset[str]] = {}
+        self._mismatch_seen: dict[str, frozenset[str]] = {}  # pod -> the kubelet's set last reported as a mismatch
+        self.assignment_mismatches = 0
+        self._mismatch_listeners: list[Any] = []
+
+    def on_assignment_mismatch(self, listener: Any) -> None:
+        """``listener(pod key, node, gpusched's units, the kubelet's units)`` when a container got
+        other devices than gpusched assigned (the ledger follows the kubelet); once per change."""
+        self._mismatch_listeners.append(listener)
 
     def add_pod_listener(self, listener: Any) -> None:
         """Also hand every pod list/event to ``listener`` (``replace_pods(items)``, ``apply_pod(type, pod)``)."""
@@ -145,9 +155,19 @@ class ClusterState:
                     self._actual[k] = (node, ids)
                 self._actual_by_node[node] = dict(actual)
         for key, ids in actual.items():
+            self._check_mismatch(key, node, ids)
             current = self.ledger.assignment(key)
             if current is None or current.node != node or current.unit_ids != frozenset(ids):
                 self.ledger.observe(key, node, ids)
+
+    def _check_mismatch(self, key: str, node: str, ids: tuple[str, ...]) -> None:
+        intended, got = self._intended.get(key), frozenset(ids)
+        if intended is None or intended == got or self._mismatch_seen.get(key) == got:
+            return
+        self._mismatch_seen[key] = got
+        self.assignment_mismatches += 1
+        for listener in self._mismatch_listeners:
+            listener(key, node, tuple(sorted(intended)), tuple(sorted(got)))
 
     def _accepted_holders(self, node: str, reported: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         """The reported holders a node may speak for: pods the watch shows bound to ``node``,
@@ -260,10 +280,12 @@ class ClusterState:
                 gpus.append(replace(g, memory_mib=effective_memory_mib(g.memory_mib, report.gpus.get(g.uuid), fresh=fresh)))
         # A unit reported out of service stays so while the report is the newest, fresh or not.
         failures = {uuid: g.failure for uuid, g in report.gpus.items() if g.failure}
+        foreign = frozenset(uuid for uuid, g in report.gpus.items() if g.foreign_used_bytes >= 1 << 30)
         return make_node_info(static.name, replace(static.inventory, gpus=tuple(gpus)),
                               allocatable_gpus=static.allocatable_gpus, labels=static.labels,
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
-                              engine_headroom=engine_headroom(report) if fresh else None, failures=failures)
+                              engine_headroom=engine_headroom(report) if fresh else None, failures=failures,
+                              foreign=foreign)
 
     def pod_runs_on(self, key: str, node: str) -> bool:
         """The watch shows pod ``key`` bound to ``node`` and not terminal."""
@@ -318,6 +340,8 @@ class ClusterState:
         phase = (pod.get("status") or {}).get("phase")
         node = spec.get("nodeName")
         if event_type == "DELETED" or phase in _TERMINAL:
+            self._intended.pop(key, None)
+            self._mismatch_seen.pop(key, None)
             with self._lock:
                 self._pod_nodes.pop(key, None)
             self.ledger.release(key)
@@ -333,9 +357,13 @@ class ClusterState:
                 self._reconcile_actual(node, self.telemetry.actual_assignments(node))
         uid = meta.get("uid", "")
         annotated = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        if annotated:
+            self._intended[key] = frozenset(i for i in annotated.split(",") if i)
         with self._lock:
             actual = self._actual.get(key)
         if actual is not None and actual[0] == node:
+            if annotated:
+                self._check_mismatch(key, node, actual[1])
             annotated = ",".join(actual[1])  # what the kubelet really gave the pod beats our intent
         if annotated:
             ids = tuple(i for i in annotated.split(",") if i)
@@ -363,6 +391,7 @@ class ClusterState:
             self._apply_pod("ADDED", pod)
         with self._lock:
             self._pod_nodes = {k: n for k, n in self._pod_nodes.items() if k in present}
+            self._intended = {k: v for k, v in self._intended.items() if k in present}
         for key, assignment in self.ledger.view().assignments.items():
             if key not in present and assignment.state is EntryState.BOUND:
                 self.ledger.release(key)

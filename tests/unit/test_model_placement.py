@@ -85,3 +85,38 @@ def test_group_tier() -> None:
     assert group_tier([u[0], u[2]]) is Tier.NUMA
     assert group_tier([u[0], u[4]]) is Tier.CROSS_SOCKET
     assert group_tier([u[0]]) is Tier.SINGLE
+
+
+def place_with_foreign(kind: str, request: UnitRequest, foreign: set[int], held: list[str] | None = None):
+    """``place`` on a node whose GPUs ``foreign`` hold memory of processes outside any pod."""
+    from dataclasses import replace
+
+    inventory = NODES[kind](kind)
+    ids = {g.uuid for g in inventory.gpus if g.index in foreign}
+    base = make_node(kind, inventory)
+    from extender.model.snapshot import make_node_info
+
+    # The effective node as telemetry lays it out: foreign GPUs have less free memory, and are marked.
+    shrunk = replace(inventory, gpus=tuple(replace(g, memory_mib=10 * GIB_MIB) if g.uuid in ids else g
+                                           for g in inventory.gpus))
+    node = make_node_info(kind, shrunk, allocatable_gpus=base.allocatable_gpus, foreign=frozenset(ids))
+    ledger = GpuLedger()
+    if held:
+        ledger.assume("ns/other", kind, held)
+    return find_placement(node, node.free_units(ledger.view().held_on(kind)), request)
+
+
+@pytest.mark.parametrize("request_,foreign,held,expected", [
+    # Best fit on memory would take the dirty GPU: it looks like the smallest that fits.
+    pytest.param(UnitRequest(1), {0, 1}, None, lambda g: g == (2,), id="single-avoids-the-dirty-gpu"),
+    pytest.param(UnitRequest(4), {0, 1}, None, lambda g: not set(g) & {0, 1}, id="tp4-all-clean"),
+    pytest.param(UnitRequest(6), {0, 1}, None, lambda g: g == (2, 3, 4, 5, 6, 7), id="tp6-exactly-the-clean-ones"),
+    pytest.param(UnitRequest(8), {0, 1}, None, lambda g: g == tuple(range(8)), id="dirty-only-when-needed"),
+    pytest.param(UnitRequest(1), {0, 1}, [f"GPU-h100-{i}" for i in range(2, 8)], lambda g: g in ((0,), (1,)),
+                 id="dirty-when-no-clean-one-is-free"),
+    pytest.param(UnitRequest(2), {0, 1}, [f"GPU-h100-{i}" for i in range(3, 8)], lambda g: len(set(g) & {0, 1}) == 1
+                 and 2 in g, id="as-few-dirty-as-will-do"),
+])
+def test_units_holding_foreign_memory_come_last(request_, foreign, held, expected):
+    placed = place_with_foreign("h100", request_, foreign, held)
+    assert placed is not None and expected(placed.gpu_indices), placed.gpu_indices

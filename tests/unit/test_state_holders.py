@@ -73,3 +73,14 @@ def test_after_a_deletion_the_node_cannot_keep_claiming_the_pod(cluster):
     cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-0",)}))
     assert cluster.ledger.assignment("ns/on-a") is None
     assert cluster.holders_refused["pod-unknown"] == 1
+
+
+def test_a_container_given_other_devices_than_assigned_is_reported_once_and_the_ledger_follows(cluster):
+    seen: list[tuple] = []
+    cluster.on_assignment_mismatch(lambda *args: seen.append(args))
+    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-0",)}))  # as assigned: nothing to report
+    assert seen == []
+    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",)}))
+    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",), "ns/other": ()}))  # same set again: once
+    assert seen == [("ns/on-a", "a", ("GPU-a-0",), ("GPU-a-5",))] and cluster.assignment_mismatches == 1
+    assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-5"})
