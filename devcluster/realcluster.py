@@ -5,7 +5,11 @@ would mark every simulated Node NotReady (they have no kubelet to heartbeat) and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.images import ENVDUMP_IMAGE
+from devcluster.processes import Component
 from devcluster.realnode import RealNode
 from devcluster.stack import Stack
 
@@ -15,12 +19,15 @@ class RealCluster:
         self.cp = ControlPlane(build_binaries(), with_nodes=True)
         self.node = RealNode(self.cp, labels=node_labels)
         self.stack = Stack(self.cp)
+        self.stack.agent_pod_image = ENVDUMP_IMAGE  # the kubelet runs the stand-in pod the agent's tokens bind to
+        self.agents: list[Component] = []
 
     def start(self) -> "RealCluster":
         try:
             self.cp.start()
             self.node.start()
             self.stack.install()
+            self._remove_shipped_workloads()
             self.stack.start_extender()
             self.stack.start_scheduler()
         except BaseException:
@@ -28,8 +35,31 @@ class RealCluster:
             raise
         return self
 
+    def _remove_shipped_workloads(self) -> None:
+        """manifests/base also holds the scheduler Deployment and the node-agent DaemonSet; here a
+        controller-manager would run them, but their images are not on the node, and the tests run
+        gpusched's components as processes (with the manifests' identities, config and policies)."""
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.cp.api_client())
+        apps.delete_namespaced_deployment("gpusched-scheduler", "gpusched-system")
+        apps.delete_namespaced_daemon_set("gpusched-node-agent", "gpusched-system")
+
+    def start_agent(self, fleet: Path, *, period_s: float = 0.5, metrics_port: int = 0,
+                    device_plugin: bool = True) -> Component:
+        """The node agent for the real node, as the DaemonSet runs it in device-plugin mode: the
+        fake GPU backend (this machine has no GPUs), the kubelet's own PodResources socket."""
+        extra = ["--podresources-socket", str(self.node.pod_resources_socket)]
+        if device_plugin:
+            extra += ["--device-plugin"]
+        agent = self.stack.start_agent(self.node.name, fleet, period_s, metrics_port, tuple(extra))
+        self.agents.append(agent)
+        return agent
+
     def stop(self) -> None:
         try:
+            for agent in self.agents:  # before the node: an agent would re-create its socket
+                agent.stop()
             self.node.stop()
         finally:
             self.cp.stop()

@@ -113,6 +113,10 @@ class Stack:
         assert proc.returncode == 0, f"gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
         return proc.stdout
 
+    # The agent pod object the agent process's tokens are bound to. On a real node the kubelet runs
+    # it, so it must be an image the node has (the agent itself runs as a process beside it).
+    agent_pod_image: str = "ghcr.io/gpusched/node-agent:0.1.0"
+
     def agent_pod(self, node: str, account: str = AGENT_SA) -> tuple[str, str]:
         """A pod of ``account`` bound to ``node`` (as the agent DaemonSet would place it); (name, uid)."""
         from kubernetes import client
@@ -122,10 +126,13 @@ class Stack:
         try:
             pod = core.read_namespaced_pod(name, NAMESPACE)
         except client.ApiException:
+            # Not the DaemonSet's label: where a controller-manager runs, the DaemonSet would adopt
+            # this pod and delete it (its node is not the DaemonSet's).
             pod = core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": name, "labels": {
-                "app.kubernetes.io/name": "gpusched-node-agent"}}, "spec": {
+                "gpusched.io/test-agent-pod": "true"}}, "spec": {
                 "nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "agent", "image": "ghcr.io/gpusched/node-agent:0.1.0"}]}})
+                "hostNetwork": True, "automountServiceAccountToken": False,
+                "containers": [{"name": "agent", "image": self.agent_pod_image, "imagePullPolicy": "IfNotPresent"}]}})
         return name, pod.metadata.uid
 
     def agent_token(self, node: str, *, audience: str = "gpusched", account: str = AGENT_SA) -> str:
@@ -134,10 +141,12 @@ class Stack:
         return self.cp.service_account_token(NAMESPACE, account, audiences=[audience], seconds=3600,
                                              bound_pod=(name, uid))
 
-    def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0) -> Component:
+    def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0,
+                    extra_args: tuple[str, ...] = ()) -> Component:
         """A node agent process for ``node`` on the fake GPU backend, with the identities the
         DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod.
-        ``metrics_port``: serve /metrics and /healthz there (0: off)."""
+        ``metrics_port``: serve /metrics and /healthz there (0: off); ``extra_args`` (e.g. the
+        device plugin's flags) are appended."""
         api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
         kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}")
         token_file = self.cp.workdir / f"agent-{node}.token"
@@ -146,7 +155,8 @@ class Stack:
                                         "--fleet", str(fleet), "--extender", f"127.0.0.1:{self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
                                         "--tls-ca", str(self.cp.pki / "ca.crt"), "--tls-server-name", TELEMETRY_HOST,
-                                        "--period", f"{period_s}s", "--metrics-port", str(metrics_port)],
+                                        "--period", f"{period_s}s", "--metrics-port", str(metrics_port),
+                                        *extra_args],
                       self.cp.workdir / "logs" / f"agent-{node}.log", env=python_component_env())
         self.cp.components.append(c)
         return c

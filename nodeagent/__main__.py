@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     agent.start_engine_scraper(stop)
     if args.metrics_port:
-        _serve_metrics(args.metrics_port, agent, publisher)
+        _serve_metrics(args.metrics_port, agent, publisher, plugin_runner.plugin if plugin_runner else None)
 
     def shutdown(*_):
         stop.set()
@@ -163,14 +164,15 @@ def _start_device_plugin(args: argparse.Namespace, agent: Agent, assignments, li
             pods = []
         return candidates(pods, args.node_name, allocated)
 
-    plugin = GpuDevicePlugin(agent.units, pods_waiting, strategy=args.device_list_strategy)
+    plugin = GpuDevicePlugin(agent.units, pods_waiting, strategy=args.device_list_strategy,
+                             refresh=agent.refresh_units)
     agent.on_units_changed(plugin.changed)
     agent.refresh_units()
     agent.start_unit_refresher(threading.Event())
     return PluginRunner(plugin, Path(args.device_plugin_dir)).start()
 
 
-def _serve_metrics(port: int, agent: Agent, publisher: Publisher) -> None:
+def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None) -> None:
     registry = CollectorRegistry()
     Gauge("gpusched_agent_reports_sent", "Reports sent since start.", registry=registry).set_function(
         lambda: publisher.status.reports_sent)
@@ -180,6 +182,13 @@ def _serve_metrics(port: int, agent: Agent, publisher: Publisher) -> None:
         lambda: publisher.status.reconnects)
     Gauge("gpusched_agent_engines", "Engines scraped on this node.", registry=registry).set_function(
         lambda: agent.status.engines)
+    if plugin is not None:
+        Gauge("gpusched_agent_device_plugin_registrations", "Times the device plugin registered with the kubelet "
+              "(again after each kubelet restart).", registry=registry).set_function(lambda: plugin.status.registrations)
+        Gauge("gpusched_agent_device_plugin_registered_at", "Unix time of the device plugin's last registration.",
+              registry=registry).set_function(lambda: plugin.status.last_registered_at)
+        Gauge("gpusched_agent_device_plugin_allocations", "Containers the device plugin allocated devices to.",
+              registry=registry).set_function(lambda: plugin.status.allocations)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802

@@ -26,7 +26,7 @@ from nodeagent.deviceplugin.allocation import Unit, units_of
 from nodeagent.engines.discovery import discover_engines
 from nodeagent.engines.scrape import scrape_engine
 from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
-from nodeagent.podresources import foreign_usage
+from nodeagent.podresources.foreign import ForeignTracker
 
 log = logging.getLogger("gpusched.nodeagent")
 VERSION = "0.1.0"
@@ -57,6 +57,7 @@ class Agent:
         self.status = AgentStatus()
         self._read_lock = threading.Lock()  # readers are not thread-safe; the unit refresher reads too
         self._units: list[Unit] = []
+        self._foreign = ForeignTracker()
         self._unit_listeners: list[Callable[[], None]] = []
 
     def start_engine_scraper(self, stop: threading.Event) -> None:
@@ -100,7 +101,7 @@ class Agent:
             assignments = dict(self._assignments())
         except Exception:
             assignments = {}
-        self._set_units(units_of(state, foreign_usage(state, assignments)))
+        self._set_units(units_of(state, self._foreign.update(state, assignments)))
 
     def _set_units(self, units: list[Unit]) -> None:
         if [(u.id, u.failure) for u in units] != [(u.id, u.failure) for u in self._units]:
@@ -157,7 +158,7 @@ class Agent:
         except Exception as exc:
             assignments = {}
             self.status.last_assignment_error = str(exc)
-        foreign = foreign_usage(state, assignments)
+        foreign = self._foreign.update(state, assignments)
         if self._unit_listeners:
             self._set_units(units_of(state, foreign))
         holders: dict[str, list[telemetry_pb2.PodRef]] = {}

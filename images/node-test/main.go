@@ -4,8 +4,10 @@
 //	envdump  a test workload: prints its environment (sorted, one KEY=VALUE per line) and the
 //	         line "envdump: ready", then behaves like pause
 //
-// The mode is the binary's name (argv[0]) or its first argument. Built with CGO_ENABLED=0, so the
-// image is this one file. Kubernetes demands a sandbox image; no registry is reachable here.
+// The mode is the binary's name (argv[0]), or its first argument when that names a mode; other
+// arguments (a test pod's vLLM-style args, which gpusched reads from the spec) are ignored. Built
+// with CGO_ENABLED=0, so the image is this one file. Kubernetes demands a sandbox image; no
+// registry is reachable here.
 package main
 
 import (
@@ -19,7 +21,7 @@ import (
 
 func main() {
 	mode := filepath.Base(os.Args[0])
-	if len(os.Args) > 1 {
+	if len(os.Args) > 1 && (os.Args[1] == "pause" || os.Args[1] == "envdump") {
 		mode = os.Args[1]
 	}
 	switch mode {

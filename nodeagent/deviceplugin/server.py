@@ -56,11 +56,16 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     no watched candidate matches is judged again on a fresh list before the rules decide."""
 
     def __init__(self, units: Callable[[], Sequence[Unit]], candidates: Callable[[bool], Sequence[Candidate]], *,
-                 strategy: str = "envvar", resource: str = "nvidia.com/gpu") -> None:
+                 strategy: str = "envvar", resource: str = "nvidia.com/gpu",
+                 refresh: Callable[[], None] = lambda: None) -> None:
+        """``refresh()`` re-reads the units before a preferred allocation is chosen: memory on a
+        device a pod holds counts as that pod's, so a device a pod just left is judged on a read
+        made after it left, not on the last periodic one."""
         if strategy not in STRATEGIES:
             raise ValueError(f"device list strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         self._units = units
         self._candidates = candidates
+        self._refresh = refresh
         self.strategy = strategy
         self.resource = resource
         self.status = PluginStatus()
@@ -106,6 +111,10 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 generation = self._generation
 
     def GetPreferredAllocation(self, request, context):
+        try:
+            self._refresh()
+        except Exception as exc:  # judge on the last read rather than not at all
+            log.warning("re-reading the GPUs before an allocation failed: %s", exc)
         units, pods = list(self._units()), list(self._candidates(False))
         response = api_pb2.PreferredAllocationResponse()
         for r in request.container_requests:

@@ -7,6 +7,7 @@ memory in use and no assignment is held by someone Kubernetes does not know abou
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 from nodeagent.gpu.model import GpuState, ProcessInfo
@@ -41,3 +42,37 @@ def _foreign(processes: tuple[ProcessInfo, ...], occupied_bytes: int) -> int:
     if any(p.used_bytes is None for p in processes):
         return max(0, occupied_bytes)
     return sum(p.used_bytes or 0 for p in processes)
+
+
+class ForeignTracker:
+    """Foreign bytes per unit that survive a pod being given the unit.
+
+    :func:`foreign_usage` says 0 for a unit a pod holds (NVML cannot tell the pod's processes from
+    a leftover's), so a GPU handed to a pod while a leftover filled it would look clean the moment
+    the pod left — and be handed out again. The tracker keeps, for a held unit, the foreign bytes
+    it had when it was last seen unheld: a leftover does not leave because a pod arrived. It is
+    conservative: a leftover that exits while a pod holds the unit is noticed when the pod leaves.
+    One tracker per agent (the state lives here, not in the module).
+    """
+
+    def __init__(self) -> None:
+        self._last_unheld: dict[str, int] = {}
+        self._lock = threading.Lock()  # the report loop and the device plugin's reads both update
+
+    def update(self, state: GpuState, assignments: Mapping[str, object]) -> dict[str, int]:
+        with self._lock:
+            return self._update(state, assignments)
+
+    def _update(self, state: GpuState, assignments: Mapping[str, object]) -> dict[str, int]:
+        current = foreign_usage(state, assignments)
+        assigned = set(assignments)
+        result: dict[str, int] = {}
+        for gpu in state.gpus:
+            units = [(m.uuid, m.uuid in assigned or f"{gpu.index}:{m.index}" in assigned) for m in gpu.mig_devices] \
+                if gpu.mig_enabled else [(gpu.uuid, gpu.uuid in assigned or str(gpu.index) in assigned)]
+            for uuid, held in units:
+                if held:
+                    result[uuid] = self._last_unheld.get(uuid, 0)
+                else:
+                    result[uuid] = self._last_unheld[uuid] = current[uuid]
+        return result

@@ -155,3 +155,17 @@ def test_list_and_watch_sends_the_list_again_when_health_changes():
     threading.Timer(0.1, fail_later).start()
     second = next(stream)
     assert [d.health for d in second.devices if d.ID == "GPU-3"] == ["Unhealthy"]
+
+
+def test_a_preferred_allocation_is_judged_on_a_fresh_read():
+    """A pod that held GPU 0 (so its memory counted as the pod's) has just left: the foreign memory
+    there is only seen by a read made after it left."""
+    units = [unit(i) for i in range(4)]
+
+    def refresh():
+        units[0] = unit(0, foreign_gib=70)
+    plugin = GpuDevicePlugin(lambda: units, lambda fresh: [], refresh=refresh)
+    response = plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=["GPU-0", "GPU-1"], allocation_size=1)]),
+        Context())
+    assert list(response.container_responses[0].deviceIDs) == ["GPU-1"]

@@ -178,3 +178,25 @@ def test_fleet_server_and_foreign_usage_together(tmp_path: Path, server: PodReso
     server.set_response(response_for(reader.assignments()))
     usage = foreign_usage(state, list_assignments(server.socket_path))
     assert [usage[g.uuid] for g in state.gpus] == [0, 20480 * 1024 * 1024, 0]
+
+
+def test_the_foreign_tracker_keeps_a_leftover_visible_while_a_pod_holds_its_gpu():
+    """A pod given a GPU a leftover fills does not make the leftover go away (issue 15)."""
+    from nodeagent.gpu.fleet import parse_fleet
+    from nodeagent.podresources.foreign import ForeignTracker
+
+    state = parse_fleet("""version: 1
+node: n
+gpus:
+- {index: 0, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
+- {index: 1, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
+processes:
+- {pid: 7, gpu: 0, usedMiB: 71680}
+""", node_name="n").state
+    gpu0, gpu1 = state.gpus[0].uuid, state.gpus[1].uuid
+    tracker = ForeignTracker()
+    assert tracker.update(state, {})[gpu0] == 70 << 30
+    held = tracker.update(state, {gpu0: ("ns", "p", "c"), gpu1: ("ns", "q", "c")})
+    assert held[gpu0] == 70 << 30, "the leftover vanished when a pod got the GPU"
+    assert held[gpu1] == 0
+    assert tracker.update(state, {})[gpu0] == 70 << 30

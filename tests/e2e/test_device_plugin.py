@@ -1,0 +1,194 @@
+"""The kubelet hands each container exactly the GPUs gpusched chose (issue 15): real kube-scheduler →
+gpusched's bind → a real kubelet → gpusched's device plugin → a running container that prints
+the NVIDIA_VISIBLE_DEVICES it was given.
+
+The real node runs the fleet 8 x H100 on NVSwitch with GPUs 0 and 1 holding 70 GiB of foreign
+memory (the fake GPU backend: this machine has no GPU; everything else is real). A stock
+default-scheduler runs beside gpusched's, so some pods arrive without gpusched's assignment."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from devcluster.cluster import wait_until
+from devcluster.demo import count_only_config
+from devcluster.images import ENVDUMP_IMAGE
+from devcluster.processes import free_port
+from devcluster.realcluster import RealCluster
+from nodeagent.gpu.fleet import derived_uuid
+from nodeagent.podresources import list_assignments
+
+pytestmark = pytest.mark.e2e
+PRESET = Path(__file__).resolve().parents[2] / "nodeagent" / "gpu" / "presets" / "h100.yaml"
+DIRTY = (0, 1)
+NS = "default"
+
+
+def fleet_text(failures: dict[int, object] | None = None) -> str:
+    fleet = yaml.safe_load(PRESET.read_text())
+    for gpu in fleet["gpus"]:
+        if failures and gpu["index"] in failures:
+            gpu["failure"] = failures[gpu["index"]]
+    fleet["processes"] = [{"pid": 4000 + i, "gpu": i, "usedMiB": 70 * 1024} for i in DIRTY]
+    return yaml.safe_dump(fleet)
+
+
+class GpuNode:
+    def __init__(self, cluster: RealCluster, fleet: Path, metrics_port: int):
+        self.cluster, self.fleet, self.metrics_port = cluster, fleet, metrics_port
+        self.name = cluster.node.name
+        self.core = client.CoreV1Api(cluster.cp.api_client())
+        self.uuids = [derived_uuid("GPU", self.name, i) for i in range(8)]
+        self.dirty = {self.uuids[i] for i in DIRTY}
+
+    def agent_metric(self, name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
+
+    def allocatable(self) -> int:
+        return int((self.core.read_node(self.name).status.allocatable or {}).get("nvidia.com/gpu", "0"))
+
+    def kubelet_assignments(self) -> dict[str, str]:
+        """device -> namespace/pod, per the real kubelet's PodResources."""
+        return {d: f"{ref[0]}/{ref[1]}" for d, ref in list_assignments(self.cluster.node.pod_resources_socket).items()}
+
+    def ledger(self) -> dict[str, str]:
+        node = next(n for n in self.cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == self.name)
+        return {u["id"]: u["heldBy"] for u in node["units"] if u["heldBy"]}
+
+    def run(self, name: str, gpus: int, *, scheduler: str = "gpusched", annotations: dict[str, str] | None = None,
+            model: str = "meta-llama/Llama-3.1-8B-Instruct") -> client.V1Pod:
+        args = ["serve", model] + (["--tensor-parallel-size", str(gpus)] if gpus > 1 else [])
+        self.core.create_namespaced_pod(NS, {"metadata": {"name": name, "annotations": annotations or {}}, "spec": {
+            "schedulerName": scheduler, "hostNetwork": True, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "vllm", "image": ENVDUMP_IMAGE, "imagePullPolicy": "Never", "args": args,
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+        return wait_until(lambda: (p := self.core.read_namespaced_pod(name, NS)).status.phase == "Running" and p, 60,
+                          f"pod {name} running", context=lambda: f"{self.core.read_namespaced_pod(name, NS).status}\n"
+                                                               f"{self.cluster.node.kubelet.tail(15)}")
+
+    def visible_devices(self, name: str) -> list[str]:
+        log = wait_until(lambda: (t := self.core.read_namespaced_pod_log(name, NS)) and "envdump: ready" in t and t,
+                         20, f"{name}'s output")
+        line = next((x for x in log.splitlines() if x.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
+        assert line is not None, f"{name} got no NVIDIA_VISIBLE_DEVICES:\n{log}"
+        return line.split("=", 1)[1].split(",")
+
+    def delete(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        wait_until(lambda: not any(p.metadata.name == name for p in self.core.list_namespaced_pod(NS).items), 30,
+                   f"pod {name} gone")
+
+
+@pytest.fixture(scope="module")
+def gpu_node(tmp_path_factory):
+    cluster = RealCluster()
+    try:
+        cluster.start()
+        cluster.stack.start_scheduler("default-scheduler", adjust=default_scheduler_config)
+        fleet = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
+        fleet.write_text(fleet_text())
+        port = free_port()
+        cluster.start_agent(fleet, metrics_port=port)
+        node = GpuNode(cluster, fleet, port)
+        wait_until(lambda: node.allocatable() == 8, 30, "the device plugin's 8 GPUs in the Node's allocatable",
+                   context=lambda: cluster.agents[0].tail(20))
+        wait_until(lambda: "foreign processes" in next(
+            n for n in cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node.name).get(
+            "foreign", ""), 30, "the extender to see the foreign memory on GPUs 0, 1")
+        yield node
+    finally:
+        cluster.stop()
+
+
+def default_scheduler_config(config: dict) -> None:
+    """The stock scheduler for pods that do not ask for gpusched (no extender, default profile)."""
+    count_only_config(config)
+    config["profiles"] = [{"schedulerName": "default-scheduler"}]
+
+
+def test_a_tp4_pod_gets_exactly_its_assigned_clean_gpus(gpu_node: GpuNode):
+    pod = gpu_node.run("tp4", 4, model="meta-llama/Llama-3.1-70B-Instruct",
+                       annotations={"gpusched.io/gpu-memory-per-gpu": "40Gi"})
+    assigned = pod.metadata.annotations["gpusched.io/assigned-gpus"].split(",")
+    visible = gpu_node.visible_devices("tp4")
+    assert sorted(visible) == sorted(assigned), (visible, assigned)
+    assert not set(visible) & gpu_node.dirty, f"the container got a GPU holding foreign memory: {visible}"
+    assert {d for d, p in gpu_node.kubelet_assignments().items() if p == f"{NS}/tp4"} == set(assigned)
+    gpu_node.delete("tp4")
+
+
+def test_thirty_pods_in_a_seeded_sequence_with_a_kubelet_restart_never_share_or_waste_a_gpu(gpu_node: GpuNode):
+    rng = random.Random(15)
+    running: dict[str, int] = {}  # pod -> GPUs
+    restarted = False
+    for step in range(30):
+        if running and (sum(running.values()) >= 6 or rng.random() < 0.3):
+            victim = rng.choice(sorted(running))
+            gpu_node.delete(victim)
+            del running[victim]
+        if step == 15 and not restarted:  # the kubelet restarts in the middle of the sequence
+            before_assignments = gpu_node.kubelet_assignments()
+            registrations = gpu_node.agent_metric("gpusched_agent_device_plugin_registrations")
+            gpu_node.cluster.node.restart_kubelet()
+            restarted_at = time.monotonic()
+            wait_until(lambda: gpu_node.agent_metric("gpusched_agent_device_plugin_registrations") > registrations,
+                       5, "the device plugin to register again within 5 s of the kubelet's restart")
+            reregistered_s = time.monotonic() - restarted_at
+            # The restarted kubelet restores its allocations from its checkpoint as it resyncs its pods.
+            wait_until(lambda: gpu_node.kubelet_assignments() == before_assignments, 30,
+                       "the allocations from before the restart, restored from the kubelet's checkpoint",
+                       context=lambda: f"now {gpu_node.kubelet_assignments()}\nbefore {before_assignments}")
+            restarted = True
+        size = rng.choice([1, 2, 4])
+        while sum(running.values()) + size > 8:
+            size //= 2
+        if not size:
+            continue
+        name = f"seq-{step}"
+        scheduler = "default-scheduler" if rng.random() < 1 / 3 else "gpusched"
+        held = gpu_node.kubelet_assignments()
+        clean_free = len([u for u in gpu_node.uuids if u not in held and u not in gpu_node.dirty])
+        pod = gpu_node.run(name, size, scheduler=scheduler)
+        running[name] = size
+        got = wait_until(lambda: {d for d, p in gpu_node.kubelet_assignments().items() if p == f"{NS}/{name}"}, 10,
+                         f"{name}'s devices in PodResources")
+        assert set(gpu_node.visible_devices(name)) == got
+        assert len(got & gpu_node.dirty) <= max(0, size - clean_free), \
+            f"step {step}: {name} ({scheduler}, annotation {pod.metadata.annotations}) got dirty GPUs " \
+            f"{sorted(got & gpu_node.dirty)} while {clean_free} clean ones were free"
+        if scheduler == "gpusched":
+            assert set(pod.metadata.annotations["gpusched.io/assigned-gpus"].split(",")) == got
+        assignments = gpu_node.kubelet_assignments()
+        assert len(assignments) == sum(running.values()), "a device is in two containers, or one was not handed out"
+        wanted = {d: p for d, p in assignments.items()}
+        wait_until(lambda: gpu_node.ledger() == wanted, 2.0,
+                   f"step {step}: the extender's ledger to equal the kubelet's PodResources within 2 periods",
+                   context=lambda: f"ledger {gpu_node.ledger()}\nkubelet {wanted}")
+    assert restarted and reregistered_s <= 5
+    for name in list(running):
+        gpu_node.delete(name)
+
+
+def test_a_failed_gpu_turns_unhealthy_and_no_new_pod_gets_it(gpu_node: GpuNode):
+    failed = gpu_node.uuids[7]
+    gpu_node.fleet.write_text(fleet_text({7: 79}))
+    wait_until(lambda: gpu_node.allocatable() == 7, 30, "the Node's allocatable to drop by one (GPU 7 Unhealthy)")
+    held = []
+    for i in range(3):  # fill every healthy clean GPU and more: GPU 7 must never be handed out
+        gpu_node.run(f"after-failure-{i}", 2)
+        held += gpu_node.visible_devices(f"after-failure-{i}")
+    assert failed not in held, f"the failed GPU was given to a pod: {held}"
+    node = next(n for n in gpu_node.cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == gpu_node.name)
+    assert next(u for u in node["units"] if u["id"] == failed)["failure"] == "critical XID 79"
+    for i in range(3):
+        gpu_node.delete(f"after-failure-{i}")
+    gpu_node.fleet.write_text(fleet_text())
+    wait_until(lambda: gpu_node.allocatable() == 8, 30, "GPU 7 Healthy again")
