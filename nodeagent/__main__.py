@@ -189,6 +189,9 @@ def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = 
               registry=registry).set_function(lambda: plugin.status.last_registered_at)
         Gauge("gpusched_agent_device_plugin_allocations", "Containers the device plugin allocated devices to.",
               registry=registry).set_function(lambda: plugin.status.allocations)
+        Gauge("gpusched_agent_device_plugin_conflict", "1 while NVIDIA's device plugin serves nvidia.com/gpu on "
+              "this node, so gpusched's does not register (the log says how to keep it off).",
+              registry=registry).set_function(lambda: 1 if plugin.status.conflict else 0)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,11 @@ log = logging.getLogger("gpusched.nodeagent.deviceplugin")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 ENDPOINT = "gpusched-gpu.sock"
+# The sockets NVIDIA's k8s-device-plugin serves nvidia.com/gpu on (``nvidia-<resource>.sock``; the
+# GPU Operator's build too). The kubelet lets the last plugin to register a resource win, so two
+# plugins for one resource on a node hand out the same GPU twice: gpusched's refuses to register
+# while one of these answers.
+NVIDIA_PLUGIN_SOCKETS = ("nvidia-gpu.sock",)
 VERSION = "v1beta1"
 STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 CDI_KIND = "nvidia.com/gpu"
@@ -46,6 +52,7 @@ class PluginStatus:
     last_registered_at: float = 0.0
     last_error: str = ""
     allocations: int = 0
+    conflict: str = ""  # another plugin for the resource answers on this node ("" none)
     preferred: dict[str, int] = field(default_factory=dict)  # "assignment" / "rules" -> count
 
 
@@ -204,9 +211,32 @@ class PluginRunner:
         kubelet = _inode(self.kubelet)
         if kubelet is None:
             return  # no kubelet (yet): register when its socket appears
+        conflict = self._conflicting_plugin()
+        if conflict != self.plugin.status.conflict:
+            self.plugin.status.conflict = conflict
+            if conflict:
+                log.error("%s", conflict)
+        if conflict:
+            self.plugin.status.last_error = conflict
+            self._registered_kubelet = None  # register once the other plugin is gone
+            return
         if kubelet != self._registered_kubelet:
             self._register()
             self._registered_kubelet = kubelet
+
+    def _conflicting_plugin(self) -> str:
+        """Why registering now would put two plugins on ``nvidia.com/gpu`` ("" when it would not)."""
+        if self.plugin.resource != "nvidia.com/gpu":
+            return ""
+        for name in NVIDIA_PLUGIN_SOCKETS:
+            path = self.directory / name
+            if path.exists() and _answers(path):
+                return (f"NVIDIA's device plugin serves {self.plugin.resource} on this node ({path}); gpusched's "
+                        "plugin will not register beside it, or the kubelet could hand one GPU to two "
+                        "containers. Keep NVIDIA's plugin off this node (GPU Operator: label the node "
+                        "nvidia.com/gpu.deploy.device-plugin=false; its Helm chart: node affinity excluding "
+                        "gpusched.io/device-plugin=true) — gpusched registers as soon as it is gone")
+        return ""
 
     def _serve(self) -> None:
         self._shutdown_server()
@@ -239,6 +269,17 @@ class PluginRunner:
         self.plugin.status.last_registered_at = time.time()
         self.plugin.status.last_error = ""
         log.info("registered %s with the kubelet (%s)", self.plugin.resource, self.kubelet)
+
+
+def _answers(path: Path) -> bool:
+    """Something accepts connections on the unix socket ``path`` (a stale file does not)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _inode(path: Path) -> int | None:

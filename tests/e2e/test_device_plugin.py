@@ -64,10 +64,11 @@ class GpuNode:
         return {u["id"]: u["heldBy"] for u in node["units"] if u["heldBy"]}
 
     def run(self, name: str, gpus: int, *, scheduler: str = "gpusched", annotations: dict[str, str] | None = None,
-            model: str = "meta-llama/Llama-3.1-8B-Instruct") -> client.V1Pod:
+            model: str = "meta-llama/Llama-3.1-8B-Instruct", node_name: str | None = None) -> client.V1Pod:
         args = ["serve", model] + (["--tensor-parallel-size", str(gpus)] if gpus > 1 else [])
+        placed = {"nodeName": node_name} if node_name else {}
         self.core.create_namespaced_pod(NS, {"metadata": {"name": name, "annotations": annotations or {}}, "spec": {
-            "schedulerName": scheduler, "hostNetwork": True, "terminationGracePeriodSeconds": 1,
+            **placed, "schedulerName": scheduler, "hostNetwork": True, "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "vllm", "image": ENVDUMP_IMAGE, "imagePullPolicy": "Never", "args": args,
                             "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
         return wait_until(lambda: (p := self.core.read_namespaced_pod(name, NS)).status.phase == "Running" and p, 60,
@@ -175,6 +176,26 @@ def test_thirty_pods_in_a_seeded_sequence_with_a_kubelet_restart_never_share_or_
     assert restarted and reregistered_s <= 5
     for name in list(running):
         gpu_node.delete(name)
+
+
+def test_an_assignment_no_longer_possible_is_counted_and_recorded_and_the_ledger_follows_the_kubelet(
+        gpu_node: GpuNode):
+    holder = gpu_node.run("holder", 2)
+    taken = holder.metadata.annotations["gpusched.io/assigned-gpus"]
+    mismatches = gpu_node.cluster.stack.extender.metric("gpusched_extender_assignment_mismatches_total")
+    # A pod placed on the node directly, its annotation naming GPUs the holder already has: the
+    # plugin cannot answer it, so the kubelet gets gpusched's rules (clean GPUs) instead.
+    gpu_node.run("stale", 2, node_name=gpu_node.name, annotations={"gpusched.io/assigned-gpus": taken})
+    got = set(gpu_node.visible_devices("stale"))
+    assert not got & set(taken.split(",")) and not got & gpu_node.dirty, (got, taken)
+    wait_until(lambda: gpu_node.cluster.stack.extender.metric("gpusched_extender_assignment_mismatches_total")
+               == mismatches + 1, 5, "the mismatch counted")
+    record = gpu_node.cluster.stack.extender.get_json(f"/debug/decisions/{NS}/stale")["decisions"]["kubelet"]
+    assert (record["result"], sorted(record["details"]["kubelet"])) == ("assignment-mismatch", sorted(got)), record
+    wait_until(lambda: {d for d, p in gpu_node.ledger().items() if p == f"{NS}/stale"} == got, 2.0,
+               "the ledger to follow the kubelet", context=lambda: gpu_node.ledger())
+    gpu_node.delete("stale")
+    gpu_node.delete("holder")
 
 
 def test_a_failed_gpu_turns_unhealthy_and_no_new_pod_gets_it(gpu_node: GpuNode):

@@ -12,6 +12,7 @@ from devcluster.stack import Stack
 
 FAKE_GPUS = {"nodeAgent": {"fakeGpus": {"enabled": True}}}
 NVIDIA_RUNTIME = {"nodeAgent": {"runtimeClassName": "nvidia"}}
+DEVICE_PLUGIN = {"nodeAgent": {"devicePlugin": {"enabled": True}}}
 TLS = {"telemetry": {"tls": {"enabled": True}}}  # the default
 INSECURE = {"telemetry": {"tls": {"enabled": False}}}
 GENERATE = {"telemetry": {"tls": {"generate": True}}}
@@ -26,7 +27,8 @@ def _container(objects, kind, name):
     return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
-@pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "observability"])
+@pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
+                                    "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects
@@ -35,7 +37,7 @@ def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane
 
 def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
-    for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus"):
+    for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
         assert overlay.keys() == base.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
@@ -59,10 +61,23 @@ def test_fake_gpus_overlay_runs_the_fake_backend_on_a_preset_from_the_configmap(
     assert [c["name"] for c in spec["initContainers"]] == ["select-fleet"]
 
 
+def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nodes_only():
+    objects = kustomize_build(MANIFESTS / "overlays/device-plugin")
+    spec = _daemonset(objects)["spec"]["template"]["spec"]
+    agent = _container(objects, "DaemonSet", "agent")
+    assert {"--device-plugin", "--device-list-strategy=envvar"} <= set(agent["args"])
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpusched.io/device-plugin": "true"}
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "device-plugins")
+    assert mount["mountPath"] == "/var/lib/kubelet/device-plugins" and not mount.get("readOnly")
+    volume = next(v for v in spec["volumes"] if v["name"] == "device-plugins")
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+
+
 @pytest.mark.parametrize("values,folder", [
     pytest.param({}, "base", id="defaults=base"),
     pytest.param(FAKE_GPUS, "overlays/fake-gpus", id="fakeGpus=overlays/fake-gpus"),
     pytest.param(NVIDIA_RUNTIME, "overlays/nvidia-runtime", id="runtimeClassName=overlays/nvidia-runtime"),
+    pytest.param(DEVICE_PLUGIN, "overlays/device-plugin", id="devicePlugin=overlays/device-plugin"),
 ])
 def test_helm_template_equals_the_kustomize_render(values, folder):
     helm = normalised(helm_template(values))
@@ -72,8 +87,8 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
         assert helm[key] == kustomize[key], key
 
 
-@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE], ids=["defaults", "fake-gpus", "insecure",
-                                                                         "generated-tls"])
+@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN],
+                         ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 

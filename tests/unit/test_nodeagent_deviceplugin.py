@@ -4,14 +4,20 @@ tests/e2e/test_device_plugin.py."""
 
 from __future__ import annotations
 
+import shutil
+import socket
+import tempfile
 import threading
+import time
+from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 
 from nodeagent.deviceplugin.allocation import Candidate, Unit, candidates, prefer, units_of
-from nodeagent.deviceplugin.generated import api_pb2
-from nodeagent.deviceplugin.server import GpuDevicePlugin
+from nodeagent.deviceplugin.generated import api_pb2, api_pb2_grpc
+from nodeagent.deviceplugin.server import GpuDevicePlugin, PluginRunner
 from nodeagent.gpu.fleet import parse_fleet
 
 GIB = 1 << 30
@@ -169,3 +175,80 @@ def test_a_preferred_allocation_is_judged_on_a_fresh_read():
         api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=["GPU-0", "GPU-1"], allocation_size=1)]),
         Context())
     assert list(response.container_responses[0].deviceIDs) == ["GPU-1"]
+
+
+class FakeKubelet(api_pb2_grpc.RegistrationServicer):
+    """The kubelet's Registration service on ``<dir>/kubelet.sock``: records who registered."""
+
+    def __init__(self, directory: Path) -> None:
+        self.requests: list[api_pb2.RegisterRequest] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{directory / 'kubelet.sock'}")
+        self.server.start()
+
+    def Register(self, request, context):  # noqa: N802
+        self.requests.append(request)
+        return api_pb2.Empty()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+def listening_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return sock
+
+
+@pytest.fixture
+def plugin_dir():
+    directory = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # unix socket paths are short
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_runner_registers_and_registers_again_when_the_kubelet_socket_is_recreated(plugin_dir: Path):
+    kubelet = FakeKubelet(plugin_dir)
+    runner = PluginRunner(GpuDevicePlugin(lambda: EIGHT_SWITCHED, lambda fresh: []), plugin_dir, poll_s=0.05).start()
+    try:
+        wait_for(lambda: len(kubelet.requests) == 1, "the first registration")
+        assert (kubelet.requests[0].resource_name, kubelet.requests[0].endpoint) == ("nvidia.com/gpu", "gpusched-gpu.sock")
+        assert kubelet.requests[0].options.get_preferred_allocation_available
+        kubelet.stop()  # the kubelet restarts: it empties the folder and serves a new socket
+        for leftover in plugin_dir.iterdir():
+            leftover.unlink()
+        kubelet = FakeKubelet(plugin_dir)
+        wait_for(lambda: len(kubelet.requests) == 1 and (plugin_dir / "gpusched-gpu.sock").exists(),
+                 "a registration with the new kubelet, from a re-created socket")
+        assert runner.plugin.status.registrations == 2
+    finally:
+        runner.stop()
+        kubelet.stop()
+
+
+def test_the_runner_never_registers_beside_nvidias_plugin_and_says_how_to_remove_it(plugin_dir: Path):
+    kubelet = FakeKubelet(plugin_dir)
+    stale = plugin_dir / "nvidia-gpu.sock"
+    nvidia = listening_socket(stale)
+    runner = PluginRunner(GpuDevicePlugin(lambda: EIGHT_SWITCHED, lambda fresh: []), plugin_dir, poll_s=0.05).start()
+    try:
+        wait_for(lambda: runner.plugin.status.conflict, "the conflict to be noticed")
+        time.sleep(0.3)  # several polls: still not registered
+        assert kubelet.requests == []
+        assert "nvidia.com/gpu.deploy.device-plugin=false" in runner.plugin.status.last_error
+        nvidia.close()  # the socket file stays but nothing answers: a stale file is no conflict
+        wait_for(lambda: len(kubelet.requests) == 1, "the registration once NVIDIA's plugin is gone")
+        assert runner.plugin.status.conflict == ""
+        assert stale.exists()
+    finally:
+        runner.stop()
+        kubelet.stop()
+
+
+def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
