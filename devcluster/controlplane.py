@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
+from devcluster.nodenet import KUBERNETES_SERVICE_IP, NODE_IP, SERVICE_RANGE, NodeAddress
 from devcluster.processes import Component, ComponentFailed, free_port, http_ok
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +63,12 @@ def make_pki(d: Path) -> None:
              "-days", "3", "-subj", "/CN=gpusched-test-ca", cwd=d)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
              "-subj", "/CN=kube-apiserver", cwd=d)
+    # Loopback for the simulated-node stack; the node address and the `kubernetes` Service (IP and
+    # names) for a control plane with real nodes, whose pods reach it through the Service.
     (d / "apiserver.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+        f"subjectAltName=IP:127.0.0.1,DNS:localhost,IP:{NODE_IP},IP:{KUBERNETES_SERVICE_IP},DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "apiserver.crt", "-days", "3", "-extfile", "apiserver.ext", cwd=d)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "telemetry.key", "-out", "telemetry.csr",
@@ -112,7 +117,9 @@ class ControlPlane:
     ``with_nodes``: a control plane for real kubelets (``devcluster.realnode``): the Node authorizer
     and NodeRestriction admission, the ServiceAccount admission plugin, a client certificate for the
     apiserver's calls to kubelets (logs), and kube-controller-manager (ServiceAccounts, DaemonSets,
-    node lifecycle). Without it there is no controller-manager, so simulated Node objects are never
+    node lifecycle). The apiserver then binds and advertises the node address
+    (``devcluster.nodenet``: on an interface this control plane creates and removes), so pods reach
+    it through the ``kubernetes`` Service. Without it there is no controller-manager, so simulated Node objects are never
     marked NotReady for lack of a heartbeat — which is why real nodes get a control plane of their own.
     """
 
@@ -125,11 +132,22 @@ class ControlPlane:
         self.components: list[Component] = []
         self.admin_token = "gpusched-test-admin-" + os.urandom(8).hex()
         self.apiserver_port = free_port()
-        self.url = f"https://127.0.0.1:{self.apiserver_port}"
+        self.address = NODE_IP if with_nodes else "127.0.0.1"
+        self.url = f"https://{self.address}:{self.apiserver_port}"
+        self._node_address = NodeAddress()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "ControlPlane":
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "ControlPlane":
         make_pki(self.pki)
+        if self.with_nodes:
+            self._node_address.create()
         etcd_port, etcd_peer = free_port(), free_port()
         etcd = self._spawn("etcd", [
             str(self.bin_dir / "etcd"), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
@@ -158,7 +176,7 @@ class ControlPlane:
         apiserver = self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}", f"--secure-port={self.apiserver_port}",
             f"--tls-cert-file={self.pki / 'apiserver.crt'}", f"--tls-private-key-file={self.pki / 'apiserver.key'}",
             f"--client-ca-file={self.pki / 'ca.crt'}",
             # Published in kube-system/extension-apiserver-authentication for components that
@@ -173,10 +191,10 @@ class ControlPlane:
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
             f"--api-audiences={API_AUDIENCE},gpusched",
             # Reserved for benchmarking (RFC 2544), never routed: no packet leaves this machine.
-            "--service-cluster-ip-range=198.18.0.0/16",
-            # The `kubernetes` Service endpoint cannot be a loopback address, and nothing here
-            # reaches the apiserver through it.
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            # The `kubernetes` Service endpoint cannot be a loopback address; with real nodes it is
+            # the node address, and pods reach the apiserver through the Service.
+            *([] if self.with_nodes else ["--endpoint-reconciler-type=none"]),
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--profiling=false", "--v=1"])
         apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
@@ -210,6 +228,7 @@ class ControlPlane:
         for c in reversed(self.components):
             c.stop()
         self.components.clear()
+        self._node_address.remove()
         keep = os.environ.get("GPUSCHED_KEEP_LOGS")
         if keep:  # every component's full log, for a failure that the log tails do not explain
             shutil.copytree(self.workdir / "logs", Path(keep) / self.workdir.name, dirs_exist_ok=True)
@@ -229,6 +248,23 @@ class ControlPlane:
         cfg.api_key = {"authorization": "Bearer " + (token or self.admin_token)}
         cfg.connection_pool_maxsize = 32
         return client.ApiClient(cfg)
+
+    def client_cert_kubeconfig(self, user: str, name: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig with a client certificate (CN ``user``, O ``groups``) signed by the test CA."""
+        key, csr, crt = (self.pki / f"client-{name}.{ext}" for ext in ("key", "csr", "crt"))
+        subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", subject,
+                 cwd=self.pki)
+        _openssl("x509", "-req", "-in", str(csr), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", str(crt), "-days", "3", cwd=self.pki)
+        path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": name,
+            "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": name, "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}]}))
+        return path
 
     def kubeconfig(self, token: str, name: str) -> Path:
         path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"

@@ -9,31 +9,71 @@ from pathlib import Path
 
 from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.images import ENVDUMP_IMAGE
-from devcluster.processes import Component
+from devcluster.processes import Component, free_port, http_ok
 from devcluster.realnode import RealNode
 from devcluster.stack import Stack
 
 
 class RealCluster:
-    def __init__(self, node_labels: dict[str, str] | None = None):
+    """``gpusched_processes``: gpusched installed from manifests/ and run as host processes (the
+    extender, its kube-scheduler, agents started by the tests). Without: a bare cluster — the
+    control plane, the real node with its pod network, and the cluster's own stock kube-scheduler —
+    for installing gpusched as a user does (the install tests)."""
+
+    def __init__(self, node_labels: dict[str, str] | None = None, *, gpusched_processes: bool = True):
         self.cp = ControlPlane(build_binaries(), with_nodes=True)
         self.node = RealNode(self.cp, labels=node_labels)
         self.stack = Stack(self.cp)
         self.stack.agent_pod_image = ENVDUMP_IMAGE  # the kubelet runs the stand-in pod the agent's tokens bind to
+        self.gpusched_processes = gpusched_processes
         self.agents: list[Component] = []
 
     def start(self) -> "RealCluster":
         try:
             self.cp.start()
             self.node.start()
-            self.stack.install()
-            self._remove_shipped_workloads()
-            self.stack.start_extender()
-            self.stack.start_scheduler()
+            if self.gpusched_processes:
+                self.stack.install()
+                self._remove_shipped_workloads()
+                self.stack.start_extender()
+                self.stack.start_scheduler()
+            else:
+                self._start_cluster_scheduler()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_cluster_scheduler(self) -> None:
+        """The stock kube-scheduler every cluster has (profile default-scheduler), as
+        ``system:kube-scheduler``: it places gpusched's own Deployment and DaemonSet pods."""
+        import yaml
+
+        kubeconfig = self.cp.client_cert_kubeconfig("system:kube-scheduler", "cluster-kube-scheduler")
+        config = self.cp.workdir / "cluster-kube-scheduler.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)}, "leaderElection": {"leaderElect": False}}))
+        port = free_port()
+        scheduler = Component("cluster-kube-scheduler", [
+            str(self.cp.bin_dir / "kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", "--v=1"], self.cp.workdir / "logs" / "cluster-kube-scheduler.log")
+        self.cp.components.append(scheduler)
+        scheduler.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
+
+    def kubectl(self, *args: str, env: dict[str, str] | None = None, check: bool = True, timeout_s: float = 240):
+        """The real kubectl as the cluster admin; fails with its output."""
+        import os
+        import subprocess
+
+        kubeconfig = self.cp.kubeconfig(self.cp.admin_token, "admin")
+        proc = subprocess.run([str(self.cp.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, **(env or {})})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
 
     def _remove_shipped_workloads(self) -> None:
         """manifests/base also holds the scheduler Deployment and the node-agent DaemonSet; here a

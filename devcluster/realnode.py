@@ -4,10 +4,11 @@ The facts this is built on are in ../shared/reference/real-node-recipe.md (setti
 what the kubelet does). ``RealNode.start()`` returns once the Node is ``Ready``; ``stop()`` removes
 everything it created, also after a failed start: the processes (by PID, containers' shims
 included), the runtime's and kubelet's state, the mounts under them, the kubelet's cgroups and
-iptables chains, the device-plugin directory's sockets and checkpoint, the dummy interface, and
-the sysctls the kubelet changes. All traffic stays on this machine: pods use ``hostNetwork``, the
-node's one address is on an interface the harness creates (a bridge without ports) (``192.0.2.0/24``, reserved for
-documentation), and the kubelet listens there and on loopback only.
+iptables chains, the device-plugin directory's sockets and checkpoint, the pod network (its bridge,
+namespaces, kube-proxy's rules) and the sysctls the kubelet and the pod network change. All traffic
+stays on this machine (``devcluster.nodenet``): the node's address is on an interface its control
+plane creates, pods not on the host network get an address on the harness's own pod bridge and a
+route for the harness's range only, and the kubelet listens on the node address and loopback.
 
 Needs root and the packages ``hack/real-node-deps.sh`` installs; without them ``start()`` fails
 saying which is missing (the tests never skip).
@@ -15,7 +16,6 @@ saying which is missing (the tests never skip).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,11 +28,12 @@ import yaml
 
 from devcluster.controlplane import ComponentFailed, ControlPlane, _openssl
 from devcluster.images import PAUSE_IMAGE, node_test_images
+from devcluster.nodenet import INTERFACE, NETNS_DIR, NODE_IP, POD_BRIDGE, SYSCTLS, PodNetwork, link_exists
 from devcluster.processes import Component, free_port, http_ok
 
-INTERFACE = "gpusched0"
-NODE_IP = "192.0.2.10"  # TEST-NET-1 (RFC 5737): on the harness's own interface only, never routed
-DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # pluginapi.KubeletSocket's folder; not under --root-dir
+# The kubelet's default root: the shipped DaemonSet's hostPaths (pod-resources, device-plugins) name it.
+KUBELET_ROOT = Path("/var/lib/kubelet")
+DEVICE_PLUGINS = KUBELET_ROOT / "device-plugins"  # pluginapi.KubeletSocket's folder; not under --root-dir anyway
 RUNC_ROOT = Path("/run/containerd/runc")
 # What the kubelet sets at start (setupKernelTunables) and the harness puts back.
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
@@ -41,9 +42,10 @@ KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Host folders the kubelet, containerd and runc write to whatever their flags say: what was not
 # there before start() is removed by stop(), entry by entry.
-HOST_FOLDERS = (Path("/var/lib/kubelet"), DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT,
+HOST_FOLDERS = (KUBELET_ROOT, DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT,
                 Path("/var/log/pods"), Path("/var/log/containers"))
 NEEDED = ("containerd", "runc", "ctr", "iptables", "ip", "containerd-shim-runc-v2")
+CNI_PLUGINS = Path("/usr/lib/cni")
 
 
 def _run(*argv: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
@@ -67,14 +69,17 @@ def host_state() -> dict[str, Any]:
                 procs.append(os.path.basename(cmd))
     mounts = sorted(line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
                     if any(k in line.split()[1] for k in ("containerd", "kubelet", "gpusched-cp-")))
-    chains = sorted({c for tool in ("iptables", "ip6tables") if shutil.which(tool)
+    # The kubelet's chains, kube-proxy's (KUBE-*) and any a CNI plugin might add (CNI-*).
+    chains = sorted({f"{tool} {table} {line.split()[1]}" for tool in ("iptables", "ip6tables") if shutil.which(tool)
                      for table in ("filter", "nat", "mangle")
-                     for c in KUBELET_CHAINS if f"-N {c}" in _run(tool, "-t", table, "-S", check=False).stdout.decode()})
-    return {"processes": sorted(procs), "interface": _run("ip", "link", "show", INTERFACE, check=False).returncode == 0,
+                     for line in _run(tool, "-t", table, "-S", check=False).stdout.decode().splitlines()
+                     if line.startswith(("-N KUBE-", "-N CNI-"))})
+    return {"processes": sorted(procs), "interface": link_exists(INTERFACE), "pod bridge": link_exists(POD_BRIDGE),
+            "network namespaces": sorted(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else [],
             "mounts": mounts, "iptables chains": chains,
             "cgroups": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods*")) if CGROUP_ROOT.is_dir() else [],
             "folders": {str(f): sorted(os.listdir(f)) if f.is_dir() else None for f in HOST_FOLDERS},
-            "sysctls": {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS
+            "sysctls": {k: (Path("/proc/sys") / k).read_text().strip() for k in (*KUBELET_SYSCTLS, *SYSCTLS)
                         if (Path("/proc/sys") / k).exists()}}
 
 
@@ -89,11 +94,11 @@ class RealNode:
         self.dir = cp.workdir / "realnode"
         self.containerd_dir = self.dir / "containerd"
         self.socket = self.containerd_dir / "containerd.sock"
-        self.root_dir = self.dir / "kubelet"
+        self.root_dir = KUBELET_ROOT
         self.kubelet: Component | None = None
         self.containerd: Component | None = None
         self._sysctls: dict[str, str] = {}
-        self._interface_created = False
+        self.podnet = PodNetwork(cp, name, self.dir)
         self._folders_before: dict[Path, set[str] | None] = {}  # folder -> entries before (None: absent)
 
     @property
@@ -105,11 +110,11 @@ class RealNode:
         try:
             self._preflight()
             self._remember_host_state()
-            self._create_interface()
             self._start_containerd()
             self._import_images()
             self._start_kubelet()
             self._wait_ready()
+            self.podnet.start()
         except BaseException:
             self.stop()
             raise
@@ -123,9 +128,16 @@ class RealNode:
         if missing:
             raise ComponentFailed(f"the real test node needs {', '.join(missing)}: run hack/real-node-deps.sh "
                                   "(make test does) to install Debian's containerd, runc and friends")
-        for binary in ("kubelet",):
+        for binary in ("kubelet", "kube-proxy"):
             if not (self.cp.bin_dir / binary).is_file():
                 raise ComponentFailed(f"{self.cp.bin_dir / binary} is missing: run hack/build-control-plane.sh")
+        missing = [p for p in ("bridge", "host-local", "loopback") if not (CNI_PLUGINS / p).is_file()]
+        if missing:
+            raise ComponentFailed(f"the CNI plugins {', '.join(missing)} are missing from {CNI_PLUGINS}: run "
+                                  "hack/real-node-deps.sh (Debian's containernetworking-plugins)")
+        if not self.cp.with_nodes or not link_exists(INTERFACE):
+            raise ComponentFailed("a real node needs a control plane made for it: ControlPlane(with_nodes=True), "
+                                  f"started (it creates {INTERFACE} with the node address {NODE_IP})")
         if (DEVICE_PLUGINS / "kubelet.sock").exists() and self._socket_alive(DEVICE_PLUGINS / "kubelet.sock"):
             raise ComponentFailed(f"another kubelet serves {DEVICE_PLUGINS / 'kubelet.sock'}: one kubelet with device "
                                   "plugins per machine; stop it first")
@@ -151,23 +163,10 @@ class RealNode:
         for folder in HOST_FOLDERS:
             self._folders_before[folder] = set(os.listdir(folder)) if folder.is_dir() else None
 
-    def _create_interface(self) -> None:
-        if _run("ip", "link", "show", INTERFACE, check=False).returncode == 0:
-            raise ComponentFailed(f"interface {INTERFACE} exists already (a harness that did not clean up?); "
-                                  f"remove it with 'ip link del {INTERFACE}'")
-        # A bridge with no ports: this kernel has no dummy driver; either only holds the address.
-        _run("ip", "link", "add", INTERFACE, "type", "bridge")
-        self._interface_created = True
-        _run("ip", "addr", "add", f"{NODE_IP}/32", "dev", INTERFACE)
-        _run("ip", "link", "set", INTERFACE, "up")
-
     def _start_containerd(self) -> None:
         cni = self.dir / "cni"
         cni.mkdir(parents=True, exist_ok=True)
-        # Pods use hostNetwork; the runtime still wants one network config to report NetworkReady:
-        # loopback only, so a pod that is not hostNetwork gets no address and sends nothing.
-        (cni / "10-gpusched-lo.conflist").write_text(json.dumps(
-            {"cniVersion": "1.0.0", "name": "gpusched-lo", "plugins": [{"type": "loopback"}]}))
+        self.podnet.prepare(cni)
         config = self.containerd_dir / "config.toml"
         self.containerd_dir.mkdir(parents=True, exist_ok=True)
         config.write_text(f'''version = 2
@@ -250,6 +249,7 @@ state = "{self.containerd_dir / 'state'}"
             "registerWithTaints": [], "maxPods": 110, "serializeImagePulls": False,
             "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "10s",
             "syncFrequency": "5s", "fileCheckFrequency": "5s",
+            **self.podnet.kubelet_settings(),
         }
 
     def _start_kubelet(self) -> None:
@@ -301,7 +301,7 @@ state = "{self.containerd_dir / 'state'}"
         """Remove everything start() created; each step runs even when an earlier one failed."""
         errors: list[str] = []
         for step in (self._stop_kubelet, self._remove_containers, self._stop_containerd, self._unmount,
-                     self._remove_cgroups, self._remove_chains, self._remove_files, self._remove_interface,
+                     self._stop_pod_network, self._remove_cgroups, self._remove_chains, self._remove_files,
                      self._restore_sysctls):
             try:
                 step()
@@ -363,7 +363,7 @@ state = "{self.containerd_dir / 'state'}"
 
     def _unmount(self) -> None:
         """Mounts under the node's folders (overlay snapshots, volumes, netns), deepest first."""
-        prefixes = (str(self.dir), "/run/containerd", str(RUNC_ROOT))
+        prefixes = (str(self.dir), "/run/containerd", str(RUNC_ROOT), str(KUBELET_ROOT) + "/")
         mounts = [line.split()[1].replace("\\040", " ") for line in Path("/proc/mounts").read_text().splitlines()]
         for target in sorted((m for m in mounts if m.startswith(prefixes)), key=len, reverse=True):
             _run("umount", "-l", target, check=False)
@@ -415,10 +415,10 @@ state = "{self.containerd_dir / 'state'}"
                 else:
                     path.unlink(missing_ok=True)
 
-    def _remove_interface(self) -> None:
-        if self._interface_created:
-            _run("ip", "link", "del", INTERFACE, check=False)
-            self._interface_created = False
+    def _stop_pod_network(self) -> None:
+        errors = self.podnet.stop()
+        if errors:
+            raise ComponentFailed("; ".join(errors))
 
     def _restore_sysctls(self) -> None:
         for key, value in self._sysctls.items():

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager), kubectl and
-# the kubelet of the real test node from the Go module proxy.
+# the kubelet and kube-proxy of the real test node from the Go module proxy.
 #
 # Why from source: the tests run against the real components, and this machine can reach the
 # Go module proxy but no release download site. The build follows kubernetes-sigs/scheduler-plugins:
 # a throwaway go.mod that requires k8s.io/kubernetes at one pinned release and replaces every
 # k8s.io/* staging module (declared `=> ./staging/...` upstream) with the matching v0.x release.
 #
-# Output: $GPUSCHED_BIN_CACHE/<k8s>-<etcd>/{etcd,kube-apiserver,kube-scheduler,kubectl,kubelet,kube-controller-manager}; binaries
+# Output: $GPUSCHED_BIN_CACHE/<k8s>-<etcd>/{etcd,kube-apiserver,kube-scheduler,kubectl,kubelet,kube-controller-manager,kube-proxy}; binaries
 # already in the cache folder are reused, missing ones are built (so adding one to the list does
 # not rebuild the others). Prints that folder's path on its last line of stdout.
 # The Go build cache (GOCACHE) and module cache (GOMODCACHE) are the user's defaults, so later
@@ -22,7 +22,7 @@ source "$here/versions.env"
 # Outside the checkout, so fresh clones (CI) on the same machine reuse it.
 cache_root="${GPUSCHED_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/control-plane}"
 out="$cache_root/${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}"
-k8s_bins=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager)
+k8s_bins=(kube-apiserver kube-scheduler kubectl kubelet kube-controller-manager kube-proxy)
 bins=(etcd "${k8s_bins[@]}")
 
 complete() { for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || return 1; done; }

@@ -1,6 +1,8 @@
-"""The real node leaves nothing behind (issue 15): processes, the runtime's and kubelet's state, mounts,
-cgroups, iptables chains, host folders, the interface and the sysctls the kubelet changes — after a
-normal stop with a pod running, and after a start that failed halfway."""
+"""The real node leaves nothing behind (issues 15, 16): processes, the runtime's and kubelet's state,
+mounts, cgroups, iptables chains (the kubelet's and kube-proxy's), host folders, the pod network
+(bridge, network namespaces) and the sysctls the kubelet and the pod network change — after a
+normal stop with pods running on the host and on the pod network, and after a start that failed
+halfway. The node address belongs to the control plane and outlives its nodes."""
 
 from __future__ import annotations
 
@@ -41,15 +43,21 @@ def test_a_node_stopped_with_a_pod_running_leaves_nothing_behind(control_plane_w
     before = host_state()
     node = RealNode(control_plane_with_nodes, "lifecycle-node").start()
     core = client.CoreV1Api(control_plane_with_nodes.api_client())
-    core.create_namespaced_pod("default", {"metadata": {"name": "lifecycle"}, "spec": {
-        "nodeName": node.name, "hostNetwork": True, "terminationGracePeriodSeconds": 30,
-        "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never"}]}})
-    wait_until(lambda: core.read_namespaced_pod("lifecycle", "default").status.phase == "Running", 60, "the pod running",
-               context=lambda: node.kubelet.tail(20) if node.kubelet else "")
+    for name, host_network in (("lifecycle", True), ("lifecycle-podnet", False)):
+        core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": {
+            "nodeName": node.name, "hostNetwork": host_network, "terminationGracePeriodSeconds": 30,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never"}]}})
+    for name in ("lifecycle", "lifecycle-podnet"):
+        wait_until(lambda: core.read_namespaced_pod(name, "default").status.phase == "Running", 60, f"pod {name} running",
+                   context=lambda: node.kubelet.tail(20) if node.kubelet else "")
+    assert core.read_namespaced_pod("lifecycle-podnet", "default").status.pod_ip.startswith("198.19.0.")
     during = host_state()
-    assert during["interface"] and "kubelet" in during["processes"] and "containerd-shim-runc-v2" in during["processes"]
+    assert during["pod bridge"] and during["network namespaces"] and during["iptables chains"] != before["iptables chains"]
+    assert "kubelet" in during["processes"] and "containerd-shim-runc-v2" in during["processes"]
     node.stop()
     after = host_state()
     assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-    core.delete_namespaced_pod("lifecycle", "default", grace_period_seconds=0)
+    for name in ("lifecycle", "lifecycle-podnet"):
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
     time.sleep(0.1)
