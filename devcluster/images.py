@@ -9,6 +9,13 @@ sha256 of each uncompressed layer tar, and the layers:
 - ``registry.local/envdump:gpusched`` — prints its environment, then sleeps.
 
 Both are cached by the content of the Go sources; pods use them with ``imagePullPolicy: Never``.
+
+``project_images()`` returns the images the shipped manifests name, for the install tests:
+``ghcr.io/gpusched/extender`` and ``node-agent`` built from their Dockerfiles, unchanged, by
+``hack/build-images.sh`` (buildah on a local stand-in for the Python base image), and
+``registry.k8s.io/kube-scheduler`` and ``quay.io/brancz/kube-rbac-proxy`` as single static
+binaries (our pinned kube-scheduler build; kube-rbac-proxy from the Go module proxy at the tag the
+Deployment names, ``hack/build-tools.sh``), at the paths their real images use.
 """
 
 from __future__ import annotations
@@ -77,13 +84,15 @@ def _tar_bytes(members: dict[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
-def docker_archive(path: Path, tag: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str]) -> Path:
+def docker_archive(path: Path, tag: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str] | None,
+                   *, env_path: str = "/", user: str = "") -> Path:
     """Write a one-layer docker-archive image holding ``files`` (path -> (content, mode))."""
     layer = _tar_bytes(files)
     layer_id = hashlib.sha256(layer).hexdigest()
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/"], "WorkingDir": "/"},
+        "config": {"Entrypoint": entrypoint, "Env": [f"PATH={env_path}"], "WorkingDir": "/",
+                   **({"User": user} if user else {})},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
         "history": [{"created_by": "devcluster.images (gpusched test harness)"}],
     }, sort_keys=True).encode()
@@ -111,3 +120,53 @@ def node_test_images() -> list[ImageArchive]:
             docker_archive(path, tag, {name: (data, 0o755)}, [f"/{name}"])
         out.append(ImageArchive(tag, path))
     return out
+
+
+KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:{version}"
+KUBE_RBAC_PROXY_IMAGE = "quay.io/brancz/kube-rbac-proxy:{version}"
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _script_lines(*argv: str) -> list[str]:
+    proc = subprocess.run(["bash", *argv], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageBuildFailed(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return [line for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _static_image(tag: str, binary: Path, name: str, *, entrypoint: bool, user: str = "") -> ImageArchive:
+    """``binary`` at /usr/local/bin/<name> (where the real image has it); cached by its size and mtime."""
+    stat = binary.stat()
+    key = hashlib.sha256(f"{tag} {binary} {stat.st_size} {stat.st_mtime_ns} v1".encode()).hexdigest()[:16]
+    path = _cache_dir() / f"{name}-{key}.tar"
+    if not path.is_file():
+        docker_archive(path, tag, {f"usr/local/bin/{name}": (binary.read_bytes(), 0o755)},
+                       [f"/usr/local/bin/{name}"] if entrypoint else None, env_path="/usr/local/bin", user=user)
+    return ImageArchive(tag, path)
+
+
+def project_images(bin_dir: Path) -> list[ImageArchive]:
+    """Every image ``manifests/base`` names, under the tags it names (built and cached on first
+    use). ``bin_dir``: the control-plane build (kube-scheduler). Fails with the builder's output."""
+    versions = _versions()
+    images = []
+    tags = {"extender": "ghcr.io/gpusched/extender:0.1.0", "node-agent": "ghcr.io/gpusched/node-agent:0.1.0"}
+    for line in _script_lines("hack/build-images.sh", *tags):
+        name, _, archive = line.partition(" ")
+        images.append(ImageArchive(tags[name], Path(archive)))
+    # The Deployment runs `command: [kube-scheduler, ...]`: on PATH, as in registry.k8s.io's image.
+    images.append(_static_image(KUBE_SCHEDULER_IMAGE.format(version=versions["KUBERNETES_VERSION"]),
+                                bin_dir / "kube-scheduler", "kube-scheduler", entrypoint=False))
+    proxy = Path(_script_lines("hack/build-tools.sh", "kube-rbac-proxy")[-1])
+    # Its own image: ENTRYPOINT /usr/local/bin/kube-rbac-proxy, USER 65532:65532.
+    images.append(_static_image(KUBE_RBAC_PROXY_IMAGE.format(version=versions["KUBE_RBAC_PROXY_VERSION"]),
+                                proxy, "kube-rbac-proxy", entrypoint=True, user="65532:65532"))
+    return images

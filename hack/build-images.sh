@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds the project's images from its Dockerfiles, unchanged, with Debian's buildah (no Docker
+# engine here) and writes each as a docker-archive the real test node imports into containerd:
+#
+#   python-base  a local stand-in for the Dockerfiles' `FROM python:3.11.13-slim-bookworm`:
+#                debootstrap bookworm + Debian's python3.11 (3.11.2, not 3.11.13), the host's
+#                extra CA certificates trusted (pip inside RUN goes through this machine's
+#                HTTPS proxy). Tagged so the FROM resolves locally; never pushed anywhere.
+#   extender     images/extender/Dockerfile     -> ghcr.io/gpusched/extender:0.1.0
+#   node-agent   images/node-agent/Dockerfile   -> ghcr.io/gpusched/node-agent:0.1.0
+#
+# Usage: hack/build-images.sh [extender|node-agent ...]   (default: both). Prints one line per
+# image on stdout: `<name> <archive>`. Each archive is cached by content — the stand-in by this
+# script's base recipe and the host CA certificates, an image by the stand-in's key, its
+# Dockerfile and every file of the build context (.dockerignore) — in
+# ${GPUSCHED_IMAGE_CACHE:-~/.cache/gpusched/images}, so a change to a Dockerfile or to the code
+# rebuilds that image, and a broken Dockerfile fails here with buildah's own message.
+# Needs root (buildah's overlay storage, debootstrap's chroot); hack/real-node-deps.sh installs
+# buildah and debootstrap.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+cache="${GPUSCHED_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/images}"
+base_ref="docker.io/library/python:3.11.13-slim-bookworm"
+mirror="${GPUSCHED_DEBIAN_MIRROR:-}"
+base_packages="python3.11 python3.11-venv python3-pip ca-certificates"
+
+declare -A tags=([extender]="ghcr.io/gpusched/extender:0.1.0" [node-agent]="ghcr.io/gpusched/node-agent:0.1.0")
+images=("$@")
+((${#images[@]})) || images=(extender node-agent)
+for name in "${images[@]}"; do
+  [[ -n "${tags[$name]:-}" ]] || { echo "error: unknown image '$name' (build extender or node-agent)" >&2; exit 2; }
+done
+[[ $(id -u) -eq 0 ]] || { echo "error: building the images needs root (buildah storage, debootstrap); run make test as root" >&2; exit 1; }
+for c in buildah debootstrap sha256sum; do
+  command -v "$c" >/dev/null || { echo "error: $c is missing; run 'bash hack/real-node-deps.sh' (installs buildah and debootstrap)" >&2; exit 1; }
+done
+mkdir -p "$cache"
+
+# The mirror apt already uses on this machine (debootstrap needs one; nothing else is reachable).
+if [[ -z "$mirror" ]]; then
+  mirror="$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)"
+  [[ -n "$mirror" ]] || mirror="$(sed -n 's/^deb \(http[^ ]*debian\) bookworm .*/\1/p' /etc/apt/sources.list 2>/dev/null | head -1)"
+  [[ -n "$mirror" ]] || mirror="http://deb.debian.org/debian"
+fi
+
+digest() { sha256sum | cut -c1-16; }
+host_cas() { find /usr/local/share/ca-certificates -type f -name '*.crt' 2>/dev/null | sort; }
+
+base_key="$( { echo "bookworm minbase $base_packages v1"; host_cas | while read -r f; do cat "$f"; done; } | digest)"
+
+build_base() {
+  if buildah inspect --type image --format '{{index .ImageAnnotations "gpusched.base-key"}}' "$base_ref" 2>/dev/null \
+      | grep -qx "$base_key"; then
+    return
+  fi
+  echo "building the stand-in $base_ref (debootstrap bookworm from $mirror)" >&2
+  local work started
+  started=$(date +%s)
+  work="$(mktemp -d "${TMPDIR:-/tmp}/gpusched-base.XXXXXX")"
+  # shellcheck disable=SC2064  # expand now: the trap must remove this build's folder
+  trap "umount '$work/rootfs/proc' 2>/dev/null || true; rm -rf '$work'" RETURN
+  debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 \
+    || { tail -20 "$work/debootstrap.log" >&2; echo "error: debootstrap failed (log above)" >&2; exit 1; }
+  mkdir -p "$work/rootfs/usr/local/share/ca-certificates"
+  host_cas | while read -r f; do cp "$f" "$work/rootfs/usr/local/share/ca-certificates/"; done
+  mount -t proc proc "$work/rootfs/proc"
+  # shellcheck disable=SC2086  # the package list is words
+  chroot "$work/rootfs" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends $base_packages && update-ca-certificates >/dev/null && apt-get clean \
+      && rm -rf /var/lib/apt/lists/* && ln -sf /usr/bin/python3.11 /usr/local/bin/python \
+      && ln -sf /usr/bin/python3.11 /usr/local/bin/python3" >"$work/chroot.log" 2>&1 \
+    || { tail -20 "$work/chroot.log" >&2; echo "error: installing Python in the stand-in failed (log above)" >&2; exit 1; }
+  umount "$work/rootfs/proc"
+  tar -C "$work/rootfs" -cf "$work/rootfs.tar" .
+  local ctr
+  ctr="$(buildah from scratch)"
+  buildah add --quiet "$ctr" "$work/rootfs.tar" / >/dev/null
+  buildah config --env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 --cmd python3 \
+    --annotation "gpusched.base-key=$base_key" "$ctr"
+  buildah commit --quiet --rm "$ctr" "$base_ref" >/dev/null
+  echo "stand-in base built in $(( $(date +%s) - started )) s" >&2
+}
+
+# Every file the build context sends (.dockerignore: the packages, their metadata, images/).
+context_key() {
+  local dockerfile="$1"
+  ( cd "$repo"
+    { echo "$base_key"; cat "$dockerfile" .dockerignore
+      find pyproject.toml constraints.txt README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire images \
+           -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' 2>/dev/null | LC_ALL=C sort \
+        | while read -r f; do echo "$f"; cat "$f"; done
+    } | digest )
+}
+
+build_base
+for name in "${images[@]}"; do
+  dockerfile="images/$name/Dockerfile"
+  archive="$cache/$name-$(context_key "$dockerfile").tar"
+  if [[ ! -s "$archive" ]]; then
+    echo "building ${tags[$name]} from $dockerfile" >&2
+    started=$(date +%s)
+    log="$(mktemp "${TMPDIR:-/tmp}/gpusched-build-$name.XXXXXX")"
+    # --isolation chroot: the default OCI isolation adds iptables chains and turns on ip_forward.
+    if ! (cd "$repo" && buildah bud --pull=never --isolation chroot --layers=false -f "$dockerfile" \
+          -t "${tags[$name]}" .) >"$log" 2>&1; then
+      tail -30 "$log" >&2
+      echo "error: buildah could not build $dockerfile (its output above)" >&2
+      rm -f "$log"
+      exit 1
+    fi
+    rm -f "$log"
+    rm -f "$cache/$name"-*.tar  # older contexts of this image
+    buildah push --quiet "${tags[$name]}" "docker-archive:$archive.partial:${tags[$name]}" >/dev/null
+    mv "$archive.partial" "$archive"
+    echo "$name built in $(( $(date +%s) - started )) s; archive $(du -m "$archive" | cut -f1) MiB" >&2
+    printf '%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "$(( $(date +%s) - started ))" "$(du -b "$archive" | cut -f1)" \
+      >>"$cache/build-times.tsv"
+  fi
+  echo "$name $archive"
+done

@@ -1,0 +1,196 @@
+"""gpusched installed as a user installs it, and running for real (issue 16): on a bare cluster — the
+control plane, a real kubelet node with its pod network, kube-proxy, CoreDNS, and the cluster's
+own stock kube-scheduler — the steps of kind-config/up.sh, with the real kubectl and helm, the
+shipped objects applied unchanged (the images carry the tags the manifests name and are already on
+the node, so not even an image reference changes):
+
+1. the node labelled as a GPU node with a preset, its simulated GPUs advertised as
+   ``nvidia.com/gpu`` (no device plugin in this install: the fake-gpus overlay);
+2. the PodGroup CRD, the namespace, the fleet presets ConfigMap, the telemetry TLS Secret and CA
+   ConfigMap from ``hack/telemetry-certs.sh``;
+3. ``kubectl apply -k manifests/overlays/fake-gpus`` — or ``helm install`` of the chart with
+   ``nodeAgent.fakeGpus.enabled=true`` (the chart's spelling of that overlay; its plain defaults
+   run the NVML backend, which needs a GPU this machine does not have).
+
+Then: the scheduler pod (kube-scheduler, the extender, the token minter, kube-rbac-proxy) becomes
+Ready with its probes, the node-agent DaemonSet pod runs on the real node, publishes its inventory
+and streams telemetry through the ``gpusched-telemetry`` Service, a ``schedulerName: gpusched``
+pod is bound by the extender in that pod and runs, ``gpusched explain`` answers in the extender
+container, and ``/metrics`` is readable only through kube-rbac-proxy by an identity RBAC allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from devcluster.cluster import wait_until
+from devcluster.controlplane import MANIFESTS, REPO
+from devcluster.images import project_images
+from devcluster.realcluster import RealCluster
+from devcluster.render import tool
+
+pytestmark = pytest.mark.e2e
+NS = "gpusched-system"
+WORKLOAD_NS = "install-check"
+PRESET_UNITS = 8  # h100: what a device plugin would advertise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    real = RealCluster(gpusched_processes=False)
+    try:
+        real.start()
+        for image in project_images(real.cp.bin_dir):
+            real.node.import_image(image.path)
+        real.pki = tmp_path_factory.mktemp("telemetry-pki")
+        prepare_node_and_prerequisites(real)
+        yield real
+    finally:
+        real.stop()
+
+
+def prepare_node_and_prerequisites(cluster: RealCluster) -> None:
+    """up.sh's steps before gpusched itself: labels, advertised GPUs, the PodGroup CRD."""
+    node = cluster.node.name
+    cluster.kubectl("label", "node", node, "nvidia.com/gpu.present=true", "gpusched.io/preset=h100", "--overwrite")
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(
+        [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(PRESET_UNITS)}]))
+    cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / "scheduling.x-k8s.io_podgroups.yaml"))
+    cluster.kubectl("create", "namespace", WORKLOAD_NS)
+
+
+def create_namespace_secrets_and_presets(cluster: RealCluster) -> None:
+    cluster.kubectl("create", "namespace", NS)
+    cluster.kubectl("-n", NS, "create", "configmap", "gpusched-fleet-presets",
+                    f"--from-file={REPO / 'nodeagent' / 'gpu' / 'presets'}/")
+    kubectl = f"{cluster.cp.bin_dir / 'kubectl'} --kubeconfig={cluster.cp.kubeconfig(cluster.cp.admin_token, 'admin')}"
+    proc = subprocess.run(["bash", str(REPO / "hack" / "telemetry-certs.sh"), NS, str(cluster.pki)],
+                          env={**os.environ, "KUBECTL": kubectl}, capture_output=True, text=True)
+    assert proc.returncode == 0, f"hack/telemetry-certs.sh failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def wait_rolled_out(cluster: RealCluster) -> None:
+    for workload in ("deployment/gpusched-scheduler", "daemonset/gpusched-node-agent"):
+        proc = cluster.kubectl("-n", NS, "rollout", "status", workload, "--timeout=240s", check=False, timeout_s=260)
+        if proc.returncode != 0:
+            pods = cluster.kubectl("-n", NS, "get", "pods", "-o", "wide", check=False).stdout
+            describe = cluster.kubectl("-n", NS, "describe", "pods", check=False).stdout[-6000:]
+            logs = "".join(cluster.kubectl("-n", NS, "logs", f"{kind}", "--all-containers", "--tail=30",
+                                           "--prefix", check=False).stdout
+                           for kind in ("deployment/gpusched-scheduler", "daemonset/gpusched-node-agent"))
+            pytest.fail(f"{workload} did not roll out:\n{proc.stdout}{proc.stderr}\n{pods}\n{describe}\n{logs}\n"
+                        f"--- kubelet ---\n{cluster.node.kubelet.tail(30)}")
+
+
+def uninstall(cluster: RealCluster, *delete_args: str) -> None:
+    cluster.kubectl(*delete_args, "--wait=true", "--ignore-not-found", timeout_s=240)
+    core = client.CoreV1Api(cluster.cp.api_client())
+    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout_s=240)
+    wait_until(lambda: NS not in {n.metadata.name for n in core.list_namespace().items}, 120, f"namespace {NS} gone")
+
+
+def check_gpusched_runs(cluster: RealCluster, pod_name: str) -> None:
+    core = client.CoreV1Api(cluster.cp.api_client())
+    scheduler = next(p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=gpusched-scheduler").items
+                     if p.metadata.deletion_timestamp is None)
+    statuses = {c.name: c for c in scheduler.status.container_statuses}
+    assert set(statuses) == {"kube-scheduler", "extender", "metrics-proxy"}, statuses.keys()
+    assert all(c.ready for c in statuses.values()), {n: c.state for n, c in statuses.items()}
+    assert scheduler.status.pod_ip.startswith("198.19.0."), "the scheduler pod is on the pod network"
+    agent = next(p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=gpusched-node-agent").items
+                 if p.metadata.deletion_timestamp is None)
+    assert agent.spec.node_name == cluster.node.name and agent.status.phase == "Running"
+
+    # The agent published the inventory and its telemetry reaches the extender through the Service.
+    wait_until(lambda: "gpusched.io/gpu-inventory" in (core.read_node(cluster.node.name).metadata.annotations or {}),
+               60, "the agent's inventory annotation on the Node")
+    nodes = wait_until(lambda: (n := extender_get(cluster, "/debug/nodes")) and any(
+        x["name"] == cluster.node.name and x.get("telemetry", "").startswith("fresh telemetry") for x in n["nodes"]) and n, 60,
+        "fresh telemetry from the real node in the extender", context=lambda: extender_get(cluster, "/debug/nodes"))
+    assert len(next(x for x in nodes["nodes"] if x["name"] == cluster.node.name)["units"]) == PRESET_UNITS
+
+    # A GPU pod for gpusched: bound by the extender in the scheduler pod, run by the kubelet.
+    core.create_namespaced_pod(WORKLOAD_NS, {"metadata": {"name": pod_name}, "spec": {
+        "schedulerName": "gpusched", "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+        "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never",
+                        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+    pod = wait_until(lambda: (p := core.read_namespaced_pod(pod_name, WORKLOAD_NS)).status.phase == "Running" and p,
+                     90, f"{pod_name} bound by gpusched and running",
+                     context=lambda: cluster.kubectl("-n", WORKLOAD_NS, "describe", "pod", pod_name, check=False).stdout)
+    assigned = (pod.metadata.annotations or {}).get("gpusched.io/assigned-gpus", "")
+    assert len(assigned.split(",")) == 2 and pod.metadata.annotations.get("gpusched.io/decision-id"), pod.metadata
+    explain = cluster.kubectl("-n", NS, "exec", "deploy/gpusched-scheduler", "-c", "extender", "--", "gpusched",
+                              "explain", f"{WORKLOAD_NS}/{pod_name}", "--url", "http://127.0.0.1:8888").stdout
+    assert cluster.node.name in explain and "bind" in explain, explain
+
+    check_metrics_only_through_the_proxy(cluster, scheduler.status.pod_ip)
+    core.delete_namespaced_pod(pod_name, WORKLOAD_NS, grace_period_seconds=0)
+
+
+def extender_get(cluster: RealCluster, path: str) -> dict:
+    """GET on the extender's loopback port, from inside its own container (it listens nowhere else)."""
+    script = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8888{path}', timeout=5).read().decode())"
+    proc = cluster.kubectl("-n", NS, "exec", "deploy/gpusched-scheduler", "-c", "extender", "--", "python", "-c",
+                           script, check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr, "nodes": []}
+
+
+def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "observability" / "rbac-metrics-reader.yaml"))
+    for namespace, account in (("monitoring", "prometheus-k8s"), (WORKLOAD_NS, "nosy")):
+        cluster.kubectl("create", "namespace", namespace, check=False)
+        cluster.kubectl("-n", namespace, "create", "serviceaccount", account, check=False)
+    allowed = cluster.kubectl("-n", "monitoring", "create", "token", "prometheus-k8s").stdout.strip()
+    refused = cluster.kubectl("-n", WORKLOAD_NS, "create", "token", "nosy").stdout.strip()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # the proxy's self-signed serving cert
+
+    def get(token: str | None, port: int = 8443, scheme: str = "https") -> int:
+        request = urllib.request.Request(f"{scheme}://{pod_ip}:{port}/metrics",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=insecure if scheme == "https" else None) as r:
+                body = r.read().decode()
+                assert "gpusched_extender_decisions_total" in body
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert wait_until(lambda: get(allowed) == 200 or None, 30, "the reader's token accepted by kube-rbac-proxy") == 200
+    assert get(refused) == 403, "an identity without gpusched-metrics-reader must be refused"
+    assert get(None) == 401
+    with pytest.raises(urllib.error.URLError):  # the extender's own port is on the pod's loopback only
+        get(None, port=8888, scheme="http")
+
+
+def test_the_kustomize_overlay_installs_runs_and_places_a_pod(cluster: RealCluster):
+    create_namespace_secrets_and_presets(cluster)
+    cluster.kubectl("apply", "--server-side", "-k", str(MANIFESTS / "overlays" / "fake-gpus"))
+    wait_rolled_out(cluster)
+    check_gpusched_runs(cluster, "via-kustomize")
+    uninstall(cluster, "delete", "-k", str(MANIFESTS / "overlays" / "fake-gpus"))
+
+
+def test_the_helm_chart_installs_runs_and_places_a_pod(cluster: RealCluster):
+    create_namespace_secrets_and_presets(cluster)
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
+                           f"--kubeconfig={kubeconfig}", "--namespace", NS, "--set", "createNamespace=false",
+                           "--set", "nodeAgent.fakeGpus.enabled=true", "--wait=false"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    wait_rolled_out(cluster)
+    check_gpusched_runs(cluster, "via-helm")
+    proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "-n", NS,
+                           "--wait"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    time.sleep(0.1)
