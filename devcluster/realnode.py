@@ -55,6 +55,10 @@ def _run(*argv: str, check: bool = True, input: bytes | None = None) -> subproce
     return proc
 
 
+def _mount_targets() -> set[str]:
+    return {line.split()[1].replace("\\040", " ") for line in Path("/proc/mounts").read_text().splitlines()}
+
+
 def host_state() -> dict[str, Any]:
     """What a real node may leave behind on this machine, as comparable values (tests compare a
     snapshot before start() with one after stop())."""
@@ -99,6 +103,7 @@ class RealNode:
         self.containerd: Component | None = None
         self._sysctls: dict[str, str] = {}
         self.podnet = PodNetwork(cp, name, self.dir)
+        self._mounts_before: set[str] = set()
         self._folders_before: dict[Path, set[str] | None] = {}  # folder -> entries before (None: absent)
 
     @property
@@ -162,6 +167,7 @@ class RealNode:
                 self._sysctls[key] = path.read_text().strip()
         for folder in HOST_FOLDERS:
             self._folders_before[folder] = set(os.listdir(folder)) if folder.is_dir() else None
+        self._mounts_before = _mount_targets()
 
     def _start_containerd(self) -> None:
         cni = self.dir / "cni"
@@ -362,10 +368,12 @@ state = "{self.containerd_dir / 'state'}"
             self.containerd = None
 
     def _unmount(self) -> None:
-        """Mounts under the node's folders (overlay snapshots, volumes, netns), deepest first."""
+        """Mounts under the node's folders (overlay snapshots, volumes, netns), deepest first, and the
+        kubelet's bind mount of its root onto itself (for shared propagation) — none that was
+        there before start()."""
         prefixes = (str(self.dir), "/run/containerd", str(RUNC_ROOT), str(KUBELET_ROOT) + "/")
-        mounts = [line.split()[1].replace("\\040", " ") for line in Path("/proc/mounts").read_text().splitlines()]
-        for target in sorted((m for m in mounts if m.startswith(prefixes)), key=len, reverse=True):
+        for target in sorted((m for m in _mount_targets() - self._mounts_before
+                              if m.startswith(prefixes) or m == str(KUBELET_ROOT)), key=len, reverse=True):
             _run("umount", "-l", target, check=False)
 
     def _remove_cgroups(self) -> None:

@@ -35,13 +35,32 @@ def fetch_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict[str, A
                            "`kubectl -n gpusched-system port-forward deploy/gpusched-scheduler 8888` first") from None
 
 
+def _load_config(kubeconfig: str | None) -> None:
+    """``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else — inside a pod, e.g. the extender's
+    container — the pod's own service account."""
+    import os
+
+    from kubernetes import config
+
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG") \
+            and not os.path.exists(os.path.expanduser("~/.kube/config")):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=kubeconfig)
+
+
 def pod_status_lines(namespace: str, name: str, kubeconfig: str | None) -> list[str]:
     """The pod's node and PodScheduled condition, or a note saying why they are not shown."""
     try:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        config.load_kube_config(config_file=kubeconfig)
-        pod = client.CoreV1Api().read_namespaced_pod(name, namespace)
+        _load_config(kubeconfig)
+        # A list by name, not a get: the extender's own account (explain run in its container) may
+        # list pods but not get them, and the answer is the same.
+        found = client.CoreV1Api().list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items
+        if not found:
+            raise LookupError(f"pod {namespace}/{name} not found")
+        pod = found[0]
     except Exception as exc:  # no kubeconfig, no access, pod gone: explain still works from records
         return [f"(pod not read from the cluster: {type(exc).__name__}: {str(exc).splitlines()[0][:160]})"]
     lines = [f"phase {pod.status.phase}; node {pod.spec.node_name or '(none)'}"]

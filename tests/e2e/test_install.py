@@ -25,7 +25,6 @@ import json
 import os
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
@@ -68,8 +67,9 @@ def prepare_node_and_prerequisites(cluster: RealCluster) -> None:
     cluster.kubectl("create", "namespace", WORKLOAD_NS)
 
 
-def create_namespace_secrets_and_presets(cluster: RealCluster) -> None:
-    cluster.kubectl("create", "namespace", NS)
+def create_namespace_secrets_and_presets(cluster: RealCluster, *, create_namespace: bool = True) -> None:
+    if create_namespace:
+        cluster.kubectl("create", "namespace", NS)
     cluster.kubectl("-n", NS, "create", "configmap", "gpusched-fleet-presets",
                     f"--from-file={REPO / 'nodeagent' / 'gpu' / 'presets'}/")
     kubectl = f"{cluster.cp.bin_dir / 'kubectl'} --kubeconfig={cluster.cp.kubeconfig(cluster.cp.admin_token, 'admin')}"
@@ -82,13 +82,26 @@ def wait_rolled_out(cluster: RealCluster) -> None:
     for workload in ("deployment/gpusched-scheduler", "daemonset/gpusched-node-agent"):
         proc = cluster.kubectl("-n", NS, "rollout", "status", workload, "--timeout=240s", check=False, timeout_s=260)
         if proc.returncode != 0:
-            pods = cluster.kubectl("-n", NS, "get", "pods", "-o", "wide", check=False).stdout
-            describe = cluster.kubectl("-n", NS, "describe", "pods", check=False).stdout[-6000:]
-            logs = "".join(cluster.kubectl("-n", NS, "logs", f"{kind}", "--all-containers", "--tail=30",
-                                           "--prefix", check=False).stdout
-                           for kind in ("deployment/gpusched-scheduler", "daemonset/gpusched-node-agent"))
-            pytest.fail(f"{workload} did not roll out:\n{proc.stdout}{proc.stderr}\n{pods}\n{describe}\n{logs}\n"
+            pytest.fail(f"{workload} did not roll out:\n{proc.stdout}{proc.stderr}\n{pod_report(cluster)}\n"
                         f"--- kubelet ---\n{cluster.node.kubelet.tail(30)}")
+
+
+def pod_report(cluster: RealCluster) -> str:
+    """Every gpusched pod's containers (init ones too): state, then the log of this and the last run."""
+    core = client.CoreV1Api(cluster.cp.api_client())
+    out = [cluster.kubectl("-n", NS, "get", "pods", "-o", "wide", check=False).stdout]
+    for pod in core.list_namespaced_pod(NS).items:
+        statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+        for status in statuses:
+            out.append(f"--- {pod.metadata.name}/{status.name}: ready={status.ready} restarts={status.restart_count} "
+                       f"state={status.state} last={status.last_state}")
+            for previous in (True, False):
+                try:
+                    out.append(core.read_namespaced_pod_log(pod.metadata.name, NS, container=status.name,
+                                                            previous=previous, tail_lines=25))
+                except client.ApiException:
+                    pass
+    return "\n".join(out)
 
 
 def uninstall(cluster: RealCluster, *delete_args: str) -> None:
@@ -130,7 +143,8 @@ def check_gpusched_runs(cluster: RealCluster, pod_name: str) -> None:
     assert len(assigned.split(",")) == 2 and pod.metadata.annotations.get("gpusched.io/decision-id"), pod.metadata
     explain = cluster.kubectl("-n", NS, "exec", "deploy/gpusched-scheduler", "-c", "extender", "--", "gpusched",
                               "explain", f"{WORKLOAD_NS}/{pod_name}", "--url", "http://127.0.0.1:8888").stdout
-    assert cluster.node.name in explain and "bind" in explain, explain
+    # The decision records and the pod as the extender's own account reads it, in its container.
+    assert f"BOUND to {cluster.node.name}" in explain and f"phase Running; node {cluster.node.name}" in explain, explain
 
     check_metrics_only_through_the_proxy(cluster, scheduler.status.pod_ip)
     core.delete_namespaced_pod(pod_name, WORKLOAD_NS, grace_period_seconds=0)
@@ -165,7 +179,7 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
         except urllib.error.HTTPError as exc:
             return exc.code
 
-    assert wait_until(lambda: get(allowed) == 200 or None, 30, "the reader's token accepted by kube-rbac-proxy") == 200
+    wait_until(lambda: get(allowed) == 200, 30, "the reader's token accepted by kube-rbac-proxy")
     assert get(refused) == 403, "an identity without gpusched-metrics-reader must be refused"
     assert get(None) == 401
     with pytest.raises(urllib.error.URLError):  # the extender's own port is on the pod's loopback only
@@ -181,16 +195,16 @@ def test_the_kustomize_overlay_installs_runs_and_places_a_pod(cluster: RealClust
 
 
 def test_the_helm_chart_installs_runs_and_places_a_pod(cluster: RealCluster):
-    create_namespace_secrets_and_presets(cluster)
     kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    # The chart's defaults (it creates the namespace), the fake GPU backend as the only value; the
+    # presets and the TLS material follow, and the pods wait for those volumes meanwhile.
     proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
-                           f"--kubeconfig={kubeconfig}", "--namespace", NS, "--set", "createNamespace=false",
-                           "--set", "nodeAgent.fakeGpus.enabled=true", "--wait=false"],
+                           f"--kubeconfig={kubeconfig}", "--set", "nodeAgent.fakeGpus.enabled=true"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    create_namespace_secrets_and_presets(cluster, create_namespace=False)
     wait_rolled_out(cluster)
     check_gpusched_runs(cluster, "via-helm")
-    proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "-n", NS,
-                           "--wait"], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    time.sleep(0.1)

@@ -37,9 +37,12 @@ def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane
 
 def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
+    # The fake-gpus demo's init container alone reads its Node: that overlay adds exactly that grant.
+    added = {"overlays/fake-gpus": {("ClusterRole", "", "gpusched-node-agent-read-nodes"),
+                                    ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")}}
     for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
-        assert overlay.keys() == base.keys(), folder
+        assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
         assert changed == {("DaemonSet", "gpusched-system", "gpusched-node-agent")}, folder
 
@@ -59,6 +62,9 @@ def test_fake_gpus_overlay_runs_the_fake_backend_on_a_preset_from_the_configmap(
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["fleet-presets"]["configMap"]["name"] == "gpusched-fleet-presets"
     assert [c["name"] for c in spec["initContainers"]] == ["select-fleet"]
+    # It reads its Node, so it needs the API identity (the pod mounts none by default).
+    assert {"name": "api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True} \
+        in spec["initContainers"][0]["volumeMounts"]
 
 
 def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nodes_only():
@@ -158,6 +164,8 @@ def test_the_schedulers_token_reaches_only_the_containers_that_act_as_the_schedu
     assert not any(o["kind"] == "Secret" and o.get("type") == "kubernetes.io/service-account-token" for o in objects)
     agent = _token_mounts(objects, "DaemonSet")
     assert agent.pop("agent") == {"token", "api-access"}
+    # The fake-gpus init container reads its Node: the API identity, never the telemetry token.
+    assert agent.pop("select-fleet", {"api-access"}) == {"api-access"}
     assert all(not mounts for mounts in agent.values()), agent
 
 
