@@ -224,4 +224,4 @@ def _gather(names: Sequence[str], at: np.ndarray) -> tuple[str, ...]:
 
 _NONE: Mapping[str, str] = MappingProxyType({})
 # A verdict's code as the small integer GroupAnswers tags it with (array operations compare tags).
-CODE_TAG = {Code.SUCCESS: 0, Code.UNSCHEDULABLE: 1, Code.UNSCHEDULABLE_AND_UNRESOLVABLE: 2, Code.ERROR: 3}
+CODE_TAG = MappingProxyType({Code.SUCCESS: 0, Code.UNSCHEDULABLE: 1, Code.UNSCHEDULABLE_AND_UNRESOLVABLE: 2, Code.ERROR: 3})

@@ -50,7 +50,7 @@ from extender.framework.profile import ROOT, ProfileConfig, ProfileError
 from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandError, PodDemand
-from extender.model.nodemaps import RECENT_ANSWERS, Answer, GroupedMapping, UniqueNames, unique_names
+from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
 from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeGroups, NodeInfo
 
 __all__ = ["Framework", "FilterDecision", "GpuChoice", "NodeScore", "NodeVerdict", "PluginScore", "ScoreDecision",
@@ -70,6 +70,8 @@ class Framework:
         every = list(filters) + [p for p, _ in scores]
         self._shape_only = all(getattr(p, "node_shape_only", False) for p in every)
         self._normalizes = any(isinstance(p, NormalizeScorePlugin) for p, _ in scores)
+        # This framework's recent filter answers (prioritize after filter reuses their group ids).
+        self.recent_answers = RecentAnswers(16)
 
     @classmethod
     def from_profile(cls, profile: ProfileConfig, registry: Registry) -> Framework:
@@ -160,7 +162,7 @@ class Framework:
         plain = pick is not None and groups.index.plain  # names of snapshot nodes need no JSON escaping
         decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
         if decision.feasible_gids is not None:
-            RECENT_ANSWERS.remember(Answer(decision.feasible, decision.feasible_gids, groups))
+            self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
 
     def _pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
@@ -226,7 +228,7 @@ class Framework:
         per-node outputs are views over the group ids, read with array operations."""
         snapshot = state.snapshot
         groups = snapshot.groups()
-        names, gid_array, known = _group_ids(groups, requested)
+        names, gid_array, known = _group_ids(groups, requested, self.recent_answers)
         answers = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
         present = np.flatnonzero(np.bincount(gid_array)) if len(gid_array) else gid_array
         slots = answers.slots(present)
@@ -343,12 +345,13 @@ _GROUPED_FROM = 16  # fewer names than this: judge node by node (a bind, a small
 _MEMO_DEMANDS = 256  # per node set: demands whose per-group answers are kept
 
 
-def _group_ids(groups: NodeGroups, requested: Sequence[str]) -> tuple[Sequence[str], np.ndarray, bool]:
+def _group_ids(groups: NodeGroups, requested: Sequence[str],
+               recent: RecentAnswers) -> tuple[Sequence[str], np.ndarray, bool]:
     """The names once each (``requested`` itself when it repeats none), their group ids, and
     whether every name is a snapshot node. Names equal to a filter answer under this very
     grouping reuse the ids computed for that answer (prioritize after filter) instead of a
     lookup per name; an answer only ever holds snapshot nodes."""
-    answer = getattr(requested, "answer", None) or RECENT_ANSWERS.find(requested)
+    answer = getattr(requested, "answer", None) or recent.find(requested)
     if answer is not None and answer.grouping is groups:
         return requested, answer.gids, True
     names, positions = _locate(groups, requested)

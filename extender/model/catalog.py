@@ -155,8 +155,8 @@ def catalog_from_configmap_data(data: Mapping[str, str] | None) -> Catalog:
     return Catalog(specs)
 
 
-_FIELDS = {"attentionHeads", "kvHeads", "layers", "hiddenSize", "headDim", "paramsBillion",
-           "dtype", "aliases"}
+_FIELDS = frozenset({"attentionHeads", "kvHeads", "layers", "hiddenSize", "headDim", "paramsBillion",
+                     "dtype", "aliases"})
 
 
 def _parse_entry(name: str, fields: Any) -> ModelSpec:

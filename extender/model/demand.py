@@ -191,7 +191,7 @@ def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, A
 
 
 _HAS_SPACE = re.compile(r"\s").search
-_ALL_FLAGS = set(_TP_FLAGS + _PP_FLAGS + _MODEL_FLAGS)
+_ALL_FLAGS = frozenset(_TP_FLAGS + _PP_FLAGS + _MODEL_FLAGS)
 
 
 def _tokens(container: Mapping[str, Any]) -> list[str]:

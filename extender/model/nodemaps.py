@@ -8,10 +8,12 @@ per group and hands out these views instead of dicts:
 - :class:`UniqueNames` — a list of node names that holds each name once (the names of the Node
   objects a request carried, deduplicated by the HTTP layer; ``NodeNames`` go on as sent and the
   framework finds repeats on the positions it looks up).
-- :data:`RECENT_ANSWERS` — the feasible lists filter answered lately. kube-scheduler sends
-  prioritize exactly the names filter kept, in the same order; a request equal to a remembered
-  answer is known to be unique without hashing every name, and carries the group ids the
-  framework computed for it (valid while the grouping is the same object).
+- :class:`RecentAnswers` — the feasible lists one framework's filter answered lately (each
+  :class:`~extender.framework.runtime.Framework` owns one: two frameworks in a process never
+  share answers). kube-scheduler sends prioritize exactly the names filter kept, in the same
+  order; a request equal to a remembered answer is known to be unique without hashing every name,
+  and carries the group ids the framework computed for it (valid while the grouping is the same
+  object).
 - :class:`GroupedMapping` — a read-only name -> value mapping stored as (names, group ids, value
   per group). Built in O(1); a lookup builds the name index once, lazily. The wire encoders read
   ``names``/``gids``/``by_group`` directly to write JSON with C-level passes.
@@ -74,16 +76,13 @@ class RecentAnswers:
         return answer
 
 
-RECENT_ANSWERS = RecentAnswers(16)
-
-
-def unique_names(names: Sequence[str]) -> UniqueNames:
-    """``names`` once each, in order. A request equal to a remembered filter answer is unique
+def unique_names(names: Sequence[str], recent: RecentAnswers | None = None) -> UniqueNames:
+    """``names`` once each, in order. A request equal to an answer in ``recent`` is unique
     already; otherwise kube-scheduler never repeats a name either, so a set check (which also
     caches every name's hash for the lookups that follow) usually replaces the rebuild."""
     if isinstance(names, UniqueNames):
         return names
-    answer = RECENT_ANSWERS.find(names)
+    answer = recent.find(names) if recent is not None else None
     if answer is not None:
         return UniqueNames(names, answer)
     return UniqueNames(names if len(set(names)) == len(names) else dict.fromkeys(names))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from types import MappingProxyType
 
 from extender.model.demand import PodDemand
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
@@ -44,13 +45,13 @@ class Tier(IntEnum):
         return _TIER_LABELS[self]
 
 
-_TIER_LABELS = {
+_TIER_LABELS = MappingProxyType({
     Tier.CROSS_SOCKET: "across CPU sockets",
     Tier.NUMA: "same NUMA node",
     Tier.PCIE_SWITCH: "same PCIe switch",
     Tier.NVLINK: "one NVLink island",
     Tier.SINGLE: "single unit",
-}
+})
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from types import MappingProxyType
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_BINARY = MappingProxyType({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
+_DECIMAL = MappingProxyType({"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18})
 # A number, then either a suffix or a decimal exponent (never both), as in apimachinery.
 _QUANTITY = re.compile(
     r"^(?P<num>\+?(?:\d+(?:\.\d*)?|\.\d+))"

@@ -59,6 +59,7 @@ class FrameworkDecider:
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
         self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
+        self._json = SharedJson(4096)  # verdict/score objects -> their JSON, shared by decision records
         self._reserve_lock = threading.Lock()
         self._lock = threading.Lock()
 
@@ -117,7 +118,7 @@ class FrameworkDecider:
         summary = summarize_failures(decision)
         if decision.feasible:
             summary = f"fits {len(decision.feasible)} of {len(decision.per_node)} nodes" + (f"; {summary}" if summary else "")
-        verdicts = _per_node_json(decision.per_node, _verdict_json)
+        verdicts = _per_node_json(decision.per_node, _verdict_json, self._json)
         details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
@@ -152,7 +153,7 @@ class FrameworkDecider:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         demand = self.demand(pod)
         decision = self.framework.score(self._snapshot_for(node_objects), demand, candidates)
-        breakdown = _per_node_json(decision.per_node, _score_json)
+        breakdown = _per_node_json(decision.per_node, _score_json, self._json)
         return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
@@ -193,31 +194,35 @@ class FrameworkDecider:
         return None  # the watch turns the assumed entry into a bound one
 
 
-def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:
+def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any], shared: SharedJson) -> dict[str, Any]:
     """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Nodes share result objects
     (the framework interns one per distinct result), so each object's JSON is made once and
-    shared, read-only, by every record that shows it (``_SHARED_JSON``): fresh JSON per record
-    made the decision store the bulk of what each garbage collection walks."""
+    shared, read-only, by every record that shows it (``shared``): fresh JSON per record made the
+    decision store the bulk of what each garbage collection walks."""
     if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
         head = per_node.head(_MAX_VERDICTS_RECORDED)
     else:
         head = dict(islice(per_node.items(), _MAX_VERDICTS_RECORDED))
-    return {name: _shared_json(value, encode) for name, value in head.items()}
+    return {name: shared.get(value, encode) for name, value in head.items()}
 
 
-def _shared_json(value: Any, encode: Callable[[Any], Any]) -> Any:
-    """``encode(value)``, made once per value object. Keyed by identity (hashing a verdict hashes
-    every status in it); the entry holds the value, so its id cannot be reused while cached."""
-    entry = _SHARED_JSON.get(id(value))
-    if entry is None or entry[0] is not value:
-        if len(_SHARED_JSON) >= _SHARED_JSON_MAX:
-            _SHARED_JSON.clear()
-        entry = _SHARED_JSON[id(value)] = (value, encode(value))
-    return entry[1]
+class SharedJson:
+    """``encode(value)``, made once per value object, for one decider's records. Keyed by identity
+    (hashing a verdict hashes every status in it); an entry holds its value, so the id cannot be
+    reused while cached. Emptied whole when full (a new snapshot interns new objects anyway).
+    Thread-safe enough: single dict operations, and a lost race only encodes twice."""
 
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._by_id: dict[int, tuple[Any, Any]] = {}
 
-_SHARED_JSON: dict[int, tuple[Any, Any]] = {}
-_SHARED_JSON_MAX = 4096
+    def get(self, value: Any, encode: Callable[[Any], Any]) -> Any:
+        entry = self._by_id.get(id(value))
+        if entry is None or entry[0] is not value:
+            if len(self._by_id) >= self._capacity:
+                self._by_id.clear()
+            entry = self._by_id[id(value)] = (value, encode(value))
+        return entry[1]
 
 
 def _verdict_json(verdict: Any) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from extender.model.ledger import GpuLedger
-from extender.model.nodemaps import RECENT_ANSWERS, UniqueNames, unique_names
+from extender.model.nodemaps import Answer, RecentAnswers, UniqueNames, unique_names
 from extender.model.snapshot import ClusterSnapshot
 from tests.unit.builders import default_framework, make_demand, make_fleet
 
@@ -46,7 +46,7 @@ def test_prioritize_on_filters_answer_scores_as_a_fresh_list(seed, move_ledger):
             ledger.assume(f"ns/other-{name}", name, [u.id for u in node.units[2:]])
         snapshot = snapshot.with_ledger(ledger.view())
 
-    back = unique_names(fresh(decision.feasible))
+    back = unique_names(fresh(decision.feasible), framework.recent_answers)
     assert back.answer is not None and back.answer.names == decision.feasible
     reused = framework.score(snapshot, demand, back).scores
     # Another framework instance: its per-group memo is its own, so a wrong reuse above cannot
@@ -67,12 +67,12 @@ def test_prioritize_on_filters_answer_scores_as_a_fresh_list(seed, move_ledger):
 ])
 def test_only_an_equal_list_is_taken_for_the_answer(request_of):
     answer = tuple(f"node-{i}" for i in range(10))
-    from extender.model.nodemaps import Answer
-    RECENT_ANSWERS.remember(Answer(answer, list(range(10)), object()))
+    recent = RecentAnswers(16)
+    recent.remember(Answer(answer, list(range(10)), object()))
     request = request_of(answer)
-    names = unique_names(request)
+    names = unique_names(request, recent)
     assert names.answer is None and list(names) == list(dict.fromkeys(request))
-    assert unique_names(list(answer)).answer is not None
+    assert unique_names(list(answer), recent).answer is not None
 
 
 def test_duplicates_are_removed_in_order():
@@ -144,3 +144,15 @@ def test_answers_encode_like_orjson_whatever_the_node_names(odd):
     scores = default_framework().score(snapshot, demand, request).scores
     assert encode_host_priorities(request, scores) == orjson.dumps(
         [{"Host": n, "Score": scores[n]} for n in request])
+
+
+def test_two_frameworks_never_share_answers():
+    """Issue 17: the recent answers are the framework's own, not the process's."""
+    nodes = fleet(40, 7)
+    snapshot = ClusterSnapshot.build(nodes, GpuLedger().view())
+    first, second = default_framework(), default_framework()
+    demand = make_demand(gpus=1)
+    decision = first.filter(snapshot, demand, UniqueNames(n.name for n in nodes))
+    assert len(decision.feasible) >= 16
+    assert unique_names(list(decision.feasible), first.recent_answers).answer is not None
+    assert unique_names(list(decision.feasible), second.recent_answers).answer is None
