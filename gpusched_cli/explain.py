@@ -102,9 +102,13 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
         rows = []
         amended = {**details.get("failed", {}), **details.get("unresolvable", {})}
         telemetry = details.get("telemetry", {})
+        # The verdict kube-scheduler was sent: the extender moves a node from "never" to "not now"
+        # (FailedNodes) when foreign memory, which can be freed, is what stands in the way.
+        sent = {**{n: "not now" for n in details.get("failed", {})}, **{n: "never" for n in details.get("unresolvable", {})}}
         for node, statuses in sorted(details.get("verdicts", {}).items()):
             last = statuses[-1] if statuses else {"code": "SUCCESS", "plugin": "", "reason": ""}
-            rows.append((node, _verdict(last["code"]), last["plugin"], amended.get(node, last["reason"])))
+            verdict = sent.get(node, _verdict(last["code"]))
+            rows.append((node, verdict, last["plugin"], amended.get(node, last["reason"])))
         if rows:
             out.append(table(["NODE", "VERDICT", "PLUGIN", "REASON"], rows, max_width=160))
         if telemetry:

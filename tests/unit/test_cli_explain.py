@@ -1,0 +1,30 @@
+"""``gpusched explain`` shows the verdict kube-scheduler was sent (issue 17, item 8): a node the
+framework judged "never" but the extender put in FailedNodes — foreign memory, which can be
+freed — reads "not now", as the wire answer says."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched_cli.explain import render_explain
+
+NEVER = [{"plugin": "GpuFit", "code": "UNSCHEDULABLE_AND_UNRESOLVABLE", "reason": "only 0 of 8 GPUs have room"}]
+NOT_NOW = [{"plugin": "GpuFit", "code": "UNSCHEDULABLE", "reason": "2 of 8 GPUs free"}]
+
+
+def records(verdicts: dict, failed: dict, unresolvable: dict) -> dict:
+    return {"decisions": {"filter": {"id": "d-1", "result": "unschedulable", "summary": "", "details": {
+        "demand": {}, "verdicts": verdicts, "failed": failed, "unresolvable": unresolvable}}}}
+
+
+@pytest.mark.parametrize("verdicts,failed,unresolvable,node,expected", [
+    pytest.param({"leftover-0": NEVER}, {"leftover-0": "no room (foreign processes hold GPU 0: 70 GiB)"}, {},
+                 "leftover-0", "not now", id="moved-to-failed-nodes-reads-not-now"),
+    pytest.param({"small-0": NEVER}, {}, {"small-0": "only 0 of 8"}, "small-0", "never", id="unresolvable-stays-never"),
+    pytest.param({"busy-0": NOT_NOW}, {"busy-0": "2 of 8 GPUs free"}, {}, "busy-0", "not now", id="not-now"),
+    pytest.param({"far-0": NEVER}, {}, {}, "far-0", "never", id="beyond-the-recorded-lists-the-framework-verdict"),
+])
+def test_the_verdict_shown_is_the_one_sent(verdicts, failed, unresolvable, node, expected):
+    text = render_explain("ns", "pod", records(verdicts, failed, unresolvable), [])
+    row = next(line for line in text.splitlines() if line.startswith(node + " "))
+    assert row.split(None, 1)[1].startswith(expected + " "), row  # NODE, then VERDICT
