@@ -154,9 +154,11 @@ def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender) -
 GANG = ("llama405b-pp", 2, 8)  # name, members, GPUs each
 
 
-def gang_row(api: client.ApiClient) -> dict[str, tuple[list[str], str]]:
+def gang_row(api: client.ApiClient, extender: Any) -> dict[str, tuple[list[str], str]]:
     """A 2 x 8-GPU pipeline-parallel gang against a single free 8-GPU node, per scheduler.
-    Returns, per scheduler, the bound members and the reason the others wait."""
+    Returns, per scheduler, the bound members and the reason the others wait — for gpusched the
+    gang's settled reason from ``/debug/gangs``, not a member's first attempt (which can predate
+    its sibling: "1 of 2 members exist")."""
     from devcluster.gangs import gang_pods
 
     out = {}
@@ -179,8 +181,20 @@ def gang_row(api: client.ApiClient) -> dict[str, tuple[list[str], str]]:
         bound = [p.metadata.name for p in pods if p.spec.node_name]
         waiting = next((c.message for p in pods if not p.spec.node_name for c in (p.status.conditions or [])
                         if c.type == "PodScheduled"), "")
+        if label == "gpusched":
+            waiting = wait_until(lambda: _settled_gang_reason(extender, f"{namespace}/{name}", size), 30,
+                                 f"gang {namespace}/{name} judged with all {size} members",
+                                 context=lambda: str(extender.get_json("/debug/gangs")))
         out[label] = (bound, waiting)
     return out
+
+
+def _settled_gang_reason(extender: Any, gang: str, size: int) -> str | None:
+    """The gang's reason once the extender has seen all ``size`` members (None before)."""
+    for described in extender.get_json("/debug/gangs").get("gangs", []):
+        if described["gang"].endswith(gang) and len(described["members"]) == size and described["reason"]:
+            return described["reason"]
+    return None
 
 
 def run(keep: bool) -> int:
@@ -250,7 +264,7 @@ def run(keep: bool) -> int:
                      gs_why))
 
         # A gang that cannot fit whole.
-        gangs = gang_row(api)
+        gangs = gang_row(api, extender)
         name, size, gpus = GANG
         counted_bound, _ = gangs[COUNT_ONLY]
         gs_bound, gs_reason = gangs["gpusched"]

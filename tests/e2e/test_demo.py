@@ -23,5 +23,8 @@ def test_demo_prints_the_side_by_side_table_and_exits_zero():
                    "gpusched rejected gpusched-leftover-0",
                    "count-only bound 1 of 2 members", "kept whole by gpusched"):  # the gang
         assert reason in out, f"missing {reason!r}:\n{out}"
+    # The gang's settled reason (all members seen), not a first attempt's "1 of 2 members exist" (issue 17).
+    note = next(line for line in out.splitlines() if "kept whole by gpusched" in line)
+    assert "fits nowhere" in note and "members exist" not in note, note
     gang_row = next(line for line in out.splitlines() if line.startswith("llama405b-pp (gang)"))
     assert "1 of 2 bound" in gang_row and "0 of 2 bound" in gang_row, gang_row
