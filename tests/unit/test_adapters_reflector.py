@@ -1,0 +1,123 @@
+"""The reflector's contract (issue 17, item 4), against a scripted apiserver: replace after every
+list, apply each event after it, resume from the last resourceVersion (bookmarks included),
+relist on 410 — as an error event or as the watch call's status — and back off on other failures."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+from kubernetes.client.rest import ApiException
+
+from extender.adapters.reflector import Reflector
+
+
+@dataclass
+class FakeResponse:
+    data: bytes = b""
+    lines: list[dict] = field(default_factory=list)
+
+    def stream(self, amt=None, decode_content=False):
+        for line in self.lines:
+            yield orjson.dumps(line) + b"\n"
+
+    def release_conn(self) -> None:
+        pass
+
+
+def pod(name: str, rv: str) -> dict:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+def listing(rv: str, *names: str) -> FakeResponse:
+    return FakeResponse(data=orjson.dumps({"metadata": {"resourceVersion": rv}, "items": [pod(n, rv) for n in names]}))
+
+
+def events(*lines: dict) -> FakeResponse:
+    return FakeResponse(lines=list(lines))
+
+
+def event(kind: str, name: str, rv: str) -> dict:
+    return {"type": kind, "object": pod(name, rv)}
+
+
+class Script:
+    """Answers list and watch calls in order; records what each was asked; stops the reflector
+    when the script runs out."""
+
+    def __init__(self, steps: list, done: threading.Event) -> None:
+        self.steps, self.done, self.calls = list(steps), done, []
+
+    def __call__(self, watch: bool = False, resource_version: str | None = None, **_):
+        self.calls.append(("watch", resource_version) if watch else ("list", None))
+        if not self.steps:
+            self.done.set()
+            raise RuntimeError("script over")
+        step = self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def replace(self, items):
+        self.seen.append(("replace", tuple(i["metadata"]["name"] for i in items)))
+
+    def apply(self, kind, obj):
+        self.seen.append((kind, obj["metadata"]["name"]))
+
+
+@pytest.mark.parametrize("steps,calls,seen", [
+    pytest.param([listing("10", "a"), events(event("ADDED", "b", "11"), event("DELETED", "a", "12"))],
+                 [("list", None), ("watch", "10"), ("watch", "12")],
+                 [("replace", ("a",)), ("ADDED", "b"), ("DELETED", "a")], id="list-then-events-then-resume"),
+    pytest.param([listing("10"), events({"type": "BOOKMARK", "object": pod("", "40")})],
+                 [("list", None), ("watch", "10"), ("watch", "40")], [("replace", ())],
+                 id="a-bookmark-moves-the-version-and-is-not-applied"),
+    pytest.param([listing("10", "a"), events({"type": "ERROR", "object": {"code": 410, "message": "too old"}}),
+                  listing("50", "a", "b")],
+                 [("list", None), ("watch", "10"), ("list", None), ("watch", "50")],
+                 [("replace", ("a",)), ("replace", ("a", "b"))], id="410-event-relists"),
+    pytest.param([listing("10", "a"), ApiException(status=410), listing("60", "c")],
+                 [("list", None), ("watch", "10"), ("list", None), ("watch", "60")],
+                 [("replace", ("a",)), ("replace", ("c",))], id="410-status-relists"),
+    pytest.param([listing("10", "a"), ApiException(status=500), events(event("MODIFIED", "a", "11"))],
+                 [("list", None), ("watch", "10"), ("watch", "10"), ("watch", "11")],
+                 [("replace", ("a",)), ("MODIFIED", "a")], id="other-failure-retries-the-watch-from-the-same-version"),
+    pytest.param([ApiException(status=503), listing("10", "a")],
+                 [("list", None), ("list", None), ("watch", "10")],
+                 [("replace", ("a",))], id="a-failed-list-is-retried"),
+])
+def test_reflector_follows_the_list_watch_contract(steps, calls, seen):
+    done = threading.Event()
+    script, handler = Script(steps, done), Recorder()
+    reflector = Reflector("pods", script, handler, backoff_initial_s=0.001, backoff_max_s=0.002).start()
+    assert done.wait(10), f"the reflector stopped calling: {script.calls}"
+    reflector.stop()
+    assert script.calls[:len(calls)] == calls
+    assert handler.seen == seen
+    assert reflector.synced.is_set()
+
+
+def test_backoff_grows_and_is_capped():
+    waits: list[float] = []
+
+    class Recording(threading.Event):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            return len(waits) >= 8  # stop after eight retries
+
+    reflector = Reflector("pods", lambda **_: (_ for _ in ()).throw(ApiException(status=503)), Recorder(),
+                          backoff_initial_s=1.0, backoff_max_s=4.0)
+    reflector._stop = Recording()  # the reflector waits on its stop event between retries
+    reflector._run()
+    assert len(waits) == 8
+    # Jittered 0.5x..1.5x around 1, 2, 4, 4, ...: growing, then never above the cap's 1.5x.
+    assert waits[0] <= 1.5 and waits[1] >= 1.0 and all(w <= 6.0 for w in waits)
+    assert sum(waits[4:]) / 4 >= 2.0, waits
+    assert "503" in reflector.last_error
