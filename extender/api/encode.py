@@ -58,7 +58,7 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
     if not names:
         return b"[]"
     if (isinstance(scores, GroupedMapping) and scores.names is names and scores.complete
-            and _valid_scores(scores.by_group.values()) and (scores.plain or _plain(names))):
+            and _valid_scores(scores.by_group.values()) and (scores.names_json_safe or _plain(names))):
         # One fragment per group, mapped over the group ids: a single pass over the nodes.
         between = {g: _HOST_BETWEEN[v] for g, v in scores.by_group.items()}
         return _interleave('[{"Host":"', names, _fragments(between, scores.gids),
@@ -80,7 +80,7 @@ def encode_reasons(reasons: Mapping[str, str]) -> bytes:
     """A node -> reason mapping as a JSON object (``FailedNodes`` and friends)."""
     if not reasons:
         return b"{}"
-    if not (isinstance(reasons, GroupedMapping) and reasons.complete and (reasons.plain or _plain(reasons.names))):
+    if not (isinstance(reasons, GroupedMapping) and reasons.complete and (reasons.names_json_safe or _plain(reasons.names))):
         return orjson.dumps(dict(reasons))
     # Each distinct reason encoded once; names interleaved with '":<reason>,"'.
     by_reason: dict[str, str] = {}  # groups often share a reason: encode each once

@@ -131,7 +131,7 @@ def decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Map
 
 def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarray, present: np.ndarray,
                     slots: np.ndarray, answers: GroupAnswers, faults: Mapping[int, NodeVerdict],
-                    pick: Callable[[np.ndarray], tuple[str, ...]] | None, plain: bool = False) -> FilterDecision:
+                    pick: Callable[[np.ndarray], tuple[str, ...]] | None, names_json_safe: bool = False) -> FilterDecision:
     """The decision for ``names`` of groups ``gid_array``: ``tally`` counts names per group id,
     ``present`` lists the group ids with names (ascending), ``slots`` their verdicts' slots in
     ``answers`` (-1 only for ``faults``, verdicts of this request not kept). Every output keeps
@@ -139,7 +139,7 @@ def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarra
     output list, never a Python step per node, and per group only C-level ``zip``s: at 5,000
     names each list-level pass costs ~0.1 ms, the array operations a few microseconds.
     ``pick(at)`` returns ``names`` at the ascending positions ``at`` (default: an
-    ``itemgetter`` over ``names``); ``plain`` vouches that no name needs JSON escaping."""
+    ``itemgetter`` over ``names``); ``names_json_safe`` vouches that no name needs JSON escaping."""
     if pick is None:
         def pick(at: np.ndarray) -> tuple[str, ...]:
             return _gather(names, at)
@@ -180,8 +180,8 @@ def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarra
 
         def reasons(at: np.ndarray | None) -> GroupedMapping:
             if at is None:
-                return GroupedMapping(names, gid_array, reason, complete=True, plain=plain)
-            return GroupedMapping(pick(at), gid_array[at], reason, complete=True, plain=plain)
+                return GroupedMapping(names, gid_array, reason, complete=True, names_json_safe=names_json_safe)
+            return GroupedMapping(pick(at), gid_array[at], reason, complete=True, names_json_safe=names_json_safe)
 
         hopeless_tag = CODE_TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
         bad_tags = present_tags[is_bad]

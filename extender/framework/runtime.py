@@ -49,7 +49,7 @@ from extender.framework.interfaces import (
 from extender.framework.profile import ROOT, ProfileConfig, ProfileError
 from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
-from extender.model.demand import DemandError, PodDemand
+from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
 from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeGroups, NodeInfo
 
@@ -94,15 +94,15 @@ class Framework:
                    [(built[r.name], r.weight) for r in profile.score_plugins])
 
     # ---- filter -------------------------------------------------------------------------
-    def filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
+    def filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
                node_names: Iterable[str]) -> FilterDecision:
         """Judge each named node; nodes absent from the snapshot are unresolvable."""
         return self._filter(snapshot, demand, node_names)[0]
 
-    def _filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
+    def _filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
                 node_names: Iterable[str]) -> tuple[FilterDecision, CycleState | None]:
         requested = node_names if isinstance(node_names, (list, tuple)) else list(node_names)
-        if isinstance(demand, DemandError):
+        if isinstance(demand, DemandProblem):
             names = _unique(requested)
             verdict = NodeVerdict((Status.unresolvable(DEMAND, demand.message),))
             return decide(names, np.ones(len(names), np.int64), {1: verdict}), None
@@ -159,8 +159,8 @@ class Framework:
             slots = answers.slots(present)
         # Every name a snapshot node: gather answers from the index's array of names.
         pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
-        plain = pick is not None and groups.index.plain  # names of snapshot nodes need no JSON escaping
-        decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, plain)
+        names_json_safe = pick is not None and groups.index.names_json_safe  # names of snapshot nodes need no JSON escaping
+        decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, names_json_safe)
         if decision.feasible_gids is not None:
             self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
@@ -182,7 +182,7 @@ class Framework:
         return NodeVerdict(tuple(statuses))
 
     # ---- score --------------------------------------------------------------------------
-    def score(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
+    def score(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
               node_names: Iterable[str]) -> ScoreDecision:
         """Score nodes 0..10. Unknown nodes, or pods whose demand or pre-filter fails, get 0."""
         requested = node_names if isinstance(node_names, (list, tuple)) else list(node_names)
@@ -194,7 +194,7 @@ class Framework:
         def zero(error: str = "") -> ScoreDecision:
             return ScoreDecision(MappingProxyType(dict.fromkeys(names, 0)), MappingProxyType({}), error)
 
-        if isinstance(demand, DemandError) or not self._scores:
+        if isinstance(demand, DemandProblem) or not self._scores:
             return zero()
         state = CycleState(snapshot, demand)
         if not self._pre_filter(state, demand).is_success:
@@ -250,7 +250,7 @@ class Framework:
         finals = dict(zip(present_list, answers.tags[slots].tolist()))
         results = dict(zip(present_list, map(answers.values.__getitem__, slot_list)))
         results.pop(UNKNOWN_GROUP, None)
-        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, plain=known and groups.index.plain),
+        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, names_json_safe=known and groups.index.names_json_safe),
                              GroupedMapping(names, gid_array, results))
 
     def _node_score(self, values: tuple[int, ...]) -> NodeScore:
@@ -311,7 +311,7 @@ class Framework:
         return raw
 
     # ---- bind ---------------------------------------------------------------------------
-    def choose_gpus(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandError,
+    def choose_gpus(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
                     node_name: str) -> GpuChoice | Status:
         """The units to bind on ``node_name`` — the same set filter and score judged — or the
         Status explaining why the node does not fit (any more)."""
@@ -319,7 +319,7 @@ class Framework:
         verdict = decision.per_node[node_name]
         if verdict.code is not Code.SUCCESS:
             return verdict.statuses[-1]
-        assert state is not None and not isinstance(demand, DemandError)
+        assert state is not None and not isinstance(demand, DemandProblem)
         placement = state.placement(snapshot.nodes[node_name])
         if placement is None:
             return Status.error(FRAMEWORK, f"node {node_name} passed every filter but no GPU set "

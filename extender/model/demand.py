@@ -14,7 +14,7 @@ group must sit on one NVLink island. Sources, later ones overriding earlier ones
   ``gpusched.io/require-nvlink`` (``"true"``/``"false"``);
 * the model catalog, for heads and KV heads the annotations do not give.
 
-Contradictions come back as a ``DemandError`` (a value, not an exception) whose message names
+Contradictions come back as a ``DemandProblem`` (a value, not an exception) whose message names
 the annotation, argument or field to change and the value found.
 """
 
@@ -46,8 +46,9 @@ _INTEGER = re.compile(r"^[+]?\d+$")
 
 
 @dataclass(frozen=True)
-class DemandError:
-    """A pod whose GPU demand cannot be understood; ``message`` says what to fix."""
+class DemandProblem:
+    """A pod whose GPU demand cannot be understood; ``message`` says what to fix. A value the
+    parser returns in place of a demand (never raised): the plugins turn it into a verdict."""
 
     namespace: str
     name: str
@@ -96,14 +97,14 @@ class _Invalid(Exception):
     """Internal: carries the user-facing message up to ``parse_pod_demand``."""
 
 
-def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog) -> PodDemand | DemandError:
-    """Parse a Kubernetes Pod (plain JSON dict, camelCase) into its demand, or a DemandError."""
+def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog) -> PodDemand | DemandProblem:
+    """Parse a Kubernetes Pod (plain JSON dict, camelCase) into its demand, or a DemandProblem."""
     meta = pod.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     try:
         return _parse(pod, meta, namespace, name, catalog)
     except _Invalid as exc:
-        return DemandError(namespace, name, str(exc))
+        return DemandProblem(namespace, name, str(exc))
 
 
 def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name: str,

@@ -10,7 +10,7 @@ Three declarations, all of which users already have:
   optionally ``gpusched.io/gang-timeout-seconds``) for clusters without either.
 
 A pod declaring two of them, a non-positive or non-integer size, or a PodGroup label whose object
-does not exist is a :class:`GangError` — reported on the pod, never guessed.
+does not exist is a :class:`GangProblem` — reported on the pod, never guessed.
 
 Also here, because both are pure and the coordinator (``extender.service.gang``) lives by them:
 :class:`BarrierTiming`, how long a group may take to reach its bind barrier given kube-scheduler's
@@ -61,7 +61,9 @@ class GangSpec:
 
 
 @dataclass(frozen=True)
-class GangError:
+class GangProblem:
+    """A gang declaration that cannot be used (a value returned in place of a spec, never raised)."""
+
     message: str
     # True when the declaration may become valid later (a PodGroup not created yet): the pod
     # waits (FailedNodes) instead of being refused everywhere.
@@ -77,7 +79,7 @@ class PodGroupInfo:
 
 
 def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGroupInfo],
-            default_timeout_s: float = DEFAULT_TIMEOUT_S) -> GangSpec | GangError | None:
+            default_timeout_s: float = DEFAULT_TIMEOUT_S) -> GangSpec | GangProblem | None:
     """The pod's gang, None for a pod on its own, or what is wrong with its declaration."""
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
@@ -90,56 +92,56 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
     if not declared:
         return None
     if len(declared) > 1:
-        return GangError(f"the pod declares its gang twice ({' and '.join(declared)}); keep one declaration")
+        return GangProblem(f"the pod declares its gang twice ({' and '.join(declared)}); keep one declaration")
     source = declared[0]
     if source == "PodGroup":
         name = labels[POD_GROUP_LABEL]
         group = pod_groups.get((namespace, name))
         if group is None:
-            return GangError(f"label {POD_GROUP_LABEL}={name} names PodGroup {namespace}/{name}, which does not "
+            return GangProblem(f"label {POD_GROUP_LABEL}={name} names PodGroup {namespace}/{name}, which does not "
                              "exist (yet); create it (scheduling.x-k8s.io/v1alpha1) or remove the label",
                              may_resolve=True)
         if group.min_member < 1:
-            return GangError(f"PodGroup {namespace}/{name} has spec.minMember {group.min_member}; it must be >= 1")
+            return GangProblem(f"PodGroup {namespace}/{name} has spec.minMember {group.min_member}; it must be >= 1")
         return GangSpec(GangKey(namespace, name, source), group.min_member, group.timeout_s or default_timeout_s)
     if source == "LeaderWorkerSet":
         lws = labels[LWS_NAME_LABEL]
         index = labels.get(LWS_GROUP_INDEX_LABEL)
         if index is None:
-            return GangError(f"label {LWS_NAME_LABEL}={lws} without {LWS_GROUP_INDEX_LABEL}: cannot tell which "
+            return GangProblem(f"label {LWS_NAME_LABEL}={lws} without {LWS_GROUP_INDEX_LABEL}: cannot tell which "
                              "LeaderWorkerSet group the pod belongs to")
         size = _positive(annotations.get(LWS_SIZE_ANNOTATION), LWS_SIZE_ANNOTATION)
-        if isinstance(size, GangError):
+        if isinstance(size, GangProblem):
             return size
         return GangSpec(GangKey(namespace, f"{lws}-{index}", source), size, _timeout(annotations, default_timeout_s))
     name = annotations[GANG_NAME_ANNOTATION]
     size = _positive(annotations.get(GANG_SIZE_ANNOTATION), GANG_SIZE_ANNOTATION)
-    if isinstance(size, GangError):
+    if isinstance(size, GangProblem):
         return size
     timeout = _timeout(annotations, default_timeout_s)
-    if isinstance(timeout, GangError):
+    if isinstance(timeout, GangProblem):
         return timeout
     return GangSpec(GangKey(namespace, name, source), size, timeout)
 
 
-def _positive(value: Any, where: str) -> int | GangError:
+def _positive(value: Any, where: str) -> int | GangProblem:
     text = "" if value is None else str(value).strip()
     if not text.isdigit() or int(text) < 1:
-        return GangError(f"annotation {where} must be a positive integer (the number of pods in the gang), got "
+        return GangProblem(f"annotation {where} must be a positive integer (the number of pods in the gang), got "
                          f"{value!r}")
     return int(text)
 
 
-def _timeout(annotations: Mapping[str, Any], default: float) -> float | GangError:
+def _timeout(annotations: Mapping[str, Any], default: float) -> float | GangProblem:
     value = annotations.get(GANG_TIMEOUT_ANNOTATION)
     if value is None:
         return default
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        return GangError(f"annotation {GANG_TIMEOUT_ANNOTATION} must be a number of seconds, got {value!r}")
+        return GangProblem(f"annotation {GANG_TIMEOUT_ANNOTATION} must be a number of seconds, got {value!r}")
     if seconds <= 0:
-        return GangError(f"annotation {GANG_TIMEOUT_ANNOTATION} must be positive, got {value!r}")
+        return GangProblem(f"annotation {GANG_TIMEOUT_ANNOTATION} must be positive, got {value!r}")
     return seconds
 
 

@@ -94,14 +94,14 @@ class GroupedMapping(Mapping):
     ``names`` must hold each name once. ``gids`` may be a list, a tuple or a numpy integer array
     (numpy integers hash and compare like ints, so ``by_group`` lookups work either way)."""
 
-    __slots__ = ("names", "gids", "by_group", "complete", "plain", "_index", "_len", "_gid_list")
+    __slots__ = ("names", "gids", "by_group", "complete", "names_json_safe", "_index", "_len", "_gid_list")
 
     def __init__(self, names: Sequence[str], gids: Sequence[int], by_group: Mapping[int, Any],
-                 complete: bool = False, plain: bool = False) -> None:
+                 complete: bool = False, names_json_safe: bool = False) -> None:
         self.names, self.gids, self.by_group, self.complete = names, gids, by_group, complete
         # True when the maker knows no name needs escaping in JSON (see json_plain); the
         # encoders check the names themselves otherwise.
-        self.plain = plain
+        self.names_json_safe = names_json_safe
         self._index: dict[str, int] | None = None
         self._len: int | None = len(names) if complete else None
         self._gid_list: Sequence[int] | None = None
@@ -148,11 +148,6 @@ class GroupedMapping(Mapping):
                 break
             out[name] = value
         return out
-
-    def ordered_values(self) -> list[Any]:
-        """The values in ``names`` order (complete mappings only)."""
-        assert self.complete, "ordered_values needs a complete mapping"
-        return list(map(self.by_group.__getitem__, self.gid_list))
 
     def _pairs(self) -> Iterator[tuple[str, Any]]:
         if self.complete:

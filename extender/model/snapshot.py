@@ -266,7 +266,7 @@ class NodeIndex:
     fancy-index instead of a Python step per name.
     """
 
-    __slots__ = ("names", "position", "array", "plain", "_codes")
+    __slots__ = ("names", "position", "array", "names_json_safe", "_codes")
 
     def __init__(self, names: Iterable[str]) -> None:
         # Copies made one after another, so they sit together in memory: a request's lookups
@@ -274,7 +274,7 @@ class NodeIndex:
         # compact 5,000 of them stay in the core's cache where the watch's originals did not
         # (A/B, 5,000 fresh names: filter -0.1 to -0.18 ms).
         self.names = tuple((name + "\0")[:-1] for name in names)
-        self.plain = json_plain("".join(self.names))  # no name needs escaping in JSON
+        self.names_json_safe = json_plain("".join(self.names))  # no name needs escaping in JSON
         self.position = {name: i for i, name in enumerate(self.names)}
         self.array = np.empty(len(self.names), dtype=object)
         self.array[:] = self.names

@@ -21,7 +21,7 @@ from typing import Any
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
-from extender.model.demand import DemandError, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.ledger import GpuLedger
 from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
@@ -70,7 +70,7 @@ class FrameworkDecider:
             self._demands.clear()
 
     # -- inputs ------------------------------------------------------------------------------
-    def demand(self, pod: PodRef) -> PodDemand | DemandError:
+    def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
         cache_key = (pod.uid, rv) if pod.uid else None
         with self._lock:
@@ -166,7 +166,7 @@ class FrameworkDecider:
         if judged_uid != pod.uid:
             return Refusal(f"the pod was filtered with UID {judged_uid or '(none)'} but bind names UID {pod.uid}: it "
                            "was recreated since; kube-scheduler will retry it")
-        if isinstance(demand, DemandError):
+        if isinstance(demand, DemandProblem):
             return Refusal(demand.message)
         with self._reserve_lock:
             snapshot = self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
@@ -235,8 +235,8 @@ def _score_json(score: Any) -> dict[str, Any]:
                          "weight": p.weight, "weighted": round(p.weighted, 2)} for p in score.plugins]}
 
 
-def _demand_json(demand: PodDemand | DemandError) -> dict[str, Any]:
-    if isinstance(demand, DemandError):
+def _demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
+    if isinstance(demand, DemandProblem):
         return {"error": demand.message}
     return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
             "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,

@@ -45,13 +45,13 @@ from enum import Enum
 from typing import Any, Protocol
 
 from extender.framework.runtime import summarize_failures
-from extender.model.demand import DemandError, PodDemand
+from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import (
     DEFAULT_TIMEOUT_S,
     GANG_COMMIT_ANNOTATION,
     BarrierTiming,
     GangCommit,
-    GangError,
+    GangProblem,
     GangKey,
     GangSpec,
     MemberPlacement,
@@ -211,7 +211,7 @@ class GangCoordinator:
     def filter(self, pod: PodRef, candidates: Sequence[str], node_objects) -> FilterOutcome:
         self.index.observe_requested(pod.raw)
         gang = self.index.gang_of(pod.raw, self.default_timeout_s)
-        if isinstance(gang, GangError):
+        if isinstance(gang, GangProblem):
             rejected = {n: gang.message for n in candidates}
             return FilterOutcome(feasible=(), failed=rejected if gang.may_resolve else {},
                                  unresolvable={} if gang.may_resolve else rejected,
@@ -267,7 +267,7 @@ class GangCoordinator:
                 return self._reserve_member(plan.spec, plan, pod, node)
         member = self.index.member(pod.key)
         gang = self.index.gang_of(member.raw, self.default_timeout_s) if member is not None else None
-        if isinstance(gang, GangError):
+        if isinstance(gang, GangProblem):
             return Refusal(gang.message)
         with self._lock:
             plan = self._plans.get(gang.key) if gang is not None else None
@@ -405,7 +405,7 @@ class GangCoordinator:
         demands: list[tuple[Member, PodDemand]] = []
         for m in members:
             demand = self.inner.demand(_pod_ref(m))
-            if isinstance(demand, DemandError):
+            if isinstance(demand, DemandProblem):
                 return f"gang {gang.key}: member {m.key} cannot be placed anywhere: {demand.message}"
             demands.append((m, demand))
         demands.sort(key=lambda md: (-md[1].gpu_count, md[0].key))  # biggest first: fewer dead ends

@@ -31,7 +31,7 @@ from extender.model.gang import (
     LWS_NAME_LABEL,
     POD_GROUP_LABEL,
     GangCommit,
-    GangError,
+    GangProblem,
     GangSpec,
     PodGroupInfo,
     gang_of,
@@ -98,12 +98,12 @@ class GangIndex:
         """Where each list's commit records go (the coordinator, built after the index)."""
         self._on_commits = on_commits
 
-    def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangError | None:
+    def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
         """``gang_of`` under the index lock; a pod whose PodGroup is missing is remembered, so the
         PodGroup's arrival retries it however the two watch events interleave."""
         with self._lock:
             gang = gang_of(pod, self.pod_groups, default_timeout_s)
-            if isinstance(gang, GangError) and gang.may_resolve:
+            if isinstance(gang, GangProblem) and gang.may_resolve:
                 meta = pod.get("metadata") or {}
                 group = ((meta.get("namespace") or "default"), (meta.get("labels") or {}).get(POD_GROUP_LABEL, ""))
                 self._awaiting_group.setdefault(group, set()).add(pod_key(pod))

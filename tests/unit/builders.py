@@ -11,7 +11,7 @@ from typing import Any
 
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
-from extender.model.demand import DemandError, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.inventory import (
     INVENTORY_ANNOTATION,
     GpuDevice,
@@ -121,7 +121,7 @@ def make_pod(name: str = "p", namespace: str = "default", *, gpus: int = 1,
             "spec": {"containers": [container, *extra_containers]}}
 
 
-def make_demand(**kwargs: Any) -> PodDemand | DemandError:
+def make_demand(**kwargs: Any) -> PodDemand | DemandProblem:
     return parse_pod_demand(make_pod(**kwargs), builtin_catalog())
 
 

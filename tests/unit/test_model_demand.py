@@ -1,13 +1,13 @@
 import pytest
 
 from extender.model.catalog import builtin_catalog
-from extender.model.demand import DemandError, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from tests.unit.builders import make_pod
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"
 
 
-def parse(**kwargs) -> PodDemand | DemandError:
+def parse(**kwargs) -> PodDemand | DemandProblem:
     return parse_pod_demand(make_pod(**kwargs), builtin_catalog())
 
 
@@ -105,6 +105,6 @@ def test_fine_demands(kwargs, expected) -> None:
         "bad-memory", "zero-memory", "bad-nvlink", "kv-not-dividing", "kv-zero", "fractional-gpus"])
 def test_contradictions_say_what_to_fix(kwargs, message) -> None:
     demand = parse(**kwargs)
-    assert isinstance(demand, DemandError)
+    assert isinstance(demand, DemandProblem)
     assert message in demand.message, demand.message
     assert (demand.namespace, demand.name) == ("default", "p")

@@ -24,5 +24,3 @@ def test_grouped_mapping_is_its_dict(gids, by_group, complete, expected):
         assert m.get(name) == expected.get(name)
     with pytest.raises(KeyError):
         m["absent"]
-    if complete:
-        assert m.ordered_values() == list(expected.values())
