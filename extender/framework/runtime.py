@@ -61,20 +61,28 @@ DEMAND = "PodDemand"
 
 
 class Framework:
-    """Plugins of one profile, built once at startup; safe to share between threads."""
+    """Plugins of one profile, built once at startup; safe to share between threads.
 
-    def __init__(self, filters: Sequence[Any], scores: Sequence[tuple[Any, int]]) -> None:
+    ``memos=False`` turns off every memo the framework keeps (per-group answers across requests,
+    per-shape verdicts and scores within one, the recent filter answers): each node is judged and
+    scored on its own. Slow at scale; the reference the memo equivalence test compares against
+    (tests/unit/test_framework_memo_equivalence.py, which also tables every memo)."""
+
+    def __init__(self, filters: Sequence[Any], scores: Sequence[tuple[Any, int]], *, memos: bool = True) -> None:
         self._pre_filters = [p for p in filters if isinstance(p, PreFilterPlugin)]
         self._filters = [p for p in filters if isinstance(p, FilterPlugin)]
         self._scores = list(scores)
         every = list(filters) + [p for p, _ in scores]
-        self._shape_only = all(getattr(p, "node_shape_only", False) for p in every)
+        self.memos = memos
+        # Every plugin judges a node by its shape and free units alone: equal (shape, free mask)
+        # means an equal answer, so one per group will do — when memos are on.
+        self._shape_only = memos and all(getattr(p, "node_shape_only", False) for p in every)
         self._normalizes = any(isinstance(p, NormalizeScorePlugin) for p, _ in scores)
         # This framework's recent filter answers (prioritize after filter reuses their group ids).
         self.recent_answers = RecentAnswers(16)
 
     @classmethod
-    def from_profile(cls, profile: ProfileConfig, registry: Registry) -> Framework:
+    def from_profile(cls, profile: ProfileConfig, registry: Registry, *, memos: bool = True) -> Framework:
         """Build each enabled plugin once; raises ProfileError if one lacks its extension point."""
         built: dict[str, Any] = {}
         for name in profile.enabled():
@@ -91,7 +99,7 @@ class Framework:
             if not isinstance(built[ref.name], ScorePlugin):
                 raise ProfileError(f"{ROOT}.scorePlugins[{i}].name", f"plugin {ref.name!r} does not implement Score")
         return cls([built[n] for n in profile.filter_plugins],
-                   [(built[r.name], r.weight) for r in profile.score_plugins])
+                   [(built[r.name], r.weight) for r in profile.score_plugins], memos=memos)
 
     # ---- filter -------------------------------------------------------------------------
     def filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
@@ -161,7 +169,7 @@ class Framework:
         pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         names_json_safe = pick is not None and groups.index.names_json_safe  # names of snapshot nodes need no JSON escaping
         decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, names_json_safe)
-        if decision.feasible_gids is not None:
+        if decision.feasible_gids is not None and self.memos:
             self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
 
