@@ -1,0 +1,84 @@
+"""The framework decider (issue 17, item 4): what it answers before it is ready, the bind-time
+checks (judged before, same UID, capacity still there, the ledger not promised twice), the
+reservation's annotations, and the demand cache (keyed by UID and resourceVersion, emptied when
+the catalog changes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.model.catalog import builtin_catalog
+from extender.model.ledger import GpuLedger
+from extender.model.snapshot import ClusterSnapshot
+from extender.service.core import PodRef, Refusal, Reservation
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
+from tests.unit.builders import default_framework, make_fleet, make_pod
+
+
+def decider(*, synced=(True, ""), kinds=("h100",)) -> tuple[FrameworkDecider, GpuLedger]:
+    ledger = GpuLedger()
+    nodes = make_fleet(*kinds)
+    return FrameworkDecider(default_framework(), builtin_catalog(), ledger,
+                            lambda: ClusterSnapshot.build(nodes, ledger.view()), lambda: synced), ledger
+
+
+def pod(name: str = "p", uid: str = "uid-p", gpus: int = 4, rv: str = "1") -> PodRef:
+    raw = make_pod(name, gpus=gpus, model="meta-llama/Llama-3.1-70B-Instruct", tp=gpus)
+    raw["metadata"].update(uid=uid, resourceVersion=rv)
+    return PodRef("default", name, uid, raw)
+
+
+def test_before_the_watch_has_synced_filter_answers_an_error_that_says_so():
+    d, _ = decider(synced=(False, "pods not listed yet"))
+    outcome = d.filter(pod(), ["h100"], None)
+    assert outcome.feasible == () and "not ready to judge GPUs yet (pods not listed yet)" in outcome.error
+
+
+@pytest.mark.parametrize("filtered,bound,why", [
+    pytest.param(None, pod(), "has not judged this pod since it started", id="bind-without-filter"),
+    pytest.param(pod(uid="uid-old"), pod(uid="uid-new"), "recreated since", id="uid-changed"),
+])
+def test_bind_refuses_a_pod_it_did_not_judge_as_it_is(filtered, bound, why):
+    d, ledger = decider()
+    if filtered is not None:
+        d.filter(filtered, ["h100"], None)
+    refusal = d.reserve(bound, "h100", "decision-1")
+    assert isinstance(refusal, Refusal) and why in refusal.reason
+    assert not ledger.view().assignments
+
+
+def test_a_reservation_names_the_units_it_holds_in_the_ledger_and_unreserve_releases_them():
+    d, ledger = decider()
+    first = pod("first", "uid-1")
+    assert d.filter(first, ["h100"], None).feasible == ("h100",)
+    reservation = d.reserve(first, "h100", "decision-1")
+    assert isinstance(reservation, Reservation)
+    units = reservation.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")
+    assert len(units) == 4 and len(reservation.annotations[ASSIGNED_GPU_INDICES_ANNOTATION].split(",")) == 4
+    assert ledger.view().assignments["default/first"].unit_ids == frozenset(units)
+    d.unreserve(first, "bind failed")
+    assert "default/first" not in ledger.view().assignments
+
+
+def test_capacity_taken_since_filter_is_refused_and_nothing_is_promised_twice():
+    d, ledger = decider()
+    a, b, c = pod("a", "uid-a"), pod("b", "uid-b"), pod("c", "uid-c")
+    for p in (a, b, c):  # all three judged while the node was empty
+        assert d.filter(p, ["h100"], None).feasible == ("h100",)
+    assert isinstance(d.reserve(a, "h100", "d-a"), Reservation)
+    assert isinstance(d.reserve(b, "h100", "d-b"), Reservation)
+    refusal = d.reserve(c, "h100", "d-c")  # 8 GPUs, 4 + 4 taken
+    assert isinstance(refusal, Refusal) and "no longer fits" in refusal.reason
+    held = [u for x in ledger.view().assignments.values() for u in x.unit_ids]
+    assert len(held) == len(set(held)) == 8
+
+
+def test_the_demand_is_parsed_once_per_resource_version_and_again_after_a_catalog_change():
+    d, _ = decider()
+    first = d.demand(pod(rv="1"))
+    assert d.demand(pod(rv="1")) is first
+    assert d.demand(pod(rv="2")) is not first  # the pod changed
+    again = d.demand(pod(rv="2"))
+    d.set_catalog(builtin_catalog())
+    assert d.demand(pod(rv="2")) is not again and d.demand(pod(rv="2")) == again
