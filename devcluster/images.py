@@ -165,7 +165,9 @@ def project_images(bin_dir: Path) -> list[ImageArchive]:
     # The Deployment runs `command: [kube-scheduler, ...]`: on PATH, as in registry.k8s.io's image.
     images.append(_static_image(KUBE_SCHEDULER_IMAGE.format(version=versions["KUBERNETES_VERSION"]),
                                 bin_dir / "kube-scheduler", "kube-scheduler", entrypoint=False))
-    proxy = Path(_script_lines("hack/build-tools.sh", "kube-rbac-proxy")[-1])
+    from devcluster.render import tool
+
+    proxy = tool("kube-rbac-proxy")
     # Its own image: ENTRYPOINT /usr/local/bin/kube-rbac-proxy, USER 65532:65532.
     images.append(_static_image(KUBE_RBAC_PROXY_IMAGE.format(version=versions["KUBE_RBAC_PROXY_VERSION"]),
                                 proxy, "kube-rbac-proxy", entrypoint=True, user="65532:65532"))

@@ -144,7 +144,9 @@ class PodNetwork:
         self.kube_proxy.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{healthz}/healthz"), 60)
 
     def _start_coredns(self) -> None:
-        binary = _tool("coredns")
+        from devcluster.render import tool  # render imports the control plane, which imports this module
+
+        binary = tool("coredns")
         self.cp.apply([
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gpusched-test:coredns"},
              "rules": [{"apiGroups": [""], "resources": ["services", "namespaces", "pods"], "verbs": ["list", "watch"]},
@@ -206,10 +208,3 @@ class PodNetwork:
         if self._netns_before is None and not os.listdir(NETNS_DIR):
             NETNS_DIR.rmdir()  # containerd made it for this node's pods
 
-
-def _tool(name: str) -> Path:
-    script = Path(__file__).resolve().parents[1] / "hack" / "build-tools.sh"
-    proc = subprocess.run(["bash", str(script), name], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ComponentFailed(f"{script} {name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])

@@ -5,7 +5,11 @@ would mark every simulated Node NotReady (they have no kubelet to heartbeat) and
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
+
+import yaml
 
 from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.images import ENVDUMP_IMAGE
@@ -47,8 +51,6 @@ class RealCluster:
     def _start_cluster_scheduler(self) -> None:
         """The stock kube-scheduler every cluster has (profile default-scheduler), as
         ``system:kube-scheduler``: it places gpusched's own Deployment and DaemonSet pods."""
-        import yaml
-
         kubeconfig = self.cp.client_cert_kubeconfig("system:kube-scheduler", "cluster-kube-scheduler")
         config = self.cp.workdir / "cluster-kube-scheduler.yaml"
         config.write_text(yaml.safe_dump({
@@ -64,9 +66,6 @@ class RealCluster:
 
     def kubectl(self, *args: str, env: dict[str, str] | None = None, check: bool = True, timeout_s: float = 240):
         """The real kubectl as the cluster admin; fails with its output."""
-        import os
-        import subprocess
-
         kubeconfig = self.cp.kubeconfig(self.cp.admin_token, "admin")
         proc = subprocess.run([str(self.cp.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
                               capture_output=True, text=True, timeout=timeout_s,

@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
-from devcluster.controlplane import ComponentFailed, ControlPlane, _openssl
+from devcluster.controlplane import ComponentFailed, ControlPlane
 from devcluster.images import PAUSE_IMAGE, node_test_images
 from devcluster.nodenet import INTERFACE, NETNS_DIR, NODE_IP, POD_BRIDGE, SYSCTLS, PodNetwork, link_exists
+from devcluster.nodenet import run as _run
 from devcluster.processes import Component, free_port, http_ok
 
 # The kubelet's default root: the shipped DaemonSet's hostPaths (pod-resources, device-plugins) name it.
@@ -46,13 +47,6 @@ HOST_FOLDERS = (KUBELET_ROOT, DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT
                 Path("/var/log/pods"), Path("/var/log/containers"))
 NEEDED = ("containerd", "runc", "ctr", "iptables", "ip", "containerd-shim-runc-v2")
 CNI_PLUGINS = Path("/usr/lib/cni")
-
-
-def _run(*argv: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, input=input)
-    if check and proc.returncode != 0:
-        raise ComponentFailed(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
-    return proc
 
 
 def _mount_targets() -> set[str]:
@@ -223,19 +217,7 @@ state = "{self.containerd_dir / 'state'}"
 
     def _credentials(self) -> Path:
         """A kubeconfig with a client certificate for ``system:node:<name>`` (the Node authorizer's subject)."""
-        pki = self.cp.pki
-        key, csr, crt = (pki / f"node-{self.name}.{ext}" for ext in ("key", "csr", "crt"))
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
-                 "-subj", f"/O=system:nodes/CN=system:node:{self.name}", cwd=pki)
-        _openssl("x509", "-req", "-in", str(csr), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", str(crt), "-days", "3", cwd=pki)
-        path = self.dir / "kubelet.kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "test", "cluster": {"server": self.cp.url, "certificate-authority": str(pki / "ca.crt")}}],
-            "users": [{"name": "node", "user": {"client-certificate": str(crt), "client-key": str(key)}}],
-            "contexts": [{"name": "node", "context": {"cluster": "test", "user": "node"}}]}))
-        return path
+        return self.cp.client_cert_kubeconfig(f"system:node:{self.name}", f"node-{self.name}", groups=("system:nodes",))
 
     def kubelet_config(self) -> dict[str, Any]:
         """The KubeletConfiguration (every setting this VM needs is explained in the recipe)."""

@@ -27,7 +27,8 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 
 @cache
 def tool(name: str) -> Path:
-    """The cached binary of ``name`` (kustomize, helm, hadolint, shellcheck), built on first use."""
+    """The cached binary of a ``hack/build-tools.sh`` tool (kustomize, helm, hadolint, shellcheck,
+    kube-rbac-proxy, coredns), built on first use."""
     script = REPO / "hack" / "build-tools.sh"
     proc = subprocess.run(["bash", str(script), name], capture_output=True, text=True)
     if proc.returncode != 0:
