@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         defaults = _run("defaults", [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
                                      "--served-model-name", "tiny", "--kv-cache-memory-bytes", str(KV_BYTES), *EXTRA],
                         env, port, scratch / "defaults.log", requests)
-    out = {"benchmark": "engine_sidecar", "headline": headline(tuned, defaults), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    out = {"benchmark": "engine_sidecar", "headline": headline(tuned, defaults),
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, vLLM 0.32.0 CPU build",
            "mix": {"requests": requests, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                    "arrival": "all at once", "kv_cache_bytes": KV_BYTES, "model": "tiny random Llama (2 layers, float32)"},
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     for name in ("tuned", "defaults"):
         r = out[name]
-        print(f"{name:9} throughput {r['throughput_tok_s']:>7} tok/s  TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s  "
+        print(f"{name:9} throughput {r['throughput_tok_s']:>7} tok/s  "
+              f"TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s  "
               f"preemptions {r['num_preemptions_total']}")
     if not args.quick:
         print(f"results: {RESULTS.relative_to(ROOT)}")

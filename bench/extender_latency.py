@@ -57,11 +57,11 @@ import orjson
 
 from devcluster.fleet import PRESETS, gfd_labels, units
 from extender.app import Collaborators, create_app
+from extender.framework.runtime import Framework
+from extender.heap import settle_heap
 from extender.model.catalog import builtin_catalog
 from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
 from extender.plugins import default_profile, default_registry
-from extender.framework.runtime import Framework
-from extender.heap import settle_heap
 from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.state import ClusterState
@@ -411,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in summary["lines"]:
         print(line)
     noise = floor.result()
-    print(f"# noise floor: a fixed memory-bound workload, {len(floor.walls)} times between cases: wall p50 {noise['wall']['p50']:.3f} "
+    print(f"# noise floor: a fixed memory-bound workload, {len(floor.walls)} times between cases: "
+          f"wall p50 {noise['wall']['p50']:.3f} "
           f"p99 {noise['wall']['p99']:.3f} max {noise['wall']['max']:.3f} ms; CPU p50 {noise['cpu']['p50']:.3f} "
           f"p99 {noise['cpu']['p99']:.3f} ms")
     if not args.quick or args.output:

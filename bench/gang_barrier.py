@@ -4,7 +4,8 @@ happens (issue 13).
 The same 50 seeded mixes as tests/e2e/test_gang_mixes.py (gangs of 2-3 members and single pods on
 2-3 simulated GPU nodes, 10 mixes at a time) run through the real control plane, kube-scheduler and
 the extender, while busy loops compete for the CPU: one pass per ``--hogs`` value (default 2, the
-issue's load: both vCPUs of the reference machine busy; then 6, a stress pass). Recorded from the extender itself (``/debug/gangs`` per mix, ``/metrics`` at the end):
+issue's load: both vCPUs of the reference machine busy; then 6, a stress pass). Recorded from the
+extender itself (``/debug/gangs`` per mix, ``/metrics`` at the end):
 plans made, barriers opened, time from plan to barrier open (against the gang timeout), timeouts
 (the whole reservation released, nothing bound), bind writes retried after the barrier opened
 (the reservation kept), groups left partially bound (target 0), and the property test's own
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         partial = p["partials"] + p["partial_violations"]
         headline += [
             {"metric": f"gangs left partially bound, {load}", "measured": partial, "unit": "gangs", "target": "0",
-             "met": partial == 0, "anchor": f"{p['gangs']} gangs judged by gpusched (members kube-scheduler itself rejects never reach it) in {p['mixes']} mixes"},
+             "met": partial == 0,
+             "anchor": f"{p['gangs']} gangs judged by gpusched (members kube-scheduler itself rejects never reach it) "
+                       f"in {p['mixes']} mixes"},
             {"metric": f"gang plans that timed out at the barrier, {load}", "measured": p["timeouts"],
              "unit": "plans", "target": "informational", "met": None,
              "anchor": f"of {p['plans']} plans; each released whole, nothing bound"},

@@ -83,7 +83,7 @@ def extender_latency(results: Path, out_dir: Path) -> Path | None:
         for q, style in (("p50", "-o"), ("p99", "--s")):
             pts = [(x, statistics.median(by_nodes[x][q])) for x in xs if by_nodes[x].get(q)]
             if pts:
-                ax.plot(*zip(*pts), style, color=colour, label=f"{level} {q}")
+                ax.plot(*zip(*pts, strict=True), style, color=colour, label=f"{level} {q}")
     target = _num(data.get("target_p99_ms"))
     if target is not None:
         ax.axhline(target, color="red", linewidth=1, linestyle=":", label=f"target p99 {target:g} ms")
@@ -114,7 +114,7 @@ def scheduler_throughput(results: Path, out_dir: Path) -> Path | None:
         xs = [j + (i - (len(configs) - 1) / 2) * width for j, n in enumerate(nodes) if (n, c) in by]
         ys = [by[(n, c)]["pods_per_s"] for n in nodes if (n, c) in by]
         bars = ax.bar(xs, ys, width, label=f"({c}) {labels.get(c, '')}".strip())
-        for bar, n in zip(bars, [n for n in nodes if (n, c) in by]):
+        for bar, n in zip(bars, [n for n in nodes if (n, c) in by], strict=True):
             row = by[(n, c)]
             note = f"{row['ratio_to_a']:.2f}×a" if _num(row.get("ratio_to_a")) is not None else ""
             if row.get("window_s") and row.get("makespan_s") is None:
@@ -147,7 +147,7 @@ def telemetry_ingest(results: Path, out_dir: Path) -> Path | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, xy in sorted(pts.items()):
-        ax.plot(*zip(*sorted(xy)), "-o", label=label)
+        ax.plot(*zip(*sorted(xy), strict=True), "-o", label=label)
     target = _num((data.get("target") or {}).get("age_p99_periods")) if isinstance(data.get("target"), dict) else None
     if target is not None:
         ax.axhline(target, color="red", linewidth=1, linestyle=":", label=f"target p99 {target:g} periods")
@@ -195,7 +195,7 @@ def placement_quality(results: Path, out_dir: Path) -> Path | None:
         return _save(fig, out_dir / "placement_quality.png")
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes[0], metrics, strict=True):
         names = list(table[metric])
         ax.bar(names, [table[metric][n] for n in names], color=[f"C{i}" for i in range(len(names))])
         ax.set_title(metric, fontsize=9)
@@ -218,7 +218,7 @@ def engine_sidecar(results: Path, out_dir: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(fields), figsize=(3 * len(fields), 3.6), squeeze=False)
-    for ax, (key, title) in zip(axes[0], fields):
+    for ax, (key, title) in zip(axes[0], fields, strict=True):
         ax.bar(["sidecar-tuned", "vLLM defaults"], [runs["tuned"][key], runs["defaults"][key]], color=["C0", "C1"])
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)

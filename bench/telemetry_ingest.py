@@ -25,7 +25,8 @@ Processes (the orchestrator starts both kinds and only waits):
   a free unit, or (on nodes with engines, half of the time) the engines' load moves to another
   tenth — a change that re-lays the node in the snapshot (``judged_changes_per_s`` counts them).
   Until the ack/unchanged-report work, KV usage was drawn afresh per report variant, which made
-  ~30 % of all reports judged changes (~1,500/s at 5,000 agents) contrary to the stated model. Reports are pre-serialised per agent (a few variants) and the scalar fields are
+  ~30 % of all reports judged changes (~1,500/s at 5,000 agents) contrary to the stated model.
+  Reports are pre-serialised per agent (a few variants) and the scalar fields are
   appended per send (protobuf merge semantics), so the generators spend their CPU on gRPC.
 
 What is measured, in the extender process, over the ``--seconds`` window after every agent has
@@ -37,7 +38,8 @@ reported and a warm-up:
   is the ingest cost;
 * reports ingested per second (the store's counter);
 * snapshot age, sampled every 100 ms over a rotating slice of at most 500 nodes (each node once
-  per N/500 ticks; sampling all 5,000 every tick cost the measured core ~0.11 CPU s/s): ``store`` age = now - ``received_at`` (what
+  per N/500 ticks; sampling all 5,000 every tick cost the measured core ~0.11 CPU s/s): ``store``
+  age = now - ``received_at`` (what
   staleness is judged with; ``received_at`` is stamped when the servicer handles the report), and
   ``data`` age = wall now - the agent's ``sampled_at`` (end to end: includes any queueing in gRPC
   before the servicer got to it — store age alone would hide a backlog). Both in periods.
@@ -172,8 +174,8 @@ def extender_main(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     import extender.adapters.telemetry_server as ts
-    from extender.heap import settle_heap
     from bench.extender_latency import SHAPES, Churn, _NullObserver, make_decider, node_object
+    from extender.heap import settle_heap
     from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
     from extender.service.state import ClusterState
     from extender.service.telemetry import TelemetryStore, TokenIdentity
@@ -443,7 +445,7 @@ class GcWatch:
 
 
 def _latency(rec: dict[str, list]) -> dict[str, Any]:
-    rebuilt = [t for t, r in zip(rec["total"], rec["rebuilt"]) if r]
+    rebuilt = [t for t, r in zip(rec["total"], rec["rebuilt"], strict=True) if r]
     return {"total": pct(rec["total"]), "filter": pct(rec["filter"]), "prioritize": pct(rec["prioritize"]),
             "cycles_with_snapshot_rebuild": len(rebuilt), "total_when_rebuilt": pct(rebuilt)}
 
@@ -482,7 +484,7 @@ class Agent:
         from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
         held = {u: pod for pod, ids in self.pods for u in ids}
         self.variants = []
-        for v in range(self.VARIANTS):
+        for _ in range(self.VARIANTS):
             report = pb.NodeReport(node_name=self.node, period_millis=self.period_ms, agent_version="bench-0.1",
                                    gpu_backend="fake")
             for u in self.units:

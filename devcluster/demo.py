@@ -243,9 +243,11 @@ def run(keep: bool) -> int:
         leftover = leftover_row(api, stack, cp.workdir, extender)
         (counted_node, _), counted_fleet = leftover[COUNT_ONLY]
         (gs_node, gs_info), gs_fleet = leftover["gpusched"]
-        failure = judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet) if counted_node else ""
+        failure = (judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet)
+                   if counted_node else "")
         gs_failure = judge_with_fleet(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE, gs_fleet) \
-            if gs_node and "leftover" in gs_node else (judge_on_empty_node(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE) if gs_node else "")
+            if gs_node and "leftover" in gs_node \
+            else (judge_on_empty_node(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE) if gs_node else "")
         count_failures += bool(failure)
         gpusched_failures += bool(gs_failure)
         if failure:

@@ -247,7 +247,7 @@ def engine_pods(engine: Engine, scheduler: str, gang_timeout_s: int = 30) -> lis
     """The pod objects of ``engine``: ``vllm serve MODEL -tp N [-pp M]`` with TP/PP and the per-GPU
     memory annotated; a gang's pods also carry the gang annotations (as devcluster/gangs.py)."""
     pods = []
-    for i, name in enumerate(engine.pod_names):
+    for name in engine.pod_names:
         args = ["--tensor-parallel-size", str(engine.tp)]
         annotations = {"gpusched.io/gpu-memory-per-gpu": f"{engine.memory_mib // 1024}Gi"}
         if engine.gang:

@@ -21,12 +21,12 @@ import yaml
 from extender.app import Collaborators
 from extender.framework.profile import ProfileConfig, ProfileError, load_profile
 from extender.framework.runtime import Framework
+from extender.metrics import ExtenderMetrics, GangMetrics
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
-from extender.service.framework_decider import FrameworkDecider
-from extender.metrics import ExtenderMetrics, GangMetrics
 from extender.service.decisions import DecisionStore
+from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
@@ -119,9 +119,8 @@ def assemble(settings: Settings) -> Assembled:
 
     framework_decider = FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot, synced)
     catalog_handler = _CatalogHandler(framework_decider)
-    from extender.adapters.requeue import PodNudger
-
     from extender.adapters.events import EventWriter
+    from extender.adapters.requeue import PodNudger
 
     custom = client.CustomObjectsApi(api)
     pod_nudger = PodNudger(api)
@@ -157,7 +156,8 @@ def assemble(settings: Settings) -> Assembled:
 
     decisions = DecisionStore(settings.decision_capacity)
     state.on_assignment_mismatch(_mismatch_recorder(decisions, metrics))
-    collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced, decisions=decisions,
+    collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced,
+                                  decisions=decisions,
                                   debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
                                                                      if state.telemetry else None), metrics=metrics,
                                   debug_gangs=decider.describe)
@@ -225,7 +225,7 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
     nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
     store.on_capacity_rise(nudger.capacity_rose)
     tls = None
-    if settings.telemetry_tls_cert:
+    if settings.telemetry_tls_cert and settings.telemetry_tls_key:  # Settings requires both or neither
         try:
             tls = (Path(settings.telemetry_tls_cert).read_bytes(), Path(settings.telemetry_tls_key).read_bytes())
         except OSError as exc:

@@ -24,7 +24,8 @@ class ExtenderMetrics:
             ["verb", "code"], registry=self.registry)
         self.decisions = Counter(
             "gpusched_extender_decisions_total",
-            "Decisions by verb and result (feasible, unschedulable, unresolvable, scored, bound, bind-failed, bind-refused, error).",
+            "Decisions by verb and result "
+            "(feasible, unschedulable, unresolvable, scored, bound, bind-failed, bind-refused, error).",
             ["verb", "result"], registry=self.registry)
 
         self.rejections_total = Counter(

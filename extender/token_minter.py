@@ -96,7 +96,7 @@ def parse_mint(spec: str) -> tuple[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m extender.token_minter", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m extender.token_minter", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--mint", type=parse_mint, action="append", required=True, metavar="ACCOUNT=DIR",
                    help="keep ACCOUNT's token (and ca.crt, namespace) in DIR; repeatable")
     p.add_argument("--namespace", default="gpusched-system")

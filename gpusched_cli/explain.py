@@ -63,14 +63,17 @@ def pod_status_lines(namespace: str, name: str, kubeconfig: str | None) -> list[
         pod = found[0]
     except Exception as exc:  # no kubeconfig, no access, pod gone: explain still works from records
         return [f"(pod not read from the cluster: {type(exc).__name__}: {str(exc).splitlines()[0][:160]})"]
-    lines = [f"phase {pod.status.phase}; node {pod.spec.node_name or '(none)'}"]
-    ann = pod.metadata.annotations or {}
-    if pod.spec.node_name and ann.get("gpusched.io/assigned-gpus"):
+    status, spec, meta = pod.status, pod.spec, pod.metadata
+    if status is None or spec is None or meta is None:
+        return ["(the apiserver answered with a pod lacking its status, spec or metadata)"]
+    lines = [f"phase {status.phase}; node {spec.node_name or '(none)'}"]
+    ann = meta.annotations or {}
+    if spec.node_name and ann.get("gpusched.io/assigned-gpus"):
         # Durable: written on the pod at bind, so it survives an extender restart.
-        lines.append(f"BOUND to {pod.spec.node_name}: GPUs [{ann.get('gpusched.io/assigned-gpu-indices', '?')}] "
+        lines.append(f"BOUND to {spec.node_name}: GPUs [{ann.get('gpusched.io/assigned-gpu-indices', '?')}] "
                      f"= {ann['gpusched.io/assigned-gpus']} (decision {ann.get('gpusched.io/decision-id', '?')}, "
                      "from the pod's annotations)")
-    for cond in pod.status.conditions or []:
+    for cond in status.conditions or []:
         if cond.type == "PodScheduled" and cond.status != "True":
             lines.append(f"PodScheduled=False ({cond.reason}): {cond.message}")
     return lines

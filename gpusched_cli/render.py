@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], max_width: int = 90) -> str:
     cells = [[_cell(v, max_width) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()  # noqa: E731
     out = [line(headers), line(["-" * w for w in widths])]
     out += [line(r) for r in cells]
     return "\n".join(out)

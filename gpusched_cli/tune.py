@@ -91,5 +91,6 @@ def render_plan(model: ModelFacts, gpus: GpuSet, profile_name: str, result: Plan
              f"KV budget per GPU    {p.kv_budget_bytes_per_gpu / gib:.1f} GiB -> {p.kv_tokens:,} tokens "
              f"({p.kv_blocks:,} blocks of {p.block_size}){'' if p.exact else ', estimate'}"]
     lines += [f"note: {n}" for n in t.notes]
-    lines.append("Flags are filtered against the installed vLLM when the sidecar renders them (python -m engine_sidecar --dry-run).")
+    lines.append("Flags are filtered against the installed vLLM when the sidecar renders them "
+                 "(python -m engine_sidecar --dry-run).")
     return "\n".join(lines)

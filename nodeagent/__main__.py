@@ -8,13 +8,13 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from nodeagent.agent import Agent
-from nodeagent.gpu import GpuReaderError, open_reader
+from nodeagent.gpu import FakeFleetReader, GpuReaderError, open_reader
 from nodeagent.stream.publisher import Publisher
 
 
@@ -83,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpusched node agent: cannot read GPUs with the {args.gpu_backend} backend: {exc}", file=sys.stderr)
         return 1
 
-    def assignments():
+    def assignments() -> dict[str, tuple[str, str, str]]:
         if os.path.exists(args.podresources_socket):
             from nodeagent.podresources import list_assignments
 
-            return {device: tuple(ref) for device, ref in list_assignments(args.podresources_socket).items()}
-        if args.gpu_backend == "fake":
+            return dict(list_assignments(args.podresources_socket))  # a PodRef is a (ns, pod, container) tuple
+        if isinstance(reader, FakeFleetReader):
             return reader.assignments()  # the fleet's pod processes stand in for the kubelet
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         list_pods = node_pods.pods
 
         def fresh_pods() -> list:
-            return core.api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={args.node_name}", _request_timeout=5))["items"]
+            listed = core.api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={args.node_name}", _request_timeout=5))
+            return cast(dict[str, Any], listed)["items"]  # a V1PodList serializes to a mapping
 
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods)

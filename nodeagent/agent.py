@@ -73,7 +73,8 @@ class Agent:
         threading.Thread(target=loop, name="engine-scraper", daemon=True).start()
 
     def _scrape(self) -> list[telemetry_pb2.EngineTelemetry]:
-        discovery = discover_engines(self._list_node_pods(), node_name=self.node)
+        pods = self._list_node_pods() if self._list_node_pods is not None else []
+        discovery = discover_engines(pods, node_name=self.node)
         out = []
         for target in discovery.targets:
             s = scrape_engine(target, timeout_s=min(2.0, self.period_s))

@@ -34,7 +34,7 @@ HTTP_STOP_TIMEOUT_S = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine_sidecar", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m engine_sidecar", description=(__doc__ or "").split("\n\n")[0],
                                 epilog="Arguments after -- go to vllm serve verbatim (a tuned flag there counts as an override).")
     p.add_argument("--model-dir", required=True, help="Hugging Face model directory (config.json, safetensors)")
     p.add_argument("--model", help="what vllm serve loads (default: --model-dir)")
@@ -117,9 +117,11 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
                    "--port", str(args.engine_port), "--served-model-name", served, *rendered.args, *passthrough]
     notes = list(tuning.notes)
     if pod.metrics_port is None:
-        notes.append(f"annotation {METRICS_PORT} is not set; set it to \"{args.engine_port}\" in the pod template so the node agent scrapes the engine")
+        notes.append(f"annotation {METRICS_PORT} is not set; set it to \"{args.engine_port}\" in the pod template "
+                     "so the node agent scrapes the engine")
     elif pod.metrics_port != args.engine_port:
-        notes.append(f"annotation {METRICS_PORT}={pod.metrics_port} but the engine serves /metrics on {args.engine_port}: fix one of them")
+        notes.append(f"annotation {METRICS_PORT}={pod.metrics_port} but the engine serves /metrics on "
+                     f"{args.engine_port}: fix one of them")
     report = build_report(tuning, rendered, accepted, engine_argv, args, served, pod.metrics_port, notes, gpus.source)
     print_summary(report)
     if args.dry_run:
@@ -209,7 +211,8 @@ def print_summary(report: dict[str, Any]) -> None:
         mark = "" if p["passed"] else "   [NOT PASSED: installed vLLM has no " + p["flag"] + "]"
         lines.append(f"[sidecar]   {p['field']} = {p['value']}  # {p['reason']}{mark}")
     pred = report["prediction"]
-    lines.append(f"[sidecar] predicted KV cache: {pred['kv_tokens']:,} tokens ({pred['kv_blocks']:,} blocks of {pred['block_size']}, "
+    lines.append(f"[sidecar] predicted KV cache: {pred['kv_tokens']:,} tokens "
+                 f"({pred['kv_blocks']:,} blocks of {pred['block_size']}, "
                  f"{pred['kv_bytes_per_token_per_gpu']} B/token/GPU){'' if pred['exact'] else ' (estimate)'}")
     lines += [f"[sidecar] note: {n}" for n in report["notes"]]
     print("\n".join(lines), flush=True)

@@ -87,7 +87,8 @@ class VllmHelpFlags:
         names = parse_help(proc.stdout)
         if proc.returncode != 0 or "--max-num-seqs" not in names:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-            raise EngineError(f"{self.vllm} serve --help=all failed (exit {proc.returncode}):\n{tail}", "check the vLLM installation")
+            raise EngineError(f"{self.vllm} serve --help=all failed (exit {proc.returncode}):\n{tail}",
+                              "check the vLLM installation")
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(sorted(names)))

@@ -11,7 +11,7 @@ The kubelet writes one ``key="value"`` line per annotation (values quoted like G
 
 The sidecar cannot annotate its own pod (that would need RBAC to patch pods); the port is meant
 to be declared in the pod template next to the container port, and the sidecar verifies it.
-"""
+"""  # noqa: E501 (a table)
 
 from __future__ import annotations
 
@@ -103,5 +103,6 @@ def read_pod_info(path: str | None) -> PodInfo:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise InputError(f"{path}: unreadable annotations file ({exc})", "mount the downward-API volume or drop --annotations-file") from None
+        raise InputError(f"{path}: unreadable annotations file ({exc})",
+                         "mount the downward-API volume or drop --annotations-file") from None
     return pod_info(parse_annotations_text(text, path), path)

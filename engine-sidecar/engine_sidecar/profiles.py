@@ -7,7 +7,7 @@
 | long-context | 32768 / 1024 | 1 | 8192 | 64 | 1/2 of the step |
 
 ``--prompt-tokens`` / ``--output-tokens`` replace the expected lengths of any profile.
-"""
+"""  # noqa: E501 (a table)
 
 from __future__ import annotations
 

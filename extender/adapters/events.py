@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -63,7 +63,8 @@ class EventWriter:
         while True:
             body = self._queue.get()
             try:
-                self._events.create_namespaced_event(body["metadata"]["namespace"], body,
+                # The client serializes a plain mapping as it is; no need to build an EventsV1Event.
+                self._events.create_namespaced_event(body["metadata"]["namespace"], cast(Any, body),
                                                      _request_timeout=self._timeout)
                 self.written += 1
             except Exception as exc:  # RBAC, a deleted namespace: log, never kill the thread

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import cast
 
+import urllib3
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from extender.service.ports import BindError
 
@@ -45,7 +47,7 @@ def _apiserver_message(exc: ApiException) -> str:
     import json
 
     try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
+        return json.loads(exc.body or "").get("message") or str(exc.reason)
     except (TypeError, ValueError):
         return str(exc.reason)
 
@@ -65,8 +67,8 @@ class KubeBinder:
             # The raw response must then be drained and released, or urllib3 never returns the
             # connection to the pool and every bind pays a new TCP + TLS handshake (seen as ~20 %
             # of the extender's samples under load).
-            response = self._core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+            response = cast(urllib3.BaseHTTPResponse, self._core.create_namespaced_pod_binding(
+                name, namespace, body, _preload_content=False, _request_timeout=self._timeout))
             response.read()
             response.release_conn()
         except ApiException as exc:

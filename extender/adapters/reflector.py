@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import orjson
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 log = logging.getLogger("gpusched.extender.reflector")
 
 
 class Handler(Protocol):
-    def replace(self, items: list[dict[str, Any]]) -> None: ...
+    def replace(self, items: list[dict[str, Any]], /) -> None: ...
 
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None: ...
+    def apply(self, event_type: str, obj: dict[str, Any], /) -> None: ...
 
 
 class _Gone(Exception):
@@ -69,7 +69,8 @@ class Reflector:
             try:
                 if resource_version is None:
                     resource_version = self._list()
-                for resource_version in self._watch(resource_version):
+                for event_version in self._watch(resource_version):
+                    resource_version = event_version
                     backoff = self._backoff_initial_s  # events flowing: the connection is healthy
             except _Gone:
                 log.info("%s watch: resourceVersion %s is gone (410); relisting", self.kind, resource_version)

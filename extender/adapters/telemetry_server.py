@@ -46,6 +46,10 @@ from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, Nod
 from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
+# What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
+# core at runtime; the type stubs do not declare it.
+_EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]
+
 log = logging.getLogger("gpusched.extender.telemetry")
 
 
@@ -210,7 +214,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             return
         token = ""
         for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and value.startswith("Bearer "):
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
                 token = value[len("Bearer "):].strip()
         if token and self._pending_reviews >= limits.max_pending_reviews:
             await self._refuse(context, "review-backlog", grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -237,7 +241,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             first = await asyncio.wait_for(context.read(), self._first_timeout)
         except asyncio.TimeoutError:
             return
-        if first is grpc.aio.EOF:
+        if first is _EOF:
             return
         refusal = authorize_node(identity, first.node_name)
         if refusal is not None:
@@ -286,7 +290,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                                                             ack_every=ack_every))
             since_ack += 1
             report = await read()
-            if report is grpc.aio.EOF:
+            if report is _EOF:
                 return
 
 

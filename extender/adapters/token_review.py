@@ -86,11 +86,13 @@ class TokenReviewVerifier:
             return TokenIdentity(False, error=f"TokenReview call failed: HTTP {exc.status} {exc.reason}"), False
         except Exception as exc:  # timeouts, connection errors: the apiserver may answer next time
             return TokenIdentity(False, error=f"TokenReview call failed: {type(exc).__name__}: {exc}"), False
-        if not status.authenticated:
-            return TokenIdentity(False, error=status.error or "not authenticated"), True
+        if status is None or not status.authenticated:
+            return TokenIdentity(False, error=(status and status.error) or "not authenticated"), True
         if self._audience not in (status.audiences or []):
             return TokenIdentity(False, error=f"token audiences {status.audiences} do not include "
                                               f"{self._audience!r}"), True
+        if status.user is None:
+            return TokenIdentity(False, error="the TokenReview is authenticated but names no user"), True
         extra = status.user.extra or {}
         return TokenIdentity(True, username=status.user.username or "",
                              node_name=(extra.get(NODE_NAME_EXTRA) or [""])[0],

@@ -65,7 +65,7 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
                            _HOST_LAST[scores.by_group[int(scores.gids[-1])]])
     values = list(map(int, map(scores.get, names, repeat(0))))
     if min(values) < 0 or max(values) > MAX_EXTENDER_SCORE or not _plain(names):
-        return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values)])
+        return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values, strict=True)])
     return _interleave('[{"Host":"', names, map(_HOST_BETWEEN.__getitem__, values), _HOST_LAST[values[-1]])
 
 

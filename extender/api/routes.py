@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -34,6 +35,10 @@ from extender.service import ExtenderService, PodRef
 from extender.settings import Settings
 
 log = logging.getLogger("gpusched.extender")
+
+
+# Every verb may answer with an ErrorBody: a malformed (400), oversized (413) or invalid (422) body.
+_ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for code in (400, 413, 422)})
 
 
 def _pod_ref(args: ExtenderArgs, raw: dict[str, Any]) -> PodRef:
@@ -83,7 +88,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         return f"gpusched internal error in {verb}: {type(exc).__name__}: {exc}"
 
     @router.post(f"{prefix}/filter", openapi_extra=_body_schema(ExtenderArgs),
-                 responses={200: {"model": ExtenderFilterResult}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+                 responses={200: {"model": ExtenderFilterResult}, **_ERRORS})
     async def filter_(request: Request) -> Response:
         async def handle(body: bytes) -> bytes | dict[str, Any]:
             args, raw = parse_body(body, ExtenderArgs)
@@ -100,7 +105,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         return await answer("filter", request, handle)
 
     @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
-                 responses={200: {"model": list[HostPriority]}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+                 responses={200: {"model": list[HostPriority]}, **_ERRORS})
     async def prioritize(request: Request) -> Response:
         async def handle(body: bytes) -> bytes:
             args, raw = parse_body(body, ExtenderArgs)
@@ -114,7 +119,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         return await answer("prioritize", request, handle)
 
     @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
-                 responses={200: {"model": ExtenderBindingResult}, 400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+                 responses={200: {"model": ExtenderBindingResult}, **_ERRORS})
     async def bind(request: Request) -> Response:
         async def handle(body: bytes) -> dict[str, str]:
             args, _ = parse_body(body, ExtenderBindingArgs)
@@ -151,7 +156,8 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     async def pod_decisions(namespace: str, pod: str) -> Response:
         records = service.decisions.for_pod(namespace, pod)
         if not records:
-            return OrjsonResponse({"error": f"no decision recorded for {namespace}/{pod} (the store keeps the most recent pods only)"}, status_code=404)
+            return OrjsonResponse({"error": f"no decision recorded for {namespace}/{pod} "
+                                            "(the store keeps the most recent pods only)"}, status_code=404)
         return OrjsonResponse({"namespace": namespace, "pod": pod,
                                "decisions": {verb: r.to_json() for verb, r in records.items()}})
 

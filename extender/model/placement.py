@@ -238,7 +238,7 @@ def _place_single(free: FreeUnits, request: UnitRequest) -> Placement | None:
         sizes = [_sizes(wholes, key) for _, key in _DOMAINS]
 
         def tightness(u: GpuUnit) -> tuple[int, ...]:
-            return tuple(s.get(key(u), len(wholes)) for s, (_, key) in zip(sizes, _DOMAINS)) + (u.position,)
+            return tuple(s.get(key(u), len(wholes)) for s, (_, key) in zip(sizes, _DOMAINS, strict=True)) + (u.position,)
 
         unit = min(wholes, key=tightness)
         best = Placement((unit,), Tier.SINGLE, min(tightness(unit)[:-1]))

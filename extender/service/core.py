@@ -91,6 +91,7 @@ class Decider(Protocol):
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice)."""
+        ...
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         """The bind write failed (``reason``): release what :meth:`reserve` took, or keep it when

@@ -120,9 +120,10 @@ class ClusterState:
         store.on_change(self._telemetry_changed)
 
     def _telemetry_changed(self, node: str) -> None:
-        report = self.telemetry.get(node) if self.telemetry else None
-        if report is not None:
-            self._reconcile_actual(node, self.telemetry.actual_assignments(node))
+        store = self.telemetry
+        report = store.get(node) if store is not None else None
+        if store is not None and report is not None:
+            self._reconcile_actual(node, store.actual_assignments(node))
         # "Foreign" in the wide sense: capacity that may come back (memory foreign processes hold,
         # units out of service), so verdicts there say "not now" rather than "never".
         has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 or g.failure
@@ -188,7 +189,7 @@ class ClusterState:
                 self._unknown_holders.setdefault(node, set()).add(key)
             if reason:
                 self.holders_refused[reason] += 1
-                refused.append(f"{key} ({reason}{': on ' + where[key] if reason == 'pod-on-other-node' else ''})")
+                refused.append(f"{key} ({reason}{f': on {where[key]}' if reason == 'pod-on-other-node' else ''})")
             else:
                 accepted[key] = tuple(ids)
         if refused and self._clock() - self._refusal_logged.get(node, -1e9) >= 60.0:
@@ -216,11 +217,11 @@ class ClusterState:
 
     def telemetry_note(self, node: str) -> tuple[str, str]:
         """(state, foreign usage) of a node's telemetry, as sentences for decision records."""
-        report = self.telemetry.get(node) if self.telemetry else None
-        if report is None:
+        store = self.telemetry
+        if store is None or (report := store.get(node)) is None:
             return ("no telemetry: judged on the static inventory", "")
         age = report.age_s(self._clock())
-        periods = self.telemetry.stale_after_periods
+        periods = store.stale_after_periods
         if not report.is_fresh(self._clock(), periods):
             state = (f"STALE telemetry ({age:.1f}s old > {periods:g} periods of {report.period_s:g}s): judged on the "
                      f"static inventory and the ledger, assuming at most {int(STALE_MEMORY_FRACTION * 100)}% of each "
@@ -266,10 +267,10 @@ class ClusterState:
 
     def _effective_info(self, static: NodeInfo) -> NodeInfo:
         """``static`` with each unit's memory replaced by what its telemetry says is usable."""
-        report = self.telemetry.get(static.name) if self.telemetry else None
-        if report is None or static.inventory is None:
+        store = self.telemetry
+        if store is None or (report := store.get(static.name)) is None or static.inventory is None:
             return static
-        fresh = report.is_fresh(self._clock(), self.telemetry.stale_after_periods)
+        fresh = report.is_fresh(self._clock(), store.stale_after_periods)
         gpus = []
         for g in static.inventory.gpus:
             if g.mig_enabled:

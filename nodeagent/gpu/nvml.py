@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TypeVar
 
 import pynvml
@@ -43,24 +44,39 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+def _nvml_error(name: str) -> type[pynvml.NVMLError]:
+    """The ``pynvml.NVMLError_*`` class ``name``. pynvml creates these at import time from NVML's
+    error codes, so no type checker can see them; fetched by name (a wrong name fails at import)."""
+    error: type[pynvml.NVMLError] = getattr(pynvml, name)
+    return error
+
+
+def _device_uuid(nv: Any, device: Any) -> str:
+    return _text(nv.nvmlDeviceGetUUID(device))
+
+
+_GPU_IS_LOST = _nvml_error("NVMLError_GpuIsLost")
+_TIMEOUT = _nvml_error("NVMLError_Timeout")
+
 # "This GPU/driver does not have this": the feature is absent, silently.
 _ABSENT: tuple[type[BaseException], ...] = (
-    pynvml.NVMLError_NotSupported,
-    pynvml.NVMLError_InvalidArgument,
-    pynvml.NVMLError_NotFound,
-    pynvml.NVMLError_FunctionNotFound,
+    _nvml_error("NVMLError_NotSupported"),
+    _nvml_error("NVMLError_InvalidArgument"),
+    _nvml_error("NVMLError_NotFound"),
+    _nvml_error("NVMLError_FunctionNotFound"),
     # Raised instead of FunctionNotFound by unversioned wrappers (ComputeRunningProcesses).
     pynvml.NVMLLibraryMismatchError,
 )
 
 _INIT_HINTS: dict[type[BaseException], str] = {
-    pynvml.NVMLError_LibraryNotFound: (
+    _nvml_error("NVMLError_LibraryNotFound"): (
         "libnvidia-ml.so.1 was not found: is the NVIDIA driver installed, and does the agent run "
         "with the NVIDIA container runtime (runtimeClassName nvidia, NVIDIA_VISIBLE_DEVICES=all, "
         "NVIDIA_DRIVER_CAPABILITIES=utility)? On a node without GPUs use --gpu-backend fake"),
-    pynvml.NVMLError_DriverNotLoaded: "the NVIDIA kernel driver is not loaded on this node",
-    pynvml.NVMLError_NoPermission: "no permission to open the NVIDIA device files (/dev/nvidia*)",
-    pynvml.NVMLError_LibRmVersionMismatch: (
+    _nvml_error("NVMLError_DriverNotLoaded"): "the NVIDIA kernel driver is not loaded on this node",
+    _nvml_error("NVMLError_NoPermission"): "no permission to open the NVIDIA device files (/dev/nvidia*)",
+    _nvml_error("NVMLError_LibRmVersionMismatch"): (
         "libnvidia-ml and the kernel driver have different versions (driver upgraded without a "
         "reboot, or a mismatched library mounted into the container)"),
 }
@@ -127,7 +143,7 @@ class NvmlReader:
             assert self._static is not None
             self._drain_xids(warnings)
             gpus = tuple(self._read_health(handle, static, warnings)
-                         for handle, static in zip(handles, self._static))
+                         for handle, static in zip(handles, self._static, strict=True))
         except pynvml.NVMLError as exc:
             raise GpuReaderError(f"NVML query failed: {exc} (NVML error {getattr(exc, 'value', '?')})",
                                  temporary=True) from exc
@@ -141,7 +157,7 @@ class NvmlReader:
         that reported a critical XID is marked failed for as long as the agent runs."""
         try:
             info = self._read_gpu(handle, static, warnings)
-        except pynvml.NVMLError_GpuIsLost:
+        except _GPU_IS_LOST:
             return GpuInfo(index=static.index, uuid=static.uuid, name=static.name, pci_bus_id=static.pci_bus_id,
                            memory_total_bytes=0, memory_free_bytes=0, numa_node=static.numa_node,
                            pcie_switch=self._switches.get(static.index), nvlinks=static.nvlinks,
@@ -167,7 +183,7 @@ class NvmlReader:
         for _ in range(1024):
             try:
                 data = nv.nvmlEventSetWait_v2(self._events, 0)
-            except pynvml.NVMLError_Timeout:
+            except _TIMEOUT:
                 return
             except pynvml.NVMLError as exc:
                 warnings.append(f"reading XID events failed: {exc}")
@@ -175,7 +191,7 @@ class NvmlReader:
             xid = int(data.eventData)
             if xid in APPLICATION_XIDS:
                 continue
-            uuid = self._optional(lambda: _text(nv.nvmlDeviceGetUUID(data.device)), warnings, "XID event's GPU")
+            uuid = self._optional(partial(_device_uuid, nv, data.device), warnings, "XID event's GPU")
             if uuid is not None:
                 self._xids.setdefault(uuid, xid)
 
@@ -290,17 +306,20 @@ class NvmlReader:
             if mig is None:
                 continue
             # pynvml returns the raw c_uint here (no .value): compare its value, not the object.
-            is_mig = self._optional(lambda: nv.nvmlDeviceIsMigDeviceHandle(mig), warnings,
+            is_mig = self._optional(partial(nv.nvmlDeviceIsMigDeviceHandle, mig), warnings,
                                     f"GPU {i} MIG slot {slot} handle check")
             if is_mig is not None and not _int(is_mig):
                 continue
             uuid = _text(nv.nvmlDeviceGetUUID(mig))
-            attrs = self._optional(lambda: nv.nvmlDeviceGetAttributes(mig), warnings, f"MIG {uuid} attributes")
-            memory = self._optional(lambda: nv.nvmlDeviceGetMemoryInfo(mig), warnings, f"MIG {uuid} memory")
-            if attrs is None and memory is None:
+            attrs = self._optional(partial(nv.nvmlDeviceGetAttributes, mig), warnings, f"MIG {uuid} attributes")
+            memory = self._optional(partial(nv.nvmlDeviceGetMemoryInfo, mig), warnings, f"MIG {uuid} memory")
+            if attrs is not None:
+                memory_mb = int(attrs.memorySizeMB)
+            elif memory is not None:
+                memory_mb = int(memory.total) // (1024 * 1024)
+            else:
                 warnings.append(f"MIG {uuid}: neither attributes nor memory readable; skipped")
                 continue
-            memory_mb = int(attrs.memorySizeMB) if attrs is not None else int(memory.total) // (1024 * 1024)
             total = int(memory.total) if memory is not None else memory_mb * 1024 * 1024
             profile = (mig_profile_name(int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount),
                                         memory_mb, parent_total)

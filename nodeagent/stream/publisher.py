@@ -118,7 +118,8 @@ class Publisher:
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 message = f"{code.name if code else 'error'}: {exc.details() if hasattr(exc, 'details') else exc}"
-                trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
+                trailers = {m.key: m.value for m in (exc.trailing_metadata() or ())} \
+                    if hasattr(exc, "trailing_metadata") else {}
                 if trailers.get("gpusched-reconnect"):
                     self.status.rotations += 1
                     log.info("the extender ended the stream (%s); reconnecting with the current token",

@@ -11,17 +11,15 @@ server must stay healthy afterwards."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
+import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-
-import time
-
-import pytest
 
 from extender.app import Collaborators, create_app
 from extender.assembly import assemble

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_gpu_node, create_namespace, unique
+from devcluster.cluster import create_gpu_node, unique
 from devcluster.controlplane import API_AUDIENCE, EXTENDER_SA, NAMESPACE, ControlPlane
 from devcluster.stack import Stack
 

@@ -48,7 +48,7 @@ def pending_judged(pods) -> int:
 def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool):
     fleet_id = unique("burst")
     nodes = [unique("h100"), unique("h100"), unique("a100")]
-    for node, preset in zip(nodes, ["h100", "h100", "a100"]):
+    for node, preset in zip(nodes, ["h100", "h100", "a100"], strict=True):
         create_preset_node(admin, node, preset)
         client.CoreV1Api(admin).patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet_id}}})
     try:

@@ -8,12 +8,10 @@ from devcluster.cluster import (
     create_gpu_node,
     create_pod,
     pod_node,
-    pod_scheduled_message,
     unique,
     vllm_pod,
     wait_until,
 )
-from devcluster.controlplane import ControlPlane
 from devcluster.stack import Extender, Stack
 
 

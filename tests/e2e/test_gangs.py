@@ -12,8 +12,6 @@ from devcluster.gangs import KINDS, gang_pods
 from devcluster.stack import Stack
 
 
-
-
 def pods(admin, namespace, prefix):
     return [p for p in client.CoreV1Api(admin).list_namespaced_pod(namespace).items if p.metadata.name.startswith(prefix)]
 
@@ -33,7 +31,9 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
     for name in names:  # every member says why it waits
         wait_until(lambda n=name: "only 3 of 4" in pod_scheduled_message(admin, namespace, n), 30,
                    f"{name} to report the gang shortfall",
-                   context=lambda n=name: pod_scheduled_message(admin, namespace, n) + str(stack.extender.get_json("/debug/gangs")) + str(client.CoreV1Api(admin).read_namespaced_pod(n, namespace).metadata.annotations))
+                   context=lambda n=name: pod_scheduled_message(admin, namespace, n)
+                   + str(stack.extender.get_json("/debug/gangs"))
+                   + str(client.CoreV1Api(admin).read_namespaced_pod(n, namespace).metadata.annotations))
     assert bound(admin, namespace, "pp4-") == []
     out = stack.cli("explain", f"{namespace}/pp4-0")
     assert "only 3 of 4" in out, out

@@ -12,8 +12,8 @@ from kubernetes import client
 from devcluster.controlplane import (
     AGENT_SA,
     EXTENDER_SA,
-    METRICS_PROXY_SA,
     MANIFESTS,
+    METRICS_PROXY_SA,
     NAMESPACE,
     SCHEDULER_SA,
     ControlPlane,

@@ -88,7 +88,8 @@ def test_pod_waits_for_foreign_memory_and_binds_within_10s_of_the_process_exitin
     wait_until(lambda: pod_node(admin, namespace, "llama70b"), 10, "the pod to be bound after the processes exit",
                context=lambda: pod_scheduled_message(admin, namespace, "llama70b") + "\nnode annotations: "
                + str(client.CoreV1Api(admin).read_node(n1).metadata.annotations.get("gpusched.io/capacity-generation"))
-               + "\n" + str(node_view(stack, n1).get("foreign")) + str(stack.extender.get_json("/debug/decisions?limit=3")["decisions"][:2]))
+               + "\n" + str(node_view(stack, n1).get("foreign"))
+               + str(stack.extender.get_json("/debug/decisions?limit=3")["decisions"][:2]))
     assert pod_node(admin, namespace, "llama70b") == n1
     assert time.monotonic() - exited <= 10
 
@@ -105,7 +106,8 @@ def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(ad
         pod = vllm_pod("probe", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
         pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
         create_pod(admin, namespace, pod)
-        record = wait_until(lambda: stack.extender.get_json(f"/debug/decisions/{namespace}/probe").get("decisions", {}).get("filter"),
+        record = wait_until(lambda: stack.extender.get_json(f"/debug/decisions/{namespace}/probe")
+                            .get("decisions", {}).get("filter"),
                             30, "a decision about the probe pod")
         assert record["details"]["telemetry"][n1].startswith("STALE"), record["details"]["telemetry"]
     finally:
@@ -158,7 +160,8 @@ def test_engine_load_steers_a_new_engine_away_from_a_saturated_one(admin, namesp
         pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
         create_pod(admin, namespace, pod)
         assert wait_until(lambda: pod_node(admin, namespace, "new"), 30, "the new engine to be bound") == quiet
-        breakdown = stack.extender.get_json(f"/debug/decisions/{namespace}/new")["decisions"]["prioritize"]["details"]["breakdown"]
+        record = stack.extender.get_json(f"/debug/decisions/{namespace}/new")
+        breakdown = record["decisions"]["prioritize"]["details"]["breakdown"]
         raw = {node: next(p["raw"] for p in b["plugins"] if p["plugin"] == "EngineLoad") for node, b in breakdown.items()}
         assert raw == {busy: 0, quiet: 100}, raw
         assert breakdown[quiet]["final"] > breakdown[busy]["final"], breakdown

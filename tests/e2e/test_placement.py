@@ -11,8 +11,6 @@ from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, vllm
 from devcluster.stack import Extender
 
 
-
-
 def in_fleet(pod: dict, fleet_id: str) -> dict:
     pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
     return pod
@@ -100,7 +98,8 @@ def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(a
     create("h100")
     pod = vllm_pod("contradiction", gpus=2, args=["--tensor-parallel-size", "4"])
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
-    record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/contradiction").get("decisions", {}).get("filter"),
+    record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/contradiction")
+                        .get("decisions", {}).get("filter"),
                         30, "the extender's filter decision")
     reason = next(iter(record["details"]["unresolvable"].values()))
     assert "tensor" in reason.lower()

@@ -58,7 +58,8 @@ def shipped_images() -> set[str]:
 def run_pod(core: client.CoreV1Api, name: str, containers: list[dict], **spec) -> None:
     """On the real node directly (these pods test images, not placement)."""
     core.create_namespaced_pod(NS, {"metadata": {"name": name}, "spec": {
-        "nodeName": "gpusched-real-node", "hostNetwork": True, "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+        "nodeName": "gpusched-real-node", "hostNetwork": True, "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 1,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}, **spec,
         "containers": [{"imagePullPolicy": "Never", "securityContext": LOCKED_DOWN, **c} for c in containers]}})
 

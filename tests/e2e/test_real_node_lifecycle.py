@@ -11,9 +11,9 @@ import time
 import pytest
 from kubernetes import client
 
+from devcluster.cluster import wait_until
 from devcluster.controlplane import ComponentFailed, ControlPlane, build_binaries
 from devcluster.realnode import RealNode, host_state
-from devcluster.cluster import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,9 @@ import grpc
 from kubernetes import client
 
 from devcluster.cluster import unique, wait_until
+from devcluster.controlplane import TELEMETRY_HOST
 from devcluster.fleet import create_preset_node
 from devcluster.jwt import copy_expiring_in
-from devcluster.controlplane import TELEMETRY_HOST
 from devcluster.stack import Stack
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from nodeagent.stream.publisher import Publisher

@@ -58,7 +58,8 @@ def test_every_profile_renders_args_the_installed_parser_accepts(vllm_python, vl
         r = render(((f, v) for f, v, _ in t.items()), accepted)
         assert {"swap_space", "max_prefill_tokens", "preemption_mode"} <= {n.field for n in r.not_passed}, name
         argvs.append([str(tiny_model), *r.args])
-    proc = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps(argvs)], capture_output=True, text=True, env=engine_env, timeout=300)
+    proc = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps(argvs)], capture_output=True, text=True,
+                          env=engine_env, timeout=300)
     assert proc.returncode == 0, tail(proc.stderr)
     # the control: the same parser rejects a flag 0.32 removed
     bad = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps([[str(tiny_model), "--swap-space", "4"]])],

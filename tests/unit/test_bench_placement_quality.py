@@ -8,7 +8,6 @@ import pytest
 from devcluster.placement_judge import (
     NodeTruth,
     PodShape,
-    Unit,
     best_case_units,
     heads_ok,
     judge,

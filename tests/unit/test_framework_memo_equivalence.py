@@ -13,7 +13,7 @@ The memos, their keys and what invalidates them (the one table of them):
 | node groups and index | ``ClusterSnapshot.groups()`` | the snapshot (frozen) | a new snapshot |
 | parsed demands | ``FrameworkDecider._demands`` | (pod uid, resourceVersion) | a new resourceVersion; the catalog swapped |
 | record JSON | ``FrameworkDecider._json`` (``SharedJson``) | the verdict/score object's identity | capacity (cleared whole) |
-"""
+"""  # noqa: E501 (a table)
 
 from __future__ import annotations
 

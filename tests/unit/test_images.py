@@ -72,8 +72,8 @@ def dockerfile_image(dockerfile: Path) -> str:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_every_copy_source_exists_in_the_build_context(dockerfile):
-    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines()
-                if l.strip() and not l.startswith("#")]
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
     sources = copy_sources(dockerfile)
     assert sources
     for src in sources:
@@ -87,8 +87,8 @@ def test_every_copy_source_exists_in_the_build_context(dockerfile):
 
 
 def test_dockerignore_keeps_the_context_small():
-    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines()
-                if l.strip() and not l.startswith("#")]
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
     for rel in (".venv/bin/python", "tests/unit/conftest.py", ".git/HEAD", "bench/README.md",
                 "extender/__pycache__/app.cpython-311.pyc"):
         assert dockerignore_excludes(rel, patterns), rel

@@ -3,9 +3,9 @@ import pytest
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Code
 from extender.model.ledger import GpuLedger
+from extender.model.snapshot import node_info_from_k8s
 from extender.plugins.gpu_fit import GpuFit, GpuFitArgs
 from tests.unit.builders import make_demand, make_fleet, make_k8s_node, make_snapshot
-from extender.model.snapshot import node_info_from_k8s
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"
 

@@ -11,7 +11,8 @@ from tests.fixtures.sidecar_builders import MODELS
 
 
 def test_tune_catalog_model_prints_table(capsys):
-    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-80GB", "--gpus", "4", "--profile", "interactive"]) == 0
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-80GB", "--gpus", "4",
+                 "--profile", "interactive"]) == 0
     out = capsys.readouterr().out
     assert "PARAMETER (EngineArgs)" in out and "max_num_seqs" in out and "gpu_memory_utilization" in out
     assert "KV bytes/token/GPU   81,920" in out
@@ -24,7 +25,8 @@ def test_tune_refuses_tp3(capsys):
 
 def test_tune_model_dir(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(MODELS["Qwen/Qwen2.5-7B-Instruct"]["config"]))
-    assert main(["tune", "--model-dir", str(tmp_path), "--gpu", "L40S-48GB", "--profile", "batch", "--set", "max_num_seqs=64"]) == 0
+    assert main(["tune", "--model-dir", str(tmp_path), "--gpu", "L40S-48GB", "--profile", "batch",
+                 "--set", "max_num_seqs=64"]) == 0
     out = capsys.readouterr().out
     assert "set by you" in out and "KV bytes/token/GPU   57,344" in out
 

@@ -49,7 +49,8 @@ def test_parse_help_reads_invocation_lines_only():
     ([("preemption_mode", "swap")], (), ["preemption_mode"]),
     ([("max_num_partial_prefills", 4), ("max_num_seqs", 2)], ("--max-num-seqs", "2"), ["max_num_partial_prefills"]),
     ([("kv_cache_memory_bytes", None)], (), []),
-], ids=["int", "bool-true", "bool-false", "float", "swap-space", "max-prefill-tokens", "preemption-mode", "partial-prefills", "none"])
+], ids=["int", "bool-true", "bool-false", "float", "swap-space", "max-prefill-tokens", "preemption-mode", "partial-prefills",
+        "none"])
 def test_render_table(values, args, not_passed):
     r = render(values, FLAGS_032)
     assert r.args == args
@@ -70,6 +71,7 @@ def test_tuned_set_with_knobs_032_lacks_reports_them():
 def test_split_passthrough_turns_tuned_flags_into_overrides():
     owned = frozenset({"max_num_seqs", "tensor_parallel_size", "enable_chunked_prefill", "dtype"})
     keep, overrides = split_passthrough(
-        ["--max-num-seqs", "16", "--enforce-eager", "-tp", "2", "--dtype=float32", "--no-enable-chunked-prefill", "--load-format", "dummy"], owned)
+        ["--max-num-seqs", "16", "--enforce-eager", "-tp", "2", "--dtype=float32", "--no-enable-chunked-prefill",
+         "--load-format", "dummy"], owned)
     assert keep == ["--enforce-eager", "--load-format", "dummy"]
     assert overrides == {"max_num_seqs": "16", "tensor_parallel_size": "2", "dtype": "float32", "enable_chunked_prefill": "false"}

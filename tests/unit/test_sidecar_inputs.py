@@ -38,7 +38,8 @@ def test_safetensors_headers_give_exact_bytes(tmp_path):
 
 def test_safetensors_index_total_size_wins(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MODELS["meta-llama/Llama-3.1-8B-Instruct"]["config"]))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16060522496}, "weight_map": {}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 16060522496}, "weight_map": {}}))
     facts = load_model_dir(tmp_path)
     assert (facts.weight_bytes, facts.weight_source) == (16060522496, "safetensors-index")
 
@@ -50,7 +51,8 @@ def test_estimate_without_weights_matches_published_size(tmp_path):
     assert abs(facts.weight_bytes / 2 / 1e9 - 8.03) < 0.01
 
 
-@pytest.mark.parametrize("content,needle", [(None, "not found"), ("{", "unreadable"), ('{"num_hidden_layers": 2}', "num_attention_heads")])
+@pytest.mark.parametrize("content,needle", [
+    (None, "not found"), ("{", "unreadable"), ('{"num_hidden_layers": 2}', "num_attention_heads")])
 def test_bad_model_dir_names_file_and_field(tmp_path, content, needle):
     if content is not None:
         (tmp_path / "config.json").write_text(content)
@@ -155,7 +157,8 @@ def test_nvml_p2p_not_ok():
 
 
 def test_downward_api_annotations():
-    text = 'gpusched.io/assigned-gpus="GPU-a,GPU-b"\ngpusched.io/gpu-memory-share="0.5"\ngpusched.io/metrics-port="8000"\nother="x\\"y"\n'
+    text = ('gpusched.io/assigned-gpus="GPU-a,GPU-b"\ngpusched.io/gpu-memory-share="0.5"\n'
+            'gpusched.io/metrics-port="8000"\nother="x\\"y"\n')
     ann = parse_annotations_text(text)
     assert ann["other"] == 'x"y'
     info = pod_info(ann)
@@ -164,7 +167,8 @@ def test_downward_api_annotations():
     assert info.metrics_port == 8000
 
 
-@pytest.mark.parametrize("share,expected", [("20Gi", MemoryShare(bytes=20 * 2**30)), ("1", MemoryShare(fraction=1.0)), ("500M", MemoryShare(bytes=500 * 10**6))])
+@pytest.mark.parametrize("share,expected", [
+    ("20Gi", MemoryShare(bytes=20 * 2**30)), ("1", MemoryShare(fraction=1.0)), ("500M", MemoryShare(bytes=500 * 10**6))])
 def test_memory_share_forms(share, expected):
     assert pod_info({"gpusched.io/gpu-memory-share": share}).memory_share == expected
 

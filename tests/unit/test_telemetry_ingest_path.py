@@ -9,8 +9,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.adapters.telemetry_server import (TelemetryMetrics, TelemetryServicer, gpu_report_key,
-                                                report_to_telemetry)
+from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServicer, gpu_report_key, report_to_telemetry
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore, TokenIdentity
 from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
