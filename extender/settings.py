@@ -1,70 +1,155 @@
-"""Typed, validated settings of the extender process. Built once at startup (from the command
-line in ``__main__``); a bad value fails startup with a message naming the setting."""
+"""Typed, validated settings of the extender process, and the one definition its command line is
+generated from (as vLLM derives its CLI from its config classes).
+
+Each field of :class:`Settings` carries everything about one setting: its type and default, its
+help text (the docstring under it), its bounds (pydantic ``Field``), and, where the defaults don't
+fit, a :class:`Flag` (the flag's name, its parser, e.g. durations). ``__main__`` builds its
+argparse parser from :func:`options` and the settings from the parsed flags, so a setting cannot
+exist in one place and be forgotten in the other. Built once at startup; a bad value fails
+startup with a :class:`SettingsError` whose message starts with the field's name.
+"""
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
+from pydantic.functional_validators import AfterValidator
 
 from extender.model.gang import BarrierTiming
 
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
-class SettingsError(ValueError):
-    pass
+
+class SettingsError(Exception):
+    """A setting is invalid; the message starts with the field's name and says what to fix.
+
+    Not a ``ValueError``: pydantic would wrap one raised from a validator into its own error."""
+
+
+def parse_seconds(text: str) -> float:
+    """A duration as kube-scheduler's config writes it ("60s", "1m", "1500ms") or plain seconds.
+    Raises ``ValueError`` naming the text; the range is checked by the field, not here."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    number, unit = text.strip(), "s"
+    for suffix in ("ms", "s", "m"):
+        if number.endswith(suffix):
+            number, unit = number[: -len(suffix)], suffix
+            break
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration; write e.g. 60s, 1m or 1500ms") from None
 
 
 @dataclass(frozen=True)
-class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8888
-    # kube-scheduler calls urlPrefix + "/" + verb; our urlPrefix path part, e.g. "/gpusched".
-    url_prefix: str = "/gpusched"
-    # Largest request body accepted. A full NodeList (nodeCacheCapable: false) of 5,000 nodes
-    # is tens of MiB; anything larger is refused with 413 before it is buffered.
-    max_body_bytes: int = 64 * 1024 * 1024
-    decision_capacity: int = 2000
-    # No cluster: judge from full Node objects in each request; bind is refused.
-    no_kube: bool = False
-    kubeconfig: str | None = None
-    token_file: str | None = None
-    # Namespace of gpusched's own objects (the model-catalog ConfigMap).
-    namespace: str = "gpusched-system"
-    # Scheduling profile YAML (enabled plugins, weights, plugin args); None = the default profile.
-    profile: str | None = None
-    # How long to wait for the first lists (ledger rebuilt) before serving anyway, not ready.
-    sync_timeout_s: float = 60.0
-    log_level: str = "info"
-    # gRPC endpoint node agents stream telemetry to ("" disables it; host:port, port 0 = any).
-    telemetry_address: str = ""
-    telemetry_tls_cert: str | None = None
-    telemetry_tls_key: str | None = None
-    # Serve the telemetry port without TLS: the agents' tokens then travel in cleartext. Only as an
-    # explicit choice (loopback tests, a mesh that encrypts pod traffic).
-    telemetry_insecure: bool = False
-    # The only identity allowed to stream telemetry (pod-bound tokens of the agent DaemonSet).
-    agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
-    # A node whose telemetry is older than this many of its agent's periods is judged as stale.
-    stale_after_periods: float = 3.0
-    # The agents' configured --period: a report claiming a longer one counts as this, so no node
-    # can declare a period that keeps it fresh for days.
-    telemetry_period_s: float = 1.0
-    # Open telemetry streams served at once (one per GPU node); more are refused, the agent retries.
-    telemetry_max_streams: int = 10_000
-    # kube-scheduler's limits the gang barrier must fit in (see model.gang.BarrierTiming): the
-    # extender's httpTimeout in the KubeSchedulerConfiguration and its podMaxBackoffSeconds.
-    scheduler_http_timeout_s: float = 60.0
-    scheduler_max_backoff_s: float = 10.0
-    # The apiserver timeout of one bind write.
-    bind_write_timeout_s: float = 10.0
+class Flag:
+    """How a :class:`Settings` field appears on the command line where the defaults don't fit.
 
-    def __post_init__(self) -> None:
-        if not (0 <= self.port <= 65535):
-            raise SettingsError(f"port: must be 0..65535, got {self.port}")
-        if not self.url_prefix.startswith("/") or (len(self.url_prefix) > 1 and self.url_prefix.endswith("/")):
-            raise SettingsError(f"url_prefix: must start with '/' and not end with '/', got {self.url_prefix!r}")
-        if self.max_body_bytes < 1024:
-            raise SettingsError(f"max_body_bytes: must be at least 1024, got {self.max_body_bytes}")
-        if self.decision_capacity < 1:
-            raise SettingsError(f"decision_capacity: must be positive, got {self.decision_capacity}")
+    ``name``: the flag (default ``--`` + the field name, dashed); ``parse``: text to value, raising
+    ``ValueError`` with a readable message (default: from the field's type); ``metavar``: the
+    placeholder in ``--help``; ``duration``: the value is seconds and ``--help`` shows it as ``60s``."""
+
+    name: str = ""
+    parse: Callable[[str], Any] | None = None
+    metavar: str = ""
+    duration: bool = False
+
+
+def duration_flag(name: str) -> Flag:
+    """The flag of a seconds field that accepts kube-scheduler's durations (:func:`parse_seconds`)."""
+    return Flag(name=name, parse=parse_seconds, metavar="DURATION", duration=True)
+
+
+def _url_prefix(value: str) -> str:
+    if not value.startswith("/") or (len(value) > 1 and value.endswith("/")):
+        raise ValueError("must start with '/' and not end with '/'")
+    return value
+
+
+class Settings(BaseModel):
+    """The extender's settings: one field per command-line flag (see the module docstring).
+
+    Frozen; construction validates every field's bounds and the rules between fields, and raises
+    :class:`SettingsError` (never pydantic's ``ValidationError``) naming the first bad field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """address to listen on (the shipped Deployment runs kube-scheduler in the same pod and uses loopback)"""
+    port: Annotated[int, Field(ge=0, le=65535)] = 8888
+    """HTTP port for the verbs, /healthz, /readyz, /metrics and /debug"""
+    url_prefix: Annotated[str, AfterValidator(_url_prefix)] = "/gpusched"
+    """path the verbs live under; kube-scheduler's urlPrefix must end with it (kube-scheduler calls
+    urlPrefix + "/" + verb)"""
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    """largest request body accepted; larger ones get 413 before they are buffered (a full NodeList of
+    5,000 nodes, nodeCacheCapable: false, is tens of MiB)"""
+    decision_capacity: Annotated[int, Field(ge=1)] = 2000
+    """decision records kept in memory for /debug and `gpusched explain`"""
+    no_kube: bool = False
+    """standalone mode for dry runs and what-if tools: no cluster; judge from the full Node objects in
+    each request (nodeCacheCapable: false) with an empty ledger; bind is refused"""
+    kubeconfig: str | None = None
+    """kubeconfig file; without it the in-cluster service-account config is used"""
+    token_file: str | None = None
+    """in-cluster only: authenticate with this service-account token file instead of the pod's own
+    (the shipped Deployment gives the extender container its own account this way)"""
+    namespace: str = "gpusched-system"
+    """namespace of gpusched's own objects, e.g. the gpusched-model-catalog ConfigMap"""
+    profile: str | None = None
+    """scheduling profile YAML: filterPlugins, scorePlugins (name, weight), pluginArgs; validated at
+    startup (default: the built-in profile, see extender/plugins/README.md)"""
+    sync_timeout_s: Annotated[float, Field(ge=0), duration_flag("--sync-timeout")] = 60.0
+    """how long to wait for the first node/pod lists (the GPU ledger rebuilt) before serving, e.g. 60s
+    or plain seconds; until then every filter answers 'not ready'"""
+    log_level: LogLevel = "info"
+    """log level"""
+    telemetry_address: str = ""
+    """host:port of the gRPC endpoint node agents stream telemetry to, e.g. 0.0.0.0:9443; port 0 = any
+    (default: disabled; the shipped Deployment enables it)"""
+    telemetry_tls_cert: str | None = None
+    """PEM certificate chain for the telemetry port (tls.crt of a Secret); with --telemetry-tls-key"""
+    telemetry_tls_key: str | None = None
+    """PEM private key for the telemetry port (tls.key)"""
+    telemetry_insecure: bool = False
+    """serve the telemetry port without TLS, so the agents' tokens travel in cleartext (loopback tests,
+    or a service mesh that encrypts pod traffic); without it, TLS is required"""
+    agent_service_account: str = "system:serviceaccount:gpusched-system:gpusched-node-agent"
+    """the only user allowed to stream telemetry (the pod-bound tokens of the agent DaemonSet)"""
+    stale_after_periods: Annotated[float, Field(gt=0)] = 3.0
+    """telemetry older than this many agent periods is stale: the node is judged on its static
+    inventory and the ledger with a conservative memory assumption"""
+    telemetry_period_s: Annotated[float, Field(gt=0), duration_flag("--telemetry-period")] = 1.0
+    """the node agents' --period (e.g. 1s): staleness is judged against it, and a report claiming a
+    longer period counts as this one, so no node can declare a period that keeps it fresh for days"""
+    telemetry_max_streams: Annotated[int, Field(ge=1)] = 10_000
+    """telemetry streams served at once, one per GPU node; more are refused and retried"""
+    scheduler_http_timeout_s: Annotated[float, Field(gt=0), duration_flag("--scheduler-http-timeout")] = 60.0
+    """the httpTimeout of this extender in the KubeSchedulerConfiguration (e.g. 60s): a gang member
+    waits for its group inside one bind call, so a group's timeout is clamped below it"""
+    scheduler_max_backoff_s: Annotated[float, Field(gt=0), duration_flag("--scheduler-max-backoff")] = 10.0
+    """kube-scheduler's podMaxBackoffSeconds: gang timeouts must leave room for a member to come back
+    from its backoff"""
+    bind_write_timeout_s: Annotated[float, Field(gt=0), duration_flag("--bind-write-timeout")] = 10.0
+    """the apiserver timeout of one bind write; a gang's wait at the barrier leaves room for it below
+    the scheduler's httpTimeout"""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_the_field(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise SettingsError("; ".join(_describe(error) for error in exc.errors())) from None
+
+    @model_validator(mode="after")
+    def _check_rules_between_fields(self) -> Settings:
         if self.no_kube and (self.kubeconfig or self.token_file):
             raise SettingsError("no_kube: contradicts kubeconfig/token_file; drop --no-kube or the cluster credentials")
         if bool(self.telemetry_tls_cert) != bool(self.telemetry_tls_key):
@@ -75,20 +160,11 @@ class Settings:
                                 "or cert-manager make the Secret) or choose cleartext with --telemetry-insecure")
         if self.telemetry_insecure and self.telemetry_tls_cert:
             raise SettingsError("telemetry_insecure: contradicts telemetry_tls_cert; drop one")
-        if self.telemetry_period_s <= 0:
-            raise SettingsError(f"telemetry_period_s: must be positive (the agents' --period), got {self.telemetry_period_s}")
-        if self.telemetry_max_streams < 1:
-            raise SettingsError(f"telemetry_max_streams: must be positive, got {self.telemetry_max_streams}")
-        if self.stale_after_periods <= 0:
-            raise SettingsError(f"stale_after_periods: must be positive, got {self.stale_after_periods}")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
-        if min(self.scheduler_http_timeout_s, self.scheduler_max_backoff_s, self.bind_write_timeout_s) <= 0:
-            raise SettingsError("scheduler_http_timeout_s/scheduler_max_backoff_s/bind_write_timeout_s: must be positive")
         if problem := self.barrier_timing.problem():
             raise SettingsError(f"scheduler_http_timeout_s: {problem}")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
-            raise SettingsError(f"log_level: must be one of critical, error, warning, info, debug; got {self.log_level!r}")
+        return self
 
     @property
     def barrier_timing(self) -> BarrierTiming:
@@ -98,3 +174,89 @@ class Settings:
     @property
     def verb_prefix(self) -> str:
         return "" if self.url_prefix == "/" else self.url_prefix
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line flag, derived from one :class:`Settings` field by :func:`options`.
+
+    ``parse`` is None for a switch (a bool field, False unless the flag is given); ``shown_default``
+    is the default as ``--help`` writes it ("" when there is none worth showing)."""
+
+    field: str
+    flag: str
+    help: str
+    default: Any
+    parse: Callable[[str], Any] | None
+    choices: tuple[str, ...] | None
+    metavar: str
+    shown_default: str
+
+
+def options() -> tuple[Option, ...]:
+    """Every :class:`Settings` field as a flag, in field order. Raises ``TypeError`` for a field whose
+    flag cannot be derived (no help text, a bool that defaults to True, a type without a parser)."""
+    return tuple(_option(name) for name in Settings.model_fields)
+
+
+def _option(name: str) -> Option:
+    info = Settings.model_fields[name]
+    if not info.description:
+        raise TypeError(f"Settings.{name}: give it a docstring; it is the flag's --help")
+    flag = _flag(name)
+    annotation = _without_none(info.annotation)
+    choices = tuple(typing.get_args(annotation)) if typing.get_origin(annotation) is Literal else None
+    parse = flag.parse
+    if annotation is bool:
+        if info.default is not False:
+            raise TypeError(f"Settings.{name}: a switch must default to False")
+    elif parse is None:
+        parse = _parser_of(annotation, choices)
+        if parse is None:
+            raise TypeError(f"Settings.{name}: no parser for {annotation!r}; give it a Flag(parse=...)")
+    default = info.default
+    unshown = default is None or default is False or default == ""
+    shown = "" if unshown else f"{default:g}s" if flag.duration else str(default)
+    return Option(field=name, flag=_flag_name(name), help=info.description, default=default, parse=parse,
+                  choices=choices, metavar=flag.metavar, shown_default=shown)
+
+
+def _flag(name: str) -> Flag:
+    return next((m for m in Settings.model_fields[name].metadata if isinstance(m, Flag)), Flag())
+
+
+def _flag_name(name: str) -> str:
+    return _flag(name).name or "--" + name.replace("_", "-")
+
+
+def _parser_of(annotation: Any, choices: tuple[str, ...] | None) -> Callable[[str], Any] | None:
+    """The parser a field's type implies: int, float and str (choices are strings); None for any other."""
+    if choices is not None or annotation is str:
+        return str
+    if annotation is int:
+        return int
+    if annotation is float:
+        return float
+    return None
+
+
+def _without_none(annotation: Any) -> Any:
+    """``str | None`` -> ``str``: an optional setting is parsed as its type (the default is None)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return annotation
+
+
+def _describe(error: Any) -> str:
+    """One pydantic error as ``field (--flag): must be ..., got VALUE``."""
+    field = ".".join(str(part) for part in error["loc"]) or "settings"
+    if error["type"] == "extra_forbidden":
+        return f"{field}: not a setting"
+    if error["type"] == "value_error":
+        what = str(error["ctx"]["error"])
+    else:
+        what = str(error["msg"]).replace("Input should be", "must be", 1)
+    flag = f" ({_flag_name(field)})" if field in Settings.model_fields else ""
+    return f"{field}{flag}: {what}, got {error['input']!r}"
