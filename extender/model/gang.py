@@ -113,7 +113,10 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
         size = _positive(annotations.get(LWS_SIZE_ANNOTATION), LWS_SIZE_ANNOTATION)
         if isinstance(size, GangProblem):
             return size
-        return GangSpec(GangKey(namespace, f"{lws}-{index}", source), size, _timeout(annotations, default_timeout_s))
+        timeout = _timeout(annotations, default_timeout_s)
+        if isinstance(timeout, GangProblem):
+            return timeout
+        return GangSpec(GangKey(namespace, f"{lws}-{index}", source), size, timeout)
     name = annotations[GANG_NAME_ANNOTATION]
     size = _positive(annotations.get(GANG_SIZE_ANNOTATION), GANG_SIZE_ANNOTATION)
     if isinstance(size, GangProblem):
@@ -140,8 +143,9 @@ def _timeout(annotations: Mapping[str, Any], default: float) -> float | GangProb
         seconds = float(value)
     except (TypeError, ValueError):
         return GangProblem(f"annotation {GANG_TIMEOUT_ANNOTATION} must be a number of seconds, got {value!r}")
-    if seconds <= 0:
-        return GangProblem(f"annotation {GANG_TIMEOUT_ANNOTATION} must be positive, got {value!r}")
+    if not (math.isfinite(seconds) and seconds > 0):  # "nan" and "inf" parse as floats
+        return GangProblem(f"annotation {GANG_TIMEOUT_ANNOTATION} must be a positive, finite number of seconds, "
+                           f"got {value!r}")
     return seconds
 
 
