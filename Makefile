@@ -15,8 +15,13 @@ demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulat
 test: $(STAMP) control-plane vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
+# Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
+# mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
+# Configured in pyproject.toml.
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyright
 
 control-plane:
 	bash hack/build-control-plane.sh >/dev/null
