@@ -54,10 +54,6 @@ def plan(inputs: TuningInputs) -> Plan:
     return Plan(tuning, tuple(problems))
 
 
-def valid_tp_sizes(model: ModelFacts, limit: int = 16) -> list[int]:
-    return [t for t in range(1, limit + 1) if not tp_problems(model, t)]
-
-
 def _int_override(typed: Mapping[str, object], name: str, default: int) -> int:
     """The user's value of an int field (``coerce_overrides`` made it an int), else ``default``."""
     value = typed.get(name, default)
