@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,8 @@ def load_model_dir(path: str | Path) -> ModelFacts:
 def facts_from_config(config: dict[str, Any], *, name: str, weight_bytes: int | None = None,
                       weight_source: str = "estimate", where: str = "config.json") -> ModelFacts:
     """Pure: ``ModelFacts`` from a parsed config.json (text config of multimodal models used)."""
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text_config = config.get("text_config")
+    cfg: dict[str, Any] = text_config if isinstance(text_config, dict) else config
 
     def need(key: str) -> int:
         value = cfg.get(key)
@@ -115,17 +116,11 @@ def facts_from_config(config: dict[str, Any], *, name: str, weight_bytes: int | 
         experts_per_token=int(cfg.get("num_experts_per_tok") or 1),
     )
     if weight_bytes is None:
-        weight_bytes = estimate_params(facts, tie=bool(cfg.get("tie_word_embeddings", False))) * _weight_bytes_per_param(cfg, DTYPE_BYTES[served])
-        weight_bytes = int(weight_bytes)
+        params = estimate_params(facts, tie=bool(cfg.get("tie_word_embeddings", False)))
+        weight_bytes = int(params * _weight_bytes_per_param(cfg, DTYPE_BYTES[served]))
     elif checkpoint_bytes > DTYPE_BYTES[served]:
         weight_bytes = weight_bytes * DTYPE_BYTES[served] // checkpoint_bytes
-    return _replace(facts, weight_bytes=int(weight_bytes))
-
-
-def _replace(facts: ModelFacts, **changes: Any) -> ModelFacts:
-    from dataclasses import replace
-
-    return replace(facts, **changes)
+    return replace(facts, weight_bytes=int(weight_bytes))
 
 
 def _attention_kind(cfg: dict[str, Any]) -> tuple[str, int | None]:

@@ -40,91 +40,37 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.framework.runtime import summarize_failures
-from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import (
     DEFAULT_TIMEOUT_S,
     GANG_COMMIT_ANNOTATION,
     BarrierTiming,
     GangCommit,
-    GangProblem,
     GangKey,
+    GangProblem,
     GangSpec,
     MemberPlacement,
     encode_commit,
     gang_of,
 )
-from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.gang_admission import simulate_placements
 from extender.service.gang_index import GangIndex, Member, SeenCommit
+from extender.service.gang_plan import (
+    EndedCommit,
+    GangStatus,
+    PartialGang,
+    Phase,
+    Plan,
+    PodGroupProgress,
+    describe_gang,
+)
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 
 __all__ = ["GangCoordinator", "GangIndex", "GangObserver", "PartialGang"]
-
-
-class Phase(str, Enum):
-    GATHERING = "gathering"  # waiting for every member at the bind barrier
-    COMMITTED = "committed"  # the barrier opened; binds are being written
-
-
-@dataclass
-class Plan:
-    spec: GangSpec
-    placements: dict[str, MemberPlacement]  # member pod key -> placement
-    uids: dict[str, str]  # member pod key -> the uid it was planned for ("" unknown)
-    created: float
-    deadline: float  # gathering: every member at the barrier by then; committed: every member bound
-    timeout_s: float  # the group's timeout after BarrierTiming's clamp
-    phase: Phase = Phase.GATHERING
-    arrived: set[str] = field(default_factory=set)
-    written: set[str] = field(default_factory=set)  # bind writes that succeeded
-    writing: dict[str, float] = field(default_factory=dict)  # given their Reservation, outcome not known -> since
-    bind_errors: dict[str, str] = field(default_factory=dict)  # member -> last failed write
-    commit_text: str = ""
-    commit_until: float = 0.0  # Unix time the commit record names
-    released: bool = False
-    nudged_at: float = 0.0
-
-    @property
-    def committed(self) -> bool:
-        return self.phase is Phase.COMMITTED
-
-
-@dataclass
-class GangStatus:
-    spec: GangSpec | None = None
-    reason: str = ""
-    waiting_since: float = 0.0
-    cooldown_until: float = 0.0
-    completions: int = 0
-    timeouts: int = 0
-    partials: int = 0
-    bind_retries: int = 0
-    gather_s: list[float] = field(default_factory=list)  # plan -> barrier open, the last 16 commits
-
-
-@dataclass(frozen=True)
-class PartialGang:
-    """A group left partially bound: its bound members (pod key -> node) and each missing
-    member's reason. Reported once per occurrence."""
-
-    gang: GangKey
-    bound: Mapping[str, str]
-    missing: Mapping[str, str]
-
-    @property
-    def message(self) -> str:
-        total = len(self.bound) + len(self.missing)
-        why = "; ".join(f"{k}: {reason}" for k, reason in sorted(self.missing.items()))
-        return (f"gang {self.gang} is partially bound: {len(self.bound)} of {total} planned members bound after its "
-                f"barrier opened, and {', '.join(sorted(self.missing))} could not be bound ({why}). The bound "
-                "members keep their GPUs (gpusched never deletes pods); the missing ones are planned again as the "
-                "group's remainder once they exist and fit")
 
 
 class GangObserver(Protocol):
@@ -145,24 +91,12 @@ class _NoObserver:
         return None
 
 
-def _selector_matches(pod: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+@dataclass(frozen=True)
+class _AdoptableCommit:
+    """The newest commit record seen for a group during a relist, with the group it declares."""
 
-
-def _with_holdings(view: LedgerView, extra: list[tuple[str, str, tuple[str, ...]]]) -> LedgerView:
-    """A ledger view plus simulated holdings (member key, node, units)."""
-    held = dict(view.held_by_node)
-    assignments = dict(view.assignments)
-    for key, node, units in extra:
-        held[node] = frozenset(held.get(node, frozenset()) | set(units))
-        assignments[key] = Assignment(key, node, frozenset(units), EntryState.ASSUMED)
-    return LedgerView(view.version, held, assignments)
-
-
-def _pod_ref(member: Member) -> PodRef:
-    meta = member.raw.get("metadata") or {}
-    return PodRef(meta.get("namespace", "default"), meta.get("name", ""), member.uid, member.raw)
+    gang: GangSpec
+    record: SeenCommit
 
 
 class GangCoordinator:
@@ -170,9 +104,9 @@ class GangCoordinator:
     barrier; pods without a gang pass straight through."""
 
     def __init__(self, inner: Any, index: GangIndex, framework: Any, snapshot: Callable[[], ClusterSnapshot],
-                 ledger: Any, *, timing: BarrierTiming = BarrierTiming(), clock: Callable[[], float] = time.monotonic,
+                 ledger: Any, *, timing: BarrierTiming | None = None, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time, cooldown_s: float = 3.0, renudge_s: float = 5.0,
-                 observer: GangObserver = _NoObserver(),
+                 observer: GangObserver | None = None,
                  nudge: Callable[[list[str]], None] = lambda pods: None,
                  pod_group_status: Callable[[GangKey, str, int], None] = lambda key, phase, scheduled: None,
                  on_partial: Callable[[PartialGang], None] = lambda partial: None):
@@ -182,30 +116,31 @@ class GangCoordinator:
         extender-rejected pods when a sibling appears, so without it members would show a stale
         reason or reach bind only after their backoff. ``pod_group_status`` writes a PodGroup's
         phase and scheduled count; ``on_partial`` reports a partially bound group. The three
-        callbacks are called with the coordinator's lock held: they must not block."""
+        callbacks are called with the coordinator's lock held: they must not block. ``timing``
+        defaults to ``BarrierTiming()``; without an ``observer`` nothing is reported."""
         self.inner = inner
         self.index = index
         self.default_timeout_s = DEFAULT_TIMEOUT_S
         self.framework = framework
         self.snapshot = snapshot
         self.ledger = ledger
-        self.timing = timing
+        self.timing = timing if timing is not None else BarrierTiming()
         self._clock = clock
         self._wall = wall_clock
         self._cooldown_s = cooldown_s
         self._renudge_s = renudge_s
-        self._observer = observer
+        self._observer: GangObserver = observer if observer is not None else _NoObserver()
         self._nudge = nudge
         self._pod_group_status = pod_group_status
         self._on_partial = on_partial
-        self._phases: dict[GangKey, tuple[str, int]] = {}
+        self._phases: dict[GangKey, PodGroupProgress] = {}
         self._lock = threading.Condition()
         self._plans: dict[GangKey, Plan] = {}
         self._status: dict[GangKey, GangStatus] = {}
         # Members whose bind was written, until the watch shows them bound (it may lag).
         self._written: dict[str, float] = {}
-        # Commit records whose plan ended (gang key, until): a relist must not adopt or report them again.
-        self._ended: set[tuple[GangKey, float]] = set()
+        # Commit records whose plan ended: a relist must not adopt or report them again.
+        self._ended: set[EndedCommit] = set()
 
     # -- Decider ---------------------------------------------------------------------------
     def filter(self, pod: PodRef, candidates: Sequence[str], node_objects) -> FilterOutcome:
@@ -379,7 +314,7 @@ class GangCoordinator:
                              "rest before reserving anything")
             return status.reason
         needed = pending[: max(0, gang.min_member - len(bound))] if len(bound) < gang.min_member else []
-        placements = self._simulate(gang, needed)
+        placements = simulate_placements(gang, needed, self.snapshot(), self.inner.demand, self.framework)
         if isinstance(placements, str):
             status.reason = placements
             return placements
@@ -398,32 +333,6 @@ class GangCoordinator:
         remainder = f" (the remainder: {len(bound)} already bound)" if bound else ""
         status.reason = (f"gang {gang.key}: all {len(placements)} members planned{remainder}; waiting at the bind "
                          "barrier")
-        return plan
-
-    def _simulate(self, gang: GangSpec, members: list[Member]) -> dict[str, MemberPlacement] | str:
-        snapshot: ClusterSnapshot = self.snapshot()
-        demands: list[tuple[Member, PodDemand]] = []
-        for m in members:
-            demand = self.inner.demand(_pod_ref(m))
-            if isinstance(demand, DemandProblem):
-                return f"gang {gang.key}: member {m.key} cannot be placed anywhere: {demand.message}"
-            demands.append((m, demand))
-        demands.sort(key=lambda md: (-md[1].gpu_count, md[0].key))  # biggest first: fewer dead ends
-        held: list[tuple[str, str, tuple[str, ...]]] = []
-        plan: dict[str, MemberPlacement] = {}
-        for fitted, (member, demand) in enumerate(demands):
-            sim = snapshot.with_ledger(_with_holdings(snapshot.ledger, held))
-            nodes = [n for n, info in sim.nodes.items() if not info.unschedulable and _selector_matches(member.raw, info.labels)]
-            decision = self.framework.filter(sim, demand, nodes)
-            if not decision.feasible:
-                why = summarize_failures(decision) or "no node matches its nodeSelector"
-                return (f"gang {gang.key} ({len(demands)} pods): only {fitted} of {len(demands)} remaining members fit "
-                        f"the cluster now; member {member.key} ({demand.gpu_count} GPUs) fits nowhere: {why}")
-            scores = self.framework.score(sim, demand, list(decision.feasible)).scores
-            node = max(decision.feasible, key=lambda n: (scores.get(n, 0), n))
-            choice = self.framework.choose_gpus(sim, demand, node)
-            held.append((member.key, node, choice.unit_ids))
-            plan[member.key] = MemberPlacement(node, tuple(choice.unit_ids), tuple(choice.gpu_indices))
         return plan
 
     # -- the barrier and after -------------------------------------------------------------------
@@ -446,7 +355,7 @@ class GangCoordinator:
 
     def _complete(self, plan: Plan) -> None:
         self._plans.pop(plan.spec.key, None)
-        self._ended.add((plan.spec.key, plan.commit_until))
+        self._ended.add(EndedCommit(plan.spec.key, plan.commit_until))
         status = self._status_of(plan.spec)
         status.completions += 1
         status.reason = f"gang {plan.spec.key}: all {len(plan.placements)} members bound"
@@ -455,7 +364,7 @@ class GangCoordinator:
     def _partial(self, plan: Plan, missing: Mapping[str, str]) -> None:
         """A committed plan ends with members unbound: release them, report. Lock held."""
         self._plans.pop(plan.spec.key, None)
-        self._ended.add((plan.spec.key, plan.commit_until))
+        self._ended.add(EndedCommit(plan.spec.key, plan.commit_until))
         for key in missing:
             self.ledger.forget(key)
         bound = {k: p.node for k, p in plan.placements.items() if k not in missing}
@@ -526,16 +435,17 @@ class GangCoordinator:
         extender was away — the group is reported partially bound. Of several records of one
         group (a remainder plan commits anew) the newest counts."""
         now, wall = self._clock(), self._wall()
-        newest: dict[GangKey, tuple[GangSpec, SeenCommit]] = {}
+        newest: dict[GangKey, _AdoptableCommit] = {}
         for record in seen:
             gang = gang_of(record.pod, self.index.pod_groups, self.default_timeout_s)
             if isinstance(gang, GangSpec) and str(gang.key) == record.commit.gang and (
-                    gang.key not in newest or newest[gang.key][1].commit.until_unix < record.commit.until_unix):
-                newest[gang.key] = (gang, record)
+                    gang.key not in newest or newest[gang.key].record.commit.until_unix < record.commit.until_unix):
+                newest[gang.key] = _AdoptableCommit(gang, record)
         with self._lock:
-            for key, (gang, record) in newest.items():
+            for key, adoptable in newest.items():
+                gang, record = adoptable.gang, adoptable.record
                 until = round(record.commit.until_unix, 3)
-                if key in self._plans or (key, until) in self._ended:
+                if key in self._plans or EndedCommit(key, until) in self._ended:
                     continue
                 members = {m.key: m for m in self.index.members(gang)}
                 placements = {f"{key.namespace}/{name}": p for name, p in record.commit.placements.items()}
@@ -544,7 +454,7 @@ class GangCoordinator:
                     continue
                 bound = {k for k, m in members.items() if k in placements and m.node}
                 remaining = record.commit.until_unix - wall
-                self._ended.add((key, until))
+                self._ended.add(EndedCommit(key, until))
                 if remaining <= 0:
                     self._report_partial_now(gang, placements, bound, unbound)
                     continue
@@ -581,7 +491,7 @@ class GangCoordinator:
             for plan in self._plans.values():
                 if now - plan.nudged_at >= self._renudge_s:
                     self._nudge_plan(plan)
-            updates = []
+            updates: dict[GangKey, PodGroupProgress] = {}
             for key, status in self._status.items():
                 if key.source != "PodGroup" or status.spec is None:
                     continue
@@ -589,42 +499,18 @@ class GangCoordinator:
                 scheduled = sum(1 for m in members if m.node)
                 phase = ("Scheduled" if scheduled >= status.spec.min_member else
                          "Scheduling" if key in self._plans else "Pending")
-                if self._phases.get(key) != (phase, scheduled):
-                    self._phases[key] = (phase, scheduled)
-                    updates.append((key, phase, scheduled))
-        for key, phase, scheduled in updates:
-            self._pod_group_status(key, phase, scheduled)
+                progress = PodGroupProgress(phase, scheduled)
+                if self._phases.get(key) != progress:
+                    self._phases[key] = progress
+                    updates[key] = progress
+        for key, progress in updates.items():
+            self._pod_group_status(key, progress.phase, progress.scheduled)
 
     # -- visibility ----------------------------------------------------------------------------
     def _describe(self, key: GangKey) -> dict[str, Any]:
         status = self._status.get(key)
-        plan = self._plans.get(key)
-        spec = status.spec if status else None
-        members = self.index.members(spec) if spec else []
-        described = {
-            "gang": str(key), "source": key.source,
-            "minMember": spec.min_member if spec else None,
-            "timeoutSeconds": self.timing.clamp(spec.timeout_s) if spec else None,
-            "members": sorted(m.key for m in members),
-            "bound": sorted(m.key for m in members if m.node),
-            "phase": plan.phase.value if plan else None,
-            "planned": {k: {"node": v.node, "gpus": list(v.indices)} for k, v in (plan.placements.items() if plan else [])},
-            "atBarrier": sorted(plan.arrived) if plan else [],
-            "written": sorted(plan.written) if plan else [],
-            "bindErrors": dict(plan.bind_errors) if plan else {},
-            "deadlineInSeconds": round(plan.deadline - self._clock(), 1) if plan else None,
-            "waitingSeconds": round(self._clock() - status.waiting_since, 1) if status else 0,
-            "reason": status.reason if status else "",
-            "completions": status.completions if status else 0,
-            "timeouts": status.timeouts if status else 0,
-            "partials": status.partials if status else 0,
-            "bindRetries": status.bind_retries if status else 0,
-            "gatherSeconds": list(status.gather_s) if status else [],
-        }
-        if spec and self.timing.clamp(spec.timeout_s) < spec.timeout_s:
-            described["timeoutClamped"] = (f"asked for {spec.timeout_s:g}s; at most {self.timing.max_wait_s:g}s fits "
-                                           "in one bind call (httpTimeout - bind write - margin)")
-        return described
+        members = self.index.members(status.spec) if status and status.spec else []
+        return describe_gang(key, status, self._plans.get(key), members, self.timing, self._clock())
 
     def describe(self) -> dict[str, Any]:
         self._expire()
