@@ -186,7 +186,8 @@ def test_refusal_writes_termination_log_and_never_starts_vllm(tmp_path, capsys):
 
 def test_input_error_is_reported_like_a_refusal(tmp_path):
     log = tmp_path / "termination-log"
-    rc = main(["--model-dir", str(tmp_path / "missing"), "--gpu-backend", "cpu", "--cpu-kv-bytes", "1", "--termination-log", str(log)])
+    rc = main(["--model-dir", str(tmp_path / "missing"), "--gpu-backend", "cpu", "--cpu-kv-bytes", "1",
+               "--termination-log", str(log)])
     assert rc == 1 and "config.json: not found" in log.read_text()
 
 

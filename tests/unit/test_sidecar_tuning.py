@@ -82,7 +82,8 @@ def t_profile_tokens(profile: str) -> int:
     ("meta-llama/Llama-3.1-70B-Instruct", "A100-40GB", 2, "weights need"),
     ("Qwen/Qwen2.5-72B-Instruct", "L40S-48GB", 2, "weights need"),
     ("mistralai/Mixtral-8x7B-Instruct-v0.1", "A100-40GB", 1, "weights need"),
-    ("Qwen/Qwen2.5-7B-Instruct", "H100-80GB", 8, "Total number of attention heads (28) must be divisible by tensor parallel size (8)."),
+    ("Qwen/Qwen2.5-7B-Instruct", "H100-80GB", 8,
+     "Total number of attention heads (28) must be divisible by tensor parallel size (8)."),
 ], ids=["70b-h100-tp1", "70b-h200-tp1", "70b-a100-40-tp2", "qwen72b-l40s-tp2", "mixtral-a100-40-tp1", "qwen7b-tp8"])
 def test_impossible_combinations_refused_with_reasons(model_name, gpu, tp, expect):
     result = plan(make_inputs(make_model(model_name), preset(gpu, tp), tensor_parallel_size=tp))
@@ -167,13 +168,15 @@ def test_utilization_follows_free_memory_not_total():
 
 
 def test_memory_share_renders_kv_cache_memory_bytes():
-    t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), make_gpus(1, 80), memory_share=MemoryShare(fraction=0.5)))
+    t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), make_gpus(1, 80),
+                         memory_share=MemoryShare(fraction=0.5)))
     assert t.params.kv_cache_memory_bytes is not None
     assert t.params.kv_cache_memory_bytes < 40 * 1024**3 - t.prediction.weight_bytes_per_gpu
     assert t.params.gpu_memory_utilization <= 0.5
 
 
-@pytest.mark.parametrize("profile,threshold_nonzero,batched", [("interactive", True, 2048), ("batch", False, 8192), ("long-context", True, 8192)])
+@pytest.mark.parametrize("profile,threshold_nonzero,batched", [
+    ("interactive", True, 2048), ("batch", False, 8192), ("long-context", True, 8192)])
 def test_profiles_shape_the_step(profile, threshold_nonzero, batched):
     t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), profile=profile))
     assert t.params.max_num_batched_tokens == batched
@@ -182,7 +185,8 @@ def test_profiles_shape_the_step(profile, threshold_nonzero, batched):
 
 
 def test_overrides_win_and_are_reported():
-    t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), overrides={"max_num_seqs": "32", "enforce_eager": "true"}))
+    t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"),
+                         overrides={"max_num_seqs": "32", "enforce_eager": "true"}))
     assert t.params.max_num_seqs == 32
     assert "max_num_seqs" in t.overridden and t.overridden["max_num_seqs"] != 32
     assert t.reasons["max_num_seqs"].startswith("set by you")
