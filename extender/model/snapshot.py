@@ -148,33 +148,44 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
     memory (both from telemetry)."""
-    failures = failures or {}
-    units: list[GpuUnit] = []
-    islands: tuple[tuple[int, ...], ...] = ()
     if inventory is not None:
         islands = inventory.nvlink_islands
-        island_of = {index: i for i, island in enumerate(islands) for index in island}
-        for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-            common = dict(gpu_index=gpu.index, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch)
-            if gpu.mig_enabled:
-                for inst in gpu.mig_instances:
-                    units.append(GpuUnit(inst.uuid, len(units), memory_mib=inst.memory_mib,
-                                         is_mig=True, profile=inst.profile, failure=failures.get(inst.uuid, ""),
-                                         foreign=inst.uuid in foreign, **common))
-            else:
-                units.append(GpuUnit(gpu.uuid, len(units), memory_mib=gpu.memory_mib,
-                                     island=island_of.get(gpu.index, -1), failure=failures.get(gpu.uuid, ""),
-                                     foreign=gpu.uuid in foreign, **common))
+        units = _lay_out_units(inventory, failures or {}, foreign)
     else:
+        islands = ()
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
     if allocatable_gpus is None:
         allocatable_gpus = len(units)
-    shape = Shape((allocatable_gpus, islands, tuple(
+    shape = _shape_of(allocatable_gpus, islands, units, engine_headroom)
+    return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
+                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
+
+
+def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str]) -> list[GpuUnit]:
+    """The inventory's units in their fixed order: GPUs by index, a MIG-enabled GPU standing as
+    its instances (in inventory order), a whole GPU with its NVLink island."""
+    island_of = {index: i for i, island in enumerate(inventory.nvlink_islands) for index in island}
+    units: list[GpuUnit] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if gpu.mig_enabled:
+            for inst in gpu.mig_instances:
+                units.append(GpuUnit(inst.uuid, len(units), gpu.index, inst.memory_mib, is_mig=True,
+                                     profile=inst.profile, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch,
+                                     failure=failures.get(inst.uuid, ""), foreign=inst.uuid in foreign))
+        else:
+            units.append(GpuUnit(gpu.uuid, len(units), gpu.index, gpu.memory_mib, numa_node=gpu.numa_node,
+                                 pcie_switch=gpu.pcie_switch, island=island_of.get(gpu.index, -1),
+                                 failure=failures.get(gpu.uuid, ""), foreign=gpu.uuid in foreign))
+    return units
+
+
+def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units: Sequence[GpuUnit],
+              engine_headroom: int | None) -> Shape:
+    """Everything about a node's GPUs except ids (equal shapes behave identically)."""
+    return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
          u.foreign)
         for u in units), engine_headroom))
-    return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
-                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
 
 
 def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:
