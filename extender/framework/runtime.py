@@ -53,7 +53,8 @@ from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
-from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeGroups, NodeInfo
+from extender.model.snapshot import ClusterSnapshot, NodeInfo
+from extender.model.snapshot_groups import UNKNOWN_GROUP, NodeGroups
 
 __all__ = ["Framework", "FilterDecision", "GpuChoice", "NodeScore", "NodeVerdict", "PluginScore", "ScoreDecision",
            "summarize_failures", "to_extender_score"]

@@ -1,7 +1,8 @@
 import pytest
 
 from extender.model.ledger import GpuLedger
-from extender.model.snapshot import ClusterSnapshot, NodeIndex, node_info_from_k8s
+from extender.model.snapshot import ClusterSnapshot, node_info_from_k8s
+from extender.model.snapshot_groups import NodeIndex
 from tests.unit.builders import h100_inventory, make_k8s_node, make_node, mig_inventory
 
 
