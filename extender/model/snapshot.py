@@ -91,10 +91,6 @@ class FreeUnits:
     mig: tuple[GpuUnit, ...]
     mask: int
 
-    @property
-    def count(self) -> int:
-        return len(self.whole) + len(self.mig)
-
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -272,10 +268,6 @@ class ClusterSnapshot:
                 by_name[name] = _canonical(node, self._shapes)
         return ClusterSnapshot(MappingProxyType(by_name), self.ledger if ledger is None else ledger, generation,
                                self._groups, object(), (self._node_token, frozenset(updates)), self._shapes)
-
-    def with_nodes(self, nodes: Iterable[NodeInfo], generation: int | None = None) -> ClusterSnapshot:
-        gen = self.generation + 1 if generation is None else generation
-        return ClusterSnapshot.build(nodes, self.ledger, gen)
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
         return node.free_units(self.ledger.held_on(node.name))

@@ -99,15 +99,6 @@ class NodeGroups:
     def cache(self) -> dict[object, object]:
         return self._registry.cache
 
-    @property
-    def group_of(self) -> dict[str, int]:
-        """Node name -> group id (built on each call: for tests and debugging)."""
-        return dict(zip(self.index.names, self.gid_at[:-1].tolist(), strict=True))
-
-    def ids(self, names: Sequence[str]) -> list[int]:
-        """The group id of each name, ``UNKNOWN_GROUP`` for names not in the snapshot."""
-        return self.gid_at[self.index.locate(names)].tolist()
-
     def gid(self, name: str) -> int:
         position = self.index.position.get(name)
         return UNKNOWN_GROUP if position is None else int(self.gid_at[position])
