@@ -170,20 +170,15 @@ def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
     pick = request.pick or partial(_gather, names)
     verdicts, slots, tags = _verdicts_by_slot(request)
     present_tags = tags[slots]
-    node_tags = _tag_per_name(present, present_tags, gids)
     per_node = GroupedMapping(names, gids, dict(zip(present.tolist(), map(verdicts.__getitem__, slots.tolist()),
                                                     strict=True)), complete=True)
     is_bad = present_tags != CODE_TAG[Code.SUCCESS]
     if not is_bad.any():
         feasible = names if isinstance(names, tuple) else tuple(names)
         return FilterDecision(feasible, _NONE, _NONE, per_node, "", MappingProxyType({}), gids)
+    node_tags = _tag_per_name(present, present_tags, gids)
+    feasible, feasible_gids, rejected_at = _kept_and_rejected(request, pick, node_tags, is_bad)
     bad_slots = slots[is_bad]
-    if is_bad.all():
-        feasible, feasible_gids, rejected_at = (), gids[:0], None
-    else:
-        kept = node_tags == CODE_TAG[Code.SUCCESS]
-        kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
-        feasible, feasible_gids = pick(kept_at), gids[kept_at]
     reason_of_group = _reason_per_group(verdicts, present[is_bad], bad_slots)
     failed, unresolvable = _failed_and_unresolvable(request, pick, reason_of_group, node_tags,
                                                     present_tags[is_bad], rejected_at)
@@ -211,6 +206,17 @@ def _tag_per_name(present: np.ndarray, present_tags: np.ndarray, gids: np.ndarra
     tag_of_gid = np.full(int(present[-1]) + 1 if len(present) else 1, -1, np.int16)
     tag_of_gid[present] = present_tags
     return tag_of_gid[gids]
+
+
+def _kept_and_rejected(request: GroupedVerdicts, pick: Callable[[np.ndarray], tuple[str, ...]], node_tags: np.ndarray,
+                       is_bad: np.ndarray) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None]:
+    """Some group rejects: ``(feasible names, their group ids, positions of the rejected names)``;
+    the positions are None when every name is rejected (nothing to gather)."""
+    if is_bad.all():
+        return (), request.gids[:0], None
+    kept = node_tags == CODE_TAG[Code.SUCCESS]
+    kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
+    return pick(kept_at), request.gids[kept_at], rejected_at
 
 
 def _reason_per_group(verdicts: Sequence[Any], bad_gids: np.ndarray, bad_slots: np.ndarray) -> dict[int, str]:
