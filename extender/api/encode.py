@@ -43,7 +43,7 @@ def _interleave(opening: str, names: Sequence[str], fragments: Iterable[str], cl
     return (opening + "".join(pieces)).encode()
 
 
-def _fragments(by_group: Mapping[int, str], gids: Sequence[int]) -> Sequence[str]:
+def _fragments(by_group: Mapping[int, str], gids: Sequence[int] | np.ndarray) -> Sequence[str]:
     """``by_group[g]`` for each ``g`` in ``gids``: one numpy gather for a numpy ``gids`` (a dict
     lookup per element would box a numpy scalar for each), a C-level ``map`` otherwise."""
     if isinstance(gids, np.ndarray):
@@ -65,7 +65,7 @@ def encode_host_priorities(names: Sequence[str], scores: Mapping[str, int]) -> b
                            _HOST_LAST[scores.by_group[int(scores.gids[-1])]])
     values = list(map(int, map(scores.get, names, repeat(0))))
     if min(values) < 0 or max(values) > MAX_EXTENDER_SCORE or not _plain(names):
-        return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values)])
+        return orjson.dumps([{"Host": n, "Score": v} for n, v in zip(names, values, strict=True)])
     return _interleave('[{"Host":"', names, map(_HOST_BETWEEN.__getitem__, values), _HOST_LAST[values[-1]])
 
 
