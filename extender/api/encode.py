@@ -43,7 +43,7 @@ def _interleave(opening: str, names: Sequence[str], fragments: Iterable[str], cl
     return (opening + "".join(pieces)).encode()
 
 
-def _fragments(by_group: Mapping[int, str], gids: Sequence[int]) -> Sequence[str]:
+def _fragments(by_group: Mapping[int, str], gids: Sequence[int] | np.ndarray) -> Sequence[str]:
     """``by_group[g]`` for each ``g`` in ``gids``: one numpy gather for a numpy ``gids`` (a dict
     lookup per element would box a numpy scalar for each), a C-level ``map`` otherwise."""
     if isinstance(gids, np.ndarray):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
@@ -114,7 +115,7 @@ def summarize_failures(decision: FilterDecision) -> str:
 
 
 def decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Mapping[int, NodeVerdict],
-            pick: Callable[[np.ndarray], tuple[str, ...]] | None = None) -> FilterDecision:
+           pick: Callable[[np.ndarray], tuple[str, ...]] | None = None) -> FilterDecision:
     """The decision for ``names`` whose verdicts are ``verdicts[gids[i]]`` (any group ids)."""
     answers = GroupAnswers()
     faults = {}
@@ -124,86 +125,147 @@ def decide(names: Sequence[str], gids: Sequence[int] | np.ndarray, verdicts: Map
         else:
             answers.add(gid, verdict, CODE_TAG[verdict.code])
     gid_array = np.asarray(gids, dtype=np.int64)
-    tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
-    present = np.flatnonzero(tally)
-    return decide_grouped(names, gid_array, tally, present, answers.slots(present), answers, faults, pick)
+    tally, present = count_groups(gid_array)
+    return decide_grouped(GroupedVerdicts(names, gid_array, tally, present, answers.slots(present), answers, faults, pick))
 
 
-def decide_grouped(names: Sequence[str], gid_array: np.ndarray, tally: np.ndarray, present: np.ndarray,
-                    slots: np.ndarray, answers: GroupAnswers, faults: Mapping[int, NodeVerdict],
-                    pick: Callable[[np.ndarray], tuple[str, ...]] | None, names_json_safe: bool = False) -> FilterDecision:
-    """The decision for ``names`` of groups ``gid_array``: ``tally`` counts names per group id,
-    ``present`` lists the group ids with names (ascending), ``slots`` their verdicts' slots in
-    ``answers`` (-1 only for ``faults``, verdicts of this request not kept). Every output keeps
-    request order. Built with array operations (numpy) and one C-level gather of names per
-    output list, never a Python step per node, and per group only C-level ``zip``s: at 5,000
-    names each list-level pass costs ~0.1 ms, the array operations a few microseconds.
-    ``pick(at)`` returns ``names`` at the ascending positions ``at`` (default: an
-    ``itemgetter`` over ``names``); ``names_json_safe`` vouches that no name needs JSON escaping."""
-    if pick is None:
-        def pick(at: np.ndarray) -> tuple[str, ...]:
-            return _gather(names, at)
-    values: list[Any] = answers.values
-    tags = answers.tags
-    if faults:  # give this request's faults slots of their own, past the kept ones
-        values, slots = list(values), slots.copy()
-        tags = np.append(tags[:len(values)], np.full(len(faults), CODE_TAG[Code.ERROR], tags.dtype))
-        for gid, verdict in faults.items():
-            slots[np.searchsorted(present, gid)] = len(values)
-            values.append(verdict)
+def count_groups(gids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tally, present)`` of a request's group ids: ``tally[g]`` counts the names of group
+    ``g`` (at least one element, even for no names); ``present`` lists the groups with names,
+    ascending."""
+    tally = np.bincount(gids) if len(gids) else np.zeros(1, np.int64)
+    return tally, np.flatnonzero(tally)
+
+
+@dataclass(frozen=True)
+class GroupedVerdicts:
+    """What :func:`decide_grouped` builds a filter decision from: the request's names, their
+    groups, and each present group's verdict as a slot in ``answers``.
+
+    ``gids[i]`` is the group id of ``names[i]``; ``tally`` and ``present`` are
+    :func:`count_groups` of ``gids``; ``slots[j]`` is the slot of group ``present[j]``'s verdict
+    in ``answers``, -1 only for the groups in ``faults`` (this request's ERROR verdicts, never
+    kept). ``pick(at)`` returns ``names`` at the ascending positions ``at`` (None: an
+    ``itemgetter`` over ``names``); ``names_json_safe`` vouches that no name needs JSON escaping.
+    """
+
+    names: Sequence[str]
+    gids: np.ndarray
+    tally: np.ndarray
+    present: np.ndarray
+    slots: np.ndarray
+    answers: GroupAnswers
+    faults: Mapping[int, NodeVerdict]
+    pick: Callable[[np.ndarray], tuple[str, ...]] | None = None
+    names_json_safe: bool = False
+
+
+def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
+    """The filter decision for ``request``'s names; every output keeps request order.
+
+    Built with array operations (numpy) and one C-level gather of names per output list, never a
+    Python step per node, and per group only C-level ``zip``s: at 5,000 names each list-level
+    pass costs ~0.1 ms, the array operations a few microseconds."""
+    names, gids, present = request.names, request.gids, request.present
+    pick = request.pick or partial(_gather, names)
+    verdicts, slots, tags = _verdicts_by_slot(request)
     present_tags = tags[slots]
+    per_node = GroupedMapping(names, gids, dict(zip(present.tolist(), map(verdicts.__getitem__, slots.tolist()),
+                                                    strict=True)), complete=True)
+    is_bad = present_tags != CODE_TAG[Code.SUCCESS]
+    if not is_bad.any():
+        feasible = names if isinstance(names, tuple) else tuple(names)
+        return FilterDecision(feasible, _NONE, _NONE, per_node, "", MappingProxyType({}), gids)
+    node_tags = _tag_per_name(present, present_tags, gids)
+    feasible, feasible_gids, rejected_at = _kept_and_rejected(request, pick, node_tags, is_bad)
+    bad_slots = slots[is_bad]
+    reason_of_group = _reason_per_group(verdicts, present[is_bad], bad_slots)
+    failed, unresolvable = _failed_and_unresolvable(request, pick, reason_of_group, node_tags,
+                                                    present_tags[is_bad], rejected_at)
+    counts = _rejections_per_verdict(verdicts, bad_slots, request.tally[present[is_bad]])
+    return FilterDecision(feasible, failed, unresolvable, per_node, _fault_message(counts),
+                          MappingProxyType(counts), feasible_gids)
+
+
+def _verdicts_by_slot(request: GroupedVerdicts) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """``(verdict per slot, slot per present group, tag per slot)``: the kept answers, plus this
+    request's faults in slots of their own past the kept ones (copies; ``answers`` is shared)."""
+    answers, faults, present = request.answers, request.faults, request.present
+    if not faults:
+        return answers.values, request.slots, answers.tags
+    verdicts, slots = list(answers.values), request.slots.copy()
+    tags = np.append(answers.tags[:len(verdicts)], np.full(len(faults), CODE_TAG[Code.ERROR], answers.tags.dtype))
+    for gid, verdict in faults.items():
+        slots[np.searchsorted(present, gid)] = len(verdicts)
+        verdicts.append(verdict)
+    return verdicts, slots, tags
+
+
+def _tag_per_name(present: np.ndarray, present_tags: np.ndarray, gids: np.ndarray) -> np.ndarray:
+    """The tag of each name's verdict, in request order (one scatter and one gather)."""
     tag_of_gid = np.full(int(present[-1]) + 1 if len(present) else 1, -1, np.int16)
     tag_of_gid[present] = present_tags
-    node_tags = tag_of_gid[gid_array]
-    by_group = dict(zip(present.tolist(), map(values.__getitem__, slots.tolist())))
-    rejected_at: np.ndarray | None = None  # None: every name is rejected
-    feasible_gids: np.ndarray
-    is_bad = present_tags != CODE_TAG[Code.SUCCESS]
-    any_bad = bool(is_bad.any())
-    if not any_bad:
-        feasible = names if isinstance(names, tuple) else tuple(names)
-        feasible_gids = gid_array
-    elif is_bad.all():
-        feasible, feasible_gids = (), gid_array[:0]
+    return tag_of_gid[gids]
+
+
+def _kept_and_rejected(request: GroupedVerdicts, pick: Callable[[np.ndarray], tuple[str, ...]], node_tags: np.ndarray,
+                       is_bad: np.ndarray) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None]:
+    """Some group rejects: ``(feasible names, their group ids, positions of the rejected names)``;
+    the positions are None when every name is rejected (nothing to gather)."""
+    if is_bad.all():
+        return (), request.gids[:0], None
+    kept = node_tags == CODE_TAG[Code.SUCCESS]
+    kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
+    return pick(kept_at), request.gids[kept_at], rejected_at
+
+
+def _reason_per_group(verdicts: Sequence[Any], bad_gids: np.ndarray, bad_slots: np.ndarray) -> dict[int, str]:
+    """Group id -> the reason of its rejecting verdict (one attribute read per distinct verdict)."""
+    reason_of_slot = {s: verdicts[s].reason for s in set(bad_slots.tolist())}
+    return dict(zip(bad_gids.tolist(), map(reason_of_slot.__getitem__, bad_slots.tolist()), strict=True))
+
+
+def _failed_and_unresolvable(request: GroupedVerdicts, pick: Callable[[np.ndarray], tuple[str, ...]],
+                             reason_of_group: Mapping[int, str], node_tags: np.ndarray, bad_tags: np.ndarray,
+                             rejected_at: np.ndarray | None) -> tuple[Mapping[str, str], Mapping[str, str]]:
+    """``(failed, unresolvable)``: the rejected names (at ``rejected_at``; None: every name) split
+    by whether their verdict is UNSCHEDULABLE_AND_UNRESOLVABLE; ``bad_tags`` are the rejecting
+    groups' tags. A side with no names is the shared empty mapping."""
+    def reasons(at: np.ndarray | None) -> GroupedMapping:
+        if at is None:
+            return GroupedMapping(request.names, request.gids, reason_of_group, complete=True,
+                                  names_json_safe=request.names_json_safe)
+        return GroupedMapping(pick(at), request.gids[at], reason_of_group, complete=True,
+                              names_json_safe=request.names_json_safe)
+
+    hopeless_tag = CODE_TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
+    if (bad_tags == hopeless_tag).all():
+        return _NONE, reasons(rejected_at)
+    if not (bad_tags == hopeless_tag).any():
+        return reasons(rejected_at), _NONE
+    hopeless = node_tags == hopeless_tag
+    if rejected_at is None:
+        hopeless_at, others_at = np.flatnonzero(hopeless), np.flatnonzero(~hopeless)
     else:
-        kept = node_tags == CODE_TAG[Code.SUCCESS]
-        kept_at, rejected_at = np.flatnonzero(kept), np.flatnonzero(~kept)
-        feasible, feasible_gids = pick(kept_at), gid_array[kept_at]
-    failed: Mapping[str, str] = _NONE
-    unresolvable: Mapping[str, str] = _NONE
+        hopeless = hopeless[rejected_at]
+        hopeless_at, others_at = rejected_at[hopeless], rejected_at[~hopeless]
+    return reasons(others_at), reasons(hopeless_at)
+
+
+def _rejections_per_verdict(verdicts: Sequence[Any], bad_slots: np.ndarray,
+                            bad_tally: np.ndarray) -> dict[NodeVerdict, int]:
+    """Rejected names counted per verdict, from the rejecting groups' slots and name counts."""
     counts: dict[NodeVerdict, int] = {}
-    error = ""
-    if any_bad:
-        bad_slots = slots[is_bad]
-        reason_of_slot = {s: values[s].reason for s in set(bad_slots.tolist())}
-        reason = dict(zip(present[is_bad].tolist(), map(reason_of_slot.__getitem__, bad_slots.tolist())))
+    per_slot = np.bincount(bad_slots, weights=bad_tally)
+    for s, n in enumerate(per_slot.tolist()):
+        if n:  # faults are not interned: equal ones add up
+            counts[verdicts[s]] = counts.get(verdicts[s], 0) + int(n)
+    return counts
 
-        def reasons(at: np.ndarray | None) -> GroupedMapping:
-            if at is None:
-                return GroupedMapping(names, gid_array, reason, complete=True, names_json_safe=names_json_safe)
-            return GroupedMapping(pick(at), gid_array[at], reason, complete=True, names_json_safe=names_json_safe)
 
-        hopeless_tag = CODE_TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
-        bad_tags = present_tags[is_bad]
-        if (bad_tags == hopeless_tag).all():
-            unresolvable = reasons(rejected_at)
-        elif not (bad_tags == hopeless_tag).any():
-            failed = reasons(rejected_at)
-        else:
-            split = node_tags == hopeless_tag
-            if rejected_at is None:
-                at, others_at = np.flatnonzero(split), np.flatnonzero(~split)
-            else:
-                split = split[rejected_at]
-                at, others_at = rejected_at[split], rejected_at[~split]
-            unresolvable, failed = reasons(at), reasons(others_at)
-        per_slot = np.bincount(bad_slots, weights=tally[present[is_bad]])
-        for s, n in enumerate(per_slot.tolist()):
-            if n:  # faults are not interned: equal ones add up
-                counts[values[s]] = counts.get(values[s], 0) + int(n)
-        error = "; ".join(dict.fromkeys(f"{v.plugin}: {v.reason}" for v in counts if v.code is Code.ERROR))
-    return FilterDecision(feasible, failed, unresolvable, GroupedMapping(names, gid_array, by_group, complete=True),
-                          error, MappingProxyType(counts), feasible_gids)
+def _fault_message(counts: Mapping[NodeVerdict, int]) -> str:
+    """The ``error`` of a decision: each distinct ERROR verdict once, ``"plugin: reason"``."""
+    return "; ".join(dict.fromkeys(f"{v.plugin}: {v.reason}" for v in counts if v.code is Code.ERROR))
 
 
 def picker(array: np.ndarray, positions: np.ndarray) -> Callable[[np.ndarray], tuple[str, ...]]:

@@ -27,10 +27,12 @@ from extender.framework.decisions import (
     CODE_TAG,
     FilterDecision,
     GpuChoice,
+    GroupedVerdicts,
     NodeScore,
     NodeVerdict,
     PluginScore,
     ScoreDecision,
+    count_groups,
     decide,
     decide_grouped,
     picker,
@@ -51,7 +53,8 @@ from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
-from extender.model.snapshot import UNKNOWN_GROUP, ClusterSnapshot, NodeGroups, NodeInfo
+from extender.model.snapshot import ClusterSnapshot, NodeInfo
+from extender.model.snapshot_groups import UNKNOWN_GROUP, NodeGroups
 
 __all__ = ["Framework", "FilterDecision", "GpuChoice", "NodeScore", "NodeVerdict", "PluginScore", "ScoreDecision",
            "summarize_failures", "to_extender_score"]
@@ -148,8 +151,7 @@ class Framework:
         names, positions = _locate(groups, requested)
         gid_array = groups.gid_at[positions]
         answers = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
-        tally = np.bincount(gid_array) if len(gid_array) else np.zeros(1, np.int64)
-        present = np.flatnonzero(tally)
+        tally, present = count_groups(gid_array)
         slots = answers.slots(present)
         faults: dict[int, NodeVerdict] = {}
         if (slots < 0).any():
@@ -168,7 +170,8 @@ class Framework:
         # Every name a snapshot node: gather answers from the index's array of names.
         pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         names_json_safe = pick is not None and groups.index.names_json_safe  # names of snapshot nodes need no JSON escaping
-        decision = decide_grouped(names, gid_array, tally, present, slots, answers, faults, pick, names_json_safe)
+        decision = decide_grouped(GroupedVerdicts(names, gid_array, tally, present, slots, answers, faults, pick,
+                                                  names_json_safe))
         if decision.feasible_gids is not None and self.memos:
             self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
@@ -255,23 +258,24 @@ class Framework:
                     answers.add(gid, result, result.final)
             slots = answers.slots(present)
         present_list, slot_list = present.tolist(), slots.tolist()
-        finals = dict(zip(present_list, answers.tags[slots].tolist()))
-        results = dict(zip(present_list, map(answers.values.__getitem__, slot_list)))
+        finals = dict(zip(present_list, answers.tags[slots].tolist(), strict=True))
+        results = dict(zip(present_list, map(answers.values.__getitem__, slot_list), strict=True))
         results.pop(UNKNOWN_GROUP, None)
-        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, names_json_safe=known and groups.index.names_json_safe),
+        names_json_safe = known and groups.index.names_json_safe
+        return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, names_json_safe=names_json_safe),
                              GroupedMapping(names, gid_array, results))
 
     def _node_score(self, values: tuple[int, ...]) -> NodeScore:
         """Raw scores (one per score plugin) normalised, weighted and mapped to 0..10."""
         total_weight = sum(w for _, w in self._scores)
         parts = []
-        for (plugin, weight), value in zip(self._scores, values):
+        for (plugin, weight), value in zip(self._scores, values, strict=True):
             normalized = value * MAX_NODE_SCORE / plugin.max_score
             parts.append(PluginScore(plugin.name, value, normalized, weight, normalized * weight))
         total = sum(p.weighted for p in parts) / total_weight
         return NodeScore(tuple(parts), total, to_extender_score(total))
 
-    def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: list[str], gids: list[int],
+    def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: Sequence[str], gids: list[int],
                           nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[int, ...]] | Status:
         """Raw scores of each plugin for one node per group, checked like ``_raw_scores``: the
         first failing node in request order names the error."""
@@ -361,7 +365,7 @@ def _group_ids(groups: NodeGroups, requested: Sequence[str],
     lookup per name; an answer only ever holds snapshot nodes."""
     answer = getattr(requested, "answer", None) or recent.find(requested)
     if answer is not None and answer.grouping is groups:
-        return requested, answer.gids, True
+        return requested, np.asarray(answer.gids), True  # the framework remembers arrays: no copy
     names, positions = _locate(groups, requested)
     return names, groups.gid_at[positions], bool(len(positions) == 0 or positions.min() >= 0)
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from typing import Any
 
+import numpy as np
+
 
 class UniqueNames(list):
     """Node names in request order, each once. Construct only from something already
@@ -41,11 +43,12 @@ class UniqueNames(list):
 
 class Answer:
     """A feasible list filter answered: the names (a tuple, unique) and their group ids (a numpy
-    integer array, or any sequence of ints) under ``grouping`` (an opaque object: the ids are valid only while the caller's grouping is it)."""
+    integer array, or any sequence of ints) under ``grouping`` (an opaque object: the ids are
+    valid only while the caller's grouping is it)."""
 
     __slots__ = ("names", "gids", "grouping")
 
-    def __init__(self, names: tuple[str, ...], gids: Sequence[int], grouping: object) -> None:
+    def __init__(self, names: tuple[str, ...], gids: Sequence[int] | np.ndarray, grouping: object) -> None:
         self.names, self.gids, self.grouping = names, gids, grouping
 
 
@@ -96,7 +99,7 @@ class GroupedMapping(Mapping):
 
     __slots__ = ("names", "gids", "by_group", "complete", "names_json_safe", "_index", "_len", "_gid_list")
 
-    def __init__(self, names: Sequence[str], gids: Sequence[int], by_group: Mapping[int, Any],
+    def __init__(self, names: Sequence[str], gids: Sequence[int] | np.ndarray, by_group: Mapping[int, Any],
                  complete: bool = False, names_json_safe: bool = False) -> None:
         self.names, self.gids, self.by_group, self.complete = names, gids, by_group, complete
         # True when the maker knows no name needs escaping in JSON (see json_plain); the
@@ -109,14 +112,14 @@ class GroupedMapping(Mapping):
     @property
     def gid_list(self) -> Sequence[int]:
         """``gids`` as Python ints (iterating a numpy array makes a numpy scalar per element)."""
-        if self._gid_list is None:
-            tolist = getattr(self.gids, "tolist", None)
-            self._gid_list = tolist() if tolist is not None else self.gids
-        return self._gid_list
+        gid_list = self._gid_list
+        if gid_list is None:
+            gid_list = self._gid_list = self.gids.tolist() if isinstance(self.gids, np.ndarray) else self.gids
+        return gid_list
 
     def __getitem__(self, name: str) -> Any:
         if self._index is None:
-            self._index = dict(zip(self.names, self.gid_list))
+            self._index = dict(zip(self.names, self.gid_list, strict=True))
         return self.by_group[self._index[name]]
 
     def __contains__(self, name: object) -> bool:
@@ -140,8 +143,8 @@ class GroupedMapping(Mapping):
         """The first ``count`` entries as a dict, touching only as many names as it must."""
         if self.complete:
             gids = self.gids[:count]
-            tolist = getattr(gids, "tolist", None)
-            return dict(zip(self.names[:count], map(self.by_group.__getitem__, tolist() if tolist else gids)))
+            gid_list = gids.tolist() if isinstance(gids, np.ndarray) else gids
+            return dict(zip(self.names[:count], map(self.by_group.__getitem__, gid_list), strict=True))
         out: dict[str, Any] = {}
         for name, value in self._present_pairs():
             if len(out) >= count:
@@ -151,12 +154,12 @@ class GroupedMapping(Mapping):
 
     def _pairs(self) -> Iterator[tuple[str, Any]]:
         if self.complete:
-            return zip(self.names, map(self.by_group.__getitem__, self.gid_list))
+            return zip(self.names, map(self.by_group.__getitem__, self.gid_list), strict=True)
         return self._present_pairs()
 
     def _present_pairs(self) -> Iterator[tuple[str, Any]]:
         values, missing = self.by_group, _MISSING
-        for name, gid in zip(self.names, self.gid_list):
+        for name, gid in zip(self.names, self.gid_list, strict=True):
             value = values.get(gid, missing)
             if value is not missing:
                 yield name, value

@@ -1,32 +1,27 @@
 """Immutable cluster snapshots: nodes with their GPU units, plus a ledger view.
 
-A scheduling request reads one ``ClusterSnapshot`` reference and never sees a half-updated
-cluster; the watch builds a new snapshot and swaps it in. Everything that does not depend on the
-pod is computed here once: a node's inventory is decoded when the ``NodeInfo`` is built (never
-per request), its schedulable units are laid out in a fixed order, and the free units left by a
-ledger view are cached per node, keyed on the identity of the node's held-id set (the ledger
-replaces that set only when the node's holdings change).
+This module exists so that a scheduling request reads one ``ClusterSnapshot`` reference and
+never sees a half-updated cluster; the watch builds a new snapshot and swaps it in. Everything
+that does not depend on the pod is computed here once: a node's inventory is decoded when the
+``NodeInfo`` is built (never per request), its schedulable units are laid out in a fixed order,
+and the free units left by a ledger view are cached per node, keyed on the identity of the
+node's held-id set (the ledger replaces that set only when the node's holdings change).
 
 For the scheduling framework, ``ClusterSnapshot.groups()`` groups nodes by (shape, free mask):
 identically shaped nodes with the same free units behave identically for shape-only plugins, so
-a request does its per-node work once per group. The grouping is kept per set of nodes and
-updated from one ledger view to the next only for the nodes the ledger says changed.
+a request does its per-node work once per group. That grouping and the name index under it are
+views derived from the snapshot, kept in :mod:`extender.model.snapshot_groups`; the snapshot
+says what a node's group is and carries the lineage's registry from one snapshot to the next.
 
 A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance.
 """
 
 from __future__ import annotations
 
-import struct
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
-
-import numpy as np
 
 from extender.model.inventory import (
     INVENTORY_ANNOTATION,
@@ -36,7 +31,7 @@ from extender.model.inventory import (
     inventory_from_gfd_labels,
 )
 from extender.model.ledger import EMPTY_VIEW, LedgerView
-from extender.model.nodemaps import json_plain
+from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -96,10 +91,6 @@ class FreeUnits:
     mig: tuple[GpuUnit, ...]
     mask: int
 
-    @property
-    def count(self) -> int:
-        return len(self.whole) + len(self.mig)
-
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -148,33 +139,44 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
     memory (both from telemetry)."""
-    failures = failures or {}
-    units: list[GpuUnit] = []
-    islands: tuple[tuple[int, ...], ...] = ()
     if inventory is not None:
         islands = inventory.nvlink_islands
-        island_of = {index: i for i, island in enumerate(islands) for index in island}
-        for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-            common = dict(gpu_index=gpu.index, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch)
-            if gpu.mig_enabled:
-                for inst in gpu.mig_instances:
-                    units.append(GpuUnit(inst.uuid, len(units), memory_mib=inst.memory_mib,
-                                         is_mig=True, profile=inst.profile, failure=failures.get(inst.uuid, ""),
-                                         foreign=inst.uuid in foreign, **common))
-            else:
-                units.append(GpuUnit(gpu.uuid, len(units), memory_mib=gpu.memory_mib,
-                                     island=island_of.get(gpu.index, -1), failure=failures.get(gpu.uuid, ""),
-                                     foreign=gpu.uuid in foreign, **common))
+        units = _lay_out_units(inventory, failures or {}, foreign)
     else:
+        islands = ()
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
     if allocatable_gpus is None:
         allocatable_gpus = len(units)
-    shape = Shape((allocatable_gpus, islands, tuple(
+    shape = _shape_of(allocatable_gpus, islands, units, engine_headroom)
+    return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
+                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
+
+
+def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str]) -> list[GpuUnit]:
+    """The inventory's units in their fixed order: GPUs by index, a MIG-enabled GPU standing as
+    its instances (in inventory order), a whole GPU with its NVLink island."""
+    island_of = {index: i for i, island in enumerate(inventory.nvlink_islands) for index in island}
+    units: list[GpuUnit] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if gpu.mig_enabled:
+            for inst in gpu.mig_instances:
+                units.append(GpuUnit(inst.uuid, len(units), gpu.index, inst.memory_mib, is_mig=True,
+                                     profile=inst.profile, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch,
+                                     failure=failures.get(inst.uuid, ""), foreign=inst.uuid in foreign))
+        else:
+            units.append(GpuUnit(gpu.uuid, len(units), gpu.index, gpu.memory_mib, numa_node=gpu.numa_node,
+                                 pcie_switch=gpu.pcie_switch, island=island_of.get(gpu.index, -1),
+                                 failure=failures.get(gpu.uuid, ""), foreign=gpu.uuid in foreign))
+    return units
+
+
+def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units: Sequence[GpuUnit],
+              engine_headroom: int | None) -> Shape:
+    """Everything about a node's GPUs except ids (equal shapes behave identically)."""
+    return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
          u.foreign)
         for u in units), engine_headroom))
-    return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
-                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
 
 
 def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:
@@ -217,130 +219,10 @@ def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
     return int(text)
 
 
-UNKNOWN_GROUP = 0  # group id of names not in the snapshot
-
-
 def _canonical(node: NodeInfo, shapes: dict[Shape, Shape]) -> NodeInfo:
     """Equal shapes become one object, so caches keyed on shape compare by identity."""
     shape = shapes.setdefault(node.shape, node.shape)
     return node if shape is node.shape else replace(node, shape=shape)
-
-
-class _GroupRegistry:
-    """Group ids of one set of nodes, shared by every snapshot of those nodes (``with_ledger``).
-
-    A group id stands for one (shape, free mask) forever, so answers computed for a group stay
-    valid across ledger views; ``cache`` is where callers keep them (bounded by the callers).
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.keys: list[tuple[Shape, int] | None] = [None]  # index = group id; 0 = unknown node
-        self.ids: dict[tuple[Shape, int], int] = {}
-        self.representatives: list[str] = [""]  # a node name per group; checked before use
-        self.latest: NodeGroups | None = None
-        self.cache: dict[object, object] = {}
-        self.shapes: dict[Shape, Shape] = {}  # canonical shape objects of this lineage
-
-    def group_id(self, shape: Shape, mask: int, name: str) -> int:
-        key = (shape, mask)
-        gid = self.ids.get(key)
-        if gid is None:
-            with self.lock:
-                gid = self.ids.get(key)
-                if gid is None:
-                    gid = len(self.keys)
-                    self.keys.append(key)
-                    self.representatives.append(name)
-                    self.ids[key] = gid
-        return gid
-
-
-class NodeIndex:
-    """Positions of one set of node names: ``names[i]`` is at position ``i``. Shared by every
-    grouping of that node set; immutable.
-
-    ``locate`` maps request names to positions with C-level passes only (a dict lookup per
-    name, the least any name-keyed request costs); everything after that is array arithmetic.
-    ``array`` holds the names as a numpy object array, so answers gather their names with one
-    fancy-index instead of a Python step per name.
-    """
-
-    __slots__ = ("names", "position", "array", "names_json_safe", "_codes")
-
-    def __init__(self, names: Iterable[str]) -> None:
-        # Copies made one after another, so they sit together in memory: a request's lookups
-        # compare with (and its answers reference) these strings in scattered order, and a
-        # compact 5,000 of them stay in the core's cache where the watch's originals did not
-        # (A/B, 5,000 fresh names: filter -0.1 to -0.18 ms).
-        self.names = tuple((name + "\0")[:-1] for name in names)
-        self.names_json_safe = json_plain("".join(self.names))  # no name needs escaping in JSON
-        self.position = {name: i for i, name in enumerate(self.names)}
-        self.array = np.empty(len(self.names), dtype=object)
-        self.array[:] = self.names
-        # Each position as 4 little-endian bytes: a request's positions are then one joined
-        # buffer, read by numpy in place (converting Python ints one by one cost as much as the
-        # lookups themselves: ~0.1 ms of ~0.3 at 5,000 names).
-        codes = [_POSITION.pack(i) for i in range(len(self.names))]
-        self._codes = dict(zip(self.names, codes))
-
-    def locate(self, names: Sequence[str]) -> np.ndarray:
-        """The position of each name, -1 for names not in the set (a read-only array)."""
-        if len(names) >= 2:  # itemgetter of one name returns the item, not a tuple
-            try:
-                return np.frombuffer(b"".join(itemgetter(*names)(self._codes)), _POSITION_DTYPE)
-            except KeyError:  # some name is not in the set: look each up with a default
-                pass
-        return np.fromiter(map(self.position.get, names, repeat(-1)), np.intp, len(names))
-
-
-_POSITION = struct.Struct("<i")
-_POSITION_DTYPE = np.dtype("<i4")
-
-
-class NodeGroups:
-    """The snapshot's nodes grouped by (shape, free mask) under one ledger view.
-
-    ``gid_at[p]`` is the group id (>= 1) of the node at position ``p`` of ``index``; the array
-    has one extra, last element ``UNKNOWN_GROUP``, so ``gid_at[index.locate(names)]`` gives
-    unknown names (position -1) the unknown group. Ids are stable for the life of the node set,
-    so callers may cache per-group answers in ``cache`` across ledger views. Immutable once built.
-    """
-
-    __slots__ = ("view", "index", "gid_at", "_registry", "node_token")
-
-    def __init__(self, view: LedgerView, index: NodeIndex, gid_at: np.ndarray, registry: _GroupRegistry,
-                 node_token: object = None) -> None:
-        self.view = view
-        self.index = index
-        self.gid_at = gid_at
-        self._registry = registry
-        self.node_token = node_token  # identity of the node set these groups were computed from
-
-    @property
-    def cache(self) -> dict[object, object]:
-        return self._registry.cache
-
-    @property
-    def group_of(self) -> dict[str, int]:
-        """Node name -> group id (built on each call: for tests and debugging)."""
-        return dict(zip(self.index.names, self.gid_at[:-1].tolist()))
-
-    def ids(self, names: Sequence[str]) -> list[int]:
-        """The group id of each name, ``UNKNOWN_GROUP`` for names not in the snapshot."""
-        return self.gid_at[self.index.locate(names)].tolist()
-
-    def gid(self, name: str) -> int:
-        position = self.index.position.get(name)
-        return UNKNOWN_GROUP if position is None else int(self.gid_at[position])
-
-    def representative(self, gid: int, names: Sequence[str], gids: Sequence[int]) -> str:
-        """A node of group ``gid``; ``gids`` (the ids of ``names``) must contain ``gid``."""
-        name = self._registry.representatives[gid]
-        if self.gid(name) != gid:  # it moved to another group since it was recorded
-            name = names[list(gids).index(gid)]
-            self._registry.representatives[gid] = name
-        return name
 
 
 @dataclass(frozen=True)
@@ -351,27 +233,27 @@ class ClusterSnapshot:
     ledger: LedgerView = EMPTY_VIEW
     generation: int = 0
     # Shared by snapshots of the same lineage (with_ledger, with_nodes_replaced); holds the grouping.
-    _groups: _GroupRegistry = field(default_factory=_GroupRegistry, compare=False, repr=False)
+    _groups: GroupRegistry = field(default_factory=GroupRegistry, compare=False, repr=False)
     # Identity of this exact node set; with_nodes_replaced records (parent token, changed names),
     # so grouping can be updated for the changed nodes only, and never from another node set.
     _node_token: object = field(default_factory=object, compare=False, repr=False)
-    _derived_from: tuple[object, frozenset[str]] | None = field(default=None, compare=False, repr=False)
+    _derived_from: Derivation | None = field(default=None, compare=False, repr=False)
+    # The lineage's canonical shape objects (shared like ``_groups``): equal shapes are one object.
+    _shapes: dict[Shape, Shape] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW,
               generation: int = 0) -> ClusterSnapshot:
         """Index nodes by name; equal shapes are made one object so that per-request caches
         keyed on shape compare by identity instead of element by element."""
-        registry = _GroupRegistry()
-        by_name = {}
-        for node in nodes:
-            by_name[node.name] = _canonical(node, registry.shapes)
-        return cls(MappingProxyType(by_name), ledger, generation, registry)
+        shapes: dict[Shape, Shape] = {}
+        by_name = {node.name: _canonical(node, shapes) for node in nodes}
+        return cls(MappingProxyType(by_name), ledger, generation, _shapes=shapes)
 
     def with_ledger(self, ledger: LedgerView) -> ClusterSnapshot:
         """The same nodes against a newer ledger view (node free-unit caches carry over)."""
         return ClusterSnapshot(self.nodes, ledger, self.generation, self._groups, self._node_token,
-                               self._derived_from)
+                               self._derived_from, self._shapes)
 
     def with_nodes_replaced(self, updates: Mapping[str, NodeInfo | None], generation: int,
                             ledger: LedgerView | None = None) -> ClusterSnapshot:
@@ -383,13 +265,9 @@ class ClusterSnapshot:
             if node is None:
                 by_name.pop(name, None)
             else:
-                by_name[name] = _canonical(node, self._groups.shapes)
+                by_name[name] = _canonical(node, self._shapes)
         return ClusterSnapshot(MappingProxyType(by_name), self.ledger if ledger is None else ledger, generation,
-                               self._groups, object(), (self._node_token, frozenset(updates)))
-
-    def with_nodes(self, nodes: Iterable[NodeInfo], generation: int | None = None) -> ClusterSnapshot:
-        gen = self.generation + 1 if generation is None else generation
-        return ClusterSnapshot.build(nodes, self.ledger, gen)
+                               self._groups, object(), (self._node_token, frozenset(updates)), self._shapes)
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
         return node.free_units(self.ledger.held_on(node.name))
@@ -399,41 +277,8 @@ class ClusterSnapshot:
         node set, then updated per ledger view for the nodes that changed (O(changed) plus one
         array copy); a node set with names added or removed re-indexes (O(nodes), C-level) and
         carries the other nodes' group ids over."""
-        registry = self._groups
-        latest = registry.latest
-        if latest is not None and latest.view is self.ledger and latest.node_token is self._node_token:
-            return latest
-        replaced: frozenset[str] | None = None  # nodes that differ from latest's node set
-        if latest is not None:
-            if latest.node_token is self._node_token:
-                replaced = frozenset()
-            elif self._derived_from is not None and self._derived_from[0] is latest.node_token:
-                replaced = self._derived_from[1]
-        changed = None if replaced is None else self.ledger.nodes_changed_since(latest.view)
+        return self._groups.groups(self.nodes, self.ledger, self._node_token, self._derived_from, self._group_id_of)
 
-        def gid_of(name: str) -> int:
-            node = self.nodes[name]
-            return registry.group_id(node.shape, self.free_units(node).mask, name)
-
-        if changed is None:
-            index = NodeIndex(self.nodes)
-            gid_at = np.fromiter(map(gid_of, index.names), np.int64, len(index.names))
-            gid_at = np.append(gid_at, UNKNOWN_GROUP)
-        else:
-            assert latest is not None and replaced is not None
-            position = latest.index.position
-            same_names = all((name in self.nodes) == (name in position) for name in replaced)
-            if same_names:
-                index, gid_at = latest.index, latest.gid_at.copy()
-            else:
-                index = NodeIndex(self.nodes)
-                gid_at = latest.gid_at[latest.index.locate(index.names)]  # new names: UNKNOWN, set below
-                gid_at = np.append(gid_at, UNKNOWN_GROUP)
-            for name in changed | replaced:
-                at = index.position.get(name)
-                if at is not None:
-                    gid_at[at] = gid_of(name)
-        gid_at.flags.writeable = False
-        groups = NodeGroups(self.ledger, index, gid_at, registry, self._node_token)
-        registry.latest = groups
-        return groups
+    def _group_id_of(self, name: str) -> int:
+        node = self.nodes[name]
+        return self._groups.group_id(node.shape, self.free_units(node).mask, name)

@@ -20,7 +20,8 @@ def partition(snapshot: ClusterSnapshot) -> dict[str, tuple]:
     """name -> (shape, free mask): what a group id stands for, comparable across registries."""
     groups = snapshot.groups()
     keys = snapshot._groups.keys
-    return {name: keys[gid] and (keys[gid][0].value, keys[gid][1]) for name, gid in groups.group_of.items()}
+    group_of = dict(zip(groups.index.names, groups.gid_at[:-1].tolist(), strict=True))
+    return {name: keys[gid] and (keys[gid][0].value, keys[gid][1]) for name, gid in group_of.items()}
 
 
 @pytest.mark.parametrize("seed", range(8))
