@@ -154,8 +154,9 @@ def stub_framework(*plugins, filters=()) -> Framework:
     registry = Registry()
     for p in (*plugins, *filters):
         registry.register(PluginFactory(p.name, StubArgs, lambda args, p=p: p))
+    weights = (1, 3)  # of the first two score plugins; any further ones are left out
     profile = ProfileConfig(tuple(f.name for f in filters),
-                            tuple(ScorePluginRef(p.name, w) for p, w in zip(plugins, (1, 3))))
+                            tuple(ScorePluginRef(p.name, w) for p, w in zip(plugins, weights, strict=False)))
     return Framework.from_profile(profile, registry)
 
 
