@@ -47,7 +47,7 @@ class PluginArgs:
             TypeAdapter(type(self)).validate_python(values)
         except ValidationError as exc:
             return [(names.get(str(p.loc[0]), str(p.loc[0])) if p.loc else "", sentence(p))
-                    for p in problems(exc)]
+                    for p in problems(exc, type(self))]
         return []
 
 

@@ -115,7 +115,7 @@ def parse_args(args_type: type, raw: Any, path: str) -> Any:
     try:
         return TypeAdapter(args_type).validate_python(dict(raw))
     except ValidationError as exc:
-        problem = replace(problems(exc)[0], known=argument_names(args_type))
+        problem = replace(problems(exc, args_type)[0], known=argument_names(args_type))
         raise _profile_error(problem, "argument", path) from None
 
 

@@ -11,16 +11,17 @@ caller turns into its own error type (``ProfileError``, ``InventoryError``, ``Fl
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, GetCoreSchemaHandler, ValidationError
-from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-SAID = "gpusched_said"  # error type of a Say sentence: the offending value belongs after it
+SAID = "gpusched_said"  # a failure that took its Say sentence: the offending value belongs after it
 RULE = "gpusched_rule"  # error type of a domain rule: the sentence is complete
 BOUNDS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
 UNKNOWN_KEY = frozenset({"extra_forbidden", "unexpected_keyword_argument"})
@@ -30,32 +31,22 @@ Loc = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class Say:
-    """``Annotated`` metadata: report a failure of this value as ``message`` (pydantic still checks).
+    """``Annotated`` metadata: the sentence for a failure of this value (pydantic still checks it).
 
-    Only failures of the value itself are replaced, never those of the items or fields inside it,
-    so ``Annotated[list[Gpu], Say("must be a list")]`` still reports ``gpus[2].memoryMiB``.
-    ``kinds`` limits it to those pydantic error types (e.g. :data:`BOUNDS`, so a wrong type keeps
-    its own sentence); ``whole`` replaces every failure, for unions whose members add ``loc`` tags.
-    A missing required field is reported with its ``Say`` sentence too (see :func:`problems`).
+    Only failures of the value itself take it, never those of the items or fields inside it, so
+    ``Annotated[list[Gpu], Say("must be a list")]`` still reports ``gpus[2].memoryMiB`` in its own
+    words. ``kinds`` limits it to those pydantic error types (e.g. :data:`BOUNDS`, so a wrong type
+    keeps its own sentence); ``whole`` also covers failures inside a union's members. A missing
+    required field is reported with its ``Say`` too. Pure metadata: it adds nothing to validation,
+    which stays in pydantic's compiled core; :func:`problems` reads it back when something fails.
     """
 
     message: str
     kinds: frozenset[str] = frozenset()
     whole: bool = False
 
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_wrap_validator_function(self._check, handler(source))
-
-    def _check(self, value: Any, handler: core_schema.ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError as exc:
-            if any(self._replaces(error["loc"], error["type"]) for error in exc.errors()):
-                raise PydanticCustomError(SAID, "{message}", {"message": self.message}) from None
-            raise
-
-    def _replaces(self, loc: Loc, kind: str) -> bool:
-        return (self.whole or loc == ()) and (not self.kinds or kind in self.kinds)
+    def covers(self, kind: str) -> bool:
+        return not self.kinds or kind in self.kinds
 
 
 def rule_error(message: str) -> PydanticCustomError:
@@ -103,30 +94,38 @@ def field_path(loc: Loc, root: str = "") -> str:
     return text
 
 
-def problems(exc: ValidationError, root: type[BaseModel] | None = None) -> tuple[Problem, ...]:
+def problems(exc: ValidationError, root: Any = None) -> tuple[Problem, ...]:
     """Each error of ``exc``, in pydantic's order (fields in declaration order, then unknown keys).
 
-    With ``root`` (the model validated), a missing field is reported with its :class:`Say`
-    sentence and value None, as if it were null, and an unknown key lists the keys its model knows.
+    With ``root`` (the type validated), a failure takes the :class:`Say` sentence of the value
+    that failed, a missing field is reported as if it were null (with its ``Say``), and an
+    unknown key lists the keys its model knows.
     """
     found = []
     for error in exc.errors(include_url=False):
-        loc = _without_key_markers(error["loc"])
+        raw_loc = tuple(error["loc"])
+        loc = _without_key_markers(raw_loc)
         kind, message, value = error["type"], error["msg"], error.get("input")
         context = error.get("ctx") or {}
-        if kind in (SAID, RULE):
+        if kind == RULE:
             message = context["message"]
         known: tuple[str, ...] = ()
-        owner = _model_at(root, loc) if root is not None and loc else None
         if kind == "missing":
             value = None
-            said = _say_of(owner, loc[-1]) if owner is not None else None
-            if said is not None:
-                kind, message = SAID, said
-        elif kind in UNKNOWN_KEY and owner is not None:
-            known = keys_of(owner)
+        if root is not None and kind != RULE:
+            said, at = _say_at(root, raw_loc)
+            if said is not None and (kind == "missing" or said.covers(kind)):
+                kind, message, loc = SAID, said.message, _without_key_markers(at)
+            elif kind in UNKNOWN_KEY:
+                owner = _annotation_at(root, raw_loc[:-1])[0]
+                known = keys_of(owner) if _is_model(owner) else ()
         found.append(Problem(loc, kind, message, value, context, known))
     return tuple(found)
+
+
+def keys_of(model: type[BaseModel]) -> tuple[str, ...]:
+    """The input keys ``model`` accepts (aliases where set), in declaration order."""
+    return tuple(info.alias or name for name, info in model.model_fields.items())
 
 
 def _without_key_markers(loc: Loc) -> Loc:
@@ -138,46 +137,58 @@ def _without_key_markers(loc: Loc) -> Loc:
     return tuple(p for p in parts if p != "[key]")
 
 
-def keys_of(model: type[BaseModel]) -> tuple[str, ...]:
-    """The input keys ``model`` accepts (aliases where set), in declaration order."""
-    return tuple(info.alias or name for name, info in model.model_fields.items())
+def _say_at(root: Any, loc: Loc) -> tuple[Say | None, Loc]:
+    """The Say of the value at ``loc``, or of a ``whole`` union above it; and that value's ``loc``."""
+    _, says, rest = _annotation_at(root, loc)
+    if rest:  # stopped inside a union's members (their tags)
+        return next((s for s in says if s.whole), None), loc[:len(loc) - len(rest)]
+    return (says[0] if says else None), loc
 
 
-def _model_at(root: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
-    """The model whose field or key ``loc[-1]`` is, following ``loc`` through fields and containers."""
-    current: Any = root
-    for part in loc[:-1]:
-        current = _unwrap(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            info = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
-            current = None if info is None else info.annotation
-        elif typing.get_origin(current) in (list, tuple) and isinstance(part, int):
-            current = typing.get_args(current)[0]
-        elif typing.get_origin(current) is dict:
-            current = typing.get_args(current)[1]
+def _annotation_at(root: Any, loc: Loc) -> tuple[Any, tuple[Say, ...], Loc]:
+    """The type at ``loc``, the Says on it, and what is left of ``loc`` where the walk stopped."""
+    annotation, says = _strip(root, ())
+    for i, part in enumerate(loc):
+        if part == "[key]":
+            continue
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if _is_model(annotation) and isinstance(part, str):
+            info = next((f for n, f in annotation.model_fields.items() if part in (n, f.alias)), None)
+            if info is None:
+                return annotation, (), loc[i:]
+            annotation, says = _strip(info.annotation, tuple(m for m in info.metadata if isinstance(m, Say)))
+        elif dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and isinstance(part, str):
+            hints = typing.get_type_hints(annotation, include_extras=True)
+            alias = getattr(annotation, "__pydantic_config__", {}).get("alias_generator") or str
+            name = next((n for n in hints if part in (n, alias(n))), None)
+            if name is None:
+                return annotation, (), loc[i:]
+            annotation, says = _strip(hints[name], ())
+        elif origin in (list, tuple) and isinstance(part, int) and args:
+            annotation, says = _strip(args[0], ())
+        elif origin is dict and args:
+            is_key = loc[i + 1:i + 2] == ("[key]",)
+            annotation, says = _strip(args[0] if is_key else args[1], ())
         else:
-            return None
-    current = _unwrap(current)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+            return annotation, says, loc[i:]
+    return annotation, says, ()
 
 
-def _unwrap(annotation: Any) -> Any:
-    """``Annotated[X, ...]`` and ``X | None`` -> ``X``."""
+def _strip(annotation: Any, says: tuple[Say, ...]) -> tuple[Any, tuple[Say, ...]]:
+    """``Annotated[X, ...]`` and ``X | None`` -> ``X``, collecting the Says on the way."""
     while True:
         origin = typing.get_origin(annotation)
         if origin is typing.Annotated:
-            annotation = typing.get_args(annotation)[0]
+            annotation, *metadata = typing.get_args(annotation)
+            says += tuple(m for m in metadata if isinstance(m, Say))
         elif origin in (typing.Union, types.UnionType):
             members = [a for a in typing.get_args(annotation) if a is not type(None)]
             if len(members) != 1:
-                return annotation
+                return annotation, says
             annotation = members[0]
         else:
-            return annotation
+            return annotation, says
 
 
-def _say_of(model: type[BaseModel], key: str | int) -> str | None:
-    for name, info in model.model_fields.items():
-        if key in (name, info.alias):
-            return next((m.message for m in info.metadata if isinstance(m, Say)), None)
-    return None
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
