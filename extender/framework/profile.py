@@ -43,7 +43,7 @@ from pydantic.alias_generators import to_camel
 
 from extender.framework.args import argument_names, sentence, show
 from extender.framework.registry import Registry
-from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, problems, rule_error
+from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, first_problem, rule_error
 
 ROOT = "profile"
 
@@ -88,7 +88,7 @@ def load_profile(raw: Mapping[str, Any] | None, registry: Registry,
     try:
         profile = _Profile.model_validate({} if raw is None else raw, context={"registry": registry})
     except ValidationError as exc:
-        raise _profile_error(problems(exc, _Profile)[0], "key") from None
+        raise _profile_error(first_problem(exc, _Profile), "key") from None
     given = profile.model_fields_set
     filters = tuple(profile.filter_plugins) if "filter_plugins" in given else base.filter_plugins
     scores = base.score_plugins
@@ -115,7 +115,7 @@ def parse_args(args_type: type, raw: Any, path: str) -> Any:
     try:
         return TypeAdapter(args_type).validate_python(dict(raw))
     except ValidationError as exc:
-        problem = replace(problems(exc, args_type)[0], known=argument_names(args_type))
+        problem = replace(first_problem(exc, args_type), known=argument_names(args_type))
         raise _profile_error(problem, "argument", path) from None
 
 

@@ -49,7 +49,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
-from extender.model.validation import RULE, Problem, Say, fail_at, problems
+from extender.model.validation import RULE, Problem, Say, fail_at, first_problem
 
 INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
 INVENTORY_VERSION = "gpusched.io/v1"
@@ -155,7 +155,7 @@ def decode_inventory(text: str) -> NodeGpuInventory:
     try:
         return _Document.model_validate(document).inventory()
     except ValidationError as exc:
-        problem = problems(exc, _Document)[0]
+        problem = first_problem(exc, _Document)
         raise InventoryError(problem.path(), _sentence(problem)) from None
 
 

@@ -123,6 +123,16 @@ def problems(exc: ValidationError, root: Any = None) -> tuple[Problem, ...]:
     return tuple(found)
 
 
+def first_problem(exc: ValidationError, root: Any = None) -> Problem:
+    """The problem to report: an unknown key if there is one (the outermost), else pydantic's first.
+
+    A misspelt key is both unknown and leaves its field missing; the unknown key is what to fix.
+    """
+    found = problems(exc, root)
+    unknown = [p for p in found if p.kind in UNKNOWN_KEY]
+    return min(unknown, key=lambda p: len(p.loc)) if unknown else found[0]
+
+
 def keys_of(model: type[BaseModel]) -> tuple[str, ...]:
     """The input keys ``model`` accepts (aliases where set), in declaration order."""
     return tuple(info.alias or name for name, info in model.model_fields.items())

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from extender.model.validation import BOUNDS, RULE, SAID, Say, fail_at, field_path, problems
+from extender.model.validation import BOUNDS, RULE, SAID, Say, fail_at, field_path, first_problem, problems
 
 
 class Item(BaseModel):
@@ -71,3 +71,14 @@ def test_unknown_keys_list_what_their_model_knows(raw, loc, known) -> None:
     problem = problems(info.value, Doc)[0]
     assert (problem.loc, problem.kind, problem.known) == (loc, "extra_forbidden", known)
     assert problem.path("doc", parent=True) == field_path(loc[:-1], "doc")
+
+
+@pytest.mark.parametrize(("raw", "loc"), [
+    ({"items": [{"sise": 2}]}, ("items", 0, "sise")),
+    ({"items": [{"sise": 2}], "extra": 1}, ("extra",)),
+    ({"items": [{"size": 0}]}, ("items", 0, "size")),
+], ids=["misspelt-key-over-missing-field", "outermost-unknown-key", "no-unknown-key"])
+def test_first_problem_prefers_the_unknown_key(raw, loc) -> None:
+    with pytest.raises(ValidationError) as info:
+        Doc.model_validate(raw)
+    assert first_problem(info.value, Doc).loc == loc
