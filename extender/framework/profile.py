@@ -13,17 +13,37 @@ stops the extender instead of misplacing pods. Format (camelCase, as in the Conf
 
 Keys omitted fall back to ``base`` (normally ``extender.plugins.default_profile()``).
 A plugin's pre-filter runs when the plugin is listed in ``filterPlugins``.
+
+The shape is checked by pydantic (:class:`_Profile`); the rules that need the registry (a name
+is registered, listed once) are validators on it; failures become :class:`ProfileError`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from extender.framework.args import argument_names, sentence, show
 from extender.framework.registry import Registry
+from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, first_problem, rule_error
 
 ROOT = "profile"
 
@@ -57,9 +77,6 @@ class ProfileConfig:
         return tuple(dict.fromkeys(names))
 
 
-_TOP_KEYS = ("filterPlugins", "scorePlugins", "pluginArgs")
-
-
 def load_profile(raw: Mapping[str, Any] | None, registry: Registry,
                  base: ProfileConfig | None = None) -> ProfileConfig:
     """Validate a profile mapping (e.g. parsed YAML) against ``registry``.
@@ -68,138 +85,101 @@ def load_profile(raw: Mapping[str, Any] | None, registry: Registry,
     plugin's frozen ``<Plugin>Args`` here, so nothing is parsed later on the hot path.
     """
     base = base or ProfileConfig()
-    raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
-        raise ProfileError(ROOT, f"must be a mapping, got {_show(raw)}")
-    for key in raw:
-        if key not in _TOP_KEYS:
-            raise ProfileError(f"{ROOT}.{key}", f"unknown key; known: {', '.join(_TOP_KEYS)}")
-    filters = base.filter_plugins
-    if "filterPlugins" in raw:
-        filters = _filter_names(raw["filterPlugins"], registry)
+    try:
+        profile = _Profile.model_validate({} if raw is None else raw, context={"registry": registry})
+    except ValidationError as exc:
+        raise _profile_error(first_problem(exc, _Profile), "key") from None
+    given = profile.model_fields_set
+    filters = tuple(profile.filter_plugins) if "filter_plugins" in given else base.filter_plugins
     scores = base.score_plugins
-    if "scorePlugins" in raw:
-        scores = _score_refs(raw["scorePlugins"], registry)
+    if "score_plugins" in given:
+        scores = tuple(ScorePluginRef(ref.name, ref.weight) for ref in profile.score_plugins)
     args = dict(base.plugin_args)
-    if "pluginArgs" in raw:
-        args.update(_plugin_args(raw["pluginArgs"], registry))
+    for name, value in profile.plugin_args.items():
+        factory = registry.get(name)
+        assert factory is not None  # the model checked the name
+        args[name] = parse_args(factory.args_type, value, f"{ROOT}.pluginArgs.{name}")
     return ProfileConfig(filters, scores, MappingProxyType(args))
 
 
 def parse_args(args_type: type, raw: Any, path: str) -> Any:
-    """Build a frozen ``<Plugin>Args`` from a camelCase mapping.
+    """Build a frozen ``<Plugin>Args`` (an ``extender.framework.args.PluginArgs``) from a camelCase mapping.
 
-    Field types follow the defaults (bool, int, float, str); unknown keys are errors; finally the
-    dataclass's ``validate()`` (if any) returns ``(field, message)`` problems, reported by path.
+    pydantic checks the field types and bounds its annotations declare and refuses unknown keys;
+    the first failure is raised as ``ProfileError`` under ``path``. ``None`` means no arguments.
     """
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ProfileError(path, f"must be a mapping of arguments, got {_show(raw)}")
-    fields = {_camel(f.name): f for f in dataclasses.fields(args_type)}
-    values = {}
-    for key, value in raw.items():
-        spec = fields.get(key)
-        if spec is None:
-            known = ", ".join(fields) or "none"
-            raise ProfileError(f"{path}.{key}", f"unknown argument; known: {known}")
-        values[spec.name] = _typed(value, _default(spec), f"{path}.{key}")
-    args = args_type(**values)
-    validate = getattr(args, "validate", None)
-    for field_name, message in (validate() if validate else []):
-        value = getattr(args, field_name)
-        raise ProfileError(f"{path}.{_camel(field_name)}", f"{message}, got {_show(value)}")
-    return args
+        raise ProfileError(path, f"must be a mapping of arguments, got {show(raw)}")
+    try:
+        return TypeAdapter(args_type).validate_python(dict(raw))
+    except ValidationError as exc:
+        problem = replace(first_problem(exc, args_type), known=argument_names(args_type))
+        raise _profile_error(problem, "argument", path) from None
 
 
-def _filter_names(raw: Any, registry: Registry) -> tuple[str, ...]:
-    path = f"{ROOT}.filterPlugins"
-    if not isinstance(raw, list):
-        raise ProfileError(path, f"must be a list of plugin names, got {_show(raw)}")
-    names: list[str] = []
-    for i, name in enumerate(raw):
-        _check_name(name, registry, f"{path}[{i}]")
-        if name in names:
-            raise ProfileError(f"{path}[{i}]", f"plugin {name!r} is listed twice")
-        names.append(name)
-    return tuple(names)
-
-
-def _score_refs(raw: Any, registry: Registry) -> tuple[ScorePluginRef, ...]:
-    path = f"{ROOT}.scorePlugins"
-    if not isinstance(raw, list):
-        raise ProfileError(path, f"must be a list of {{name, weight}}, got {_show(raw)}")
-    refs: list[ScorePluginRef] = []
-    for i, item in enumerate(raw):
-        where = f"{path}[{i}]"
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, Mapping):
-            raise ProfileError(where, f"must be a plugin name or {{name, weight}}, got {_show(item)}")
-        for key in item:
-            if key not in ("name", "weight"):
-                raise ProfileError(f"{where}.{key}", "unknown key; known: name, weight")
-        name = item.get("name")
-        _check_name(name, registry, f"{where}.name")
-        weight = item.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-            raise ProfileError(f"{where}.weight", f"must be a positive integer, got {_show(weight)}")
-        if any(r.name == name for r in refs):
-            raise ProfileError(f"{where}.name", f"plugin {name!r} is listed twice")
-        refs.append(ScorePluginRef(name, weight))
-    return tuple(refs)
-
-
-def _plugin_args(raw: Any, registry: Registry) -> dict[str, Any]:
-    path = f"{ROOT}.pluginArgs"
-    if not isinstance(raw, Mapping):
-        raise ProfileError(path, f"must be a mapping from plugin name to arguments, got {_show(raw)}")
-    parsed = {}
-    for name, value in raw.items():
-        _check_name(name, registry, f"{path}.{name}")
-        factory = registry.get(name)
-        assert factory is not None
-        parsed[name] = parse_args(factory.args_type, value, f"{path}.{name}")
-    return parsed
-
-
-def _check_name(name: Any, registry: Registry, path: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise ProfileError(path, f"must be a plugin name, got {_show(name)}")
+def _registered(name: str, info: ValidationInfo) -> str:
+    """The name is registered (the registry comes in the validation context)."""
+    registry: Registry = (info.context or {})["registry"]
     if name not in registry:
-        raise ProfileError(path, f"unknown plugin {name!r}; registered: {', '.join(registry.names())}")
+        raise rule_error(f"unknown plugin {name!r}; registered: {', '.join(registry.names())}")
+    return name
 
 
-def _typed(value: Any, default: Any, path: str) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ProfileError(path, f"must be true or false, got {_show(value)}")
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProfileError(path, f"must be an integer, got {_show(value)}")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProfileError(path, f"must be a number, got {_show(value)}")
-        value = float(value)
-    elif isinstance(default, str) and not isinstance(value, str):
-        raise ProfileError(path, f"must be a string, got {_show(value)}")
-    return value
+PluginName = Annotated[StrictStr, Field(min_length=1), Say("must be a plugin name"), AfterValidator(_registered)]
+"""A registered plugin's name."""
 
 
-def _default(spec: dataclasses.Field) -> Any:
-    if spec.default is not dataclasses.MISSING:
-        return spec.default
-    if spec.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return spec.default_factory()  # type: ignore[misc]
-    return None
+def _listed_once(names: list[str], where: tuple[str, ...]) -> None:
+    """No name twice; the failure is at the second mention (``[i]`` then ``where``)."""
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise fail_at((i, *where), f"plugin {name!r} is listed twice", name)
 
 
-def _camel(snake: str) -> str:
-    head, *rest = snake.split("_")
-    return head + "".join(part.capitalize() for part in rest)
+def _name_only(item: Any) -> Any:
+    """A bare plugin name in ``scorePlugins`` means that plugin with weight 1."""
+    return {"name": item} if isinstance(item, str) else item
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, str) else ("null" if value is None else str(value))
+class _ScoreRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: PluginName
+    weight: Annotated[StrictInt, Field(ge=1), Say("must be a positive integer")] = 1
+
+
+class _Profile(BaseModel):
+    """The profile as written; a key that is absent is not in ``model_fields_set``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel)
+
+    filter_plugins: Annotated[list[PluginName], Strict(), Say("must be a list of plugin names")] = []
+    score_plugins: Annotated[
+        list[Annotated[_ScoreRef, BeforeValidator(_name_only), Say("must be a plugin name or {name, weight}")]],
+        Strict(), Say("must be a list of {name, weight}")] = []
+    plugin_args: Annotated[dict[PluginName, Any], Say("must be a mapping from plugin name to arguments")] = {}
+
+    @field_validator("filter_plugins")
+    @classmethod
+    def _filters_once(cls, names: list[str]) -> list[str]:
+        _listed_once(names, ())
+        return names
+
+    @field_validator("score_plugins")
+    @classmethod
+    def _scores_once(cls, refs: list[_ScoreRef]) -> list[_ScoreRef]:
+        _listed_once([ref.name for ref in refs], ("name",))
+        return refs
+
+
+def _profile_error(problem: Problem, noun: str, root: str = ROOT) -> ProfileError:
+    """The problem in the profile's words; ``noun`` names what an unknown key is ("key", "argument")."""
+    path = problem.path(root)
+    if problem.kind in UNKNOWN_KEY:
+        return ProfileError(path, f"unknown {noun}; known: {', '.join(problem.known) or 'none'}")
+    if problem.kind == RULE:
+        return ProfileError(path, problem.message)
+    text = "must be a mapping" if problem.kind == "model_type" else sentence(problem)
+    return ProfileError(path, f"{text}, got {show(problem.value)}")

@@ -15,9 +15,9 @@ from typing import Any
 class PluginFactory:
     """How to build one plugin.
 
-    ``args_type`` is its frozen ``<Plugin>Args`` dataclass (all fields defaulted, optionally a
-    ``validate() -> list[tuple[str, str]]`` returning (field, message) problems); ``new`` builds
-    the plugin from an instance of it.
+    ``args_type`` is its frozen ``<Plugin>Args`` dataclass, deriving from
+    ``extender.framework.args.PluginArgs`` (all fields defaulted; the field types are what pydantic
+    checks in the profile's ``pluginArgs``); ``new`` builds the plugin from an instance of it.
     """
 
     name: str

@@ -45,7 +45,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+
+from extender.model.validation import RULE, Problem, Say, fail_at, first_problem
 
 INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
 INVENTORY_VERSION = "gpusched.io/v1"
@@ -132,29 +136,27 @@ def encode_inventory(inventory: NodeGpuInventory) -> str:
 
 
 def decode_inventory(text: str) -> NodeGpuInventory:
-    """Parse and validate an annotation value; raises ``InventoryError`` naming the bad field."""
+    """Parse and validate an annotation value; raises ``InventoryError`` naming the bad field.
+
+    The value is untrusted (any node may write it): pydantic checks every type and bound of the
+    format above (:class:`_Document`), the rules across fields are validators on the models, and
+    no input raises anything but ``InventoryError``.
+    """
+    try:
+        return _Document.model_validate_json(text).inventory()
+    except (ValidationError, TypeError):
+        pass  # rare: find out why the way users know it (json.loads also takes e.g. NaN in unknown keys)
     try:
         document = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: also ints past Python's digit limit
         raise InventoryError(INVENTORY_ANNOTATION, f"not valid JSON ({exc})") from exc
     if not isinstance(document, dict):
         raise InventoryError(INVENTORY_ANNOTATION, "must be a JSON object")
-    version = document.get("version")
-    if version != INVENTORY_VERSION:
-        raise InventoryError("version", f"must be {INVENTORY_VERSION!r}, got {version!r}")
-    raw_gpus = document.get("gpus")
-    if not isinstance(raw_gpus, list):
-        raise InventoryError("gpus", f"must be a list, got {_kind(raw_gpus)}")
-    gpus = tuple(_decode_gpu(raw, f"gpus[{i}]") for i, raw in enumerate(raw_gpus))
-    _check_unique(gpus)
-    nvswitch = document.get("nvswitch", False)
-    if not isinstance(nvswitch, bool):
-        raise InventoryError("nvswitch", f"must be true or false, got {nvswitch!r}")
-    islands = _decode_islands(document.get("nvlinkIslands"), {g.index for g in gpus})
-    if nvswitch and not islands and gpus:
-        # An NVSwitch fabric connects every GPU with every other: one island.
-        islands = (tuple(sorted(g.index for g in gpus)),)
-    return NodeGpuInventory(gpus=gpus, nvlink_islands=islands, nvswitch=nvswitch)
+    try:
+        return _Document.model_validate(document).inventory()
+    except ValidationError as exc:
+        problem = first_problem(exc, _Document)
+        raise InventoryError(problem.path(), _sentence(problem)) from None
 
 
 def inventory_from_gfd_labels(node_name: str, labels: Mapping[str, str]) -> NodeGpuInventory | None:
@@ -183,100 +185,109 @@ def inventory_from_gfd_labels(node_name: str, labels: Mapping[str, str]) -> Node
     return NodeGpuInventory(gpus=tuple(gpus), source=SOURCE_GFD, topology_known=False)
 
 
-def _decode_gpu(raw: Any, path: str) -> GpuDevice:
-    if not isinstance(raw, dict):
-        raise InventoryError(path, f"must be an object, got {_kind(raw)}")
-    index = _int(raw.get("index"), f"{path}.index", minimum=0)
-    uuid = _string(raw.get("uuid"), f"{path}.uuid")
-    product = raw.get("product", "")
-    if not isinstance(product, str):
-        raise InventoryError(f"{path}.product", f"must be a string, got {_kind(product)}")
-    memory = _int(raw.get("memoryMiB"), f"{path}.memoryMiB", minimum=1)
-    numa = raw.get("numaNode")
-    if numa is not None:
-        numa = _int(numa, f"{path}.numaNode", minimum=0)
-    switch = raw.get("pcieSwitch")
-    if switch is not None:
-        switch = _string(switch, f"{path}.pcieSwitch")
-    mig_enabled, instances = _decode_mig(raw.get("mig"), f"{path}.mig")
-    return GpuDevice(index, uuid, product, memory, numa, switch, mig_enabled, instances)
+_GpuIndex = Annotated[StrictInt, Field(ge=0), Say("must be an integer >= 0")]
+_MiB = Annotated[StrictInt, Field(ge=1), Say("must be an integer >= 1")]
+_Name = Annotated[StrictStr, Field(min_length=1), Say("must be a non-empty string")]
 
 
-def _decode_mig(raw: Any, path: str) -> tuple[bool, tuple[MigInstance, ...]]:
-    if raw is None:
-        return False, ()
-    if not isinstance(raw, dict):
-        raise InventoryError(path, f"must be an object, got {_kind(raw)}")
-    enabled = raw.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise InventoryError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
-    raw_instances = raw.get("instances", [])
-    if not isinstance(raw_instances, list):
-        raise InventoryError(f"{path}.instances", f"must be a list, got {_kind(raw_instances)}")
-    if raw_instances and not enabled:
-        raise InventoryError(f"{path}.instances", "MIG instances listed but mig.enabled is false")
-    instances = []
-    for i, item in enumerate(raw_instances):
-        item_path = f"{path}.instances[{i}]"
-        if not isinstance(item, dict):
-            raise InventoryError(item_path, f"must be an object, got {_kind(item)}")
-        instances.append(MigInstance(
-            uuid=_string(item.get("uuid"), f"{item_path}.uuid"),
-            profile=_string(item.get("profile"), f"{item_path}.profile"),
-            memory_mib=_int(item.get("memoryMiB"), f"{item_path}.memoryMiB", minimum=1),
-        ))
-    return enabled, tuple(instances)
+class _Model(BaseModel):
+    # Unknown keys are ignored: a newer agent may add fields within v1.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-def _decode_islands(raw: Any, indices: set[int]) -> tuple[tuple[int, ...], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise InventoryError("nvlinkIslands", f"must be a list of lists, got {_kind(raw)}")
-    seen: set[int] = set()
-    islands = []
-    for i, island in enumerate(raw):
-        path = f"nvlinkIslands[{i}]"
-        if not isinstance(island, list) or not island:
-            raise InventoryError(path, "must be a non-empty list of GPU indices")
-        for j, index in enumerate(island):
-            index = _int(index, f"{path}[{j}]", minimum=0)
-            if index not in indices:
-                raise InventoryError(f"{path}[{j}]", f"GPU index {index} is not in gpus")
-            if index in seen:
-                raise InventoryError(f"{path}[{j}]", f"GPU index {index} is in two islands")
-            seen.add(index)
-        islands.append(tuple(sorted(island)))
-    return tuple(islands)
+class _MigInstance(_Model):
+    uuid: _Name
+    profile: _Name
+    memory_mib: _MiB = Field(alias="memoryMiB")
 
 
-def _check_unique(gpus: tuple[GpuDevice, ...]) -> None:
-    indices: set[int] = set()
-    uuids: set[str] = set()
-    for i, gpu in enumerate(gpus):
-        if gpu.index in indices:
-            raise InventoryError(f"gpus[{i}].index", f"duplicate GPU index {gpu.index}")
-        indices.add(gpu.index)
-        ids = [(f"gpus[{i}].uuid", gpu.uuid)] + [
-            (f"gpus[{i}].mig.instances[{j}].uuid", m.uuid) for j, m in enumerate(gpu.mig_instances)
-        ]
-        for path, uuid in ids:
-            if uuid in uuids:
-                raise InventoryError(path, f"duplicate UUID {uuid!r}")
-            uuids.add(uuid)
+class _Mig(_Model):
+    enabled: Annotated[StrictBool, Say("must be true or false")] = False
+    instances: Annotated[list[Annotated[_MigInstance, Say("must be an object")]], Say("must be a list")] = []
+
+    @model_validator(mode="after")
+    def _instances_need_mig(self) -> _Mig:
+        if self.instances and not self.enabled:
+            raise fail_at(("instances",), "MIG instances listed but mig.enabled is false", self.instances)
+        return self
 
 
-def _int(value: Any, path: str, *, minimum: int) -> int:
-    # bool is an int subclass in Python; `true` is never a valid count or index.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InventoryError(path, f"must be an integer >= {minimum}, got {value!r}")
-    return value
+class _Gpu(_Model):
+    index: _GpuIndex
+    uuid: _Name
+    product: Annotated[StrictStr, Say("must be a string")] = ""
+    memory_mib: _MiB = Field(alias="memoryMiB")
+    numa_node: _GpuIndex | None = Field(None, alias="numaNode")
+    pcie_switch: _Name | None = Field(None, alias="pcieSwitch")
+    mig: Annotated[_Mig, Say("must be an object")] | None = None
+
+    def device(self) -> GpuDevice:
+        enabled, instances = (self.mig.enabled, self.mig.instances) if self.mig else (False, [])
+        return GpuDevice(self.index, self.uuid, self.product, self.memory_mib, self.numa_node, self.pcie_switch,
+                         enabled, tuple(MigInstance(m.uuid, m.profile, m.memory_mib) for m in instances))
 
 
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InventoryError(path, f"must be a non-empty string, got {value!r}")
-    return value
+_Island = Annotated[list[_GpuIndex], Field(min_length=1), Say("must be a non-empty list of GPU indices")]
+
+
+class _Document(_Model):
+    """The ``gpusched.io/v1`` document (see the module docstring)."""
+
+    version: Annotated[Literal["gpusched.io/v1"], Say(f"must be {INVENTORY_VERSION!r}")]
+    gpus: Annotated[list[Annotated[_Gpu, Say("must be an object")]], Say("must be a list")]
+    nvswitch: Annotated[StrictBool, Say("must be true or false")] = False
+    nvlink_islands: Annotated[list[_Island], Say("must be a list of lists")] | None = Field(None, alias="nvlinkIslands")
+
+    @model_validator(mode="after")
+    def _ids_unique(self) -> _Document:
+        indices: set[int] = set()
+        uuids: set[str] = set()
+        for i, gpu in enumerate(self.gpus):
+            if gpu.index in indices:
+                raise fail_at(("gpus", i, "index"), f"duplicate GPU index {gpu.index}", gpu.index)
+            indices.add(gpu.index)
+            ids = [(("gpus", i, "uuid"), gpu.uuid)] + [
+                (("gpus", i, "mig", "instances", j, "uuid"), m.uuid)
+                for j, m in enumerate(gpu.mig.instances if gpu.mig else ())
+            ]
+            for loc, uuid in ids:
+                if uuid in uuids:
+                    raise fail_at(loc, f"duplicate UUID {uuid!r}", uuid)
+                uuids.add(uuid)
+        return self
+
+    @model_validator(mode="after")
+    def _islands_disjoint(self) -> _Document:
+        indices = {gpu.index for gpu in self.gpus}
+        seen: set[int] = set()
+        for i, island in enumerate(self.nvlink_islands or ()):
+            for j, index in enumerate(island):
+                if index not in indices:
+                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {index} is not in gpus", index)
+                if index in seen:
+                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {index} is in two islands", index)
+                seen.add(index)
+        return self
+
+    def inventory(self) -> NodeGpuInventory:
+        gpus = tuple(gpu.device() for gpu in self.gpus)
+        islands = tuple(tuple(sorted(island)) for island in self.nvlink_islands or ())
+        if self.nvswitch and not islands and gpus:
+            # An NVSwitch fabric connects every GPU with every other: one island.
+            islands = (tuple(sorted(g.index for g in gpus)),)
+        return NodeGpuInventory(gpus=gpus, nvlink_islands=islands, nvswitch=self.nvswitch)
+
+
+# Sentences about a value's kind show its kind (``got dict``), the others the value (``got -1``).
+_ABOUT_KIND = frozenset({"must be an object", "must be a list", "must be a list of lists", "must be a string",
+                         "must be a non-empty list of GPU indices"})
+
+
+def _sentence(problem: Problem) -> str:
+    if problem.kind == RULE:
+        return problem.message
+    shown = _kind(problem.value) if problem.message in _ABOUT_KIND else repr(problem.value)
+    return f"{problem.message}, got {shown}"
 
 
 _INT_LABEL = re.compile(r"^\d+$")

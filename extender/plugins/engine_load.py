@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState
 from extender.model.demand import PodDemand
 from extender.model.snapshot import NodeInfo
@@ -21,15 +22,10 @@ NAME = "EngineLoad"
 
 
 @dataclass(frozen=True)
-class EngineLoadArgs:
+class EngineLoadArgs(PluginArgs):
     """``unknown_score``: raw score (0..100) for nodes whose engines' load is unknown or absent."""
 
-    unknown_score: int = 100
-
-    def validate(self) -> list[tuple[str, str]]:
-        if not 0 <= self.unknown_score <= 100:
-            return [("unknown_score", "must be between 0 and 100")]
-        return []
+    unknown_score: Score = 100
 
 
 class EngineLoad:

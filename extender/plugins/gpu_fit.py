@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from extender.framework.args import PluginArgs
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import GPU_RESOURCE, PodDemand
@@ -22,11 +23,8 @@ NAME = "GpuFit"
 
 
 @dataclass(frozen=True)
-class GpuFitArgs:
+class GpuFitArgs(PluginArgs):
     """GpuFit has no tunables yet; the dataclass keeps the plugin contract uniform."""
-
-    def validate(self) -> list[tuple[str, str]]:
-        return []
 
 
 class GpuFit:

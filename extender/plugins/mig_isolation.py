@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from pydantic import StrictBool
+
+from extender.framework.args import PluginArgs
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
@@ -21,13 +24,10 @@ NAME = "MigIsolation"
 
 
 @dataclass(frozen=True)
-class MigIsolationArgs:
+class MigIsolationArgs(PluginArgs):
     """``allow_single_gpu_pods``: a one-GPU pod may be given a MIG instance."""
 
-    allow_single_gpu_pods: bool = True
-
-    def validate(self) -> list[tuple[str, str]]:
-        return []
+    allow_single_gpu_pods: StrictBool = True
 
 
 class MigIsolation:

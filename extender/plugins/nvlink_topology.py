@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pydantic import StrictBool
+
+from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
@@ -25,21 +28,15 @@ NAME = "NvlinkTopology"
 
 
 @dataclass(frozen=True)
-class NvlinkTopologyArgs:
+class NvlinkTopologyArgs(PluginArgs):
     """``require_nvlink``: require one NVLink island for every multi-GPU pod that does not set
     the annotation; ``*_score``: raw score (0..100) per interconnect tier."""
 
-    require_nvlink: bool = False
-    nvlink_score: int = 100
-    pcie_switch_score: int = 60
-    numa_score: int = 30
-    cross_socket_score: int = 0
-
-    def validate(self) -> list[tuple[str, str]]:
-        for field in ("nvlink_score", "pcie_switch_score", "numa_score", "cross_socket_score"):
-            if not 0 <= getattr(self, field) <= 100:
-                return [(field, "must be between 0 and 100")]
-        return []
+    require_nvlink: StrictBool = False
+    nvlink_score: Score = 100
+    pcie_switch_score: Score = 60
+    numa_score: Score = 30
+    cross_socket_score: Score = 0
 
 
 class NvlinkTopology:

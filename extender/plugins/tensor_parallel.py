@@ -16,24 +16,24 @@ parsing already rejects a stated TP > 1 with unknown heads).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import Field, StrictInt
+
+from extender.framework.args import PluginArgs
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
+from extender.model.validation import BOUNDS, Say
 
 NAME = "TensorParallel"
 
 
 @dataclass(frozen=True)
-class TensorParallelArgs:
+class TensorParallelArgs(PluginArgs):
     """``suggest_up_to``: list the valid TP sizes up to this bound in the reason (0: don't)."""
 
-    suggest_up_to: int = 16
-
-    def validate(self) -> list[tuple[str, str]]:
-        if self.suggest_up_to < 0 or self.suggest_up_to > 1024:
-            return [("suggest_up_to", "must be between 0 and 1024")]
-        return []
+    suggest_up_to: Annotated[StrictInt, Field(ge=0, le=1024), Say("must be between 0 and 1024", kinds=BOUNDS)] = 16
 
 
 def valid_tp_sizes(heads: int, kv_heads: int | None, up_to: int) -> list[int]:

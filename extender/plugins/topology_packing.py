@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState
 from extender.model.demand import PodDemand
 from extender.model.snapshot import NodeInfo
@@ -19,15 +20,10 @@ NAME = "TopologyPacking"
 
 
 @dataclass(frozen=True)
-class TopologyPackingArgs:
+class TopologyPackingArgs(PluginArgs):
     """``empty_node_score``: raw score (0..100) for pods that request no GPUs."""
 
-    empty_node_score: int = 0
-
-    def validate(self) -> list[tuple[str, str]]:
-        if not 0 <= self.empty_node_score <= 100:
-            return [("empty_node_score", "must be between 0 and 100")]
-        return []
+    empty_node_score: Score = 0
 
 
 class TopologyPacking:

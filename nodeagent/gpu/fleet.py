@@ -47,17 +47,32 @@ instances' processes). PCIe topology: GPUs with the same ``pcieSwitch`` are ``SI
 island member one link per other member. Processes using more memory than their GPU (or MIG
 instance) has are an error, as on real hardware.
 
-Errors are ``FleetError`` naming the field path (``gpus[2].memoryMiB``).
+Errors are ``FleetError`` naming the field path (``gpus[2].memoryMiB``). The format is checked by
+pydantic models (:class:`_FleetFile`); the rules across fields (uniqueness, islands, processes
+fitting their GPU) are validators on them.
 """
 
 from __future__ import annotations
 
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
+from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, field_path, first_problem, problems
 from nodeagent.gpu.model import (
     MIB,
     SWITCH,
@@ -73,12 +88,6 @@ from nodeagent.gpu.model import (
 
 FLEET_VERSION = 1
 NVSWITCH_LINKS = 18  # links per GPU on an H100 HGX board; only the count of "switch" peers matters
-
-_TOP_KEYS = {"version", "node", "driverVersion", "nvswitch", "nvlinkIslands", "gpus", "processes"}
-_GPU_KEYS = {"index", "name", "memoryMiB", "reservedMiB", "uuid", "pciBusId", "numaNode", "pcieSwitch", "mig",
-             "failure"}
-_MIG_KEYS = {"profile", "memoryMiB", "uuid"}
-_PROC_KEYS = {"pid", "gpu", "mig", "usedMiB", "usedBytes", "pod"}
 
 
 class FleetError(ValueError):
@@ -113,199 +122,250 @@ def parse_fleet(text: str, *, node_name: str = "node") -> Fleet:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FleetError("fleet", f"not valid YAML ({exc})") from exc
-    doc = _mapping(doc, "fleet", _TOP_KEYS)
-    if doc.get("version") != FLEET_VERSION:
-        raise FleetError("version", f"must be {FLEET_VERSION}, got {doc.get('version')!r}")
-    node = doc.get("node", node_name)
-    node = _string(node, "node")
-    driver = doc.get("driverVersion")
-    if driver is not None:
-        driver = _string(str(driver), "driverVersion")
-    raw_gpus = doc.get("gpus")
-    if not isinstance(raw_gpus, list):
-        raise FleetError("gpus", f"must be a list, got {_kind(raw_gpus)}")
-    specs = [_gpu_spec(raw, f"gpus[{i}]", node) for i, raw in enumerate(raw_gpus)]
-    _check_unique(specs)
-    links = _links(doc, specs)
-    procs, assignments = _processes(doc.get("processes", []), specs)
-    gpus = tuple(_gpu_info(spec, links.get(spec["index"], ()), procs) for spec in specs)
-    return Fleet(GpuState(gpus=tuple(sorted(gpus, key=lambda g: g.index)), topology=_topology(specs),
-                          driver_version=driver), assignments)
+    try:
+        fleet = _FleetFile.model_validate(doc, context={"node": node_name})
+    except ValidationError as exc:
+        raise _fleet_error(first_problem(exc, _FleetFile), problems(exc)) from None
+    node = fleet.node or node_name
+    procs, links = fleet.processes_by_device(), fleet.links()
+    gpus = tuple(_gpu_info(spec, node, links.get(spec.index, ()), procs) for spec in fleet.gpus)
+    assignments = {fleet.device_id(p, node): _pod_ref(p.pod) for p in fleet.processes if p.pod is not None}
+    return Fleet(GpuState(gpus=tuple(sorted(gpus, key=lambda g: g.index)), topology=_topology(fleet.gpus),
+                          driver_version=fleet.driver_version), assignments)
 
 
-def _gpu_spec(raw: Any, path: str, node: str) -> dict[str, Any]:
-    raw = _mapping(raw, path, _GPU_KEYS)
-    index = _int(raw.get("index"), f"{path}.index", minimum=0)
-    memory = _int(raw.get("memoryMiB"), f"{path}.memoryMiB", minimum=1)
-    reserved = _int(raw.get("reservedMiB", 0), f"{path}.reservedMiB", minimum=0)
-    if reserved > memory:
-        raise FleetError(f"{path}.reservedMiB", f"{reserved} is more than memoryMiB {memory}")
-    numa = raw.get("numaNode")
-    switch = raw.get("pcieSwitch")
-    spec = {
-        "index": index, "path": path, "memory": memory, "reserved": reserved,
-        "name": _string(raw.get("name"), f"{path}.name"),
-        "uuid": _string(raw.get("uuid", derived_uuid("GPU", node, index)), f"{path}.uuid"),
-        "bus": normalize_bus_id(_string(raw.get("pciBusId", f"00000000:{0x18 + index:02x}:00.0"), f"{path}.pciBusId")),
-        "numa": None if numa is None else _int(numa, f"{path}.numaNode", minimum=0),
-        "switch": None if switch is None else _string(switch, f"{path}.pcieSwitch"),
-        "mig": None,
-        "failure": _failure(raw.get("failure"), f"{path}.failure"),
-    }
-    if "mig" in raw:
-        raw_mig = raw["mig"] if raw["mig"] is not None else []
-        if not isinstance(raw_mig, list):
-            raise FleetError(f"{path}.mig", f"must be a list of instances, got {_kind(raw_mig)}")
-        migs = []
-        for j, item in enumerate(raw_mig):
-            item_path = f"{path}.mig[{j}]"
-            item = _mapping(item, item_path, _MIG_KEYS)
-            mem = _int(item.get("memoryMiB"), f"{item_path}.memoryMiB", minimum=1)
-            migs.append({"profile": _string(item.get("profile"), f"{item_path}.profile"), "memory": mem,
-                         "uuid": _string(item.get("uuid", derived_uuid("MIG", node, index, j)), f"{item_path}.uuid")})
-        if sum(m["memory"] for m in migs) > memory:
-            raise FleetError(f"{path}.mig", f"instances total {sum(m['memory'] for m in migs)} MiB, "
-                                            f"more than the GPU's {memory} MiB")
-        spec["mig"] = migs
-    return spec
+_Index = Annotated[StrictInt, Field(ge=0), Say("must be an integer >= 0")]
+_Positive = Annotated[StrictInt, Field(ge=1), Say("must be an integer >= 1")]
+_Name = Annotated[StrictStr, Field(min_length=1), Say("must be a non-empty string")]
+_Failure = Annotated[Literal["lost"] | Annotated[StrictInt, Field(gt=0)],
+                     Say('must be "lost" or a positive XID error number', whole=True)]
+_PodRef = Annotated[StrictStr, Field(pattern=r"^[^/]+/[^/]+(/[^/]+)?$"),
+                    Say("must be namespace/pod or namespace/pod/container")]
+_Island = Annotated[list[_Index], Field(min_length=2), Say("must list at least two GPU indices")]
 
 
-def _failure(value: Any, path: str) -> str:
-    if value is None:
-        return ""
-    if value == "lost":
-        return "the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)"
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return f"critical XID {value}"
-    raise FleetError(path, f'must be "lost" or a positive XID error number, got {value!r}')
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_unique(specs: list[dict[str, Any]]) -> None:
-    seen_index: set[int] = set()
-    seen_ids: set[str] = set()
-    for spec in specs:
-        if spec["index"] in seen_index:
-            raise FleetError(f"{spec['path']}.index", f"duplicate GPU index {spec['index']}")
-        seen_index.add(spec["index"])
-        ids = [(f"{spec['path']}.uuid", spec["uuid"]), (f"{spec['path']}.pciBusId", spec["bus"])]
-        ids += [(f"{spec['path']}.mig[{j}].uuid", m["uuid"]) for j, m in enumerate(spec["mig"] or [])]
-        for path, value in ids:
-            if value in seen_ids:
-                raise FleetError(path, f"duplicate {value!r}")
-            seen_ids.add(value)
+class _MigSpec(_Entry):
+    memory_mib: _Positive = Field(alias="memoryMiB")
+    profile: _Name
+    uuid: _Name = ""  # "": derived from the node, the GPU index and the position
 
 
-def _links(doc: dict[str, Any], specs: list[dict[str, Any]]) -> dict[int, tuple[NvLinkInfo, ...]]:
-    nvswitch = doc.get("nvswitch", False)
-    if not isinstance(nvswitch, bool):
-        raise FleetError("nvswitch", f"must be true or false, got {nvswitch!r}")
-    raw = doc.get("nvlinkIslands")
-    if nvswitch and raw:
-        raise FleetError("nvlinkIslands", "not together with nvswitch: true (the switch makes one island)")
-    if nvswitch:
-        switch_links = tuple(NvLinkInfo(k, SWITCH) for k in range(NVSWITCH_LINKS))
-        return {s["index"]: switch_links for s in specs}
-    if raw is None:
-        return {}
-    if not isinstance(raw, list):
-        raise FleetError("nvlinkIslands", f"must be a list of lists, got {_kind(raw)}")
-    bus = {s["index"]: s["bus"] for s in specs}
-    links: dict[int, tuple[NvLinkInfo, ...]] = {}
-    for i, island in enumerate(raw):
-        path = f"nvlinkIslands[{i}]"
-        if not isinstance(island, list) or len(island) < 2:
-            raise FleetError(path, "must list at least two GPU indices")
-        members = [_int(x, f"{path}[{j}]", minimum=0) for j, x in enumerate(island)]
-        for j, member in enumerate(members):
-            if member not in bus:
-                raise FleetError(f"{path}[{j}]", f"GPU index {member} is not in gpus")
-            if member in links or members.count(member) > 1:
-                raise FleetError(f"{path}[{j}]", f"GPU index {member} is in two islands")
-        for member in members:
-            peers = [m for m in members if m != member]
-            links[member] = tuple(NvLinkInfo(k, bus[peer]) for k, peer in enumerate(peers))
-    return links
+class _GpuSpec(_Entry):
+    index: _Index
+    memory_mib: _Positive = Field(alias="memoryMiB")
+    reserved_mib: _Index = Field(0, alias="reservedMiB")
+    name: _Name
+    uuid: _Name = ""  # "": derived from the node and the index
+    pci_bus_id: _Name = Field("", alias="pciBusId")  # "": 00000000:<0x18 + index>:00.0
+    numa_node: _Index | None = Field(None, alias="numaNode")
+    pcie_switch: _Name | None = Field(None, alias="pcieSwitch")
+    failure: _Failure | None = None
+    mig: Annotated[list[Annotated[_MigSpec, Say("must be a mapping")]], Say("must be a list of instances")] | None = None
+
+    @model_validator(mode="after")
+    def _memory_adds_up(self) -> _GpuSpec:
+        if self.reserved_mib > self.memory_mib:
+            raise fail_at(("reservedMiB",), f"{self.reserved_mib} is more than memoryMiB {self.memory_mib}",
+                          self.reserved_mib)
+        total = sum(m.memory_mib for m in self.mig or ())
+        if total > self.memory_mib:
+            raise fail_at(("mig",), f"instances total {total} MiB, more than the GPU's {self.memory_mib} MiB", self.mig)
+        return self
+
+    @property
+    def mig_mode(self) -> bool:
+        """``mig:`` is present (``mig: null`` is MIG mode without instances)."""
+        return "mig" in self.model_fields_set
+
+    def uuid_on(self, node: str) -> str:
+        return self.uuid or derived_uuid("GPU", node, self.index)
+
+    def bus_id(self) -> str:
+        return normalize_bus_id(self.pci_bus_id or f"00000000:{0x18 + self.index:02x}:00.0")
+
+    def mig_uuid_on(self, node: str, position: int) -> str:
+        return (self.mig or [])[position].uuid or derived_uuid("MIG", node, self.index, position)
+
+    def failure_reason(self) -> str:
+        if self.failure is None:
+            return ""
+        return "the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)" if self.failure == "lost" else f"critical XID {self.failure}"
 
 
-def _processes(raw: Any, specs: list[dict[str, Any]]) -> tuple[dict[tuple[int, int | None], list[ProcessInfo]],
-                                                                   dict[str, tuple[str, str, str]]]:
-    """Processes keyed by (GPU index, MIG position or None), and the pod-held device ids."""
-    if not isinstance(raw, list):
-        raise FleetError("processes", f"must be a list, got {_kind(raw)}")
-    by_index = {s["index"]: s for s in specs}
-    procs: dict[tuple[int, int | None], list[ProcessInfo]] = {}
-    assignments: dict[str, tuple[str, str, str]] = {}
-    for i, item in enumerate(raw):
-        path = f"processes[{i}]"
-        item = _mapping(item, path, _PROC_KEYS)
-        pid = _int(item.get("pid"), f"{path}.pid", minimum=1)
-        gpu = _int(item.get("gpu"), f"{path}.gpu", minimum=0)
-        spec = by_index.get(gpu)
-        if spec is None:
-            raise FleetError(f"{path}.gpu", f"GPU index {gpu} is not in gpus")
-        mig = item.get("mig")
-        if spec["mig"] is not None:
-            if mig is None:
-                raise FleetError(f"{path}.mig", f"required: GPU {gpu} is in MIG mode (give the instance position)")
-            mig = _int(mig, f"{path}.mig", minimum=0)
-            if mig >= len(spec["mig"]):
-                raise FleetError(f"{path}.mig", f"GPU {gpu} has {len(spec['mig'])} MIG instances, no {mig}")
-            device_id = spec["mig"][mig]["uuid"]
-        elif mig is not None:
-            raise FleetError(f"{path}.mig", f"GPU {gpu} is not in MIG mode")
-        else:
-            device_id = spec["uuid"]
-        if ("usedMiB" in item) == ("usedBytes" in item):
-            raise FleetError(path, "needs exactly one of usedMiB, usedBytes")
-        used = (_int(item["usedMiB"], f"{path}.usedMiB", minimum=0) * MIB if "usedMiB" in item
-                else _int(item["usedBytes"], f"{path}.usedBytes", minimum=0))
-        procs.setdefault((gpu, mig), []).append(ProcessInfo(pid, used))
-        if item.get("pod") is not None:
-            assignments[device_id] = _pod_ref(item["pod"], f"{path}.pod")
-    for (gpu, mig), plist in procs.items():
-        spec = by_index[gpu]
-        capacity = (spec["mig"][mig]["memory"] if mig is not None else spec["memory"] - spec["reserved"]) * MIB
-        if sum(p.used_bytes or 0 for p in plist) > capacity:
-            where = f"GPU {gpu}" + (f" MIG {mig}" if mig is not None else "")
-            raise FleetError("processes", f"processes on {where} use {sum(p.used_bytes or 0 for p in plist)} "
-                                          f"bytes, more than its {capacity}")
-    return procs, assignments
+class _Process(_Entry):
+    pid: _Positive
+    gpu: _Index
+    mig: _Index | None = None
+    used_mib: _Index | None = Field(None, alias="usedMiB")
+    used_bytes: _Index | None = Field(None, alias="usedBytes")
+    pod: _PodRef | None = None
+
+    @model_validator(mode="after")
+    def _one_usage(self) -> _Process:
+        given = {"used_mib", "used_bytes"} & self.model_fields_set
+        if len(given) != 1 or self.used() is None:
+            raise fail_at((), "needs exactly one of usedMiB, usedBytes", None)
+        return self
+
+    def used(self) -> int | None:
+        """Bytes in use."""
+        return self.used_mib * MIB if self.used_mib is not None else self.used_bytes
 
 
-def _gpu_info(spec: dict[str, Any], links: tuple[NvLinkInfo, ...],
+class _FleetFile(_Entry):
+    """The fleet file as written (see the module docstring)."""
+
+    version: Annotated[Literal[1], Say(f"must be {FLEET_VERSION}")]
+    node: _Name = ""  # "": the agent's node name
+    driver_version: Annotated[str, BeforeValidator(str), Field(min_length=1), Say("must be a non-empty string")] | None = (
+        Field(None, alias="driverVersion"))
+    gpus: Annotated[list[Annotated[_GpuSpec, Say("must be a mapping")]], Say("must be a list")]
+    nvswitch: Annotated[StrictBool, Say("must be true or false")] = False
+    nvlink_islands: Annotated[list[_Island], Say("must be a list of lists")] | None = Field(None, alias="nvlinkIslands")
+    processes: Annotated[list[Annotated[_Process, Say("must be a mapping")]], Say("must be a list")] = []
+
+    @model_validator(mode="after")
+    def _ids_unique(self, info: ValidationInfo) -> _FleetFile:
+        node = self.node or (info.context or {}).get("node", "node")
+        seen_index: set[int] = set()
+        seen_ids: set[str] = set()
+        for i, gpu in enumerate(self.gpus):
+            if gpu.index in seen_index:
+                raise fail_at(("gpus", i, "index"), f"duplicate GPU index {gpu.index}", gpu.index)
+            seen_index.add(gpu.index)
+            ids = [(("gpus", i, "uuid"), gpu.uuid_on(node)), (("gpus", i, "pciBusId"), gpu.bus_id())]
+            ids += [(("gpus", i, "mig", j, "uuid"), gpu.mig_uuid_on(node, j)) for j in range(len(gpu.mig or ()))]
+            for loc, value in ids:
+                if value in seen_ids:
+                    raise fail_at(loc, f"duplicate {value!r}", value)
+                seen_ids.add(value)
+        return self
+
+    @model_validator(mode="after")
+    def _islands_disjoint(self) -> _FleetFile:
+        if self.nvswitch and self.nvlink_islands:
+            raise fail_at(("nvlinkIslands",), "not together with nvswitch: true (the switch makes one island)",
+                          self.nvlink_islands)
+        indices = {gpu.index for gpu in self.gpus}
+        seen: set[int] = set()
+        for i, island in enumerate(self.nvlink_islands or ()):
+            for j, member in enumerate(island):
+                if member not in indices:
+                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is not in gpus", member)
+                if member in seen or island.count(member) > 1:
+                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is in two islands", member)
+            seen.update(island)
+        return self
+
+    @model_validator(mode="after")
+    def _processes_fit(self) -> _FleetFile:
+        by_index = {gpu.index: gpu for gpu in self.gpus}
+        for i, proc in enumerate(self.processes):
+            gpu = by_index.get(proc.gpu)
+            if gpu is None:
+                raise fail_at(("processes", i, "gpu"), f"GPU index {proc.gpu} is not in gpus", proc.gpu)
+            if gpu.mig_mode and proc.mig is None:
+                raise fail_at(("processes", i, "mig"),
+                              f"required: GPU {proc.gpu} is in MIG mode (give the instance position)", None)
+            if gpu.mig_mode and proc.mig is not None and proc.mig >= len(gpu.mig or ()):
+                raise fail_at(("processes", i, "mig"), f"GPU {proc.gpu} has {len(gpu.mig or ())} MIG instances, "
+                                                       f"no {proc.mig}", proc.mig)
+            if not gpu.mig_mode and proc.mig is not None:
+                raise fail_at(("processes", i, "mig"), f"GPU {proc.gpu} is not in MIG mode", proc.mig)
+        for (index, mig), plist in self.processes_by_device().items():
+            gpu = by_index[index]
+            capacity = ((gpu.mig or [])[mig].memory_mib if mig is not None else gpu.memory_mib - gpu.reserved_mib) * MIB
+            used = _used(plist)
+            if used > capacity:
+                where = f"GPU {index}" + (f" MIG {mig}" if mig is not None else "")
+                raise fail_at(("processes",), f"processes on {where} use {used} bytes, more than its {capacity}",
+                              self.processes)
+        return self
+
+    def processes_by_device(self) -> dict[tuple[int, int | None], list[ProcessInfo]]:
+        """Processes keyed by (GPU index, MIG position or None)."""
+        procs: dict[tuple[int, int | None], list[ProcessInfo]] = {}
+        for proc in self.processes:
+            procs.setdefault((proc.gpu, proc.mig), []).append(ProcessInfo(proc.pid, proc.used()))
+        return procs
+
+    def device_id(self, proc: _Process, node: str) -> str:
+        """The UUID of the GPU, or MIG instance, the process runs on."""
+        gpu = next(g for g in self.gpus if g.index == proc.gpu)
+        return gpu.uuid_on(node) if proc.mig is None else gpu.mig_uuid_on(node, proc.mig)
+
+    def links(self) -> dict[int, tuple[NvLinkInfo, ...]]:
+        """Each GPU's NVLinks: 18 to the switch on an NVSwitch board, else one per island peer."""
+        if self.nvswitch:
+            switch_links = tuple(NvLinkInfo(k, SWITCH) for k in range(NVSWITCH_LINKS))
+            return {gpu.index: switch_links for gpu in self.gpus}
+        bus = {gpu.index: gpu.bus_id() for gpu in self.gpus}
+        links: dict[int, tuple[NvLinkInfo, ...]] = {}
+        for island in self.nvlink_islands or ():
+            for member in island:
+                peers = [m for m in island if m != member]
+                links[member] = tuple(NvLinkInfo(k, bus[peer]) for k, peer in enumerate(peers))
+        return links
+
+
+def _fleet_error(problem: Problem, found: tuple[Problem, ...]) -> FleetError:
+    """``problem`` in the fleet file's words; unknown keys are reported together (``found``), at their mapping."""
+    if problem.kind in UNKNOWN_KEY:
+        unknown = sorted(str(p.loc[-1]) for p in found if p.kind in UNKNOWN_KEY and p.loc[:-1] == problem.loc[:-1])
+        return FleetError(problem.path(parent=True) or "fleet",
+                          f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(problem.known))}")
+    path = field_path(problem.loc) or "fleet"
+    if problem.kind == RULE:
+        return FleetError(path, problem.message)
+    message = "must be a mapping" if problem.kind == "model_type" else problem.message
+    shown = _kind(problem.value) if message in _ABOUT_KIND else repr(problem.value)
+    return FleetError(path, f"{message}, got {shown}")
+
+
+# Sentences about a value's kind show its kind (``got dict``), the others the value (``got -1``).
+_ABOUT_KIND = frozenset({"must be a mapping", "must be a list", "must be a list of lists", "must be a list of instances",
+                         "must list at least two GPU indices"})
+
+
+def _gpu_info(spec: _GpuSpec, node: str, links: tuple[NvLinkInfo, ...],
               procs: dict[tuple[int, int | None], list[ProcessInfo]]) -> GpuInfo:
-    index, total = spec["index"], spec["memory"] * MIB
+    index, total = spec.index, spec.memory_mib * MIB
     migs: tuple[MigDeviceInfo, ...] = ()
-    if spec["mig"] is not None:
+    if spec.mig_mode:
         migs = tuple(
-            MigDeviceInfo(index=j, uuid=m["uuid"], profile=m["profile"], memory_total_bytes=m["memory"] * MIB,
-                          memory_free_bytes=m["memory"] * MIB - _used(procs.get((index, j), [])),
+            MigDeviceInfo(index=j, uuid=spec.mig_uuid_on(node, j), profile=m.profile,
+                          memory_total_bytes=m.memory_mib * MIB,
+                          memory_free_bytes=m.memory_mib * MIB - _used(procs.get((index, j), [])),
                           processes=tuple(procs.get((index, j), [])))
-            for j, m in enumerate(spec["mig"]))
+            for j, m in enumerate(spec.mig or ()))
         used = sum(_used(procs.get((index, j), [])) for j in range(len(migs)))
     else:
         used = _used(procs.get((index, None), []))
-    reserved = spec["reserved"] * MIB
+    reserved = spec.reserved_mib * MIB
     return GpuInfo(
-        index=index, uuid=spec["uuid"], name=spec["name"], pci_bus_id=spec["bus"],
+        index=index, uuid=spec.uuid_on(node), name=spec.name, pci_bus_id=spec.bus_id(),
         memory_total_bytes=total, memory_free_bytes=max(0, total - reserved - used), memory_reserved_bytes=reserved,
-        numa_node=spec["numa"], pcie_switch=spec["switch"], mig_enabled=spec["mig"] is not None,
-        mig_devices=migs, nvlinks=links, processes=tuple(procs.get((index, None), [])), failure=spec["failure"],
+        numa_node=spec.numa_node, pcie_switch=spec.pcie_switch, mig_enabled=spec.mig_mode,
+        mig_devices=migs, nvlinks=links, processes=tuple(procs.get((index, None), [])), failure=spec.failure_reason(),
     )
 
 
-def _topology(specs: list[dict[str, Any]]) -> tuple[GpuPair, ...]:
-    ordered = sorted(specs, key=lambda s: s["index"])
+def _topology(specs: list[_GpuSpec]) -> tuple[GpuPair, ...]:
+    ordered = sorted(specs, key=lambda s: s.index)
     pairs = []
     for i, a in enumerate(ordered):
         for b in ordered[i + 1:]:
-            if a["switch"] is not None and a["switch"] == b["switch"]:
+            if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
                 level = TopologyLevel.SINGLE
-            elif a["numa"] is not None and a["numa"] == b["numa"]:
+            elif a.numa_node is not None and a.numa_node == b.numa_node:
                 level = TopologyLevel.NODE
             else:
                 level = TopologyLevel.SYSTEM
-            pairs.append(GpuPair(a["index"], b["index"], level))
+            pairs.append(GpuPair(a.index, b.index, level))
     return tuple(pairs)
 
 
@@ -313,33 +373,10 @@ def _used(procs: list[ProcessInfo]) -> int:
     return sum(p.used_bytes or 0 for p in procs)
 
 
-def _pod_ref(value: Any, path: str) -> tuple[str, str, str]:
-    parts = value.split("/") if isinstance(value, str) else []
-    if len(parts) not in (2, 3) or not all(parts):
-        raise FleetError(path, f"must be namespace/pod or namespace/pod/container, got {value!r}")
+def _pod_ref(value: str) -> tuple[str, str, str]:
+    """``namespace/pod[/container]`` (the model checked the shape) -> (namespace, pod, container or "")."""
+    parts = value.split("/")
     return parts[0], parts[1], parts[2] if len(parts) == 3 else ""
-
-
-def _mapping(value: Any, path: str, keys: set[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise FleetError(path, f"must be a mapping, got {_kind(value)}")
-    unknown = sorted(str(k) for k in value if k not in keys)
-    if unknown:
-        raise FleetError(path, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(keys))}")
-    return value
-
-
-def _int(value: Any, path: str, *, minimum: int) -> int:
-    # bool is an int subclass; `true` is never a count or an index.
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FleetError(path, f"must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise FleetError(path, f"must be a non-empty string, got {value!r}")
-    return value
 
 
 def _kind(value: Any) -> str:

@@ -1,8 +1,11 @@
+from types import MappingProxyType
+
 import pytest
 
 from extender.framework.profile import ProfileConfig, ProfileError, ScorePluginRef, load_profile
 from extender.framework.registry import PluginFactory, Registry
 from extender.plugins import default_profile, default_registry
+from extender.plugins.engine_load import EngineLoadArgs
 from extender.plugins.nvlink_topology import NvlinkTopologyArgs
 
 
@@ -50,10 +53,31 @@ def test_full_profile() -> None:
      "profile.pluginArgs.NvlinkTopology.numaScore: must be between 0 and 100, got 101"),
     ({"pluginArgs": {"TensorParallel": {"suggestUpTo": "8"}}},
      "profile.pluginArgs.TensorParallel.suggestUpTo: must be an integer, got '8'"),
+    ({"filterPlugins": None}, "profile.filterPlugins: must be a list of plugin names, got null"),
+    ({"filterPlugins": ("GpuFit",)}, "profile.filterPlugins: must be a list of plugin names, got ('GpuFit',)"),
+    ({"filterPlugins": ["GpuFit", ""]}, "profile.filterPlugins[1]: must be a plugin name, got ''"),
+    ({"scorePlugins": {}}, "profile.scorePlugins: must be a list of {name, weight}, got {}"),
+    ({"scorePlugins": ["GpuFit", {"name": "GpuFit", "weight": 2}]},
+     "profile.scorePlugins[1].name: plugin 'GpuFit' is listed twice"),
+    ({"scorePlugins": [{"name": "TopologyPacking", "weight": None}]},
+     "profile.scorePlugins[0].weight: must be a positive integer, got null"),
+    ({"pluginArgs": []}, "profile.pluginArgs: must be a mapping from plugin name to arguments, got []"),
+    ({"pluginArgs": {7: {}}}, "profile.pluginArgs.7: must be a plugin name, got 7"),
+    ({"pluginArgs": {"GpuFit": {"x": 1}}}, "profile.pluginArgs.GpuFit.x: unknown argument; known: none"),
+    ({"pluginArgs": {"NvlinkTopology": {"numaScore": True}}},
+     "profile.pluginArgs.NvlinkTopology.numaScore: must be an integer, got true"),
+    ({"pluginArgs": {"NvlinkTopology": {"numa_score": 1}}},
+     "profile.pluginArgs.NvlinkTopology.numa_score: unknown argument; known: requireNvlink, nvlinkScore"),
+    ({"pluginArgs": {"TensorParallel": {"suggestUpTo": 1025}}},
+     "profile.pluginArgs.TensorParallel.suggestUpTo: must be between 0 and 1024, got 1025"),
+    ({"pluginArgs": {"MigIsolation": {"allowSingleGpuPods": 0}}},
+     "profile.pluginArgs.MigIsolation.allowSingleGpuPods: must be true or false, got 0"),
 ], ids=["not-mapping", "unknown-key", "filters-not-list", "unknown-filter", "duplicate-filter",
         "negative-weight", "float-weight", "bool-weight", "missing-name", "misspelt-key", "bad-item",
         "args-unknown-plugin", "args-not-mapping", "args-unknown-field", "args-wrong-type",
-        "args-out-of-range", "args-int-as-string"])
+        "args-out-of-range", "args-int-as-string", "filters-null", "filters-tuple", "empty-filter-name",
+        "scores-not-list", "duplicate-score", "null-weight", "args-not-a-mapping", "args-key-not-a-name",
+        "args-none-known", "args-bool-as-int", "args-snake-case", "args-above-bound", "args-int-as-bool"])
 def test_errors_name_field_path_and_value(raw, message) -> None:
     with pytest.raises(ProfileError) as info:
         load(raw)
@@ -75,3 +99,20 @@ def test_registry_is_a_plain_map() -> None:
 
 def test_profile_lists_enabled_plugins_once() -> None:
     assert ProfileConfig(("A", "B"), (ScorePluginRef("B"), ScorePluginRef("C"))).enabled() == ("A", "B", "C")
+
+
+def test_mappings_other_than_dict_are_accepted() -> None:
+    profile = load(MappingProxyType({"scorePlugins": [MappingProxyType({"name": "TopologyPacking"})],
+                                     "pluginArgs": {"EngineLoad": MappingProxyType({"unknownScore": 70})}}))
+    assert profile.score_plugins == (ScorePluginRef("TopologyPacking", 1),)
+    assert profile.plugin_args["EngineLoad"] == EngineLoadArgs(unknown_score=70)
+
+
+@pytest.mark.parametrize(("args", "problems"), [
+    (NvlinkTopologyArgs(), []),
+    (NvlinkTopologyArgs(numa_score=-1, cross_socket_score=101),
+     [("numa_score", "must be between 0 and 100"), ("cross_socket_score", "must be between 0 and 100")]),
+    (EngineLoadArgs(unknown_score=True), [("unknown_score", "must be an integer")]),
+], ids=["valid", "two-out-of-range", "bool-as-int"])
+def test_args_built_in_code_report_their_problems(args, problems) -> None:
+    assert args.validate() == problems

@@ -72,6 +72,51 @@ def test_errors_name_the_bad_field(doc, field) -> None:
     assert str(info.value).startswith(field)
 
 
+@pytest.mark.parametrize(("doc", "message"), [
+    (_doc(version=None), "version: must be 'gpusched.io/v1', got None"),
+    ({"version": "gpusched.io/v1"}, "gpus: must be a list, got null"),
+    (_doc(gpus=[7]), "gpus[0]: must be an object, got int"),
+    (_doc(gpus=[{"index": 0, "uuid": "a"}]), "gpus[0].memoryMiB: must be an integer >= 1, got None"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1.0}]), "gpus[0].memoryMiB: must be an integer >= 1, got 1.0"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1, "product": 5}]), "gpus[0].product: must be a string, got int"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1, "pcieSwitch": ""}]),
+     "gpus[0].pcieSwitch: must be a non-empty string, got ''"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1, "mig": []}]), "gpus[0].mig: must be an object, got list"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1, "mig": {"enabled": 1}}]),
+     "gpus[0].mig.enabled: must be true or false, got 1"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1, "mig": {"enabled": True, "instances": [3]}}]),
+     "gpus[0].mig.instances[0]: must be an object, got int"),
+    (_doc(gpus=[{"index": 0, "uuid": "a", "memoryMiB": 1,
+                 "mig": {"enabled": True, "instances": [{"uuid": "a", "profile": "p", "memoryMiB": 1}]}}]),
+     "gpus[0].mig.instances[0].uuid: duplicate UUID 'a'"),
+    (_doc(nvlinkIslands={}), "nvlinkIslands: must be a list of lists, got dict"),
+    (_doc(nvlinkIslands=[[]]), "nvlinkIslands[0]: must be a non-empty list of GPU indices, got list"),
+    (_doc(nvlinkIslands=[[0, True]]), "nvlinkIslands[0][1]: must be an integer >= 0, got True"),
+], ids=["version-missing", "gpus-missing", "gpu-not-object", "memory-missing", "memory-float", "product-not-string",
+        "empty-switch", "mig-not-object", "mig-enabled-not-bool", "mig-instance-not-object", "mig-uuid-clash",
+        "islands-not-list", "island-empty", "island-bool-index"])
+def test_errors_say_what_is_wrong_and_show_the_value(doc, message) -> None:
+    with pytest.raises(InventoryError) as info:
+        decode_inventory(json.dumps(doc))
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("text", [
+    '{"version": "gpusched.io/v1", "gpus": [{"index": 0, "uuid": "a", "memoryMiB": ' + "9" * 5000 + "}]}",
+    "[" * 100_000 + "]" * 100_000,
+    None,
+], ids=["int-past-python-digit-limit", "nested-too-deep", "not-a-string"])
+def test_untrusted_text_only_ever_raises_inventory_error(text) -> None:
+    with pytest.raises(InventoryError) as info:
+        decode_inventory(text)
+    assert info.value.field == "gpusched.io/gpu-inventory"
+
+
+def test_what_json_loads_accepts_in_unknown_keys_stays_accepted() -> None:
+    text = json.dumps(_doc(futureField=float("nan")))
+    assert [g.uuid for g in decode_inventory(text).gpus] == ["GPU-0", "GPU-1"]
+
+
 def test_gfd_labels_give_synthetic_ids_and_no_topology() -> None:
     inventory = inventory_from_gfd_labels("n1", {
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",

@@ -14,7 +14,7 @@ from devcluster.fleet import PRESETS as DEVCLUSTER_PRESETS
 from extender.model.inventory import decode_inventory, encode_inventory
 from nodeagent.gpu import FakeFleetReader, GpuReaderError, TopologyLevel, open_reader, preset_path, to_inventory
 from nodeagent.gpu.fake import PRESETS
-from nodeagent.gpu.fleet import FleetError, parse_fleet
+from nodeagent.gpu.fleet import FleetError, derived_uuid, parse_fleet
 
 MIB = 1024 * 1024
 
@@ -146,6 +146,72 @@ def test_malformed_fleets_name_the_field(doc, field) -> None:
     with pytest.raises(FleetError) as caught:
         parse_fleet(doc if isinstance(doc, str) else yaml.safe_dump(doc))
     assert caught.value.field == field
+
+
+def _gpu(**fields) -> dict:
+    return {"index": 0, "name": "x", "memoryMiB": 100} | fields
+
+
+@pytest.mark.parametrize("doc, message", [
+    pytest.param({"version": 1, "gpus": [], "gpu": [], "Nvswitch": True},
+                 "fleet: unknown key(s) Nvswitch, gpu; known: driverVersion, gpus, node, nvlinkIslands, nvswitch, "
+                 "processes, version", id="unknown-keys-together"),
+    pytest.param({"version": 1, "gpus": [{"index": 0, "name": "x", "memoryMib": 100}]},
+                 "gpus[0]: unknown key(s) memoryMib; known: failure, index, memoryMiB, mig, name, numaNode, pciBusId, "
+                 "pcieSwitch, reservedMiB, uuid", id="misspelt-key-before-the-field-it-leaves-missing"),
+    pytest.param({"version": 1, "gpus": [7]}, "gpus[0]: must be a mapping, got int", id="gpu-not-a-mapping"),
+    pytest.param({"version": 1, "gpus": [_gpu(memoryMiB=None)]}, "gpus[0].memoryMiB: must be an integer >= 1, got None",
+                 id="null-memory"),
+    pytest.param({"version": 1, "gpus": [{"index": 0, "memoryMiB": 1}]}, "gpus[0].name: must be a non-empty string, got None",
+                 id="missing-name"),
+    pytest.param({"version": 1, "node": None, "gpus": []}, "node: must be a non-empty string, got None", id="null-node"),
+    pytest.param({"version": 1, "driverVersion": "", "gpus": []}, "driverVersion: must be a non-empty string, got ''",
+                 id="empty-driver"),
+    pytest.param({"version": 1, "gpus": [_gpu(uuid=None)]}, "gpus[0].uuid: must be a non-empty string, got None",
+                 id="null-uuid"),
+    pytest.param({"version": 1, "gpus": [_gpu(failure=0)]},
+                 'gpus[0].failure: must be "lost" or a positive XID error number, got 0', id="xid-zero"),
+    pytest.param({"version": 1, "gpus": [_gpu(failure=True)]},
+                 'gpus[0].failure: must be "lost" or a positive XID error number, got True', id="xid-bool"),
+    pytest.param({"version": 1, "gpus": [_gpu(mig={"profile": "1g"})]}, "gpus[0].mig: must be a list of instances, got dict",
+                 id="mig-not-a-list"),
+    pytest.param({"version": 1, "gpus": [_gpu(mig=[{"profile": "1g", "memoryMiB": 10, "uuid": "GPU-a"}], uuid="GPU-a")]},
+                 "gpus[0].mig[0].uuid: duplicate 'GPU-a'", id="mig-uuid-clashes-with-gpu"),
+    pytest.param({"version": 1, "gpus": [_gpu(), _gpu(index=1, pciBusId="0000:18:00.0")]},
+                 "gpus[1].pciBusId: duplicate '00000000:18:00.0'", id="bus-id-clash-after-normalising"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "nvlinkIslands": [[0]]},
+                 "nvlinkIslands[0]: must list at least two GPU indices, got list", id="island-of-one"),
+    pytest.param({"version": 1, "gpus": [_gpu(), _gpu(index=1)], "nvlinkIslands": [[0, 0]]},
+                 "nvlinkIslands[0][0]: GPU index 0 is in two islands", id="gpu-twice-in-an-island"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "processes": None}, "processes: must be a list, got null",
+                 id="processes-null"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "processes": [{"pid": 1, "gpu": 0, "usedMiB": None}]},
+                 "processes[0]: needs exactly one of usedMiB, usedBytes", id="usage-null"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "processes": [{"pid": 0, "gpu": 0, "usedMiB": 1}]},
+                 "processes[0].pid: must be an integer >= 1, got 0", id="pid-zero"),
+    pytest.param({"version": 1, "gpus": [_gpu(mig=[])], "processes": [{"pid": 1, "gpu": 0, "mig": 0, "usedMiB": 1}]},
+                 "processes[0].mig: GPU 0 has 0 MIG instances, no 0", id="mig-position-past-the-end"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "processes": [{"pid": 1, "gpu": 0, "usedMiB": 1, "pod": "a/b/c/d"}]},
+                 "processes[0].pod: must be namespace/pod or namespace/pod/container, got 'a/b/c/d'", id="pod-too-deep"),
+    pytest.param({"version": 1, "gpus": [_gpu()], "processes": [{"pid": 1, "gpu": 0, "usedMiB": 1, "pod": 7}]},
+                 "processes[0].pod: must be namespace/pod or namespace/pod/container, got 7", id="pod-not-a-string"),
+])
+def test_malformed_fleets_say_what_is_wrong(doc, message) -> None:
+    with pytest.raises(FleetError) as caught:
+        parse_fleet(yaml.safe_dump(doc))
+    assert str(caught.value) == message
+
+
+def test_optional_values_and_their_defaults() -> None:
+    doc = {"version": 1, "driverVersion": 570, "gpus": [_gpu(mig=None), _gpu(index=1, numaNode=None, failure="lost")],
+           "processes": [{"pid": 1, "gpu": 1, "usedBytes": 5, "pod": "ns/p"}]}
+    fleet = parse_fleet(yaml.safe_dump(doc), node_name="n1")
+    mig_gpu, lost = fleet.state.gpus
+    assert fleet.state.driver_version == "570"
+    assert mig_gpu.mig_enabled and mig_gpu.mig_devices == ()  # `mig: null` is MIG mode without instances
+    assert lost.failure.startswith("the GPU fell off the bus") and lost.numa_node is None
+    assert lost.uuid == derived_uuid("GPU", "n1", 1) and lost.pci_bus_id == "00000000:19:00.0"
+    assert fleet.assignments == {lost.uuid: ("ns", "p", "")}
 
 
 # -- live edits ---------------------------------------------------------------------------------
