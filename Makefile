@@ -21,7 +21,7 @@ test: $(STAMP) control-plane vllm-venv tools node-deps images lint  ## Run every
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pyright
+	$(VENV)/bin/pyright --project pyproject.toml
 
 control-plane:
 	bash hack/build-control-plane.sh >/dev/null
