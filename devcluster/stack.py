@@ -81,12 +81,18 @@ class Stack:
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
                                    "--telemetry-address", f"127.0.0.1:{self.telemetry_port}",
                                    "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
-                                   "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"), *extra_args],
+                                   "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"),
+                                   "--scheduling-address", f"unix://{self.scheduling_socket}", *extra_args],
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
         self.extender = Extender(c, port, "/gpusched")
         return self.extender
+
+    @property
+    def scheduling_socket(self) -> Path:
+        """Where the extender serves the plugin service (gpusched.scheduling.v1)."""
+        return self.cp.workdir / "scheduling.sock"
 
     @property
     def telemetry_ca(self) -> bytes:

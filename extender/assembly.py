@@ -62,6 +62,7 @@ class Assembled:
     state: ClusterState | None = None
     reflectors: list[Any] = field(default_factory=list)
     telemetry_server: Any = None
+    scheduling_server: Any = None
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -166,7 +167,26 @@ def assemble(settings: Settings) -> Assembled:
     if settings.telemetry_address:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors)
         framework_decider.telemetry = state
+    if settings.scheduling_address:
+        assembled.scheduling_server = _start_scheduling(settings, state, collaborators)
     return assembled
+
+
+def _start_scheduling(settings: Settings, state: ClusterState, collaborators: Collaborators) -> Any:
+    """The plugin service (plugin mode) over the same decider, decision store and metrics as the
+    extender's verbs, so both ways into kube-scheduler decide alike."""
+    from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
+    from extender.service.core import ExtenderService
+    from extender.service.plugin import NodeTables, PluginService
+
+    assert collaborators.decisions is not None
+    service = ExtenderService(collaborators.decider, collaborators.binder, collaborators.decisions, collaborators.metrics)
+    tables = NodeTables(lambda: state.snapshot().groups().index.names)
+    plugin = PluginService(service, tables, collaborators.ready)
+    try:
+        return SchedulingServer(SchedulingServicer(plugin), settings.scheduling_address).start()
+    except (OSError, RuntimeError) as exc:
+        raise StartupError(f"--scheduling-address {settings.scheduling_address}: {exc}") from None
 
 
 def _mismatch_recorder(decisions: DecisionStore, metrics: ExtenderMetrics) -> Any:

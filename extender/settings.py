@@ -113,6 +113,10 @@ class Settings(BaseModel):
     telemetry_address: str = ""
     """host:port of the gRPC endpoint node agents stream telemetry to, e.g. 0.0.0.0:9443; port 0 = any
     (default: disabled; the shipped Deployment enables it)"""
+    scheduling_address: str = ""
+    """where the GpuSched kube-scheduler plugin asks the core (plugin mode, gpusched.scheduling.v1 over
+    gRPC): unix:///run/gpusched/scheduling.sock in a volume shared with the scheduler container, or
+    host:port (default: disabled; extender mode needs none)"""
     telemetry_tls_cert: str | None = None
     """PEM certificate chain for the telemetry port (tls.crt of a Secret); with --telemetry-tls-key"""
     telemetry_tls_key: str | None = None
@@ -160,6 +164,10 @@ class Settings(BaseModel):
                                 "or cert-manager make the Secret) or choose cleartext with --telemetry-insecure")
         if self.telemetry_insecure and self.telemetry_tls_cert:
             raise SettingsError("telemetry_insecure: contradicts telemetry_tls_cert; drop one")
+        if self.scheduling_address and not (self.scheduling_address.startswith("unix:")
+                                            or self.scheduling_address.rsplit(":", 1)[-1].isdigit()):
+            raise SettingsError(f"scheduling_address: write unix:///path/to.sock or host:port, got "
+                                f"{self.scheduling_address!r}")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
         if problem := self.barrier_timing.problem():

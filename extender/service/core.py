@@ -203,6 +203,28 @@ class ExtenderService:
                      details={"annotations": annotations, **reserved.details}, record_id=decision_id)
         return ""
 
+    def reserve(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
+        """The plugin's Reserve: the first half of :meth:`bind` without the write. Returns the
+        decider's answer and, when reserved, the annotations PreBind writes (decision id
+        included); recorded as verb ``reserve``."""
+        started = time.perf_counter()
+        decision_id = self.decisions.new_id()
+        reserved = self.decider.reserve(pod, node, decision_id)
+        if isinstance(reserved, Refusal):
+            self._record("reserve", pod, "reserve-refused", started, node=node, summary=reserved.reason,
+                         record_id=decision_id)
+            return reserved, {}
+        annotations = {DECISION_ID_ANNOTATION: decision_id, **reserved.annotations}
+        self._record("reserve", pod, "reserved", started, node=node, summary=reserved.summary,
+                     details={"annotations": annotations, **reserved.details}, record_id=decision_id)
+        return reserved, annotations
+
+    def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
+        """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""
+        started = time.perf_counter()
+        self.decider.unreserve(pod, reason)
+        self._record("unreserve", pod, "released", started, node=node, summary=reason)
+
     def _record(self, verb: str, pod: PodRef, result: str, started: float, *, node: str | None = None,
                 summary: str = "", details: Mapping[str, Any] | None = None, record_id: str | None = None) -> None:
         latency_ms = (time.perf_counter() - started) * 1000.0

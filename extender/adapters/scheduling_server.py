@@ -1,0 +1,136 @@
+"""The gRPC endpoint the GpuSched kube-scheduler plugin asks (``gpusched.scheduling.v1``).
+
+A plain thread-pool ``grpc.server``: kube-scheduler runs one scheduling cycle at a time, so
+PreFilter and Reserve arrive one after another; Unreserve may come from its binding goroutines.
+The shipped setup serves a Unix socket in a volume the scheduler container shares
+(``unix:///run/gpusched/scheduling.sock``): nothing else on the network can reach it, so the
+socket's file permissions are the access control, as for the kubelet's own plugin sockets.
+
+Every request names the API version it speaks; another version is refused with
+FAILED_PRECONDITION naming both, so a plugin and core of different releases never guess. The pod
+arrives as the plugin's JSON of the ``v1.Pod``; it must be an object whose metadata matches the
+request's namespace, name and uid (INVALID_ARGUMENT otherwise). A fault of the core's own while
+judging is answered in the reply's ``error`` (the plugin returns an Error status and kube-scheduler
+retries the pod), never as a crashed call.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn
+
+import grpc
+import orjson
+
+from extender.service.core import PodRef
+from extender.service.plugin import API_VERSION, PluginService
+from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
+
+log = logging.getLogger("gpusched.extender.scheduling")
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a pod's JSON is KiBs; a 5,000-node table ~100 KiB
+CORE_VERSION = "0.1.0"
+
+
+class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
+    def __init__(self, plugin: PluginService) -> None:
+        self._plugin = plugin
+
+    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloReply:
+        _check_version(request.api_version, context)
+        ready, why = self._plugin.ready()
+        return pb.HelloReply(api_version=API_VERSION, core_version=CORE_VERSION, ready=ready,
+                             not_ready_reason="" if ready else why)
+
+    def PreFilter(self, request: pb.PreFilterRequest, context: grpc.ServicerContext) -> pb.PreFilterReply:
+        _check_version(request.api_version, context)
+        pod = _pod_ref(request.pod, context)
+        try:
+            answer = self._plugin.pre_filter(pod)
+        except Exception as exc:  # a fault of ours: the plugin reports Error and the pod is retried
+            log.exception("PreFilter of %s failed", pod.key)
+            return pb.PreFilterReply(error=f"gpusched internal error judging {pod.key}: {type(exc).__name__}: {exc}")
+        reply = pb.PreFilterReply(skip=answer.skip, error=answer.error, unresolvable=answer.unresolvable,
+                                  table_generation=answer.table.generation, verdicts=answer.verdicts,
+                                  reason_index=answer.reason_index, reasons=answer.reasons, scores=answer.scores,
+                                  summary=answer.summary)
+        if request.table_generation != answer.table.generation:
+            reply.table.generation = answer.table.generation
+            reply.table.names.extend(answer.table.names)
+        return reply
+
+    def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveReply:
+        _check_version(request.api_version, context)
+        pod = _pod_ref(request.pod, context)
+        if not request.node:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Reserve names no node")
+        answer = self._plugin.reserve(pod, request.node)
+        return pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal, annotations=dict(answer.annotations),
+                               summary=answer.summary)
+
+    def Unreserve(self, request: pb.UnreserveRequest, context: grpc.ServicerContext) -> pb.UnreserveReply:
+        _check_version(request.api_version, context)
+        pod = _pod_ref(request.pod, context)
+        self._plugin.unreserve(pod, request.node, request.reason or "kube-scheduler unreserved the pod")
+        return pb.UnreserveReply()
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("grpc's abort returns only by raising")  # for the type checker
+
+
+def _check_version(version: int, context: grpc.ServicerContext) -> None:
+    if version != API_VERSION:
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+               f"the GpuSched plugin speaks gpusched.scheduling API v{version}, this core speaks v{API_VERSION}: "
+               "run the plugin and the core of one gpusched release")
+
+
+def _pod_ref(pod: pb.Pod, context: grpc.ServicerContext) -> PodRef:
+    """The request's pod; its JSON must be an object naming the same namespace, name and uid."""
+    try:
+        raw: Any = orjson.loads(pod.json)
+    except orjson.JSONDecodeError as exc:
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"pod.json is not JSON: {exc}")
+    if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "pod.json must be a v1.Pod object with metadata")
+    meta = raw["metadata"]
+    claimed = (meta.get("namespace") or "default", meta.get("name") or "", meta.get("uid") or "")
+    if not pod.name or not pod.uid or claimed != (pod.namespace or "default", pod.name, pod.uid):
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+               f"pod {pod.namespace}/{pod.name} (uid {pod.uid or 'none'}) does not match its JSON's metadata "
+               f"{claimed[0]}/{claimed[1]} (uid {claimed[2] or 'none'})")
+    return PodRef(claimed[0], pod.name, pod.uid, raw)
+
+
+class SchedulingServer:
+    """Owns the grpc server. ``start()`` returns once ``address`` is bound (``unix:///path`` or
+    ``host:port``; port 0 picks one, see ``port``)."""
+
+    def __init__(self, servicer: SchedulingServicer, address: str, workers: int = 8) -> None:
+        self._servicer = servicer
+        self.address = address
+        self._workers = workers
+        self._server: grpc.Server | None = None
+        self.port = 0
+
+    def start(self) -> SchedulingServer:
+        server = grpc.server(ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="scheduling"),
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        scheduling_pb2_grpc.add_SchedulingServicer_to_server(self._servicer, server)
+        self.port = server.add_insecure_port(self.address)
+        if not self.address.startswith("unix:") and self.port == 0:
+            raise OSError(f"cannot listen for the scheduling plugin on {self.address}")
+        server.start()
+        self._server = server
+        log.info("scheduling plugin service on %s", self.address)
+        return self
+
+    def stop(self, grace_s: float = 0.5) -> None:
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None

@@ -1,0 +1,165 @@
+"""The scheduling-framework plugin's use cases: what the GpuSched plugin in kube-scheduler asks
+the core (issue 18), in domain terms. The gRPC adapter (``extender.adapters.scheduling_server``)
+converts the wire types to these calls.
+
+One :meth:`PluginService.pre_filter` per pod and cycle judges the pod against every node the core
+knows and answers in vectors indexed by a :class:`NodeTable` both sides share: the plugin's
+Filter and Score are lookups, never a call per node, and no call names thousands of nodes. The
+table carries a generation; it travels only to a plugin holding another one.
+
+The same decider, ledger and decision store serve the extender's verbs, so both ways into
+kube-scheduler decide alike: the verdict of a node is the extender's (fits / may fit later /
+never), its score the extender's 0..10 scaled to the framework's 0..100 exactly as kube-scheduler
+scales an extender's priorities. Reserve and Unreserve are the decider's assume and forget.
+
+Gangs need the Permit barrier, which this step does not build yet: a gang member is refused at
+PreFilter with a reason that says so, never half placed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from extender.model.gang import gang_of
+from extender.service.core import ExtenderService, PodRef, Refusal
+
+API_VERSION = 1
+MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
+MAX_EXTENDER_PRIORITY = 10  # the extender protocol's score range the decider answers in
+
+# Verdict codes, one byte per table node (the proto's Verdict enum).
+FITS, NOT_NOW, NEVER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """The nodes the core knows, in the order every per-node vector of an answer is indexed by.
+    ``generation`` starts at 1 and changes whenever the names or their order do."""
+
+    generation: int
+    names: tuple[str, ...]
+
+
+class NodeTables:
+    """Hands out the current :class:`NodeTable`. ``names_now`` returns the core's node names (the
+    snapshot's index, whose identity changes only when the snapshot's node set may have); the
+    names are compared only when that object changes, so an unchanged cluster costs nothing."""
+
+    def __init__(self, names_now: Callable[[], Sequence[str]]) -> None:
+        self._names_now = names_now
+        self._lock = threading.Lock()
+        self._source: Sequence[str] | None = None
+        self._table = NodeTable(0, ())
+
+    def current(self) -> NodeTable:
+        names = self._names_now()
+        with self._lock:
+            if names is not self._source:
+                self._source = names
+                if tuple(names) != self._table.names or self._table.generation == 0:
+                    self._table = NodeTable(self._table.generation + 1, tuple(names))
+            return self._table
+
+
+@dataclass(frozen=True)
+class CycleAnswer:
+    """The pod judged against every node of ``table``: what PreFilter answers.
+
+    Exactly one of three shapes: ``skip`` (the pod asks for no GPUs), ``unresolvable`` or
+    ``error`` set (the pod can run nowhere, or the core cannot judge now), or per-node vectors
+    (``verdicts``, ``reason_index`` into ``reasons`` with ``reasons[0] == ""``, ``scores``
+    0..100), each of ``len(table.names)`` entries."""
+
+    table: NodeTable
+    skip: bool = False
+    unresolvable: str = ""
+    error: str = ""
+    verdicts: bytes = b""
+    reason_index: tuple[int, ...] = ()
+    reasons: tuple[str, ...] = ("",)
+    scores: bytes = b""
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class ReserveAnswer:
+    reserved: bool
+    refusal: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)  # PreBind writes them on the pod
+    summary: str = ""
+
+
+def asks_for_gpus(pod: PodRef) -> bool:
+    """Whether any container (or init container) requests or limits ``nvidia.com/gpu``."""
+    spec = pod.raw.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        if any("nvidia.com/gpu" in (resources.get(kind) or {}) for kind in ("requests", "limits")):
+            return True
+    return False
+
+
+class PluginService:
+    """The plugin's PreFilter, Reserve and Unreserve over the extender's service (same decider,
+    ledger and decision records). ``ready`` is the cluster view's (ready, reason)."""
+
+    def __init__(self, service: ExtenderService, tables: NodeTables,
+                 ready: Callable[[], tuple[bool, str]]) -> None:
+        self._service = service
+        self._tables = tables
+        self._ready = ready
+
+    def ready(self) -> tuple[bool, str]:
+        return self._ready()
+
+    def pre_filter(self, pod: PodRef) -> CycleAnswer:
+        table = self._tables.current()
+        if not asks_for_gpus(pod):
+            return CycleAnswer(table, skip=True)
+        ready, why = self._ready()
+        if not ready:
+            return CycleAnswer(table, error=f"gpusched is not ready: {why}")
+        if gang_of(pod.raw, {}) is not None:
+            return CycleAnswer(table, unresolvable=(
+                "gpusched's plugin mode cannot place gang members yet (they need the Permit barrier); "
+                "schedule gangs through the extender (schedulerName of the extender profile)"))
+        outcome = self._service.filter(pod, table.names)
+        if outcome.error:
+            return CycleAnswer(table, error=outcome.error)
+        scores = self._service.prioritize(pod, outcome.feasible).scores if outcome.feasible else {}
+        return _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary)
+
+    def reserve(self, pod: PodRef, node: str) -> ReserveAnswer:
+        reserved, annotations = self._service.reserve(pod, node)
+        if isinstance(reserved, Refusal):
+            return ReserveAnswer(False, refusal=reserved.reason)
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary)
+
+    def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
+        self._service.unreserve(pod, node, reason)
+
+
+def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
+             scores: Mapping[str, int], summary: str) -> CycleAnswer:
+    """Per-node vectors over ``table`` from the extender-shaped outcome. A node the decider named
+    in neither map is feasible; its score is scaled 0..10 -> 0..100 as kube-scheduler scales an
+    extender's (MaxNodeScore / MaxExtenderPriority)."""
+    scale = MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+    reasons: dict[str, int] = {"": 0}
+    verdicts = bytearray(len(table.names))
+    reason_index = [0] * len(table.names)
+    score_bytes = bytearray(len(table.names))
+    for i, name in enumerate(table.names):
+        reason = unresolvable.get(name)
+        if reason is not None:
+            verdicts[i] = NEVER
+        elif (reason := failed.get(name)) is not None:
+            verdicts[i] = NOT_NOW
+        else:
+            score_bytes[i] = max(0, min(MAX_NODE_SCORE, scores.get(name, 0) * scale))
+            continue
+        reason_index[i] = reasons.setdefault(reason, len(reasons))
+    return CycleAnswer(table, verdicts=bytes(verdicts), reason_index=tuple(reason_index),
+                       reasons=tuple(reasons), scores=bytes(score_bytes), summary=summary)

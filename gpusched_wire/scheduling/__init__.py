@@ -1,0 +1,1 @@
+"""Wire contracts shared by gpusched components (generated code lives beside its .proto)."""

@@ -1,0 +1,187 @@
+"""The plugin service (``gpusched.scheduling.v1``) over a real gRPC server on a Unix socket, with
+the real decider, ledger and decision store behind it (issue 18, first step): version skew is
+refused, the node table travels only when it changed, PreFilter's vectors say what the extender's
+filter and prioritize say for the same pod, and Reserve/Unreserve are assume/forget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+
+from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
+from extender.model.catalog import builtin_catalog
+from extender.service.core import ExtenderService, PodRef
+from extender.service.decisions import DecisionStore
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
+from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
+from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
+from tests.unit.builders import a100_inventory, default_framework, h100_inventory, make_k8s_node, make_pod, mig_inventory
+
+
+class NullObserver:
+    def decision(self, verb, result):
+        return None
+
+    def rejections(self, counts):
+        return None
+
+
+class Core:
+    """One core: cluster state fed by hand, the decider, the services, the gRPC server."""
+
+    def __init__(self, socket: Path, nodes: dict[str, Any]) -> None:
+        self.state = ClusterState()
+        self.state.nodes.replace([make_k8s_node(name, inventory) for name, inventory in nodes.items()])
+        self.ready: tuple[bool, str] = (True, "")
+        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
+        self.decisions = DecisionStore()
+        self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
+        tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
+        self.plugin = PluginService(self.service, tables, lambda: self.ready)
+        self.server = SchedulingServer(SchedulingServicer(self.plugin), f"unix://{socket}").start()
+        self.channel = grpc.insecure_channel(f"unix://{socket}")
+        self.stub = scheduling_pb2_grpc.SchedulingStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[Core]:
+    c = Core(tmp_path / "scheduling.sock", {"h1": h100_inventory("h1"), "h2": h100_inventory("h2"),
+                                             "a1": a100_inventory("a1"), "m1": mig_inventory("m1")})
+    yield c
+    c.close()
+
+
+def wire_pod(pod: dict[str, Any]) -> pb.Pod:
+    meta = pod["metadata"]
+    return pb.Pod(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], json=orjson.dumps(pod))
+
+
+def pre_filter(core: Core, pod: dict[str, Any], generation: int = 0) -> pb.PreFilterReply:
+    return core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=wire_pod(pod),
+                                                   table_generation=generation), timeout=10)
+
+
+def by_node(reply: pb.PreFilterReply, names: list[str]) -> dict[str, tuple[int, str, int]]:
+    """name -> (verdict, reason, score) from the reply's vectors."""
+    return {name: (reply.verdicts[i], reply.reasons[reply.reason_index[i]], reply.scores[i])
+            for i, name in enumerate(names)}
+
+
+def test_hello_says_the_version_and_readiness(core):
+    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION, plugin_version="test"), timeout=10)
+    assert (reply.api_version, reply.ready, reply.not_ready_reason) == (API_VERSION, True, "")
+    core.ready = (False, "ledger not rebuilt yet")
+    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION), timeout=10)
+    assert (reply.ready, reply.not_ready_reason) == (False, "ledger not rebuilt yet")
+
+
+@pytest.mark.parametrize("call,request_type", [
+    ("Hello", pb.HelloRequest), ("PreFilter", pb.PreFilterRequest), ("Reserve", pb.ReserveRequest),
+    ("Unreserve", pb.UnreserveRequest)])
+def test_another_api_version_is_refused_naming_both(core, call, request_type):
+    with pytest.raises(grpc.RpcError) as raised:
+        getattr(core.stub, call)(request_type(api_version=API_VERSION + 1), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"v{API_VERSION + 1}" in raised.value.details() and f"v{API_VERSION}" in raised.value.details()
+
+
+@pytest.mark.parametrize("pod,needle", [
+    (pb.Pod(namespace="default", name="p", uid="u", json=b"{nope"), "not JSON"),
+    (pb.Pod(namespace="default", name="p", uid="u", json=b"[]"), "v1.Pod object"),
+    (pb.Pod(namespace="default", name="p", uid="u", json=orjson.dumps(make_pod("other"))), "does not match"),
+    (pb.Pod(namespace="default", name="p", uid="", json=orjson.dumps(make_pod("p"))), "uid none"),
+], ids=["not-json", "not-an-object", "other-pod", "no-uid"])
+def test_a_pod_that_is_not_the_one_named_is_refused(core, pod, needle):
+    with pytest.raises(grpc.RpcError) as raised:
+        core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=pod), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in raised.value.details()
+
+
+def test_the_node_table_travels_only_when_it_changed(core):
+    pod = make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    first = pre_filter(core, pod)
+    assert first.table_generation == first.table.generation >= 1
+    names = list(first.table.names)
+    assert sorted(names) == ["a1", "h1", "h2", "m1"] and len(first.verdicts) == len(names)
+    again = pre_filter(core, pod, first.table_generation)
+    assert again.table_generation == first.table_generation and not again.table.names
+    core.state.nodes.apply("ADDED", make_k8s_node("h3", h100_inventory("h3")))
+    grown = pre_filter(core, pod, first.table_generation)
+    assert grown.table_generation > first.table_generation and "h3" in grown.table.names
+    assert len(grown.verdicts) == len(grown.table.names) == 5
+
+
+@pytest.mark.parametrize("pod", [
+    make_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", tp=4),
+    make_pod("tp8", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8),
+    make_pod("small", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct"),
+    make_pod("tp3", gpus=3, model="meta-llama/Llama-3.1-70B-Instruct", tp=3),
+], ids=["tp4", "tp8", "one-gpu", "tp3-impossible"])
+def test_prefilter_says_what_the_extender_says(core, pod):
+    reply = pre_filter(core, pod)
+    names = list(reply.table.names)
+    ref = PodRef("default", pod["metadata"]["name"], pod["metadata"]["uid"], pod)
+    extender = core.service.filter(ref, names)
+    scores = core.service.prioritize(ref, extender.feasible).scores if extender.feasible else {}
+    expected = {}
+    for name in names:
+        if name in extender.unresolvable:
+            expected[name] = (NEVER, extender.unresolvable[name], 0)
+        elif name in extender.failed:
+            expected[name] = (NOT_NOW, extender.failed[name], 0)
+        else:
+            expected[name] = (0, "", scores[name] * MAX_NODE_SCORE // 10)
+    assert by_node(reply, names) == expected
+    assert not reply.skip and not reply.error
+
+
+def test_a_pod_without_gpus_is_skipped_and_a_gang_member_refused(core):
+    assert pre_filter(core, make_pod("cpu", gpus=0)).skip
+    gang = make_pod("g-0", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", tp=4,
+                    annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"})
+    assert "Permit" in pre_filter(core, gang).unresolvable
+
+
+def test_not_ready_is_an_error_the_plugin_retries(core):
+    core.ready = (False, "ledger not rebuilt yet")
+    reply = pre_filter(core, make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct"))
+    assert "not ready" in reply.error and "ledger not rebuilt yet" in reply.error
+
+
+def test_reserve_assumes_and_unreserve_forgets(core):
+    tp8 = [make_pod(f"tp8-{i}", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8) for i in range(2)]
+    for pod in tp8:
+        pre_filter(core, pod)
+
+    def reserve(pod: dict[str, Any], node: str) -> pb.ReserveReply:
+        return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node), timeout=10)
+
+    first = reserve(tp8[0], "h1")
+    assert first.reserved and len(first.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")) == 8
+    assert first.annotations["gpusched.io/decision-id"] and "h1" in first.summary
+    taken = reserve(tp8[1], "h1")
+    assert not taken.reserved and "h1" in taken.refusal  # never promised twice
+    held = pre_filter(core, tp8[1])
+    assert by_node(held, list(held.table.names))["h1"][0] == NOT_NOW  # may fit once released
+    core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(tp8[0]), node="h1",
+                                            reason="PreBind failed"), timeout=10)
+    assert reserve(tp8[1], "h1").reserved
+    records = core.decisions.for_pod("default", "tp8-0")
+    assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
+
+
+def test_reserve_before_any_prefilter_is_refused(core):
+    pod = make_pod("unseen", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    reply = core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node="h1"), timeout=10)
+    assert not reply.reserved and "has not judged this pod" in reply.refusal
