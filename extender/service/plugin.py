@@ -22,7 +22,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from extender.model.gang import gang_of
+from extender.model.nodemaps import GroupedMapping
 from extender.service.core import ExtenderService, PodRef, Refusal
 
 API_VERSION = 1
@@ -36,10 +39,17 @@ FITS, NOT_NOW, NEVER = 0, 1, 2
 @dataclass(frozen=True)
 class NodeTable:
     """The nodes the core knows, in the order every per-node vector of an answer is indexed by.
-    ``generation`` starts at 1 and changes whenever the names or their order do."""
+    ``generation`` starts at 1 and changes whenever the names or their order do; ``position`` is
+    each name's index (built once per generation, never changed)."""
 
     generation: int
     names: tuple[str, ...]
+    position: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, generation: int, names: Sequence[str]) -> NodeTable:
+        names = tuple(names)
+        return cls(generation, names, {name: i for i, name in enumerate(names)})
 
 
 class NodeTables:
@@ -59,7 +69,7 @@ class NodeTables:
             if names is not self._source:
                 self._source = names
                 if tuple(names) != self._table.names or self._table.generation == 0:
-                    self._table = NodeTable(self._table.generation + 1, tuple(names))
+                    self._table = NodeTable.of(self._table.generation + 1, names)
             return self._table
 
 
@@ -145,8 +155,21 @@ def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[
              scores: Mapping[str, int], summary: str) -> CycleAnswer:
     """Per-node vectors over ``table`` from the extender-shaped outcome. A node the decider named
     in neither map is feasible; its score is scaled 0..10 -> 0..100 as kube-scheduler scales an
-    extender's (MaxNodeScore / MaxExtenderPriority)."""
-    scale = MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+    extender's (MaxNodeScore / MaxExtenderPriority). The framework's grouped answers (any cluster
+    of 16 nodes or more) are gathered per group with numpy; anything else is read name by name."""
+    vectors = _grouped_vectors(table, failed, unresolvable, scores) or _vectors_by_name(
+        table, failed, unresolvable, scores)
+    verdicts, reason_index, reasons, score_bytes = vectors
+    return CycleAnswer(table, verdicts=verdicts, reason_index=reason_index, reasons=reasons, scores=score_bytes,
+                       summary=summary)
+
+
+Vectors = tuple[bytes, tuple[int, ...], tuple[str, ...], bytes]
+_SCALE = MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+
+
+def _vectors_by_name(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
+                     scores: Mapping[str, int]) -> Vectors:
     reasons: dict[str, int] = {"": 0}
     verdicts = bytearray(len(table.names))
     reason_index = [0] * len(table.names)
@@ -158,8 +181,61 @@ def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[
         elif (reason := failed.get(name)) is not None:
             verdicts[i] = NOT_NOW
         else:
-            score_bytes[i] = max(0, min(MAX_NODE_SCORE, scores.get(name, 0) * scale))
+            score_bytes[i] = max(0, min(MAX_NODE_SCORE, scores.get(name, 0) * _SCALE))
             continue
         reason_index[i] = reasons.setdefault(reason, len(reasons))
-    return CycleAnswer(table, verdicts=bytes(verdicts), reason_index=tuple(reason_index),
-                       reasons=tuple(reasons), scores=bytes(score_bytes), summary=summary)
+    return bytes(verdicts), tuple(reason_index), tuple(reasons), bytes(score_bytes)
+
+
+def _grouped_vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
+                     scores: Mapping[str, int]) -> Vectors | None:
+    """The same vectors by group: a value per group id, gathered with numpy. The framework's
+    rejection maps are grouped over the rejected names (a value per group id); their table
+    positions come from the table's index (one lookup per rejected node, none per fitting one).
+    None, to read name by name, when a map is not grouped or names a node outside the table, or
+    the scores are not grouped over the fitting nodes in table order."""
+    verdicts = np.zeros(len(table.names), dtype=np.uint8)
+    reason_at = np.zeros(len(table.names), dtype=np.uint32)
+    reasons: dict[str, int] = {"": 0}
+    for verdict, rejected in ((NOT_NOW, failed), (NEVER, unresolvable)):
+        if not isinstance(rejected, GroupedMapping):
+            if len(rejected):
+                return None
+            continue
+        positions = np.fromiter((table.position.get(name, -1) for name in rejected.names), dtype=np.int64,
+                                count=len(rejected.names))
+        if len(positions) and positions.min() < 0:
+            return None
+        gids = np.asarray(rejected.gids, dtype=np.int64)
+        size = max([int(gids.max()) if len(gids) else -1, *rejected.by_group]) + 1
+        has_value = np.zeros(size, dtype=bool)
+        reason_of = np.zeros(size, dtype=np.uint32)
+        for gid, reason in rejected.by_group.items():
+            has_value[gid] = True
+            reason_of[gid] = reasons.setdefault(reason, len(reasons))
+        named = has_value[gids]  # names whose group has no value are absent from the map
+        verdicts[positions[named]] = verdict
+        reason_at[positions[named]] = reason_of[gids[named]]
+    score_bytes = _grouped_scores(table, verdicts, scores)
+    if score_bytes is None:
+        return None
+    return verdicts.tobytes(), tuple(reason_at.tolist()), tuple(reasons), score_bytes
+
+
+def _grouped_scores(table: NodeTable, verdicts: np.ndarray, scores: Mapping[str, int]) -> bytes | None:
+    """Scores 0..100 at the fitting positions from a complete grouped score map over exactly the
+    fitting nodes, in table order (the framework keeps request order); else None."""
+    fitting = np.flatnonzero(verdicts == FITS)
+    out = np.zeros(len(table.names), dtype=np.uint8)
+    if not len(fitting):
+        return out.tobytes()
+    if not isinstance(scores, GroupedMapping) or not scores.complete or len(scores.names) != len(fitting):
+        return None
+    if (scores.names[0], scores.names[-1]) != (table.names[fitting[0]], table.names[fitting[-1]]):
+        return None  # not the fitting nodes in table order
+    gids = np.asarray(scores.gids, dtype=np.int64)
+    per_group = np.zeros(max([int(gids.max()), *scores.by_group]) + 1, dtype=np.int64)
+    for gid, value in scores.by_group.items():
+        per_group[gid] = value
+    out[fitting] = np.clip(per_group[gids] * _SCALE, 0, MAX_NODE_SCORE)
+    return out.tobytes()

@@ -15,6 +15,7 @@ import pytest
 
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
 from extender.model.catalog import builtin_catalog
+from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
@@ -43,8 +44,8 @@ class Core:
         self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
         self.decisions = DecisionStore()
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
-        tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
-        self.plugin = PluginService(self.service, tables, lambda: self.ready)
+        self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
+        self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready)
         self.server = SchedulingServer(SchedulingServicer(self.plugin), f"unix://{socket}").start()
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.stub = scheduling_pb2_grpc.SchedulingStub(self.channel)
@@ -185,3 +186,38 @@ def test_reserve_before_any_prefilter_is_refused(core):
     pod = make_pod("unseen", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
     reply = core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node="h1"), timeout=10)
     assert not reply.reserved and "has not judged this pod" in reply.refusal
+
+
+@pytest.mark.parametrize("pod,verdicts_seen", [
+    (make_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", tp=4), {0, NOT_NOW, NEVER}),
+    (make_pod("tp8", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8), {0, NOT_NOW, NEVER}),
+    (make_pod("small", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct"), {0, NOT_NOW}),
+    (make_pod("tp3", gpus=3, model="meta-llama/Llama-3.1-70B-Instruct", tp=3), {NEVER}),
+], ids=["tp4", "tp8", "one-gpu", "tp3-impossible"])
+def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdicts_seen):
+    """At cluster sizes the framework groups (>= 16 nodes) PreFilter gathers its vectors per
+    group with numpy; the result must be exactly the name-by-name reading, with some nodes full
+    (not now), some never fitting, and the rest scored."""
+    kinds = [h100_inventory, a100_inventory, mig_inventory]
+    core = Core(tmp_path / "s.sock", {f"n{i}": kinds[i % 3](f"n{i}") for i in range(30)})
+    try:
+        for i in range(0, 30, 6):  # fill a few H100 nodes completely
+            filler = make_pod(f"fill-{i}", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8)
+            pre_filter(core, filler)
+            assert core.plugin.reserve(PodRef("default", f"fill-{i}", f"uid-fill-{i}", filler), f"n{i}").reserved
+        ref = PodRef("default", pod["metadata"]["name"], pod["metadata"]["uid"], pod)
+        table = core.plugin_tables.current()
+        outcome = core.service.filter(ref, table.names)
+        scores = core.service.prioritize(ref, outcome.feasible).scores if outcome.feasible else {}
+        grouped = plugin_module._grouped_vectors(table, outcome.failed, outcome.unresolvable, scores)
+        assert grouped is not None, "the framework's grouped answer should take the numpy path"
+        by_name = plugin_module._vectors_by_name(table, outcome.failed, outcome.unresolvable, scores)
+
+        def per_node(vectors):  # reasons may be numbered in another order; what each node gets may not differ
+            verdicts, index, reasons, node_scores = vectors
+            return [(verdicts[i], reasons[index[i]], node_scores[i]) for i in range(len(table.names))]
+
+        assert per_node(grouped) == per_node(by_name)
+        assert {verdict for verdict, _, _ in per_node(grouped)} == verdicts_seen
+    finally:
+        core.close()
