@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
-from extender.model.validation import RULE, Problem, Say, fail_at, first_problem
+from extender.model.validation import RULE, Loc, Problem, Say, check_islands, fail_at, first_problem, reject_repeats
 
 INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
 INVENTORY_VERSION = "gpusched.io/v1"
@@ -240,33 +240,21 @@ class _Document(_Model):
 
     @model_validator(mode="after")
     def _ids_unique(self) -> _Document:
-        indices: set[int] = set()
-        uuids: set[str] = set()
-        for i, gpu in enumerate(self.gpus):
-            if gpu.index in indices:
-                raise fail_at(("gpus", i, "index"), f"duplicate GPU index {gpu.index}", gpu.index)
-            indices.add(gpu.index)
-            ids = [(("gpus", i, "uuid"), gpu.uuid)] + [
-                (("gpus", i, "mig", "instances", j, "uuid"), m.uuid)
-                for j, m in enumerate(gpu.mig.instances if gpu.mig else ())
-            ]
-            for loc, uuid in ids:
-                if uuid in uuids:
-                    raise fail_at(loc, f"duplicate UUID {uuid!r}", uuid)
-                uuids.add(uuid)
+        reject_repeats(((("gpus", i, "index"), gpu.index) for i, gpu in enumerate(self.gpus)),
+                       lambda index: f"duplicate GPU index {index}")
+        reject_repeats(self._uuids(), lambda uuid: f"duplicate UUID {uuid!r}")
         return self
+
+    def _uuids(self) -> Iterator[tuple[Loc, str]]:
+        """Every GPU's UUID, then its MIG instances', where each stands in the document."""
+        for i, gpu in enumerate(self.gpus):
+            yield ("gpus", i, "uuid"), gpu.uuid
+            for j, instance in enumerate(gpu.mig.instances if gpu.mig else ()):
+                yield ("gpus", i, "mig", "instances", j, "uuid"), instance.uuid
 
     @model_validator(mode="after")
     def _islands_disjoint(self) -> _Document:
-        indices = {gpu.index for gpu in self.gpus}
-        seen: set[int] = set()
-        for i, island in enumerate(self.nvlink_islands or ()):
-            for j, index in enumerate(island):
-                if index not in indices:
-                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {index} is not in gpus", index)
-                if index in seen:
-                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {index} is in two islands", index)
-                seen.add(index)
+        check_islands(self.nvlink_islands or (), {gpu.index for gpu in self.gpus})
         return self
 
     def inventory(self) -> NodeGpuInventory:

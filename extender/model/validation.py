@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,29 @@ def fail_at(loc: Loc, message: str, value: Any) -> ValidationError:
     details = InitErrorDetails(type=rule_error(message), loc=loc, input=value)
     return ValidationError.from_exception_data("gpusched", [details])
 
+
+
+def reject_repeats(located: Iterable[tuple[Loc, Hashable]], describe: Callable[[Any], str]) -> None:
+    """Raise :func:`fail_at` at the first value seen before (``describe(value)`` the sentence); for
+    uniqueness rules on a model (GPU indices, UUIDs)."""
+    seen: set[Hashable] = set()
+    for loc, value in located:
+        if value in seen:
+            raise fail_at(loc, describe(value), value)
+        seen.add(value)
+
+
+def check_islands(islands: Sequence[Sequence[int]], gpu_indices: Collection[int]) -> None:
+    """NVLink islands over known GPUs, each GPU in one island once: raise :func:`fail_at` at the
+    first member (``nvlinkIslands[i][j]``) that names no GPU or is in an island already."""
+    seen: set[int] = set()
+    for i, island in enumerate(islands):
+        for j, member in enumerate(island):
+            if member not in gpu_indices:
+                raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is not in gpus", member)
+            if member in seen or list(island).count(member) > 1:
+                raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is in two islands", member)
+        seen.update(island)
 
 @dataclass(frozen=True)
 class Problem:

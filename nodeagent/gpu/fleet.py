@@ -55,6 +55,7 @@ fitting their GPU) are validators on them.
 from __future__ import annotations
 
 import uuid as uuidlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -72,7 +73,19 @@ from pydantic import (
     model_validator,
 )
 
-from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, field_path, first_problem, problems
+from extender.model.validation import (
+    RULE,
+    UNKNOWN_KEY,
+    Loc,
+    Problem,
+    Say,
+    check_islands,
+    fail_at,
+    field_path,
+    first_problem,
+    problems,
+    reject_repeats,
+)
 from nodeagent.gpu.model import (
     MIB,
     SWITCH,
@@ -231,34 +244,26 @@ class _FleetFile(_Entry):
     @model_validator(mode="after")
     def _ids_unique(self, info: ValidationInfo) -> _FleetFile:
         node = self.node or (info.context or {}).get("node", "node")
-        seen_index: set[int] = set()
-        seen_ids: set[str] = set()
-        for i, gpu in enumerate(self.gpus):
-            if gpu.index in seen_index:
-                raise fail_at(("gpus", i, "index"), f"duplicate GPU index {gpu.index}", gpu.index)
-            seen_index.add(gpu.index)
-            ids = [(("gpus", i, "uuid"), gpu.uuid_on(node)), (("gpus", i, "pciBusId"), gpu.bus_id())]
-            ids += [(("gpus", i, "mig", j, "uuid"), gpu.mig_uuid_on(node, j)) for j in range(len(gpu.mig or ()))]
-            for loc, value in ids:
-                if value in seen_ids:
-                    raise fail_at(loc, f"duplicate {value!r}", value)
-                seen_ids.add(value)
+        reject_repeats(((("gpus", i, "index"), gpu.index) for i, gpu in enumerate(self.gpus)),
+                       lambda index: f"duplicate GPU index {index}")
+        reject_repeats(self._ids(node), lambda value: f"duplicate {value!r}")
         return self
+
+    def _ids(self, node: str) -> Iterator[tuple[Loc, str]]:
+        """Every GPU's UUID and PCI bus id, then its MIG instances' UUIDs (derived for ``node``
+        where the file gives none), where each stands in the file."""
+        for i, gpu in enumerate(self.gpus):
+            yield ("gpus", i, "uuid"), gpu.uuid_on(node)
+            yield ("gpus", i, "pciBusId"), gpu.bus_id()
+            for j in range(len(gpu.mig or ())):
+                yield ("gpus", i, "mig", j, "uuid"), gpu.mig_uuid_on(node, j)
 
     @model_validator(mode="after")
     def _islands_disjoint(self) -> _FleetFile:
         if self.nvswitch and self.nvlink_islands:
             raise fail_at(("nvlinkIslands",), "not together with nvswitch: true (the switch makes one island)",
                           self.nvlink_islands)
-        indices = {gpu.index for gpu in self.gpus}
-        seen: set[int] = set()
-        for i, island in enumerate(self.nvlink_islands or ()):
-            for j, member in enumerate(island):
-                if member not in indices:
-                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is not in gpus", member)
-                if member in seen or island.count(member) > 1:
-                    raise fail_at(("nvlinkIslands", i, j), f"GPU index {member} is in two islands", member)
-            seen.update(island)
+        check_islands(self.nvlink_islands or (), {gpu.index for gpu in self.gpus})
         return self
 
     @model_validator(mode="after")

@@ -61,6 +61,7 @@ def _doc(**overrides):
      "gpus[0].mig.instances"),
     (_doc(nvlinkIslands=[[0, 5]]), "nvlinkIslands[0][1]"),
     (_doc(nvlinkIslands=[[0, 1], [1]]), "nvlinkIslands[1][0]"),
+    (_doc(nvlinkIslands=[[0, 0]]), "nvlinkIslands[0][0]"),  # twice in one island: flagged at its first place
     (_doc(nvlinkIslands=[[]]), "nvlinkIslands[0]"),
     (_doc(nvswitch="yes"), "nvswitch"),
 ], ids=lambda v: None if isinstance(v, str) and "[" in v else None)
