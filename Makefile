@@ -7,12 +7,12 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane vllm-venv tools node-deps images venv clean bench bench-quick bench-report
+.PHONY: demo test lint control-plane scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
 
 demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
-test: $(STAMP) control-plane vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
+test: $(STAMP) control-plane scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
@@ -25,6 +25,11 @@ lint: $(STAMP)
 
 control-plane:
 	bash hack/build-control-plane.sh >/dev/null
+
+# kube-scheduler with the GpuSched plugin (scheduler-plugin/, issue 18), cached in ~/.cache/gpusched by
+# a hash of its sources: a plugin change rebuilds it, a broken build fails here with Go's output.
+scheduler-plugin:
+	bash hack/build-scheduler-plugin.sh >/dev/null
 
 # A separate venv with the real vLLM CPU engine for tests/engine (never in .venv); needs the
 # torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.

@@ -46,6 +46,16 @@ def build_binaries() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def build_scheduler_plugin() -> Path:
+    """Build (or reuse) the GpuSched kube-scheduler (scheduler-plugin/, issue 18) and return its path;
+    fails loudly with the build's output."""
+    script = REPO / "hack" / "build-scheduler-plugin.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ComponentFailed(f"{script} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -103,12 +113,17 @@ def manifest_documents(paths: Iterable[Path] | None = None) -> list[tuple[Path, 
     return sorted(docs, key=lambda fd: fd[1].get("kind") != "CustomResourceDefinition")
 
 
-def scheduler_config_from_manifests() -> dict[str, Any]:
-    """The KubeSchedulerConfiguration shipped in manifests/base/scheduler-config.yaml."""
-    for _, doc in manifest_documents([MANIFESTS / "base" / "scheduler-config.yaml"]):
+SCHEDULER_CONFIG = MANIFESTS / "base" / "scheduler-config.yaml"
+PLUGIN_SCHEDULER_CONFIG = MANIFESTS / "overlays" / "plugin-mode" / "scheduler-config.yaml"  # issue 18
+
+
+def scheduler_config_from_manifests(path: Path = SCHEDULER_CONFIG) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration shipped in ``path`` (default manifests/base/scheduler-config.yaml;
+    PLUGIN_SCHEDULER_CONFIG for the GpuSched kube-scheduler of plugin mode)."""
+    for _, doc in manifest_documents([path]):
         if doc.get("kind") == "ConfigMap":
             return yaml.safe_load(doc["data"]["config.yaml"])
-    raise ComponentFailed("manifests/base/scheduler-config.yaml holds no ConfigMap with config.yaml")
+    raise ComponentFailed(f"{path.relative_to(REPO)} holds no ConfigMap with config.yaml")
 
 
 class ControlPlane:

@@ -16,6 +16,7 @@ from devcluster.controlplane import (
     EXTENDER_SA,
     NAMESPACE,
     PYTHON,
+    SCHEDULER_CONFIG,
     SCHEDULER_SA,
     TELEMETRY_HOST,
     ControlPlane,
@@ -173,26 +174,35 @@ class Stack:
         self.extender.component.kill()
 
     def scheduler_config(self, extender: Extender, kubeconfig: Path,
-                         adjust: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """The manifests' config pointed at this control plane and this extender's port."""
-        config = copy.deepcopy(scheduler_config_from_manifests())
+                         adjust: Callable[[dict[str, Any]], None] | None = None,
+                         manifest: Path = SCHEDULER_CONFIG) -> dict[str, Any]:
+        """The manifests' config (``manifest``) pointed at this control plane and this extender's port
+        (extenders) or socket (the GpuSched plugin's args)."""
+        config = copy.deepcopy(scheduler_config_from_manifests(manifest))
         config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
         for ext in config.get("extenders", []):
             url = urllib.parse.urlsplit(ext["urlPrefix"])
             ext["urlPrefix"] = urllib.parse.urlunsplit((url.scheme, f"127.0.0.1:{extender.port}", url.path, "", ""))
+        for profile in config.get("profiles", []):
+            for plugin in profile.get("pluginConfig", []):
+                if plugin.get("name") == "GpuSched":
+                    plugin["args"]["address"] = f"unix://{self.scheduling_socket}"
         if adjust:
             adjust(config)
         return config
 
     def start_scheduler(self, name: str = "kube-scheduler",
-                        adjust: Callable[[dict[str, Any]], None] | None = None) -> Component:
+                        adjust: Callable[[dict[str, Any]], None] | None = None, *,
+                        binary: Path | None = None, manifest: Path = SCHEDULER_CONFIG) -> Component:
+        """A kube-scheduler as the manifests' scheduler identity with the config in ``manifest``:
+        the stock binary by default, ``binary`` for another (the GpuSched kube-scheduler)."""
         assert self.extender is not None, "start the extender first"
         kubeconfig = self.identity_kubeconfig(SCHEDULER_SA)
-        config = self.scheduler_config(self.extender, kubeconfig, adjust)
+        config = self.scheduler_config(self.extender, kubeconfig, adjust, manifest)
         path = self.cp.workdir / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
-        c = Component(name, [str(self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
+        c = Component(name, [str(binary or self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
                              "--bind-address=127.0.0.1", f"--secure-port={port}",
                              f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
                              "--v=2"],

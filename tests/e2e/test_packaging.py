@@ -28,7 +28,7 @@ def _container(objects, kind, name):
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                                    "observability"])
+                                    "overlays/plugin-mode", "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects

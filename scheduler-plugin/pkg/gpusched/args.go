@@ -1,0 +1,72 @@
+package gpusched
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+)
+
+// DefaultTimeout is the deadline of one RPC to the core when the args name none. A PreFilter
+// answer takes the core milliseconds; seconds means it is stuck, and the pod is better retried.
+const DefaultTimeout = 5 * time.Second
+
+// Args are GpuSched's pluginConfig args in a KubeSchedulerConfiguration:
+//
+//	pluginConfig:
+//	- name: GpuSched
+//	  args:
+//	    address: unix:///run/gpusched/scheduling.sock
+//	    timeout: 5s
+type Args struct {
+	metav1.TypeMeta `json:",inline"`
+	// Address of the gpusched core's gpusched.scheduling.v1 service: unix:///path (the shipped
+	// setup, a socket in a volume shared with the extender container) or host:port.
+	Address string `json:"address"`
+	// Timeout is the deadline of each RPC (PreFilter, Reserve, Unreserve); DefaultTimeout if unset.
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+}
+
+// decodeArgs reads the args as kube-scheduler hands an out-of-tree plugin's: *runtime.Unknown
+// holding the JSON (or YAML) of the pluginConfig entry; *Args is accepted too (tests, callers that
+// build the framework in code). Defaults are filled in and every field is checked, with its path
+// in the message, so a bad config stops the scheduler at startup.
+func decodeArgs(obj runtime.Object) (Args, error) {
+	var args Args
+	switch a := obj.(type) {
+	case nil:
+	case *Args:
+		args = *a
+	default:
+		if err := frameworkruntime.DecodeInto(obj, &args); err != nil {
+			return Args{}, fmt.Errorf("pluginConfig[%s].args: %w", Name, err)
+		}
+	}
+	if args.Timeout == nil {
+		args.Timeout = &metav1.Duration{Duration: DefaultTimeout}
+	}
+	if args.Address == "" {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.address: required (e.g. unix:///run/gpusched/scheduling.sock)", Name)
+	}
+	if strings.HasPrefix(args.Address, "unix:") && strings.TrimLeft(strings.TrimPrefix(args.Address, "unix:"), "/") == "" {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.address: %q names no socket path", Name, args.Address)
+	}
+	if args.Timeout.Duration <= 0 {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.timeout: must be > 0, got %s", Name, args.Timeout.Duration)
+	}
+	return args, nil
+}
+
+// DeepCopyObject makes *Args a runtime.Object (what a plugin factory receives); TypeMeta gives
+// it GetObjectKind.
+func (a *Args) DeepCopyObject() runtime.Object {
+	c := *a
+	if a.Timeout != nil {
+		t := *a.Timeout
+		c.Timeout = &t
+	}
+	return &c
+}

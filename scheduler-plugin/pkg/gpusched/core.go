@@ -1,0 +1,207 @@
+package gpusched
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
+)
+
+// APIVersion is the gpusched.scheduling API version this plugin speaks (the core refuses others).
+const APIVersion = 1
+
+// PluginVersion is reported to the core in Hello (its logs name the plugin it serves).
+const PluginVersion = "0.1.0"
+
+// maxMessageBytes matches the core's limit: a pod's JSON is KiBs, a 5,000-node table ~100 KiB.
+const maxMessageBytes = 8 << 20
+
+// nodeTable is the core's node table as the plugin holds it: immutable once built, swapped whole.
+// Every per-node vector of a PreFilter answer is indexed by the table of its generation.
+type nodeTable struct {
+	generation uint64
+	names      []string
+	index      map[string]int // name -> position in names
+}
+
+func newNodeTable(t *pb.NodeTable) *nodeTable {
+	index := make(map[string]int, len(t.GetNames()))
+	for i, name := range t.GetNames() {
+		index[name] = i
+	}
+	return &nodeTable{generation: t.GetGeneration(), names: t.GetNames(), index: index}
+}
+
+// core is the plugin's side of the gRPC service: the connection, the deadline, and the node table
+// last received (under mu; kube-scheduler runs one scheduling cycle at a time, but Unreserve and
+// PreBind run on binding goroutines, so nothing here assumes a single caller).
+type core struct {
+	address string
+	timeout time.Duration
+	client  pb.SchedulingClient
+
+	mu    sync.Mutex
+	table *nodeTable // nil until the first PreFilter answer
+}
+
+// dial opens a lazy connection: grpc connects on first use and reconnects by itself, so a core
+// that starts after kube-scheduler (or restarts) is simply reached later.
+func dial(address string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(address,
+		grpc.WithTransportCredentials(insecure.NewCredentials()), // a Unix socket in a shared volume: its file mode is the access control
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
+}
+
+func newCore(address string, timeout time.Duration, conn grpc.ClientConnInterface) *core {
+	return &core{address: address, timeout: timeout, client: pb.NewSchedulingClient(conn)}
+}
+
+// hello greets the core until it answers, logging what it says; it never stops the scheduler (the
+// core may start later, and every request names its API version, so a skew still surfaces in the
+// pods' statuses). It returns when ctx ends, the core answered, or the core refused our version.
+func (c *core) hello(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithValues("plugin", Name, "address", c.address)
+	for wait := 500 * time.Millisecond; ; wait = min(2*wait, 30*time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, c.timeout)
+		reply, err := c.client.Hello(rctx, &pb.HelloRequest{ApiVersion: APIVersion, PluginVersion: PluginVersion})
+		cancel()
+		switch {
+		case err == nil:
+			logger.Info("gpusched core answered", "coreVersion", reply.GetCoreVersion(), "apiVersion", reply.GetApiVersion(),
+				"ready", reply.GetReady(), "notReadyReason", reply.GetNotReadyReason())
+			return
+		case status.Code(err) == codes.FailedPrecondition:
+			logger.Error(err, "gpusched core refuses this plugin's API version; GPU pods stay pending until plugin and core are of one release")
+			return
+		default:
+			logger.Info("gpusched core not reachable yet; retrying", "err", err.Error(), "retryIn", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// heldTable is the table PreFilter answers are currently indexed by.
+func (c *core) heldTable() *nodeTable {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.table
+}
+
+// adopt takes the table of an answer: the one it carries, or the one held when it is of the
+// answer's generation. Nil when neither (the core answered for a table we do not hold).
+func (c *core) adopt(reply *pb.PreFilterReply) *nodeTable {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := reply.GetTable(); t != nil && t.GetGeneration() == reply.GetTableGeneration() {
+		if c.table == nil || c.table.generation != t.GetGeneration() {
+			c.table = newNodeTable(t)
+		}
+		return c.table
+	}
+	if c.table != nil && c.table.generation == reply.GetTableGeneration() {
+		return c.table
+	}
+	return nil
+}
+
+// preFilter asks the core to judge the pod against every node it knows and returns the answer with
+// the table its vectors are indexed by (nil for skip/error/unresolvable answers, which have none).
+func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, error) {
+	wire, err := wirePod(pod)
+	if err != nil {
+		return nil, nil, err
+	}
+	var generation uint64
+	if t := c.heldTable(); t != nil {
+		generation = t.generation
+	}
+	// Twice at most: if the table changed between our read and the core's answer (another
+	// cycle adopted a newer one), ask again naming none, and the answer carries its table.
+	for attempt := 0; ; attempt++ {
+		reply, err := call(ctx, c, func(ctx context.Context) (*pb.PreFilterReply, error) {
+			return c.client.PreFilter(ctx, &pb.PreFilterRequest{ApiVersion: APIVersion, Pod: wire, TableGeneration: generation})
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		if reply.GetSkip() || reply.GetError() != "" || reply.GetUnresolvable() != "" {
+			return reply, nil, nil
+		}
+		table := c.adopt(reply)
+		if table == nil {
+			if attempt == 0 {
+				generation = 0
+				continue
+			}
+			return nil, nil, fmt.Errorf("gpusched core at %s answered for node table generation %d without sending it", c.address, reply.GetTableGeneration())
+		}
+		if n := len(table.names); len(reply.GetVerdicts()) != n || len(reply.GetScores()) != n || len(reply.GetReasonIndex()) != n {
+			return nil, nil, fmt.Errorf("gpusched core at %s answered %d verdicts, %d scores, %d reason indices for a table of %d nodes",
+				c.address, len(reply.GetVerdicts()), len(reply.GetScores()), len(reply.GetReasonIndex()), n)
+		}
+		return reply, table, nil
+	}
+}
+
+func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string) (*pb.ReserveReply, error) {
+	wire, err := wirePod(pod)
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, c, func(ctx context.Context) (*pb.ReserveReply, error) {
+		return c.client.Reserve(ctx, &pb.ReserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node})
+	})
+}
+
+func (c *core) unreserve(ctx context.Context, pod *v1.Pod, node, reason string) error {
+	wire, err := wirePod(pod)
+	if err != nil {
+		return err
+	}
+	_, err = call(ctx, c, func(ctx context.Context) (*pb.UnreserveReply, error) {
+		return c.client.Unreserve(ctx, &pb.UnreserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node, Reason: reason})
+	})
+	return err
+}
+
+// call runs one RPC under the plugin's deadline and words its failure for the pod's status.
+func call[R any](ctx context.Context, c *core, rpc func(context.Context) (R, error)) (R, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	reply, err := rpc(ctx)
+	if err == nil {
+		return reply, nil
+	}
+	st, _ := status.FromError(err)
+	switch st.Code() {
+	case codes.FailedPrecondition: // version skew: the core says which versions
+		err = fmt.Errorf("gpusched core at %s refused this plugin: %s", c.address, st.Message())
+	case codes.InvalidArgument: // a plugin bug: the core names what it could not read
+		err = fmt.Errorf("gpusched core at %s could not read the request: %s", c.address, st.Message())
+	default: // Unavailable, DeadlineExceeded, ...: nothing answered
+		err = fmt.Errorf("gpusched core unreachable at %s: %s: %s; the pod waits and is retried", c.address, st.Code(), st.Message())
+	}
+	return reply, err
+}
+
+func wirePod(pod *v1.Pod) (*pb.Pod, error) {
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		return nil, fmt.Errorf("encoding pod %s/%s as JSON: %w", pod.Namespace, pod.Name, err)
+	}
+	return &pb.Pod{Namespace: pod.Namespace, Name: pod.Name, Uid: string(pod.UID), Json: raw}, nil
+}

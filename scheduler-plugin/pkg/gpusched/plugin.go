@@ -1,0 +1,271 @@
+// Package gpusched is the GpuSched scheduling-framework plugin: kube-scheduler's way into the
+// gpusched core over gRPC (gpusched.scheduling.v1, gpusched_wire/scheduling/v1/scheduling.proto).
+//
+// It translates and decides nothing. PreFilter makes the one round trip of a scheduling cycle and
+// keeps the answer (per-node verdicts, reasons and scores, indexed by the node table both sides
+// share) in the CycleState; Filter, PreScore and Score are lookups in it. Reserve and Unreserve are
+// the core ledger's assume and forget; PreBind writes the annotations Reserve returned (assigned
+// GPUs, decision id) on the pod; binding is the default binder's.
+package gpusched
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
+)
+
+// Name is the plugin's name in a KubeSchedulerConfiguration profile.
+const Name = "GpuSched"
+
+const (
+	answerKey      fwk.StateKey = "PreFilter" + Name
+	reservationKey fwk.StateKey = "Reserve" + Name
+)
+
+// Plugin is GpuSched. The core's state (connection, node table) is in core; per-cycle state is in
+// the CycleState, never in the plugin.
+type Plugin struct {
+	handle fwk.Handle
+	core   *core
+}
+
+var (
+	_ fwk.PreFilterPlugin = (*Plugin)(nil)
+	_ fwk.FilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin  = (*Plugin)(nil)
+	_ fwk.ScorePlugin     = (*Plugin)(nil)
+	_ fwk.ReservePlugin   = (*Plugin)(nil)
+	_ fwk.PreBindPlugin   = (*Plugin)(nil)
+)
+
+// New is GpuSched's factory (app.WithPlugin(Name, New)). It decodes and checks the args, opens a
+// lazy connection to the core and greets it in the background: a core that is not up yet delays
+// GPU pods (their status says so), never the scheduler's start.
+func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	args, err := decodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := dial(args.Address)
+	if err != nil {
+		return nil, fmt.Errorf("pluginConfig[%s].args.address %q: %w", Name, args.Address, err)
+	}
+	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, conn))
+	go p.core.hello(ctx)
+	go func() {
+		<-ctx.Done()
+		_ = conn.Close()
+	}()
+	return p, nil
+}
+
+func newPlugin(handle fwk.Handle, c *core) *Plugin {
+	return &Plugin{handle: handle, core: c}
+}
+
+// Name implements fwk.Plugin.
+func (p *Plugin) Name() string { return Name }
+
+// answer is the core's PreFilter answer for this cycle. Immutable once written, so Clone shares it.
+type answer struct {
+	reply *pb.PreFilterReply
+	table *nodeTable // the table reply's vectors are indexed by; nil for a skip
+}
+
+func (a *answer) Clone() fwk.StateData { return a }
+
+// reservation holds the annotations Reserve got from the core, for PreBind to write.
+type reservation struct {
+	annotations map[string]string
+}
+
+func (r *reservation) Clone() fwk.StateData { return r }
+
+// PreFilter asks the core once for the whole cycle.
+//
+// When the core cannot be asked (unreachable, past the deadline, version skew) or says it cannot
+// judge now (not ready, its own fault), the status is Error, not Unschedulable: kube-scheduler
+// puts a pod whose cycle ended in Error into the backoff queue and retries it after its backoff
+// (1 s doubling to 10 s), whatever the cluster does, whereas an Unschedulable pod waits in the
+// unschedulable pool for a cluster event (or five minutes). The fault is ours, not the pod's or
+// the cluster's, so the pod must come back by itself; the message lands in its PodScheduled
+// condition and FailedScheduling event.
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	reply, table, err := p.core.preFilter(ctx, pod)
+	if err != nil {
+		return nil, fwk.AsStatus(err)
+	}
+	state.Write(answerKey, &answer{reply: reply, table: table})
+	switch {
+	case reply.GetSkip(): // no GPUs asked: Filter (and, via PreScore, Score) are skipped
+		return nil, fwk.NewStatus(fwk.Skip)
+	case reply.GetError() != "":
+		return nil, fwk.AsStatus(fmt.Errorf("%s; the pod is retried", reply.GetError()))
+	case reply.GetUnresolvable() != "":
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reply.GetUnresolvable())
+	}
+	return nil, nil
+}
+
+// PreFilterExtensions: none. The core judges against its own ledger, not against the pods
+// kube-scheduler's preemption would add or remove, so GpuSched cannot answer "what if".
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+func readAnswer(state fwk.CycleState) (*answer, *fwk.Status) {
+	data, err := state.Read(answerKey)
+	if err != nil {
+		return nil, fwk.AsStatus(fmt.Errorf("%s: no PreFilter answer in the cycle state: %w", Name, err))
+	}
+	a, ok := data.(*answer)
+	if !ok {
+		return nil, fwk.AsStatus(fmt.Errorf("%s: cycle state %q holds %T", Name, answerKey, data))
+	}
+	return a, nil
+}
+
+// Filter looks the node up in the cycle's answer.
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	a, st := readAnswer(state)
+	if st != nil {
+		return st
+	}
+	return a.verdict(nodeInfo.Node().Name)
+}
+
+// verdict maps the core's verdict for node to a framework status (nil is Success).
+func (a *answer) verdict(node string) *fwk.Status {
+	i, ok := a.table.index[node]
+	if !ok {
+		// kube-scheduler's informer saw the node before the core's did: may fit once it has.
+		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("gpusched has not seen node %s yet", node))
+	}
+	reason := ""
+	if ri := a.reply.GetReasonIndex()[i]; int(ri) < len(a.reply.GetReasons()) {
+		reason = a.reply.GetReasons()[ri]
+	}
+	switch pb.Verdict(a.reply.GetVerdicts()[i]) {
+	case pb.Verdict_VERDICT_FITS:
+		return nil
+	case pb.Verdict_VERDICT_NOT_NOW:
+		return fwk.NewStatus(fwk.Unschedulable, orDefault(reason, "gpusched: the pod's GPUs are not free on this node now"))
+	case pb.Verdict_VERDICT_NEVER:
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, orDefault(reason, "gpusched: the pod's GPUs can never fit on this node"))
+	default:
+		return fwk.AsStatus(fmt.Errorf("gpusched core answered unknown verdict %d for node %s", a.reply.GetVerdicts()[i], node))
+	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// PreScore skips Score for pods PreFilter skipped (a Skip from PreFilter skips only Filter).
+func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	a, st := readAnswer(state)
+	if st != nil {
+		return st
+	}
+	if a.table == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// Score is the core's score for the node, already 0..100 (fwk.MaxNodeScore).
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
+	a, st := readAnswer(state)
+	if st != nil {
+		return 0, st
+	}
+	name := nodeInfo.Node().Name
+	i, ok := a.table.index[name]
+	if !ok { // Filter rejected it; the framework scores only nodes that passed
+		return 0, nil
+	}
+	return min(int64(a.reply.GetScores()[i]), fwk.MaxNodeScore), nil
+}
+
+// ScoreExtensions: none; the core's scores are in the framework's range already.
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve takes the pod's GPUs on the chosen node in the core's ledger. A refusal (the capacity
+// was taken since PreFilter) is Unschedulable: the pod goes back to the queue and is judged anew.
+func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	if a, st := readAnswer(state); st != nil || a.table == nil {
+		return nil // not a GPU pod (or PreFilter never ran): nothing to reserve
+	}
+	reply, err := p.core.reserve(ctx, pod, nodeName)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if !reply.GetReserved() {
+		return fwk.NewStatus(fwk.Unschedulable, orDefault(reply.GetRefusal(), "gpusched refused the reservation"))
+	}
+	klog.FromContext(ctx).V(4).Info("gpusched reserved", "pod", klog.KObj(pod), "node", nodeName, "summary", reply.GetSummary())
+	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations()})
+	return nil
+}
+
+// Unreserve releases the reservation (kube-scheduler calls it after any later failure, and may
+// call it without a Reserve). Best effort: a core that cannot be told logs it; the core's own
+// bookkeeping expires reservations that never bind.
+func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
+	if a, st := readAnswer(state); st != nil || a.table == nil {
+		return
+	}
+	if err := p.core.unreserve(ctx, pod, nodeName, "kube-scheduler unreserved the pod"); err != nil {
+		klog.FromContext(ctx).Error(err, "gpusched Unreserve failed", "pod", klog.KObj(pod), "node", nodeName)
+	}
+}
+
+func readReservation(state fwk.CycleState) *reservation {
+	data, err := state.Read(reservationKey)
+	if err != nil {
+		return nil
+	}
+	r, _ := data.(*reservation)
+	return r
+}
+
+// PreBindPreFlight: PreBind has work only for a pod gpusched reserved GPUs for.
+func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
+	if r := readReservation(state); r == nil || len(r.annotations) == 0 {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
+}
+
+// PreBind writes Reserve's annotations (gpusched.io/assigned-gpus, -gpu-indices, decision-id) on
+// the pod with one merge patch; a failed patch is an Error, so the pod is unreserved and retried
+// rather than bound without the GPUs it was given.
+func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	r := readReservation(state)
+	if r == nil || len(r.annotations) == 0 {
+		return nil
+	}
+	patch, err := annotationPatch(r.annotations)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	_, err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("gpusched: writing the assigned GPUs on pod %s/%s before binding it to %s: %w", pod.Namespace, pod.Name, nodeName, err))
+	}
+	return nil
+}
+
+func annotationPatch(annotations map[string]string) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+}

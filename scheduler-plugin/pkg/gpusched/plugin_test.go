@@ -1,0 +1,376 @@
+package gpusched
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
+)
+
+// fakeCore is an in-process gpusched core: it answers what the test sets and records requests.
+type fakeCore struct {
+	pb.UnimplementedSchedulingServer
+	mu          sync.Mutex
+	preFilter   func(*pb.PreFilterRequest) (*pb.PreFilterReply, error)
+	reserve     func(*pb.ReserveRequest) (*pb.ReserveReply, error)
+	generations []uint64 // table_generation of each PreFilter request
+	unreserved  []string // node of each Unreserve
+}
+
+func (f *fakeCore) PreFilter(_ context.Context, r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.generations = append(f.generations, r.GetTableGeneration())
+	return f.preFilter(r)
+}
+
+func (f *fakeCore) Reserve(_ context.Context, r *pb.ReserveRequest) (*pb.ReserveReply, error) {
+	return f.reserve(r)
+}
+
+func (f *fakeCore) Unreserve(_ context.Context, r *pb.UnreserveRequest) (*pb.UnreserveReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unreserved = append(f.unreserved, r.GetNode())
+	return &pb.UnreserveReply{}, nil
+}
+
+// fakeHandle is the framework handle as far as GpuSched uses it (ClientSet for PreBind).
+type fakeHandle struct {
+	fwk.Handle
+	cs kubernetes.Interface
+}
+
+func (h fakeHandle) ClientSet() kubernetes.Interface { return h.cs }
+
+// start serves f over bufconn and returns a plugin talking to it, and the fake clientset.
+func start(t *testing.T, f *fakeCore, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	pb.RegisterSchedulingServer(srv, f)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///fake-core",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	cs := fake.NewClientset(objects...)
+	return newPlugin(fakeHandle{cs: cs}, newCore("unix:///fake/scheduling.sock", timeout, conn)), cs
+}
+
+func makePod(name string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}}
+}
+
+func nodeInfo(name string) fwk.NodeInfo {
+	ni := framework.NewNodeInfo()
+	ni.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	return ni
+}
+
+// vectors answers for the table (gen, names): verdict, reason and score per node.
+func vectors(gen uint64, names []string, withTable bool, verdicts []pb.Verdict, reasons []string, scores []byte) *pb.PreFilterReply {
+	reply := &pb.PreFilterReply{TableGeneration: gen, Reasons: []string{""}, Scores: scores}
+	if withTable {
+		reply.Table = &pb.NodeTable{Generation: gen, Names: names}
+	}
+	for i, v := range verdicts {
+		reply.Verdicts = append(reply.Verdicts, byte(v))
+		idx := 0
+		if reasons[i] != "" {
+			idx = len(reply.Reasons)
+			reply.Reasons = append(reply.Reasons, reasons[i])
+		}
+		reply.ReasonIndex = append(reply.ReasonIndex, uint32(idx))
+	}
+	return reply
+}
+
+func TestVerdictsToStatuses(t *testing.T) {
+	names := []string{"gpu-a", "gpu-b", "gpu-c"}
+	f := &fakeCore{preFilter: func(r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+		return vectors(7, names, r.GetTableGeneration() != 7,
+			[]pb.Verdict{pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_NOT_NOW, pb.Verdict_VERDICT_NEVER},
+			[]string{"", "2 GPUs free, 4 asked", "model needs 80 GiB per GPU, node has 24"}, []byte{90, 0, 0}), nil
+	}}
+	p, _ := start(t, f, time.Second)
+	state := framework.NewCycleState()
+	if _, st := p.PreFilter(context.Background(), state, makePod("p"), nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	for _, tc := range []struct {
+		node   string
+		code   fwk.Code
+		reason string
+		score  int64
+	}{
+		{"gpu-a", fwk.Success, "", 90},
+		{"gpu-b", fwk.Unschedulable, "2 GPUs free, 4 asked", 0},
+		{"gpu-c", fwk.UnschedulableAndUnresolvable, "model needs 80 GiB per GPU, node has 24", 0},
+		{"cpu-new", fwk.Unschedulable, "gpusched has not seen node cpu-new yet", 0},
+	} {
+		t.Run(tc.node, func(t *testing.T) {
+			st := p.Filter(context.Background(), state, makePod("p"), nodeInfo(tc.node))
+			if st.Code() != tc.code || st.Message() != tc.reason {
+				t.Errorf("Filter(%s) = %v %q, want %v %q", tc.node, st.Code(), st.Message(), tc.code, tc.reason)
+			}
+			if tc.code == fwk.Success {
+				score, st := p.Score(context.Background(), state, makePod("p"), nodeInfo(tc.node))
+				if !st.IsSuccess() || score != tc.score {
+					t.Errorf("Score(%s) = %d %v, want %d", tc.node, score, st, tc.score)
+				}
+			}
+		})
+	}
+	if st := p.PreScore(context.Background(), state, makePod("p"), nil); !st.IsSuccess() {
+		t.Errorf("PreScore of a GPU pod: %v, want Success", st)
+	}
+}
+
+func TestTableUpdates(t *testing.T) {
+	// Each step: what the core's table is when asked, and the generation the plugin must send.
+	type step struct {
+		gen      uint64
+		names    []string
+		wantSent []uint64 // table_generation of the request(s) of this PreFilter
+		staleAck bool     // the core answers without a table for a generation the plugin lacks
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"first answer carries the table, later ones do not", []step{
+			{gen: 1, names: []string{"a", "b"}, wantSent: []uint64{0}},
+			{gen: 1, names: []string{"a", "b"}, wantSent: []uint64{1}},
+		}},
+		{"a new generation replaces the table", []step{
+			{gen: 1, names: []string{"a", "b"}, wantSent: []uint64{0}},
+			{gen: 2, names: []string{"b", "c", "a"}, wantSent: []uint64{1}},
+			{gen: 2, names: []string{"b", "c", "a"}, wantSent: []uint64{2}},
+		}},
+		{"an answer for a table the plugin lacks is asked again naming none", []step{
+			{gen: 1, names: []string{"a"}, wantSent: []uint64{0}},
+			{gen: 5, names: []string{"c", "a"}, wantSent: []uint64{1, 0}, staleAck: true},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cur step
+			f := &fakeCore{preFilter: func(r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+				n := len(cur.names)
+				verdicts := make([]pb.Verdict, n)
+				scores := make([]byte, n)
+				for i := range scores {
+					scores[i] = byte(10 * (i + 1)) // node i scores 10(i+1)
+				}
+				send := r.GetTableGeneration() != cur.gen && !(cur.staleAck && r.GetTableGeneration() != 0)
+				return vectors(cur.gen, cur.names, send, verdicts, make([]string, n), scores), nil
+			}}
+			p, _ := start(t, f, time.Second)
+			for i, s := range tc.steps {
+				cur = s
+				f.generations = nil
+				state := framework.NewCycleState()
+				if _, st := p.PreFilter(context.Background(), state, makePod("p"), nil); !st.IsSuccess() {
+					t.Fatalf("step %d: PreFilter: %v", i, st)
+				}
+				if got := f.generations; !equal(got, s.wantSent) {
+					t.Errorf("step %d: sent table generations %v, want %v", i, got, s.wantSent)
+				}
+				for j, name := range s.names {
+					score, st := p.Score(context.Background(), state, makePod("p"), nodeInfo(name))
+					if !st.IsSuccess() || score != int64(10*(j+1)) {
+						t.Errorf("step %d: Score(%s) = %d %v, want %d", i, name, score, st, 10*(j+1))
+					}
+				}
+				if held := p.core.heldTable(); held.generation != s.gen || len(held.index) != len(s.names) {
+					t.Errorf("step %d: holds table %d of %d names, want %d of %d", i, held.generation, len(held.index), s.gen, len(s.names))
+				}
+			}
+		})
+	}
+}
+
+func equal(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestPreFilterOutcomes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answer   func(*pb.PreFilterRequest) (*pb.PreFilterReply, error)
+		code     fwk.Code
+		contains string
+	}{
+		{"skip", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) { return &pb.PreFilterReply{Skip: true}, nil },
+			fwk.Skip, ""},
+		{"core error", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return &pb.PreFilterReply{Error: "gpusched is not ready: ledger rebuilding"}, nil
+		}, fwk.Error, "gpusched is not ready: ledger rebuilding; the pod is retried"},
+		{"unresolvable", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return &pb.PreFilterReply{Unresolvable: "TP=3 does not divide 64 heads"}, nil
+		}, fwk.UnschedulableAndUnresolvable, "TP=3 does not divide 64 heads"},
+		{"version skew", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return nil, status.Error(codes.FailedPrecondition, "the GpuSched plugin speaks v1, this core speaks v2")
+		}, fwk.Error, "gpusched core at unix:///fake/scheduling.sock refused this plugin: the GpuSched plugin speaks v1, this core speaks v2"},
+		{"core down", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return nil, status.Error(codes.Unavailable, "connection refused")
+		}, fwk.Error, "gpusched core unreachable at unix:///fake/scheduling.sock: Unavailable: connection refused; the pod waits and is retried"},
+		{"deadline", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			time.Sleep(time.Second) // past the plugin's 200 ms deadline
+			return nil, errors.New("answered too late")
+		}, fwk.Error, "gpusched core unreachable at unix:///fake/scheduling.sock: DeadlineExceeded"},
+		{"vectors not of the table's length", func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return &pb.PreFilterReply{TableGeneration: 1, Table: &pb.NodeTable{Generation: 1, Names: []string{"a", "b"}},
+				Verdicts: []byte{0}, Scores: []byte{0, 0}, ReasonIndex: []uint32{0, 0}}, nil
+		}, fwk.Error, "answered 1 verdicts, 2 scores, 2 reason indices for a table of 2 nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := start(t, &fakeCore{preFilter: tc.answer}, 200*time.Millisecond)
+			state := framework.NewCycleState()
+			_, st := p.PreFilter(context.Background(), state, makePod("p"), nil)
+			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.contains) {
+				t.Fatalf("PreFilter = %v %q, want %v containing %q", st.Code(), st.Message(), tc.code, tc.contains)
+			}
+			if tc.code == fwk.Skip {
+				if st := p.PreScore(context.Background(), state, makePod("p"), nil); !st.IsSkip() {
+					t.Errorf("PreScore after a skip = %v, want Skip", st)
+				}
+				if st := p.Reserve(context.Background(), state, makePod("p"), "a"); !st.IsSuccess() {
+					t.Errorf("Reserve after a skip = %v, want Success", st)
+				}
+			}
+		})
+	}
+}
+
+func TestReserveAndPreBind(t *testing.T) {
+	annotations := map[string]string{"gpusched.io/assigned-gpus": "GPU-0,GPU-1", "gpusched.io/assigned-gpu-indices": "0,1",
+		"gpusched.io/decision-id": "d-42"}
+	for _, tc := range []struct {
+		name    string
+		reply   *pb.ReserveReply
+		err     error
+		code    fwk.Code
+		message string
+	}{
+		{"reserved", &pb.ReserveReply{Reserved: true, Annotations: annotations, Summary: "GPUs [0,1] on a"}, nil, fwk.Success, ""},
+		{"refused", &pb.ReserveReply{Refusal: "GPUs 0,1 on a were taken since PreFilter"}, nil, fwk.Unschedulable,
+			"GPUs 0,1 on a were taken since PreFilter"},
+		{"core down", nil, status.Error(codes.Unavailable, "gone"), fwk.Error,
+			"gpusched core unreachable at unix:///fake/scheduling.sock: Unavailable: gone; the pod waits and is retried"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeCore{
+				preFilter: func(r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+					return vectors(1, []string{"a"}, true, []pb.Verdict{pb.Verdict_VERDICT_FITS}, []string{""}, []byte{50}), nil
+				},
+				reserve: func(r *pb.ReserveRequest) (*pb.ReserveReply, error) {
+					if r.GetNode() != "a" || r.GetPod().GetName() != "p" || !strings.Contains(string(r.GetPod().GetJson()), `"name":"p"`) {
+						return nil, status.Errorf(codes.InvalidArgument, "unexpected request %v", r)
+					}
+					return tc.reply, tc.err
+				},
+			}
+			pod := makePod("p")
+			p, cs := start(t, f, time.Second, pod)
+			state := framework.NewCycleState()
+			if _, st := p.PreFilter(context.Background(), state, pod, nil); !st.IsSuccess() {
+				t.Fatalf("PreFilter: %v", st)
+			}
+			st := p.Reserve(context.Background(), state, pod, "a")
+			if st.Code() != tc.code || st.Message() != tc.message {
+				t.Fatalf("Reserve = %v %q, want %v %q", st.Code(), st.Message(), tc.code, tc.message)
+			}
+			_, pre := p.PreBindPreFlight(context.Background(), state, pod, "a")
+			if tc.code != fwk.Success {
+				if !pre.IsSkip() {
+					t.Errorf("PreBindPreFlight without a reservation = %v, want Skip", pre)
+				}
+				p.Unreserve(context.Background(), state, pod, "a")
+				if len(f.unreserved) != 1 || f.unreserved[0] != "a" {
+					t.Errorf("Unreserve reached the core as %v, want [a]", f.unreserved)
+				}
+				return
+			}
+			if !pre.IsSuccess() {
+				t.Fatalf("PreBindPreFlight = %v, want Success", pre)
+			}
+			if st := p.PreBind(context.Background(), state, pod, "a"); !st.IsSuccess() {
+				t.Fatalf("PreBind: %v", st)
+			}
+			got, err := cs.CoreV1().Pods("ns").Get(context.Background(), "p", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range annotations {
+				if got.Annotations[k] != v {
+					t.Errorf("pod annotation %s = %q, want %q", k, got.Annotations[k], v)
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeArgs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		obj     runtime.Object
+		address string
+		timeout time.Duration
+		err     string
+	}{
+		{"json", &runtime.Unknown{Raw: []byte(`{"address":"unix:///run/gpusched/scheduling.sock","timeout":"2s"}`),
+			ContentType: runtime.ContentTypeJSON}, "unix:///run/gpusched/scheduling.sock", 2 * time.Second, ""},
+		{"default timeout", &runtime.Unknown{Raw: []byte(`{"address":"127.0.0.1:9000"}`)}, "127.0.0.1:9000", DefaultTimeout, ""},
+		{"typed", &Args{Address: "unix:///s.sock"}, "unix:///s.sock", DefaultTimeout, ""},
+		{"no args", nil, "", 0, "pluginConfig[GpuSched].args.address: required"},
+		{"no socket path", &runtime.Unknown{Raw: []byte(`{"address":"unix://"}`)}, "", 0, `names no socket path`},
+		{"bad timeout", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","timeout":"-1s"}`)}, "", 0,
+			"pluginConfig[GpuSched].args.timeout: must be > 0, got -1s"},
+		{"not json", &runtime.Unknown{Raw: []byte(`{`)}, "", 0, "pluginConfig[GpuSched].args: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args, err := decodeArgs(tc.obj)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || args.Address != tc.address || args.Timeout.Duration != tc.timeout {
+				t.Fatalf("= %+v %v, want %s %s", args, err, tc.address, tc.timeout)
+			}
+		})
+	}
+}

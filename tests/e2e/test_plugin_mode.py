@@ -1,0 +1,103 @@
+"""Plugin mode (issue 18): a REAL kube-scheduler, built from scheduler-plugin/ with the GpuSched
+plugin, runs the manifests' plugin-mode config (manifests/overlays/plugin-mode) as the scheduler's
+identity and asks the real extender process's plugin service over its Unix socket. A GPU pod is
+bound by kube-scheduler's default binder to the node the core chose, carrying the annotations the
+core's Reserve returned (PreBind wrote them); a pod that fits nowhere stays pending with gpusched's
+reason in its PodScheduled condition, as `kubectl describe` shows it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
+from devcluster.controlplane import PLUGIN_SCHEDULER_CONFIG, build_scheduler_plugin, manifest_documents
+from devcluster.processes import Component
+from devcluster.stack import Extender, Stack
+
+PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
+SCHEDULER_NAME = "gpusched-plugin"
+
+
+@pytest.fixture(scope="module")
+def plugin_scheduler(stack: Stack) -> Iterator[Component]:
+    """The GpuSched kube-scheduler beside the session's extender-mode one (so leader election off:
+    both run as the one scheduler identity, whose lease the other holds)."""
+    binary = build_scheduler_plugin()  # fails with Go's output if it cannot build; never skips
+    stack.cp.apply(doc for _, doc in manifest_documents([PLUGIN_RBAC]))
+
+    def no_leader_election(config: dict) -> None:
+        assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+        config["leaderElection"] = {"leaderElect": False}
+
+    c = stack.start_scheduler("kube-scheduler-gpusched-plugin", no_leader_election, binary=binary,
+                              manifest=PLUGIN_SCHEDULER_CONFIG)
+    yield c
+    c.stop()
+    stack.schedulers.remove(c)
+
+
+def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, extender: Extender,
+                                                               plugin_scheduler: Component):
+    fleet = unique("plugin")
+    small, big = unique("gpu2"), unique("gpu8")
+    create_gpu_node(admin, small, gpus=2, labels={"gpusched.io/test-fleet": fleet})
+    create_gpu_node(admin, big, gpus=8, labels={"gpusched.io/test-fleet": fleet})
+    try:
+        pod = vllm_pod("tp4", gpus=4, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "4"])
+        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
+        create_pod(admin, namespace, pod)
+        node = wait_until(lambda: pod_node(admin, namespace, "tp4"), 60, "tp4 bound by the GpuSched kube-scheduler",
+                          context=lambda: plugin_scheduler.tail(30) + "\n--- extender\n" + extender.component.tail(15))
+        assert node == big
+
+        annotations = client.CoreV1Api(admin).read_namespaced_pod("tp4", namespace).metadata.annotations or {}
+        record = extender.get_json(f"/debug/decisions/{namespace}/tp4")["decisions"]["reserve"]
+        assert record["node"] == big and record["result"] == "reserved", record
+        assert annotations.get("gpusched.io/decision-id") == record["id"]
+        reserved = record["details"]["annotations"]
+        assert annotations.get("gpusched.io/assigned-gpus") == reserved["gpusched.io/assigned-gpus"]
+        assert len(annotations["gpusched.io/assigned-gpus"].split(",")) == 4, annotations
+        assert annotations.get("gpusched.io/assigned-gpu-indices") == reserved["gpusched.io/assigned-gpu-indices"]
+
+        # The core saw the bind: the GPUs are held by the pod in its ledger.
+        def held() -> bool:
+            view = next(n for n in extender.get_json("/debug/nodes")["nodes"] if n["name"] == big)
+            return [u["heldBy"] for u in view["units"]].count(f"{namespace}/tp4") == 4
+
+        wait_until(held, 30, "tp4's 4 GPUs held in the core's ledger")
+    finally:
+        for name in (small, big):
+            client.CoreV1Api(admin).delete_node(name)
+
+
+def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(admin, namespace, extender: Extender,
+                                                                              plugin_scheduler: Component):
+    # 3 GPUs of 8 pass kube-scheduler's own resource fit, so the nodes reach GpuSched's Filter:
+    # TP=3 cannot split the model's 32 attention heads, which only the core knows.
+    fleet = unique("plugin")
+    nodes = [unique("gpu8"), unique("gpu8")]
+    for name in nodes:
+        create_gpu_node(admin, name, gpus=8, labels={"gpusched.io/test-fleet": fleet})
+    try:
+        pod = vllm_pod("tp3", gpus=3, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "3"])
+        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
+        create_pod(admin, namespace, pod)
+
+        def reason() -> str | None:
+            message = pod_scheduled_message(admin, namespace, "tp3")
+            return message if "must be divisible by tensor parallel" in message else None
+
+        message = wait_until(reason, 60, "tp3's PodScheduled condition naming gpusched's reason",
+                             context=lambda: pod_scheduled_message(admin, namespace, "tp3") + "\n"
+                             + plugin_scheduler.tail(30))
+        # Both of the fleet's nodes carry the core's reason (other tests' nodes fail the selector).
+        assert "nodes are available: 2 Total number of attention heads (32) must be divisible" in message, message
+        assert pod_node(admin, namespace, "tp3") is None
+        decisions = extender.get_json(f"/debug/decisions/{namespace}/tp3").get("decisions", {})
+        assert "reserve" not in decisions, decisions
+    finally:
+        for name in nodes:
+            client.CoreV1Api(admin).delete_node(name)
