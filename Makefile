@@ -13,6 +13,8 @@ demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulat
 	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
 
 test: $(STAMP) control-plane scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
+	cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
+	  && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go vet ./... && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go test -count=1 ./...
 	$(VENV)/bin/pytest tests -p no:cacheprovider
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
