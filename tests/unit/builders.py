@@ -127,3 +127,13 @@ def make_demand(**kwargs: Any) -> PodDemand | DemandProblem:
 
 def default_framework() -> Framework:
     return Framework.from_profile(default_profile(), default_registry())
+
+
+class NullObserver:
+    """The service's observer (metrics in production) where a test counts nothing."""
+
+    def decision(self, verb: str, result: str) -> None:
+        return None
+
+    def rejections(self, counts: Mapping[tuple[str, str], int]) -> None:
+        return None

@@ -23,15 +23,15 @@ from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW,
 from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
 from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
-from tests.unit.builders import a100_inventory, default_framework, h100_inventory, make_k8s_node, make_pod, mig_inventory
-
-
-class NullObserver:
-    def decision(self, verb, result):
-        return None
-
-    def rejections(self, counts):
-        return None
+from tests.unit.builders import (
+    NullObserver,
+    a100_inventory,
+    default_framework,
+    h100_inventory,
+    make_k8s_node,
+    make_pod,
+    mig_inventory,
+)
 
 
 class Core:

@@ -31,7 +31,7 @@ from extender.service.gang import GangCoordinator
 from extender.service.gang_index import GangIndex
 from extender.service.ports import BindError
 from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
-from tests.unit.builders import default_framework, h100_inventory, make_k8s_node, make_pod
+from tests.unit.builders import NullObserver, default_framework, h100_inventory, make_k8s_node, make_pod
 
 NS = "ns"
 
@@ -61,14 +61,6 @@ class ScriptedBinder:
         if self.fail.get(name):
             raise self.fail[name].pop(0)
         self.bound[name] = (node, dict(annotations))
-
-
-class NullObserver:
-    def decision(self, verb, result):
-        return None
-
-    def rejections(self, counts):
-        return None
 
 
 class Events:
