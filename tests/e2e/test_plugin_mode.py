@@ -101,3 +101,43 @@ def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(a
     finally:
         for name in nodes:
             client.CoreV1Api(admin).delete_node(name)
+
+
+def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(admin, namespace, stack: Stack,
+                                                                               plugin_scheduler: Component):
+    """The core SIGKILLed: a GPU pod's cycle ends naming the unreachable core, it is retried, and
+    nothing binds it without a reservation; the restarted core rebuilds its ledger before it
+    answers, and the pod binds where it reserved."""
+    fleet = unique("plugin")
+    node = unique("gpu8")
+    create_gpu_node(admin, node, gpus=8, labels={"gpusched.io/test-fleet": fleet})
+    port = stack.extender.port if stack.extender else 0
+    stack.kill_extender()
+    try:
+        pod = vllm_pod("while-down", gpus=2, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "2"])
+        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
+        create_pod(admin, namespace, pod)
+
+        def unreachable() -> str | None:
+            message = pod_scheduled_message(admin, namespace, "while-down")
+            return message if "gpusched core unreachable" in message else None
+
+        message = wait_until(unreachable, 60, "while-down's PodScheduled condition naming the unreachable core",
+                             context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
+                             + plugin_scheduler.tail(20))
+        assert str(stack.scheduling_socket) in message and "retried" in message, message
+        assert pod_node(admin, namespace, "while-down") is None
+    finally:
+        stack.start_extender(port=port)
+    try:
+        bound = wait_until(lambda: pod_node(admin, namespace, "while-down"), 90, "while-down bound once the core is back",
+                           context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
+                           + plugin_scheduler.tail(20))
+        assert bound == node
+        assert stack.extender is not None
+        record = stack.extender.get_json(f"/debug/decisions/{namespace}/while-down")["decisions"]["reserve"]
+        annotations = client.CoreV1Api(admin).read_namespaced_pod("while-down", namespace).metadata.annotations or {}
+        assert (record["node"], record["result"]) == (node, "reserved") and \
+            annotations.get("gpusched.io/decision-id") == record["id"]
+    finally:
+        client.CoreV1Api(admin).delete_node(node)
