@@ -8,6 +8,7 @@ reason in its PodScheduled condition, as `kubectl describe` shows it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client
@@ -19,6 +20,29 @@ from devcluster.stack import Extender, Stack
 
 PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
 SCHEDULER_NAME = "gpusched-plugin"
+FLEET_LABEL = "gpusched.io/test-fleet"
+
+
+@contextmanager
+def gpu_fleet(admin: client.ApiClient, *gpus_per_node: int) -> Iterator[tuple[str, list[str]]]:
+    """Nodes of this test only (fleet label, names), one per entry of ``gpus_per_node``; deleted
+    afterwards. Other tests' free GPU nodes stay out through the pods' node selector."""
+    fleet = unique("plugin")
+    names = [unique(f"gpu{gpus}") for gpus in gpus_per_node]
+    for name, gpus in zip(names, gpus_per_node, strict=True):
+        create_gpu_node(admin, name, gpus=gpus, labels={FLEET_LABEL: fleet})
+    try:
+        yield fleet, names
+    finally:
+        for name in names:
+            client.CoreV1Api(admin).delete_node(name)
+
+
+def plugin_pod(name: str, tp: int, fleet: str) -> dict:
+    """A TP=``tp`` engine for the GpuSched profile, held to ``fleet``'s nodes."""
+    pod = vllm_pod(name, gpus=tp, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", str(tp)])
+    pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
+    return pod
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +65,8 @@ def plugin_scheduler(stack: Stack) -> Iterator[Component]:
 
 def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, extender: Extender,
                                                                plugin_scheduler: Component):
-    fleet = unique("plugin")
-    small, big = unique("gpu2"), unique("gpu8")
-    create_gpu_node(admin, small, gpus=2, labels={"gpusched.io/test-fleet": fleet})
-    create_gpu_node(admin, big, gpus=8, labels={"gpusched.io/test-fleet": fleet})
-    try:
-        pod = vllm_pod("tp4", gpus=4, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "4"])
-        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
-        create_pod(admin, namespace, pod)
+    with gpu_fleet(admin, 2, 8) as (fleet, (small, big)):
+        create_pod(admin, namespace, plugin_pod("tp4", 4, fleet))
         node = wait_until(lambda: pod_node(admin, namespace, "tp4"), 60, "tp4 bound by the GpuSched kube-scheduler",
                           context=lambda: plugin_scheduler.tail(30) + "\n--- extender\n" + extender.component.tail(15))
         assert node == big
@@ -68,23 +86,14 @@ def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, 
             return [u["heldBy"] for u in view["units"]].count(f"{namespace}/tp4") == 4
 
         wait_until(held, 30, "tp4's 4 GPUs held in the core's ledger")
-    finally:
-        for name in (small, big):
-            client.CoreV1Api(admin).delete_node(name)
 
 
 def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(admin, namespace, extender: Extender,
                                                                               plugin_scheduler: Component):
     # 3 GPUs of 8 pass kube-scheduler's own resource fit, so the nodes reach GpuSched's Filter:
     # TP=3 cannot split the model's 32 attention heads, which only the core knows.
-    fleet = unique("plugin")
-    nodes = [unique("gpu8"), unique("gpu8")]
-    for name in nodes:
-        create_gpu_node(admin, name, gpus=8, labels={"gpusched.io/test-fleet": fleet})
-    try:
-        pod = vllm_pod("tp3", gpus=3, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "3"])
-        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
-        create_pod(admin, namespace, pod)
+    with gpu_fleet(admin, 8, 8) as (fleet, _):
+        create_pod(admin, namespace, plugin_pod("tp3", 3, fleet))
 
         def reason() -> str | None:
             message = pod_scheduled_message(admin, namespace, "tp3")
@@ -98,9 +107,6 @@ def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(a
         assert pod_node(admin, namespace, "tp3") is None
         decisions = extender.get_json(f"/debug/decisions/{namespace}/tp3").get("decisions", {})
         assert "reserve" not in decisions, decisions
-    finally:
-        for name in nodes:
-            client.CoreV1Api(admin).delete_node(name)
 
 
 def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(admin, namespace, stack: Stack,
@@ -108,28 +114,23 @@ def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(a
     """The core SIGKILLed: a GPU pod's cycle ends naming the unreachable core, it is retried, and
     nothing binds it without a reservation; the restarted core rebuilds its ledger before it
     answers, and the pod binds where it reserved."""
-    fleet = unique("plugin")
-    node = unique("gpu8")
-    create_gpu_node(admin, node, gpus=8, labels={"gpusched.io/test-fleet": fleet})
-    port = stack.extender.port if stack.extender else 0
-    stack.kill_extender()
-    try:
-        pod = vllm_pod("while-down", gpus=2, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", "2"])
-        pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet}
-        create_pod(admin, namespace, pod)
+    with gpu_fleet(admin, 8) as (fleet, (node,)):
+        port = stack.extender.port if stack.extender else 0
+        stack.kill_extender()
+        try:
+            create_pod(admin, namespace, plugin_pod("while-down", 2, fleet))
 
-        def unreachable() -> str | None:
-            message = pod_scheduled_message(admin, namespace, "while-down")
-            return message if "gpusched core unreachable" in message else None
+            def unreachable() -> str | None:
+                message = pod_scheduled_message(admin, namespace, "while-down")
+                return message if "gpusched core unreachable" in message else None
 
-        message = wait_until(unreachable, 60, "while-down's PodScheduled condition naming the unreachable core",
-                             context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
-                             + plugin_scheduler.tail(20))
-        assert str(stack.scheduling_socket) in message and "retried" in message, message
-        assert pod_node(admin, namespace, "while-down") is None
-    finally:
-        stack.start_extender(port=port)
-    try:
+            message = wait_until(unreachable, 60, "while-down's PodScheduled condition naming the unreachable core",
+                                 context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
+                                 + plugin_scheduler.tail(20))
+            assert str(stack.scheduling_socket) in message and "retried" in message, message
+            assert pod_node(admin, namespace, "while-down") is None
+        finally:
+            stack.start_extender(port=port)
         bound = wait_until(lambda: pod_node(admin, namespace, "while-down"), 90, "while-down bound once the core is back",
                            context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
                            + plugin_scheduler.tail(20))
@@ -139,5 +140,3 @@ def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(a
         annotations = client.CoreV1Api(admin).read_namespaced_pod("while-down", namespace).metadata.annotations or {}
         assert (record["node"], record["result"]) == (node, "reserved") and \
             annotations.get("gpusched.io/decision-id") == record["id"]
-    finally:
-        client.CoreV1Api(admin).delete_node(node)
