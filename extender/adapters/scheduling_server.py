@@ -1,7 +1,8 @@
 """The gRPC endpoint the GpuSched kube-scheduler plugin asks (``gpusched.scheduling.v1``).
 
 A plain thread-pool ``grpc.server``: kube-scheduler runs one scheduling cycle at a time, so
-PreFilter and Reserve arrive one after another; Unreserve may come from its binding goroutines.
+PreFilter and Reserve arrive one after another; Unreserve and Permitted (a gang member's PreBind)
+come from its binding goroutines.
 The shipped setup serves a Unix socket in a volume the scheduler container shares
 (``unix:///run/gpusched/scheduling.sock``): nothing else on the network can reach it, so the
 socket's file permissions are the access control, as for the kubelet's own plugin sockets.
@@ -55,7 +56,7 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         reply = pb.PreFilterReply(skip=answer.skip, error=answer.error, unresolvable=answer.unresolvable,
                                   table_generation=answer.table.generation, verdicts=answer.verdicts,
                                   reason_index=answer.reason_index, reasons=answer.reasons, scores=answer.scores,
-                                  summary=answer.summary)
+                                  summary=answer.summary, only_nodes=answer.only_nodes)
         if request.table_generation != answer.table.generation:
             reply.table.generation = answer.table.generation
             reply.table.names.extend(answer.table.names)
@@ -67,8 +68,22 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         if not request.node:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Reserve names no node")
         answer = self._plugin.reserve(pod, request.node)
-        return pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal, annotations=dict(answer.annotations),
-                               summary=answer.summary)
+        reply = pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal,
+                                annotations=dict(answer.annotations), summary=answer.summary)
+        if answer.barrier is not None:
+            reply.barrier.gang = answer.barrier.gang
+            reply.barrier.open = answer.barrier.open
+            reply.barrier.wait_seconds = answer.barrier.wait_s
+        return reply
+
+    def Permitted(self, request: pb.PermittedRequest, context: grpc.ServicerContext) -> pb.PermittedReply:
+        _check_version(request.api_version, context)
+        pod = _pod_ref(request.pod, context)
+        if not request.node:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Permitted names no node")
+        answer = self._plugin.permitted(pod, request.node)
+        return pb.PermittedReply(permitted=answer.reserved, refusal=answer.refusal,
+                                 annotations=dict(answer.annotations), summary=answer.summary)
 
     def Unreserve(self, request: pb.UnreserveRequest, context: grpc.ServicerContext) -> pb.UnreserveReply:
         _check_version(request.api_version, context)

@@ -45,6 +45,9 @@ class FilterOutcome:
     details: Mapping[str, Any] = field(default_factory=dict)
     # (plugin, status code) -> rejected nodes, for gpusched_extender_rejections_total.
     rejections: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # The only nodes that can work, when the decider knows them before judging (a gang member's
+    # planned node): the plugin's PreFilterResult. None: any node may.
+    only_nodes: tuple[str, ...] | None = None
 
     @property
     def result(self) -> str:
@@ -62,12 +65,27 @@ class ScoreOutcome:
 
 
 @dataclass(frozen=True)
+class Barrier:
+    """A gang member's place at kube-scheduler's Permit barrier (plugin mode, where Reserve must
+    not wait). ``gang`` names the group (its members share it); ``open``: this member completed
+    the group, so every member waiting with the same ``gang`` may go on; otherwise the member waits
+    at most ``wait_s`` (the plan's deadline) for the rest, and a member that stops waiting
+    (timeout, rejection) is unreserved, which releases the whole plan."""
+
+    gang: str
+    open: bool
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Reservation:
-    """What the decider reserved for a pod on a node; ``annotations`` are written on the pod."""
+    """What the decider reserved for a pod on a node; ``annotations`` are written on the pod.
+    ``barrier`` is set only for a gang member reserved without waiting (plugin mode)."""
 
     annotations: Mapping[str, str] = field(default_factory=dict)
     summary: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    barrier: Barrier | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,18 @@ class Decider(Protocol):
     def prioritize(self, pod: PodRef, candidates: Sequence[str],
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome: ...
 
-    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
-        """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice)."""
+    def reserve(self, pod: PodRef, node: str, decision_id: str, *,
+                wait_at_barrier: bool = True) -> Reservation | Refusal:
+        """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice). A gang
+        member waits here for its group (extender mode: the barrier is inside bind) unless
+        ``wait_at_barrier`` is False (plugin mode: the answer's ``barrier`` says whether to wait
+        at Permit, and :meth:`permitted` gives the annotations once the group is complete)."""
+        ...
+
+    def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
+        """A gang member past the Permit barrier is about to be bound to ``node``: its
+        reservation re-asserted and the annotations to write (the group's commit record
+        included). Refused for a member whose group holds no complete plan naming ``node``."""
         ...
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
@@ -112,8 +140,11 @@ class AcceptAllDecider:
     def prioritize(self, pod, candidates, node_objects):
         return ScoreOutcome(scores={n: 5 for n in candidates})
 
-    def reserve(self, pod, node, decision_id):
+    def reserve(self, pod, node, decision_id, *, wait_at_barrier=True):
         return Reservation(summary="nothing to reserve")
+
+    def permitted(self, pod, node):
+        return Refusal("no gangs without the scheduling framework")
 
     def unreserve(self, pod, reason=""):
         return None
@@ -204,12 +235,13 @@ class ExtenderService:
         return ""
 
     def reserve(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
-        """The plugin's Reserve: the first half of :meth:`bind` without the write. Returns the
-        decider's answer and, when reserved, the annotations PreBind writes (decision id
-        included); recorded as verb ``reserve``."""
+        """The plugin's Reserve: the first half of :meth:`bind` without the write, never waiting
+        (a gang member's answer says whether to wait at Permit). Returns the decider's answer and,
+        when reserved, the annotations PreBind writes (decision id included); recorded as verb
+        ``reserve``."""
         started = time.perf_counter()
         decision_id = self.decisions.new_id()
-        reserved = self.decider.reserve(pod, node, decision_id)
+        reserved = self.decider.reserve(pod, node, decision_id, wait_at_barrier=False)
         if isinstance(reserved, Refusal):
             self._record("reserve", pod, "reserve-refused", started, node=node, summary=reserved.reason,
                          record_id=decision_id)
@@ -218,6 +250,21 @@ class ExtenderService:
         self._record("reserve", pod, "reserved", started, node=node, summary=reserved.summary,
                      details={"annotations": annotations, **reserved.details}, record_id=decision_id)
         return reserved, annotations
+
+    def permitted(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
+        """The plugin's PreBind of a gang member that passed Permit: the annotations to write now
+        (the group's commit record included), recorded as verb ``permit``."""
+        started = time.perf_counter()
+        decision_id = self.decisions.new_id()
+        granted = self.decider.permitted(pod, node)
+        if isinstance(granted, Refusal):
+            self._record("permit", pod, "permit-refused", started, node=node, summary=granted.reason,
+                         record_id=decision_id)
+            return granted, {}
+        annotations = {DECISION_ID_ANNOTATION: decision_id, **granted.annotations}
+        self._record("permit", pod, "permitted", started, node=node, summary=granted.summary,
+                     details={"annotations": annotations, **granted.details}, record_id=decision_id)
+        return granted, annotations
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""

@@ -156,7 +156,8 @@ class FrameworkDecider:
         breakdown = _per_node_json(decision.per_node, _score_json, self._json)
         return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
 
-    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+    def reserve(self, pod: PodRef, node: str, decision_id: str, *,
+                wait_at_barrier: bool = True) -> Reservation | Refusal:
         with self._lock:
             judged = self._by_pod.get(pod.key)
         if judged is None:
@@ -186,6 +187,9 @@ class FrameworkDecider:
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
+
+    def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
+        return Refusal(f"{pod.key} is not a gang member: it has no Permit barrier to pass")
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self.ledger.forget(pod.key)

@@ -56,7 +56,7 @@ from extender.model.gang import (
     gang_of,
 )
 from extender.model.snapshot import ClusterSnapshot
-from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.gang_admission import simulate_placements
 from extender.service.gang_index import GangIndex, Member, SeenCommit
 from extender.service.gang_plan import (
@@ -175,7 +175,7 @@ class GangCoordinator:
         return FilterOutcome(feasible=(node,) if node in candidates else (),
                              failed={n: reason for n in candidates if n != node},
                              summary=f"gang {plan.spec.key}: planned on {node} GPUs {list(placement.indices)}",
-                             details=details)
+                             details=details, only_nodes=(node,))
 
     def _admit_and_nudge(self, gang: GangSpec, pod: PodRef) -> Plan | str:
         """Admission for a group without a plan; the other members are nudged when a plan is made
@@ -194,12 +194,13 @@ class GangCoordinator:
     def prioritize(self, pod: PodRef, candidates, node_objects) -> ScoreOutcome:
         return self.inner.prioritize(pod, candidates, node_objects)
 
-    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+    def reserve(self, pod: PodRef, node: str, decision_id: str, *,
+                wait_at_barrier: bool = True) -> Reservation | Refusal:
         with self._lock:
             # A live plan naming the pod is the authority on its membership, whatever the index says.
             plan = next((p for p in self._plans.values() if pod.key in p.placements), None)
             if plan is not None:
-                return self._reserve_member(plan.spec, plan, pod, node)
+                return self._reserve_member(plan.spec, plan, pod, node, wait_at_barrier)
         member = self.index.member(pod.key)
         gang = self.index.gang_of(member.raw, self.default_timeout_s) if member is not None else None
         if isinstance(gang, GangProblem):
@@ -207,11 +208,26 @@ class GangCoordinator:
         with self._lock:
             plan = self._plans.get(gang.key) if gang is not None else None
             if gang is not None and (plan is not None or not self._satisfied(gang)):
-                return self._reserve_member(gang, plan, pod, node)
+                return self._reserve_member(gang, plan, pod, node, wait_at_barrier)
         return self.inner.reserve(pod, node, decision_id)
 
-    def _reserve_member(self, gang: GangSpec, plan: Plan | None, pod: PodRef, node: str) -> Reservation | Refusal:
-        """A gang member at bind: wait at the barrier, or pass an open one. Lock held."""
+    def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
+        """Plugin mode's PreBind of a member that passed Permit: the group is complete (its plan
+        committed) and this member's reservation is re-asserted, as at an open bind barrier."""
+        with self._lock:
+            plan = self._committed_plan_of(pod.key)
+            if plan is None:
+                return Refusal(f"{pod.key} belongs to no complete gang plan (the plan was released, or the pod is "
+                               "not a member); it is planned again at its next attempt")
+            placement = plan.placements[pod.key]
+            if node != placement.node:
+                return Refusal(f"gang {plan.spec.key}: this member is planned on {placement.node}, not {node}")
+            return self._grant(plan, placement, pod, node)
+
+    def _reserve_member(self, gang: GangSpec, plan: Plan | None, pod: PodRef, node: str,
+                        wait_at_barrier: bool = True) -> Reservation | Refusal:
+        """A gang member at bind (extender) or Reserve (plugin): wait at the barrier or, without
+        ``wait_at_barrier``, say whether to wait at Permit; or pass an open one. Lock held."""
         placement = plan.placements.get(pod.key) if plan is not None and not plan.released else None
         if plan is None or placement is None:
             status = self._status.get(gang.key)
@@ -229,6 +245,8 @@ class GangCoordinator:
             self._observer.event("wait")
             if plan.arrived >= plan.placements.keys():
                 self._commit(plan)
+            elif not wait_at_barrier:
+                return self._waiting(plan, placement, pod, node)
             while not plan.committed and not plan.released:
                 remaining = plan.deadline - self._clock()
                 if remaining <= 0:
@@ -239,6 +257,26 @@ class GangCoordinator:
                 return Refusal(f"gang {gang.key} did not complete within {plan.timeout_s:g}s: "
                                f"{len(plan.arrived)} of {len(plan.placements)} members reached bind; the whole "
                                "reservation was released and the group retries later")
+        if not wait_at_barrier:  # plugin mode: Permit lets every waiting member go; PreBind asks permitted()
+            return Reservation(summary=f"GPUs [{','.join(map(str, placement.indices))}] on {node} (gang "
+                                       f"{plan.spec.key}: the last of {len(plan.placements)} members; the barrier opens)",
+                               details={"gang": str(plan.spec.key), "gpus": list(placement.units),
+                                        "gpuIndices": list(placement.indices)},
+                               barrier=Barrier(str(plan.spec.key), open=True))
+        return self._grant(plan, placement, pod, node)
+
+    def _waiting(self, plan: Plan, placement: MemberPlacement, pod: PodRef, node: str) -> Reservation:
+        """A member reserved without waiting, before its group is complete: it waits at Permit
+        until the plan's deadline. Lock held."""
+        return Reservation(
+            summary=f"GPUs [{','.join(map(str, placement.indices))}] on {node} held for gang {plan.spec.key}; "
+                    f"{len(plan.arrived)} of {len(plan.placements)} members reserved, waiting at Permit",
+            details={"gang": str(plan.spec.key), "gpus": list(placement.units), "gpuIndices": list(placement.indices)},
+            barrier=Barrier(str(plan.spec.key), open=False, wait_s=max(0.0, plan.deadline - self._clock())))
+
+    def _grant(self, plan: Plan, placement: MemberPlacement, pod: PodRef, node: str) -> Reservation | Refusal:
+        """A member of a committed plan is about to be bound. Lock held."""
+        gang = plan.spec
         # Committed: (re)assert the reservation. It is normally still held; after a failed write
         # or a restart this is what keeps the member's GPUs from anyone else.
         if not self.ledger.assume(pod.key, placement.node, placement.units, pod.uid):
@@ -272,8 +310,16 @@ class GangCoordinator:
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         """A bind write failed. A committed member keeps its reservation and is retried (see the
-        module docstring); anything else is released by the inner decider."""
+        module docstring). A member of a plan still gathering (plugin mode: it timed out or was
+        rejected at Permit, or a later plugin failed) releases the whole plan: never part of a
+        group. Anything else is released by the inner decider."""
         with self._lock:
+            gathering = next((p for p in self._plans.values()
+                              if pod.key in p.placements and not p.committed and not p.released), None)
+            if gathering is not None:
+                if pod.key in gathering.arrived:
+                    self._release_unreserved(gathering, pod, reason)
+                return  # not reserved yet: what the plan holds for it stays with the plan
             plan = self._committed_plan_of(pod.key)
             if plan is not None:
                 plan.writing.pop(pod.key, None)
@@ -392,6 +438,17 @@ class GangCoordinator:
                              f"{len(plan.arrived)} of {len(plan.placements)} members at the barrier; released")
             self._observer.event("timeout")
         self._lock.notify_all()
+
+    def _release_unreserved(self, plan: Plan, pod: PodRef, reason: str) -> None:
+        """kube-scheduler unreserved a member before its group completed (plugin mode): release
+        the whole plan, as a timeout when its deadline has (all but) come. Lock held."""
+        timed_out = self._clock() >= plan.deadline - 1.0
+        self._release(plan, timed_out=timed_out)
+        self._plans.pop(plan.spec.key, None)
+        if not timed_out:
+            self._status_of(plan.spec).reason = (
+                f"gang {plan.spec.key}: member {pod.key} was unreserved before the group completed "
+                f"({reason or 'kube-scheduler gave no reason'}); the whole reservation was released")
 
     def _expire(self) -> None:
         now = self._clock()

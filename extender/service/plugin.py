@@ -12,21 +12,26 @@ kube-scheduler decide alike: the verdict of a node is the extender's (fits / may
 never), its score the extender's 0..10 scaled to the framework's 0..100 exactly as kube-scheduler
 scales an extender's priorities. Reserve and Unreserve are the decider's assume and forget.
 
-Gangs need the Permit barrier, which this step does not build yet: a gang member is refused at
-PreFilter with a reason that says so, never half placed.
+Gangs pass kube-scheduler's Permit barrier (coscheduling's semantics). A member's PreFilter admits
+its group exactly as the extender's filter does (the whole group planned and reserved at once, or
+nothing) and answers its planned node as the only one (``only_nodes``: the PreFilterResult).
+Reserve never waits: it tells the plugin whether the member completed the group (``barrier.open``:
+allow every waiting sibling) or must wait at Permit until the plan's deadline. A member that stops
+waiting is unreserved, which releases the whole plan, and the plugin rejects its waiting siblings:
+never part of a group bound. PreBind of a member asks :meth:`PluginService.permitted` for its
+annotations (the group's commit record, as on an extender-mode bind).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from extender.model.gang import gang_of
 from extender.model.nodemaps import GroupedMapping
-from extender.service.core import ExtenderService, PodRef, Refusal
+from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
 
 API_VERSION = 1
 MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
@@ -91,14 +96,19 @@ class CycleAnswer:
     reasons: tuple[str, ...] = ("",)
     scores: bytes = b""
     summary: str = ""
+    only_nodes: tuple[str, ...] = ()  # non-empty: the only nodes that can work (the PreFilterResult)
 
 
 @dataclass(frozen=True)
 class ReserveAnswer:
+    """Reserve's (and Permitted's) answer. ``barrier`` is set for a gang member (see
+    :class:`~extender.service.core.Barrier`); PreBind then asks :meth:`PluginService.permitted`."""
+
     reserved: bool
     refusal: str = ""
     annotations: Mapping[str, str] = field(default_factory=dict)  # PreBind writes them on the pod
     summary: str = ""
+    barrier: Barrier | None = None
 
 
 def asks_for_gpus(pod: PodRef) -> bool:
@@ -131,21 +141,26 @@ class PluginService:
         ready, why = self._ready()
         if not ready:
             return CycleAnswer(table, error=f"gpusched is not ready: {why}")
-        if gang_of(pod.raw, {}) is not None:
-            return CycleAnswer(table, unresolvable=(
-                "gpusched's plugin mode cannot place gang members yet (they need the Permit barrier); "
-                "schedule gangs through the extender (schedulerName of the extender profile)"))
         outcome = self._service.filter(pod, table.names)
         if outcome.error:
             return CycleAnswer(table, error=outcome.error)
         scores = self._service.prioritize(pod, outcome.feasible).scores if outcome.feasible else {}
-        return _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary)
+        answer = _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary)
+        if outcome.only_nodes is not None and outcome.feasible:
+            answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
+        return answer
 
     def reserve(self, pod: PodRef, node: str) -> ReserveAnswer:
         reserved, annotations = self._service.reserve(pod, node)
         if isinstance(reserved, Refusal):
             return ReserveAnswer(False, refusal=reserved.reason)
-        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary)
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=reserved.barrier)
+
+    def permitted(self, pod: PodRef, node: str) -> ReserveAnswer:
+        granted, annotations = self._service.permitted(pod, node)
+        if isinstance(granted, Refusal):
+            return ReserveAnswer(False, refusal=granted.reason)
+        return ReserveAnswer(True, annotations=annotations, summary=granted.summary)
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         self._service.unreserve(pod, node, reason)

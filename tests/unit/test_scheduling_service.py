@@ -19,6 +19,7 @@ from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
+from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
 from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
 from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
@@ -41,7 +42,11 @@ class Core:
         self.state = ClusterState()
         self.state.nodes.replace([make_k8s_node(name, inventory) for name, inventory in nodes.items()])
         self.ready: tuple[bool, str] = (True, "")
-        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
+        inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
+        self.gangs = GangIndex()
+        self.state.add_pod_listener(self.gangs)
+        # As the composition root wires it: gangs through the coordinator, other pods straight through.
+        self.decider = GangCoordinator(inner, self.gangs, inner.framework, self.state.snapshot, self.state.ledger)
         self.decisions = DecisionStore()
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
         self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
@@ -147,11 +152,54 @@ def test_prefilter_says_what_the_extender_says(core, pod):
     assert not reply.skip and not reply.error
 
 
-def test_a_pod_without_gpus_is_skipped_and_a_gang_member_refused(core):
+def test_a_pod_without_gpus_is_skipped(core):
     assert pre_filter(core, make_pod("cpu", gpus=0)).skip
-    gang = make_pod("g-0", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", tp=4,
-                    annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"})
-    assert "Permit" in pre_filter(core, gang).unresolvable
+
+
+def gang_member(name: str, size: int = 2) -> dict[str, Any]:
+    return make_pod(name, gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8,
+                    annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": str(size)})
+
+
+def reserve(core: Core, pod: dict[str, Any], node: str) -> pb.ReserveReply:
+    return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node), timeout=10)
+
+
+def test_a_gang_passes_permit_whole_its_members_told_where_and_when(core):
+    members = [gang_member("g-0"), gang_member("g-1")]
+    alone = pre_filter(core, members[0])
+    assert not alone.only_nodes and "1 of 2 members exist" in alone.summary
+    planned = [pre_filter(core, m) for m in reversed(members)][::-1]  # the second plans both; the first comes back
+    nodes = [list(reply.only_nodes) for reply in planned]
+    assert sorted(n for [n] in nodes) == ["h1", "h2"], nodes  # the PreFilterResult: each its planned node only
+
+    first = reserve(core, members[0], nodes[0][0])
+    assert first.reserved and first.barrier.gang == "default/g" and not first.barrier.open
+    assert 0 < first.barrier.wait_seconds <= 45  # the plan's deadline (a gang's timeout, clamped)
+    last = reserve(core, members[1], nodes[1][0])
+    assert last.reserved and last.barrier.open, "the member that completes the group opens the barrier"
+
+    for m, [node] in zip(members, nodes, strict=True):
+        granted = core.stub.Permitted(pb.PermittedRequest(api_version=API_VERSION, pod=wire_pod(m), node=node), timeout=10)
+        assert granted.permitted, granted.refusal
+        assert granted.annotations["gpusched.io/gang-commit"] and granted.annotations["gpusched.io/decision-id"]
+        assert len(granted.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")) == 8
+    assert core.decisions.for_pod("default", "g-0")["permit"].result == "permitted"
+
+
+def test_a_waiting_member_unreserved_releases_the_whole_group(core):
+    members = [gang_member("g-0"), gang_member("g-1")]
+    pre_filter(core, members[0])
+    nodes = [pre_filter(core, m).only_nodes[0] for m in reversed(members)][::-1]
+    assert not reserve(core, members[0], nodes[0]).barrier.open
+    core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(members[0]), node=nodes[0],
+                                            reason="timed out at Permit"), timeout=10)
+    assert not core.state.ledger.view().assignments, "a waiting member's Unreserve releases every member"
+    late = reserve(core, members[1], nodes[1])
+    assert not late.reserved and "holds no reservation" in late.refusal
+    refused = core.stub.Permitted(pb.PermittedRequest(api_version=API_VERSION, pod=wire_pod(members[0]),
+                                                      node=nodes[0]), timeout=10)
+    assert not refused.permitted and "no complete gang plan" in refused.refusal
 
 
 def test_not_ready_is_an_error_the_plugin_retries(core):
@@ -165,19 +213,16 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     for pod in tp8:
         pre_filter(core, pod)
 
-    def reserve(pod: dict[str, Any], node: str) -> pb.ReserveReply:
-        return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node), timeout=10)
-
-    first = reserve(tp8[0], "h1")
-    assert first.reserved and len(first.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")) == 8
+    first = reserve(core, tp8[0], "h1")
+    assert first.reserved and not first.HasField("barrier") and len(first.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")) == 8
     assert first.annotations["gpusched.io/decision-id"] and "h1" in first.summary
-    taken = reserve(tp8[1], "h1")
+    taken = reserve(core, tp8[1], "h1")
     assert not taken.reserved and "h1" in taken.refusal  # never promised twice
     held = pre_filter(core, tp8[1])
     assert by_node(held, list(held.table.names))["h1"][0] == NOT_NOW  # may fit once released
     core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(tp8[0]), node="h1",
                                             reason="PreBind failed"), timeout=10)
-    assert reserve(tp8[1], "h1").reserved
+    assert reserve(core, tp8[1], "h1").reserved
     records = core.decisions.for_pod("default", "tp8-0")
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
 

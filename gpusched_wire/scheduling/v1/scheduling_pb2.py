@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,gpusched_wire/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\";\n\x0cHelloRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\"`\n\nHelloReply\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63ore_version\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x18\n\x10not_ready_reason\x18\x04 \x01(\t\"A\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x0c\n\x04json\x18\x04 \x01(\x0c\".\n\tNodeTable\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\r\n\x05names\x18\x02 \x03(\t\"k\n\x10PreFilterRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x18\n\x10table_generation\x18\x03 \x01(\x04\"\xe9\x01\n\x0ePreFilterReply\x12\x0c\n\x04skip\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0cunresolvable\x18\x03 \x01(\t\x12\x18\n\x10table_generation\x18\x04 \x01(\x04\x12\x30\n\x05table\x18\x05 \x01(\x0b\x32!.gpusched.scheduling.v1.NodeTable\x12\x10\n\x08verdicts\x18\x06 \x01(\x0c\x12\x14\n\x0creason_index\x18\x07 \x03(\r\x12\x0f\n\x07reasons\x18\x08 \x03(\t\x12\x0e\n\x06scores\x18\t \x01(\x0c\x12\x0f\n\x07summary\x18\n \x01(\t\"]\n\x0eReserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xc2\x01\n\x0cReserveReply\x12\x10\n\x08reserved\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12J\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x35.gpusched.scheduling.v1.ReserveReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x10UnreserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x10\n\x0eUnreserveReply*C\n\x07Verdict\x12\x10\n\x0cVERDICT_FITS\x10\x00\x12\x13\n\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n\rVERDICT_NEVER\x10\x02\x32\xf6\x02\n\nScheduling\x12Q\n\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12W\n\x07Reserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReplyBNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,gpusched_wire/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\";\n\x0cHelloRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\"`\n\nHelloReply\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63ore_version\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x18\n\x10not_ready_reason\x18\x04 \x01(\t\"A\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x0c\n\x04json\x18\x04 \x01(\x0c\".\n\tNodeTable\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\r\n\x05names\x18\x02 \x03(\t\"k\n\x10PreFilterRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x18\n\x10table_generation\x18\x03 \x01(\x04\"\xfd\x01\n\x0ePreFilterReply\x12\x0c\n\x04skip\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0cunresolvable\x18\x03 \x01(\t\x12\x18\n\x10table_generation\x18\x04 \x01(\x04\x12\x30\n\x05table\x18\x05 \x01(\x0b\x32!.gpusched.scheduling.v1.NodeTable\x12\x10\n\x08verdicts\x18\x06 \x01(\x0c\x12\x14\n\x0creason_index\x18\x07 \x03(\r\x12\x0f\n\x07reasons\x18\x08 \x03(\t\x12\x0e\n\x06scores\x18\t \x01(\x0c\x12\x0f\n\x07summary\x18\n \x01(\t\x12\x12\n\nonly_nodes\x18\x0b \x03(\t\"]\n\x0eReserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xf4\x01\n\x0cReserveReply\x12\x10\n\x08reserved\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12J\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x35.gpusched.scheduling.v1.ReserveReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x30\n\x07\x62\x61rrier\x18\x05 \x01(\x0b\x32\x1f.gpusched.scheduling.v1.Barrier\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x07\x42\x61rrier\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x0c\n\x04open\x18\x02 \x01(\x08\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"_\n\x10PermittedRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xc7\x01\n\x0ePermittedReply\x12\x11\n\tpermitted\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12L\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x37.gpusched.scheduling.v1.PermittedReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x10UnreserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x10\n\x0eUnreserveReply*C\n\x07Verdict\x12\x10\n\x0cVERDICT_FITS\x10\x00\x12\x13\n\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n\rVERDICT_NEVER\x10\x02\x32\xd5\x03\n\nScheduling\x12Q\n\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12W\n\x07Reserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReplyBNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'ZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1'
   _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_VERDICT']._serialized_start=1114
-  _globals['_VERDICT']._serialized_end=1181
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._loaded_options = None
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_options = b'8\001'
+  _globals['_VERDICT']._serialized_start=1544
+  _globals['_VERDICT']._serialized_end=1611
   _globals['_HELLOREQUEST']._serialized_start=72
   _globals['_HELLOREQUEST']._serialized_end=131
   _globals['_HELLOREPLY']._serialized_start=133
@@ -48,17 +50,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILTERREQUEST']._serialized_start=346
   _globals['_PREFILTERREQUEST']._serialized_end=453
   _globals['_PREFILTERREPLY']._serialized_start=456
-  _globals['_PREFILTERREPLY']._serialized_end=689
-  _globals['_RESERVEREQUEST']._serialized_start=691
-  _globals['_RESERVEREQUEST']._serialized_end=784
-  _globals['_RESERVEREPLY']._serialized_start=787
-  _globals['_RESERVEREPLY']._serialized_end=981
-  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_start=931
-  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_end=981
-  _globals['_UNRESERVEREQUEST']._serialized_start=983
-  _globals['_UNRESERVEREQUEST']._serialized_end=1094
-  _globals['_UNRESERVEREPLY']._serialized_start=1096
-  _globals['_UNRESERVEREPLY']._serialized_end=1112
-  _globals['_SCHEDULING']._serialized_start=1184
-  _globals['_SCHEDULING']._serialized_end=1558
+  _globals['_PREFILTERREPLY']._serialized_end=709
+  _globals['_RESERVEREQUEST']._serialized_start=711
+  _globals['_RESERVEREQUEST']._serialized_end=804
+  _globals['_RESERVEREPLY']._serialized_start=807
+  _globals['_RESERVEREPLY']._serialized_end=1051
+  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_start=1001
+  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_end=1051
+  _globals['_BARRIER']._serialized_start=1053
+  _globals['_BARRIER']._serialized_end=1112
+  _globals['_PERMITTEDREQUEST']._serialized_start=1114
+  _globals['_PERMITTEDREQUEST']._serialized_end=1209
+  _globals['_PERMITTEDREPLY']._serialized_start=1212
+  _globals['_PERMITTEDREPLY']._serialized_end=1411
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_start=1001
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_end=1051
+  _globals['_UNRESERVEREQUEST']._serialized_start=1413
+  _globals['_UNRESERVEREQUEST']._serialized_end=1524
+  _globals['_UNRESERVEREPLY']._serialized_start=1526
+  _globals['_UNRESERVEREPLY']._serialized_end=1542
+  _globals['_SCHEDULING']._serialized_start=1614
+  _globals['_SCHEDULING']._serialized_end=2083
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ class PreFilterRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., table_generation: _Optional[int] = ...) -> None: ...
 
 class PreFilterReply(_message.Message):
-    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary")
+    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes")
     SKIP_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     UNRESOLVABLE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class PreFilterReply(_message.Message):
     REASONS_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ONLY_NODES_FIELD_NUMBER: _ClassVar[int]
     skip: bool
     error: str
     unresolvable: str
@@ -89,7 +90,8 @@ class PreFilterReply(_message.Message):
     reasons: _containers.RepeatedScalarFieldContainer[str]
     scores: bytes
     summary: str
-    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ...) -> None: ...
+    only_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node")
@@ -102,7 +104,7 @@ class ReserveRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
-    __slots__ = ("reserved", "refusal", "annotations", "summary")
+    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,11 +116,52 @@ class ReserveReply(_message.Message):
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
     reserved: bool
     refusal: str
     annotations: _containers.ScalarMap[str, str]
     summary: str
-    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ...) -> None: ...
+    barrier: Barrier
+    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+
+class Barrier(_message.Message):
+    __slots__ = ("gang", "open", "wait_seconds")
+    GANG_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    gang: str
+    open: bool
+    wait_seconds: float
+    def __init__(self, gang: _Optional[str] = ..., open: _Optional[bool] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class PermittedRequest(_message.Message):
+    __slots__ = ("api_version", "pod", "node")
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    pod: Pod
+    node: str
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
+
+class PermittedReply(_message.Message):
+    __slots__ = ("permitted", "refusal", "annotations", "summary")
+    class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PERMITTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    permitted: bool
+    refusal: str
+    annotations: _containers.ScalarMap[str, str]
+    summary: str
+    def __init__(self, permitted: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class UnreserveRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node", "reason")

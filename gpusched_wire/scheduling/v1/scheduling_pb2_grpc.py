@@ -55,6 +55,11 @@ class SchedulingStub:
                 request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
                 response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
                 _registered_method=True)
+        self.Permitted = channel.unary_unary(
+                '/gpusched.scheduling.v1.Scheduling/Permitted',
+                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
+                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
+                _registered_method=True)
 
 
 class SchedulingServicer:
@@ -82,7 +87,16 @@ class SchedulingServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Unreserve(self, request, context):
-        """Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released.
+        """Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
+        gang member whose group had not completed, the whole group's reservation is released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Permitted(self, request, context):
+        """A gang member passed Permit (its group is complete): its reservation re-asserted and the
+        annotations PreBind writes, the group's commit record included.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +124,11 @@ def add_SchedulingServicer_to_server(servicer, server):
                     servicer.Unreserve,
                     request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.FromString,
                     response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.SerializeToString,
+            ),
+            'Permitted': grpc.unary_unary_rpc_method_handler(
+                    servicer.Permitted,
+                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.FromString,
+                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +239,33 @@ class Scheduling:
             '/gpusched.scheduling.v1.Scheduling/Unreserve',
             gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
             gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Permitted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpusched.scheduling.v1.Scheduling/Permitted',
+            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
+            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -167,6 +167,16 @@ func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string) (*pb.Reser
 	})
 }
 
+func (c *core) permitted(ctx context.Context, pod *v1.Pod, node string) (*pb.PermittedReply, error) {
+	wire, err := wirePod(pod)
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, c, func(ctx context.Context) (*pb.PermittedReply, error) {
+		return c.client.Permitted(ctx, &pb.PermittedRequest{ApiVersion: APIVersion, Pod: wire, Node: node})
+	})
+}
+
 func (c *core) unreserve(ctx context.Context, pod *v1.Pod, node, reason string) error {
 	wire, err := wirePod(pod)
 	if err != nil {

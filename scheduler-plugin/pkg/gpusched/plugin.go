@@ -6,17 +6,28 @@
 // share) in the CycleState; Filter, PreScore and Score are lookups in it. Reserve and Unreserve are
 // the core ledger's assume and forget; PreBind writes the annotations Reserve returned (assigned
 // GPUs, decision id) on the pod; binding is the default binder's.
+//
+// Gangs: the core plans a whole group at a member's PreFilter (whose PreFilterResult is then the
+// member's planned node) and tells Reserve the member's place at the barrier. Permit is the
+// barrier, with coscheduling's semantics: a member waits until the core says its group is
+// complete, and the member that completes it allows every waiting sibling; a member that stops
+// waiting (timeout, rejection) is unreserved, and Unreserve rejects its waiting siblings, so no
+// group is ever bound in part. The only state the plugin keeps is which waiting pod belongs to
+// which group (waitingGangs).
 package gpusched
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -34,8 +45,9 @@ const (
 // Plugin is GpuSched. The core's state (connection, node table) is in core; per-cycle state is in
 // the CycleState, never in the plugin.
 type Plugin struct {
-	handle fwk.Handle
-	core   *core
+	handle  fwk.Handle
+	core    *core
+	waiting *waitingGangs
 }
 
 var (
@@ -44,6 +56,7 @@ var (
 	_ fwk.PreScorePlugin  = (*Plugin)(nil)
 	_ fwk.ScorePlugin     = (*Plugin)(nil)
 	_ fwk.ReservePlugin   = (*Plugin)(nil)
+	_ fwk.PermitPlugin    = (*Plugin)(nil)
 	_ fwk.PreBindPlugin   = (*Plugin)(nil)
 )
 
@@ -69,7 +82,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 }
 
 func newPlugin(handle fwk.Handle, c *core) *Plugin {
-	return &Plugin{handle: handle, core: c}
+	return &Plugin{handle: handle, core: c, waiting: &waitingGangs{gang: map[types.UID]string{}}}
 }
 
 // Name implements fwk.Plugin.
@@ -83,9 +96,11 @@ type answer struct {
 
 func (a *answer) Clone() fwk.StateData { return a }
 
-// reservation holds the annotations Reserve got from the core, for PreBind to write.
+// reservation holds the annotations Reserve got from the core, for PreBind to write, and for a
+// gang member its place at the Permit barrier.
 type reservation struct {
 	annotations map[string]string
+	barrier     *pb.Barrier // nil unless a gang member
 }
 
 func (r *reservation) Clone() fwk.StateData { return r }
@@ -112,6 +127,8 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return nil, fwk.AsStatus(fmt.Errorf("%s; the pod is retried", reply.GetError()))
 	case reply.GetUnresolvable() != "":
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reply.GetUnresolvable())
+	case len(reply.GetOnlyNodes()) > 0: // a gang member's planned node: filter no other
+		return &fwk.PreFilterResult{NodeNames: sets.New(reply.GetOnlyNodes()...)}, nil
 	}
 	return nil, nil
 }
@@ -214,20 +231,88 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Unschedulable, orDefault(reply.GetRefusal(), "gpusched refused the reservation"))
 	}
 	klog.FromContext(ctx).V(4).Info("gpusched reserved", "pod", klog.KObj(pod), "node", nodeName, "summary", reply.GetSummary())
-	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations()})
+	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations(), barrier: reply.GetBarrier()})
 	return nil
 }
 
+// Permit is the gang barrier. A pod that is no gang member passes. A member that completed its
+// group allows every sibling waiting at Permit and passes; any other member waits for that, at
+// most until its plan's deadline (the framework then rejects it, and Unreserve rejects the rest).
+func (p *Plugin) Permit(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) (*fwk.Status, time.Duration) {
+	r := readReservation(state)
+	if r == nil || r.barrier == nil {
+		return nil, 0
+	}
+	gang := r.barrier.GetGang()
+	if r.barrier.GetOpen() {
+		for _, uid := range p.waiting.members(gang) {
+			if wp := p.handle.GetWaitingPod(uid); wp != nil {
+				wp.Allow(Name)
+			}
+		}
+		return nil, 0
+	}
+	wait := time.Duration(r.barrier.GetWaitSeconds() * float64(time.Second))
+	if wait <= 0 {
+		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("gang %s: its plan's deadline passed before this member was reserved", gang)), 0
+	}
+	p.waiting.add(pod.UID, gang)
+	klog.FromContext(ctx).V(4).Info("gpusched gang member waits at Permit", "pod", klog.KObj(pod), "gang", gang, "wait", wait)
+	return fwk.NewStatus(fwk.Wait, fmt.Sprintf("gang %s: waiting for the rest of the group", gang)), wait
+}
+
 // Unreserve releases the reservation (kube-scheduler calls it after any later failure, and may
-// call it without a Reserve). Best effort: a core that cannot be told logs it; the core's own
-// bookkeeping expires reservations that never bind.
+// call it without a Reserve). For a gang member it first rejects every sibling still waiting at
+// Permit (coscheduling's semantics: the core releases the whole group's plan when told of one).
+// Best effort: a core that cannot be told logs it; the core's own bookkeeping expires
+// reservations that never bind.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	if a, st := readAnswer(state); st != nil || a.table == nil {
 		return
 	}
-	if err := p.core.unreserve(ctx, pod, nodeName, "kube-scheduler unreserved the pod"); err != nil {
+	reason := "kube-scheduler unreserved the pod"
+	if r := readReservation(state); r != nil && r.barrier != nil {
+		gang := r.barrier.GetGang()
+		p.waiting.remove(pod.UID)
+		for _, uid := range p.waiting.members(gang) {
+			p.handle.RejectWaitingPod(uid) // each rejected sibling is unreserved in turn
+		}
+		reason = fmt.Sprintf("kube-scheduler unreserved gang %s's member (timed out or rejected at Permit, or a later step failed)", gang)
+	}
+	if err := p.core.unreserve(ctx, pod, nodeName, reason); err != nil {
 		klog.FromContext(ctx).Error(err, "gpusched Unreserve failed", "pod", klog.KObj(pod), "node", nodeName)
 	}
+}
+
+// waitingGangs is which pod waiting at Permit belongs to which gang: what Permit's allow and
+// Unreserve's reject need, since a WaitingPod does not say. Entries leave at PreBind or Unreserve.
+type waitingGangs struct {
+	mu   sync.Mutex
+	gang map[types.UID]string
+}
+
+func (w *waitingGangs) add(uid types.UID, gang string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gang[uid] = gang
+}
+
+func (w *waitingGangs) remove(uid types.UID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.gang, uid)
+}
+
+func (w *waitingGangs) members(gang string) []types.UID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var uids []types.UID
+	for uid, g := range w.gang {
+		if g == gang {
+			uids = append(uids, uid)
+		}
+	}
+	return uids
 }
 
 func readReservation(state fwk.CycleState) *reservation {
@@ -241,7 +326,7 @@ func readReservation(state fwk.CycleState) *reservation {
 
 // PreBindPreFlight: PreBind has work only for a pod gpusched reserved GPUs for.
 func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if r := readReservation(state); r == nil || len(r.annotations) == 0 {
+	if r := readReservation(state); r == nil || (len(r.annotations) == 0 && r.barrier == nil) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
@@ -249,13 +334,30 @@ func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1
 
 // PreBind writes Reserve's annotations (gpusched.io/assigned-gpus, -gpu-indices, decision-id) on
 // the pod with one merge patch; a failed patch is an Error, so the pod is unreserved and retried
-// rather than bound without the GPUs it was given.
+// rather than bound without the GPUs it was given. A gang member, past Permit, asks the core for
+// its annotations first: they carry the group's commit record, known only once it completed.
 func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	r := readReservation(state)
-	if r == nil || len(r.annotations) == 0 {
+	if r == nil {
 		return nil
 	}
-	patch, err := annotationPatch(r.annotations)
+	annotations := r.annotations
+	if r.barrier != nil {
+		p.waiting.remove(pod.UID)
+		reply, err := p.core.permitted(ctx, pod, nodeName)
+		if err != nil {
+			return fwk.AsStatus(err)
+		}
+		if !reply.GetPermitted() {
+			return fwk.AsStatus(fmt.Errorf("gpusched withdrew gang member %s/%s's place on %s: %s", pod.Namespace, pod.Name, nodeName,
+				orDefault(reply.GetRefusal(), "no reason given")))
+		}
+		annotations = reply.GetAnnotations()
+	}
+	if len(annotations) == 0 {
+		return nil
+	}
+	patch, err := annotationPatch(annotations)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}

@@ -32,8 +32,10 @@ type fakeCore struct {
 	mu          sync.Mutex
 	preFilter   func(*pb.PreFilterRequest) (*pb.PreFilterReply, error)
 	reserve     func(*pb.ReserveRequest) (*pb.ReserveReply, error)
+	permitted   func(*pb.PermittedRequest) (*pb.PermittedReply, error)
 	generations []uint64 // table_generation of each PreFilter request
 	unreserved  []string // node of each Unreserve
+	reasons     []string // reason of each Unreserve
 }
 
 func (f *fakeCore) PreFilter(_ context.Context, r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
@@ -51,16 +53,90 @@ func (f *fakeCore) Unreserve(_ context.Context, r *pb.UnreserveRequest) (*pb.Unr
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.unreserved = append(f.unreserved, r.GetNode())
+	f.reasons = append(f.reasons, r.GetReason())
 	return &pb.UnreserveReply{}, nil
 }
 
-// fakeHandle is the framework handle as far as GpuSched uses it (ClientSet for PreBind).
+func (f *fakeCore) Permitted(_ context.Context, r *pb.PermittedRequest) (*pb.PermittedReply, error) {
+	return f.permitted(r)
+}
+
+// fakeHandle is the framework handle as far as GpuSched uses it: ClientSet for PreBind, the
+// waiting pods for Permit and Unreserve (a test adds a pod there when Permit answered Wait, as
+// the framework does).
 type fakeHandle struct {
 	fwk.Handle
-	cs kubernetes.Interface
+	cs      kubernetes.Interface
+	waiting *waitingPods
 }
 
 func (h fakeHandle) ClientSet() kubernetes.Interface { return h.cs }
+
+func (h fakeHandle) GetWaitingPod(uid types.UID) fwk.WaitingPod {
+	if wp := h.waiting.get(uid); wp != nil {
+		return wp
+	}
+	return nil // an untyped nil, as the framework returns for a pod not waiting
+}
+
+func (h fakeHandle) RejectWaitingPod(uid types.UID) bool {
+	if wp := h.waiting.get(uid); wp != nil {
+		return wp.Reject(Name, "rejected")
+	}
+	return false
+}
+
+// waitingPods is the framework's waiting-pod map as the tests see it: what each pod was told.
+type waitingPods struct {
+	mu   sync.Mutex
+	pods map[types.UID]*fakeWaitingPod
+}
+
+func (w *waitingPods) park(pod *v1.Pod) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pods[pod.UID] = &fakeWaitingPod{pod: pod}
+}
+
+func (w *waitingPods) get(uid types.UID) *fakeWaitingPod {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pods[uid]
+}
+
+// outcome is "allowed", "rejected" or "" (still waiting) for a parked pod.
+func (w *waitingPods) outcome(uid types.UID) string {
+	wp := w.get(uid)
+	if wp == nil {
+		return "not parked"
+	}
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	return wp.outcome
+}
+
+type fakeWaitingPod struct {
+	fwk.WaitingPod
+	pod     *v1.Pod
+	mu      sync.Mutex
+	outcome string
+}
+
+func (wp *fakeWaitingPod) GetPod() *v1.Pod { return wp.pod }
+
+func (wp *fakeWaitingPod) Allow(string) { wp.decide("allowed") }
+
+func (wp *fakeWaitingPod) Reject(string, string) bool { return wp.decide("rejected") }
+
+func (wp *fakeWaitingPod) decide(outcome string) bool {
+	wp.mu.Lock()
+	defer wp.mu.Unlock()
+	if wp.outcome != "" {
+		return false
+	}
+	wp.outcome = outcome
+	return true
+}
 
 // start serves f over bufconn and returns a plugin talking to it, and the fake clientset.
 func start(t *testing.T, f *fakeCore, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
@@ -78,7 +154,8 @@ func start(t *testing.T, f *fakeCore, timeout time.Duration, objects ...runtime.
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	cs := fake.NewClientset(objects...)
-	return newPlugin(fakeHandle{cs: cs}, newCore("unix:///fake/scheduling.sock", timeout, conn)), cs
+	handle := fakeHandle{cs: cs, waiting: &waitingPods{pods: map[types.UID]*fakeWaitingPod{}}}
+	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, conn)), cs
 }
 
 func makePod(name string) *v1.Pod {
@@ -339,6 +416,133 @@ func TestReserveAndPreBind(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// gangCore answers for one gang "ns/g" planned on node a: members reserve in order, the one that
+// completes the group gets an open barrier, Permitted gives each member its commit annotations.
+func gangCore(members int) *fakeCore {
+	reserved := 0
+	f := &fakeCore{
+		preFilter: func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			reply := vectors(1, []string{"a", "b"}, true, []pb.Verdict{pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_NOT_NOW},
+				[]string{"", "gang ns/g: this member is reserved GPUs on node a"}, []byte{50, 0})
+			reply.OnlyNodes = []string{"a"}
+			return reply, nil
+		},
+		permitted: func(r *pb.PermittedRequest) (*pb.PermittedReply, error) {
+			return &pb.PermittedReply{Permitted: true, Annotations: map[string]string{
+				"gpusched.io/assigned-gpus": "GPU-" + r.GetPod().GetName(), "gpusched.io/gang-commit": "ns/g@1"}}, nil
+		},
+	}
+	f.reserve = func(*pb.ReserveRequest) (*pb.ReserveReply, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		reserved++
+		return &pb.ReserveReply{Reserved: true, Annotations: map[string]string{"gpusched.io/decision-id": "d"},
+			Barrier: &pb.Barrier{Gang: "ns/g", Open: reserved == members, WaitSeconds: 30}}, nil
+	}
+	return f
+}
+
+// member runs PreFilter, Reserve and Permit for one gang member and parks it if told to wait.
+func member(t *testing.T, p *Plugin, pod *v1.Pod) (fwk.CycleState, *fwk.Status, time.Duration) {
+	t.Helper()
+	state := framework.NewCycleState()
+	result, st := p.PreFilter(context.Background(), state, pod, nil)
+	if !st.IsSuccess() || result.AllNodes() || !result.NodeNames.Has("a") || result.NodeNames.Len() != 1 {
+		t.Fatalf("PreFilter(%s) = %v, %v; want Success with PreFilterResult {a}", pod.Name, result, st)
+	}
+	if st := p.Reserve(context.Background(), state, pod, "a"); !st.IsSuccess() {
+		t.Fatalf("Reserve(%s): %v", pod.Name, st)
+	}
+	st, wait := p.Permit(context.Background(), state, pod, "a")
+	if st.Code() == fwk.Wait {
+		p.handle.(fakeHandle).waiting.park(pod)
+	}
+	return state, st, wait
+}
+
+func TestGangBarrierAllowsTheWholeGroupAtOnce(t *testing.T) {
+	pods := []*v1.Pod{makePod("g-0"), makePod("g-1"), makePod("g-2")}
+	p, cs := start(t, gangCore(3), time.Second, pods[0], pods[1], pods[2])
+	waiting := p.handle.(fakeHandle).waiting
+	states := make([]fwk.CycleState, 3)
+	for i, pod := range pods[:2] {
+		state, st, wait := member(t, p, pod)
+		if st.Code() != fwk.Wait || wait != 30*time.Second {
+			t.Fatalf("Permit(%s) = %v %v, want Wait 30s", pod.Name, st, wait)
+		}
+		states[i] = state
+	}
+	if got := waiting.outcome(pods[0].UID) + waiting.outcome(pods[1].UID); got != "" {
+		t.Fatalf("before the group is complete, waiting members were told %q", got)
+	}
+	state, st, wait := member(t, p, pods[2])
+	if !st.IsSuccess() || wait != 0 {
+		t.Fatalf("Permit of the completing member = %v %v, want Success", st, wait)
+	}
+	states[2] = state
+	for _, pod := range pods[:2] {
+		if got := waiting.outcome(pod.UID); got != "allowed" {
+			t.Errorf("%s at Permit: %q, want allowed", pod.Name, got)
+		}
+	}
+	for i, pod := range pods {
+		if st := p.PreBind(context.Background(), states[i], pod, "a"); !st.IsSuccess() {
+			t.Fatalf("PreBind(%s): %v", pod.Name, st)
+		}
+		got, err := cs.CoreV1().Pods("ns").Get(context.Background(), pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Annotations["gpusched.io/gang-commit"] != "ns/g@1" || got.Annotations["gpusched.io/assigned-gpus"] != "GPU-"+pod.Name {
+			t.Errorf("%s annotations %v, want the Permitted ones", pod.Name, got.Annotations)
+		}
+	}
+}
+
+func TestGangMemberUnreservedRejectsItsWaitingSiblings(t *testing.T) {
+	pods := []*v1.Pod{makePod("g-0"), makePod("g-1"), makePod("other")}
+	f := gangCore(3)
+	p, _ := start(t, f, time.Second)
+	waiting := p.handle.(fakeHandle).waiting
+	var states []fwk.CycleState
+	for _, pod := range pods[:2] {
+		state, st, _ := member(t, p, pod)
+		if st.Code() != fwk.Wait {
+			t.Fatalf("Permit(%s) = %v, want Wait", pod.Name, st)
+		}
+		states = append(states, state)
+	}
+	p.waiting.add(pods[2].UID, "ns/another-gang")
+	waiting.park(pods[2])
+
+	// g-0's Permit timed out: the framework rejected it and calls Unreserve.
+	p.Unreserve(context.Background(), states[0], pods[0], "a")
+	if got := waiting.outcome(pods[1].UID); got != "rejected" {
+		t.Errorf("sibling g-1 at Permit: %q, want rejected", got)
+	}
+	if got := waiting.outcome(pods[2].UID); got != "" {
+		t.Errorf("another gang's member: %q, want still waiting", got)
+	}
+	if len(f.reasons) != 1 || !strings.Contains(f.reasons[0], "gang ns/g") {
+		t.Errorf("Unreserve reached the core with reasons %q, want one naming gang ns/g", f.reasons)
+	}
+	if uids := p.waiting.members("ns/g"); len(uids) != 1 || uids[0] != pods[1].UID {
+		t.Errorf("waiting members of ns/g after g-0's Unreserve: %v, want [g-1] until its own Unreserve", uids)
+	}
+}
+
+func TestPermitOfAMemberPastItsDeadlineIsUnschedulable(t *testing.T) {
+	f := gangCore(3)
+	f.reserve = func(*pb.ReserveRequest) (*pb.ReserveReply, error) {
+		return &pb.ReserveReply{Reserved: true, Barrier: &pb.Barrier{Gang: "ns/g", WaitSeconds: 0}}, nil
+	}
+	p, _ := start(t, f, time.Second)
+	_, st, _ := member(t, p, makePod("g-0"))
+	if st.Code() != fwk.Unschedulable || !strings.Contains(st.Message(), "deadline passed") {
+		t.Fatalf("Permit = %v, want Unschedulable naming the deadline", st)
 	}
 }
 

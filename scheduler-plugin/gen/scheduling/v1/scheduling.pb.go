@@ -402,8 +402,11 @@ type PreFilterReply struct {
 	Reasons         []string   `protobuf:"bytes,8,rep,name=reasons,proto3" json:"reasons,omitempty"`                                         // the distinct reasons; reasons[0] is ""
 	Scores          []byte     `protobuf:"bytes,9,opt,name=scores,proto3" json:"scores,omitempty"`                                           // one byte per table node: 0..100 (framework.MaxNodeScore)
 	Summary         string     `protobuf:"bytes,10,opt,name=summary,proto3" json:"summary,omitempty"`                                        // one line for the pod's events; the whole decision is in /debug/decisions
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When set, the only nodes that can work (a gang member's planned node): the plugin returns
+	// them as its PreFilterResult, so kube-scheduler filters no other node.
+	OnlyNodes     []string `protobuf:"bytes,11,rep,name=only_nodes,json=onlyNodes,proto3" json:"only_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PreFilterReply) Reset() {
@@ -506,6 +509,13 @@ func (x *PreFilterReply) GetSummary() string {
 	return ""
 }
 
+func (x *PreFilterReply) GetOnlyNodes() []string {
+	if x != nil {
+		return x.OnlyNodes
+	}
+	return nil
+}
+
 type ReserveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -567,11 +577,14 @@ func (x *ReserveRequest) GetNode() string {
 }
 
 type ReserveReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reserved      bool                   `protobuf:"varint,1,opt,name=reserved,proto3" json:"reserved,omitempty"`
-	Refusal       string                 `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`                                                                                   // why not (capacity taken since PreFilter, unknown pod)
-	Annotations   map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // PreBind writes these on the pod (assigned GPUs, decision id)
-	Summary       string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`                                                                                   // e.g. "GPUs [0,1] on node-a (NVLink)"
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Reserved    bool                   `protobuf:"varint,1,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Refusal     string                 `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`                                                                                   // why not (capacity taken since PreFilter, unknown pod)
+	Annotations map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // PreBind writes these on the pod (assigned GPUs, decision id)
+	Summary     string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`                                                                                   // e.g. "GPUs [0,1] on node-a (NVLink)"
+	// Set for a gang member: its place at the Permit barrier (coscheduling's semantics). Members of
+	// one group carry the same gang. PreBind of a gang member asks Permitted for its annotations.
+	Barrier       *Barrier `protobuf:"bytes,5,opt,name=barrier,proto3" json:"barrier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +647,204 @@ func (x *ReserveReply) GetSummary() string {
 	return ""
 }
 
+func (x *ReserveReply) GetBarrier() *Barrier {
+	if x != nil {
+		return x.Barrier
+	}
+	return nil
+}
+
+type Barrier struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Gang  string                 `protobuf:"bytes,1,opt,name=gang,proto3" json:"gang,omitempty"`
+	// This member completed the group: Permit allows every member waiting with the same gang.
+	Open bool `protobuf:"varint,2,opt,name=open,proto3" json:"open,omitempty"`
+	// Otherwise: how long the member may wait at Permit for the rest (the plan's deadline); a
+	// member that stops waiting is unreserved, and the plugin rejects its waiting siblings.
+	WaitSeconds   float64 `protobuf:"fixed64,3,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Barrier) Reset() {
+	*x = Barrier{}
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Barrier) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Barrier) ProtoMessage() {}
+
+func (x *Barrier) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
+func (*Barrier) Descriptor() ([]byte, []int) {
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Barrier) GetGang() string {
+	if x != nil {
+		return x.Gang
+	}
+	return ""
+}
+
+func (x *Barrier) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+func (x *Barrier) GetWaitSeconds() float64 {
+	if x != nil {
+		return x.WaitSeconds
+	}
+	return 0
+}
+
+type PermittedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod           *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PermittedRequest) Reset() {
+	*x = PermittedRequest{}
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PermittedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PermittedRequest) ProtoMessage() {}
+
+func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
+func (*PermittedRequest) Descriptor() ([]byte, []int) {
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PermittedRequest) GetApiVersion() uint32 {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return 0
+}
+
+func (x *PermittedRequest) GetPod() *Pod {
+	if x != nil {
+		return x.Pod
+	}
+	return nil
+}
+
+func (x *PermittedRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type PermittedReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Permitted     bool                   `protobuf:"varint,1,opt,name=permitted,proto3" json:"permitted,omitempty"`
+	Refusal       string                 `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`                                                                                   // why not (the plan was released meanwhile)
+	Annotations   map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // PreBind writes these on the pod
+	Summary       string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PermittedReply) Reset() {
+	*x = PermittedReply{}
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PermittedReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PermittedReply) ProtoMessage() {}
+
+func (x *PermittedReply) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
+func (*PermittedReply) Descriptor() ([]byte, []int) {
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PermittedReply) GetPermitted() bool {
+	if x != nil {
+		return x.Permitted
+	}
+	return false
+}
+
+func (x *PermittedReply) GetRefusal() string {
+	if x != nil {
+		return x.Refusal
+	}
+	return ""
+}
+
+func (x *PermittedReply) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+func (x *PermittedReply) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
 type UnreserveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -646,7 +857,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +869,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +882,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -710,7 +921,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +933,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +946,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 var File_gpusched_wire_scheduling_v1_scheduling_proto protoreflect.FileDescriptor
@@ -768,7 +979,7 @@ const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12)\n" +
-	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xcd\x02\n" +
+	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xec\x02\n" +
 	"\x0ePreFilterReply\x12\x12\n" +
 	"\x04skip\x18\x01 \x01(\bR\x04skip\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\"\n" +
@@ -780,16 +991,36 @@ const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\areasons\x18\b \x03(\tR\areasons\x12\x16\n" +
 	"\x06scores\x18\t \x01(\fR\x06scores\x12\x18\n" +
 	"\asummary\x18\n" +
-	" \x01(\tR\asummary\"t\n" +
+	" \x01(\tR\asummary\x12\x1d\n" +
+	"\n" +
+	"only_nodes\x18\v \x03(\tR\tonlyNodes\"t\n" +
 	"\x0eReserveRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"\xf7\x01\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\xb2\x02\n" +
 	"\fReserveReply\x12\x1a\n" +
 	"\breserved\x18\x01 \x01(\bR\breserved\x12\x18\n" +
 	"\arefusal\x18\x02 \x01(\tR\arefusal\x12W\n" +
 	"\vannotations\x18\x03 \x03(\v25.gpusched.scheduling.v1.ReserveReply.AnnotationsEntryR\vannotations\x12\x18\n" +
+	"\asummary\x18\x04 \x01(\tR\asummary\x129\n" +
+	"\abarrier\x18\x05 \x01(\v2\x1f.gpusched.scheduling.v1.BarrierR\abarrier\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
+	"\aBarrier\x12\x12\n" +
+	"\x04gang\x18\x01 \x01(\tR\x04gang\x12\x12\n" +
+	"\x04open\x18\x02 \x01(\bR\x04open\x12!\n" +
+	"\fwait_seconds\x18\x03 \x01(\x01R\vwaitSeconds\"v\n" +
+	"\x10PermittedRequest\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\rR\n" +
+	"apiVersion\x12-\n" +
+	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\xfd\x01\n" +
+	"\x0ePermittedReply\x12\x1c\n" +
+	"\tpermitted\x18\x01 \x01(\bR\tpermitted\x12\x18\n" +
+	"\arefusal\x18\x02 \x01(\tR\arefusal\x12Y\n" +
+	"\vannotations\x18\x03 \x03(\v27.gpusched.scheduling.v1.PermittedReply.AnnotationsEntryR\vannotations\x12\x18\n" +
 	"\asummary\x18\x04 \x01(\tR\asummary\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -804,13 +1035,14 @@ const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\aVerdict\x12\x10\n" +
 	"\fVERDICT_FITS\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n" +
-	"\rVERDICT_NEVER\x10\x022\xf6\x02\n" +
+	"\rVERDICT_NEVER\x10\x022\xd5\x03\n" +
 	"\n" +
 	"Scheduling\x12Q\n" +
 	"\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n" +
 	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12W\n" +
 	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n" +
-	"\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReplyBNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
+	"\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n" +
+	"\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReplyBNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
 
 var (
 	file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescOnce sync.Once
@@ -825,7 +1057,7 @@ func file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Verdict)(0),             // 0: gpusched.scheduling.v1.Verdict
 	(*HelloRequest)(nil),     // 1: gpusched.scheduling.v1.HelloRequest
@@ -836,29 +1068,38 @@ var file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*PreFilterReply)(nil),   // 6: gpusched.scheduling.v1.PreFilterReply
 	(*ReserveRequest)(nil),   // 7: gpusched.scheduling.v1.ReserveRequest
 	(*ReserveReply)(nil),     // 8: gpusched.scheduling.v1.ReserveReply
-	(*UnreserveRequest)(nil), // 9: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),   // 10: gpusched.scheduling.v1.UnreserveReply
-	nil,                      // 11: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	(*Barrier)(nil),          // 9: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil), // 10: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),   // 11: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil), // 12: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),   // 13: gpusched.scheduling.v1.UnreserveReply
+	nil,                      // 14: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                      // 15: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	4,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
 	3,  // 2: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	11, // 3: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	3,  // 4: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	1,  // 5: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	5,  // 6: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	7,  // 7: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	9,  // 8: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	2,  // 9: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	6,  // 10: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	8,  // 11: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	10, // 12: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	9,  // [9:13] is the sub-list for method output_type
-	5,  // [5:9] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	14, // 3: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	9,  // 4: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	3,  // 5: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	15, // 6: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	3,  // 7: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	1,  // 8: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	5,  // 9: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	7,  // 10: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	12, // 11: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	10, // 12: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	2,  // 13: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	6,  // 14: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	8,  // 15: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	13, // 16: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	11, // 17: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_wire_scheduling_v1_scheduling_proto_init() }
@@ -872,7 +1113,7 @@ func file_gpusched_wire_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

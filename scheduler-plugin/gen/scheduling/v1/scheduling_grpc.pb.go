@@ -35,6 +35,7 @@ const (
 	Scheduling_PreFilter_FullMethodName = "/gpusched.scheduling.v1.Scheduling/PreFilter"
 	Scheduling_Reserve_FullMethodName   = "/gpusched.scheduling.v1.Scheduling/Reserve"
 	Scheduling_Unreserve_FullMethodName = "/gpusched.scheduling.v1.Scheduling/Unreserve"
+	Scheduling_Permitted_FullMethodName = "/gpusched.scheduling.v1.Scheduling/Permitted"
 )
 
 // SchedulingClient is the client API for Scheduling service.
@@ -47,8 +48,12 @@ type SchedulingClient interface {
 	PreFilter(ctx context.Context, in *PreFilterRequest, opts ...grpc.CallOption) (*PreFilterReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
-	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released.
+	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
+	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveReply, error)
+	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
+	// annotations PreBind writes, the group's commit record included.
+	Permitted(ctx context.Context, in *PermittedRequest, opts ...grpc.CallOption) (*PermittedReply, error)
 }
 
 type schedulingClient struct {
@@ -99,6 +104,16 @@ func (c *schedulingClient) Unreserve(ctx context.Context, in *UnreserveRequest, 
 	return out, nil
 }
 
+func (c *schedulingClient) Permitted(ctx context.Context, in *PermittedRequest, opts ...grpc.CallOption) (*PermittedReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PermittedReply)
+	err := c.cc.Invoke(ctx, Scheduling_Permitted_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SchedulingServer is the server API for Scheduling service.
 // All implementations must embed UnimplementedSchedulingServer
 // for forward compatibility.
@@ -109,8 +124,12 @@ type SchedulingServer interface {
 	PreFilter(context.Context, *PreFilterRequest) (*PreFilterReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
-	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released.
+	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
+	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(context.Context, *UnreserveRequest) (*UnreserveReply, error)
+	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
+	// annotations PreBind writes, the group's commit record included.
+	Permitted(context.Context, *PermittedRequest) (*PermittedReply, error)
 	mustEmbedUnimplementedSchedulingServer()
 }
 
@@ -132,6 +151,9 @@ func (UnimplementedSchedulingServer) Reserve(context.Context, *ReserveRequest) (
 }
 func (UnimplementedSchedulingServer) Unreserve(context.Context, *UnreserveRequest) (*UnreserveReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unreserve not implemented")
+}
+func (UnimplementedSchedulingServer) Permitted(context.Context, *PermittedRequest) (*PermittedReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Permitted not implemented")
 }
 func (UnimplementedSchedulingServer) mustEmbedUnimplementedSchedulingServer() {}
 func (UnimplementedSchedulingServer) testEmbeddedByValue()                    {}
@@ -226,6 +248,24 @@ func _Scheduling_Unreserve_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduling_Permitted_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PermittedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulingServer).Permitted(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduling_Permitted_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulingServer).Permitted(ctx, req.(*PermittedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scheduling_ServiceDesc is the grpc.ServiceDesc for Scheduling service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -248,6 +288,10 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unreserve",
 			Handler:    _Scheduling_Unreserve_Handler,
+		},
+		{
+			MethodName: "Permitted",
+			Handler:    _Scheduling_Permitted_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
