@@ -15,6 +15,7 @@ from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
 from devcluster.controlplane import PLUGIN_SCHEDULER_CONFIG, build_scheduler_plugin, manifest_documents
+from devcluster.gangs import gang_pods
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 
@@ -140,3 +141,84 @@ def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(a
         annotations = client.CoreV1Api(admin).read_namespaced_pod("while-down", namespace).metadata.annotations or {}
         assert (record["node"], record["result"]) == (node, "reserved") and \
             annotations.get("gpusched.io/decision-id") == record["id"]
+
+
+def plugin_gang(admin: client.ApiClient, namespace: str, name: str, size: int, fleet: str, *,
+                timeout_s: int = 40) -> list[dict]:
+    """A pipeline-parallel gang of ``size`` 8-GPU members for the GpuSched profile on ``fleet``."""
+    members = gang_pods(admin, namespace, "annotations", name, size, 8, {FLEET_LABEL: fleet}, timeout_s=timeout_s)
+    for pod in members:
+        pod["spec"]["schedulerName"] = SCHEDULER_NAME
+    return members
+
+
+def test_plugin_mode_gang_waits_at_permit_then_binds_whole(admin, namespace, extender: Extender,
+                                                           plugin_scheduler: Component):
+    """Three 8-GPU members on three 8-GPU nodes: each member's PreFilter answers its planned node
+    only, the first two are reserved and wait at kube-scheduler's Permit, the third completes the
+    group and every member is bound, each carrying the group's commit record."""
+    with gpu_fleet(admin, 8, 8, 8) as (fleet, nodes):
+        for pod in plugin_gang(admin, namespace, "pp", 3, fleet):
+            create_pod(admin, namespace, pod)
+        names = [f"pp-{i}" for i in range(3)]
+        placed = wait_until(lambda: [pod_node(admin, namespace, n) for n in names] if all(
+            pod_node(admin, namespace, n) for n in names) else None, 60, "all three members bound",
+            context=lambda: plugin_scheduler.tail(30) + "\n" + str(extender.get_json("/debug/gangs")))
+        assert sorted(placed) == sorted(nodes)
+        summaries = []
+        for name in names:
+            decisions = extender.get_json(f"/debug/decisions/{namespace}/{name}")["decisions"]
+            assert decisions["permit"]["result"] == "permitted", decisions
+            summaries.append(decisions["reserve"]["summary"])
+            annotations = client.CoreV1Api(admin).read_namespaced_pod(name, namespace).metadata.annotations or {}
+            assert annotations.get("gpusched.io/gang-commit"), annotations
+            assert annotations.get("gpusched.io/decision-id") == decisions["permit"]["id"]
+        waited = [s for s in summaries if "waiting at Permit" in s]
+        opened = [s for s in summaries if "the barrier opens" in s]
+        assert (len(waited), len(opened)) == (2, 1), summaries
+
+
+def test_plugin_mode_gang_that_cannot_complete_times_out_at_permit_with_nothing_bound(
+        admin, namespace, extender: Extender, plugin_scheduler: Component):
+    """The third member asks for more CPU than any node has, so kube-scheduler's own Filter stops
+    it: the two others wait at Permit until the group's timeout, are rejected together and release
+    the whole reservation; no member is ever bound."""
+    with gpu_fleet(admin, 8, 8, 8) as (fleet, _):
+        members = plugin_gang(admin, namespace, "stuck", 3, fleet, timeout_s=20)
+        members[2]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1000"
+        for pod in members:
+            create_pod(admin, namespace, pod)
+
+        def waiting_at_permit() -> int | None:
+            waiting = 0
+            for i in range(2):
+                reserve = extender.get_json(f"/debug/decisions/{namespace}/stuck-{i}").get("decisions", {}).get("reserve")
+                waiting += bool(reserve and "waiting at Permit" in reserve["summary"])
+            return waiting if waiting == 2 else None
+
+        wait_until(waiting_at_permit, 45, "two members reserved and waiting at Permit",
+                   context=lambda: plugin_scheduler.tail(30) + "\n" + str(extender.get_json("/debug/gangs")))
+
+        def released() -> dict | None:
+            for i in range(2):
+                decisions = extender.get_json(f"/debug/decisions/{namespace}/stuck-{i}").get("decisions", {})
+                if (decisions.get("unreserve") or {}).get("result") != "released":
+                    return None
+            return decisions
+
+        decisions = wait_until(released, 60, "both waiting members unreserved when the group timed out at Permit",
+                   context=lambda: plugin_scheduler.tail(30) + "\n" + str(extender.get_json("/debug/gangs")))
+        assert [pod_node(admin, namespace, f"stuck-{i}") for i in range(3)] == [None, None, None]
+        gang = next(g for g in extender.get_json("/debug/gangs")["gangs"] if g["gang"] == f"{namespace}/stuck")
+        assert gang["timeouts"] >= 1, [(verb, d["result"], d["summary"]) for verb, d in decisions.items()]
+
+        # The group keeps retrying (a new plan after its cooldown); once deleted, nothing is held.
+        for i in range(3):
+            client.CoreV1Api(admin).delete_namespaced_pod(f"stuck-{i}", namespace, grace_period_seconds=0)
+
+        def nothing_held() -> bool:
+            return not [u for n in extender.get_json("/debug/nodes")["nodes"] for u in n["units"]
+                        if (u["heldBy"] or "").startswith(f"{namespace}/stuck-")]
+
+        wait_until(nothing_held, 30, "no GPU reserved for the deleted gang",
+                   context=lambda: str(extender.get_json("/debug/gangs")))

@@ -101,6 +101,7 @@ func (a *answer) Clone() fwk.StateData { return a }
 type reservation struct {
 	annotations map[string]string
 	barrier     *pb.Barrier // nil unless a gang member
+	permitRan   bool        // set by Permit: a member's PreBind without it means Permit is not enabled
 }
 
 func (r *reservation) Clone() fwk.StateData { return r }
@@ -243,6 +244,7 @@ func (p *Plugin) Permit(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	if r == nil || r.barrier == nil {
 		return nil, 0
 	}
+	r.permitRan = true // the binding cycle's PreBind reads it; the scheduling cycle is done writing
 	gang := r.barrier.GetGang()
 	if r.barrier.GetOpen() {
 		for _, uid := range p.waiting.members(gang) {
@@ -344,6 +346,11 @@ func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	annotations := r.annotations
 	if r.barrier != nil {
 		p.waiting.remove(pod.UID)
+		if !r.permitRan {
+			return fwk.AsStatus(fmt.Errorf("gang %s: GpuSched's Permit did not run for member %s/%s, so its group was never "+
+				"waited for: enable GpuSched at the permit extension point of the profile (as manifests/overlays/plugin-mode/"+
+				"scheduler-config.yaml does)", r.barrier.GetGang(), pod.Namespace, pod.Name))
+		}
 		reply, err := p.core.permitted(ctx, pod, nodeName)
 		if err != nil {
 			return fwk.AsStatus(err)

@@ -578,3 +578,24 @@ func TestDecodeArgs(t *testing.T) {
 		})
 	}
 }
+
+func TestPreBindOfAGangMemberWithoutPermitNamesTheMissingExtensionPoint(t *testing.T) {
+	pod := makePod("g-0")
+	p, cs := start(t, gangCore(2), time.Second, pod)
+	state := framework.NewCycleState()
+	if _, st := p.PreFilter(context.Background(), state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	if st := p.Reserve(context.Background(), state, pod, "a"); !st.IsSuccess() {
+		t.Fatalf("Reserve: %v", st)
+	}
+	// A profile without GpuSched at permit: the framework goes from Reserve straight to PreBind.
+	st := p.PreBind(context.Background(), state, pod, "a")
+	if st.Code() != fwk.Error || !strings.Contains(st.Message(), "enable GpuSched at the permit extension point") {
+		t.Fatalf("PreBind = %v %q, want an Error naming the permit extension point", st.Code(), st.Message())
+	}
+	got, err := cs.CoreV1().Pods("ns").Get(context.Background(), "g-0", metav1.GetOptions{})
+	if err != nil || len(got.Annotations) != 0 {
+		t.Fatalf("the pod was annotated without passing Permit: %v %v", got.Annotations, err)
+	}
+}
