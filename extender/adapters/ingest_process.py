@@ -18,13 +18,15 @@ One duplex pipe (``multiprocessing``, spawn: no fork of a threaded parent), pick
 * core → child: :class:`CountersRequest` (at each /metrics scrape: the child's counters are read
   then, as the in-process ones were, so a refusal is counted by the time the agent sees it) and
   :class:`PodsGone` (streams whose token's pod the core's pod watch no longer shows on its node:
-  the child ends them, ``pod-gone``, within ``recheck_s`` + ``check_pods_every_s``).
+  the child ends them, ``pod-gone``, within ``recheck_s`` + ``check_pods_every_s``). The child
+  also sends its counters unasked every second (request 0).
 
 Lifetimes: the child dies with the parent (it exits when the pipe reaches EOF, and on Linux
 ``PR_SET_PDEATHSIG`` kills it if the parent is SIGKILLed mid-write). The parent notices a dead
 child (EOF on the pipe), logs its exit status loudly, reports not-ready with that sentence, and
 restarts it with backoff (1 s doubling to 30 s; reset after a minute of uptime). Its counters
-survive restarts (what a dead child had counted at the last scrape is folded into a base).
+survive restarts: what a dead child last reported (at a scrape, or unasked within the last
+second) is folded into a base.
 """
 
 from __future__ import annotations
@@ -169,12 +171,24 @@ async def _serve_child(config: IngestConfig, link: _Link) -> None:
     threading.Thread(target=_listen, args=(link, registry, verdicts), name="ingest-listen", daemon=True).start()
     loop = asyncio.get_running_loop()
     sender = ThreadPoolExecutor(1, thread_name_prefix="ingest-send")
+    counted_at = time.monotonic()
     while True:
         await asyncio.sleep(config.interval_s)
         batch = coalescer.flush()
         if batch is not None:
             # Off the loop: a slow core delays the next flush (more coalescing), never the streams.
             await loop.run_in_executor(sender, link.send, batch)
+        if time.monotonic() - counted_at >= COUNTERS_EVERY_S:
+            counted_at = time.monotonic()
+            await loop.run_in_executor(sender, lambda: link.send(_counters(registry, 0)))
+
+
+COUNTERS_EVERY_S = 1.0  # unasked counters: what a child that dies had counted is lost for at most this long
+
+
+def _counters(registry: CollectorRegistry, request: int) -> CountersReply:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return CountersReply(request, families_of(registry), usage.ru_utime + usage.ru_stime)
 
 
 def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts) -> None:
@@ -185,8 +199,7 @@ def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts) -> No
             log.warning("the extender process is gone; the telemetry ingest process exits")
             os._exit(0)
         if isinstance(message, CountersRequest):
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            link.send(CountersReply(message.request, families_of(registry), usage.ru_utime + usage.ru_stime))
+            link.send(_counters(registry, message.request))
         elif isinstance(message, PodsGone):
             verdicts.gone = message.pods
 
