@@ -1,7 +1,10 @@
 """The gRPC telemetry endpoint node agents stream to.
 
-Runs a ``grpc.aio`` server on a thread and event loop of its own, so ingesting thousands of
-reports never queues behind (or in front of) kube-scheduler's filter calls on the HTTP loop.
+Runs a ``grpc.aio`` server on an event loop of its own: by default in the ingest process
+(``adapters.ingest_process``, where the sink is a coalescer and the core gets batches), or with
+``--telemetry-ingest=thread`` on a thread of the extender (``TelemetryServer``, the sink the
+store itself), so ingesting thousands of reports never queues behind (or in front of)
+kube-scheduler's filter calls on the HTTP loop — and, in a process, never takes their GIL.
 
 What an agent sends is untrusted, so each stream is judged before it may cost much:
 - at most ``StreamLimits.max_streams`` open streams and ``max_pending_reviews`` TokenReviews in
