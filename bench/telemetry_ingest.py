@@ -1,6 +1,19 @@
 """Telemetry ingest: N simulated node agents at 1 Hz streaming into one extender (issue 4).
 
 Issue 4's target: **one core keeps up with snapshot age p99 <= 1.5 periods at 5,000 agents.**
+Issue 18, item 3: **ingest must not slow decisions.** ``--ingest process`` (the default, as the
+extender's ``--telemetry-ingest``) runs the telemetry server in the ingest child process
+(``extender.adapters.ingest_process``) and the core applies its batches; ``--ingest thread`` is
+the layout the earlier figures were taken with (the server on a thread of the extender). Both
+run the same filter+prioritize loop idle and while ingesting, so the figures compare.
+
+CPUs, honestly: the box has two. The extender's core process is pinned alone to CPU 0 — what is
+measured is what decisions get. In process mode the ingest child is re-pinned (it inherits the
+core's affinity at spawn) to CPU 1 *with the agent generators*: it then competes with the load
+it ingests, so its CPU (``cpu.ingest_process_per_wall_s``, from the child's own ``getrusage``)
+and the data age and lag it achieves are reported as they are, on a shared core — a pessimistic
+figure for ingest, an honest one for decisions. In thread mode the ingest CPU is inside the core
+process's figures, as before. A machine with a third core would give the child its own.
 
 Processes (the orchestrator starts both kinds and only waits):
 
@@ -13,7 +26,9 @@ Processes (the orchestrator starts both kinds and only waits):
   assumed bind per cycle as in ``extender_latency``). The token verifier is a stub that returns an
   authenticated identity whose node is the one the stream claims: in production TokenReview runs
   once per stream (per connection), not per report, so it is not the steady-state cost; the e2e
-  tests cover real authentication.
+  tests cover real authentication. In process mode the server, servicer and coalescer run in the
+  spawned ingest child (same stub verifier, built there) and the core runs the ``IngestProcess``
+  link thread that applies each batch (``ClusterState.apply_telemetry``: store, one re-layout).
 * **agents** — ``--generators`` processes pinned to the other core, each one grpc.aio event loop
   holding its share of the N bidi streams, one channel (one TCP connection) per agent, as on a
   real cluster. Each agent sends a complete NodeReport (every GPU or MIG instance with total /
@@ -36,17 +51,18 @@ reported and a warm-up:
   the filter loop, the age sampler and the staleness sweep are timed with ``thread_time``; the
   rest (gRPC threads, the telemetry event loop: decode, ``report_to_telemetry``, ``ingest``, ack)
   is the ingest cost;
-* reports ingested per second (the store's counter);
+* reports ingested per second (the store's counter; in process mode the batches carry the count);
 * snapshot age, sampled every 100 ms over a rotating slice of at most 500 nodes (each node once
   per N/500 ticks; sampling all 5,000 every tick cost the measured core ~0.11 CPU s/s): ``store``
   age = now - ``received_at`` (what
   staleness is judged with; ``received_at`` is stamped when the servicer handles the report), and
   ``data`` age = wall now - the agent's ``sampled_at`` (end to end: includes any queueing in gRPC
-  before the servicer got to it — store age alone would hide a backlog). Both in periods.
-  ``data`` age needs ``sampled_at``, which the model value does not keep, so the bench wraps
-  ``report_to_telemetry`` in the extender process with a function that notes it per node (one dict
-  store per report); the servicer and store are the real ones;
-* ingest lag per report = wall time at ingest - ``sampled_at`` (same machine, same clock);
+  before the servicer got to it — store age alone would hide a backlog). Both in periods, both
+  read from the core's store (``TelemetryStore.heard``: in process mode they include the batch
+  interval, since the core only knows what a batch told it);
+* ingest lag per report = wall time when the core's store took it - ``sampled_at`` (same machine,
+  same clock); in process mode over the newest report per node per batch (the rest were
+  coalesced away), taken in a wrapper around the batch apply;
 * filter + prioritize latency while ingesting, and after the agents stopped ("idle": same state,
   telemetry left to go stale, the one rebuild that causes absorbed before measuring);
 * garbage collections in the window (``gc``: per generation, count and the collecting thread's
@@ -54,7 +70,8 @@ reported and a warm-up:
   (``extender.heap.settle_heap``: freeze, young threshold);
 * CPU per thread name from /proc (``by_thread_per_wall_s``: ``python`` = the interpreter's
   threads, ``event_engine`` = gRPC core's I/O threads); ``--profile`` is a cProfile of the
-  telemetry event loop in thread CPU time (not wall: waits for the GIL or a lock are not cost).
+  telemetry event loop in thread CPU time (not wall: waits for the GIL or a lock are not cost),
+  thread mode only.
 
 The results file starts with ``headline``: reports/s, store and data age p99 (periods) and CPU at
 5,000 agents (else the largest count), each ``{metric, measured, unit, target, met, anchor}``.
@@ -65,7 +82,8 @@ generator that could not keep up is visible rather than blamed on the extender.
     .venv/bin/python -m bench.telemetry_ingest                    # 1,000 / 2,500 / 5,000 agents, 60 s each
     .venv/bin/python -m bench.telemetry_ingest --agents 5000 --seconds 30
     .venv/bin/python -m bench.telemetry_ingest --quick            # 1,000 agents, 10 s, prints only
-    .venv/bin/python -m bench.telemetry_ingest --agents 5000 --profile   # cProfile the ingest loop (slower)
+    .venv/bin/python -m bench.telemetry_ingest --quick --ingest thread   # the same, the pre-issue-18 layout
+    .venv/bin/python -m bench.telemetry_ingest --agents 5000 --ingest thread --profile   # cProfile the ingest loop
 
 Not a test: it never asserts timings.
 """
@@ -167,6 +185,19 @@ def cpu_seconds() -> float:
 
 
 # ---- the extender process ----------------------------------------------------------------------
+def _bench_identity(token: str) -> Any:
+    from extender.service.telemetry import TokenIdentity
+
+    node = token.removeprefix("bench:")
+    return TokenIdentity(True, AGENT_USERNAME, node_name=node, pod_name=f"gpusched-node-agent-{node}")
+
+
+def bench_verifier() -> Any:
+    """The stub token verifier (authenticated; node = the one the token names). TokenReview runs
+    once per stream in production, not per report. Module level: the spawned ingest process builds it."""
+    return _bench_identity
+
+
 def extender_main(args: argparse.Namespace) -> int:
     pinned = pin({args.cpu})
     nofile = raise_nofile()
@@ -178,7 +209,7 @@ def extender_main(args: argparse.Namespace) -> int:
     from extender.heap import settle_heap
     from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
     from extender.service.state import ClusterState
-    from extender.service.telemetry import TelemetryStore, TokenIdentity
+    from extender.service.telemetry import TelemetryStore
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -194,25 +225,57 @@ def extender_main(args: argparse.Namespace) -> int:
     judged = [0]
     store.on_change(lambda node: judged.__setitem__(0, judged[0] + 1))  # reports that change how a node is judged
 
-    # sampled_at per node (and ingest lag per report), noted by a wrapper around the real conversion.
-    sampled_at: dict[str, int] = {}
+    # Ingest lag per report that reached the core: wall time when the core's store took it - the
+    # agent's sampled_at (NodeTelemetry keeps it). Thread mode: every report; process mode: the
+    # newest report per node per batch (the others were coalesced away, as designed).
     lags = array("d")
     recording = [False]
-    real_convert = ts.report_to_telemetry
+    ingest_process: Any = None
+    if args.ingest == "thread":
+        real_ingest = store.ingest
 
-    def noting_convert(report: Any, received_at: float, gpus: Any = None) -> Any:
-        sampled_at[report.node_name] = report.sampled_at_unix_nanos
-        if recording[0]:
-            lags.append(time.time() - report.sampled_at_unix_nanos * 1e-9)
-        return real_convert(report, received_at, gpus)
-    ts.report_to_telemetry = noting_convert
+        def noting_ingest(report: Any) -> None:
+            if recording[0]:
+                lags.append(time.time() - report.sampled_at_unix)
+            real_ingest(report)
+        store.ingest = noting_ingest  # type: ignore[method-assign]  (before any stream binds it)
+        servicer = ts.TelemetryServicer(store, bench_verifier(), AGENT_USERNAME, ts.TelemetryMetrics(CollectorRegistry()))
+        server = ts.TelemetryServer(servicer, "127.0.0.1:0").start()
+        port = server.port
 
-    def verify(token: str) -> TokenIdentity:  # stub: TokenReview runs once per stream in production
-        node = token.removeprefix("bench:")
-        return TokenIdentity(True, AGENT_USERNAME, node_name=node, pod_name=f"gpusched-node-agent-{node}")
+        def open_streams() -> float:
+            return servicer._metrics.streams._value.get()
 
-    servicer = ts.TelemetryServicer(store, verify, AGENT_USERNAME, ts.TelemetryMetrics(CollectorRegistry()))
-    server = ts.TelemetryServer(servicer, "127.0.0.1:0").start()
+        def ingest_cpu_s() -> float:
+            return 0.0  # inside this process's figures
+    else:
+        from extender.adapters.ingest_process import IngestConfig, IngestProcess
+
+        def applying(batch: Any) -> None:
+            if recording[0]:
+                now = time.time()
+                lags.extend([now - r.sampled_at_unix for r in batch.changed])
+                lags.extend([now - h[3] for h in batch.heard])
+            state.apply_telemetry(batch)
+        ingest_process = IngestProcess(IngestConfig("127.0.0.1:0", AGENT_USERNAME, bench_verifier), applying).start()
+        port = ingest_process.port
+        try:  # the child inherited this process's core; it belongs with the generators
+            os.sched_setaffinity(ingest_process.pid, {args.ingest_cpu})
+        except OSError:
+            print(f"warning: could not pin the ingest process to CPU {args.ingest_cpu}", file=sys.stderr)
+
+        def child_counters() -> Any:
+            reply = ingest_process.counters(10.0)
+            if reply is None:
+                raise RuntimeError("the ingest process did not answer")
+            return reply
+
+        def open_streams() -> float:
+            family = next(f for f in child_counters().families if f[1] == "gpusched_telemetry_streams_open")
+            return sum(v for _, v in family[4])
+
+        def ingest_cpu_s() -> float:
+            return child_counters().cpu_s
 
     decider = make_decider(state)
     decider.telemetry = state  # as assembly wires it: telemetry notes in decision records
@@ -254,13 +317,12 @@ def extender_main(args: argparse.Namespace) -> int:
                 continue
             t = time.thread_time()
             now_m, now_ns = time.monotonic(), time.time_ns()
-            view = store.view()
             sampled = names[tick[0] % stride::stride]
             tick[0] += 1
-            got = [view.get(n) for n in sampled]
-            present = [r for r in got if r is not None]
-            store_ages.extend([(now_m - r.received_at) / period for r in present])
-            data_ages.extend([(now_ns - sampled_at[r.node]) * 1e-9 / period for r in present])
+            got = [store.heard(n) for n in sampled]
+            present = [h for h in got if h is not None]
+            store_ages.extend([(now_m - h.received_at) / period for h in present])
+            data_ages.extend([(now_ns * 1e-9 - h.sampled_at_unix) / period for h in present])
             missing[0] += len(sampled) - len(present)
             missing[1] += 1
             sampler_cpu[0] += time.thread_time() - t
@@ -304,23 +366,23 @@ def extender_main(args: argparse.Namespace) -> int:
     for _ in range(10):  # warm-up: demand parsing, group caches
         filter_cycle()
     settle_heap()  # as the extender's entry point does once the cluster view is listed (gc.freeze)
-    say(f"READY {server.port}")
+    say(f"READY {port}")
 
     # ramp: wait until every node has reported, then warm up
     t_ramp = time.monotonic()
     deadline = t_ramp + args.ramp_timeout
 
     def covered() -> bool:
-        return len(store.view()) >= len(names) or time.monotonic() > deadline
+        return len(store) >= len(names) or time.monotonic() > deadline
     filter_loop(covered, None)
     coverage_s = time.monotonic() - t_ramp
-    reported = len(store.view())
+    reported = len(store)
     warm_until = time.monotonic() + args.warmup
     filter_loop(lambda: time.monotonic() > warm_until, None)
 
     # the measured ingest window
     profiler = None
-    if args.profile:
+    if args.profile and args.ingest == "thread":
         import cProfile
         profiler = cProfile.Profile(time.thread_time)  # CPU, not wall: waits for the GIL or a lock are not cost
         asyncio.run_coroutine_threadsafe(_enable(profiler), server._loop).result(5)
@@ -328,6 +390,7 @@ def extender_main(args: argparse.Namespace) -> int:
     reports0, rises0, gen0, judged0 = store.reports, rises[0], state._generation, judged[0]
     sweep0, sampler0 = sweep_cpu[0], sampler_cpu[0]
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    child0 = ingest_cpu_s()
     threads0 = thread_cpu()
     w0 = time.monotonic()
     recording[0] = True
@@ -339,6 +402,7 @@ def extender_main(args: argparse.Namespace) -> int:
     wall = time.monotonic() - w0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     threads1 = thread_cpu()
+    child_cpu = ingest_cpu_s() - child0
     reports = store.reports - reports0
     rebuilds = state._generation - gen0
     sweep_s, sampler_s = sweep_cpu[0] - sweep0, sampler_cpu[0] - sampler0
@@ -349,9 +413,8 @@ def extender_main(args: argparse.Namespace) -> int:
     say("INGEST_DONE")
 
     # idle: agents stop; wait for streams to close and telemetry to go stale (one rebuild), then measure
-    streams = servicer._metrics.streams
     quiet_deadline = time.monotonic() + 30
-    filter_loop(lambda: streams._value.get() <= 0 or time.monotonic() > quiet_deadline, None)
+    filter_loop(lambda: open_streams() <= 0 or time.monotonic() > quiet_deadline, None)
     settle = time.monotonic() + 3.0 * period + 1.5
     filter_loop(lambda: time.monotonic() > settle, None)
     idle: dict[str, list] = {"total": [], "filter": [], "prioritize": [], "rebuilt": [], "cpu": []}
@@ -362,7 +425,10 @@ def extender_main(args: argparse.Namespace) -> int:
     idle_cpu = (cpu_seconds() - i0) / (time.monotonic() - iw0)
     stop_all.set()
     try:
-        server.stop()
+        if ingest_process is not None:
+            ingest_process.stop()
+        else:
+            server.stop()
     except Exception:  # noqa: BLE001  (the process exits next; a slow grpc shutdown does not matter)
         pass
 
@@ -370,7 +436,9 @@ def extender_main(args: argparse.Namespace) -> int:
     filter_cpu = sum(ingest["cpu"])
     process_cpu = user + system
     result = {
-        "agents": args.agents, "pinned_cpus": pinned, "nofile": nofile, "window_s": round(wall, 2),
+        "agents": args.agents, "ingest": args.ingest, "pinned_cpus": pinned,
+        "ingest_process_cpus": [args.ingest_cpu] if args.ingest == "process" else None, "nofile": nofile,
+        "window_s": round(wall, 2),
         "coverage_s": round(coverage_s, 2), "reported_nodes_at_start": reported,
         "reports_per_s": round(reports / wall, 1), "expected_reports_per_s": round(args.agents / period, 1),
         "cpu": {"process_per_wall_s": round(process_cpu / wall, 3), "user_per_wall_s": round(user / wall, 3),
@@ -381,6 +449,8 @@ def extender_main(args: argparse.Namespace) -> int:
                 "ingest_per_wall_s": round((process_cpu - filter_cpu - sampler_s - sweep_s) / wall, 3),
                 "ingest_us_per_report": round((process_cpu - filter_cpu - sampler_s - sweep_s) / max(reports, 1) * 1e6, 1),
                 "idle_process_per_wall_s": round(idle_cpu, 3),
+                "ingest_process_per_wall_s": round(child_cpu / wall, 3),
+                "ingest_process_us_per_report": round(child_cpu / max(reports, 1) * 1e6, 1),
                 "by_thread_per_wall_s": thread_cpu_delta(threads0, threads1, wall),
                 "voluntary_switches": ru1.ru_nvcsw - ru0.ru_nvcsw, "involuntary_switches": ru1.ru_nivcsw - ru0.ru_nivcsw},
         "age_store_periods": pct(store_ages), "age_data_periods": pct(data_ages),
@@ -622,7 +692,8 @@ def run_case(n: int, args: argparse.Namespace, cpus: list[int]) -> dict[str, Any
     ext_cpu = cpus[0]
     gen_cpu = cpus[1] if len(cpus) > 1 else cpus[0]
     base = [sys.executable, "-m", "bench.telemetry_ingest", "--agents", str(n), "--period", str(args.period)]
-    ext_cmd = base + ["--role", "extender", "--cpu", str(ext_cpu), "--seconds", str(args.seconds),
+    ext_cmd = base + ["--role", "extender", "--cpu", str(ext_cpu), "--ingest", args.ingest, "--ingest-cpu", str(gen_cpu),
+                      "--seconds", str(args.seconds),
                       "--idle-seconds", str(args.idle_seconds), "--filter-hz", str(args.filter_hz),
                       "--warmup", str(args.warmup), "--ramp-timeout", str(args.ramp + 30)]
     if args.profile:
@@ -727,7 +798,7 @@ def why_not_met(rows: list[dict[str, Any]]) -> str | None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = (f"{'agents':>6} {'rep/s':>7} {'exp/s':>6} {'cpu/s':>6} {'ingest':>6} {'us/rep':>6} "
+    head = (f"{'agents':>6} {'mode':>7} {'rep/s':>7} {'exp/s':>6} {'cpu/s':>6} {'ingest':>6} {'us/rep':>6} {'child':>5} "
             f"{'age p50':>7} {'p99':>5} {'max':>5} {'data p99':>8} {'lag p99':>8} "
             f"{'filt idle p50/p99':>17} {'filt ingest p50/p99':>19} {'gen cpu':>7} {'gen late p99':>12}  target")
     print(head)
@@ -736,8 +807,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         fi, fb = r["filter_idle_ms"]["total"], r["filter_ingesting_ms"]["total"]
         gen_cpu = sum(g.get("cpu_per_wall_s", 0) for g in r["generators"])
         gen_late = max((g.get("send_late_ms", {}).get("p99", 0) for g in r["generators"]), default=0)
-        print(f"{r['agents']:>6} {r['reports_per_s']:>7.0f} {r['expected_reports_per_s']:>6.0f} "
+        print(f"{r['agents']:>6} {r.get('ingest', 'thread'):>7} {r['reports_per_s']:>7.0f} "
+              f"{r['expected_reports_per_s']:>6.0f} "
               f"{c['process_per_wall_s']:>6.2f} {c['ingest_per_wall_s']:>6.2f} {c['ingest_us_per_report']:>6.0f} "
+              f"{c.get('ingest_process_per_wall_s', 0):>5.2f} "
               f"{a.get('p50', 0):>7.2f} {a.get('p99', 0):>5.2f} {a.get('max', 0):>5.2f} {d.get('p99', 0):>8.2f} "
               f"{r['ingest_lag_ms'].get('p99', 0):>8.1f} "
               f"{fi.get('p50', 0):>8.1f}/{fi.get('p99', 0):<8.1f} {fb.get('p50', 0):>9.1f}/{fb.get('p99', 0):<9.1f} "
@@ -745,7 +818,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("# age in periods (1 period = 1 s): 'age' = now - received_at (store), 'data p99' = now - agent's "
           "sampled_at; lag = ingest time - sampled_at (ms);")
     print("# cpu/s = extender CPU seconds per wall second on its one core; 'ingest' = that minus the filter loop, "
-          "age sampler and staleness sweep; filter = ExtenderService filter+prioritize (ms), TP=2 pod over all nodes")
+          "age sampler and staleness sweep (process mode: applying batches); 'child' = the ingest process's CPU s/s "
+          "(on the agents' core); filter = ExtenderService filter+prioritize (ms), TP=2 pod over all nodes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -763,10 +837,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, help="idle filter window, s (default min(seconds, 20))")
     parser.add_argument("--profile", action="store_true", help="cProfile the telemetry loop during the window "
                         "(perturbs the figures; printed, and stored only with --output)")
+    parser.add_argument("--ingest", choices=["process", "thread"], default="process",
+                        help="where the telemetry server runs, as the extender's --telemetry-ingest (default process)")
     parser.add_argument("--output", type=Path, help=f"results file (default {RESULTS}; not written with --quick)")
     # internal: the child processes
     parser.add_argument("--role", choices=["extender", "agents"], help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ingest-cpu", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stop-file", help=argparse.SUPPRESS)
@@ -791,9 +868,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.extender_latency import machine
     info = machine()
     info["pinned_cpus"] = {"extender": [cpus[0]], "agents": [cpus[1] if len(cpus) > 1 else cpus[0]]}
+    if args.ingest == "process":
+        info["pinned_cpus"]["ingest_process"] = info["pinned_cpus"]["agents"]
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}"
           f"{' (dirty)' if info['git_dirty'] else ''}; extender on CPU {cpus[0]}, {args.generators} agent processes on "
-          f"CPU {info['pinned_cpus']['agents'][0]}; window {args.seconds:g} s, filter {args.filter_hz:g} Hz")
+          f"CPU {info['pinned_cpus']['agents'][0]}; ingest: {args.ingest}"
+          f"{' (on the agents CPU)' if args.ingest == 'process' else ' (a thread of the extender)'}; "
+          f"window {args.seconds:g} s, filter {args.filter_hz:g} Hz")
     rows = []
     for n in sizes:
         print(f"# {n} agents ...", flush=True)

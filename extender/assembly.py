@@ -167,6 +167,8 @@ def assemble(settings: Settings) -> Assembled:
     if settings.telemetry_address:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors)
         framework_decider.telemetry = state
+        if settings.telemetry_ingest == "process":  # before the plugin service takes readiness
+            collaborators.ready = _both_ready(collaborators.ready, assembled.telemetry_server.ready)
     if settings.scheduling_address:
         assembled.scheduling_server = _start_scheduling(settings, state, collaborators)
     return assembled
@@ -234,10 +236,14 @@ def _every(period_s: float, fn: Any) -> None:
 
 def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decisions: DecisionStore,
                      collaborators: Collaborators, reflectors: list[Any]) -> Any:
-    """The agents' gRPC endpoint, its store (read by the snapshot) and the requeue nudger."""
+    """The agents' gRPC endpoint, its store (read by the snapshot) and the requeue nudger.
+
+    ``--telemetry-ingest=process`` (default): the server runs in a child process
+    (``adapters.ingest_process``) and the core applies its batches; readiness then also says
+    whether that process serves. ``thread``: the server on a thread of this process, one report
+    at a time into the store (the layout before issue 18)."""
     from extender.adapters.requeue import NodeNudger
-    from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServer, TelemetryServicer
-    from extender.adapters.token_review import TokenReviewVerifier
+    from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, count_refused_holders
 
     store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
     state.attach_telemetry(store)
@@ -250,20 +256,55 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
             tls = (Path(settings.telemetry_tls_cert).read_bytes(), Path(settings.telemetry_tls_key).read_bytes())
         except OSError as exc:
             raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
-    telemetry_metrics = TelemetryMetrics(collaborators.metrics.registry)
-    telemetry_metrics.count_refused_holders_of(state.holders_refused)
+    registry = collaborators.metrics.registry
+    count_refused_holders(registry, state.holders_refused)
     pods = next(r for r in reflectors if r.kind == "pods")
+    limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
+    if settings.telemetry_ingest == "process":
+        return _start_ingest_process(settings, state, collaborators, pods, limits, tls)
+
+    from extender.adapters.telemetry_server import TelemetryServer, TelemetryServicer
+    from extender.adapters.token_review import TokenReviewVerifier
 
     def pod_alive(identity: Any) -> bool:
         """The token's pod still runs on its node (unknown until the first pod list: alive)."""
         return not pods.synced.is_set() or state.pod_runs_on(f"{identity.namespace}/{identity.pod_name}",
                                                             identity.node_name)
 
-    limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
     servicer = TelemetryServicer(store, TokenReviewVerifier(api).verify, settings.agent_service_account,
-                                 telemetry_metrics, limits=limits, pod_alive=pod_alive)
+                                 TelemetryMetrics(registry), limits=limits, pod_alive=pod_alive)
     try:
         return TelemetryServer(servicer, settings.telemetry_address, tls).start()
     except Exception as exc:
         raise StartupError(f"--telemetry-address {settings.telemetry_address}: cannot serve: {exc}") from None
 
+
+def _start_ingest_process(settings: Settings, state: ClusterState, collaborators: Collaborators, pods: Any,
+                          limits: Any, tls: tuple[bytes, bytes] | None) -> Any:
+    """The ingest child, its batches applied to ``state``, its counters on /metrics, its health in
+    readiness."""
+    from extender.adapters.ingest_process import IngestMetrics, IngestProcess, IngestStartError, ingest_config
+
+    def pods_gone(streams: list[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+        """Streams whose pod no longer runs on its node (unknown until the first pod list: none)."""
+        return state.pods_gone(streams) if pods.synced.is_set() else frozenset()
+
+    config = ingest_config(settings.telemetry_address, settings.agent_service_account, limits, tls,
+                           settings.kubeconfig, settings.token_file, settings.log_level)
+    try:
+        ingest = IngestProcess(config, state.apply_telemetry, pods_gone).start()
+    except IngestStartError as exc:
+        raise StartupError(f"--telemetry-address {settings.telemetry_address}: cannot serve: {exc}") from None
+    collaborators.metrics.registry.register(IngestMetrics(ingest))
+    return ingest
+
+
+def _both_ready(first: Any, second: Any) -> Any:
+    """Readiness that needs both: the first reason that is not ready, else the first's."""
+    def ready() -> tuple[bool, str]:
+        ok, why = first()
+        if not ok:
+            return ok, why
+        up, reason = second()
+        return (True, why) if up else (False, reason)
+    return ready

@@ -134,6 +134,11 @@ class Settings(BaseModel):
     longer period counts as this one, so no node can declare a period that keeps it fresh for days"""
     telemetry_max_streams: Annotated[int, Field(ge=1)] = 10_000
     """telemetry streams served at once, one per GPU node; more are refused and retried"""
+    telemetry_ingest: Literal["process", "thread"] = "process"
+    """where the telemetry server runs: process = a child process of the extender with an interpreter
+    lock of its own, sending the decision core what changed every 0.2 s (decisions do not wait on
+    ingest; restarted if it dies); thread = a thread of the extender process, every report taking
+    the lock the decisions need (the layout before issue 18, for comparison and debugging)"""
     scheduler_http_timeout_s: Annotated[float, Field(gt=0), duration_flag("--scheduler-http-timeout")] = 60.0
     """the httpTimeout of this extender in the KubeSchedulerConfiguration (e.g. 60s): a gang member
     waits for its group inside one bind call, so a group's timeout is clamped below it"""

@@ -1,7 +1,10 @@
 """The gRPC telemetry endpoint node agents stream to.
 
-Runs a ``grpc.aio`` server on a thread and event loop of its own, so ingesting thousands of
-reports never queues behind (or in front of) kube-scheduler's filter calls on the HTTP loop.
+Runs a ``grpc.aio`` server on an event loop of its own: by default in the ingest process
+(``adapters.ingest_process``, where the sink is a coalescer and the core gets batches), or with
+``--telemetry-ingest=thread`` on a thread of the extender (``TelemetryServer``, the sink the
+store itself), so ingesting thousands of reports never queues behind (or in front of)
+kube-scheduler's filter calls on the HTTP loop — and, in a process, never takes their GIL.
 
 What an agent sends is untrusted, so each stream is judged before it may cost much:
 - at most ``StreamLimits.max_streams`` open streams and ``max_pending_reviews`` TokenReviews in
@@ -43,7 +46,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry
-from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node
+from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 # What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
@@ -84,7 +87,8 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
                                   e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
                                   e.stale, e.stale_reason) for e in report.engines]) if report.engines else ()
     period_s = min(max(report.period_millis, 1) / 1000.0, max_period_s)
-    return NodeTelemetry(report.node_name, report.sequence, received_at, period_s, report.gpu_backend, gpus, engines)
+    return NodeTelemetry(report.node_name, report.sequence, received_at, period_s, report.gpu_backend, gpus, engines,
+                         report.sampled_at_unix_nanos * 1e-9)
 
 
 def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
@@ -112,9 +116,9 @@ class TelemetryMetrics:
         self.streams = Gauge("gpusched_telemetry_streams_open", "Authenticated telemetry streams open.",
                              registry=registry)
         self._registry = registry
-        self._counted: list[TelemetryStore] = []
+        self._counted: list[ReportSink] = []
 
-    def count_reports_of(self, store: TelemetryStore) -> None:
+    def count_reports_of(self, store: ReportSink) -> None:
         """Export ``gpusched_telemetry_reports_total`` from the store's own count, read at scrape
         time: a Prometheus counter increment per report (its lock, its value object) was a few
         percent of the ingest core at 5,000 reports/s. One store per registry; repeats are no-ops."""
@@ -124,10 +128,11 @@ class TelemetryMetrics:
         self._registry.register(_ReportsIngested(store))
 
 
-    def count_refused_holders_of(self, refused: Mapping[str, int]) -> None:
-        """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
-        state keeps (``ClusterState.holders_refused``), read at scrape time."""
-        self._registry.register(_HoldersRefused(refused))
+def count_refused_holders(registry: CollectorRegistry, refused: Mapping[str, int]) -> None:
+    """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
+    state keeps (``ClusterState.holders_refused``: the core judges holders, wherever ingest runs),
+    read at scrape time."""
+    registry.register(_HoldersRefused(refused))
 
 
 class _HoldersRefused(Collector):
@@ -149,7 +154,7 @@ class _HoldersRefused(Collector):
 
 
 class _ReportsIngested(Collector):
-    def __init__(self, store: TelemetryStore) -> None:
+    def __init__(self, store: ReportSink) -> None:
         self._store = store
 
     def collect(self) -> Iterator[CounterMetricFamily]:
@@ -163,13 +168,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     report ``ack_interval_s`` after the last ack, whichever comes first — an ack is a write with a
     completion of its own, and agents only need it as a sign of life, not per report."""
 
-    def __init__(self, store: TelemetryStore, verify: Callable[[str], TokenIdentity], agent_username: str,
+    def __init__(self, store: ReportSink, verify: Callable[[str], TokenIdentity], agent_username: str,
                  metrics: TelemetryMetrics, first_report_timeout_s: float = 30.0, *,
                  ack_every: int = 10, ack_interval_s: float = 10.0, limits: StreamLimits = StreamLimits(),
                  pod_alive: Callable[[TokenIdentity], bool] = lambda identity: True,
+                 on_stream: Callable[[TokenIdentity, bool], None] = lambda identity, opened: None,
                  wall_clock: Callable[[], float] = time.time):
-        """``pod_alive(identity)``: whether the token's pod still runs on its node (the extender's
-        pod watch); checked every ``limits.recheck_s`` per stream."""
+        """``store``: where accepted reports go (the store itself, or the ingest process's
+        coalescer). ``pod_alive(identity)``: whether the token's pod still runs on its node (the
+        extender's pod watch); checked every ``limits.recheck_s`` per stream. ``on_stream(identity,
+        True)`` once a stream's node is authorized, ``(identity, False)`` when that stream ends."""
         if ack_every < 1:
             raise ValueError(f"ack_every must be >= 1 (1 = every report), got {ack_every}")
         self._store = store
@@ -181,6 +189,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self.ack_interval_s = ack_interval_s
         self.limits = limits
         self._pod_alive = pod_alive
+        self._on_stream = on_stream
         self._wall = wall_clock
         self._reviews = ThreadPoolExecutor(limits.review_workers, thread_name_prefix="token-review")
         self._pending_reviews = 0
@@ -236,7 +245,6 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             self._metrics.streams.dec()
 
     async def _serve(self, context: grpc.aio.ServicerContext, identity: TokenIdentity) -> None:
-        limits = self.limits
         try:
             first = await asyncio.wait_for(context.read(), self._first_timeout)
         except asyncio.TimeoutError:
@@ -247,6 +255,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         if refusal is not None:
             await self._refuse(context, refusal.reason, grpc.StatusCode.PERMISSION_DENIED, refusal.message)
             return
+        self._on_stream(identity, True)
+        try:
+            await self._stream(context, identity, first)
+        finally:
+            self._on_stream(identity, False)
+
+    async def _stream(self, context: grpc.aio.ServicerContext, identity: TokenIdentity,
+                      first: telemetry_pb2.NodeReport) -> None:
+        limits = self.limits
         node = first.node_name
         ingest, clock, wall, read = self._store.ingest, time.monotonic, self._wall, context.read
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
@@ -324,20 +341,7 @@ class TelemetryServer:
             self._started.set()
 
     async def _serve(self) -> None:
-        # A small fixed receive window per stream (no BDP growth): when the extender falls behind,
-        # agents' sends block (each agent then reports its current state when it can) instead of
-        # reports piling up in per-stream buffers that are read oldest first. 5,000 agents, back
-        # to back: ingest lag p99 23 s -> 1.5 s, data age p99 2.78 -> 2.26 periods, 4,691 -> 5,188
-        # reports/s. A report is a few hundred bytes; larger messages still pass, in window steps.
-        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                                ("grpc.http2.lookahead_bytes", 4096), ("grpc.http2.bdp_probe", 0)])
-        telemetry_pb2_grpc.add_TelemetryServicer_to_server(self._servicer, self._server)
-        if self._tls:
-            creds = grpc.ssl_server_credentials([(self._tls[1], self._tls[0])])
-            self.port = self._server.add_secure_port(self._address, creds)
-        else:
-            self.port = self._server.add_insecure_port(self._address)
-        await self._server.start()
+        self._server, self.port = await start_grpc_server(self._servicer, self._address, self._tls)
         self._started.set()
         await self._server.wait_for_termination()
 
@@ -350,3 +354,23 @@ class TelemetryServer:
             future.result(grace_s + 5)
         except Exception as exc:  # a stuck stream must not hang shutdown; the thread is a daemon
             log.warning("telemetry server did not stop cleanly: %r", exc)
+
+
+async def start_grpc_server(servicer: TelemetryServicer, address: str,
+                            tls: tuple[bytes, bytes] | None) -> tuple[grpc.aio.Server, int]:
+    """The telemetry ``grpc.aio`` server on the running loop, started; (server, bound port).
+    ``tls``: (certificate chain PEM, private key PEM), or None for cleartext."""
+    # A small fixed receive window per stream (no BDP growth): when the extender falls behind,
+    # agents' sends block (each agent then reports its current state when it can) instead of
+    # reports piling up in per-stream buffers that are read oldest first. 5,000 agents, back
+    # to back: ingest lag p99 23 s -> 1.5 s, data age p99 2.78 -> 2.26 periods, 4,691 -> 5,188
+    # reports/s. A report is a few hundred bytes; larger messages still pass, in window steps.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.http2.lookahead_bytes", 4096), ("grpc.http2.bdp_probe", 0)])
+    telemetry_pb2_grpc.add_TelemetryServicer_to_server(servicer, server)
+    if tls:
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([(tls[1], tls[0])]))
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    return server, port

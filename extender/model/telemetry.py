@@ -9,7 +9,13 @@ clock, so agent clock skew never makes data look fresher than it is.
 from an earlier report of the same stream when the newer one changed nothing judged (same whole
 GiB of free memory, same foreign usage and assignments; the telemetry adapter's
 ``gpu_report_key``): they judge identically, and converting them again for every report is what
-made ingest expensive.
+made ingest expensive. With ingest in its own process (``adapters.ingest_process``) the same
+holds one step further: a node's whole value is shipped to the decision core only when what is
+judged changed; otherwise only ``received_at``, ``sequence`` and ``sampled_at_unix`` move on (the
+store's ``Heard``), so engine figures inside an unchanged headroom tenth may be a few reports
+old, as per-unit free memory inside an unchanged GiB already was.
+
+``NodeTelemetry`` pickles (``__reduce__``): the batches from the ingest process carry it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ class NodeTelemetry:
     gpu_backend: str
     gpus: Mapping[str, GpuSample] = field(default_factory=lambda: MappingProxyType({}))  # by uuid
     engines: tuple[EngineSample, ...] = ()
+    sampled_at_unix: float = 0.0  # the agent's wall clock when it sampled: shown and measured, never judged (skew)
+
+    def __reduce__(self) -> tuple:
+        # MappingProxyType does not pickle; the units travel as a tuple and are keyed again.
+        return (_node_telemetry, (self.node, self.sequence, self.received_at, self.period_s, self.gpu_backend,
+                                  tuple(self.gpus.values()), self.engines, self.sampled_at_unix))
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.received_at)
@@ -68,6 +80,14 @@ class NodeTelemetry:
             for pod in gpu.assigned_pods:
                 out.setdefault(pod, []).append(gpu.uuid)
         return {pod: tuple(sorted(ids)) for pod, ids in out.items()}
+
+
+def _node_telemetry(node: str, sequence: int, received_at: float, period_s: float, gpu_backend: str,
+                    gpus: tuple[GpuSample, ...], engines: tuple[EngineSample, ...],
+                    sampled_at_unix: float) -> NodeTelemetry:
+    """Unpickles a :class:`NodeTelemetry` (see its ``__reduce__``)."""
+    return NodeTelemetry(node, sequence, received_at, period_s, gpu_backend,
+                         MappingProxyType({g.uuid: g for g in gpus}), engines, sampled_at_unix)
 
 
 MIB = 1 << 20

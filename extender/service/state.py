@@ -35,6 +35,7 @@ from typing import Any
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, make_node_info, node_info_from_k8s
 from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib, engine_headroom
+from extender.service.ingest_batch import IngestBatch
 from extender.service.telemetry import TelemetryStore
 
 log = logging.getLogger("gpusched.extender.state")
@@ -203,10 +204,8 @@ class ClusterState:
         periodically: staleness is a matter of time passing, not of any event."""
         if self.telemetry is None:
             return
-        now = self._clock()
         flipped = []
-        for node, report in self.telemetry.view().items():
-            fresh = report.is_fresh(now, self.telemetry.stale_after_periods)
+        for node, fresh in self.telemetry.freshness(self._clock()).items():
             if self._fresh.get(node) != fresh:
                 self._fresh[node] = fresh
                 flipped.append(node)
@@ -214,6 +213,21 @@ class ClusterState:
             with self._lock:
                 self._retelemetry.update(flipped)
                 self._dirty = True
+
+    def apply_telemetry(self, batch: IngestBatch) -> None:
+        """One batch from the ingest process, in one step: the store takes it (its listeners mark
+        the changed nodes), then the snapshot is re-laid here, on the caller's thread, so the next
+        decision finds it laid out instead of paying for it."""
+        assert self.telemetry is not None, "attach_telemetry first"
+        self.telemetry.apply(batch)
+        if self._dirty:
+            self.snapshot()
+
+    def pods_gone(self, pods: list[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+        """Those of ``(pod key, node)`` the watch does not show bound to that node (one lock)."""
+        with self._lock:
+            where = self._pod_nodes
+            return frozenset(p for p in pods if where.get(p[0]) != p[1])
 
     def telemetry_note(self, node: str) -> tuple[str, str]:
         """(state, foreign usage) of a node's telemetry, as sentences for decision records."""

@@ -15,11 +15,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from extender.model.telemetry import NodeTelemetry, engine_headroom, gpu_memory_key
+
+if TYPE_CHECKING:
+    from extender.service.ingest_batch import IngestBatch
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -81,15 +84,59 @@ def authorize_node(identity: TokenIdentity, claimed_node: str) -> Refusal | None
     return None
 
 
+class ReportSink(Protocol):
+    """Where the telemetry servicer puts each accepted report: a :class:`TelemetryStore` (ingest on
+    a thread of the extender) or, in the ingest process, a
+    :class:`~extender.service.ingest_batch.Coalescer`. Called on the servicer's event loop only."""
+
+    reports: int  # reports taken so far
+
+    def ingest(self, report: NodeTelemetry) -> None: ...
+
+
+class Heard(NamedTuple):
+    """When a node's newest report arrived, whatever it changed."""
+
+    received_at: float  # receiver's monotonic seconds (one clock for every process on the host)
+    sequence: int
+    sampled_at_unix: float  # the agent's wall clock; shown and measured, never judged
+
+
+class Derived(NamedTuple):
+    """What a report's unit mapping implies, computed once per mapping object (see :func:`derive`)."""
+
+    gpus: Any  # the mapping it was computed from (compared by identity)
+    memory_key: tuple
+    assignments: dict[str, tuple[str, ...]]
+    usable_units: int
+
+
+def derive(report: NodeTelemetry, previous: Derived | None) -> Derived:
+    """``previous`` again when ``report`` carries the very mapping it was computed from (an
+    unchanged report, see ``adapters.telemetry_server.gpu_report_key``); else computed afresh."""
+    if previous is not None and previous.gpus is report.gpus:
+        return previous
+    return Derived(report.gpus, gpu_memory_key(report), report.actual_assignments(), _usable_units(report))
+
+
+def judged_key(report: NodeTelemetry, derived: Derived) -> tuple:
+    """Equal keys judge identically: per-unit memory and foreign usage in whole GiB, units out of
+    service, the engines' quantised headroom, and the kubelet's assignments."""
+    return derived.memory_key, engine_headroom(report) if report.engines else None, derived.assignments
+
+
 class TelemetryStore:
     """The newest report per node, and who to tell when one changes how the node is judged.
 
-    Called from the telemetry event loop (``ingest``, up to thousands of times a second) and read
-    by the snapshot and the staleness sweep (``view``, ``get``). What a report's GPU mapping
-    implies (its memory key, the kubelet's assignments, its usable units) is computed once per
-    mapping object: the servicer hands a report whose units are unchanged the previous mapping
-    (see ``adapters.telemetry_server.gpu_report_key``), so such a report costs a dict store and a
-    few comparisons.
+    Fed one report at a time (``ingest``, from the telemetry event loop on a thread of the
+    extender) or one batch at a time (``apply``, from the ingest process's link thread: see
+    ``adapters.ingest_process``), and read by the snapshot and the staleness sweep (``get``,
+    ``freshness``). Per node it keeps the newest whole value and, apart, when the node was last
+    heard from (:class:`Heard`): a batch moves a node's whole value only when what is judged
+    changed, and otherwise just its :class:`Heard`; ``get`` and ``view`` return the value with
+    the newest ``received_at``, ``sequence`` and ``sampled_at_unix``. What a report's GPU mapping
+    implies is computed once per mapping object (:func:`derive`), so an unchanged report costs a
+    dict store and a few comparisons.
     """
 
     def __init__(self, *, stale_after_periods: float = 3.0, clock: Callable[[], float] = time.monotonic):
@@ -97,13 +144,13 @@ class TelemetryStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeTelemetry] = {}
+        self._heard: dict[str, tuple[float, int, float]] = {}  # node -> Heard's fields (cheaper than the tuple type)
         self._view: MappingProxyType = MappingProxyType({})
         self._dirty = False
         self._listeners: list[Callable[[str], None]] = []
         self._change_listeners: list[Callable[[str], None]] = []
         self._keys: dict[str, tuple] = {}
-        # node -> (gpus mapping, its gpu_memory_key, its actual assignments, its usable units)
-        self._derived: dict[str, tuple[Any, tuple, dict[str, tuple[str, ...]], int]] = {}
+        self._derived: dict[str, Derived] = {}
         self.reports = 0
 
     def on_change(self, listener: Callable[[str], None]) -> None:
@@ -112,47 +159,115 @@ class TelemetryStore:
         self._change_listeners.append(listener)
 
     def on_capacity_rise(self, listener: Callable[[str], None]) -> None:
+        """``listener(node)`` when a node's usable units rose, or it reported after having gone
+        stale, or it reported for the first time."""
         self._listeners.append(listener)
 
     def ingest(self, report: NodeTelemetry) -> None:
-        node = report.node
-        derived = self._derived.get(node)
-        if derived is None or derived[0] is not report.gpus:
-            derived = (report.gpus, gpu_memory_key(report), report.actual_assignments(), _usable_units(report))
-        key = (derived[1], engine_headroom(report) if report.engines else None)
+        """One report (called per report, on the telemetry event loop)."""
+        derived = derive(report, self._derived.get(report.node))
+        key = judged_key(report, derived)
         with self._lock:
-            previous = self._nodes.get(node)
-            before = self._derived.get(node)
-            self._nodes[node] = report
-            self._dirty = True
             self.reports += 1
-            changed = self._keys.get(node) != key or before is None or before[2] != derived[2]
-            self._keys[node] = key
-            self._derived[node] = derived
-        if changed:
+            changed, rose = self._take(report.node, (report.received_at, report.sequence, report.sampled_at_unix),
+                                       report, derived, key)
+        self._tell([report.node] if changed else [], [report.node] if rose else [])
+
+    def apply(self, batch: IngestBatch) -> None:
+        """One :class:`~extender.service.ingest_batch.IngestBatch` in one step (one lock, then the
+        listeners): its whole values, then the nodes only heard from."""
+        judged = []
+        for report in batch.changed:  # outside the lock: decisions never wait on it
+            derived = derive(report, self._derived.get(report.node))
+            judged.append((report, derived, judged_key(report, derived)))
+        changed: list[str] = []
+        rose: list[str] = []
+        with self._lock:
+            self.reports += batch.reports
+            for report, derived, key in judged:
+                c, r = self._take(report.node, (report.received_at, report.sequence, report.sampled_at_unix),
+                                  report, derived, key)
+                if c:
+                    changed.append(report.node)
+                if r:
+                    rose.append(report.node)
+            for node, received_at, sequence, sampled_at in batch.heard:
+                if node in self._nodes and self._take(node, (received_at, sequence, sampled_at))[1]:
+                    rose.append(node)
+        self._tell(changed, rose)
+
+    def _take(self, node: str, heard: tuple[float, int, float], report: NodeTelemetry | None = None,
+              derived: Derived | None = None, key: tuple | None = None) -> tuple[bool, bool]:
+        """Under the lock: record that ``node`` was heard from, and its new whole value when given.
+        Returns (judged change, capacity rose)."""
+        before = self._heard.get(node)
+        previous = self._nodes.get(node)
+        self._heard[node] = heard
+        self._dirty = True
+        # Back after having gone stale: capacity (the stale assumption's 10 %) comes back.
+        came_back = before is None or previous is None or \
+            heard[0] - before[0] > self.stale_after_periods * previous.period_s
+        if report is None or derived is None:
+            return False, came_back
+        old = self._derived.get(node)
+        self._nodes[node] = report
+        self._derived[node] = derived
+        changed = self._keys.get(node) != key
+        self._keys[node] = key  # type: ignore[assignment]  (a key is always given with a report)
+        return changed, came_back or old is None or derived.usable_units > old.usable_units
+
+    def _tell(self, changed: list[str], rose: list[str]) -> None:
+        for node in changed:
             for listener in self._change_listeners:
                 listener(node)
-        if previous is None or before is None or derived[3] > before[3] or \
-                not previous.is_fresh(report.received_at, self.stale_after_periods):
+        for node in rose:
             for listener in self._listeners:
                 listener(node)
 
+    def _current(self, node: str) -> NodeTelemetry | None:
+        """Under the lock: the node's whole value with its newest Heard."""
+        report = self._nodes.get(node)
+        if report is None:
+            return None
+        received_at, sequence, sampled_at = self._heard[node]
+        if received_at != report.received_at or sequence != report.sequence:
+            report = replace(report, received_at=received_at, sequence=sequence, sampled_at_unix=sampled_at)
+            self._nodes[node] = report  # the same judged value, newer stamps: a whole-value swap
+        return report
+
     def view(self) -> MappingProxyType:
-        """node -> NodeTelemetry; a new mapping object only when something was ingested."""
+        """node -> NodeTelemetry; a new mapping object only when something was ingested. Costs a
+        copy of every node's value: for tests and tools, not for every decision."""
         with self._lock:
             if self._dirty:
-                self._view = MappingProxyType(dict(self._nodes))
+                self._view = MappingProxyType({node: self._current(node) for node in self._nodes})
                 self._dirty = False
             return self._view
 
     def get(self, node: str) -> NodeTelemetry | None:
         with self._lock:
-            return self._nodes.get(node)
+            return self._current(node)
+
+    def heard(self, node: str) -> Heard | None:
+        """When ``node`` was last heard from (None: never)."""
+        with self._lock:
+            fields = self._heard.get(node)
+        return Heard(*fields) if fields is not None else None
+
+    def freshness(self, now: float) -> dict[str, bool]:
+        """node -> whether its telemetry is fresh at ``now`` (monotonic), in one pass under the lock."""
+        periods = self.stale_after_periods
+        with self._lock:
+            nodes = self._nodes
+            return {node: now - heard[0] <= periods * nodes[node].period_s for node, heard in self._heard.items()}
+
+    def __len__(self) -> int:
+        return len(self._heard)
 
     def actual_assignments(self, node: str) -> dict[str, tuple[str, ...]]:
         """pod key -> device UUIDs per the node's latest report (computed once per GPU mapping)."""
         derived = self._derived.get(node)
-        return dict(derived[2]) if derived is not None else {}
+        return dict(derived.assignments) if derived is not None else {}
 
 
 def _usable_units(report: NodeTelemetry, foreign_tolerance: float = 0.05) -> int:
