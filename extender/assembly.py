@@ -28,6 +28,7 @@ from extender.plugins import default_profile, default_registry
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
+from extender.service.requeue_feed import CapacityRequeue, RequeueFeed
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
 from extender.settings import Settings
@@ -124,9 +125,10 @@ def assemble(settings: Settings) -> Assembled:
     from extender.adapters.requeue import PodNudger
 
     custom = client.CustomObjectsApi(api)
-    pod_nudger = PodNudger(api)
+    requeue_feed = RequeueFeed()
+    requeue = _pod_requeue(requeue_feed, None if settings.no_annotation_requeue else PodNudger(api))
     events = EventWriter(api)
-    gangs = GangIndex(on_pod_group_added=pod_nudger.nudge)
+    gangs = GangIndex(on_pod_group_added=requeue)
     state.add_pod_listener(gangs)
     metrics = ExtenderMetrics()
 
@@ -136,7 +138,7 @@ def assemble(settings: Settings) -> Assembled:
 
     decider = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
                               timing=settings.barrier_timing, observer=GangMetrics(metrics),
-                              nudge=pod_nudger.nudge, pod_group_status=_pod_group_status_writer(custom),
+                              nudge=requeue, pod_group_status=_pod_group_status_writer(custom),
                               on_partial=on_partial)
     gangs.set_commit_handler(decider.adopt)  # before the pod reflector starts: every list reaches it
     reflectors += [
@@ -165,16 +167,28 @@ def assemble(settings: Settings) -> Assembled:
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
     if settings.telemetry_address:
-        assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors)
+        assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors,
+                                                      requeue_feed)
         framework_decider.telemetry = state
         if settings.telemetry_ingest == "process":  # before the plugin service takes readiness
             collaborators.ready = _both_ready(collaborators.ready, assembled.telemetry_server.ready)
     if settings.scheduling_address:
-        assembled.scheduling_server = _start_scheduling(settings, state, collaborators)
+        assembled.scheduling_server = _start_scheduling(settings, state, collaborators, requeue_feed)
     return assembled
 
 
-def _start_scheduling(settings: Settings, state: ClusterState, collaborators: Collaborators) -> Any:
+def _pod_requeue(feed: RequeueFeed, nudger: Any) -> Any:
+    """Retry these pods now: streamed to the plugin-mode schedulers, and (unless
+    --no-annotation-requeue) nudged by an annotation patch for extender-mode ones."""
+    def requeue(pod_keys: list[str]) -> None:
+        feed.publish(pod_keys, "what the pods waited for arrived (a gang's sibling or PodGroup, or its plan)")
+        if nudger is not None:
+            nudger.nudge(pod_keys)
+    return requeue
+
+
+def _start_scheduling(settings: Settings, state: ClusterState, collaborators: Collaborators,
+                      requeue_feed: RequeueFeed) -> Any:
     """The plugin service (plugin mode) over the same decider, decision store and metrics as the
     extender's verbs, so both ways into kube-scheduler decide alike."""
     from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
@@ -186,7 +200,7 @@ def _start_scheduling(settings: Settings, state: ClusterState, collaborators: Co
     tables = NodeTables(lambda: state.snapshot().groups().index.names)
     plugin = PluginService(service, tables, collaborators.ready)
     try:
-        return SchedulingServer(SchedulingServicer(plugin), settings.scheduling_address).start()
+        return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address).start()
     except (OSError, RuntimeError) as exc:
         raise StartupError(f"--scheduling-address {settings.scheduling_address}: {exc}") from None
 
@@ -235,7 +249,7 @@ def _every(period_s: float, fn: Any) -> None:
 
 
 def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decisions: DecisionStore,
-                     collaborators: Collaborators, reflectors: list[Any]) -> Any:
+                     collaborators: Collaborators, reflectors: list[Any], requeue_feed: RequeueFeed) -> Any:
     """The agents' gRPC endpoint, its store (read by the snapshot) and the requeue nudger.
 
     ``--telemetry-ingest=process`` (default): the server runs in a child process
@@ -248,8 +262,12 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
     store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
     state.attach_telemetry(store)
     _every(0.5, state.sweep_staleness)
-    nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
-    store.on_capacity_rise(nudger.capacity_rose)
+    capacity = CapacityRequeue(requeue_feed, decisions.waiting_pods)
+    store.on_capacity_rise(capacity.rose)
+    _every(0.5, capacity.flush)
+    if not settings.no_annotation_requeue:
+        nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
+        store.on_capacity_rise(nudger.capacity_rose)
     tls = None
     if settings.telemetry_tls_cert and settings.telemetry_tls_key:  # Settings requires both or neither
         try:

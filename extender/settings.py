@@ -92,6 +92,10 @@ class Settings(BaseModel):
     5,000 nodes, nodeCacheCapable: false, is tens of MiB)"""
     decision_capacity: Annotated[int, Field(ge=1)] = 2000
     """decision records kept in memory for /debug and `gpusched explain`"""
+    no_annotation_requeue: bool = False
+    """do not nudge kube-scheduler by patching node and pod annotations when capacity appears or a
+    gang's sibling arrives (the extender's only way to have pods retried); plugin mode needs no
+    nudges: its plugin activates the pods the core streams to it"""
     no_kube: bool = False
     """standalone mode for dry runs and what-if tools: no cluster; judge from the full Node objects in
     each request (nodeCacheCapable: false) with an empty ledger; bind is refused"""

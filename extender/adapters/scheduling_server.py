@@ -18,6 +18,7 @@ retries the pod), never as a crashed call.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
@@ -26,18 +27,21 @@ import orjson
 
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, PluginService
+from extender.service.requeue_feed import RequeueFeed
 from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
 
 log = logging.getLogger("gpusched.extender.scheduling")
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a pod's JSON is KiBs; a 5,000-node table ~100 KiB
+MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 CORE_VERSION = "0.1.0"
 
 
 class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
-    def __init__(self, plugin: PluginService) -> None:
+    def __init__(self, plugin: PluginService, requeue: RequeueFeed | None = None) -> None:
         self._plugin = plugin
+        self._requeue = requeue if requeue is not None else RequeueFeed()
 
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloReply:
         _check_version(request.api_version, context)
@@ -90,6 +94,23 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         pod = _pod_ref(request.pod, context)
         self._plugin.unreserve(pod, request.node, request.reason or "kube-scheduler unreserved the pod")
         return pb.UnreserveReply()
+
+
+    def WatchRequeue(self, request: pb.WatchRequeueRequest, context: grpc.ServicerContext) -> Iterator[pb.RequeueBatch]:
+        """Streams requeue batches until the plugin goes away (or the server stops). Holds one
+        worker thread per plugin; a batch carries at most MAX_REQUEUE_BATCH pods."""
+        _check_version(request.api_version, context)
+        subscription = self._requeue.subscribe()
+        log.info("plugin %s watches requeues", request.plugin_version or "(unnamed)")
+        try:
+            while context.is_active():
+                batch = subscription.take(timeout_s=1.0)
+                if batch is None:
+                    continue
+                for start in range(0, len(batch.pods), MAX_REQUEUE_BATCH):
+                    yield pb.RequeueBatch(pods=batch.pods[start:start + MAX_REQUEUE_BATCH], reason=batch.reason)
+        finally:
+            subscription.close()
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

@@ -99,13 +99,16 @@ class DecisionStore:
 
     def waiting_pods(self) -> list[tuple[str, str]]:
         """Pods whose newest filter found no node *for now* (unschedulable) and that have not been
-        bound since: the ones a capacity rise might help."""
+        bound (extender mode) or reserved (plugin mode) since: the ones a capacity rise might help."""
         with self._lock:
             items = list(self._by_pod.items())
         waiting = []
         for key, verbs in items:
-            f, b = verbs.get("filter"), verbs.get("bind")
-            if f is not None and f.result == "unschedulable" and (b is None or b.at_unix < f.at_unix):
+            f = verbs.get("filter")
+            if f is None or f.result != "unschedulable":
+                continue
+            placed = [r.at_unix for r in (verbs.get("bind"), verbs.get("reserve")) if r is not None]
+            if not placed or max(placed) < f.at_unix:
                 waiting.append(key)
         return waiting
 

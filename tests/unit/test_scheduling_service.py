@@ -5,6 +5,7 @@ filter and prioritize say for the same pod, and Reserve/Unreserve are assume/for
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
+from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
 from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
@@ -51,7 +53,8 @@ class Core:
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
         self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
         self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready)
-        self.server = SchedulingServer(SchedulingServicer(self.plugin), f"unix://{socket}").start()
+        self.requeue = RequeueFeed()
+        self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}").start()
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.stub = scheduling_pb2_grpc.SchedulingStub(self.channel)
 
@@ -266,3 +269,18 @@ def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdi
         assert {verdict for verdict, _, _ in per_node(grouped)} == verdicts_seen
     finally:
         core.close()
+
+
+def test_the_requeue_stream_carries_what_the_core_publishes(core):
+    stream = core.stub.WatchRequeue(pb.WatchRequeueRequest(api_version=API_VERSION, plugin_version="test"), timeout=30)
+    try:
+        deadline = time.monotonic() + 10
+        while not core.requeue.listening():  # the stream's handler subscribed
+            assert time.monotonic() < deadline, "WatchRequeue never subscribed"
+            time.sleep(0.01)
+        core.requeue.publish(["default/llama70b"], "GPU capacity rose on h1")
+        batch = next(stream)
+        assert (list(batch.pods), batch.reason) == (["default/llama70b"], "GPU capacity rose on h1")
+    finally:
+        stream.cancel()
+

@@ -57,6 +57,8 @@ def test_recent_filters(query, expected):
     pytest.param([("filter", "unresolvable", 1.0)], False, id="never-fits-does-not"),
     pytest.param([("filter", "unschedulable", 1.0), ("bind", "bound", 2.0)], False, id="bound-since"),
     pytest.param([("bind", "bind-failed", 1.0), ("filter", "unschedulable", 2.0)], True, id="bind-older-than-filter"),
+    pytest.param([("filter", "unschedulable", 1.0), ("reserve", "reserved", 2.0)], False, id="plugin-reserved-since"),
+    pytest.param([("reserve", "reserved", 1.0), ("filter", "unschedulable", 2.0)], True, id="reserve-older-than-filter"),
 ])
 def test_waiting_pods_are_the_unschedulable_not_bound_since(history, waiting):
     store = DecisionStore(10)

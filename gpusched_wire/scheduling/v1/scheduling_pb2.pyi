@@ -178,3 +178,19 @@ class UnreserveRequest(_message.Message):
 class UnreserveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchRequeueRequest(_message.Message):
+    __slots__ = ("api_version", "plugin_version")
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    plugin_version: str
+    def __init__(self, api_version: _Optional[int] = ..., plugin_version: _Optional[str] = ...) -> None: ...
+
+class RequeueBatch(_message.Message):
+    __slots__ = ("pods", "reason")
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pods: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, pods: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -60,6 +60,11 @@ class SchedulingStub:
                 request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
                 response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
                 _registered_method=True)
+        self.WatchRequeue = channel.unary_stream(
+                '/gpusched.scheduling.v1.Scheduling/WatchRequeue',
+                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
+                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
+                _registered_method=True)
 
 
 class SchedulingServicer:
@@ -102,6 +107,16 @@ class SchedulingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchRequeue(self, request, context):
+        """The pending pods to retry now, as the core learns that something they waited for appeared:
+        GPU capacity rose on a node (telemetry), a gang's sibling or PodGroup arrived. The plugin
+        activates them (kube-scheduler's queue); in plugin mode this replaces the extender's nudges
+        (node and pod annotation patches). One stream per plugin, kept open; batches are coalesced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +144,11 @@ def add_SchedulingServicer_to_server(servicer, server):
                     servicer.Permitted,
                     request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.FromString,
                     response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.SerializeToString,
+            ),
+            'WatchRequeue': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRequeue,
+                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.FromString,
+                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +286,33 @@ class Scheduling:
             '/gpusched.scheduling.v1.Scheduling/Permitted',
             gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
             gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRequeue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpusched.scheduling.v1.Scheduling/WatchRequeue',
+            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
+            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
             options,
             channel_credentials,
             insecure,

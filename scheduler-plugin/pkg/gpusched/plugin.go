@@ -51,18 +51,20 @@ type Plugin struct {
 }
 
 var (
-	_ fwk.PreFilterPlugin = (*Plugin)(nil)
-	_ fwk.FilterPlugin    = (*Plugin)(nil)
-	_ fwk.PreScorePlugin  = (*Plugin)(nil)
-	_ fwk.ScorePlugin     = (*Plugin)(nil)
-	_ fwk.ReservePlugin   = (*Plugin)(nil)
-	_ fwk.PermitPlugin    = (*Plugin)(nil)
-	_ fwk.PreBindPlugin   = (*Plugin)(nil)
+	_ fwk.PreFilterPlugin   = (*Plugin)(nil)
+	_ fwk.FilterPlugin      = (*Plugin)(nil)
+	_ fwk.PreScorePlugin    = (*Plugin)(nil)
+	_ fwk.ScorePlugin       = (*Plugin)(nil)
+	_ fwk.ReservePlugin     = (*Plugin)(nil)
+	_ fwk.PermitPlugin      = (*Plugin)(nil)
+	_ fwk.PreBindPlugin     = (*Plugin)(nil)
+	_ fwk.EnqueueExtensions = (*Plugin)(nil)
 )
 
 // New is GpuSched's factory (app.WithPlugin(Name, New)). It decodes and checks the args, opens a
 // lazy connection to the core and greets it in the background: a core that is not up yet delays
-// GPU pods (their status says so), never the scheduler's start.
+// GPU pods (their status says so), never the scheduler's start. It keeps the core's requeue
+// stream open (see watchRequeue) for the scheduler's lifetime.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
 	args, err := decodeArgs(obj)
 	if err != nil {
@@ -74,6 +76,9 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	}
 	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, conn))
 	go p.core.hello(ctx)
+	// The pod lister registered now, before kube-scheduler starts its informers.
+	pods := handle.SharedInformerFactory().Core().V1().Pods().Lister()
+	go p.core.watchRequeue(ctx, activator{pods: pods, activate: handle.Activate})
 	go func() {
 		<-ctx.Done()
 		_ = conn.Close()

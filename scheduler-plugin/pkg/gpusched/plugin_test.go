@@ -138,8 +138,8 @@ func (wp *fakeWaitingPod) decide(outcome string) bool {
 	return true
 }
 
-// start serves f over bufconn and returns a plugin talking to it, and the fake clientset.
-func start(t *testing.T, f *fakeCore, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
+// start serves f (a fakeCore, or one embedding it) over bufconn and returns a plugin talking to it, and the fake clientset.
+func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()

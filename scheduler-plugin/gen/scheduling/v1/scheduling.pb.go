@@ -949,6 +949,110 @@ func (*UnreserveReply) Descriptor() ([]byte, []int) {
 	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
+type WatchRequeueRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	PluginVersion string                 `protobuf:"bytes,2,opt,name=plugin_version,json=pluginVersion,proto3" json:"plugin_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequeueRequest) Reset() {
+	*x = WatchRequeueRequest{}
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequeueRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequeueRequest) ProtoMessage() {}
+
+func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WatchRequeueRequest) GetApiVersion() uint32 {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return 0
+}
+
+func (x *WatchRequeueRequest) GetPluginVersion() string {
+	if x != nil {
+		return x.PluginVersion
+	}
+	return ""
+}
+
+type RequeueBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pods          []string               `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`     // "namespace/name", each once
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"` // why now, for the plugin's log (e.g. "GPU capacity rose on node-a")
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequeueBatch) Reset() {
+	*x = RequeueBatch{}
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequeueBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequeueBatch) ProtoMessage() {}
+
+func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
+func (*RequeueBatch) Descriptor() ([]byte, []int) {
+	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RequeueBatch) GetPods() []string {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+func (x *RequeueBatch) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_gpusched_wire_scheduling_v1_scheduling_proto protoreflect.FileDescriptor
 
 const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
@@ -1031,18 +1135,26 @@ const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x10\n" +
-	"\x0eUnreserveReply*C\n" +
+	"\x0eUnreserveReply\"]\n" +
+	"\x13WatchRequeueRequest\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\rR\n" +
+	"apiVersion\x12%\n" +
+	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\":\n" +
+	"\fRequeueBatch\x12\x12\n" +
+	"\x04pods\x18\x01 \x03(\tR\x04pods\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*C\n" +
 	"\aVerdict\x12\x10\n" +
 	"\fVERDICT_FITS\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n" +
-	"\rVERDICT_NEVER\x10\x022\xd5\x03\n" +
+	"\rVERDICT_NEVER\x10\x022\xba\x04\n" +
 	"\n" +
 	"Scheduling\x12Q\n" +
 	"\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n" +
 	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12W\n" +
 	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n" +
 	"\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n" +
-	"\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReplyBNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
+	"\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReply\x12c\n" +
+	"\fWatchRequeue\x12+.gpusched.scheduling.v1.WatchRequeueRequest\x1a$.gpusched.scheduling.v1.RequeueBatch0\x01BNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
 
 var (
 	file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescOnce sync.Once
@@ -1057,46 +1169,50 @@ func file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = []any{
-	(Verdict)(0),             // 0: gpusched.scheduling.v1.Verdict
-	(*HelloRequest)(nil),     // 1: gpusched.scheduling.v1.HelloRequest
-	(*HelloReply)(nil),       // 2: gpusched.scheduling.v1.HelloReply
-	(*Pod)(nil),              // 3: gpusched.scheduling.v1.Pod
-	(*NodeTable)(nil),        // 4: gpusched.scheduling.v1.NodeTable
-	(*PreFilterRequest)(nil), // 5: gpusched.scheduling.v1.PreFilterRequest
-	(*PreFilterReply)(nil),   // 6: gpusched.scheduling.v1.PreFilterReply
-	(*ReserveRequest)(nil),   // 7: gpusched.scheduling.v1.ReserveRequest
-	(*ReserveReply)(nil),     // 8: gpusched.scheduling.v1.ReserveReply
-	(*Barrier)(nil),          // 9: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil), // 10: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),   // 11: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil), // 12: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),   // 13: gpusched.scheduling.v1.UnreserveReply
-	nil,                      // 14: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                      // 15: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(Verdict)(0),                // 0: gpusched.scheduling.v1.Verdict
+	(*HelloRequest)(nil),        // 1: gpusched.scheduling.v1.HelloRequest
+	(*HelloReply)(nil),          // 2: gpusched.scheduling.v1.HelloReply
+	(*Pod)(nil),                 // 3: gpusched.scheduling.v1.Pod
+	(*NodeTable)(nil),           // 4: gpusched.scheduling.v1.NodeTable
+	(*PreFilterRequest)(nil),    // 5: gpusched.scheduling.v1.PreFilterRequest
+	(*PreFilterReply)(nil),      // 6: gpusched.scheduling.v1.PreFilterReply
+	(*ReserveRequest)(nil),      // 7: gpusched.scheduling.v1.ReserveRequest
+	(*ReserveReply)(nil),        // 8: gpusched.scheduling.v1.ReserveReply
+	(*Barrier)(nil),             // 9: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 10: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 11: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 12: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 13: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 14: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 15: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 16: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 17: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	4,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
 	3,  // 2: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	14, // 3: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	16, // 3: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
 	9,  // 4: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
 	3,  // 5: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	15, // 6: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	17, // 6: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 	3,  // 7: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	1,  // 8: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
 	5,  // 9: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
 	7,  // 10: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
 	12, // 11: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
 	10, // 12: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	2,  // 13: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	6,  // 14: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	8,  // 15: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	13, // 16: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	11, // 17: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
+	14, // 13: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	2,  // 14: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	6,  // 15: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	8,  // 16: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	13, // 17: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	11, // 18: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	15, // 19: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1113,7 +1229,7 @@ func file_gpusched_wire_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,11 +31,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Scheduling_Hello_FullMethodName     = "/gpusched.scheduling.v1.Scheduling/Hello"
-	Scheduling_PreFilter_FullMethodName = "/gpusched.scheduling.v1.Scheduling/PreFilter"
-	Scheduling_Reserve_FullMethodName   = "/gpusched.scheduling.v1.Scheduling/Reserve"
-	Scheduling_Unreserve_FullMethodName = "/gpusched.scheduling.v1.Scheduling/Unreserve"
-	Scheduling_Permitted_FullMethodName = "/gpusched.scheduling.v1.Scheduling/Permitted"
+	Scheduling_Hello_FullMethodName        = "/gpusched.scheduling.v1.Scheduling/Hello"
+	Scheduling_PreFilter_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/PreFilter"
+	Scheduling_Reserve_FullMethodName      = "/gpusched.scheduling.v1.Scheduling/Reserve"
+	Scheduling_Unreserve_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Unreserve"
+	Scheduling_Permitted_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Permitted"
+	Scheduling_WatchRequeue_FullMethodName = "/gpusched.scheduling.v1.Scheduling/WatchRequeue"
 )
 
 // SchedulingClient is the client API for Scheduling service.
@@ -54,6 +55,11 @@ type SchedulingClient interface {
 	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
 	// annotations PreBind writes, the group's commit record included.
 	Permitted(ctx context.Context, in *PermittedRequest, opts ...grpc.CallOption) (*PermittedReply, error)
+	// The pending pods to retry now, as the core learns that something they waited for appeared:
+	// GPU capacity rose on a node (telemetry), a gang's sibling or PodGroup arrived. The plugin
+	// activates them (kube-scheduler's queue); in plugin mode this replaces the extender's nudges
+	// (node and pod annotation patches). One stream per plugin, kept open; batches are coalesced.
+	WatchRequeue(ctx context.Context, in *WatchRequeueRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RequeueBatch], error)
 }
 
 type schedulingClient struct {
@@ -114,6 +120,25 @@ func (c *schedulingClient) Permitted(ctx context.Context, in *PermittedRequest, 
 	return out, nil
 }
 
+func (c *schedulingClient) WatchRequeue(ctx context.Context, in *WatchRequeueRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RequeueBatch], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduling_ServiceDesc.Streams[0], Scheduling_WatchRequeue_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequeueRequest, RequeueBatch]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduling_WatchRequeueClient = grpc.ServerStreamingClient[RequeueBatch]
+
 // SchedulingServer is the server API for Scheduling service.
 // All implementations must embed UnimplementedSchedulingServer
 // for forward compatibility.
@@ -130,6 +155,11 @@ type SchedulingServer interface {
 	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
 	// annotations PreBind writes, the group's commit record included.
 	Permitted(context.Context, *PermittedRequest) (*PermittedReply, error)
+	// The pending pods to retry now, as the core learns that something they waited for appeared:
+	// GPU capacity rose on a node (telemetry), a gang's sibling or PodGroup arrived. The plugin
+	// activates them (kube-scheduler's queue); in plugin mode this replaces the extender's nudges
+	// (node and pod annotation patches). One stream per plugin, kept open; batches are coalesced.
+	WatchRequeue(*WatchRequeueRequest, grpc.ServerStreamingServer[RequeueBatch]) error
 	mustEmbedUnimplementedSchedulingServer()
 }
 
@@ -154,6 +184,9 @@ func (UnimplementedSchedulingServer) Unreserve(context.Context, *UnreserveReques
 }
 func (UnimplementedSchedulingServer) Permitted(context.Context, *PermittedRequest) (*PermittedReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Permitted not implemented")
+}
+func (UnimplementedSchedulingServer) WatchRequeue(*WatchRequeueRequest, grpc.ServerStreamingServer[RequeueBatch]) error {
+	return status.Error(codes.Unimplemented, "method WatchRequeue not implemented")
 }
 func (UnimplementedSchedulingServer) mustEmbedUnimplementedSchedulingServer() {}
 func (UnimplementedSchedulingServer) testEmbeddedByValue()                    {}
@@ -266,6 +299,17 @@ func _Scheduling_Permitted_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduling_WatchRequeue_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequeueRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedulingServer).WatchRequeue(m, &grpc.GenericServerStream[WatchRequeueRequest, RequeueBatch]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduling_WatchRequeueServer = grpc.ServerStreamingServer[RequeueBatch]
+
 // Scheduling_ServiceDesc is the grpc.ServiceDesc for Scheduling service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -294,6 +338,12 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Scheduling_Permitted_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchRequeue",
+			Handler:       _Scheduling_WatchRequeue_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "gpusched_wire/scheduling/v1/scheduling.proto",
 }
