@@ -1,4 +1,5 @@
-"""A bounded in-memory record of every filter, prioritize and bind decision.
+"""A bounded in-memory record of every filter, prioritize and bind decision (Reserve and Unreserve
+in plugin mode).
 
 The debug endpoint and ``gpusched explain`` read from here, so a platform engineer can see why a
 pod is where it is (or why it waits) without raising kube-scheduler's log level. Records are
@@ -16,11 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The verbs whose record means kube-scheduler went on to place the pod after a filter: the
+# extender's bind, the plugin's Reserve (whatever their outcome; a failed one is retried anyway).
+PLACEMENT_VERBS = ("bind", "reserve")
+
 
 @dataclass(frozen=True)
 class DecisionRecord:
     id: str
-    verb: str  # filter | prioritize | bind | kubelet (the kubelet gave other devices than assigned)
+    verb: str  # filter | prioritize | bind | reserve | unreserve | kubelet (the kubelet gave other devices than assigned)
     namespace: str
     pod: str
     uid: str
@@ -98,17 +103,23 @@ class DecisionStore:
             return dict(self._by_pod.get((namespace, pod), {}))
 
     def waiting_pods(self) -> list[tuple[str, str]]:
-        """Pods whose newest filter found no node *for now* (unschedulable) and that have not been
-        bound (extender mode) or reserved (plugin mode) since: the ones a capacity rise might help."""
+        """The pods a capacity rise might help: their newest filter found no node for now
+        (unschedulable), or found nodes but no placement (the extender's bind, the plugin's
+        Reserve) came after it.
+
+        The second case is plugin mode's (issue 18): PreFilter judges the pod against every node
+        the core knows, so a pod held by its node selector to full nodes is "feasible" on nodes
+        kube-scheduler never offers it, and waits all the same. In extender mode, where the filter
+        sees only the nodes kube-scheduler's own filters passed, it is the moment between filter
+        and bind. A pod that never fits (unresolvable) is not waiting."""
         with self._lock:
             items = list(self._by_pod.items())
         waiting = []
         for key, verbs in items:
             f = verbs.get("filter")
-            if f is None or f.result != "unschedulable":
+            if f is None or f.result not in ("unschedulable", "feasible"):
                 continue
-            placed = [r.at_unix for r in (verbs.get("bind"), verbs.get("reserve")) if r is not None]
-            if not placed or max(placed) < f.at_unix:
+            if not any(r is not None and r.at_unix >= f.at_unix for r in (verbs.get(v) for v in PLACEMENT_VERBS)):
                 waiting.append(key)
         return waiting
 

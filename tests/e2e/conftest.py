@@ -9,7 +9,15 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_namespace, unique
-from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.controlplane import (
+    PLUGIN_SCHEDULER_CONFIG,
+    ControlPlane,
+    build_binaries,
+    build_scheduler_plugin,
+    manifest_documents,
+)
+from devcluster.modes import MODES, PLUGIN_MODE, SchedulingMode
+from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +41,35 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
     s.start_extender()
     s.start_scheduler()
     yield s
+
+
+@pytest.fixture(scope="session")
+def plugin_scheduler(stack: Stack) -> Iterator[Component]:
+    """Plugin mode (issue 18): the GpuSched kube-scheduler, with the manifests' plugin-mode config and
+    RBAC, beside the session's extender-mode one and asking the same core over its socket. Leader
+    election is off: both run as the one scheduler identity, whose lease the other holds."""
+    binary = build_scheduler_plugin()  # fails with Go's output if it cannot build; never skips
+    stack.cp.apply(doc for _, doc in manifest_documents([PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"]))
+
+    def no_leader_election(config: dict) -> None:
+        assert [p["schedulerName"] for p in config["profiles"]] == [PLUGIN_MODE.scheduler_name]
+        config["leaderElection"] = {"leaderElect": False}
+
+    c = stack.start_scheduler("kube-scheduler-gpusched-plugin", no_leader_election, binary=binary,
+                              manifest=PLUGIN_SCHEDULER_CONFIG)
+    yield c
+    c.stop()
+    stack.schedulers.remove(c)
+
+
+@pytest.fixture(params=MODES, ids=[m.name for m in MODES])
+def mode(request: pytest.FixtureRequest, stack: Stack) -> SchedulingMode:
+    """Runs the test once per way into kube-scheduler; its pods name ``mode.scheduler_name``.
+    Plugin mode starts the GpuSched kube-scheduler on first use (once per session), so a run of
+    extender-mode tests only (``-k extender``) never builds it."""
+    if request.param is PLUGIN_MODE:
+        request.getfixturevalue("plugin_scheduler")
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,11 @@
 40 single-GPU pods are created at once onto 3 nodes holding 20 GPUs: exactly 20 are bound, no GPU
 UUID appears in two bound pods' ``gpusched.io/assigned-gpus``, and when 5 bound pods are deleted,
 5 waiting pods are bound within 30 s.
+
+Both modes (issue 18): the extender process is the one core both kube-schedulers ask, so killing
+it fails the stock kube-scheduler's extender calls and the GpuSched kube-scheduler's PreFilter
+alike; either way the pods wait, are retried, and bind once the restarted core has rebuilt its
+ledger from the pods' annotations.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from kubernetes import client
 
 from devcluster.cluster import create_pod, unique, vllm_pod, wait_until
 from devcluster.fleet import create_preset_node
+from devcluster.modes import SchedulingMode
 from devcluster.stack import Stack
 
 PODS = 40
@@ -44,8 +50,24 @@ def pending_judged(pods) -> int:
         c.type == "PodScheduled" and c.status == "False" for c in (p.status.conditions or [])))
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["steady", "extender-sigkilled-mid-burst"])
-def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool):
+def ledger_vs_pods(stack: Stack, nodes: list[str], admin, namespace: str) -> str:
+    """A failure's context: per node, the core's ledger (unit -> holder, state) beside the pods bound
+    there, and the core's last filter verdicts for one waiting pod."""
+    assert stack.extender is not None
+    ledger = {n["name"]: {u["id"]: (u["heldBy"], u.get("state")) for u in n["units"]}
+              for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] in nodes}
+    on = {node: sorted(p.metadata.name for p in bound(pods_in(admin, namespace)) if p.spec.node_name == node)
+          for node in nodes}
+    waiting = sorted(p.metadata.name for p in pods_in(admin, namespace) if not p.spec.node_name)[:1]
+    judged = [stack.extender.get_json(f"/debug/decisions/{namespace}/{name}").get("decisions", {}).get("filter", {})
+              for name in waiting]
+    return "\n".join(f"{node}: ledger {ledger.get(node)}; pods {on[node]}" for node in nodes) + \
+        "".join(f"\nthe core's last filter of {name}: {j.get('at')} {j.get('details', {}).get('failed')}"
+                for name, j in zip(waiting, judged, strict=True))
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["steady", "core-sigkilled-mid-burst"])
+def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, mode: SchedulingMode, restart: bool):
     fleet_id = unique("burst")
     nodes = [unique("h100"), unique("h100"), unique("a100")]
     for node, preset in zip(nodes, ["h100", "h100", "a100"], strict=True):
@@ -54,7 +76,8 @@ def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool)
     try:
         specs = []
         for i in range(PODS):
-            pod = vllm_pod(f"engine-{i:02d}", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+            pod = vllm_pod(f"engine-{i:02d}", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct",
+                           scheduler=mode.scheduler_name)
             pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
             specs.append(pod)
         creators = [threading.Thread(target=create_pod, args=(admin, namespace, s)) for s in specs]
@@ -64,7 +87,9 @@ def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool)
             port = stack.extender.port
             wait_until(lambda: len(bound(pods_in(admin, namespace))) >= 4, 60, "the burst to start binding")
             stack.kill_extender()
-            time.sleep(1.0)  # kube-scheduler's calls fail meanwhile; its pods back off and retry
+            # Meanwhile kube-scheduler's calls fail (the extender's HTTP verbs, or the plugin's PreFilter
+            # with "gpusched core unreachable"): the cycle ends in an error, and the pod backs off and retries.
+            time.sleep(1.0)
             stack.start_extender(port=port)
         for t in creators:
             t.join()
@@ -100,7 +125,7 @@ def test_burst_of_40_onto_20_gpus(admin, namespace, stack: Stack, restart: bool)
         refilled = wait_until(
             lambda: (lambda ps: len(bound(ps)) == GPUS and not set(victims) & {p.metadata.name for p in ps} and ps)(
                 pods_in(admin, namespace)), 30, "5 waiting pods to be bound after 5 deletions",
-            context=lambda: f"bound={len(bound(pods_in(admin, namespace)))}")
+            context=lambda: f"bound={len(bound(pods_in(admin, namespace)))}\n" + ledger_vs_pods(stack, nodes, admin, namespace))
         uuids = assigned_uuids(refilled)
         assert len(uuids) == GPUS and max(uuids.values()) == 1, f"GPU promised twice: {uuids.most_common(3)}"
         ledger = stack.extender.get_json("/debug/nodes")

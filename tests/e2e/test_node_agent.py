@@ -1,5 +1,8 @@
 """The classic incident, end to end with real node-agent processes (fake GPU backend, one per
-simulated node) streaming to the extender: foreign GPU memory the kube-scheduler cannot see."""
+simulated node) streaming to the extender: foreign GPU memory the kube-scheduler cannot see.
+
+Every test that schedules runs in both modes (issue 18): the telemetry reaches the one core both
+kube-schedulers ask, so it steers, holds back and releases a pod alike through either."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
+from devcluster.fleet import create_preset_node
+from devcluster.modes import SchedulingMode
 from devcluster.stack import Stack
 
 GIB_MIB = 1024
@@ -51,32 +56,44 @@ def agents(admin, stack: Stack, tmp_path):
         client.CoreV1Api(admin).delete_node(node)
 
 
+@pytest.fixture
+def bystander(admin):
+    """A free H100 node outside every test's fleet, as a real cluster has: a pod held to its fleet
+    must wait, and be released, the same whether or not it could run somewhere else."""
+    node = unique("bystander")
+    create_preset_node(admin, node, "h100")
+    yield node
+    client.CoreV1Api(admin).delete_node(node)
+
+
 def node_view(stack: Stack, node: str) -> dict:
     return next((n for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node), {})
 
 
-def tp4_pod(fleet_id: str) -> dict:
+def tp4_pod(fleet_id: str, mode: SchedulingMode) -> dict:
     pod = vllm_pod("llama70b", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", args=["--tensor-parallel-size", "4"],
-                   annotations={"gpusched.io/gpu-memory-per-gpu": "40Gi"})
+                   annotations={"gpusched.io/gpu-memory-per-gpu": "40Gi"}, scheduler=mode.scheduler_name)
     pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
     return pod
 
 
-def test_foreign_memory_steers_the_pod_away_and_explain_names_it(admin, namespace, stack: Stack, agents):
+def test_foreign_memory_steers_the_pod_away_and_explain_names_it(admin, namespace, stack: Stack, agents,
+                                                                 mode: SchedulingMode):
     fleet_id, node_with_agent = agents
     n1, _ = node_with_agent([0, 1])
     n2, _ = node_with_agent([])
     assert "60.0 GiB" in node_view(stack, n1)["foreign"]
-    create_pod(admin, namespace, tp4_pod(fleet_id))
+    create_pod(admin, namespace, tp4_pod(fleet_id, mode))
     assert wait_until(lambda: pod_node(admin, namespace, "llama70b"), 30, "the TP=4 pod to be bound") == n2
     out = stack.cli("explain", f"{namespace}/llama70b")
     assert "foreign processes" in out and "60.0 GiB" in out and n1 in out, out
 
 
-def test_pod_waits_for_foreign_memory_and_binds_within_10s_of_the_process_exiting(admin, namespace, stack: Stack, agents):
+def test_pod_waits_for_foreign_memory_and_binds_within_10s_of_the_process_exiting(admin, namespace, stack: Stack, agents,
+                                                                                 mode: SchedulingMode, bystander):
     fleet_id, node_with_agent = agents
     n1, fleet = node_with_agent([0, 1])
-    create_pod(admin, namespace, tp4_pod(fleet_id))
+    create_pod(admin, namespace, tp4_pod(fleet_id, mode))
     wait_until(lambda: "foreign processes" in pod_scheduled_message(admin, namespace, "llama70b"), 30,
                "the pod to wait, naming the foreign usage",
                context=lambda: pod_scheduled_message(admin, namespace, "llama70b"))
@@ -94,7 +111,8 @@ def test_pod_waits_for_foreign_memory_and_binds_within_10s_of_the_process_exitin
     assert time.monotonic() - exited <= 10
 
 
-def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(admin, namespace, stack: Stack, agents):
+def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(admin, namespace, stack: Stack, agents,
+                                                                             mode: SchedulingMode):
     fleet_id, node_with_agent = agents
     n1, _ = node_with_agent([])
     agent = next(c for c in stack.cp.components if c.name == f"agent-{n1}")
@@ -103,7 +121,7 @@ def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(ad
     try:
         wait_until(lambda: node_view(stack, n1).get("telemetry", "").startswith("STALE"), 5, "the node to go stale")
         assert time.monotonic() - stopped <= 3 * 0.5 + 1.0  # 3 periods of 0.5 s, plus the 0.5 s sweep
-        pod = vllm_pod("probe", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        pod = vllm_pod("probe", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct", scheduler=mode.scheduler_name)
         pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
         create_pod(admin, namespace, pod)
         record = wait_until(lambda: stack.extender.get_json(f"/debug/decisions/{namespace}/probe")
@@ -115,7 +133,8 @@ def test_an_agent_that_stops_sending_goes_stale_within_3_periods_and_recovers(ad
     wait_until(lambda: node_view(stack, n1).get("telemetry", "").startswith("fresh"), 10, "fresh telemetry again")
 
 
-def test_engine_load_steers_a_new_engine_away_from_a_saturated_one(admin, namespace, stack: Stack, agents, tmp_path):
+def test_engine_load_steers_a_new_engine_away_from_a_saturated_one(admin, namespace, stack: Stack, agents, tmp_path,
+                                                                   mode: SchedulingMode):
     """The whole engine path: the agent finds an engine pod by gpusched.io/metrics-port, scrapes
     its /metrics (a real vLLM 0.32 exposition, made saturated), streams it, and EngineLoad
     prefers the quiet node for the next engine."""
@@ -156,12 +175,13 @@ def test_engine_load_steers_a_new_engine_away_from_a_saturated_one(admin, namesp
                    "the busy node's engine load (KV 97 %, 12 waiting) to reach the extender",
                    context=lambda: str(node_view(stack, busy)))
         assert node_view(stack, quiet).get("engineHeadroom") is None  # no engines there
-        pod = vllm_pod("new", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        pod = vllm_pod("new", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct", scheduler=mode.scheduler_name)
         pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": fleet_id}
         create_pod(admin, namespace, pod)
         assert wait_until(lambda: pod_node(admin, namespace, "new"), 30, "the new engine to be bound") == quiet
         record = stack.extender.get_json(f"/debug/decisions/{namespace}/new")
         breakdown = record["decisions"]["prioritize"]["details"]["breakdown"]
+        breakdown = mode.of_fleet(breakdown, [busy, quiet])
         raw = {node: next(p["raw"] for p in b["plugins"] if p["plugin"] == "EngineLoad") for node, b in breakdown.items()}
         assert raw == {busy: 0, quiet: 100}, raw
         assert breakdown[quiet]["final"] > breakdown[busy]["final"], breakdown

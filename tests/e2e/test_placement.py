@@ -1,13 +1,18 @@
 """Issue 3's placement rules, judged by the real kube-scheduler calling the framework.
 
 Each test builds its own small fleet (node names are unique per test) and restricts the pods to
-that fleet with a node selector on a per-test label, so tests do not see each other's nodes."""
+that fleet with a node selector on a per-test label, so tests do not see each other's nodes.
+
+Every test runs in both modes (issue 18): the pods name the ``mode``'s scheduler (the stock
+kube-scheduler calling the extender, or the GpuSched kube-scheduler), both ask the one core, and
+the same placements, GPUs and reasons are expected from each."""
 
 from __future__ import annotations
 
 from kubernetes import client
 
 from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, vllm_pod, wait_until
+from devcluster.modes import SchedulingMode
 from devcluster.stack import Extender
 
 
@@ -16,9 +21,14 @@ def in_fleet(pod: dict, fleet_id: str) -> dict:
     return pod
 
 
-def bound_node(admin, namespace, name, stack, timeout=60) -> str:
-    return wait_until(lambda: pod_node(admin, namespace, name), timeout, f"{namespace}/{name} to be bound",
+def bound_node(admin, namespace, name, extender: Extender, mode: SchedulingMode, timeout=60) -> str:
+    """The node the pod was bound to, once the core's record of taking its GPUs names that node."""
+    node = wait_until(lambda: pod_node(admin, namespace, name), timeout, f"{namespace}/{name} to be bound",
                       context=lambda: pod_scheduled_message(admin, namespace, name))
+    placed = wait_until(lambda: mode.placement(extender.get_json(f"/debug/decisions/{namespace}/{name}")
+                                               .get("decisions", {})), 10, f"the core's {mode.placement_verb} record")
+    assert (placed["node"], placed["result"]) == (node, mode.placed), placed
+    return node
 
 
 def assigned(admin, namespace, name) -> tuple[list[str], list[int]]:
@@ -26,47 +36,51 @@ def assigned(admin, namespace, name) -> tuple[list[str], list[int]]:
     return ann["gpusched.io/assigned-gpus"].split(","), [int(i) for i in ann["gpusched.io/assigned-gpu-indices"].split(",")]
 
 
-def test_tp4_requiring_nvlink_lands_on_the_nvswitch_box_only(admin, namespace, fleet, stack):
+def test_tp4_requiring_nvlink_lands_on_the_nvswitch_box_only(admin, namespace, fleet, extender, mode: SchedulingMode):
     fleet_id, create = fleet
     h100 = create("h100")
     for preset in ("a100", "l40s", "mig"):
         create(preset)
     pod = vllm_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", args=["--tensor-parallel-size", "4"],
-                   annotations={"gpusched.io/require-nvlink": "true"})
+                   annotations={"gpusched.io/require-nvlink": "true"}, scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
-    assert bound_node(admin, namespace, "tp4", stack) == h100
+    assert bound_node(admin, namespace, "tp4", extender, mode) == h100
 
 
-def test_tp2_takes_an_a100_nvlink_pair_not_the_idle_nvswitch_island(admin, namespace, fleet, stack):
+def test_tp2_takes_an_a100_nvlink_pair_not_the_idle_nvswitch_island(admin, namespace, fleet, extender,
+                                                                    mode: SchedulingMode):
     fleet_id, create = fleet
     create("h100")
     a100 = create("a100")
-    pod = vllm_pod("tp2", gpus=2, model="Qwen/Qwen2.5-7B-Instruct", args=["-tp", "2"])
+    pod = vllm_pod("tp2", gpus=2, model="Qwen/Qwen2.5-7B-Instruct", args=["-tp", "2"], scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
-    assert bound_node(admin, namespace, "tp2", stack) == a100
+    assert bound_node(admin, namespace, "tp2", extender, mode) == a100
     _, indices = assigned(admin, namespace, "tp2")
     assert sorted(indices) in ([0, 1], [2, 3])
 
 
-def test_tp4_without_nvlink_on_pcie_only_fleet_keeps_one_numa_node(admin, namespace, fleet, stack):
+def test_tp4_without_nvlink_on_pcie_only_fleet_keeps_one_numa_node(admin, namespace, fleet, extender,
+                                                                   mode: SchedulingMode):
     fleet_id, create = fleet
     l40s = create("l40s")
-    pod = vllm_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-8B-Instruct", args=["--tensor-parallel-size=4"])
+    pod = vllm_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-8B-Instruct", args=["--tensor-parallel-size=4"],
+                   scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
-    assert bound_node(admin, namespace, "tp4", stack) == l40s
+    assert bound_node(admin, namespace, "tp4", extender, mode) == l40s
     _, indices = assigned(admin, namespace, "tp4")
     assert sorted(indices) in ([0, 1, 2, 3], [4, 5, 6, 7]), f"TP group spans NUMA nodes: {indices}"
 
 
-def test_tp2_never_lands_on_mig_but_a_single_gpu_15gb_pod_may(admin, namespace, fleet, stack, extender: Extender):
+def test_tp2_never_lands_on_mig_but_a_single_gpu_15gb_pod_may(admin, namespace, fleet, extender: Extender,
+                                                              mode: SchedulingMode):
     fleet_id, create = fleet
     mig = create("mig")
-    tp2 = vllm_pod("tp2", gpus=2, model="Qwen/Qwen2.5-7B-Instruct", args=["-tp", "2"])
+    tp2 = vllm_pod("tp2", gpus=2, model="Qwen/Qwen2.5-7B-Instruct", args=["-tp", "2"], scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(tp2, fleet_id))
-    small = vllm_pod("small", gpus=1, model="Qwen/Qwen2.5-7B-Instruct",
+    small = vllm_pod("small", gpus=1, model="Qwen/Qwen2.5-7B-Instruct", scheduler=mode.scheduler_name,
                      annotations={"gpusched.io/gpu-memory-per-gpu": "15Gi"})
     create_pod(admin, namespace, in_fleet(small, fleet_id))
-    assert bound_node(admin, namespace, "small", stack) == mig
+    assert bound_node(admin, namespace, "small", extender, mode) == mig
     ids, _ = assigned(admin, namespace, "small")
     assert len(ids) == 1 and ids[0].startswith("MIG-")
     message = wait_until(lambda: "MIG" in pod_scheduled_message(admin, namespace, "tp2") and
@@ -74,10 +88,12 @@ def test_tp2_never_lands_on_mig_but_a_single_gpu_15gb_pod_may(admin, namespace, 
     assert pod_node(admin, namespace, "tp2") is None, message
 
 
-def test_tp3_on_a_64_head_model_waits_with_vllms_sentence_everywhere(admin, namespace, fleet, stack, extender: Extender):
+def test_tp3_on_a_64_head_model_waits_with_vllms_sentence_everywhere(admin, namespace, fleet, stack, extender: Extender,
+                                                                     mode: SchedulingMode):
     fleet_id, create = fleet
     nodes = [create("h100"), create("l40s")]
-    pod = vllm_pod("tp3", gpus=3, model="meta-llama/Llama-3.1-70B-Instruct", args=["--tensor-parallel-size", "3"])
+    pod = vllm_pod("tp3", gpus=3, model="meta-llama/Llama-3.1-70B-Instruct", args=["--tensor-parallel-size", "3"],
+                   scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
     sentence = "Total number of attention heads (64) must be divisible by tensor parallel size (3)."
     message = wait_until(lambda: sentence in pod_scheduled_message(admin, namespace, "tp3")
@@ -85,18 +101,21 @@ def test_tp3_on_a_64_head_model_waits_with_vllms_sentence_everywhere(admin, name
     assert pod_node(admin, namespace, "tp3") is None
     record = extender.get_json(f"/debug/decisions/{namespace}/tp3")["decisions"]["filter"]
     assert record["result"] == "unresolvable"
-    assert set(record["details"]["unresolvable"]) == set(nodes) and not record["details"]["failed"]
-    assert all(sentence in reason for reason in record["details"]["unresolvable"].values())
+    unresolvable = mode.of_fleet(record["details"]["unresolvable"], nodes)
+    assert set(unresolvable) == set(nodes) and not mode.of_fleet(record["details"]["failed"], nodes)
+    assert all(sentence in reason for reason in unresolvable.values())
     assert "False Unschedulable" in message
+    assert mode.placement(extender.get_json(f"/debug/decisions/{namespace}/tp3")["decisions"]) is None
     out = stack.cli("explain", f"{namespace}/tp3")
     assert out.count("never") >= 2 and sentence in out, out
 
 
-def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(admin, namespace, fleet, stack, extender):
+def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(admin, namespace, fleet, extender,
+                                                                               mode: SchedulingMode):
     """Issue 2: a pod the extender rejects everywhere stays Pending with our reason in PodScheduled."""
     fleet_id, create = fleet
     create("h100")
-    pod = vllm_pod("contradiction", gpus=2, args=["--tensor-parallel-size", "4"])
+    pod = vllm_pod("contradiction", gpus=2, args=["--tensor-parallel-size", "4"], scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
     record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/contradiction")
                         .get("decisions", {}).get("filter"),

@@ -3,24 +3,24 @@ plugin, runs the manifests' plugin-mode config (manifests/overlays/plugin-mode) 
 identity and asks the real extender process's plugin service over its Unix socket. A GPU pod is
 bound by kube-scheduler's default binder to the node the core chose, carrying the annotations the
 core's Reserve returned (PreBind wrote them); a pod that fits nowhere stays pending with gpusched's
-reason in its PodScheduled condition, as `kubectl describe` shows it."""
+reason in its PodScheduled condition, as `kubectl describe` shows it.
+
+The GpuSched kube-scheduler is the session's ``plugin_scheduler`` (tests/e2e/conftest.py), the one
+the suites parametrized by ``mode`` use too; this file holds what only plugin mode has."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
-from devcluster.controlplane import PLUGIN_SCHEDULER_CONFIG, build_scheduler_plugin, manifest_documents
 from devcluster.gangs import gang_pods
+from devcluster.modes import PLUGIN_MODE
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 
-PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
-SCHEDULER_NAME = "gpusched-plugin"
 FLEET_LABEL = "gpusched.io/test-fleet"
 
 
@@ -41,27 +41,9 @@ def gpu_fleet(admin: client.ApiClient, *gpus_per_node: int) -> Iterator[tuple[st
 
 def plugin_pod(name: str, tp: int, fleet: str) -> dict:
     """A TP=``tp`` engine for the GpuSched profile, held to ``fleet``'s nodes."""
-    pod = vllm_pod(name, gpus=tp, scheduler=SCHEDULER_NAME, args=["--tensor-parallel-size", str(tp)])
+    pod = vllm_pod(name, gpus=tp, scheduler=PLUGIN_MODE.scheduler_name, args=["--tensor-parallel-size", str(tp)])
     pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
     return pod
-
-
-@pytest.fixture(scope="module")
-def plugin_scheduler(stack: Stack) -> Iterator[Component]:
-    """The GpuSched kube-scheduler beside the session's extender-mode one (so leader election off:
-    both run as the one scheduler identity, whose lease the other holds)."""
-    binary = build_scheduler_plugin()  # fails with Go's output if it cannot build; never skips
-    stack.cp.apply(doc for _, doc in manifest_documents([PLUGIN_RBAC]))
-
-    def no_leader_election(config: dict) -> None:
-        assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
-        config["leaderElection"] = {"leaderElect": False}
-
-    c = stack.start_scheduler("kube-scheduler-gpusched-plugin", no_leader_election, binary=binary,
-                              manifest=PLUGIN_SCHEDULER_CONFIG)
-    yield c
-    c.stop()
-    stack.schedulers.remove(c)
 
 
 def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, extender: Extender,
@@ -148,7 +130,7 @@ def plugin_gang(admin: client.ApiClient, namespace: str, name: str, size: int, f
     """A pipeline-parallel gang of ``size`` 8-GPU members for the GpuSched profile on ``fleet``."""
     members = gang_pods(admin, namespace, "annotations", name, size, 8, {FLEET_LABEL: fleet}, timeout_s=timeout_s)
     for pod in members:
-        pod["spec"]["schedulerName"] = SCHEDULER_NAME
+        pod["spec"]["schedulerName"] = PLUGIN_MODE.scheduler_name
     return members
 
 

@@ -1,5 +1,8 @@
 """The telemetry stream is authenticated with pod-bound service-account tokens (TokenRequest
-against the real apiserver, TokenReview by the extender): an agent may only speak for its own node."""
+against the real apiserver, TokenReview by the extender): an agent may only speak for its own node.
+
+These tests schedule nothing, so they run once, not once per scheduling mode (issue 18): the
+stream's authentication is the core's, the same whichever kube-scheduler asks it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 a report from node A naming a pod on node B changes nothing on B and is counted (S1); a stream
 ends at its token's expiry and the agent carries on with its rotated token (S6); a node declaring
 a 49-day period still goes stale at the extender's period (S7); a Node-bound token is not a
-pod-bound one (S10)."""
+pod-bound one (S10).
+
+No test here schedules a pod (the victim of S1 is created bound), so none runs once per scheduling
+mode as the placement, burst and node-agent suites do (issue 18): the stream and the ledger they
+check are the core's, the same whichever kube-scheduler asks it."""
 
 from __future__ import annotations
 

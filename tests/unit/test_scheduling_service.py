@@ -131,6 +131,29 @@ def test_the_node_table_travels_only_when_it_changed(core):
     assert len(grown.verdicts) == len(grown.table.names) == 5
 
 
+def test_a_restarted_core_never_answers_in_a_table_the_plugin_holds_from_the_old_one(tmp_path):
+    """The plugin keeps its node table across a core restart and indexes an answer without a table
+    by the one it holds of that generation. A restarted core numbers its tables afresh; were its
+    first one numbered like the old core's, with the nodes in another order (the old core had them
+    in watch order, the new one lists them by name), every verdict would be read as another node's:
+    found by tests/e2e/test_burst.py[plugin-core-sigkilled-mid-burst], where a free node was
+    refused with the a100's "only 0 of 4 GPUs free" (issue 18)."""
+    pod = make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    watch_order = {"h2": h100_inventory("h2"), "a1": a100_inventory("a1"), "h1": h100_inventory("h1")}
+    old = Core(tmp_path / "old.sock", watch_order)
+    held = pre_filter(old, pod)
+    old.close()
+    restarted = Core(tmp_path / "new.sock", dict(sorted(watch_order.items())))
+    try:
+        own = list(pre_filter(restarted, pod).table.names)
+        assert own != list(held.table.names), "the two cores' tables must differ for this test to mean anything"
+        answer = pre_filter(restarted, pod, held.table_generation)
+        indexed_by = list(answer.table.names) if answer.table.names else list(held.table.names)  # the plugin's adopt()
+        assert indexed_by == own, f"answer for generation {answer.table_generation} read by the old core's table"
+    finally:
+        restarted.close()
+
+
 @pytest.mark.parametrize("pod", [
     make_pod("tp4", gpus=4, model="meta-llama/Llama-3.1-70B-Instruct", tp=4),
     make_pod("tp8", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8),

@@ -57,10 +57,14 @@ def test_recent_filters(query, expected):
     pytest.param([("filter", "unresolvable", 1.0)], False, id="never-fits-does-not"),
     pytest.param([("filter", "unschedulable", 1.0), ("bind", "bound", 2.0)], False, id="bound-since"),
     pytest.param([("bind", "bind-failed", 1.0), ("filter", "unschedulable", 2.0)], True, id="bind-older-than-filter"),
-    pytest.param([("filter", "unschedulable", 1.0), ("reserve", "reserved", 2.0)], False, id="plugin-reserved-since"),
-    pytest.param([("reserve", "reserved", 1.0), ("filter", "unschedulable", 2.0)], True, id="reserve-older-than-filter"),
+    # Plugin mode's PreFilter judges every node: "feasible" on nodes the pod's selector rules out.
+    pytest.param([("filter", "feasible", 1.0)], True, id="feasible-but-not-placed-waits"),
+    pytest.param([("filter", "feasible", 1.0), ("reserve", "reserved", 2.0)], False, id="reserved-since"),
+    pytest.param([("filter", "unschedulable", 1.0), ("reserve", "reserve-refused", 2.0)], False,
+                 id="reserve-tried-since"),
+    pytest.param([("reserve", "reserved", 1.0), ("filter", "feasible", 2.0)], True, id="reserve-older-than-filter"),
 ])
-def test_waiting_pods_are_the_unschedulable_not_bound_since(history, waiting):
+def test_waiting_pods_are_those_filtered_and_not_placed_since(history, waiting):
     store = DecisionStore(10)
     for verb, result, at in history:
         record(store, "p", verb=verb, result=result, at=at)
