@@ -25,6 +25,7 @@ annotations (the group's commit record, as on an extender-mode bind).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -44,8 +45,8 @@ FITS, NOT_NOW, NEVER = 0, 1, 2
 @dataclass(frozen=True)
 class NodeTable:
     """The nodes the core knows, in the order every per-node vector of an answer is indexed by.
-    ``generation`` starts at 1 and changes whenever the names or their order do; ``position`` is
-    each name's index (built once per generation, never changed)."""
+    ``generation`` (>= 1, unique to the core process, see :class:`NodeTables`) changes whenever the
+    names or their order do; ``position`` is each name's index (built once per generation)."""
 
     generation: int
     names: tuple[str, ...]
@@ -60,12 +61,18 @@ class NodeTable:
 class NodeTables:
     """Hands out the current :class:`NodeTable`. ``names_now`` returns the core's node names (the
     snapshot's index, whose identity changes only when the snapshot's node set may have); the
-    names are compared only when that object changes, so an unchanged cluster costs nothing."""
+    names are compared only when that object changes, so an unchanged cluster costs nothing.
 
-    def __init__(self, names_now: Callable[[], Sequence[str]]) -> None:
+    Generations count up from ``first_generation``, by default the time this object was made in
+    nanoseconds: the plugin keeps its table across a core restart and reads an answer without a
+    table by the one it holds of that generation, so a restarted core must never reuse a number
+    the old one gave (its nodes may be in another order)."""
+
+    def __init__(self, names_now: Callable[[], Sequence[str]], first_generation: int | None = None) -> None:
         self._names_now = names_now
         self._lock = threading.Lock()
         self._source: Sequence[str] | None = None
+        self._next = first_generation if first_generation is not None else time.time_ns()
         self._table = NodeTable(0, ())
 
     def current(self) -> NodeTable:
@@ -74,7 +81,8 @@ class NodeTables:
             if names is not self._source:
                 self._source = names
                 if tuple(names) != self._table.names or self._table.generation == 0:
-                    self._table = NodeTable.of(self._table.generation + 1, names)
+                    self._table = NodeTable.of(self._next, names)
+                    self._next += 1
             return self._table
 
 

@@ -275,9 +275,11 @@ func (x *Pod) GetJson() []byte {
 
 // The nodes the core knows, in the order of every per-node vector in a PreFilterReply.
 type NodeTable struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Generation    uint64                 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"` // >= 1; a new generation whenever the set or order of names changes
-	Names         []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// >= 1; a new generation whenever the set or order of names changes. Unique to a core process
+	// (counted from its start time in ns): a restarted core never reuses one the old core gave.
+	Generation    uint64   `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Names         []string `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
