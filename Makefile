@@ -43,8 +43,9 @@ vllm-venv:
 node-deps:
 	bash hack/real-node-deps.sh
 
-# The extender and node-agent images from their Dockerfiles, unchanged (buildah on a local stand-in
-# for the Python base image; needs root and node-deps). Cached by content in ~/.cache/gpusched/images:
+# The extender, node-agent and scheduler-plugin images from their Dockerfiles, unchanged (buildah on
+# local stand-ins for the Python and Go base images; needs root and node-deps; the plugin's ~5-15
+# minutes cold). Cached by content in ~/.cache/gpusched/images:
 # a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
 images: node-deps
 	bash hack/build-images.sh >/dev/null
