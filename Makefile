@@ -9,8 +9,12 @@ BENCH_STAMP := $(VENV)/.bench-installed
 
 .PHONY: demo test lint control-plane scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
 
-demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
-	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
+# MODE: how gpusched's kube-scheduler asks the core — extender (HTTP, the default) or plugin (the
+# GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
+MODE ?= extender
+
+demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
+	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
 test: $(STAMP) control-plane scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
