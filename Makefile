@@ -9,8 +9,12 @@ BENCH_STAMP := $(VENV)/.bench-installed
 
 .PHONY: demo test lint control-plane scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
 
-demo: $(STAMP) control-plane  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods.
-	$(VENV)/bin/python -m devcluster.demo $(DEMO_ARGS)
+# MODE: how gpusched's kube-scheduler asks the core — extender (HTTP, the default) or plugin (the
+# GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
+MODE ?= extender
+
+demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
+	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
 test: $(STAMP) control-plane scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
@@ -43,8 +47,9 @@ vllm-venv:
 node-deps:
 	bash hack/real-node-deps.sh
 
-# The extender and node-agent images from their Dockerfiles, unchanged (buildah on a local stand-in
-# for the Python base image; needs root and node-deps). Cached by content in ~/.cache/gpusched/images:
+# The extender, node-agent and scheduler-plugin images from their Dockerfiles, unchanged (buildah on
+# local stand-ins for the Python and Go base images; needs root and node-deps; the plugin's ~5-15
+# minutes cold). Cached by content in ~/.cache/gpusched/images:
 # a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
 images: node-deps
 	bash hack/build-images.sh >/dev/null

@@ -2,12 +2,14 @@
 
 Everything is real except the GPUs: etcd, kube-apiserver, two kube-scheduler processes (the
 stock plugins counting ``nvidia.com/gpu``, bin-packing GPUs as many production clusters do; and
-the gpusched profile calling our extender), and simulated GPU nodes whose inventory annotations
+gpusched's — by default the stock binary with the gpusched profile calling our extender,
+``--mode plugin`` the GpuSched kube-scheduler of scheduler-plugin/ asking the core over its
+socket, as manifests/overlays/plugin-mode runs it), and simulated GPU nodes whose inventory annotations
 a node agent would publish. Each count-only placement is then judged with gpusched's own rules
 against that node *with every GPU free*: a rejection there means the placement fails whatever
 devices the kubelet hands out.
 
-    python -m devcluster.demo [--keep]
+    python -m devcluster.demo [--keep] [--mode extender|plugin]
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from typing import Any
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_namespace, create_pod, vllm_pod, wait_until
-from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.controlplane import (
+    PLUGIN_SCHEDULER_CONFIG,
+    SCHEDULER_CONFIG,
+    ControlPlane,
+    build_binaries,
+    scheduler_config_from_manifests,
+)
 from devcluster.fleet import create_preset_node
 from devcluster.stack import Stack
 from extender.framework.runtime import Framework
@@ -34,6 +42,27 @@ from gpusched_cli.render import table
 
 FLEET = [("h100", "h100-0"), ("a100", "a100-0"), ("l40s", "l40s-0"), ("mig", "mig-0")]
 COUNT_ONLY = "count-only"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the demo's gpusched scheduler asks the core (``make demo MODE=extender|plugin``)."""
+
+    name: str
+    scheduler: str  # the shipped profile's schedulerName, which the demo's gpusched pods name
+    placed_by: str  # the decision record whose summary says why a pod went where it did
+    description: str
+
+
+def modes() -> dict[str, Mode]:
+    """The two ways into kube-scheduler, each with the profile name its shipped config gives."""
+    def profile(path: Path) -> str:
+        return scheduler_config_from_manifests(path)["profiles"][0]["schedulerName"]
+
+    return {"extender": Mode("extender", profile(SCHEDULER_CONFIG), "bind",
+                             "the stock kube-scheduler calling the gpusched extender over HTTP"),
+            "plugin": Mode("plugin", profile(PLUGIN_SCHEDULER_CONFIG), "reserve",
+                           "the GpuSched kube-scheduler asking the gpusched core over gRPC")}
 
 
 @dataclass(frozen=True)
@@ -129,7 +158,7 @@ def judge_with_fleet(api: client.ApiClient, node_name: str, namespace: str, engi
     return f"{reason} — processes outside any pod hold 60 GiB on GPUs 0 and 1" if reason else ""
 
 
-def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender) -> tuple:
+def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender, mode: Mode) -> tuple:
     """Each scheduler gets a 4 x H100 node whose GPUs 0,1 carry 60 GiB of leftover processes
     (its node agent reports them to gpusched) and a clean 8 x H100 node. Count-only bin-packing
     picks the exact-fit 4-GPU node; gpusched sees the memory is not there."""
@@ -146,7 +175,7 @@ def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender) -
             stack.start_agent(node, fleet)
             wait_until(lambda: any(n["name"] == node and n.get("telemetry", "").startswith("fresh")
                                    for n in extender.get_json("/debug/nodes")["nodes"]), 30, f"{node}'s agent to report")
-        scheduler = COUNT_ONLY if label == COUNT_ONLY else "gpusched"
+        scheduler = COUNT_ONLY if label == COUNT_ONLY else mode.scheduler
         results[label] = (place(api, f"demo-{label}", scheduler, fleet_label, LEFTOVER_ENGINE), fleet)
     return results
 
@@ -154,11 +183,12 @@ def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender) -
 GANG = ("llama405b-pp", 2, 8)  # name, members, GPUs each
 
 
-def gang_row(api: client.ApiClient, extender: Any) -> dict[str, tuple[list[str], str]]:
+def gang_row(api: client.ApiClient, extender: Any, mode: Mode) -> dict[str, tuple[list[str], str]]:
     """A 2 x 8-GPU pipeline-parallel gang against a single free 8-GPU node, per scheduler.
-    Returns, per scheduler, the bound members and the reason the others wait — for gpusched the
-    gang's settled reason from ``/debug/gangs``, not a member's first attempt (which can predate
-    its sibling: "1 of 2 members exist")."""
+    Returns, per scheduler, the bound members and the reason the others wait — for gpusched's
+    extender the gang's settled reason from ``/debug/gangs``, not a member's first attempt (which
+    can predate its sibling: "1 of 2 members exist"); in plugin mode, which refuses gang members
+    at PreFilter until Permit is built (issue 18), the members' own reason."""
     from devcluster.gangs import gang_pods
 
     out = {}
@@ -168,7 +198,7 @@ def gang_row(api: client.ApiClient, extender: Any) -> dict[str, tuple[list[str],
         create_preset_node(api, f"{label}-gang-0", "h100")
         client.CoreV1Api(api).patch_node(f"{label}-gang-0", {"metadata": {"labels": {"gpusched.io/demo-fleet": fleet_label}}})
         for pod in gang_pods(api, namespace, "annotations", name, size, gpus, {"gpusched.io/demo-fleet": fleet_label}):
-            pod["spec"]["schedulerName"] = COUNT_ONLY if label == COUNT_ONLY else "gpusched"
+            pod["spec"]["schedulerName"] = COUNT_ONLY if label == COUNT_ONLY else mode.scheduler
             create_pod(api, namespace, pod)
         core = client.CoreV1Api(api)
 
@@ -181,7 +211,7 @@ def gang_row(api: client.ApiClient, extender: Any) -> dict[str, tuple[list[str],
         bound = [p.metadata.name for p in pods if p.spec.node_name]
         waiting = next((c.message for p in pods if not p.spec.node_name for c in (p.status.conditions or [])
                         if c.type == "PodScheduled"), "")
-        if label == "gpusched":
+        if label == "gpusched" and mode.name == "extender":
             waiting = wait_until(lambda: _settled_gang_reason(extender, f"{namespace}/{name}", size), 30,
                                  f"gang {namespace}/{name} judged with all {size} members",
                                  context=lambda: str(extender.get_json("/debug/gangs")))
@@ -197,7 +227,16 @@ def _settled_gang_reason(extender: Any, gang: str, size: int) -> str | None:
     return None
 
 
-def run(keep: bool) -> int:
+def start_gpusched(stack: Stack, mode: Mode) -> None:
+    """gpusched's kube-scheduler as the shipped manifests run it in ``mode``."""
+    if mode.name == "plugin":
+        print("Building/locating the GpuSched kube-scheduler (first run compiles it, ~5 minutes) ...", flush=True)
+        stack.start_plugin_scheduler()
+    else:
+        stack.start_scheduler("kube-scheduler-gpusched")
+
+
+def run(keep: bool, mode: Mode) -> int:
     print("Building/locating the control plane (first run compiles Kubernetes from the Go module proxy) ...", flush=True)
     cp = ControlPlane(build_binaries())
     try:
@@ -205,7 +244,7 @@ def run(keep: bool) -> int:
         stack = Stack(cp)
         stack.install()
         extender = stack.start_extender()
-        stack.start_scheduler("kube-scheduler-gpusched")
+        start_gpusched(stack, mode)
         stack.start_scheduler("kube-scheduler-count-only", adjust=count_only_config)
         api = cp.api_client()
         for label in (COUNT_ONLY, "gpusched"):
@@ -214,13 +253,14 @@ def run(keep: bool) -> int:
                 create_preset_node(api, node, preset)
                 client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {"gpusched.io/demo-fleet": label}}})
             create_namespace(api, f"demo-{label}")
+        print(f"gpusched in {mode.name} mode: {mode.description} (profile {mode.scheduler}).")
         print(f"Control plane at {cp.url}; extender at {extender.base}; simulated nodes: "
               + ", ".join(f"{p} ({n})" for p, n in FLEET) + " — one fleet per scheduler.\n", flush=True)
 
         rows, notes, count_failures, gpusched_failures = [], [], 0, 0
         for engine in WORKLOAD:
             counted_node, counted_info = place(api, f"demo-{COUNT_ONLY}", COUNT_ONLY, COUNT_ONLY, engine)
-            gs_node, gs_info = place(api, "demo-gpusched", "gpusched", "gpusched", engine)
+            gs_node, gs_info = place(api, "demo-gpusched", mode.scheduler, "gpusched", engine)
             failure = judge_on_empty_node(api, counted_node, f"demo-{COUNT_ONLY}", engine) if counted_node else ""
             gs_failure = judge_on_empty_node(api, gs_node, "demo-gpusched", engine) if gs_node else ""
             count_failures += bool(failure)
@@ -230,7 +270,8 @@ def run(keep: bool) -> int:
             verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
             if gs_node:
                 gs_where = f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]"
-                gs_why = extender.get_json(f"/debug/decisions/demo-gpusched/{engine.name}")["decisions"]["bind"]["summary"]
+                decisions = extender.get_json(f"/debug/decisions/demo-gpusched/{engine.name}")["decisions"]
+                gs_why = decisions[mode.placed_by]["summary"]
                 gs_why = gs_why.split(" (", 1)[-1].rstrip(")") if " (" in gs_why else gs_why
             else:
                 notes.append(f"[{len(notes) + 1}] {engine.name} kept Pending by gpusched: {gs_info}")
@@ -240,7 +281,7 @@ def run(keep: bool) -> int:
                          gs_where + (" WOULD FAIL" if gs_failure else ""), gs_why))
 
         # Leftover GPU memory that only a node agent can see.
-        leftover = leftover_row(api, stack, cp.workdir, extender)
+        leftover = leftover_row(api, stack, cp.workdir, extender, mode)
         (counted_node, _), counted_fleet = leftover[COUNT_ONLY]
         (gs_node, gs_info), gs_fleet = leftover["gpusched"]
         failure = (judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet)
@@ -266,7 +307,7 @@ def run(keep: bool) -> int:
                      gs_why))
 
         # A gang that cannot fit whole.
-        gangs = gang_row(api, extender)
+        gangs = gang_row(api, extender, mode)
         name, size, gpus = GANG
         counted_bound, _ = gangs[COUNT_ONLY]
         gs_bound, gs_reason = gangs["gpusched"]
@@ -301,7 +342,12 @@ def run(keep: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devcluster.demo", description=__doc__.splitlines()[0])
     p.add_argument("--keep", action="store_true", help="leave everything running and print the debug URLs")
-    return run(p.parse_args(argv).keep)
+    known = modes()
+    p.add_argument("--mode", choices=sorted(known), default="extender",
+                   help="how gpusched's kube-scheduler asks the core: extender (HTTP, the default) or plugin "
+                        "(the GpuSched kube-scheduler, gRPC)")
+    args = p.parse_args(argv)
+    return run(args.keep, known[args.mode])
 
 
 if __name__ == "__main__":

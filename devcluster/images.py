@@ -11,8 +11,9 @@ sha256 of each uncompressed layer tar, and the layers:
 Both are cached by the content of the Go sources; pods use them with ``imagePullPolicy: Never``.
 
 ``project_images()`` returns the images the shipped manifests name, for the install tests:
-``ghcr.io/gpusched/extender`` and ``node-agent`` built from their Dockerfiles, unchanged, by
-``hack/build-images.sh`` (buildah on a local stand-in for the Python base image), and
+``ghcr.io/gpusched/extender``, ``node-agent`` and ``scheduler-plugin`` (plugin mode's GpuSched
+kube-scheduler) built from their Dockerfiles, unchanged, by ``hack/build-images.sh`` (buildah on
+local stand-ins for the Python and Go base images), and
 ``registry.k8s.io/kube-scheduler`` and ``quay.io/brancz/kube-rbac-proxy`` as single static
 binaries (our pinned kube-scheduler build; kube-rbac-proxy from the Go module proxy at the tag the
 Deployment names, ``hack/build-tools.sh``), at the paths their real images use.
@@ -154,11 +155,13 @@ def _static_image(tag: str, binary: Path, name: str, *, entrypoint: bool, user: 
 
 
 def project_images(bin_dir: Path) -> list[ImageArchive]:
-    """Every image ``manifests/base`` names, under the tags it names (built and cached on first
-    use). ``bin_dir``: the control-plane build (kube-scheduler). Fails with the builder's output."""
+    """Every image ``manifests/base`` and its overlays name, under the tags they name (built and
+    cached on first use). ``bin_dir``: the control-plane build (kube-scheduler). Fails with the
+    builder's output."""
     versions = _versions()
     images = []
-    tags = {"extender": "ghcr.io/gpusched/extender:0.1.0", "node-agent": "ghcr.io/gpusched/node-agent:0.1.0"}
+    tags = {"extender": "ghcr.io/gpusched/extender:0.1.0", "node-agent": "ghcr.io/gpusched/node-agent:0.1.0",
+            "scheduler-plugin": "ghcr.io/gpusched/scheduler-plugin:0.1.0"}
     for line in _script_lines("hack/build-images.sh", *tags):
         name, _, archive = line.partition(" ")
         images.append(ImageArchive(tags[name], Path(archive)))

@@ -15,11 +15,13 @@ from devcluster.controlplane import (
     AGENT_SA,
     EXTENDER_SA,
     NAMESPACE,
+    PLUGIN_SCHEDULER_CONFIG,
     PYTHON,
     SCHEDULER_CONFIG,
     SCHEDULER_SA,
     TELEMETRY_HOST,
     ControlPlane,
+    build_scheduler_plugin,
     manifest_documents,
     python_component_env,
     scheduler_config_from_manifests,
@@ -211,3 +213,13 @@ class Stack:
         c.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
         self.schedulers.append(c)
         return c
+
+    def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
+                               adjust: Callable[[dict[str, Any]], None] | None = None) -> Component:
+        """Plugin mode as manifests/overlays/plugin-mode installs it: the overlay's RBAC for the
+        scheduler's identity (PreBind's patch and its admission policy) applied, and the GpuSched
+        kube-scheduler (built or reused; fails with Go's output) on the overlay's config, asking
+        this stack's extender on its socket."""
+        binary = build_scheduler_plugin()
+        self.cp.apply(doc for _, doc in manifest_documents([PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"]))
+        return self.start_scheduler(name, adjust, binary=binary, manifest=PLUGIN_SCHEDULER_CONFIG)

@@ -6,13 +6,19 @@
 #                debootstrap bookworm + Debian's python3.11 (3.11.2, not 3.11.13), the host's
 #                extra CA certificates trusted (pip inside RUN goes through this machine's
 #                HTTPS proxy). Tagged so the FROM resolves locally; never pushed anywhere.
-#   extender     images/extender/Dockerfile     -> ghcr.io/gpusched/extender:0.1.0
-#   node-agent   images/node-agent/Dockerfile   -> ghcr.io/gpusched/node-agent:0.1.0
+#   go-base      a stand-in for `FROM golang:<version>-bookworm` (images/scheduler-plugin): the
+#                python-base stand-in plus this machine's Go toolchain at /usr/local/go, which must
+#                be the version the Dockerfile names (GOPATH=/go and GOTOOLCHAIN=local, as the
+#                official image sets them).
+#   extender          images/extender/Dockerfile          -> ghcr.io/gpusched/extender:0.1.0
+#   node-agent        images/node-agent/Dockerfile        -> ghcr.io/gpusched/node-agent:0.1.0
+#   scheduler-plugin  images/scheduler-plugin/Dockerfile  -> ghcr.io/gpusched/scheduler-plugin:0.1.0
+#                     (plugin mode's kube-scheduler; its RUN fetches modules from the Go proxy)
 #
-# Usage: hack/build-images.sh [extender|node-agent ...]   (default: both). Prints one line per
-# image on stdout: `<name> <archive>`. Each archive is cached by content — the stand-in by this
-# script's base recipe and the host CA certificates, an image by the stand-in's key, its
-# Dockerfile and every file of the build context (.dockerignore) — in
+# Usage: hack/build-images.sh [extender|node-agent|scheduler-plugin ...]   (default: all three).
+# Prints one line per image on stdout: `<name> <archive>`. Each archive is cached by content — a
+# stand-in by its recipe (and the host CA certificates, the Go version), an image by its
+# stand-in's key, its Dockerfile, .dockerignore and every file of the build context it can copy — in
 # ${GPUSCHED_IMAGE_CACHE:-~/.cache/gpusched/images}, so a change to a Dockerfile or to the code
 # rebuilds that image, and a broken Dockerfile fails here with buildah's own message.
 # Needs root (buildah's overlay storage, debootstrap's chroot); hack/real-node-deps.sh installs
@@ -26,11 +32,17 @@ base_ref="docker.io/library/python:3.11.13-slim-bookworm"
 mirror="${GPUSCHED_DEBIAN_MIRROR:-}"
 base_packages="python3.11 python3.11-venv python3-pip ca-certificates"
 
-declare -A tags=([extender]="ghcr.io/gpusched/extender:0.1.0" [node-agent]="ghcr.io/gpusched/node-agent:0.1.0")
+declare -A tags=([extender]="ghcr.io/gpusched/extender:0.1.0" [node-agent]="ghcr.io/gpusched/node-agent:0.1.0"
+                 [scheduler-plugin]="ghcr.io/gpusched/scheduler-plugin:0.1.0")
+# What each Dockerfile can copy from the context (.dockerignore lets in no more): its cache key.
+declare -A inputs=(
+  [extender]="pyproject.toml constraints.txt README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire images/extender"
+  [node-agent]="pyproject.toml constraints.txt README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire images/node-agent"
+  [scheduler-plugin]="hack/build-scheduler-plugin.sh hack/versions.env scheduler-plugin images/scheduler-plugin")
 images=("$@")
-((${#images[@]})) || images=(extender node-agent)
+((${#images[@]})) || images=(extender node-agent scheduler-plugin)
 for name in "${images[@]}"; do
-  [[ -n "${tags[$name]:-}" ]] || { echo "error: unknown image '$name' (build extender or node-agent)" >&2; exit 2; }
+  [[ -n "${tags[$name]:-}" ]] || { echo "error: unknown image '$name' (build extender, node-agent or scheduler-plugin)" >&2; exit 2; }
 done
 [[ $(id -u) -eq 0 ]] || { echo "error: building the images needs root (buildah storage, debootstrap); run make test as root" >&2; exit 1; }
 for c in buildah debootstrap sha256sum; do
@@ -83,21 +95,51 @@ build_base() {
   echo "stand-in base built in $(( $(date +%s) - started )) s" >&2
 }
 
-# Every file the build context sends (.dockerignore: the packages, their metadata, images/).
+# The Go stand-in: the Python one (Debian bookworm, the host CAs) plus this machine's Go toolchain,
+# under the tag of the Dockerfile's FROM golang:<version>-bookworm; refused if the versions differ.
+go_version="$(sed -n 's/^FROM golang:\([0-9.]*\)-bookworm.*/\1/p' "$repo/images/scheduler-plugin/Dockerfile")"
+go_ref="docker.io/library/golang:${go_version}-bookworm"
+go_key() { { echo "$base_key go-base v1"; go env GOVERSION; } | digest; }
+
+build_go_base() {
+  [[ -n "$go_version" ]] || { echo "error: images/scheduler-plugin/Dockerfile has no 'FROM golang:<version>-bookworm'" >&2; exit 1; }
+  command -v go >/dev/null || { echo "error: Go $go_version is needed for the stand-in $go_ref (install Go $go_version)" >&2; exit 1; }
+  [[ "$(go env GOVERSION)" == "go$go_version" ]] || {
+    echo "error: images/scheduler-plugin/Dockerfile builds on golang:$go_version, this machine has $(go env GOVERSION); install Go $go_version or change the FROM line" >&2; exit 1; }
+  local key
+  key="$(go_key)"
+  if buildah inspect --type image --format '{{index .ImageAnnotations "gpusched.base-key"}}' "$go_ref" 2>/dev/null \
+      | grep -qx "$key"; then
+    return
+  fi
+  echo "building the stand-in $go_ref (python-base + $(go env GOROOT))" >&2
+  local ctr
+  ctr="$(buildah from --pull=never "$base_ref")"
+  buildah copy --quiet "$ctr" "$(go env GOROOT)" /usr/local/go >/dev/null
+  buildah config --env GOPATH=/go --env GOTOOLCHAIN=local \
+    --env PATH=/go/bin:/usr/local/go/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --annotation "gpusched.base-key=$key" "$ctr"
+  buildah commit --quiet --rm "$ctr" "$go_ref" >/dev/null
+}
+
+# The files of the build context an image can copy (its `inputs`), hashed with its stand-in's key.
 context_key() {
-  local dockerfile="$1"
+  local name="$1" stand_in="$base_key"
+  [[ "$name" == scheduler-plugin ]] && stand_in="$(go_key)"
   ( cd "$repo"
-    { echo "$base_key"; cat "$dockerfile" .dockerignore
-      find pyproject.toml constraints.txt README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire images \
+    # shellcheck disable=SC2086  # the inputs are words
+    { echo "$stand_in"; cat "images/$name/Dockerfile" .dockerignore
+      find ${inputs[$name]} \
            -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' 2>/dev/null | LC_ALL=C sort \
         | while read -r f; do echo "$f"; cat "$f"; done
     } | digest )
 }
 
 build_base
+[[ " ${images[*]} " == *" scheduler-plugin "* ]] && build_go_base
 for name in "${images[@]}"; do
   dockerfile="images/$name/Dockerfile"
-  archive="$cache/$name-$(context_key "$dockerfile").tar"
+  archive="$cache/$name-$(context_key "$name").tar"
   if [[ ! -s "$archive" ]]; then
     echo "building ${tags[$name]} from $dockerfile" >&2
     started=$(date +%s)

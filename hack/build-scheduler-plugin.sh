@@ -23,8 +23,18 @@ if grep -E '^[[:space:]]*k8s.io/[^ ]+ => k8s.io/[^ ]+ v' "$src/go.mod" | grep -v
   echo "error: scheduler-plugin/go.mod replaces a staging module with a version other than ${staging_minor}" >&2; exit 1
 fi
 
+# scheduler-plugin/'s files: git's view in a work tree (tracked, and untracked but not ignored),
+# every file elsewhere -- an image build's context has no .git (images/scheduler-plugin/Dockerfile).
+plugin_files() {
+  if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -C "$repo" ls-files -co --exclude-standard -- scheduler-plugin
+  else
+    (cd "$repo" && find scheduler-plugin -type f)
+  fi
+}
+
 # Content hash of what the binary is built from (sources, go.mod/go.sum, this script, the pins).
-hash="$(cd "$repo" && { git ls-files -co --exclude-standard -- scheduler-plugin | LC_ALL=C sort | while read -r f; do
+hash="$(cd "$repo" && { plugin_files | LC_ALL=C sort | while read -r f; do
   [[ -f "$f" ]] && printf '%s %s\n' "$f" "$(sha256sum < "$f" | cut -d' ' -f1)"; done
   sha256sum < hack/build-scheduler-plugin.sh; sha256sum < hack/versions.env; go env GOVERSION; } | sha256sum | cut -c1-16)"
 cache_root="${GPUSCHED_PLUGIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/scheduler-plugin}"

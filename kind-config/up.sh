@@ -5,9 +5,10 @@
 #   kind-config/up.sh --down     # delete the cluster
 #
 # Needs docker, kind and kubectl. Steps: create the cluster from kind-config/kind.yaml; build the
-# three images (images/*/Dockerfile) and load them into the nodes; advertise each worker's
-# simulated GPUs as nvidia.com/gpu (no device plugin in kind); deploy manifests/overlays/fake-gpus
-# (the node agents run --gpu-backend=fake, each worker on its own preset from nodeagent/gpu/presets);
+# images (images/*/Dockerfile; the engine's and plugin mode's only when asked) and load them into
+# the nodes; advertise each worker's simulated GPUs as nvidia.com/gpu (no device plugin in kind);
+# deploy manifests/overlays/fake-gpus (the node agents run --gpu-backend=fake, each worker on its
+# own preset from nodeagent/gpu/presets);
 # apply kind-config/workload.yaml and show where each pod went and why.
 set -euo pipefail
 
@@ -17,6 +18,7 @@ version="0.1.0"
 extender_image="ghcr.io/gpusched/extender:${version}"
 agent_image="ghcr.io/gpusched/node-agent:${version}"
 engine_image="ghcr.io/gpusched/engine-sidecar:${version}"
+plugin_image="ghcr.io/gpusched/scheduler-plugin:${version}"
 ns="gpusched-system"
 
 # GPU units each preset simulates (what a device plugin would advertise; MIG: one per instance).
@@ -48,6 +50,12 @@ kind load docker-image --name "$cluster" "$extender_image" "$agent_image"
 if [[ -n "${GPUSCHED_BUILD_ENGINE:-}" ]]; then
   docker build -f "$repo/images/engine-sidecar/Dockerfile" -t "$engine_image" "$repo"
   kind load docker-image --name "$cluster" "$engine_image"
+fi
+# Plugin mode's GpuSched kube-scheduler (manifests/overlays/plugin-mode) compiles kube-scheduler
+# (minutes), and this script deploys extender mode: build and load it only when asked.
+if [[ -n "${GPUSCHED_BUILD_PLUGIN:-}" ]]; then
+  docker build -f "$repo/images/scheduler-plugin/Dockerfile" -t "$plugin_image" "$repo"
+  kind load docker-image --name "$cluster" "$plugin_image"
 fi
 
 # --- simulated GPUs -------------------------------------------------------------------------

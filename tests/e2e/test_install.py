@@ -17,16 +17,24 @@ Ready with its probes, the node-agent DaemonSet pod runs on the real node, publi
 and streams telemetry through the ``gpusched-telemetry`` Service, a ``schedulerName: gpusched``
 pod is bound by the extender in that pod and runs, ``gpusched explain`` answers in the extender
 container, and ``/metrics`` is readable only through kube-rbac-proxy by an identity RBAC allows.
+
+Plugin mode (issue 18) the same way: ``manifests/overlays/plugin-mode`` with the fake-gpus
+overlay's two files beside it (the node has no NVML), and ``helm install --set mode=plugin``; the
+scheduler pod runs the GpuSched kube-scheduler image, which asks the core in the extender
+container over their shared socket, and a ``schedulerName: gpusched-plugin`` pod is reserved by
+the core, annotated by PreBind, bound by kube-scheduler and run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -41,6 +49,9 @@ pytestmark = pytest.mark.e2e
 NS = "gpusched-system"
 WORKLOAD_NS = "install-check"
 PRESET_UNITS = 8  # h100: what a device plugin would advertise
+# Per mode: the profile's schedulerName and the decision record that placed the pod.
+EXTENDER_MODE = ("gpusched", "bind")
+PLUGIN_MODE = ("gpusched-plugin", "reserve")
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +122,9 @@ def uninstall(cluster: RealCluster, *delete_args: str) -> None:
     wait_until(lambda: NS not in {n.metadata.name for n in core.list_namespace().items}, 120, f"namespace {NS} gone")
 
 
-def check_gpusched_runs(cluster: RealCluster, pod_name: str) -> None:
+def check_gpusched_runs(cluster: RealCluster, pod_name: str, mode: tuple[str, str] = EXTENDER_MODE) -> None:
+    """``mode``: EXTENDER_MODE or PLUGIN_MODE (the pod's schedulerName, the core's decision verb)."""
+    scheduler_name, placed_by = mode
     core = client.CoreV1Api(cluster.cp.api_client())
     scheduler = next(p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=gpusched-scheduler").items
                      if p.metadata.deletion_timestamp is None)
@@ -131,9 +144,10 @@ def check_gpusched_runs(cluster: RealCluster, pod_name: str) -> None:
         "fresh telemetry from the real node in the extender", context=lambda: extender_get(cluster, "/debug/nodes"))
     assert len(next(x for x in nodes["nodes"] if x["name"] == cluster.node.name)["units"]) == PRESET_UNITS
 
-    # A GPU pod for gpusched: bound by the extender in the scheduler pod, run by the kubelet.
+    # A GPU pod for gpusched: placed by the scheduler pod (bound by the extender, or by the GpuSched
+    # kube-scheduler where the core reserved it), run by the kubelet.
     core.create_namespaced_pod(WORKLOAD_NS, {"metadata": {"name": pod_name}, "spec": {
-        "schedulerName": "gpusched", "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+        "schedulerName": scheduler_name, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
         "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never",
                         "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
     pod = wait_until(lambda: (p := core.read_namespaced_pod(pod_name, WORKLOAD_NS)).status.phase == "Running" and p,
@@ -141,6 +155,10 @@ def check_gpusched_runs(cluster: RealCluster, pod_name: str) -> None:
                      context=lambda: cluster.kubectl("-n", WORKLOAD_NS, "describe", "pod", pod_name, check=False).stdout)
     assigned = (pod.metadata.annotations or {}).get("gpusched.io/assigned-gpus", "")
     assert len(assigned.split(",")) == 2 and pod.metadata.annotations.get("gpusched.io/decision-id"), pod.metadata
+    # The path the pod took: the extender's bind, or the core's Reserve (then PreBind's annotations).
+    decision = extender_get(cluster, f"/debug/decisions/{WORKLOAD_NS}/{pod_name}").get("decisions", {})
+    assert decision.get(placed_by, {}).get("id") == pod.metadata.annotations["gpusched.io/decision-id"], decision
+    assert decision[placed_by]["node"] == cluster.node.name, decision
     explain = cluster.kubectl("-n", NS, "exec", "deploy/gpusched-scheduler", "-c", "extender", "--", "gpusched",
                               "explain", f"{WORKLOAD_NS}/{pod_name}", "--url", "http://127.0.0.1:8888").stdout
     # The decision records and the pod as the extender's own account reads it, in its container.
@@ -205,6 +223,51 @@ def test_the_helm_chart_installs_runs_and_places_a_pod(cluster: RealCluster):
     create_namespace_secrets_and_presets(cluster, create_namespace=False)
     wait_rolled_out(cluster)
     check_gpusched_runs(cluster, "via-helm")
+    proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+
+
+def plugin_mode_with_fake_gpus(folder: Path) -> None:
+    """A kustomization beside the tests' files: the plugin-mode overlay, unchanged, plus the two
+    files the fake-gpus overlay adds to the base (one overlay cannot include another's base twice)."""
+    fake = MANIFESTS / "overlays" / "fake-gpus"
+    for name in ("rbac-select-fleet.yaml", "node-agent-fake-gpus.yaml"):
+        shutil.copy(fake / name, folder / name)
+    (folder / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS / "overlays" / "plugin-mode", folder), "rbac-select-fleet.yaml"],
+        "patches": [{"path": "node-agent-fake-gpus.yaml"}]}))
+
+
+def check_the_scheduler_is_the_gpusched_build(cluster: RealCluster) -> None:
+    core = client.CoreV1Api(cluster.cp.api_client())
+    scheduler = next(p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=gpusched-scheduler").items
+                     if p.metadata.deletion_timestamp is None)
+    images = {c.name: c.image for c in scheduler.spec.containers}
+    assert images["kube-scheduler"] == "ghcr.io/gpusched/scheduler-plugin:0.1.0", images
+
+
+def test_the_plugin_mode_overlay_installs_runs_and_places_a_pod(cluster: RealCluster, tmp_path: Path):
+    plugin_mode_with_fake_gpus(tmp_path)
+    create_namespace_secrets_and_presets(cluster)
+    cluster.kubectl("apply", "--server-side", "-k", str(tmp_path))
+    wait_rolled_out(cluster)
+    check_the_scheduler_is_the_gpusched_build(cluster)
+    check_gpusched_runs(cluster, "via-kustomize-plugin", PLUGIN_MODE)
+    uninstall(cluster, "delete", "-k", str(tmp_path))
+
+
+def test_the_helm_chart_in_plugin_mode_installs_runs_and_places_a_pod(cluster: RealCluster):
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
+                           f"--kubeconfig={kubeconfig}", "--set", "mode=plugin", "--set", "nodeAgent.fakeGpus.enabled=true"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    create_namespace_secrets_and_presets(cluster, create_namespace=False)
+    wait_rolled_out(cluster)
+    check_the_scheduler_is_the_gpusched_build(cluster)
+    check_gpusched_runs(cluster, "via-helm-plugin", PLUGIN_MODE)
     proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -37,11 +37,14 @@ def test_the_stack_installs_base_and_crds_only():
     assert installed == {"base", "crds"}
 
 
-@pytest.mark.parametrize("folder", ["base", "observability"])
+@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode"])
 def test_kustomization_lists_every_file(folder):
+    """Every file of the folder is a resource or a patch of its kustomization: none is left out."""
     import yaml
 
-    listed = set(yaml.safe_load((MANIFESTS / folder / "kustomization.yaml").read_text())["resources"])
+    kustomization = yaml.safe_load((MANIFESTS / folder / "kustomization.yaml").read_text())
+    listed = {r for r in kustomization["resources"] if not r.startswith("../")}
+    listed |= {p["path"] for p in kustomization.get("patches", []) if "path" in p}
     present = {p.name for p in (MANIFESTS / folder).glob("*.yaml") if p.name != "kustomization.yaml"}
     assert listed == present
 

@@ -1,10 +1,12 @@
 """The packaging users install from renders, and the apiserver accepts every rendered object:
 the kustomize base and overlays (real ``kustomize build``) and the Helm chart (real ``helm
-template``), whose default render is the kustomize base, object for object."""
+template``), whose default render is the kustomize base, object for object, and whose
+``mode: plugin`` render is the plugin-mode overlay."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from devcluster.controlplane import MANIFESTS, ControlPlane
 from devcluster.render import CHART, helm_template, kustomize_build, normalised
@@ -16,6 +18,7 @@ DEVICE_PLUGIN = {"nodeAgent": {"devicePlugin": {"enabled": True}}}
 TLS = {"telemetry": {"tls": {"enabled": True}}}  # the default
 INSECURE = {"telemetry": {"tls": {"enabled": False}}}
 GENERATE = {"telemetry": {"tls": {"generate": True}}}
+PLUGIN = {"mode": "plugin"}
 
 
 def _daemonset(objects):
@@ -84,6 +87,7 @@ def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nod
     pytest.param(FAKE_GPUS, "overlays/fake-gpus", id="fakeGpus=overlays/fake-gpus"),
     pytest.param(NVIDIA_RUNTIME, "overlays/nvidia-runtime", id="runtimeClassName=overlays/nvidia-runtime"),
     pytest.param(DEVICE_PLUGIN, "overlays/device-plugin", id="devicePlugin=overlays/device-plugin"),
+    pytest.param(PLUGIN, "overlays/plugin-mode", id="mode=plugin=overlays/plugin-mode"),
 ])
 def test_helm_template_equals_the_kustomize_render(values, folder):
     helm = normalised(helm_template(values))
@@ -93,8 +97,8 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
         assert helm[key] == kustomize[key], key
 
 
-@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN],
-                         ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin"])
+@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}],
+                         ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin", "plugin-fake-gpus"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 
@@ -143,7 +147,9 @@ def _token_mounts(objects, kind) -> dict[str, set[str]]:
 RENDERS = [pytest.param(lambda: kustomize_build(MANIFESTS / "base"), id="kustomize-base"),
            pytest.param(lambda: kustomize_build(MANIFESTS / "overlays/fake-gpus"), id="kustomize-fake-gpus"),
            pytest.param(lambda: helm_template({}), id="helm-defaults"),
-           pytest.param(lambda: helm_template({**GENERATE, **FAKE_GPUS}), id="helm-generated-tls-fake-gpus")]
+           pytest.param(lambda: helm_template({**GENERATE, **FAKE_GPUS}), id="helm-generated-tls-fake-gpus"),
+           pytest.param(lambda: kustomize_build(MANIFESTS / "overlays/plugin-mode"), id="kustomize-plugin-mode"),
+           pytest.param(lambda: helm_template({**PLUGIN, **FAKE_GPUS}), id="helm-plugin-fake-gpus")]
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -243,3 +249,144 @@ def test_only_node_agent_pods_may_reach_the_telemetry_port(render):
     assert len(telemetry) == 1 and telemetry[0]["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpusched-system"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpusched-node-agent"}}}]
+
+
+# -- plugin mode (issue 18) ------------------------------------------------------------------------
+
+def _deployment_spec(objects) -> dict:
+    return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+def test_plugin_mode_changes_the_scheduler_pod_its_config_and_the_schedulers_rbac_only():
+    """The plugin-mode overlay is the base with the scheduler's image, config and socket changed
+    and PreBind's grant added; the node agents, the extender's identity and the rest stay."""
+    base = normalised(kustomize_build(MANIFESTS / "base"))
+    plugin = normalised(kustomize_build(MANIFESTS / "overlays/plugin-mode"))
+    assert plugin.keys() - base.keys() == {
+        ("ConfigMap", "gpusched-system", "gpusched-plugin-scheduler-config"),
+        ("ClusterRole", "", "gpusched-scheduler-annotates-pods"),
+        ("ClusterRoleBinding", "", "gpusched-scheduler-annotates-pods"),
+        ("ValidatingAdmissionPolicy", "", "gpusched-scheduler-annotations"),
+        ("ValidatingAdmissionPolicyBinding", "", "gpusched-scheduler-annotations")}
+    assert base.keys() - plugin.keys() == {("ConfigMap", "gpusched-system", "gpusched-scheduler-config")}
+    assert {k for k in base.keys() & plugin.keys() if base[k] != plugin[k]} == {
+        ("Deployment", "gpusched-system", "gpusched-scheduler")}
+
+    before = _deployment_spec(base.values())
+    after = _deployment_spec(plugin.values())
+    containers = {c["name"]: c for c in after["containers"]}
+    assert containers["kube-scheduler"]["image"] == "ghcr.io/gpusched/scheduler-plugin:0.1.0"
+    assert containers["kube-scheduler"]["command"] == ["kube-scheduler", "--config=/etc/gpusched/config.yaml"]
+    extender_before = next(c for c in before["containers"] if c["name"] == "extender")
+    assert containers["extender"]["args"] == [*extender_before["args"],
+                                              "--scheduling-address=unix:///run/gpusched/scheduling.sock"]
+    assert after["initContainers"] == before["initContainers"]
+    assert containers["metrics-proxy"] == next(c for c in before["containers"] if c["name"] == "metrics-proxy")
+
+
+@pytest.mark.parametrize("render", [
+    pytest.param(lambda: kustomize_build(MANIFESTS / "overlays/plugin-mode"), id="kustomize"),
+    pytest.param(lambda: helm_template({**PLUGIN, "namespace": "inference-system", "createNamespace": False}),
+                 id="helm-other-namespace"),
+])
+def test_the_cores_socket_is_shared_by_the_scheduler_and_the_extender_only(render):
+    """GpuSched's args.address is the socket the extender serves (--scheduling-address), in a
+    memory volume that only those two containers mount: its file permissions are the access
+    control, so no other container of the pod may reach it."""
+    objects = render()
+    spec = _deployment_spec(objects)
+    config = next(o for o in objects if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"] == "gpusched-plugin-scheduler-config")
+    kube_scheduler = next(c for c in spec["containers"] if c["name"] == "kube-scheduler")
+    assert {"name": "config", "mountPath": "/etc/gpusched", "readOnly": True} in kube_scheduler["volumeMounts"]
+    assert next(v for v in spec["volumes"] if v["name"] == "config")["configMap"]["name"] == config["metadata"]["name"]
+    scheduler_config = yaml.safe_load(config["data"]["config.yaml"])
+    (profile,) = scheduler_config["profiles"]
+    address = next(p for p in profile["pluginConfig"] if p["name"] == "GpuSched")["args"]["address"]
+    assert address.startswith("unix://")
+    socket = address.removeprefix("unix://")
+    extender = next(c for c in spec["containers"] if c["name"] == "extender")
+    assert f"--scheduling-address={address}" in extender["args"]
+
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounting = {c["name"]: m for c in spec.get("initContainers", []) + spec["containers"]
+                for m in c.get("volumeMounts", []) if m["name"] == "scheduling-socket"}
+    assert set(mounting) == {"kube-scheduler", "extender"}
+    assert all(socket.rsplit("/", 1)[0] == m["mountPath"] for m in mounting.values()), mounting
+    assert mounting["kube-scheduler"].get("readOnly") is True and not mounting["extender"].get("readOnly")
+    assert volumes["scheduling-socket"] == {"name": "scheduling-socket", "emptyDir": {"medium": "Memory",
+                                                                                      "sizeLimit": "1Mi"}}
+
+
+def _grants(objects, namespace: str, account: str) -> dict[str, list]:
+    """Role or ClusterRole name -> its rules, for every binding whose subjects name ``account``
+    (stock roles, which the chart does not ship, as their name alone)."""
+    roles = {(o["kind"], o["metadata"]["name"]): o.get("rules", []) for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}
+    out = {}
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if {"kind": "ServiceAccount", "name": account, "namespace": namespace} in binding.get("subjects", []):
+            ref = binding["roleRef"]
+            out[f"{ref['kind']}/{ref['name']}"] = roles.get((ref["kind"], ref["name"]), "stock")
+    return out
+
+
+@pytest.mark.parametrize("render", [
+    pytest.param(lambda: (kustomize_build(MANIFESTS / "base"), kustomize_build(MANIFESTS / "overlays/plugin-mode")),
+                 id="kustomize"),
+    pytest.param(lambda: (helm_template({}), helm_template(PLUGIN)), id="helm"),
+])
+def test_plugin_modes_scheduler_identity_adds_only_patch_pods_held_to_gpusched_annotations(render):
+    """Plugin mode's kube-scheduler does what the stock one does, plus PreBind's one merge patch
+    of the pod (scheduler-plugin/pkg/gpusched/plugin.go): that single verb is all it gains, and
+    an admission policy bound to its username holds the patch to gpusched.io/ annotations."""
+    extender_mode, plugin_mode = render()
+    scheduler = ("gpusched-system", "gpusched-scheduler")
+    added = {k: v for k, v in _grants(plugin_mode, *scheduler).items() if k not in _grants(extender_mode, *scheduler)}
+    assert added == {"ClusterRole/gpusched-scheduler-annotates-pods": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}
+    assert all(_grants(plugin_mode, *scheduler)[k] == v for k, v in _grants(extender_mode, *scheduler).items())
+    for account in ("gpusched-extender", "gpusched-node-agent", "gpusched-metrics-proxy"):
+        assert _grants(plugin_mode, "gpusched-system", account) == _grants(extender_mode, "gpusched-system", account)
+    policy = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicy"
+                  and o["metadata"]["name"] == "gpusched-scheduler-annotations")
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:gpusched-system:gpusched-scheduler'")
+    binding = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                   and o["spec"]["policyName"] == policy["metadata"]["name"])
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_helm_plugin_mode_values_reach_the_objects():
+    objects = helm_template({**PLUGIN, "namespace": "inference-system", "createNamespace": False,
+                             "scheduler": {"schedulerName": "gpu-inference", "percentageOfNodesToScore": 50},
+                             "extender": {"weight": 7, "pluginTimeout": "2s"},
+                             "images": {"schedulerPlugin": "registry.example/gpusched/scheduler-plugin:dev"}})
+    kube_scheduler = _container(objects, "Deployment", "kube-scheduler")
+    assert kube_scheduler["image"] == "registry.example/gpusched/scheduler-plugin:dev"
+    config = normalised(objects)[("ConfigMap", "inference-system", "gpusched-plugin-scheduler-config")]
+    config = config["data"]["config.yaml"]
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gpu-inference" and config["percentageOfNodesToScore"] == 50
+    assert profile["plugins"]["score"]["enabled"] == [{"name": "GpuSched", "weight": 7}]
+    assert profile["pluginConfig"][0]["args"]["timeout"] == "2s"
+    assert config["leaderElection"]["resourceNamespace"] == "inference-system"
+    assert "extenders" not in config
+    grants = _grants(objects, "inference-system", "gpusched-scheduler")
+    assert "ClusterRole/gpusched-scheduler-annotates-pods" in grants
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                  and o["metadata"]["name"] == "gpusched-scheduler-annotations")
+    assert "system:serviceaccount:inference-system:gpusched-scheduler" in policy["spec"]["matchConditions"][0]["expression"]
+    # The default profile names follow the mode.
+    assert normalised(helm_template(PLUGIN))[("ConfigMap", "gpusched-system", "gpusched-plugin-scheduler-config")][
+        "data"]["config.yaml"]["profiles"][0]["schedulerName"] == "gpusched-plugin"
+    assert normalised(helm_template({}))[("ConfigMap", "gpusched-system", "gpusched-scheduler-config")][
+        "data"]["config.yaml"]["profiles"][0]["schedulerName"] == "gpusched"
+
+
+@pytest.mark.parametrize("mode", ["plugins", "Plugin", "", 3, None])
+def test_helm_refuses_a_mode_it_does_not_know_naming_the_allowed_ones(mode):
+    with pytest.raises(AssertionError) as failed:
+        helm_template({"mode": mode})
+    message = str(failed.value)
+    assert "is not a mode of gpusched; set mode to extender" in message and "or plugin" in message, message

@@ -2,8 +2,10 @@
 real node under the shipped pod specs' security settings.
 
 ``hack/build-images.sh`` builds ``images/extender`` and ``images/node-agent`` with buildah on a
-local stand-in for ``python:3.11.13-slim-bookworm``; kube-scheduler and kube-rbac-proxy are static
-binaries at the tags the Deployment names. Here each runs in a pod of the real kubelet, as uid and
+local stand-in for ``python:3.11.13-slim-bookworm``, and ``images/scheduler-plugin`` (plugin mode's
+GpuSched kube-scheduler, compiled in the image build by ``hack/build-scheduler-plugin.sh``) on one
+for ``golang:<version>-bookworm``; kube-scheduler and kube-rbac-proxy are static binaries at the
+tags the Deployment names. Here each runs in a pod of the real kubelet, as uid and
 with the securityContext the manifests give it (read-only root, no capabilities), on the host
 network: the pod network and the install of the shipped objects themselves are the next step. A
 Dockerfile that does not build fails the suite with buildah's own message.
@@ -48,7 +50,7 @@ def cluster():
 
 def shipped_images() -> set[str]:
     images = set()
-    for folder in ("base", "overlays/fake-gpus"):
+    for folder in ("base", "overlays/fake-gpus", "overlays/plugin-mode"):
         for obj in kustomize_build(MANIFESTS / folder):
             spec = (obj.get("spec") or {}).get("template", {}).get("spec", {})
             images |= {c["image"] for c in spec.get("containers", []) + spec.get("initContainers", [])}
@@ -131,6 +133,9 @@ def test_the_node_agent_image_reads_the_fleet_and_the_kubelets_socket_without_ca
 @pytest.mark.parametrize("image,argv,expected", [
     pytest.param("registry.k8s.io/kube-scheduler:v1.37.2", {"command": ["kube-scheduler", "--version"]},
                  "Kubernetes v1.37.2", id="kube-scheduler-on-PATH"),
+    # Built FROM scratch by its Dockerfile: the plugin-mode Deployment calls it by name, too.
+    pytest.param("ghcr.io/gpusched/scheduler-plugin:0.1.0", {"command": ["kube-scheduler", "--version"]},
+                 "Kubernetes v1.37.2", id="gpusched-kube-scheduler-on-PATH"),
     pytest.param("quay.io/brancz/kube-rbac-proxy:v0.18.1", {"args": ["--help"]}, "--secure-listen-address",
                  id="kube-rbac-proxy-entrypoint"),
 ])

@@ -12,3 +12,20 @@ gpusched-telemetry.{{ .Values.namespace }}.svc
 {{- define "gpusched.customNamespace" -}}
 {{- if ne .Values.namespace "gpusched-system" }}true{{ end }}
 {{- end }}
+
+{{/* "true" in plugin mode, "" in extender mode; any other `mode` fails rendering, naming the
+     allowed values (every template that differs by mode asks this, so none renders a guess). */}}
+{{- define "gpusched.pluginMode" -}}
+{{- $mode := kindIs "string" .Values.mode | ternary .Values.mode "" }}
+{{- if eq $mode "plugin" }}true
+{{- else if ne $mode "extender" }}
+{{- fail (printf "mode: %v is not a mode of gpusched; set mode to extender (the default: the stock kube-scheduler calls the extender over HTTP) or plugin (the GpuSched kube-scheduler asks the core over gRPC)" (toJson .Values.mode)) }}
+{{- end }}
+{{- end }}
+
+{{/* The profile's schedulerName: scheduler.schedulerName, or the mode's default. */}}
+{{- define "gpusched.schedulerName" -}}
+{{- if .Values.scheduler.schedulerName }}{{ .Values.scheduler.schedulerName }}
+{{- else if include "gpusched.pluginMode" . }}gpusched-plugin
+{{- else }}gpusched{{ end }}
+{{- end }}
