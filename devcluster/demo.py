@@ -185,10 +185,9 @@ GANG = ("llama405b-pp", 2, 8)  # name, members, GPUs each
 
 def gang_row(api: client.ApiClient, extender: Any, mode: Mode) -> dict[str, tuple[list[str], str]]:
     """A 2 x 8-GPU pipeline-parallel gang against a single free 8-GPU node, per scheduler.
-    Returns, per scheduler, the bound members and the reason the others wait — for gpusched's
-    extender the gang's settled reason from ``/debug/gangs``, not a member's first attempt (which
-    can predate its sibling: "1 of 2 members exist"); in plugin mode, which refuses gang members
-    at PreFilter until Permit is built (issue 18), the members' own reason."""
+    Returns, per scheduler, the bound members and the reason the others wait — for gpusched (either
+    mode: one core plans gangs for both) the gang's settled reason from ``/debug/gangs``, not a
+    member's first attempt (which can predate its sibling: "1 of 2 members exist")."""
     from devcluster.gangs import gang_pods
 
     out = {}
@@ -211,7 +210,7 @@ def gang_row(api: client.ApiClient, extender: Any, mode: Mode) -> dict[str, tupl
         bound = [p.metadata.name for p in pods if p.spec.node_name]
         waiting = next((c.message for p in pods if not p.spec.node_name for c in (p.status.conditions or [])
                         if c.type == "PodScheduled"), "")
-        if label == "gpusched" and mode.name == "extender":
+        if label == "gpusched":
             waiting = wait_until(lambda: _settled_gang_reason(extender, f"{namespace}/{name}", size), 30,
                                  f"gang {namespace}/{name} judged with all {size} members",
                                  context=lambda: str(extender.get_json("/debug/gangs")))

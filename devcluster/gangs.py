@@ -12,9 +12,10 @@ KINDS = ("podgroup", "leaderworkerset", "annotations")
 
 
 def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size: int, gpus: int,
-              node_selector: dict[str, str] | None = None, timeout_s: int = 40) -> list[dict[str, Any]]:
-    """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang.
-    For ``podgroup`` the PodGroup object is created too."""
+              node_selector: dict[str, str] | None = None, timeout_s: int = 40,
+              scheduler: str = "gpusched") -> list[dict[str, Any]]:
+    """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang,
+    for the kube-scheduler profile ``scheduler``. For ``podgroup`` the PodGroup object is created too."""
     pods = []
     if kind == "podgroup":
         client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -33,7 +34,7 @@ def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size:
         else:
             annotations.update({"gpusched.io/gang-name": name, "gpusched.io/gang-size": str(size),
                                 "gpusched.io/gang-timeout-seconds": str(timeout_s)})
-        pod = vllm_pod(f"{name}-{i}", gpus=gpus, model="meta-llama/Llama-3.1-405B-Instruct",
+        pod = vllm_pod(f"{name}-{i}", gpus=gpus, model="meta-llama/Llama-3.1-405B-Instruct", scheduler=scheduler,
                        args=["--tensor-parallel-size", str(gpus), "--pipeline-parallel-size", str(size)],
                        annotations={**annotations, "gpusched.io/tensor-parallel-size": str(gpus),
                                     "gpusched.io/pipeline-parallel-size": "1"}, labels=labels)

@@ -37,6 +37,9 @@ class SchedulingMode:
     # Plugin mode's PreFilter judges the pod against every node the core knows; an extender is
     # asked only about the nodes kube-scheduler's own filters (node selector, resource fit) passed.
     judges_every_node: bool
+    # The record of a gang member that passed its group's barrier, (verb, result): the extender's
+    # barrier is inside bind; plugin mode's is kube-scheduler's Permit (then PreBind asks the core).
+    passed_barrier: tuple[str, str] = ("bind", "bound")
 
     def placement(self, decisions: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The record where the core took the pod's GPUs, from a pod's ``/debug/decisions``
@@ -55,5 +58,5 @@ class SchedulingMode:
 
 EXTENDER_MODE = SchedulingMode("extender", profile_name(SCHEDULER_CONFIG), "bind", "bound", judges_every_node=False)
 PLUGIN_MODE = SchedulingMode("plugin", profile_name(PLUGIN_SCHEDULER_CONFIG), "reserve", "reserved",
-                             judges_every_node=True)
+                             judges_every_node=True, passed_barrier=("permit", "permitted"))
 MODES = (EXTENDER_MODE, PLUGIN_MODE)

@@ -45,9 +45,11 @@ def assigned_uuids(pods) -> Counter:
 
 
 def pending_judged(pods) -> int:
-    """Pending pods kube-scheduler has tried and reported unschedulable."""
+    """Pending pods kube-scheduler has tried and reported unschedulable. A SchedulerError (the core
+    unreachable while it was killed) is not a judgement: the pod is retried after its backoff."""
     return sum(1 for p in pods if not p.spec.node_name and any(
-        c.type == "PodScheduled" and c.status == "False" for c in (p.status.conditions or [])))
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in (p.status.conditions or [])))
 
 
 def ledger_vs_pods(stack: Stack, nodes: list[str], admin, namespace: str) -> str:

@@ -29,11 +29,8 @@ def test_demo_prints_the_side_by_side_table_and_exits_zero(mode):
                    "count-only bound 1 of 2 members", "kept whole by gpusched"):  # the gang
         assert reason in out, f"missing {reason!r}:\n{out}"
     note = next(line for line in out.splitlines() if "kept whole by gpusched" in line)
-    if mode == "extender":
-        # The gang's settled reason (all members seen), not a first attempt's "1 of 2 members exist" (issue 17).
-        assert "fits nowhere" in note and "members exist" not in note, note
-    else:
-        # Until Permit is built, plugin mode refuses gang members at PreFilter, saying so (issue 18).
-        assert "cannot place gang members yet" in note, note
+    # The gang's settled reason (all members seen), not a first attempt's "1 of 2 members exist"
+    # (issue 17), in both modes: one core plans the gang whichever kube-scheduler asks (issue 18).
+    assert "fits nowhere" in note and "members exist" not in note, note
     gang_row = next(line for line in out.splitlines() if line.startswith("llama405b-pp (gang)"))
     assert "1 of 2 bound" in gang_row and "0 of 2 bound" in gang_row, gang_row

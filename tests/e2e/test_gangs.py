@@ -1,4 +1,5 @@
-"""All of a group's pods bound, or none — through the real kube-scheduler and our bind barrier."""
+"""All of a group's pods bound, or none — through the real kube-scheduler, in both modes: the
+extender's bind barrier, and plugin mode's Permit barrier (issue 18: each test runs in both)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from kubernetes import client
 
 from devcluster.cluster import create_pod, pod_scheduled_message, wait_until
 from devcluster.gangs import KINDS, gang_pods
+from devcluster.modes import SchedulingMode
 from devcluster.stack import Stack
 
 
@@ -21,11 +23,13 @@ def bound(admin, namespace, prefix):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, namespace, fleet, stack: Stack, kind):
+def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, namespace, fleet, stack: Stack, kind,
+                                                                     mode: SchedulingMode):
     fleet_id, add = fleet
     for _ in range(3):
         add()
-    for pod in gang_pods(admin, namespace, kind, "pp4", size=4, gpus=8, node_selector={"gpusched.io/test-fleet": fleet_id}):
+    for pod in gang_pods(admin, namespace, kind, "pp4", size=4, gpus=8, node_selector={"gpusched.io/test-fleet": fleet_id},
+                         scheduler=mode.scheduler_name):
         create_pod(admin, namespace, pod)
     names = [f"pp4-{i}" for i in range(4)]
     for name in names:  # every member says why it waits
@@ -43,6 +47,10 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
                context=lambda: str(stack.extender.get_json("/debug/gangs")))
     nodes = {p.spec.node_name for p in pods(admin, namespace, "pp4-")}
     assert len(nodes) == 4
+    verb, result = mode.passed_barrier  # each member went through its mode's barrier
+    for name in names:
+        record = stack.extender.get_json(f"/debug/decisions/{namespace}/{name}")["decisions"].get(verb) or {}
+        assert record.get("result") == result and "gang" in record.get("summary", ""), (name, record)
     if kind == "podgroup":  # the PodGroup's status is kept current
         custom = client.CustomObjectsApi(admin)
         wait_until(lambda: (custom.get_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
@@ -56,13 +64,14 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_gangs_that_fit_alone_but_not_together_never_split(admin, namespace, fleet, stack: Stack, kind):
+def test_two_gangs_that_fit_alone_but_not_together_never_split(admin, namespace, fleet, stack: Stack, kind,
+                                                               mode: SchedulingMode):
     fleet_id, add = fleet
     for _ in range(4):
         add()
     selector = {"gpusched.io/test-fleet": fleet_id}
-    for pod in gang_pods(admin, namespace, kind, "ga", 3, 8, selector) + \
-            gang_pods(admin, namespace, kind, "gb", 3, 8, selector):
+    for pod in gang_pods(admin, namespace, kind, "ga", 3, 8, selector, scheduler=mode.scheduler_name) + \
+            gang_pods(admin, namespace, kind, "gb", 3, 8, selector, scheduler=mode.scheduler_name):
         create_pod(admin, namespace, pod)
 
     def one_complete():
@@ -83,12 +92,16 @@ def test_two_gangs_that_fit_alone_but_not_together_never_split(admin, namespace,
                context=lambda: str(stack.extender.get_json("/debug/gangs")))
 
 
-def test_extender_sigkilled_while_a_gang_waits_at_the_barrier_leaves_nothing_behind(admin, namespace, fleet, stack: Stack):
+def test_core_sigkilled_while_a_gang_waits_at_the_barrier_leaves_nothing_behind(admin, namespace, fleet, stack: Stack,
+                                                                               mode: SchedulingMode):
+    """Extender mode: two members wait inside their bind calls; plugin mode: at Permit. The core
+    is SIGKILLed and restarted meanwhile; no member is ever bound, and nothing stays held."""
     fleet_id, add = fleet
     for _ in range(3):
         add()
     selector = {"gpusched.io/test-fleet": fleet_id}
-    members = gang_pods(admin, namespace, "annotations", "stuck", 3, 8, selector, timeout_s=25)
+    members = gang_pods(admin, namespace, "annotations", "stuck", 3, 8, selector, timeout_s=25,
+                        scheduler=mode.scheduler_name)
     # The third member asks for more CPU than any node has: kube-scheduler's own plugins never let
     # it reach bind, so the two others wait at the barrier.
     members[2]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1000"

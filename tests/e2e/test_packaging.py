@@ -278,8 +278,10 @@ def test_plugin_mode_changes_the_scheduler_pod_its_config_and_the_schedulers_rba
     assert containers["kube-scheduler"]["image"] == "ghcr.io/gpusched/scheduler-plugin:0.1.0"
     assert containers["kube-scheduler"]["command"] == ["kube-scheduler", "--config=/etc/gpusched/config.yaml"]
     extender_before = next(c for c in before["containers"] if c["name"] == "extender")
+    # The core serves the plugin, which requeues pods from its stream: no annotation nudges.
     assert containers["extender"]["args"] == [*extender_before["args"],
-                                              "--scheduling-address=unix:///run/gpusched/scheduling.sock"]
+                                              "--scheduling-address=unix:///run/gpusched/scheduling.sock",
+                                              "--no-annotation-requeue"]
     assert after["initContainers"] == before["initContainers"]
     assert containers["metrics-proxy"] == next(c for c in before["containers"] if c["name"] == "metrics-proxy")
 
