@@ -80,7 +80,14 @@ class PodGroupInfo:
 
 def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGroupInfo],
             default_timeout_s: float = DEFAULT_TIMEOUT_S) -> GangSpec | GangProblem | None:
-    """The pod's gang, None for a pod on its own, or what is wrong with its declaration."""
+    """The pod's gang, None for a pod on its own, or what is wrong with its declaration.
+
+    A pod in a Kubernetes scheduling group (``spec.schedulingGroup``, the GenericWorkload gate's
+    native gang scheduling) is None whatever else it declares: kube-scheduler's own GangScheduling
+    plugin holds that group's barrier, so gpusched judges the pod's GPUs on its own and never holds
+    a second barrier for the same group."""
+    if (pod.get("spec") or {}).get("schedulingGroup"):
+        return None
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
     labels = meta.get("labels") or {}

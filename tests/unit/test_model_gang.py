@@ -53,3 +53,14 @@ def test_gang_timeout_annotation(member, timeout, expected):
         assert GANG_TIMEOUT_ANNOTATION in spec.message and repr(timeout) in spec.message
     else:
         assert isinstance(spec, GangSpec) and spec.timeout_s == expected and spec.min_member == 2
+
+
+@pytest.mark.parametrize("member", [annotated_member, lws_member], ids=["annotations", "leaderworkerset"])
+def test_a_pod_in_a_kubernetes_scheduling_group_is_left_to_kube_schedulers_own_gang_barrier(member):
+    """GenericWorkload (Kubernetes 1.37, beta, off by default): a pod naming a scheduling.k8s.io
+    PodGroup is placed all-or-nothing by kube-scheduler's GangScheduling plugin; gpusched judging
+    it as a gang too would hold a second barrier for the same group."""
+    pod = member("30")
+    assert isinstance(gang_of(pod, {}), GangSpec)
+    pod["spec"] = {"schedulingGroup": {"podGroupName": "llama"}}
+    assert gang_of(pod, {}) is None
