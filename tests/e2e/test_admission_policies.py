@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_gpu_node, unique
-from devcluster.controlplane import API_AUDIENCE, EXTENDER_SA, NAMESPACE, ControlPlane
+from devcluster.cluster import create_gpu_node, unique, wait_until
+from devcluster.controlplane import API_AUDIENCE, EXTENDER_SA, NAMESPACE, SCHEDULER_SA, ControlPlane
 from devcluster.stack import Stack
 
 INVENTORY = "gpusched.io/gpu-inventory"
@@ -107,3 +107,48 @@ def test_the_extenders_bindings_carry_only_gpusched_annotations(extender_api, po
     body = refused(lambda: bind({"gpusched.io/decision-id": "d1", "sidecar.istio.io/inject": "true"}))
     assert "sidecar.istio.io/inject" in body and "in a Binding" in body, body
     bind({"gpusched.io/decision-id": "d1", "gpusched.io/assigned-gpus": "GPU-x"})
+
+
+@pytest.fixture(scope="module")
+def plugin_scheduler_api(control_plane: ControlPlane, plugin_scheduler) -> client.CoreV1Api:
+    """The plugin-mode kube-scheduler's identity, with manifests/overlays/plugin-mode's RBAC (its
+    one added verb, patch pods) and admission policy applied (the plugin_scheduler fixture does).
+    The apiserver loads a new policy asynchronously: this waits until it refuses a label change on
+    a probe pod (the write the policy exists to stop), so no test runs before it is in force."""
+    api = client.CoreV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, SCHEDULER_SA)))
+    admin = client.CoreV1Api(control_plane.api_client())
+    probe = unique("vap-probe")
+    admin.create_namespaced_pod("default", {"metadata": {"name": probe}, "spec": {
+        "schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.local/app:1"}]}})
+
+    def in_force() -> bool:
+        try:
+            api.patch_namespaced_pod(probe, "default", {"metadata": {"labels": {"probe": unique("x")}}})
+        except client.ApiException as exc:
+            return exc.status == 403 and "gpusched scheduler" in (exc.body or "")
+        return False
+
+    try:
+        wait_until(in_force, 30, "the plugin-mode scheduler's admission policy in force")
+    finally:
+        admin.delete_namespaced_pod(probe, "default", grace_period_seconds=0)
+    return api
+
+
+def test_the_plugin_mode_scheduler_may_write_the_gpus_it_was_given_on_a_pod(plugin_scheduler_api, pod, namespace):
+    plugin_scheduler_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
+        "gpusched.io/assigned-gpus": "GPU-a,GPU-b", "gpusched.io/decision-id": "d1"}}})
+
+
+@pytest.mark.parametrize("patch,needle", [
+    pytest.param({"metadata": {"annotations": {"sidecar.istio.io/inject": "true"}}}, "sidecar.istio.io/inject",
+                 id="pod-foreign-annotation"),
+    pytest.param({"metadata": {"labels": {"app": "other"}}}, "not its spec, labels", id="pod-label"),
+    pytest.param({"spec": {"containers": [{"name": "c", "image": "registry.local/evil:1"}]}}, "not its spec",
+                 id="pod-image"),
+])
+def test_the_plugin_mode_scheduler_cannot_change_a_pod_beyond_gpusched_annotations(plugin_scheduler_api, pod,
+                                                                                     namespace, patch, needle):
+    """RBAC cannot narrow "patch pods" to annotations; the overlay's admission policy does."""
+    body = refused(lambda: plugin_scheduler_api.patch_namespaced_pod(pod, namespace, patch))
+    assert "gpusched scheduler" in body and needle in body, body

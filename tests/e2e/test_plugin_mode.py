@@ -10,6 +10,7 @@ the suites parametrized by ``mode`` use too; this file holds what only plugin mo
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -204,3 +205,32 @@ def test_plugin_mode_gang_that_cannot_complete_times_out_at_permit_with_nothing_
 
         wait_until(nothing_held, 30, "no GPU reserved for the deleted gang",
                    context=lambda: str(extender.get_json("/debug/gangs")))
+
+
+def test_plugin_mode_a_hung_core_costs_a_pod_one_deadline_not_a_stuck_scheduler(admin, namespace, stack: Stack,
+                                                                                  plugin_scheduler: Component):
+    """The core SIGSTOPped: its socket still accepts, nothing answers. PreFilter gives up at the
+    plugin's deadline (args.timeout) with an Error naming it, kube-scheduler goes on, and the pod
+    is retried and bound once the core runs again (SIGCONT)."""
+    assert stack.extender is not None
+    core = stack.extender.component.proc
+    with gpu_fleet(admin, 8) as (fleet, (node,)):
+        core.send_signal(signal.SIGSTOP)
+        try:
+            create_pod(admin, namespace, plugin_pod("while-hung", 2, fleet))
+
+            def deadline() -> str | None:
+                message = pod_scheduled_message(admin, namespace, "while-hung")
+                return message if "DeadlineExceeded" in message else None
+
+            message = wait_until(deadline, 60, "while-hung's PodScheduled condition naming the RPC deadline",
+                                 context=lambda: pod_scheduled_message(admin, namespace, "while-hung") + "\n"
+                                 + plugin_scheduler.tail(20))
+            assert "gpusched core unreachable" in message and "retried" in message, message
+            assert pod_node(admin, namespace, "while-hung") is None
+        finally:
+            core.send_signal(signal.SIGCONT)
+        bound = wait_until(lambda: pod_node(admin, namespace, "while-hung"), 90, "while-hung bound once the core runs",
+                           context=lambda: pod_scheduled_message(admin, namespace, "while-hung") + "\n"
+                           + plugin_scheduler.tail(20))
+        assert bound == node
