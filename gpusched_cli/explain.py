@@ -88,10 +88,11 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
                    "aged out of the extender's bounded store, or the extender restarted since.")
         return "\n".join(out)
     decisions = records.get("decisions", {})
-    bind, filt, prio = decisions.get("bind"), decisions.get("filter"), decisions.get("prioritize")
-    if bind:
-        verdict = "BOUND" if bind["result"] == "bound" else bind["result"].upper()
-        out.append(f"\n{verdict} to {bind.get('node')}: {bind.get('summary', '')}  (decision {bind['id']})")
+    filt, prio = decisions.get("filter"), decisions.get("prioritize")
+    placed = _newest_placement(decisions)
+    if placed:
+        verdict = PLACEMENT_WORDS.get(placed["result"], placed["result"].upper())
+        out.append(f"\n{verdict} {placed.get('node')}: {placed.get('summary', '')}  (decision {placed['id']})")
     if filt:
         details = filt.get("details", {})
         demand = details.get("demand", {})
@@ -131,6 +132,19 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
             out.append("\nScores (0..10 sent to kube-scheduler; plugin raw→normalised×weight)")
             out.append(table(["NODE", "SCORE", "PLUGINS"], rows))
     return "\n".join(out)
+
+
+# How each placement record's result reads: extender mode binds; plugin mode reserves (then
+# kube-scheduler's default binder binds), passes a gang member through Permit, or unreserves.
+PLACEMENT_VERBS = ("bind", "reserve", "permit", "unreserve")
+PLACEMENT_WORDS = {"bound": "BOUND to", "reserved": "RESERVED (plugin mode) on", "permitted": "PERMITTED (gang "
+                   "barrier passed) on", "released": "UNRESERVED on"}
+
+
+def _newest_placement(decisions: dict[str, Any]) -> dict[str, Any] | None:
+    """The newest of the pod's bind / reserve / permit / unreserve records (None if none)."""
+    records = [decisions[v] for v in PLACEMENT_VERBS if decisions.get(v)]
+    return max(records, key=lambda r: r.get("at", 0.0)) if records else None
 
 
 def render_nodes(nodes: dict[str, Any]) -> str:

@@ -28,3 +28,22 @@ def test_the_verdict_shown_is_the_one_sent(verdicts, failed, unresolvable, node,
     text = render_explain("ns", "pod", records(verdicts, failed, unresolvable), [])
     row = next(line for line in text.splitlines() if line.startswith(node + " "))
     assert row.split(None, 1)[1].startswith(expected + " "), row  # NODE, then VERDICT
+
+
+def placement(verb: str, result: str, at: float) -> dict:
+    return {"id": f"d-{verb}", "verb": verb, "result": result, "node": "h1", "summary": f"GPUs [0,1] ({verb})", "at": at}
+
+
+@pytest.mark.parametrize("records_by_verb,expected", [
+    pytest.param({"bind": placement("bind", "bound", 2.0)}, "BOUND to h1: GPUs [0,1] (bind)", id="extender-bound"),
+    pytest.param({"reserve": placement("reserve", "reserved", 2.0)}, "RESERVED (plugin mode) on h1: GPUs [0,1] (reserve)",
+                 id="plugin-reserved"),
+    pytest.param({"reserve": placement("reserve", "reserved", 2.0), "permit": placement("permit", "permitted", 3.0)},
+                 "PERMITTED (gang barrier passed) on h1", id="plugin-gang-member-past-permit"),
+    pytest.param({"reserve": placement("reserve", "reserved", 2.0), "unreserve": placement("unreserve", "released", 3.0)},
+                 "UNRESERVED on h1", id="plugin-unreserved-since"),
+    pytest.param({"bind": placement("bind", "bind-refused", 2.0)}, "BIND-REFUSED h1", id="refused"),
+])
+def test_the_newest_placement_record_is_shown_in_either_mode(records_by_verb, expected):
+    text = render_explain("ns", "pod", {"decisions": records_by_verb}, [])
+    assert expected in text, text
