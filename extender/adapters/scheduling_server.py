@@ -67,11 +67,8 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         return reply
 
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveReply:
-        _check_version(request.api_version, context)
-        pod = _pod_ref(request.pod, context)
-        if not request.node:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Reserve names no node")
-        answer = self._plugin.reserve(pod, request.node)
+        pod, node = _placement_request(request, "Reserve", context)
+        answer = self._plugin.reserve(pod, node)
         reply = pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal,
                                 annotations=dict(answer.annotations), summary=answer.summary)
         if answer.barrier is not None:
@@ -81,11 +78,8 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         return reply
 
     def Permitted(self, request: pb.PermittedRequest, context: grpc.ServicerContext) -> pb.PermittedReply:
-        _check_version(request.api_version, context)
-        pod = _pod_ref(request.pod, context)
-        if not request.node:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Permitted names no node")
-        answer = self._plugin.permitted(pod, request.node)
+        pod, node = _placement_request(request, "Permitted", context)
+        answer = self._plugin.permitted(pod, node)
         return pb.PermittedReply(permitted=answer.reserved, refusal=answer.refusal,
                                  annotations=dict(answer.annotations), summary=answer.summary)
 
@@ -111,6 +105,16 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
                     yield pb.RequeueBatch(pods=batch.pods[start:start + MAX_REQUEUE_BATCH], reason=batch.reason)
         finally:
             subscription.close()
+
+
+def _placement_request(request: pb.ReserveRequest | pb.PermittedRequest, rpc: str,
+                       context: grpc.ServicerContext) -> tuple[PodRef, str]:
+    """A Reserve or Permitted request checked: its version, its pod, a node named."""
+    _check_version(request.api_version, context)
+    pod = _pod_ref(request.pod, context)
+    if not request.node:
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{rpc} names no node")
+    return pod, request.node
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

@@ -9,7 +9,7 @@ drives the binder. It owns the one rule that makes bind safe: GPUs are reserved 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
@@ -239,32 +239,30 @@ class ExtenderService:
         (a gang member's answer says whether to wait at Permit). Returns the decider's answer and,
         when reserved, the annotations PreBind writes (decision id included); recorded as verb
         ``reserve``."""
-        started = time.perf_counter()
-        decision_id = self.decisions.new_id()
-        reserved = self.decider.reserve(pod, node, decision_id, wait_at_barrier=False)
-        if isinstance(reserved, Refusal):
-            self._record("reserve", pod, "reserve-refused", started, node=node, summary=reserved.reason,
-                         record_id=decision_id)
-            return reserved, {}
-        annotations = {DECISION_ID_ANNOTATION: decision_id, **reserved.annotations}
-        self._record("reserve", pod, "reserved", started, node=node, summary=reserved.summary,
-                     details={"annotations": annotations, **reserved.details}, record_id=decision_id)
-        return reserved, annotations
+        return self._placement("reserve", ("reserved", "reserve-refused"), pod, node,
+                               lambda decision_id: self.decider.reserve(pod, node, decision_id, wait_at_barrier=False))
 
     def permitted(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
         """The plugin's PreBind of a gang member that passed Permit: the annotations to write now
         (the group's commit record included), recorded as verb ``permit``."""
+        return self._placement("permit", ("permitted", "permit-refused"), pod, node,
+                               lambda decision_id: self.decider.permitted(pod, node))
+
+    def _placement(self, verb: str, results: tuple[str, str], pod: PodRef, node: str,
+                   decide: Callable[[str], Reservation | Refusal]) -> tuple[Reservation | Refusal, dict[str, str]]:
+        """One plugin-mode placement step under a new decision id: the decider's answer, recorded
+        as ``verb`` with ``results`` (granted, refused), and the annotations to write when granted."""
         started = time.perf_counter()
         decision_id = self.decisions.new_id()
-        granted = self.decider.permitted(pod, node)
-        if isinstance(granted, Refusal):
-            self._record("permit", pod, "permit-refused", started, node=node, summary=granted.reason,
-                         record_id=decision_id)
-            return granted, {}
-        annotations = {DECISION_ID_ANNOTATION: decision_id, **granted.annotations}
-        self._record("permit", pod, "permitted", started, node=node, summary=granted.summary,
-                     details={"annotations": annotations, **granted.details}, record_id=decision_id)
-        return granted, annotations
+        answer = decide(decision_id)
+        granted, refused = results
+        if isinstance(answer, Refusal):
+            self._record(verb, pod, refused, started, node=node, summary=answer.reason, record_id=decision_id)
+            return answer, {}
+        annotations = {DECISION_ID_ANNOTATION: decision_id, **answer.annotations}
+        self._record(verb, pod, granted, started, node=node, summary=answer.summary,
+                     details={"annotations": annotations, **answer.details}, record_id=decision_id)
+        return answer, annotations
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""

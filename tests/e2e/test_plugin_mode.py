@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
@@ -91,39 +92,6 @@ def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(a
         assert pod_node(admin, namespace, "tp3") is None
         decisions = extender.get_json(f"/debug/decisions/{namespace}/tp3").get("decisions", {})
         assert "reserve" not in decisions, decisions
-
-
-def test_plugin_mode_pods_wait_while_the_core_is_down_and_bind_once_it_is_back(admin, namespace, stack: Stack,
-                                                                               plugin_scheduler: Component):
-    """The core SIGKILLed: a GPU pod's cycle ends naming the unreachable core, it is retried, and
-    nothing binds it without a reservation; the restarted core rebuilds its ledger before it
-    answers, and the pod binds where it reserved."""
-    with gpu_fleet(admin, 8) as (fleet, (node,)):
-        port = stack.extender.port if stack.extender else 0
-        stack.kill_extender()
-        try:
-            create_pod(admin, namespace, plugin_pod("while-down", 2, fleet))
-
-            def unreachable() -> str | None:
-                message = pod_scheduled_message(admin, namespace, "while-down")
-                return message if "gpusched core unreachable" in message else None
-
-            message = wait_until(unreachable, 60, "while-down's PodScheduled condition naming the unreachable core",
-                                 context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
-                                 + plugin_scheduler.tail(20))
-            assert str(stack.scheduling_socket) in message and "retried" in message, message
-            assert pod_node(admin, namespace, "while-down") is None
-        finally:
-            stack.start_extender(port=port)
-        bound = wait_until(lambda: pod_node(admin, namespace, "while-down"), 90, "while-down bound once the core is back",
-                           context=lambda: pod_scheduled_message(admin, namespace, "while-down") + "\n"
-                           + plugin_scheduler.tail(20))
-        assert bound == node
-        assert stack.extender is not None
-        record = stack.extender.get_json(f"/debug/decisions/{namespace}/while-down")["decisions"]["reserve"]
-        annotations = client.CoreV1Api(admin).read_namespaced_pod("while-down", namespace).metadata.annotations or {}
-        assert (record["node"], record["result"]) == (node, "reserved") and \
-            annotations.get("gpusched.io/decision-id") == record["id"]
 
 
 def plugin_gang(admin: client.ApiClient, namespace: str, name: str, size: int, fleet: str, *,
@@ -207,30 +175,60 @@ def test_plugin_mode_gang_that_cannot_complete_times_out_at_permit_with_nothing_
                    context=lambda: str(extender.get_json("/debug/gangs")))
 
 
-def test_plugin_mode_a_hung_core_costs_a_pod_one_deadline_not_a_stuck_scheduler(admin, namespace, stack: Stack,
-                                                                                  plugin_scheduler: Component):
-    """The core SIGSTOPped: its socket still accepts, nothing answers. PreFilter gives up at the
-    plugin's deadline (args.timeout) with an Error naming it, kube-scheduler goes on, and the pod
-    is retried and bound once the core runs again (SIGCONT)."""
+
+@contextmanager
+def core_killed(stack: Stack) -> Iterator[None]:
+    """The core SIGKILLed, restarted on leaving (it rebuilds its ledger before it answers)."""
+    port = stack.extender.port if stack.extender else 0
+    stack.kill_extender()
+    try:
+        yield
+    finally:
+        stack.start_extender(port=port)
+
+
+@contextmanager
+def core_hung(stack: Stack) -> Iterator[None]:
+    """The core SIGSTOPped (its socket still accepts, nothing answers), SIGCONT on leaving."""
     assert stack.extender is not None
-    core = stack.extender.component.proc
+    process = stack.extender.component.proc
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("outage,needle", [
+    (core_killed, "connection refused"),
+    (core_hung, "DeadlineExceeded"),  # the plugin's args.timeout: one deadline, not a stuck scheduler
+], ids=["sigkilled", "sigstopped-past-the-deadline"])
+def test_plugin_mode_pods_wait_while_the_core_is_out_and_bind_once_it_is_back(admin, namespace, stack: Stack,
+                                                                              plugin_scheduler: Component,
+                                                                              outage, needle):
+    """A GPU pod's cycle ends in an Error naming the unreachable core and the cause, kube-scheduler
+    goes on and retries it, and nothing binds it without a reservation; once the core answers
+    again, the pod binds where it reserved."""
+    name = f"while-{outage.__name__.removeprefix('core_')}"
     with gpu_fleet(admin, 8) as (fleet, (node,)):
-        core.send_signal(signal.SIGSTOP)
-        try:
-            create_pod(admin, namespace, plugin_pod("while-hung", 2, fleet))
+        with outage(stack):
+            create_pod(admin, namespace, plugin_pod(name, 2, fleet))
 
-            def deadline() -> str | None:
-                message = pod_scheduled_message(admin, namespace, "while-hung")
-                return message if "DeadlineExceeded" in message else None
+            def named() -> str | None:
+                message = pod_scheduled_message(admin, namespace, name)
+                return message if "gpusched core unreachable" in message and needle in message else None
 
-            message = wait_until(deadline, 60, "while-hung's PodScheduled condition naming the RPC deadline",
-                                 context=lambda: pod_scheduled_message(admin, namespace, "while-hung") + "\n"
+            message = wait_until(named, 60, f"{name}'s PodScheduled condition naming the core and {needle}",
+                                 context=lambda: pod_scheduled_message(admin, namespace, name) + "\n"
                                  + plugin_scheduler.tail(20))
-            assert "gpusched core unreachable" in message and "retried" in message, message
-            assert pod_node(admin, namespace, "while-hung") is None
-        finally:
-            core.send_signal(signal.SIGCONT)
-        bound = wait_until(lambda: pod_node(admin, namespace, "while-hung"), 90, "while-hung bound once the core runs",
-                           context=lambda: pod_scheduled_message(admin, namespace, "while-hung") + "\n"
+            assert str(stack.scheduling_socket) in message and "retried" in message, message
+            assert pod_node(admin, namespace, name) is None
+        bound = wait_until(lambda: pod_node(admin, namespace, name), 90, f"{name} bound once the core answers",
+                           context=lambda: pod_scheduled_message(admin, namespace, name) + "\n"
                            + plugin_scheduler.tail(20))
         assert bound == node
+        assert stack.extender is not None
+        record = stack.extender.get_json(f"/debug/decisions/{namespace}/{name}")["decisions"]["reserve"]
+        annotations = client.CoreV1Api(admin).read_namespaced_pod(name, namespace).metadata.annotations or {}
+        assert (record["node"], record["result"]) == (node, "reserved") and \
+            annotations.get("gpusched.io/decision-id") == record["id"]
