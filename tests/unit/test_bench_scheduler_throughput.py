@@ -142,3 +142,13 @@ def test_ingest_between_is_reports_per_second_beside_one_per_agent():
     assert ingest_between(before, after, 5000) == {
         "reports_per_s": 4950.0, "expected_per_s": 5000.0, "window_s": 20.0, "streams_open": 4999,
         "streams_refused": 2, "streams_ended": 1}
+
+
+def test_agents_capped_below_the_node_count_are_named_and_judged_against_their_own_count():
+    capped = {"reports_per_s": 990.0, "expected_per_s": 1000.0}
+    rows = [row(5000, "a", 30.0, agents=capped), row(5000, "d", 28.0, agents=capped,
+                                                     plugin_rpcs={"PreFilter": {"calls": 9, "p50_ms": 1.0, "p99_ms": 1.5}})]
+    entries = headline(rows)
+    assert "agents at 1 Hz on 1,000 of 5,000 nodes" in by_metric(entries, "(d) PreFilter round trip")["metric"]
+    ingest = by_metric(entries, "agents' reports ingested per second at 5,000 nodes")
+    assert ingest["target"] == ">= 97% of 1,000" and ingest["met"] is True
