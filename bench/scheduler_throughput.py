@@ -7,21 +7,29 @@ single-GPU vLLM pods are created as fast as the apiserver takes them and placed 
   (a) count-only — the stock profile counting ``nvidia.com/gpu``, no extender (as the demo's
       ``count_only_config``: GPUs bin-packed with MostAllocated);
   (b) gpusched, ``nodeCacheCapable: true`` (the shipped config);
-  (c) gpusched, ``nodeCacheCapable: false`` (full Node objects in every filter call).
+  (c) gpusched, ``nodeCacheCapable: false`` (full Node objects in every filter call);
+  (d) gpusched plugin mode (issue 18) — the GpuSched kube-scheduler (``scheduler-plugin/``) with
+      the manifests' plugin-mode config, asking the same extender process's core over gRPC.
+
+While they run, every node's agent streams at 1 Hz into the extender's real telemetry port (TLS,
+pod-bound tokens checked by TokenReview: ``bench.agent_fleet``, with ``bench.telemetry_ingest``'s
+load generators pinned to one CPU); each row records the reports/s the extender ingested while
+it ran. ``--no-agents`` runs without them (how the figures before issue 18 were recorded).
 
 One kube-scheduler runs at a time; between configurations the pods are force-deleted and the
 extender's ledger is waited on to drain, so each starts from an empty cluster. Measured per
 configuration: pods/s from the first creation call to the last binding seen on a watch,
 per-pod latency (creation call → nodeName seen on the watch), and the extender's verb latencies
 from its ``gpusched_extender_request_duration_seconds`` histogram (difference of /metrics before
-and after the configuration).
+and after the configuration); for (d), the plugin's RPC round trips as the plugin timed them
+(``gpusched_plugin_rpc_duration_seconds`` on kube-scheduler's own /metrics).
 
 Nodes and pods are created from several processes (``--procs`` × ``--threads``), so that the
 stock scheduler (a) is limited by scheduling, not by one Python client; the creation rate is
 recorded per configuration. (c) cannot keep up at these sizes, so it runs for a fixed window
-(``--c-window``) with fewer pods, and its pods/s are bound pods over that window. During (b) at
-``--profile-nodes`` nodes the extender process is sampled with py-spy; the top functions go to
-``results/scheduler_throughput_profile.json``.
+(``--c-window``) with fewer pods, and its pods/s are bound pods over that window. During (b) and
+(d) at ``--profile-nodes`` nodes the extender process is sampled with py-spy; the top functions go
+to ``results/scheduler_throughput_profile.json`` (b) and ``..._profile_plugin.json`` (d).
 
     .venv/bin/python -m bench.scheduler_throughput [--nodes 500 1000 5000] [--pods 2000] [--quick]
 """
@@ -33,10 +41,9 @@ import json
 import multiprocessing
 import os
 import random
-import shutil
+import ssl
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -47,20 +54,34 @@ from typing import Any
 import orjson
 from kubernetes import client
 
+from bench import agent_fleet
 from bench.extender_latency import machine
+from bench.pyspy import finish_profile, start_profile, write_profile
 from devcluster.cluster import create_namespace, vllm_pod, wait_until
-from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.controlplane import (
+    PLUGIN_SCHEDULER_CONFIG,
+    SCHEDULER_CONFIG,
+    ControlPlane,
+    build_binaries,
+    build_scheduler_plugin,
+    manifest_documents,
+)
 from devcluster.fleet import create_preset_node, units
+from devcluster.processes import Component
 from devcluster.stack import Stack
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_throughput.json"
 PROFILE = RESULTS.with_name("scheduler_throughput_profile.json")
-PROFILE_RAW_MAX_BYTES = 512 * 1024  # the raw folded stacks are kept only when this small
+PROFILE_PLUGIN = RESULTS.with_name("scheduler_throughput_profile_plugin.json")  # the core during (d)
+PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
 PRESET_MIX = (("h100", 0.35), ("a100", 0.30), ("l40s", 0.30), ("mig", 0.05))
 METRIC = "gpusched_extender_request_duration_seconds"
+PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) only
 TARGET = {"nodes": 1000, "b_over_a": 0.5, "anchor_b_over_a": 0.11,
           "anchor": "kube-scheduler-wasm-extension PR #63: 500 nodes, 991 pods/s without an extender, "
-                    "111 pods/s with one localhost extender"}
+                    "111 pods/s with one localhost extender",
+          # issue 18: plugin mode, with every node's agent streaming at 1 Hz
+          "d_over_a": 0.9, "prefilter_nodes": 5000, "prefilter_p99_ms": 2.0, "ingest_share": 0.97}
 
 
 # ---- configurations ---------------------------------------------------------------------------
@@ -89,12 +110,34 @@ def gpusched(name: str, qps: int, node_cache: bool):
     return adjust
 
 
+def plugin_mode(name: str, qps: int):
+    def adjust(config: dict[str, Any]) -> None:
+        config["leaderElection"] = {"leaderElect": False}
+        config["profiles"][0]["schedulerName"] = name
+        _client_conn(config, qps)
+    return adjust
+
+
 CONFIGS = (("a", "count-only", "stock profile, no extender"),
            ("b", "gpusched-cache", "gpusched, nodeCacheCapable: true (shipped)"),
-           ("c", "gpusched-nocache", "gpusched, nodeCacheCapable: false"))
+           ("c", "gpusched-nocache", "gpusched, nodeCacheCapable: false"),
+           ("d", "gpusched-plugin", "gpusched plugin mode (GpuSched kube-scheduler, gRPC to the core)"))
+
+
+def config_for(key: str, sched_name: str, qps: int, plugin_binary: Path | None):
+    """(adjust, binary, manifest) of configuration ``key`` for Stack.start_scheduler."""
+    if key == "a":
+        return count_only(sched_name, qps), None, SCHEDULER_CONFIG
+    if key == "d":
+        return plugin_mode(sched_name, qps), plugin_binary, PLUGIN_SCHEDULER_CONFIG
+    return gpusched(sched_name, qps, node_cache=(key == "b")), None, SCHEDULER_CONFIG
 
 
 # ---- fleet ------------------------------------------------------------------------------------
+def node_name(i: int) -> str:
+    return f"bench-{i:05d}"
+
+
 def preset_for(i: int, seed: int = 8) -> str:
     r = random.Random(seed * 1_000_003 + i).random()
     acc = 0.0
@@ -118,7 +161,7 @@ def _worker_client(conn: dict[str, str], pool: int) -> client.ApiClient:
 
 
 def _make_nodes(api: client.ApiClient, pool: ThreadPoolExecutor, indices: list[int]) -> dict[str, Any]:
-    invs = list(pool.map(lambda i: create_preset_node(api, f"bench-{i:05d}", preset_for(i)), indices))
+    invs = list(pool.map(lambda i: create_preset_node(api, node_name(i), preset_for(i)), indices))
     return {"units": sum(units(inv) for inv in invs)}
 
 
@@ -140,7 +183,11 @@ def _make_pods(api: client.ApiClient, pool: ThreadPoolExecutor, names: list[str]
     return {"created": created, "errors": errors, "done": time.monotonic()}
 
 
-TASKS = {"nodes": _make_nodes, "pods": _make_pods}
+def _make_agents(api: client.ApiClient, pool: ThreadPoolExecutor, nodes: list[str]) -> dict[str, Any]:
+    return {"tokens": dict(zip(nodes, pool.map(lambda n: agent_fleet.agent_identity(api, n), nodes), strict=True))}
+
+
+TASKS = {"nodes": _make_nodes, "pods": _make_pods, "agents": _make_agents}
 
 
 def _worker(conn: dict[str, str], task: str, chunk: list, threads: int, extra: tuple, ready, go, out) -> None:
@@ -198,6 +245,12 @@ def grow_fleet(creators: Creators, have: int, want: int) -> tuple[float, int]:
     """Create nodes have..want-1 (names bench-<i>); returns (seconds, GPU units added)."""
     t0, results = creators.run("nodes", list(range(have, want)))
     return time.monotonic() - t0, sum(r["units"] for r in results)
+
+
+def agent_identities(creators: Creators, have: int, want: int) -> tuple[float, dict[str, str]]:
+    """The agent pod and its token for nodes have..want-1; returns (seconds, node -> token)."""
+    t0, results = creators.run("agents", [node_name(i) for i in range(have, want)])
+    return time.monotonic() - t0, {n: t for r in results for n, t in r["tokens"].items()}
 
 
 # ---- watching pods ----------------------------------------------------------------------------
@@ -260,17 +313,41 @@ class BindWatch:
 
 # ---- extender metrics -------------------------------------------------------------------------
 def histogram(extender) -> dict[str, dict[str, Any]]:
-    """{verb: {"buckets": {le: cumulative count}, "count": n, "sum": s}} from /metrics."""
+    """{verb: {"buckets": {le: cumulative count}, "count": n, "sum": s}} from the extender's /metrics."""
+    return parse_histogram(urllib.request.urlopen(f"{extender.base}/metrics", timeout=10).read().decode(),
+                           METRIC, "verb")
+
+
+def scheduler_metrics(sched: Component, token: str) -> str:
+    """kube-scheduler's own /metrics: its secure port (self-signed serving certificate), which
+    authorizes the caller by a SubjectAccessReview — ``token`` must be allowed GET /metrics."""
+    port = next(a.split("=", 1)[1] for a in sched.argv if a.startswith("--secure-port="))
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(request, timeout=10, context=context).read().decode()
+
+
+def plugin_histogram(sched: Component, token: str) -> dict[str, dict[str, Any]]:
+    """{"<rpc>" (code OK) or "<rpc> <code>": histogram} of the plugin's RPC round trips."""
+    return parse_histogram(scheduler_metrics(sched, token), PLUGIN_METRIC, "rpc", ok_label=("code", "OK"))
+
+
+def parse_histogram(text: str, metric: str, key: str,
+                    ok_label: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """One Prometheus histogram of an exposition, per value of label ``key``; with ``ok_label``
+    (label, value), series with another value of that label are keyed "<key value> <value>"."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = urllib.request.urlopen(f"{extender.base}/metrics", timeout=10).read().decode()
     out: dict[str, dict[str, Any]] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name != METRIC:
+        if fam.name != metric:
             continue
         for s in fam.samples:
-            verb = s.labels.get("verb", "")
-            h = out.setdefault(verb, {"buckets": {}, "count": 0.0, "sum": 0.0})
+            name = s.labels.get(key, "")
+            if ok_label and s.labels.get(ok_label[0], ok_label[1]) != ok_label[1]:
+                name = f"{name} {s.labels[ok_label[0]]}"
+            h = out.setdefault(name, {"buckets": {}, "count": 0.0, "sum": 0.0})
             if s.name.endswith("_bucket"):
                 h["buckets"][float(s.labels["le"])] = s.value
             elif s.name.endswith("_count"):
@@ -315,122 +392,89 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(p * (len(xs) - 1)))))]
 
 
-# ---- profiling the extender ---------------------------------------------------------------
-def py_spy() -> str | None:
-    """The py-spy binary of this venv (the ``bench`` extra), else one on PATH."""
-    here = Path(sys.executable).parent / "py-spy"
-    return str(here) if here.exists() else shutil.which("py-spy")
-
-
-def start_profile(pid: int, duration_s: int, rate_hz: int, raw: Path) -> subprocess.Popen | None:
-    exe = py_spy()
-    if exe is None:
-        print("py-spy not found (pip install -c constraints.txt -e '.[bench]'); no profile", flush=True)
-        return None
-    # --nonblocking: the extender is never paused to read its stacks, so the profile does not
-    # slow down the run it measures (a sample can occasionally be torn; negligible in aggregate).
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(duration_s), "--rate", str(rate_hz),
-                             "--nonblocking", "--threads", "--full-filenames", "--format", "raw", "--output", str(raw)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _frame(frame: str) -> tuple[str, str]:
-    """'func (path/to/file.py:123)' -> ('func', 'path/to/file.py')."""
-    func, _, where = frame.rpartition(" (")
-    return (func or frame), where.rstrip(")").rpartition(":")[0] or where.rstrip(")")
-
-
-def _package(path: str) -> str:
-    """Where a frame's code lives: a site-packages distribution, this repo's top folder, or the stdlib."""
-    if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
-    root = str(Path(__file__).resolve().parents[1]) + "/"
-    if path.startswith(root):
-        return path[len(root):].split("/", 1)[0]
-    if "/lib/python3" in path:
-        rest = path.split("/lib/python3", 1)[1].split("/", 1)
-        return "stdlib:" + (rest[1].split("/", 1)[0].removesuffix(".py") if len(rest) > 1 else "?")
-    return path or "?"
-
-
-def summarize_profile(raw_text: str, top: int = 25) -> dict[str, Any]:
-    """Own and total samples per function (and own samples per thread and per package) from
-    py-spy's raw (folded) output: one ``frame;frame;...;leaf count`` line per distinct stack,
-    root first; with ``--threads`` the first frame names the thread."""
-    own: dict[tuple[str, str], int] = {}
-    total: dict[tuple[str, str], int] = {}
-    threads: dict[str, int] = {}
-    packages: dict[str, int] = {}
-    samples = 0
-    for line in raw_text.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        samples += n
-        frames = stack.split(";")
-        if frames[0].startswith(("thread ", "process ")):
-            head = [f for f in frames if f.startswith(("thread ", "process "))]
-            frames = [f for f in frames if not f.startswith(("thread ", "process "))]
-            key = head[-1] if head else "?"
-            threads[key] = threads.get(key, 0) + n
-        if not frames:
-            continue
-        leaf = _frame(frames[-1])
-        own[leaf] = own.get(leaf, 0) + n
-        pkg = _package(leaf[1])
-        packages[pkg] = packages.get(pkg, 0) + n
-        for f in {_frame(f) for f in frames}:
-            total[f] = total.get(f, 0) + n
-
-    def rows(d: dict, k: int) -> list[dict[str, Any]]:
-        return [{"function": f, "file": path, "samples": c, "share": round(c / samples, 4)}
-                for (f, path), c in sorted(d.items(), key=lambda kv: -kv[1])[:k]]
-
-    return {"samples": samples,
-            "top_own": rows(own, top), "top_total": rows(total, top),
-            "own_by_package": [{"package": k, "samples": v, "share": round(v / samples, 4)}
-                               for k, v in sorted(packages.items(), key=lambda kv: -kv[1])] if samples else [],
-            "by_thread": [{"thread": k, "samples": v, "share": round(v / samples, 4)}
-                          for k, v in sorted(threads.items(), key=lambda kv: -kv[1])] if samples else []}
-
-
-def finish_profile(proc: subprocess.Popen, raw: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+# ---- CPU use ----------------------------------------------------------------------------------
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads, not its children); 0 once gone."""
     try:
-        log, _ = proc.communicate(timeout=meta["duration_s"] + 60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        log, _ = proc.communicate()
-    if proc.returncode != 0 or not raw.exists():
-        print(f"py-spy failed ({proc.returncode}): {log.strip()[-500:]}", flush=True)
-        return {**meta, "error": f"py-spy exited {proc.returncode}: {log.strip()[-500:]}"}
-    text = raw.read_text()
-    out = {**meta, "py_spy": log.strip().splitlines()[0] if log.strip() else "", **summarize_profile(text)}
-    if len(text.encode()) <= PROFILE_RAW_MAX_BYTES:
-        out["raw_text"] = text  # main() writes it beside the summary
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the extender's ingest child, issue 18), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, ppid in parent.items() if ppid in frontier]
+        found += frontier
+    return found
+
+
+def box_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat (idle and
+    iowait are not busy)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
+
+
+def cpu_between(before: tuple[float, dict[str, float], tuple[float, float]],
+                after: tuple[float, dict[str, float], tuple[float, float]]) -> dict[str, float]:
+    """CPU seconds per wall second of each process group between two readings, and the share of
+    the machine's CPU time that was busy (1.0: every CPU saturated)."""
+    wall = max(after[0] - before[0], 1e-9)
+    out = {k: round((after[1][k] - before[1][k]) / wall, 3) for k in after[1]}
+    busy, total = after[2][0] - before[2][0], after[2][1] - before[2][1]
+    out["machine_busy_share"] = round(busy / total, 3) if total > 0 else 0.0
     return out
 
 
 # ---- one configuration ------------------------------------------------------------------------
 def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str, sched_name: str, adjust,
                n_nodes: int, n_pods: int, timeout_s: float, window_s: float | None = None,
-               profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Place ``n_pods`` pods with one scheduler configuration. With ``window_s`` the run stops
-    after that many seconds and throughput is bound pods / window. With ``profile`` (keys
-    duration_s, rate_hz, raw) the extender is sampled by py-spy from the first creation call;
-    the summary comes back under the row's "profile" key."""
+               profile: dict[str, Any] | None = None, *, binary: Path | None = None,
+               manifest: Path = SCHEDULER_CONFIG, streaming: agent_fleet.AgentFleet | None = None,
+               metrics_token: str = "") -> dict[str, Any]:
+    """Place ``n_pods`` pods with one scheduler configuration (``binary``/``manifest``: the
+    kube-scheduler and its shipped config, as Stack.start_scheduler takes them). With ``window_s``
+    the run stops after that many seconds and throughput is bound pods / window. With ``profile``
+    (keys duration_s, rate_hz, raw) the extender is sampled by py-spy from the first creation call;
+    the summary comes back under the row's "profile" key. With ``streaming`` (the agents) the row
+    records the reports/s the extender ingested from the first creation call to the last binding;
+    for (d), the plugin's RPC round trips from kube-scheduler's /metrics (read with
+    ``metrics_token``). Over the same span: CPU per wall second of the extender (its own process,
+    and its children: the telemetry ingest process), kube-scheduler, the agent generators and the
+    whole machine."""
     core = client.CoreV1Api(api)
     ns = f"bench-{key}-{n_nodes}-{int(time.time()) % 100000}"
     create_namespace(api, ns)
-    sched = stack.start_scheduler(f"sched-{sched_name}-{n_nodes}", adjust=adjust)
+    sched = stack.start_scheduler(f"sched-{sched_name}-{n_nodes}", adjust=adjust, binary=binary, manifest=manifest)
     time.sleep(1.0)  # informers synced (healthz answers before the cache is warm)
     ext = stack.extender
+    assert ext is not None
     h0 = histogram(ext)
+    p0 = plugin_histogram(sched, metrics_token) if key == "d" else {}
     watch = BindWatch(api, ns)
     names = [f"p{i:05d}" for i in range(n_pods)]
     spy: list[subprocess.Popen | None] = [None]
+    ingest0: list[dict[str, float]] = []
+    pids = {"extender": [ext.component.proc.pid], "extender_children": descendants(ext.component.proc.pid),
+            "kube_scheduler": [sched.proc.pid],
+            "agent_generators": [p.pid for p in streaming.procs] if streaming else []}
+    cpu0: list[tuple[float, dict[str, float], tuple[float, float]]] = []
 
     def begin() -> None:
+        if streaming:
+            ingest0.append(agent_fleet.ingest_counters(ext))
+        cpu0.append((time.monotonic(), {k: sum(map(process_cpu_s, v)) for k, v in pids.items()}, box_cpu_s()))
         if profile:
             spy[0] = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
 
@@ -446,7 +490,10 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
         time.sleep(0.05)
     t_end = time.monotonic()
     watch.stop()
+    ingest1 = agent_fleet.ingest_counters(ext) if streaming else None
+    cpu = cpu_between(cpu0[0], (time.monotonic(), {k: sum(map(process_cpu_s, v)) for k, v in pids.items()}, box_cpu_s()))
     h1 = histogram(ext)
+    p1 = plugin_histogram(sched, metrics_token) if key == "d" else {}
     bound = {n: t for n, t in watch.bound.items() if t <= deadline}
     sched.stop()
     lat = [bound[n] - created[n] for n in bound if n in created]
@@ -464,6 +511,10 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
                        "p99": round(pct(lat, 0.99) * 1000, 1), "max": round(max(lat) * 1000, 1),
                        "mean": round(statistics.fmean(lat) * 1000, 1)} if lat else None,
         "extender_verbs": hist_diff(h0, h1), "watch_restarts": watch.restarts,
+        **({"plugin_rpcs": hist_diff(p0, p1)} if key == "d" else {}),
+        **({"agents": agent_fleet.ingest_between(ingest0[0], ingest1, len(streaming.nodes))}
+           if streaming and ingest0 and ingest1 else {}),
+        "cpu_per_wall_s": cpu,
         # Other tenants of the box show up here (2 vCPUs: anything well above ~4 means contention).
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
     }
@@ -490,42 +541,104 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
 
 
 # ---- the headline (common to every benchmark, rendered by bench.report) ---------------------------
-def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ratios to (a) per node count, pods/s and creation rate at the target's node count."""
+def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Ratios to (a) per node count; pods/s and creation rate at the target's node count; for (d)
+    the PreFilter round trip; with agents streaming, (b)'s verb latencies beside ``idle`` (see
+    ``idle_reference``) and the reports/s ingested per node count."""
     by = {(r["nodes"], r["config"]): r for r in rows}
     anchor = f"{TARGET['anchor_b_over_a']} (kube-scheduler-wasm-extension PR #63, 500 nodes)"
+    streaming = any(r.get("agents") for r in rows)
+
+    def live(n: int) -> str:
+        """How the agents streamed at ``n`` nodes, for a metric's name."""
+        agents = next((int(r["agents"]["expected_per_s"]) for r in rows if r["nodes"] == n and r.get("agents")), None)
+        return "" if agents is None else (", agents at 1 Hz" if agents >= n else f", agents at 1 Hz on {agents:,} of {n:,} nodes")
     out: list[dict[str, Any]] = []
+
+    def entry(metric: str, measured: float, unit: str, target: str = "—", met: bool | None = None,
+              anchor: str | None = None) -> None:
+        out.append({"metric": metric, "measured": measured, "unit": unit, "target": target, "met": met,
+                    "anchor": anchor})
 
     def ratio(n: int, k: str) -> float | None:
         a, x = by.get((n, "a")), by.get((n, k))
         return round(x["pods_per_s"] / a["pods_per_s"], 3) if a and x and a["pods_per_s"] else None
 
     tn = TARGET["nodes"]
+    sizes = sorted({n for n, _ in by})
     r = ratio(tn, "b")
     if r is not None:
-        out.append({"metric": f"b/a at {tn:,} nodes (gpusched nodeCache / stock)", "measured": r, "unit": "ratio",
-                    "target": f"≥ {TARGET['b_over_a']}", "met": r >= TARGET["b_over_a"], "anchor": anchor})
+        entry(f"b/a at {tn:,} nodes (gpusched nodeCache / stock){live(tn)}", r, "ratio", f"≥ {TARGET['b_over_a']}",
+              r >= TARGET["b_over_a"], anchor)
+    r = ratio(tn, "d")
+    if r is not None:
+        entry(f"d/a at {tn:,} nodes (plugin mode / stock){live(tn)}", r, "ratio", f"≥ {TARGET['d_over_a']}",
+              r >= TARGET["d_over_a"], f"b/a {ratio(tn, 'b')}" if ratio(tn, "b") is not None else None)
     r = ratio(tn, "c")
     if r is not None:
         cap = " (windowed)" if by[(tn, "c")].get("window_s") else ""
-        out.append({"metric": f"c/a at {tn:,} nodes (no nodeCache / stock){cap}", "measured": r, "unit": "ratio",
-                    "target": "—", "met": None, "anchor": None})
-    for n in sorted({n for n, _ in by} - {tn}):
-        r = ratio(n, "b")
-        if r is not None:
-            out.append({"metric": f"b/a at {n:,} nodes", "measured": r, "unit": "ratio", "target": "—", "met": None,
-                        "anchor": anchor})
-    for k, what in (("a", "stock"), ("b", "gpusched nodeCache")):
+        entry(f"c/a at {tn:,} nodes (no nodeCache / stock){cap}", r, "ratio")
+    for k in ("b", "d"):
+        for n in [n for n in sizes if n != tn]:
+            r = ratio(n, k)
+            if r is not None:
+                entry(f"{k}/a at {n:,} nodes{live(n)}", r, "ratio", anchor=anchor if k == "b" else None)
+    for k, what in (("a", "stock"), ("b", "gpusched nodeCache"), ("d", "gpusched plugin mode")):
         if (tn, k) in by:
-            out.append({"metric": f"({k}) {what} at {tn:,} nodes", "measured": by[(tn, k)]["pods_per_s"],
-                        "unit": "pods/s", "target": "—", "met": None, "anchor": None})
+            entry(f"({k}) {what} at {tn:,} nodes", by[(tn, k)]["pods_per_s"], "pods/s")
     if (tn, "a") in by:
-        out.append({"metric": f"pod creation rate during (a) at {tn:,} nodes", "measured": by[(tn, "a")]["create_rate"],
-                    "unit": "pods/s", "target": "—", "met": None, "anchor": None})
+        entry(f"pod creation rate during (a) at {tn:,} nodes", by[(tn, "a")]["create_rate"], "pods/s")
+
+    pn = TARGET["prefilter_nodes"]
+    n = pn if (pn, "d") in by else max((n for n, k in by if k == "d"), default=None)
+    pre = by[(n, "d")].get("plugin_rpcs", {}).get("PreFilter") if n else None
+    if n and pre and pre["p99_ms"] is not None:
+        failed = sum(v["calls"] for k, v in by[(n, "d")]["plugin_rpcs"].items() if k.startswith("PreFilter "))
+        entry(f"(d) PreFilter round trip p99 at {n:,} nodes, timed in the plugin{live(n)}", pre["p99_ms"], "ms",
+              f"<= {TARGET['prefilter_p99_ms']} ms" if n == pn else "—",
+              pre["p99_ms"] <= TARGET["prefilter_p99_ms"] if n == pn else None,
+              f"p50 {pre['p50_ms']} ms over {pre['calls']:,} calls" + (f"; {failed} failed" if failed else ""))
+
+    n = pn if (pn, "b") in by else max((n for n, k in by if k == "b"), default=None)
+    if streaming and n and by[(n, "b")].get("agents"):
+        idle_verbs = ((idle or {}).get("verbs_by_nodes") or {}).get(str(n)) or {}
+        for verb in ("filter", "prioritize"):
+            v = by[(n, "b")]["extender_verbs"].get(verb)
+            if not v or v["p99_ms"] is None:
+                continue
+            iv = idle_verbs.get(verb)
+            was = (f"; idle ({idle['date'][:10]}, {idle['commit']}): p50 {iv['p50_ms']} / p99 {iv['p99_ms']} ms"
+                   if idle and iv else "; no idle recording at this node count")
+            entry(f"(b) extender {verb} p99 at {n:,} nodes{live(n)}", v["p99_ms"], "ms",
+                  "informational (beside the idle figure)", None, f"p50 {v['p50_ms']} ms{was}")
+    for n in sizes:
+        rates = {k: by[(n, k)]["agents"]["reports_per_s"] for k in "abcd"
+                 if (n, k) in by and (by[(n, k)].get("agents") or {}).get("reports_per_s") is not None}
+        if rates:
+            low = min(rates, key=lambda k: rates[k])
+            want = by[(n, low)]["agents"]["expected_per_s"]
+            entry(f"agents' reports ingested per second at {n:,} nodes, lowest configuration ({low})", rates[low],
+                  "reports/s", f">= {TARGET['ingest_share']:.0%} of {want:,.0f}", rates[low] >= TARGET["ingest_share"] * want,
+                  ", ".join(f"({k}) {v:,.0f}" for k, v in rates.items()) + (live(n) if want < n else ""))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def idle_reference(previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """(b)'s verb latencies without agents, from the previous results file: its own rows when it
+    was recorded without agents, else the reference it carried."""
+    if not previous:
+        return None
+    if previous.get("idle_reference"):
+        return previous["idle_reference"]
+    if (previous.get("setup") or {}).get("agents"):
+        return None
+    verbs = {str(r["nodes"]): r["extender_verbs"] for r in previous.get("rows", []) if r.get("config") == "b"}
+    machine_ = previous.get("machine") or {}
+    return {"commit": str(machine_.get("git_commit", "?"))[:12], "date": str(machine_.get("date", "?")),
+            "verbs_by_nodes": verbs} if verbs else None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[500, 1000, 5000])
     ap.add_argument("--pods", type=int, default=2000)
@@ -535,13 +648,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-qps", type=int, default=1000,
                     help="kube-scheduler clientConnection qps = burst for every configuration (0: the shipped "
                          "default, 50/100, which caps the stock scheduler's own binds at ~50/s)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per configuration (a)/(b) before giving up")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds per configuration (a)/(b)/(d) before giving up (recorded as a timeout, pods/s over it)")
     ap.add_argument("--c-window", type=float, default=60,
                     help="(c) runs this many seconds from the first creation call; pods/s over the window")
     ap.add_argument("--c-pods", type=int, default=500, help="pods created for (c) (it binds far fewer in the window)")
-    ap.add_argument("--configs", default="abc")
+    ap.add_argument("--configs", default="abcd")
+    ap.add_argument("--no-agents", action="store_true",
+                    help="no node agents streaming (how the figures before issue 18 were recorded)")
+    ap.add_argument("--agents-max", type=int, default=0,
+                    help="stream for at most this many nodes (the first ones; 0: every node) where the machine "
+                         "cannot carry one agent per node; recorded, and named in the headline")
+    ap.add_argument("--agent-generators", type=int, default=4, help="agent load-generator processes")
+    ap.add_argument("--agent-cpu", type=int, default=None,
+                    help="the one CPU the agent generators are pinned to (default: the highest this process may use)")
+    ap.add_argument("--agents-timeout", type=float, default=180,
+                    help="seconds to wait for every agent's stream before measuring anyway (recorded)")
     ap.add_argument("--profile-nodes", type=int, default=1000,
-                    help="profile the extender with py-spy during (b) at this node count (0: never)")
+                    help="profile the extender with py-spy during (b) and (d) at this node count (0: never)")
+    ap.add_argument("--profile-configs", default="bd", help="configurations profiled at --profile-nodes")
     ap.add_argument("--profile-seconds", type=int, default=30)
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--output", type=Path, default=None)
@@ -549,16 +674,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.nodes, args.pods, args.c_pods, args.c_window = [50], 100, 50, 20
         args.profile_nodes, args.profile_seconds = (50 if args.profile_nodes else 0), 10
+    return args
+
+
+def print_row(key: str, name: str, row: dict[str, Any]) -> None:
+    lat = row["latency_ms"] or {}
+    verbs = " ".join(f"{v}={d['p50_ms']}/{d['p99_ms']}ms" for v, d in row["extender_verbs"].items())
+    rpcs = " ".join(f"{v}={d['p50_ms']}/{d['p99_ms']}ms" for v, d in row.get("plugin_rpcs", {}).items())
+    ingest = row.get("agents")
+    print(f"  ({key}) {name:17s} {row['bound']}/{row['created']} bound  {row['pods_per_s']:7.1f} pods/s  "
+          f"create {row['create_rate']:.0f}/s  latency p50 {lat.get('p50')} p99 {lat.get('p99')} ms  {verbs}"
+          + (f"  plugin {rpcs}" if rpcs else "")
+          + (f"  agents {ingest['reports_per_s']}/{ingest['expected_per_s']} reports/s" if ingest else "")
+          + "  cpu/s " + " ".join(f"{k} {v}" for k, v in row["cpu_per_wall_s"].items()), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     output = args.output if args.output else (None if args.quick else RESULTS)
     profile_out = PROFILE if output == RESULTS else (output.with_name(output.stem + "_profile.json") if output else None)
+    profile_plugin_out = (PROFILE_PLUGIN if output == RESULTS else
+                          (output.with_name(output.stem + "_profile_plugin.json") if output else None))
+    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else None
+    idle = None if args.no_agents else idle_reference(previous)
 
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}",
           flush=True)
+    plugin_binary = build_scheduler_plugin() if "d" in args.configs else None
     cp = ControlPlane(build_binaries())
     rows: list[dict[str, Any]] = []
     fleets: list[dict[str, Any]] = []
-    profile: dict[str, Any] | None = None
+    profiles: dict[str, dict[str, Any]] = {}
+    tokens: dict[str, str] = {}
+    streaming: agent_fleet.AgentFleet | None = None
     t_bench = time.monotonic()
     try:
         cp.start()
@@ -569,85 +718,125 @@ def main(argv: list[str] | None = None) -> int:
                             args.procs, args.threads)
         stack = Stack(cp)
         stack.install()
-        stack.start_extender()
+        if plugin_binary:
+            cp.apply(doc for _, doc in manifest_documents([PLUGIN_RBAC]))
+        ext = stack.start_extender()
         have, gpu_units = 0, 0
         for n in sorted(args.nodes):
             secs, added = grow_fleet(creators, have, n)
             fleets.append({"nodes": n, "gpu_units": gpu_units + added, "created": n - have, "create_s": round(secs, 1),
                            "nodes_per_s": round((n - have) / secs, 1)})
-            have, gpu_units = n, gpu_units + added
-            print(f"nodes {n}: {gpu_units} GPU units, {fleets[-1]['created']} created in {secs:.1f}s "
+            print(f"nodes {n}: {gpu_units + added} GPU units, {fleets[-1]['created']} created in {secs:.1f}s "
                   f"({fleets[-1]['nodes_per_s']}/s)", flush=True)
+            if not args.no_agents:
+                streamed = min(n, args.agents_max) if args.agents_max else n
+                secs, minted = agent_identities(creators, len(tokens), streamed)
+                tokens.update(minted)
+                if streaming:
+                    fleets[-2]["agent_generators"] = agent_fleet.generator_summary(streaming.stop())
+                streaming = agent_fleet.AgentFleet(stack, [(node_name(i), preset_for(i)) for i in range(streamed)],
+                                                   tokens, cp.workdir, generators=args.agent_generators,
+                                                   cpu=args.agent_cpu)
+                ready = streaming.wait_streaming(ext, args.agents_timeout)
+                fleets[-1]["agents"] = {"identities_s": round(secs, 1), "generator_cpu": streaming.cpu,
+                                        "ramp_s": streaming.ramp_s, **ready}
+                print(f"agents {streamed} of {n} nodes: pods + tokens in {secs:.1f}s; {ready['streams_open']} streams, "
+                      f"{ready['reports_per_s']} reports/s after {ready['ready_after_s']} s"
+                      + ("" if ready["all_streaming"] else " (NOT every agent streaming: measured anyway)"), flush=True)
+            have, gpu_units = n, gpu_units + added
             time.sleep(2.0)  # the extender's node watch catches up
             by_key = {}
             for key, name, _ in CONFIGS:
                 if key not in args.configs:
                     continue
                 sched_name = f"bench-{name}"
-                adjust = (count_only(sched_name, args.client_qps) if key == "a"
-                          else gpusched(sched_name, args.client_qps, node_cache=(key == "b")))
+                adjust, binary, manifest = config_for(key, sched_name, args.client_qps, plugin_binary)
                 spy = ({"duration_s": args.profile_seconds, "rate_hz": args.profile_rate,
-                        "raw": Path(cp.workdir) / "extender-profile.raw.txt"}
-                       if key == "b" and n == args.profile_nodes else None)
+                        "raw": Path(cp.workdir) / f"extender-profile-{key}.raw.txt"}
+                       if key in args.profile_configs and n == args.profile_nodes else None)
                 row = run_config(stack, api, creators, key, sched_name, adjust, n,
                                  args.c_pods if key == "c" else args.pods, args.timeout,
-                                 window_s=args.c_window if key == "c" else None, profile=spy)
+                                 window_s=args.c_window if key == "c" else None, profile=spy, binary=binary,
+                                 manifest=manifest, streaming=streaming, metrics_token=cp.admin_token)
                 if "profile" in row:
-                    profile = row.pop("profile")
+                    profiles[key] = row.pop("profile")
                 by_key[key] = row
                 rows.append(row)
-                lat = row["latency_ms"] or {}
-                verbs = " ".join(f"{v}={d['p50_ms']}/{d['p99_ms']}ms" for v, d in row["extender_verbs"].items())
-                print(f"  ({key}) {name:17s} {row['bound']}/{row['created']} bound  {row['pods_per_s']:7.1f} pods/s  "
-                      f"create {row['create_rate']:.0f}/s  latency p50 {lat.get('p50')} p99 {lat.get('p99')} ms  "
-                      f"{verbs}", flush=True)
+                print_row(key, name, row)
             if "a" in by_key and by_key["a"]["pods_per_s"]:
-                for k in ("b", "c"):
+                for k in ("b", "c", "d"):
                     if k in by_key:
                         by_key[k]["ratio_to_a"] = round(by_key[k]["pods_per_s"] / by_key["a"]["pods_per_s"], 3)
                         print(f"  {k}/a = {by_key[k]['ratio_to_a']}", flush=True)
+        if streaming:
+            fleets[-1]["agent_generators"] = agent_fleet.generator_summary(streaming.stop())
+            streaming = None
     finally:
+        if streaming:
+            streaming.stop()
         cp.stop()
 
+    result = results(args, rows, fleets, info, idle, round(time.monotonic() - t_bench, 1),
+                     {"b": profile_out, "d": profile_plugin_out}, profiles)
+    for key, prof in profiles.items():
+        top = ", ".join(f"{t['function']} {t['share']:.0%}" for t in prof.get("top_own", [])[:5])
+        print(f"profile ({key}, {prof.get('samples', 0)} samples), top own time: {top}", flush=True)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {output}")
+        for key, out in (("b", profile_out), ("d", profile_plugin_out)):
+            if key in profiles and out:
+                write_profile(profiles[key], out)
+    for h in result["headline"]:
+        print(f"  {h['metric']}: {h['measured']} {h['unit']} (target {h['target']}, met {h['met']})")
+    return 0
+
+
+def results(args: argparse.Namespace, rows: list[dict[str, Any]], fleets: list[dict[str, Any]], info: dict[str, Any],
+            idle: dict[str, Any] | None, wall_s: float, profile_files: dict[str, Path | None],
+            profiles: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The results file's content."""
     ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "b"), None)
-    result = {
+    d_ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "d"), None)
+
+    def named(key: str) -> str | None:
+        path = profile_files.get(key)
+        return path.name if key in profiles and path else None
+    return {
         "benchmark": "scheduler_throughput",
-        "headline": headline(rows),
+        "headline": headline(rows, idle),
         "machine": info,
-        "wall_s": round(time.monotonic() - t_bench, 1),
-        "target": {**TARGET, "measured_b_over_a": ratio,
-                   "verdict": "not measured" if ratio is None else ("met" if ratio >= TARGET["b_over_a"] else "NOT met")},
+        "wall_s": wall_s,
+        "target": {**TARGET, "measured_b_over_a": ratio, "measured_d_over_a": d_ratio,
+                   "verdict": "not measured" if ratio is None else ("met" if ratio >= TARGET["b_over_a"] else "NOT met"),
+                   "verdict_d": "not measured" if d_ratio is None else
+                   ("met" if d_ratio >= TARGET["d_over_a"] else "NOT met")},
         "setup": {"pods_per_config": args.pods, "pods_config_c": args.c_pods, "window_c_s": args.c_window,
                   "pod": "vllm_pod(gpus=1), Llama-3.1-8B, one nvidia.com/gpu",
                   "preset_mix": dict(PRESET_MIX), "fleets": fleets,
                   "creators": f"{args.procs} processes x {args.threads} threads (nodes and pods)",
                   "scheduler_client_qps_burst": args.client_qps or "shipped default (50/100)",
                   "percentageOfNodesToScore": 100,
-                  "configs": {k: d for k, _, d in CONFIGS},
+                  "configs": {k: d for k, _, d in CONFIGS if k in args.configs},
                   "latency": "creation call start -> nodeName first seen on a watch (client-side monotonic clock)",
                   "throughput": "bound pods / (last binding seen - first creation call); for (c), and for any "
                                 "configuration that timed out, bound pods / the window",
-                  "profile": (profile_out.name if profile and profile_out else None)},
+                  "agents": None if args.no_agents else {
+                      "what": "every node's agent streaming at 1 Hz into the extender's telemetry port: "
+                              "bench.telemetry_ingest's load generators (its report and change model), TLS verified "
+                              "against the stack's CA, each agent's own pod-bound gpusched-audience token (TokenReview "
+                              "and the pod watch, as in production)",
+                      "generators": args.agent_generators, "pinned_to_one_cpu": True,
+                      "agents_max": args.agents_max or "every node",
+                      "ingest": "per configuration: gpusched_telemetry_reports_total difference over the first "
+                                "creation call -> last binding seen, from the extender's /metrics"},
+                  "plugin_rpcs": f"(d): {PLUGIN_METRIC} from kube-scheduler's /metrics after the last binding, "
+                                 "code OK; other codes keyed '<rpc> <code>'",
+                  "profile": named("b"), "profile_plugin": named("d")},
+        **({"idle_reference": idle} if idle else {}),
         "rows": rows,
     }
-    if profile:
-        top = ", ".join(f"{t['function']} {t['share']:.0%}" for t in profile.get("top_own", [])[:5])
-        print(f"profile ({profile.get('samples', 0)} samples), top own time: {top}", flush=True)
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {output}")
-        if profile and profile_out:
-            raw = profile.pop("raw_text", None)
-            if raw is not None:
-                raw_out = profile_out.with_suffix(".raw.txt")
-                raw_out.write_text(raw)
-                profile["raw"] = raw_out.name
-            profile_out.write_text(json.dumps(profile, indent=1) + "\n")
-            print(f"wrote {profile_out}")
-    for h in result["headline"]:
-        print(f"  {h['metric']}: {h['measured']} {h['unit']} (target {h['target']}, met {h['met']})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -607,7 +607,12 @@ def agents_main(args: argparse.Namespace) -> int:
     raise_nofile()
     import grpc
 
-    mine = [nd for i, nd in enumerate(fleet(args.agents)) if i % args.generators == args.index]
+    # --real-agents: a caller's own nodes, pod-bound tokens and TLS CA (bench.scheduler_throughput's stack)
+    real = json.loads(Path(args.real_agents).read_text()) if args.real_agents else {}
+    nodes = [tuple(nd) for nd in real["nodes"]] if real else fleet(args.agents)
+    tls = grpc.ssl_channel_credentials(Path(real["tls_ca"]).read_bytes()) if real else None
+    options = [("grpc.use_local_subchannel_pool", 1)] + ([("grpc.ssl_target_name_override", real["tls_name"])] if real else [])
+    mine = [nd for i, nd in enumerate(nodes) if i % args.generators == args.index]
     rng = random.Random(SEED + 7 + args.index)
     agents = [Agent(node, preset, int(args.period * 1000), random.Random(rng.random())) for node, preset in mine]
     stats = {"sent": 0, "acks": 0, "changes": 0, "errors": 0, "streams_acked": 0, "reconnects": 0}
@@ -620,8 +625,10 @@ def agents_main(args: argparse.Namespace) -> int:
         await asyncio.sleep(start_delay)
         seq = 0
         while True:
-            channel = grpc.aio.insecure_channel(args.target, options=[("grpc.use_local_subchannel_pool", 1)])
-            call = channel.stream_stream(METHOD)(metadata=(("authorization", f"Bearer bench:{agent.node}"),))
+            channel = (grpc.aio.secure_channel(args.target, tls, options=options) if tls
+                       else grpc.aio.insecure_channel(args.target, options=options))
+            token = real["tokens"][agent.node] if real else f"bench:{agent.node}"
+            call = channel.stream_stream(METHOD)(metadata=(("authorization", f"Bearer {token}"),))
             first = [True]
 
             async def read_acks() -> None:
@@ -847,6 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stop-file", help=argparse.SUPPRESS)
+    parser.add_argument("--real-agents", help=argparse.SUPPRESS)  # JSON: nodes [[name, preset]], tokens, tls_ca, tls_name
     parser.add_argument("--ramp-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

@@ -28,6 +28,20 @@ from devcluster.controlplane import (
 )
 from devcluster.processes import Component, free_port, http_ok
 
+AGENT_POD_IMAGE = "ghcr.io/gpusched/node-agent:0.1.0"
+
+
+def agent_pod_manifest(node: str, account: str = AGENT_SA, image: str = AGENT_POD_IMAGE) -> dict[str, Any]:
+    """The pod (in NAMESPACE, named ``<account>-<node>``) an agent's pod-bound tokens name: bound to
+    ``node`` as the agent DaemonSet would place it, without the DaemonSet's label — where a
+    controller-manager runs, the DaemonSet would adopt it and delete it (its node is not the
+    DaemonSet's)."""
+    return {"metadata": {"name": f"{account}-{node}", "namespace": NAMESPACE,
+                         "labels": {"gpusched.io/test-agent-pod": "true"}},
+            "spec": {"nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
+                     "hostNetwork": True, "automountServiceAccountToken": False,
+                     "containers": [{"name": "agent", "image": image, "imagePullPolicy": "IfNotPresent"}]}}
+
 
 class Extender:
     def __init__(self, component: Component, port: int, url_prefix: str):
@@ -124,24 +138,19 @@ class Stack:
 
     # The agent pod object the agent process's tokens are bound to. On a real node the kubelet runs
     # it, so it must be an image the node has (the agent itself runs as a process beside it).
-    agent_pod_image: str = "ghcr.io/gpusched/node-agent:0.1.0"
+    agent_pod_image: str = AGENT_POD_IMAGE
 
     def agent_pod(self, node: str, account: str = AGENT_SA) -> tuple[str, str]:
         """A pod of ``account`` bound to ``node`` (as the agent DaemonSet would place it); (name, uid)."""
         from kubernetes import client
 
-        name = f"{account}-{node}"
+        body = agent_pod_manifest(node, account, self.agent_pod_image)
+        name = body["metadata"]["name"]
         core = client.CoreV1Api(self.cp.api_client())
         try:
             pod = core.read_namespaced_pod(name, NAMESPACE)
         except client.ApiException:
-            # Not the DaemonSet's label: where a controller-manager runs, the DaemonSet would adopt
-            # this pod and delete it (its node is not the DaemonSet's).
-            pod = core.create_namespaced_pod(NAMESPACE, {"metadata": {"name": name, "labels": {
-                "gpusched.io/test-agent-pod": "true"}}, "spec": {
-                "nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
-                "hostNetwork": True, "automountServiceAccountToken": False,
-                "containers": [{"name": "agent", "image": self.agent_pod_image, "imagePullPolicy": "IfNotPresent"}]}})
+            pod = core.create_namespaced_pod(NAMESPACE, body)
         return name, pod.metadata.uid
 
     def agent_token(self, node: str, *, audience: str = "gpusched", account: str = AGENT_SA) -> str:

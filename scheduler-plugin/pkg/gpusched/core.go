@@ -59,6 +59,7 @@ type core struct {
 func dial(address string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(address,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // a Unix socket in a shared volume: its file mode is the access control
+		grpc.WithChainUnaryInterceptor(observeRPC),               // gpusched_plugin_rpc_duration_seconds (metrics.go)
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
 }
 

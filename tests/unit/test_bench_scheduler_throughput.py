@@ -1,0 +1,154 @@
+"""The pure parts of the scheduler-throughput bench (issue 18's plugin-mode figures): reading a
+histogram from an exposition, the headline it writes, the idle reference carried between
+recordings, and the agents' ingest rate (no control plane)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import report
+from bench.agent_fleet import ingest_between
+from bench.scheduler_throughput import PLUGIN_METRIC, TARGET, headline, hist_diff, idle_reference, parse_histogram
+
+
+def exposition(series: dict[tuple[str, str], list[tuple[str, int]]]) -> str:
+    """A kube-scheduler-like /metrics text of the plugin histogram: {(rpc, code): [(le, cumulative)]}."""
+    lines = [f"# HELP {PLUGIN_METRIC} Round trips.", f"# TYPE {PLUGIN_METRIC} histogram"]
+    for (rpc, code), buckets in series.items():
+        labels = f'code="{code}",rpc="{rpc}"'
+        lines += [f'{PLUGIN_METRIC}_bucket{{{labels},le="{le}"}} {n}' for le, n in buckets]
+        lines += [f"{PLUGIN_METRIC}_sum{{{labels}}} {0.001 * buckets[-1][1]}",
+                  f"{PLUGIN_METRIC}_count{{{labels}}} {buckets[-1][1]}"]
+    return "\n".join(lines) + "\n# HELP scheduler_other x\n# TYPE scheduler_other counter\nscheduler_other_total 3\n"
+
+
+PREFILTER_OK = [("0.0005", 0), ("0.001", 50), ("0.002", 99), ("0.005", 100), ("+Inf", 100)]
+
+
+def test_plugin_histogram_keys_ok_series_by_rpc_and_others_by_rpc_and_code():
+    text = exposition({("PreFilter", "OK"): PREFILTER_OK, ("PreFilter", "Unavailable"): [("0.001", 1), ("+Inf", 2)]})
+    h = parse_histogram(text, PLUGIN_METRIC, "rpc", ok_label=("code", "OK"))
+    assert set(h) == {"PreFilter", "PreFilter Unavailable"}
+    assert h["PreFilter"]["count"] == 100 and h["PreFilter"]["buckets"][0.002] == 99
+    assert h["PreFilter Unavailable"]["count"] == 2
+
+
+@pytest.mark.parametrize(("quantile_key", "want_ms"), [
+    pytest.param("p50_ms", 1.0, id="p50-at-the-top-of-the-1ms-bucket"),
+    pytest.param("p99_ms", 2.0, id="p99-on-the-2ms-bound"),
+])
+def test_quantiles_interpolate_within_the_bucket(quantile_key, want_ms):
+    after = parse_histogram(exposition({("PreFilter", "OK"): PREFILTER_OK}), PLUGIN_METRIC, "rpc", ("code", "OK"))
+    assert hist_diff({}, after)["PreFilter"][quantile_key] == want_ms
+
+
+def row(nodes: int, config: str, pods_per_s: float, **extra) -> dict:
+    return {"nodes": nodes, "config": config, "pods_per_s": pods_per_s, "create_rate": 100.0,
+            "extender_verbs": {}, **extra}
+
+
+def streaming_rows(d_pods_per_s: float, prefilter_p99_ms: float) -> list[dict]:
+    agents = {"reports_per_s": 4990.0, "expected_per_s": 5000.0}
+    verbs = {"filter": {"calls": 2000, "p50_ms": 6.0, "p99_ms": 30.0},
+             "prioritize": {"calls": 2000, "p50_ms": 4.0, "p99_ms": 12.0}}
+    rpcs = {"PreFilter": {"calls": 2000, "p50_ms": 0.9, "p99_ms": prefilter_p99_ms},
+            "PreFilter DeadlineExceeded": {"calls": 3, "p50_ms": None, "p99_ms": None}}
+    return [row(1000, "a", 100.0, agents={**agents, "reports_per_s": 1000.0, "expected_per_s": 1000.0}),
+            row(1000, "d", d_pods_per_s, agents={**agents, "reports_per_s": 950.0, "expected_per_s": 1000.0}),
+            row(5000, "a", 30.0, agents=agents),
+            row(5000, "b", 15.0, agents=agents, extender_verbs=verbs),
+            row(5000, "d", 28.0, agents=agents, plugin_rpcs=rpcs)]
+
+
+IDLE = {"commit": "d577442b0277", "date": "2026-11-30T09:52:07+00:00",
+        "verbs_by_nodes": {"5000": {"filter": {"p50_ms": 5.4, "p99_ms": 23.1}, "prioritize": {"p50_ms": 3.3,
+                                                                                               "p99_ms": 10.8}}}}
+
+
+def by_metric(entries: list[dict], start: str) -> dict:
+    found = [e for e in entries if e["metric"].startswith(start)]
+    assert len(found) == 1, [e["metric"] for e in entries]
+    return found[0]
+
+
+@pytest.mark.parametrize(("d_pods_per_s", "met"), [
+    pytest.param(95.0, True, id="0.95-meets-0.9"),
+    pytest.param(90.0, True, id="exactly-0.9"),
+    pytest.param(85.0, False, id="0.85-misses"),
+])
+def test_d_over_a_at_the_target_node_count_carries_the_target(d_pods_per_s, met):
+    entry = by_metric(headline(streaming_rows(d_pods_per_s, 1.5), IDLE), f"d/a at {TARGET['nodes']:,} nodes")
+    assert entry["measured"] == round(d_pods_per_s / 100.0, 3)
+    assert entry["met"] is met and entry["target"] == f"≥ {TARGET['d_over_a']}"
+    assert "agents at 1 Hz" in entry["metric"]
+
+
+@pytest.mark.parametrize(("p99_ms", "met"), [pytest.param(1.9, True, id="under"), pytest.param(2.4, False, id="over")])
+def test_prefilter_p99_at_5000_nodes_against_2ms_names_p50_and_failures(p99_ms, met):
+    entry = by_metric(headline(streaming_rows(95.0, p99_ms), IDLE), "(d) PreFilter round trip p99 at 5,000 nodes")
+    assert (entry["measured"], entry["met"], entry["unit"]) == (p99_ms, met, "ms")
+    assert "p50 0.9 ms over 2,000 calls" in entry["anchor"] and "3 failed" in entry["anchor"]
+
+
+@pytest.mark.parametrize(("idle", "expect"), [
+    pytest.param(IDLE, "idle (2026-11-30, d577442b0277): p50 5.4 / p99 23.1 ms", id="beside-the-idle-recording"),
+    pytest.param(None, "no idle recording", id="without-one"),
+])
+def test_extender_verbs_under_ingest_stand_beside_the_idle_figure(idle, expect):
+    entry = by_metric(headline(streaming_rows(95.0, 1.5), idle), "(b) extender filter p99 at 5,000 nodes")
+    assert entry["measured"] == 30.0 and entry["met"] is None
+    assert entry["anchor"].startswith("p50 6.0 ms") and expect in entry["anchor"]
+
+
+def test_reports_ingested_name_the_lowest_configuration_per_node_count():
+    entries = headline(streaming_rows(95.0, 1.5), IDLE)
+    at_1000 = by_metric(entries, "agents' reports ingested per second at 1,000 nodes")
+    assert at_1000["measured"] == 950.0 and "(d)" in at_1000["metric"] and at_1000["met"] is False
+    assert by_metric(entries, "agents' reports ingested per second at 5,000 nodes")["met"] is True
+
+
+def test_the_headline_is_what_bench_report_renders():
+    report.validate_headline(Path("scheduler_throughput.json"), headline(streaming_rows(95.0, 1.5), IDLE))
+
+
+def test_without_agents_the_headline_has_no_ingest_rows():
+    rows = [row(1000, "a", 100.0), row(1000, "b", 50.0), row(1000, "d", 95.0)]
+    metrics = [e["metric"] for e in headline(rows)]
+    assert not [m for m in metrics if "agents" in m or "(b) extender" in m], metrics
+    assert f"d/a at {TARGET['nodes']:,} nodes (plugin mode / stock)" in metrics
+
+
+PREVIOUS_IDLE = {"machine": {"git_commit": "d577442b02771d59", "date": "2026-11-30T09:52:07+00:00"},
+                 "setup": {}, "rows": [row(5000, "a", 29.2), row(5000, "b", 15.6, extender_verbs={"filter": {}})]}
+
+
+@pytest.mark.parametrize(("previous", "want"), [
+    pytest.param(PREVIOUS_IDLE, {"commit": "d577442b0277", "date": "2026-11-30T09:52:07+00:00",
+                                 "verbs_by_nodes": {"5000": {"filter": {}}}}, id="an-idle-recording-is-the-reference"),
+    pytest.param({"setup": {"agents": {"what": "..."}}, "idle_reference": IDLE, "rows": []}, IDLE,
+                 id="a-streaming-recording-carries-its-reference"),
+    pytest.param({"setup": {"agents": {"what": "..."}}, "rows": []}, None, id="a-streaming-recording-without-one"),
+    pytest.param(None, None, id="no-previous-file"),
+])
+def test_idle_reference(previous, want):
+    assert idle_reference(previous) == want
+
+
+def test_ingest_between_is_reports_per_second_beside_one_per_agent():
+    before = {"t": 10.0, "reports": 1000.0, "streams_open": 5000.0, "refused": 1.0, "ended": 0.0}
+    after = {"t": 30.0, "reports": 100_000.0, "streams_open": 4999.0, "refused": 3.0, "ended": 1.0}
+    assert ingest_between(before, after, 5000) == {
+        "reports_per_s": 4950.0, "expected_per_s": 5000.0, "window_s": 20.0, "streams_open": 4999,
+        "streams_refused": 2, "streams_ended": 1}
+
+
+def test_agents_capped_below_the_node_count_are_named_and_judged_against_their_own_count():
+    capped = {"reports_per_s": 990.0, "expected_per_s": 1000.0}
+    rows = [row(5000, "a", 30.0, agents=capped), row(5000, "d", 28.0, agents=capped,
+                                                     plugin_rpcs={"PreFilter": {"calls": 9, "p50_ms": 1.0, "p99_ms": 1.5}})]
+    entries = headline(rows)
+    assert "agents at 1 Hz on 1,000 of 5,000 nodes" in by_metric(entries, "(d) PreFilter round trip")["metric"]
+    ingest = by_metric(entries, "agents' reports ingested per second at 5,000 nodes")
+    assert ingest["target"] == ">= 97% of 1,000" and ingest["met"] is True
