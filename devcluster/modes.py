@@ -38,7 +38,7 @@ class SchedulingMode:
     # asked only about the nodes kube-scheduler's own filters (node selector, resource fit) passed.
     judges_every_node: bool
     # The record of a gang member that passed its group's barrier, (verb, result): the extender's
-    # barrier is inside bind; plugin mode's is kube-scheduler's Permit (then PreBind asks the core).
+    # barrier is inside bind; plugin mode's is kube-scheduler's Permit (then Bind asks the core).
     passed_barrier: tuple[str, str] = ("bind", "bound")
 
     def placement(self, decisions: Mapping[str, Any]) -> Mapping[str, Any] | None:

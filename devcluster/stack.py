@@ -226,7 +226,7 @@ class Stack:
     def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
                                adjust: Callable[[dict[str, Any]], None] | None = None) -> Component:
         """Plugin mode as manifests/overlays/plugin-mode installs it: the overlay's RBAC for the
-        scheduler's identity (PreBind's patch and its admission policy) applied, and the GpuSched
+        scheduler's identity (the admission policy on its Bindings' annotations) applied, and the GpuSched
         kube-scheduler (built or reused; fails with Go's output) on the overlay's config, asking
         this stack's extender on its socket."""
         binary = build_scheduler_plugin()

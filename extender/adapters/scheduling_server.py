@@ -1,7 +1,7 @@
 """The gRPC endpoint the GpuSched kube-scheduler plugin asks (``gpusched.scheduling.v1``).
 
 A plain thread-pool ``grpc.server``: kube-scheduler runs one scheduling cycle at a time, so
-PreFilter and Reserve arrive one after another; Unreserve and Permitted (a gang member's PreBind)
+PreFilter and Reserve arrive one after another; Unreserve and Permitted (a gang member's Bind)
 come from its binding goroutines.
 The shipped setup serves a Unix socket in a volume the scheduler container shares
 (``unix:///run/gpusched/scheduling.sock``): nothing else on the network can reach it, so the

@@ -237,13 +237,13 @@ class ExtenderService:
     def reserve(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
         """The plugin's Reserve: the first half of :meth:`bind` without the write, never waiting
         (a gang member's answer says whether to wait at Permit). Returns the decider's answer and,
-        when reserved, the annotations PreBind writes (decision id included); recorded as verb
+        when reserved, the annotations the plugin's Bind writes (decision id included); recorded as verb
         ``reserve``."""
         return self._placement("reserve", ("reserved", "reserve-refused"), pod, node,
                                lambda decision_id: self.decider.reserve(pod, node, decision_id, wait_at_barrier=False))
 
     def permitted(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
-        """The plugin's PreBind of a gang member that passed Permit: the annotations to write now
+        """The plugin's Bind of a gang member that passed Permit: the annotations to write now
         (the group's commit record included), recorded as verb ``permit``."""
         return self._placement("permit", ("permitted", "permit-refused"), pod, node,
                                lambda decision_id: self.decider.permitted(pod, node))

@@ -212,7 +212,7 @@ class GangCoordinator:
         return self.inner.reserve(pod, node, decision_id)
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
-        """Plugin mode's PreBind of a member that passed Permit: the group is complete (its plan
+        """Plugin mode's Bind of a member that passed Permit: the group is complete (its plan
         committed) and this member's reservation is re-asserted, as at an open bind barrier."""
         with self._lock:
             plan = self._committed_plan_of(pod.key)
@@ -257,7 +257,7 @@ class GangCoordinator:
                 return Refusal(f"gang {gang.key} did not complete within {plan.timeout_s:g}s: "
                                f"{len(plan.arrived)} of {len(plan.placements)} members reached bind; the whole "
                                "reservation was released and the group retries later")
-        if not wait_at_barrier:  # plugin mode: Permit lets every waiting member go; PreBind asks permitted()
+        if not wait_at_barrier:  # plugin mode: Permit lets every waiting member go; Bind asks permitted()
             return Reservation(summary=f"GPUs [{','.join(map(str, placement.indices))}] on {node} (gang "
                                        f"{plan.spec.key}: the last of {len(plan.placements)} members; the barrier opens)",
                                details={"gang": str(plan.spec.key), "gpus": list(placement.units),

@@ -18,7 +18,7 @@ nothing) and answers its planned node as the only one (``only_nodes``: the PreFi
 Reserve never waits: it tells the plugin whether the member completed the group (``barrier.open``:
 allow every waiting sibling) or must wait at Permit until the plan's deadline. A member that stops
 waiting is unreserved, which releases the whole plan, and the plugin rejects its waiting siblings:
-never part of a group bound. PreBind of a member asks :meth:`PluginService.permitted` for its
+never part of a group bound. Bind of a member asks :meth:`PluginService.permitted` for its
 annotations (the group's commit record, as on an extender-mode bind).
 """
 
@@ -110,11 +110,11 @@ class CycleAnswer:
 @dataclass(frozen=True)
 class ReserveAnswer:
     """Reserve's (and Permitted's) answer. ``barrier`` is set for a gang member (see
-    :class:`~extender.service.core.Barrier`); PreBind then asks :meth:`PluginService.permitted`."""
+    :class:`~extender.service.core.Barrier`); Bind then asks :meth:`PluginService.permitted`."""
 
     reserved: bool
     refusal: str = ""
-    annotations: Mapping[str, str] = field(default_factory=dict)  # PreBind writes them on the pod
+    annotations: Mapping[str, str] = field(default_factory=dict)  # Bind writes them in the pod's Binding
     summary: str = ""
     barrier: Barrier | None = None
 

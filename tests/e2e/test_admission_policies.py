@@ -109,46 +109,57 @@ def test_the_extenders_bindings_carry_only_gpusched_annotations(extender_api, po
     bind({"gpusched.io/decision-id": "d1", "gpusched.io/assigned-gpus": "GPU-x"})
 
 
+def binding(name: str, node: str, annotations: dict[str, str]) -> client.V1Binding:
+    return client.V1Binding(metadata=client.V1ObjectMeta(name=name, annotations=annotations),
+                            target=client.V1ObjectReference(kind="Node", name=node))
+
+
 @pytest.fixture(scope="module")
-def plugin_scheduler_api(control_plane: ControlPlane, plugin_scheduler) -> client.CoreV1Api:
-    """The plugin-mode kube-scheduler's identity, with manifests/overlays/plugin-mode's RBAC (its
-    one added verb, patch pods) and admission policy applied (the plugin_scheduler fixture does).
-    The apiserver loads a new policy asynchronously: this waits until it refuses a label change on
-    a probe pod (the write the policy exists to stop), so no test runs before it is in force."""
+def plugin_scheduler_api(control_plane: ControlPlane, plugin_scheduler, nodes) -> client.CoreV1Api:
+    """The plugin-mode kube-scheduler's identity with manifests/overlays/plugin-mode's admission
+    policy applied (the plugin_scheduler fixture does). The apiserver loads a new policy
+    asynchronously: this waits until it refuses a Binding with a foreign annotation of a fresh
+    probe pod each try (the write the policy exists to stop), so no test runs before it is in force."""
     api = client.CoreV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, SCHEDULER_SA)))
     admin = client.CoreV1Api(control_plane.api_client())
-    probe = unique("vap-probe")
-    admin.create_namespaced_pod("default", {"metadata": {"name": probe}, "spec": {
-        "schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.local/app:1"}]}})
 
     def in_force() -> bool:
+        probe = unique("vap-probe")
+        admin.create_namespaced_pod("default", {"metadata": {"name": probe}, "spec": {
+            "schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.local/app:1"}]}})
         try:
-            api.patch_namespaced_pod(probe, "default", {"metadata": {"labels": {"probe": unique("x")}}})
+            api.create_namespaced_pod_binding(probe, "default", binding(probe, nodes[1], {"probe": "x"}),
+                                              _preload_content=False)
         except client.ApiException as exc:
             return exc.status == 403 and "gpusched scheduler" in (exc.body or "")
+        finally:
+            admin.delete_namespaced_pod(probe, "default", grace_period_seconds=0)
         return False
 
-    try:
-        wait_until(in_force, 30, "the plugin-mode scheduler's admission policy in force")
-    finally:
-        admin.delete_namespaced_pod(probe, "default", grace_period_seconds=0)
+    wait_until(in_force, 30, "the plugin-mode scheduler's admission policy in force")
     return api
 
 
-def test_the_plugin_mode_scheduler_may_write_the_gpus_it_was_given_on_a_pod(plugin_scheduler_api, pod, namespace):
-    plugin_scheduler_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
-        "gpusched.io/assigned-gpus": "GPU-a,GPU-b", "gpusched.io/decision-id": "d1"}}})
+def test_the_plugin_mode_scheduler_binds_with_the_gpus_it_was_given(plugin_scheduler_api, pod, namespace, admin,
+                                                                      nodes):
+    plugin_scheduler_api.create_namespaced_pod_binding(pod, namespace, binding(pod, nodes[1], {
+        "gpusched.io/assigned-gpus": "GPU-a,GPU-b", "gpusched.io/decision-id": "d1"}), _preload_content=False)
+    bound = client.CoreV1Api(admin).read_namespaced_pod(pod, namespace)
+    assert bound.spec.node_name == nodes[1] and bound.metadata.annotations["gpusched.io/assigned-gpus"] == "GPU-a,GPU-b"
 
 
-@pytest.mark.parametrize("patch,needle", [
-    pytest.param({"metadata": {"annotations": {"sidecar.istio.io/inject": "true"}}}, "sidecar.istio.io/inject",
-                 id="pod-foreign-annotation"),
-    pytest.param({"metadata": {"labels": {"app": "other"}}}, "not its spec, labels", id="pod-label"),
-    pytest.param({"spec": {"containers": [{"name": "c", "image": "registry.local/evil:1"}]}}, "not its spec",
-                 id="pod-image"),
+def test_the_plugin_mode_scheduler_binds_with_no_foreign_annotation(plugin_scheduler_api, pod, namespace, nodes):
+    body = refused(lambda: plugin_scheduler_api.create_namespaced_pod_binding(pod, namespace, binding(
+        pod, nodes[1], {"gpusched.io/decision-id": "d1", "sidecar.istio.io/inject": "true"}), _preload_content=False))
+    assert "gpusched scheduler" in body and "sidecar.istio.io/inject" in body, body
+
+
+@pytest.mark.parametrize("patch", [
+    pytest.param({"metadata": {"annotations": {"gpusched.io/assigned-gpus": "GPU-a"}}}, id="even-gpusched-annotations"),
+    pytest.param({"metadata": {"labels": {"app": "other"}}}, id="pod-label"),
 ])
-def test_the_plugin_mode_scheduler_cannot_change_a_pod_beyond_gpusched_annotations(plugin_scheduler_api, pod,
-                                                                                     namespace, patch, needle):
-    """RBAC cannot narrow "patch pods" to annotations; the overlay's admission policy does."""
+def test_the_plugin_mode_scheduler_cannot_patch_a_pod(plugin_scheduler_api, pod, namespace, patch):
+    """Plugin mode adds no RBAC: its annotations travel in the Binding, so the scheduler's
+    identity keeps system:kube-scheduler's rights, which do not include patching pods."""
     body = refused(lambda: plugin_scheduler_api.patch_namespaced_pod(pod, namespace, patch))
-    assert "gpusched scheduler" in body and needle in body, body
+    assert "cannot patch resource" in body, body

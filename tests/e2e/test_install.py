@@ -22,7 +22,7 @@ Plugin mode (issue 18) the same way: ``manifests/overlays/plugin-mode`` with the
 overlay's two files beside it (the node has no NVML), and ``helm install --set mode=plugin``; the
 scheduler pod runs the GpuSched kube-scheduler image, which asks the core in the extender
 container over their shared socket, and a ``schedulerName: gpusched-plugin`` pod is reserved by
-the core, annotated by PreBind, bound by kube-scheduler and run.
+the core, bound by the plugin's Binding carrying its annotations, and run.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def check_gpusched_runs(cluster: RealCluster, pod_name: str, mode: tuple[str, st
                      context=lambda: cluster.kubectl("-n", WORKLOAD_NS, "describe", "pod", pod_name, check=False).stdout)
     assigned = (pod.metadata.annotations or {}).get("gpusched.io/assigned-gpus", "")
     assert len(assigned.split(",")) == 2 and pod.metadata.annotations.get("gpusched.io/decision-id"), pod.metadata
-    # The path the pod took: the extender's bind, or the core's Reserve (then PreBind's annotations).
+    # The path the pod took: the extender's bind, or the core's Reserve (then the plugin's Binding).
     decision = extender_get(cluster, f"/debug/decisions/{WORKLOAD_NS}/{pod_name}").get("decisions", {})
     assert decision.get(placed_by, {}).get("id") == pod.metadata.annotations["gpusched.io/decision-id"], decision
     assert decision[placed_by]["node"] == cluster.node.name, decision

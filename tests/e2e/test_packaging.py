@@ -259,15 +259,14 @@ def _deployment_spec(objects) -> dict:
 
 def test_plugin_mode_changes_the_scheduler_pod_its_config_and_the_schedulers_rbac_only():
     """The plugin-mode overlay is the base with the scheduler's image, config and socket changed
-    and PreBind's grant added; the node agents, the extender's identity and the rest stay."""
+    and an admission policy on the scheduler's Bindings added; the node agents, the extender's
+    identity and the rest stay."""
     base = normalised(kustomize_build(MANIFESTS / "base"))
     plugin = normalised(kustomize_build(MANIFESTS / "overlays/plugin-mode"))
     assert plugin.keys() - base.keys() == {
         ("ConfigMap", "gpusched-system", "gpusched-plugin-scheduler-config"),
-        ("ClusterRole", "", "gpusched-scheduler-annotates-pods"),
-        ("ClusterRoleBinding", "", "gpusched-scheduler-annotates-pods"),
-        ("ValidatingAdmissionPolicy", "", "gpusched-scheduler-annotations"),
-        ("ValidatingAdmissionPolicyBinding", "", "gpusched-scheduler-annotations")}
+        ("ValidatingAdmissionPolicy", "", "gpusched-scheduler-bindings"),
+        ("ValidatingAdmissionPolicyBinding", "", "gpusched-scheduler-bindings")}
     assert base.keys() - plugin.keys() == {("ConfigMap", "gpusched-system", "gpusched-scheduler-config")}
     assert {k for k in base.keys() & plugin.keys() if base[k] != plugin[k]} == {
         ("Deployment", "gpusched-system", "gpusched-scheduler")}
@@ -338,20 +337,20 @@ def _grants(objects, namespace: str, account: str) -> dict[str, list]:
                  id="kustomize"),
     pytest.param(lambda: (helm_template({}), helm_template(PLUGIN)), id="helm"),
 ])
-def test_plugin_modes_scheduler_identity_adds_only_patch_pods_held_to_gpusched_annotations(render):
-    """Plugin mode's kube-scheduler does what the stock one does, plus PreBind's one merge patch
-    of the pod (scheduler-plugin/pkg/gpusched/plugin.go): that single verb is all it gains, and
-    an admission policy bound to its username holds the patch to gpusched.io/ annotations."""
+def test_plugin_modes_scheduler_identity_gains_nothing_its_bindings_held_to_gpusched_annotations(render):
+    """Plugin mode's kube-scheduler does what the stock one does: GpuSched's Bind creates the
+    Binding the default binder would, with the annotations in it (scheduler-plugin/pkg/gpusched/
+    plugin.go), so its identity gains no grant, and an admission policy bound to its username
+    holds its Bindings' annotations to gpusched.io/ ones."""
     extender_mode, plugin_mode = render()
     scheduler = ("gpusched-system", "gpusched-scheduler")
-    added = {k: v for k, v in _grants(plugin_mode, *scheduler).items() if k not in _grants(extender_mode, *scheduler)}
-    assert added == {"ClusterRole/gpusched-scheduler-annotates-pods": [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}
-    assert all(_grants(plugin_mode, *scheduler)[k] == v for k, v in _grants(extender_mode, *scheduler).items())
+    assert _grants(plugin_mode, *scheduler) == _grants(extender_mode, *scheduler)
     for account in ("gpusched-extender", "gpusched-node-agent", "gpusched-metrics-proxy"):
         assert _grants(plugin_mode, "gpusched-system", account) == _grants(extender_mode, "gpusched-system", account)
     policy = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicy"
-                  and o["metadata"]["name"] == "gpusched-scheduler-annotations")
+                  and o["metadata"]["name"] == "gpusched-scheduler-bindings")
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/binding"]}]
     assert policy["spec"]["matchConditions"][0]["expression"] == (
         "request.userInfo.username == 'system:serviceaccount:gpusched-system:gpusched-scheduler'")
     binding = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicyBinding"
@@ -374,10 +373,8 @@ def test_helm_plugin_mode_values_reach_the_objects():
     assert profile["pluginConfig"][0]["args"]["timeout"] == "2s"
     assert config["leaderElection"]["resourceNamespace"] == "inference-system"
     assert "extenders" not in config
-    grants = _grants(objects, "inference-system", "gpusched-scheduler")
-    assert "ClusterRole/gpusched-scheduler-annotates-pods" in grants
     policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-                  and o["metadata"]["name"] == "gpusched-scheduler-annotations")
+                  and o["metadata"]["name"] == "gpusched-scheduler-bindings")
     assert "system:serviceaccount:inference-system:gpusched-scheduler" in policy["spec"]["matchConditions"][0]["expression"]
     # The default profile names follow the mode.
     assert normalised(helm_template(PLUGIN))[("ConfigMap", "gpusched-system", "gpusched-plugin-scheduler-config")][

@@ -2,7 +2,7 @@
 plugin, runs the manifests' plugin-mode config (manifests/overlays/plugin-mode) as the scheduler's
 identity and asks the real extender process's plugin service over its Unix socket. A GPU pod is
 bound by kube-scheduler's default binder to the node the core chose, carrying the annotations the
-core's Reserve returned (PreBind wrote them); a pod that fits nowhere stays pending with gpusched's
+core's Reserve returned (its Binding carried them); a pod that fits nowhere stays pending with gpusched's
 reason in its PodScheduled condition, as `kubectl describe` shows it.
 
 The GpuSched kube-scheduler is the session's ``plugin_scheduler`` (tests/e2e/conftest.py), the one

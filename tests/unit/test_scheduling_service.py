@@ -247,7 +247,7 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     held = pre_filter(core, tp8[1])
     assert by_node(held, list(held.table.names))["h1"][0] == NOT_NOW  # may fit once released
     core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(tp8[0]), node="h1",
-                                            reason="PreBind failed"), timeout=10)
+                                            reason="Bind failed"), timeout=10)
     assert reserve(core, tp8[1], "h1").reserved
     records = core.decisions.for_pod("default", "tp8-0")
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")

@@ -60,7 +60,7 @@ def test_reserve_never_waits_and_the_last_member_opens_the_barrier(world):
         granted, annotations = world.service.permitted(world.ref(pod), nodes[name])
         assert isinstance(granted, Reservation), granted
         commits.append(parse_commit(annotations[GANG_COMMIT_ANNOTATION]))
-        world.watch("MODIFIED", bound_as(pod, nodes[name], annotations))  # PreBind wrote them; the default binder bound
+        world.watch("MODIFIED", bound_as(pod, nodes[name], annotations))  # in the plugin's Binding
     assert commits[0] == commits[1] and commits[0] is not None and set(commits[0].placements) == {"a", "b"}
     world.gangs.tick()
     assert world.events.counts["commit"] == 1 and world.events.counts["complete"] == 1
@@ -98,7 +98,7 @@ def test_after_the_barrier_a_failed_prebind_keeps_the_reservation_and_the_retry_
     reserve(world, a, nodes["a"])
     reserve(world, b, nodes["b"])
     world.service.permitted(world.ref(a), nodes["a"])
-    world.service.unreserve(world.ref(a), nodes["a"], "PreBind's patch failed")  # the group is committed
+    world.service.unreserve(world.ref(a), nodes["a"], "the plugin's Binding failed")  # the group is committed
     assert held_by(world) == {f"{NS}/a", f"{NS}/b"} and f"{NS}/a" in world.nudged
     assert world.filter(a).only_nodes == (nodes["a"],)
     retry = reserve(world, a, nodes["a"])

@@ -101,7 +101,7 @@ class SchedulingServicer:
 
     def Permitted(self, request, context):
         """A gang member passed Permit (its group is complete): its reservation re-asserted and the
-        annotations PreBind writes, the group's commit record included.
+        annotations Bind writes, the group's commit record included.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -44,7 +44,7 @@ func newNodeTable(t *pb.NodeTable) *nodeTable {
 
 // core is the plugin's side of the gRPC service: the connection, the deadline, and the node table
 // last received (under mu; kube-scheduler runs one scheduling cycle at a time, but Unreserve and
-// PreBind run on binding goroutines, so nothing here assumes a single caller).
+// Bind run on binding goroutines, so nothing here assumes a single caller).
 type core struct {
 	address string
 	timeout time.Duration

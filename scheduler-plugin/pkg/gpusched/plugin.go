@@ -4,8 +4,8 @@
 // It translates and decides nothing. PreFilter makes the one round trip of a scheduling cycle and
 // keeps the answer (per-node verdicts, reasons and scores, indexed by the node table both sides
 // share) in the CycleState; Filter, PreScore and Score are lookups in it. Reserve and Unreserve are
-// the core ledger's assume and forget; PreBind writes the annotations Reserve returned (assigned
-// GPUs, decision id) on the pod; binding is the default binder's.
+// the core ledger's assume and forget; Bind binds a GPU pod with one Binding carrying the
+// annotations Reserve returned (assigned GPUs, decision id); other pods go to the default binder.
 //
 // Gangs: the core plans a whole group at a member's PreFilter (whose PreFilterResult is then the
 // member's planned node) and tells Reserve the member's place at the barrier. Permit is the
@@ -18,7 +18,6 @@ package gpusched
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -57,7 +56,7 @@ var (
 	_ fwk.ScorePlugin       = (*Plugin)(nil)
 	_ fwk.ReservePlugin     = (*Plugin)(nil)
 	_ fwk.PermitPlugin      = (*Plugin)(nil)
-	_ fwk.PreBindPlugin     = (*Plugin)(nil)
+	_ fwk.BindPlugin        = (*Plugin)(nil)
 	_ fwk.EnqueueExtensions = (*Plugin)(nil)
 )
 
@@ -101,12 +100,12 @@ type answer struct {
 
 func (a *answer) Clone() fwk.StateData { return a }
 
-// reservation holds the annotations Reserve got from the core, for PreBind to write, and for a
+// reservation holds the annotations Reserve got from the core, for Bind to write, and for a
 // gang member its place at the Permit barrier.
 type reservation struct {
 	annotations map[string]string
 	barrier     *pb.Barrier // nil unless a gang member
-	permitRan   bool        // set by Permit: a member's PreBind without it means Permit is not enabled
+	permitRan   bool        // set by Permit: a member's Bind without it means Permit is not enabled
 }
 
 func (r *reservation) Clone() fwk.StateData { return r }
@@ -249,7 +248,7 @@ func (p *Plugin) Permit(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	if r == nil || r.barrier == nil {
 		return nil, 0
 	}
-	r.permitRan = true // the binding cycle's PreBind reads it; the scheduling cycle is done writing
+	r.permitRan = true // the binding cycle's Bind reads it; the scheduling cycle is done writing
 	gang := r.barrier.GetGang()
 	if r.barrier.GetOpen() {
 		for _, uid := range p.waiting.members(gang) {
@@ -292,7 +291,7 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 }
 
 // waitingGangs is which pod waiting at Permit belongs to which gang: what Permit's allow and
-// Unreserve's reject need, since a WaitingPod does not say. Entries leave at PreBind or Unreserve.
+// Unreserve's reject need, since a WaitingPod does not say. Entries leave at Bind or Unreserve.
 type waitingGangs struct {
 	mu   sync.Mutex
 	gang map[types.UID]string
@@ -331,22 +330,18 @@ func readReservation(state fwk.CycleState) *reservation {
 	return r
 }
 
-// PreBindPreFlight: PreBind has work only for a pod gpusched reserved GPUs for.
-func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if r := readReservation(state); r == nil || (len(r.annotations) == 0 && r.barrier == nil) {
-		return nil, fwk.NewStatus(fwk.Skip)
-	}
-	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
-}
-
-// PreBind writes Reserve's annotations (gpusched.io/assigned-gpus, -gpu-indices, decision-id) on
-// the pod with one merge patch; a failed patch is an Error, so the pod is unreserved and retried
-// rather than bound without the GPUs it was given. A gang member, past Permit, asks the core for
-// its annotations first: they carry the group's commit record, known only once it completed.
-func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+// Bind binds a pod gpusched reserved GPUs for with one Binding that carries Reserve's annotations
+// (gpusched.io/assigned-gpus, -gpu-indices, decision-id): the apiserver copies a Binding's
+// annotations onto the pod, as for the extender's bind, so the pod is never bound without the GPUs
+// it was given and one write does both (a PreBind patch and the default binder's Binding were two
+// writes per pod, and needed "patch pods" for the scheduler's identity). Any other pod is Skip: the
+// default binder binds it. A failed write is an Error: the pod is unreserved and retried. A gang
+// member, past Permit, asks the core for its annotations first: they carry the group's commit
+// record, known only once it completed.
+func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	r := readReservation(state)
 	if r == nil {
-		return nil
+		return fwk.NewStatus(fwk.Skip)
 	}
 	annotations := r.annotations
 	if r.barrier != nil {
@@ -366,20 +361,12 @@ func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		}
 		annotations = reply.GetAnnotations()
 	}
-	if len(annotations) == 0 {
-		return nil
+	binding := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Annotations: annotations},
+		Target:     v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
-	patch, err := annotationPatch(annotations)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	_, err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("gpusched: writing the assigned GPUs on pod %s/%s before binding it to %s: %w", pod.Namespace, pod.Name, nodeName, err))
+	if err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fwk.AsStatus(fmt.Errorf("gpusched: binding pod %s/%s to %s with its assigned GPUs: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
 	return nil
-}
-
-func annotationPatch(annotations map[string]string) ([]byte, error) {
-	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -61,7 +62,7 @@ func (f *fakeCore) Permitted(_ context.Context, r *pb.PermittedRequest) (*pb.Per
 	return f.permitted(r)
 }
 
-// fakeHandle is the framework handle as far as GpuSched uses it: ClientSet for PreBind, the
+// fakeHandle is the framework handle as far as GpuSched uses it: ClientSet for Bind, the
 // waiting pods for Permit and Unreserve (a test adds a pod there when Permit answered Wait, as
 // the framework does).
 type fakeHandle struct {
@@ -351,7 +352,35 @@ func TestPreFilterOutcomes(t *testing.T) {
 	}
 }
 
-func TestReserveAndPreBind(t *testing.T) {
+// bindings records the Bindings created through cs (the fake clientset does not apply them).
+type bindings struct {
+	mu   sync.Mutex
+	made map[string]*v1.Binding // by pod name
+}
+
+func recordBindings(cs *fake.Clientset) *bindings {
+	b := &bindings{made: map[string]*v1.Binding{}}
+	cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		create, ok := action.(k8stesting.CreateAction)
+		if !ok || action.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		binding := create.GetObject().(*v1.Binding)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.made[binding.Name] = binding
+		return true, binding, nil
+	})
+	return b
+}
+
+func (b *bindings) of(pod string) *v1.Binding {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.made[pod]
+}
+
+func TestReserveAndBind(t *testing.T) {
 	annotations := map[string]string{"gpusched.io/assigned-gpus": "GPU-0,GPU-1", "gpusched.io/assigned-gpu-indices": "0,1",
 		"gpusched.io/decision-id": "d-42"}
 	for _, tc := range []struct {
@@ -389,10 +418,10 @@ func TestReserveAndPreBind(t *testing.T) {
 			if st.Code() != tc.code || st.Message() != tc.message {
 				t.Fatalf("Reserve = %v %q, want %v %q", st.Code(), st.Message(), tc.code, tc.message)
 			}
-			_, pre := p.PreBindPreFlight(context.Background(), state, pod, "a")
+			made := recordBindings(cs)
 			if tc.code != fwk.Success {
-				if !pre.IsSkip() {
-					t.Errorf("PreBindPreFlight without a reservation = %v, want Skip", pre)
+				if st := p.Bind(context.Background(), state, pod, "a"); !st.IsSkip() {
+					t.Errorf("Bind without a reservation = %v, want Skip (the default binder binds)", st)
 				}
 				p.Unreserve(context.Background(), state, pod, "a")
 				if len(f.unreserved) != 1 || f.unreserved[0] != "a" {
@@ -400,22 +429,26 @@ func TestReserveAndPreBind(t *testing.T) {
 				}
 				return
 			}
-			if !pre.IsSuccess() {
-				t.Fatalf("PreBindPreFlight = %v, want Success", pre)
+			if st := p.Bind(context.Background(), state, pod, "a"); !st.IsSuccess() {
+				t.Fatalf("Bind: %v", st)
 			}
-			if st := p.PreBind(context.Background(), state, pod, "a"); !st.IsSuccess() {
-				t.Fatalf("PreBind: %v", st)
-			}
-			got, err := cs.CoreV1().Pods("ns").Get(context.Background(), "p", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
+			binding := made.of("p")
+			if binding == nil || binding.Target.Name != "a" || binding.UID != pod.UID {
+				t.Fatalf("Binding %+v, want one of pod p (its UID) to node a", binding)
 			}
 			for k, v := range annotations {
-				if got.Annotations[k] != v {
-					t.Errorf("pod annotation %s = %q, want %q", k, got.Annotations[k], v)
+				if binding.Annotations[k] != v {
+					t.Errorf("Binding annotation %s = %q, want %q", k, binding.Annotations[k], v)
 				}
 			}
 		})
+	}
+}
+
+func TestBindOfAPodGpuschedNeverJudgedIsTheDefaultBinders(t *testing.T) {
+	p, _ := start(t, &fakeCore{}, time.Second)
+	if st := p.Bind(context.Background(), framework.NewCycleState(), makePod("web"), "a"); !st.IsSkip() {
+		t.Fatalf("Bind = %v, want Skip", st)
 	}
 }
 
@@ -488,16 +521,14 @@ func TestGangBarrierAllowsTheWholeGroupAtOnce(t *testing.T) {
 			t.Errorf("%s at Permit: %q, want allowed", pod.Name, got)
 		}
 	}
+	made := recordBindings(cs)
 	for i, pod := range pods {
-		if st := p.PreBind(context.Background(), states[i], pod, "a"); !st.IsSuccess() {
-			t.Fatalf("PreBind(%s): %v", pod.Name, st)
+		if st := p.Bind(context.Background(), states[i], pod, "a"); !st.IsSuccess() {
+			t.Fatalf("Bind(%s): %v", pod.Name, st)
 		}
-		got, err := cs.CoreV1().Pods("ns").Get(context.Background(), pod.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Annotations["gpusched.io/gang-commit"] != "ns/g@1" || got.Annotations["gpusched.io/assigned-gpus"] != "GPU-"+pod.Name {
-			t.Errorf("%s annotations %v, want the Permitted ones", pod.Name, got.Annotations)
+		got := made.of(pod.Name)
+		if got == nil || got.Annotations["gpusched.io/gang-commit"] != "ns/g@1" || got.Annotations["gpusched.io/assigned-gpus"] != "GPU-"+pod.Name {
+			t.Errorf("%s's Binding %+v, want the Permitted annotations", pod.Name, got)
 		}
 	}
 }
@@ -579,9 +610,10 @@ func TestDecodeArgs(t *testing.T) {
 	}
 }
 
-func TestPreBindOfAGangMemberWithoutPermitNamesTheMissingExtensionPoint(t *testing.T) {
+func TestBindOfAGangMemberWithoutPermitNamesTheMissingExtensionPoint(t *testing.T) {
 	pod := makePod("g-0")
 	p, cs := start(t, gangCore(2), time.Second, pod)
+	made := recordBindings(cs)
 	state := framework.NewCycleState()
 	if _, st := p.PreFilter(context.Background(), state, pod, nil); !st.IsSuccess() {
 		t.Fatalf("PreFilter: %v", st)
@@ -589,13 +621,12 @@ func TestPreBindOfAGangMemberWithoutPermitNamesTheMissingExtensionPoint(t *testi
 	if st := p.Reserve(context.Background(), state, pod, "a"); !st.IsSuccess() {
 		t.Fatalf("Reserve: %v", st)
 	}
-	// A profile without GpuSched at permit: the framework goes from Reserve straight to PreBind.
-	st := p.PreBind(context.Background(), state, pod, "a")
+	// A profile without GpuSched at permit: the framework goes from Reserve straight to binding.
+	st := p.Bind(context.Background(), state, pod, "a")
 	if st.Code() != fwk.Error || !strings.Contains(st.Message(), "enable GpuSched at the permit extension point") {
-		t.Fatalf("PreBind = %v %q, want an Error naming the permit extension point", st.Code(), st.Message())
+		t.Fatalf("Bind = %v %q, want an Error naming the permit extension point", st.Code(), st.Message())
 	}
-	got, err := cs.CoreV1().Pods("ns").Get(context.Background(), "g-0", metav1.GetOptions{})
-	if err != nil || len(got.Annotations) != 0 {
-		t.Fatalf("the pod was annotated without passing Permit: %v %v", got.Annotations, err)
+	if made.of("g-0") != nil {
+		t.Fatal("a gang member was bound without passing Permit")
 	}
 }

@@ -582,10 +582,10 @@ type ReserveReply struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Reserved    bool                   `protobuf:"varint,1,opt,name=reserved,proto3" json:"reserved,omitempty"`
 	Refusal     string                 `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`                                                                                   // why not (capacity taken since PreFilter, unknown pod)
-	Annotations map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // PreBind writes these on the pod (assigned GPUs, decision id)
+	Annotations map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // Bind writes these in the pod's Binding (assigned GPUs, decision id)
 	Summary     string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`                                                                                   // e.g. "GPUs [0,1] on node-a (NVLink)"
 	// Set for a gang member: its place at the Permit barrier (coscheduling's semantics). Members of
-	// one group carry the same gang. PreBind of a gang member asks Permitted for its annotations.
+	// one group carry the same gang. Bind of a gang member asks Permitted for its annotations.
 	Barrier       *Barrier `protobuf:"bytes,5,opt,name=barrier,proto3" json:"barrier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -783,7 +783,7 @@ type PermittedReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Permitted     bool                   `protobuf:"varint,1,opt,name=permitted,proto3" json:"permitted,omitempty"`
 	Refusal       string                 `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`                                                                                   // why not (the plan was released meanwhile)
-	Annotations   map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // PreBind writes these on the pod
+	Annotations   map[string]string      `protobuf:"bytes,3,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // Bind writes these in the pod's Binding
 	Summary       string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -53,7 +53,7 @@ type SchedulingClient interface {
 	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveReply, error)
 	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
-	// annotations PreBind writes, the group's commit record included.
+	// annotations Bind writes, the group's commit record included.
 	Permitted(ctx context.Context, in *PermittedRequest, opts ...grpc.CallOption) (*PermittedReply, error)
 	// The pending pods to retry now, as the core learns that something they waited for appeared:
 	// GPU capacity rose on a node (telemetry), a gang's sibling or PodGroup arrived. The plugin
@@ -153,7 +153,7 @@ type SchedulingServer interface {
 	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(context.Context, *UnreserveRequest) (*UnreserveReply, error)
 	// A gang member passed Permit (its group is complete): its reservation re-asserted and the
-	// annotations PreBind writes, the group's commit record included.
+	// annotations Bind writes, the group's commit record included.
 	Permitted(context.Context, *PermittedRequest) (*PermittedReply, error)
 	// The pending pods to retry now, as the core learns that something they waited for appeared:
 	// GPU capacity rose on a node (telemetry), a gang's sibling or PodGroup arrived. The plugin
