@@ -136,11 +136,21 @@ class ControlPlane:
     (``devcluster.nodenet``: on an interface this control plane creates and removes), so pods reach
     it through the ``kubernetes`` Service. Without it there is no controller-manager, so simulated Node objects are never
     marked NotReady for lack of a heartbeat — which is why real nodes get a control plane of their own.
+
+    ``feature_gates``: Kubernetes feature gates (name -> on) for the apiserver and the
+    controller-manager, e.g. ``{"GenericWorkload": True}``; a kube-scheduler against this control
+    plane must be started with the same gates (:meth:`feature_gate_args`). ``runtime_config``: API
+    group versions the apiserver serves beyond its defaults (``--runtime-config``), e.g.
+    ``{"scheduling.k8s.io/v1beta1": True}``, which beta APIs such as the PodGroup's need. Both empty
+    by default: the stock release's behaviour.
     """
 
-    def __init__(self, bin_dir: Path, workdir: Path | None = None, *, with_nodes: bool = False):
+    def __init__(self, bin_dir: Path, workdir: Path | None = None, *, with_nodes: bool = False,
+                 feature_gates: Mapping[str, bool] | None = None, runtime_config: Mapping[str, bool] | None = None):
         self.bin_dir = bin_dir
         self.with_nodes = with_nodes
+        self.feature_gates = dict(feature_gates or {})
+        self.runtime_config = dict(runtime_config or {})
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpusched-cp-"))
         self._own_workdir = workdir is None
         self.pki = self.workdir / "pki"
@@ -211,6 +221,7 @@ class ControlPlane:
             # the node address, and pods reach the apiserver through the Service.
             *([] if self.with_nodes else ["--endpoint-reconciler-type=none"]),
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            *self.feature_gate_args(), *_flag("--runtime-config", self.runtime_config),
             "--profiling=false", "--v=1"])
         apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
                                                ca_file=str(self.pki / "ca.crt")), 120)
@@ -228,7 +239,7 @@ class ControlPlane:
             f"--service-account-private-key-file={self.pki / 'sa.key'}", f"--root-ca-file={self.pki / 'ca.crt'}",
             "--use-service-account-credentials=true",
             # Quick to react in tests: a node whose kubelet is gone is NotReady within 20 s.
-            "--node-monitor-period=2s", "--node-monitor-grace-period=20s", "--v=1"])
+            "--node-monitor-period=2s", "--node-monitor-grace-period=20s", *self.feature_gate_args(), "--v=1"])
         cm.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
 
         def default_account() -> bool:  # pods need it (ServiceAccount admission); the SA controller makes it
@@ -238,6 +249,11 @@ class ControlPlane:
             except client.ApiException:
                 return False
         cm.wait_healthy(default_account, 60, "did not create the default ServiceAccount")
+
+    def feature_gate_args(self) -> list[str]:
+        """``--feature-gates=...`` for this control plane's gates (none: no flag), for every
+        component that must agree with the apiserver on them (kube-scheduler included)."""
+        return _flag("--feature-gates", self.feature_gates)
 
     def stop(self) -> None:
         for c in reversed(self.components):
@@ -314,6 +330,13 @@ class ControlPlane:
             if dry_run:
                 kwargs["dry_run"] = "All"
             resource.server_side_apply(body=doc, name=doc["metadata"]["name"], namespace=namespace, **kwargs)
+
+
+def _flag(name: str, settings: Mapping[str, bool]) -> list[str]:
+    """``[name=key1=true,key2=false]`` (Kubernetes' map flags), or no flag for no settings."""
+    if not settings:
+        return []
+    return [f"{name}=" + ",".join(f"{key}={str(on).lower()}" for key, on in sorted(settings.items()))]
 
 
 def python_component_env() -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +204,12 @@ class Stack:
 
     def start_scheduler(self, name: str = "kube-scheduler",
                         adjust: Callable[[dict[str, Any]], None] | None = None, *,
-                        binary: Path | None = None, manifest: Path = SCHEDULER_CONFIG) -> Component:
+                        binary: Path | None = None, manifest: Path = SCHEDULER_CONFIG,
+                        extra_args: Sequence[str] = ()) -> Component:
         """A kube-scheduler as the manifests' scheduler identity with the config in ``manifest``:
-        the stock binary by default, ``binary`` for another (the GpuSched kube-scheduler)."""
+        the stock binary by default, ``binary`` for another (the GpuSched kube-scheduler).
+        ``extra_args`` are appended to its command line, e.g. the control plane's
+        ``feature_gate_args()`` for a scheduler that must share the apiserver's gates."""
         assert self.extender is not None, "start the extender first"
         kubeconfig = self.identity_kubeconfig(SCHEDULER_SA)
         config = self.scheduler_config(self.extender, kubeconfig, adjust, manifest)
@@ -216,7 +219,7 @@ class Stack:
         c = Component(name, [str(binary or self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
                              "--bind-address=127.0.0.1", f"--secure-port={port}",
                              f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-                             "--v=2"],
+                             "--v=2", *extra_args],
                       self.cp.workdir / "logs" / f"{name}.log")
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
@@ -224,11 +227,13 @@ class Stack:
         return c
 
     def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
-                               adjust: Callable[[dict[str, Any]], None] | None = None) -> Component:
+                               adjust: Callable[[dict[str, Any]], None] | None = None, *,
+                               extra_args: Sequence[str] = ()) -> Component:
         """Plugin mode as manifests/overlays/plugin-mode installs it: the overlay's RBAC for the
         scheduler's identity (the admission policy on its Bindings' annotations) applied, and the GpuSched
         kube-scheduler (built or reused; fails with Go's output) on the overlay's config, asking
-        this stack's extender on its socket."""
+        this stack's extender on its socket. ``extra_args`` as for :meth:`start_scheduler`."""
         binary = build_scheduler_plugin()
         self.cp.apply(doc for _, doc in manifest_documents([PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"]))
-        return self.start_scheduler(name, adjust, binary=binary, manifest=PLUGIN_SCHEDULER_CONFIG)
+        return self.start_scheduler(name, adjust, binary=binary, manifest=PLUGIN_SCHEDULER_CONFIG,
+                                    extra_args=extra_args)

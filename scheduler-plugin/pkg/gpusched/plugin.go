@@ -272,7 +272,15 @@ func (p *Plugin) Permit(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 // Permit (coscheduling's semantics: the core releases the whole group's plan when told of one).
 // Best effort: a core that cannot be told logs it; the core's own bookkeeping expires
 // reservations that never bind.
+//
+// The call runs under the plugin's own deadline, not under ctx's cancellation: kube-scheduler may
+// unreserve under a context it has already canceled. Its pod-group cycle (1.37, GenericWorkload:
+// Kubernetes' own gang scheduling) reserves each member tentatively and unreserves them all after
+// the group's algorithm returned and canceled its context (podGroupSchedulingAlgorithm in
+// pkg/scheduler/schedule_one_podgroup.go); a release the core never heard would keep the GPUs held
+// and refuse the same pod's Reserve in the binding cycle that follows.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
+	ctx = context.WithoutCancel(ctx)
 	if a, st := readAnswer(state); st != nil || a.table == nil {
 		return
 	}

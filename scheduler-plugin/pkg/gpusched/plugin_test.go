@@ -452,6 +452,38 @@ func TestBindOfAPodGpuschedNeverJudgedIsTheDefaultBinders(t *testing.T) {
 	}
 }
 
+// kube-scheduler 1.37's pod-group cycle (GenericWorkload) reserves each member tentatively and
+// unreserves them all once the group's algorithm is done, under that algorithm's context, which it
+// has canceled by then: the release must still reach the core, or the GPUs stay held and refuse
+// the same pod's Reserve in the binding cycle that follows.
+func TestUnreserveReachesTheCoreUnderACanceledCycleContext(t *testing.T) {
+	f := &fakeCore{
+		preFilter: func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+			return vectors(1, []string{"a"}, true, []pb.Verdict{pb.Verdict_VERDICT_FITS}, []string{""}, []byte{50}), nil
+		},
+		reserve: func(*pb.ReserveRequest) (*pb.ReserveReply, error) {
+			return &pb.ReserveReply{Reserved: true, Annotations: map[string]string{"gpusched.io/decision-id": "d"}}, nil
+		},
+	}
+	pod := makePod("p")
+	p, _ := start(t, f, time.Second, pod)
+	cycle, cancel := context.WithCancel(context.Background())
+	state := framework.NewCycleState()
+	if _, st := p.PreFilter(cycle, state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	if st := p.Reserve(cycle, state, pod, "a"); !st.IsSuccess() {
+		t.Fatalf("Reserve: %v", st)
+	}
+	cancel()
+	p.Unreserve(cycle, state, pod, "a")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.unreserved) != 1 || f.unreserved[0] != "a" {
+		t.Fatalf("Unreserve under a canceled context reached the core as %v, want [a]", f.unreserved)
+	}
+}
+
 // gangCore answers for one gang "ns/g" planned on node a: members reserve in order, the one that
 // completes the group gets an open barrier, Permitted gives each member its commit annotations.
 func gangCore(members int) *fakeCore {
