@@ -120,12 +120,16 @@ class ReserveAnswer:
 
 
 def asks_for_gpus(pod: PodRef) -> bool:
-    """Whether any container (or init container) requests or limits ``nvidia.com/gpu``."""
+    """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``
+    (``"0"`` asks for none, as the plugin's own requeue hint reads it; anything else, valid or
+    not, is the decider's to judge)."""
     spec = pod.raw.get("spec") or {}
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
-        if any("nvidia.com/gpu" in (resources.get(kind) or {}) for kind in ("requests", "limits")):
-            return True
+        for kind in ("requests", "limits"):
+            value = (resources.get(kind) or {}).get("nvidia.com/gpu")
+            if value is not None and str(value).strip() != "0":
+                return True
     return False
 
 

@@ -73,6 +73,21 @@ def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, 
         wait_until(held, 30, "tp4's 4 GPUs held in the core's ledger")
 
 
+def test_plugin_mode_binds_a_pod_without_gpus_through_the_default_binder(admin, namespace, extender: Extender,
+                                                                          plugin_scheduler: Component):
+    """GpuSched skips a pod that asks for no GPUs at PreFilter and at Bind: kube-scheduler's own
+    plugins place it and its DefaultBinder (after GpuSched at bind) binds it; the core records
+    no reservation."""
+    with gpu_fleet(admin, 2) as (fleet, (node,)):
+        pod = vllm_pod("web", gpus=0, scheduler=PLUGIN_MODE.scheduler_name)
+        pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
+        create_pod(admin, namespace, pod)
+        bound = wait_until(lambda: pod_node(admin, namespace, "web"), 60, "web bound by the default binder",
+                           context=lambda: pod_scheduled_message(admin, namespace, "web") + "\n" + plugin_scheduler.tail(20))
+        assert bound == node
+        assert "reserve" not in extender.get_json(f"/debug/decisions/{namespace}/web").get("decisions", {})
+
+
 def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(admin, namespace, extender: Extender,
                                                                               plugin_scheduler: Component):
     # 3 GPUs of 8 pass kube-scheduler's own resource fit, so the nodes reach GpuSched's Filter:

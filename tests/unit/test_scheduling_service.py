@@ -178,8 +178,17 @@ def test_prefilter_says_what_the_extender_says(core, pod):
     assert not reply.skip and not reply.error
 
 
-def test_a_pod_without_gpus_is_skipped(core):
-    assert pre_filter(core, make_pod("cpu", gpus=0)).skip
+@pytest.mark.parametrize("resources,skip", [
+    ({}, True),
+    ({"requests": {"nvidia.com/gpu": "0"}, "limits": {"nvidia.com/gpu": "0"}}, True),
+    ({"requests": {"cpu": "2"}}, True),
+    ({"limits": {"nvidia.com/gpu": "1"}}, False),
+    ({"limits": {"nvidia.com/gpu": "one"}}, False),  # the decider says what is wrong with it
+], ids=["none", "zero", "cpu-only", "one", "malformed"])
+def test_a_pod_that_asks_for_no_gpus_is_skipped(core, resources, skip):
+    pod = make_pod("cpu", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    pod["spec"]["containers"][0]["resources"] = resources
+    assert pre_filter(core, pod).skip is skip
 
 
 def gang_member(name: str, size: int = 2) -> dict[str, Any]:
