@@ -60,7 +60,7 @@ images: node-deps
 tools:
 	bash hack/build-tools.sh >/dev/null
 
-# Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~13 min on 2 vCPUs), redraw
+# Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~21 min on 2 vCPUs), redraw
 # bench/results/*.png and rewrite the table in README.md and bench/README.md. BENCH_ARGS is passed
 # to `python -m bench` (e.g. BENCH_ARGS='--only scheduler_throughput', '--skip engine_sidecar').
 bench: $(BENCH_STAMP) control-plane vllm-venv
