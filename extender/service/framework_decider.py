@@ -22,7 +22,7 @@ from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
-from extender.model.ledger import GpuLedger
+from extender.model.ledger import EntryState, GpuLedger
 from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
@@ -170,6 +170,7 @@ class FrameworkDecider:
         if isinstance(demand, DemandProblem):
             return Refusal(demand.message)
         with self._reserve_lock:
+            self._drop_own_stale_hold(pod, node)
             snapshot = self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
             if node not in snapshot.nodes:
                 with self._lock:
@@ -187,6 +188,17 @@ class FrameworkDecider:
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
+
+    def _drop_own_stale_hold(self, pod: PodRef, node: str) -> None:
+        """A pod reserved again may still hold an assumed reservation from an earlier cycle whose
+        release never reached the core (an Unreserve lost while the socket was down). On the same
+        node it must not count against the pod itself, which would be refused until assumed
+        entries expire (minutes): ``assume`` replaces the pod's entry anyway, so dropping it first
+        only lets the choice see those GPUs free. Another pod's, or a bound entry, is never touched.
+        Reserve lock held."""
+        own = self.ledger.assignment(pod.key)
+        if own is not None and own.state is EntryState.ASSUMED and own.node == node and own.uid == pod.uid:
+            self.ledger.forget(pod.key)
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
         return Refusal(f"{pod.key} is not a gang member: it has no Permit barrier to pass")

@@ -82,3 +82,23 @@ def test_the_demand_is_parsed_once_per_resource_version_and_again_after_a_catalo
     again = d.demand(pod(rv="2"))
     d.set_catalog(builtin_catalog())
     assert d.demand(pod(rv="2")) is not again and d.demand(pod(rv="2")) == again
+
+
+@pytest.mark.parametrize("again,reserved", [
+    pytest.param(pod("p", "uid-p", gpus=8), True, id="same-pod-same-node-reserved-again"),
+    pytest.param(pod("q", "uid-q", gpus=8), False, id="another-pod-still-refused"),
+    pytest.param(pod("p", "uid-recreated", gpus=8), False, id="a-recreated-pod-is-another-pod"),
+])
+def test_a_pods_own_stale_hold_never_refuses_it_but_holds_against_everyone_else(again, reserved):
+    """An Unreserve that never reached the core (the socket down at that moment) leaves the pod's
+    assumed entry behind; reserving the same pod on the same node again must not be refused by its
+    own hold (it would wait for the assumed entries' expiry), while any other pod still is."""
+    d, ledger = decider()
+    first = pod("p", "uid-p", gpus=8)
+    d.filter(first, ["h100"], None)
+    assert isinstance(d.reserve(first, "h100", "decision-1"), Reservation)
+    d.filter(again, ["h100"], None)
+    answer = d.reserve(again, "h100", "decision-2")
+    assert isinstance(answer, Reservation) is reserved, answer
+    holders = {a.pod_key: a.uid for a in ledger.view().assignments.values()}
+    assert holders == {"default/p": again.uid if reserved else "uid-p"}, "one holder, never two"
