@@ -1,16 +1,36 @@
 """Gang membership: which pods must be placed all together, or not at all.
 
-Three declarations, all of which users already have:
+The declarations users already have:
 - the coscheduling ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``): pods join with the *label*
   ``scheduling.x-k8s.io/pod-group: <name>``; ``spec.minMember`` and ``spec.scheduleTimeoutSeconds``
   come from the PodGroup object in the pod's namespace;
 - LeaderWorkerSet: the labels ``leaderworkerset.sigs.k8s.io/name`` and ``…/group-index`` name one
   group (leader + workers), whose size is the annotation ``leaderworkerset.sigs.k8s.io/size``;
 - gpusched's own annotations ``gpusched.io/gang-name`` and ``gpusched.io/gang-size`` (and
-  optionally ``gpusched.io/gang-timeout-seconds``) for clusters without either.
+  optionally ``gpusched.io/gang-timeout-seconds``) for clusters without either;
+- a Kthena ModelServing's serving group (label ``modelserving.volcano.sh/group-name``), whose
+  per-role minimums are ``gpusched.io/min-role-replicas`` (Kthena keeps them on its own objects);
+- a KubeRay worker group (labels ``ray.io/cluster`` and ``ray.io/group``) that opts in with
+  ``gpusched.io/gang-size`` (KubeRay puts no size on its pods; a KubeRay install using
+  scheduler-plugins' PodGroup is the PodGroup declaration above).
 
-A pod declaring two of them, a non-positive or non-integer size, or a PodGroup label whose object
-does not exist is a :class:`GangProblem` — reported on the pod, never guessed.
+The first three are explicit: a pod declaring two of them is a problem. Kthena's and Ray's labels
+are implicit: an explicit declaration on the same pod wins.
+
+What a group asks of its placement, all optional (see :class:`GroupShape`):
+- **roles**: members labelled ``gpusched.io/role`` (or Kthena's ``modelserving.volcano.sh/role``)
+  with per-role minimums ``gpusched.io/min-role-replicas: prefill=1,decode=2``; the group's
+  minimum is their sum, and it is admitted only when every role's minimum fits;
+- a **network tier** its members share: ``gpusched.io/topology-tier: rack`` (required) or
+  ``gpusched.io/preferred-topology-tier: rack``, the tier's name resolved to a node label through
+  the configured tier labels (``DEFAULT_TIER_LABELS``; a label key is accepted as is);
+  LeaderWorkerSet's ``leaderworkerset.sigs.k8s.io/exclusive-topology: <label>`` is a required tier;
+- Ray's **placement strategy** ``gpusched.io/placement-strategy``: STRICT_PACK (one node), PACK
+  (prefer one node), SPREAD (prefer distinct nodes), STRICT_SPREAD (distinct nodes).
+
+A non-positive or non-integer size, a PodGroup label whose object does not exist, an unknown tier
+or strategy, or malformed role minimums is a :class:`GangProblem` — reported on the pod, never
+guessed.
 
 Also here, because both are pure and the coordinator (``extender.service.gang``) lives by them:
 :class:`BarrierTiming`, how long a group may take to reach its bind barrier given kube-scheduler's
@@ -22,8 +42,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -34,6 +57,25 @@ GANG_NAME_ANNOTATION = "gpusched.io/gang-name"
 GANG_SIZE_ANNOTATION = "gpusched.io/gang-size"
 GANG_TIMEOUT_ANNOTATION = "gpusched.io/gang-timeout-seconds"
 GANG_COMMIT_ANNOTATION = "gpusched.io/gang-commit"
+ROLE_LABEL = "gpusched.io/role"
+MIN_ROLE_REPLICAS_ANNOTATION = "gpusched.io/min-role-replicas"
+TIER_ANNOTATION = "gpusched.io/topology-tier"
+PREFERRED_TIER_ANNOTATION = "gpusched.io/preferred-topology-tier"
+PLACEMENT_STRATEGY_ANNOTATION = "gpusched.io/placement-strategy"
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+KTHENA_GROUP_LABEL = "modelserving.volcano.sh/group-name"
+KTHENA_ROLE_LABEL = "modelserving.volcano.sh/role"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_GROUP_LABEL = "ray.io/group"
+RAY_HEAD_GROUP = "headgroup"
+# Tier name -> node label. NVIDIA's GPU feature discovery labels multi-node NVLink domains with
+# the clique; racks have no well-known label, so this one is a convention (configurable).
+DEFAULT_TIER_LABELS: Mapping[str, str] = MappingProxyType({
+    "clique": "nvidia.com/gpu.clique",
+    "rack": "topology.kubernetes.io/rack",
+    "zone": "topology.kubernetes.io/zone",
+})
+_ROLE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # Longer than kube-scheduler's maximum pod backoff (10 s) plus a scheduling cycle, so members that
 # were rejected earlier can still reach the barrier; shorter than the shipped httpTimeout (60 s)
 # less the bind write (see BarrierTiming).
@@ -53,11 +95,52 @@ class GangKey:
         return f"{self.namespace}/{self.name}"
 
 
+class Strategy(str, Enum):
+    """Ray's placement-group strategies, mapped onto a group's pods."""
+
+    STRICT_PACK = "STRICT_PACK"  # every member on one node
+    PACK = "PACK"  # one node when one fits, else anywhere
+    SPREAD = "SPREAD"  # distinct nodes when there are enough, else shared
+    STRICT_SPREAD = "STRICT_SPREAD"  # every member on a node of its own
+
+    @property
+    def required(self) -> bool:
+        return self in (Strategy.STRICT_PACK, Strategy.STRICT_SPREAD)
+
+
+@dataclass(frozen=True)
+class TierRule:
+    """The network tier a group's members share: one value of node label ``label``. ``name`` is
+    how the pod named it (``rack``, or the label key itself)."""
+
+    name: str
+    label: str
+    required: bool
+
+    def describe(self) -> str:
+        how = "required" if self.required else "preferred"
+        return f"{self.name} ({how}; node label {self.label})" if self.name != self.label else f"{self.label} ({how})"
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What a group asks of its placement beyond fitting: per-role minimums (sorted ``(role,
+    minimum)`` pairs; empty: no roles), a shared network tier and a placement strategy."""
+
+    role_minimums: tuple[tuple[str, int], ...] = ()
+    tier: TierRule | None = None
+    strategy: Strategy | None = None
+
+    def minimum_of(self, role: str) -> int:
+        return dict(self.role_minimums).get(role, 0)
+
+
 @dataclass(frozen=True)
 class GangSpec:
     key: GangKey
     min_member: int
     timeout_s: float
+    shape: GroupShape = field(default_factory=GroupShape)
 
 
 @dataclass(frozen=True)
@@ -79,13 +162,14 @@ class PodGroupInfo:
 
 
 def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGroupInfo],
-            default_timeout_s: float = DEFAULT_TIMEOUT_S) -> GangSpec | GangProblem | None:
+            default_timeout_s: float = DEFAULT_TIMEOUT_S,
+            tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> GangSpec | GangProblem | None:
     """The pod's gang, None for a pod on its own, or what is wrong with its declaration.
 
     A pod in a Kubernetes scheduling group (``spec.schedulingGroup``, the GenericWorkload gate's
     native gang scheduling) is None whatever else it declares: kube-scheduler's own GangScheduling
     plugin holds that group's barrier, so gpusched judges the pod's GPUs on its own and never holds
-    a second barrier for the same group."""
+    a second barrier for the same group. ``tier_labels`` resolves tier names to node labels."""
     if (pod.get("spec") or {}).get("schedulingGroup"):
         return None
     meta = pod.get("metadata") or {}
@@ -96,10 +180,17 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
         ("PodGroup", POD_GROUP_LABEL in labels),
         ("LeaderWorkerSet", LWS_NAME_LABEL in labels),
         ("annotations", GANG_NAME_ANNOTATION in annotations)) if present]
-    if not declared:
-        return None
     if len(declared) > 1:
         return GangProblem(f"the pod declares its gang twice ({' and '.join(declared)}); keep one declaration")
+    if not declared:
+        declared = [d for d, present in (
+            ("Kthena", KTHENA_GROUP_LABEL in labels),
+            ("Ray", _ray_worker_opted_in(labels, annotations))) if present][:1]
+    if not declared:
+        return None
+    shape = _shape(labels, annotations, tier_labels, lws=declared[0] == "LeaderWorkerSet")
+    if isinstance(shape, GangProblem):
+        return shape
     source = declared[0]
     if source == "PodGroup":
         name = labels[POD_GROUP_LABEL]
@@ -110,7 +201,11 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
                              may_resolve=True)
         if group.min_member < 1:
             return GangProblem(f"PodGroup {namespace}/{name} has spec.minMember {group.min_member}; it must be >= 1")
-        return GangSpec(GangKey(namespace, name, source), group.min_member, group.timeout_s or default_timeout_s)
+        return _spec(GangKey(namespace, name, source), group.min_member, group.timeout_s or default_timeout_s, shape,
+                     f"PodGroup {namespace}/{name} spec.minMember")
+    timeout = _timeout(annotations, default_timeout_s)
+    if isinstance(timeout, GangProblem):
+        return timeout
     if source == "LeaderWorkerSet":
         lws = labels[LWS_NAME_LABEL]
         index = labels.get(LWS_GROUP_INDEX_LABEL)
@@ -120,18 +215,103 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
         size = _positive(annotations.get(LWS_SIZE_ANNOTATION), LWS_SIZE_ANNOTATION)
         if isinstance(size, GangProblem):
             return size
-        timeout = _timeout(annotations, default_timeout_s)
-        if isinstance(timeout, GangProblem):
-            return timeout
-        return GangSpec(GangKey(namespace, f"{lws}-{index}", source), size, timeout)
-    name = annotations[GANG_NAME_ANNOTATION]
+        return _spec(GangKey(namespace, f"{lws}-{index}", source), size, timeout, shape, LWS_SIZE_ANNOTATION)
+    if source == "Kthena":
+        key = GangKey(namespace, labels[KTHENA_GROUP_LABEL], source)
+    elif source == "Ray":
+        key = GangKey(namespace, f"{labels[RAY_CLUSTER_LABEL]}-{labels[RAY_GROUP_LABEL]}", source)
+    else:
+        key = GangKey(namespace, annotations[GANG_NAME_ANNOTATION], source)
+    if GANG_SIZE_ANNOTATION not in annotations and shape.role_minimums:
+        return _spec(key, sum(m for _, m in shape.role_minimums), timeout, shape, "")
+    if source == "Kthena" and GANG_SIZE_ANNOTATION not in annotations:
+        return GangProblem(f"label {KTHENA_GROUP_LABEL} names a Kthena serving group, but its minimums live on the "
+                           f"ModelServing; add annotation {MIN_ROLE_REPLICAS_ANNOTATION} (e.g. prefill=1,decode=2, "
+                           f"as its gangPolicy.minRoleReplicas) or {GANG_SIZE_ANNOTATION} to the role templates")
     size = _positive(annotations.get(GANG_SIZE_ANNOTATION), GANG_SIZE_ANNOTATION)
     if isinstance(size, GangProblem):
         return size
-    timeout = _timeout(annotations, default_timeout_s)
-    if isinstance(timeout, GangProblem):
-        return timeout
-    return GangSpec(GangKey(namespace, name, source), size, timeout)
+    return _spec(key, size, timeout, shape, GANG_SIZE_ANNOTATION)
+
+
+def role_of(pod: Mapping[str, Any]) -> str:
+    """The pod's role in its group ("" when it has none)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(ROLE_LABEL) or labels.get(KTHENA_ROLE_LABEL) or "")
+
+
+def declares_gang(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod carries any gang declaration (valid or not)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    return (POD_GROUP_LABEL in labels or LWS_NAME_LABEL in labels or GANG_NAME_ANNOTATION in annotations
+            or KTHENA_GROUP_LABEL in labels or _ray_worker_opted_in(labels, annotations))
+
+
+def _ray_worker_opted_in(labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> bool:
+    """A KubeRay worker pod whose group carries a gpusched group annotation. Without one, a Ray
+    pod is scheduled on its own, as Ray users expect of a cluster without gang scheduling."""
+    return (RAY_CLUSTER_LABEL in labels and RAY_GROUP_LABEL in labels and labels[RAY_GROUP_LABEL] != RAY_HEAD_GROUP
+            and any(a in annotations for a in (GANG_SIZE_ANNOTATION, MIN_ROLE_REPLICAS_ANNOTATION)))
+
+
+def _spec(key: GangKey, size: int, timeout: float, shape: GroupShape, size_source: str) -> GangSpec | GangProblem:
+    roles_total = sum(m for _, m in shape.role_minimums)
+    if roles_total > size:
+        return GangProblem(f"{MIN_ROLE_REPLICAS_ANNOTATION} asks for {roles_total} members in all, more than the "
+                           f"group's size {size} ({size_source}); lower the role minimums or raise the size")
+    return GangSpec(key, size, timeout, shape)
+
+
+def _shape(labels: Mapping[str, Any], annotations: Mapping[str, Any], tier_labels: Mapping[str, str],
+           lws: bool) -> GroupShape | GangProblem:
+    roles = _role_minimums(annotations.get(MIN_ROLE_REPLICAS_ANNOTATION))
+    if isinstance(roles, GangProblem):
+        return roles
+    if roles and not (labels.get(ROLE_LABEL) or labels.get(KTHENA_ROLE_LABEL)):
+        return GangProblem(f"annotation {MIN_ROLE_REPLICAS_ANNOTATION} declares roles, but the pod has no role; "
+                           f"label it {ROLE_LABEL}=<one of {', '.join(r for r, _ in roles)}>")
+    tier: TierRule | None = None
+    for key, required in ((PREFERRED_TIER_ANNOTATION, False), (TIER_ANNOTATION, True)):
+        if key in annotations:
+            tier = _tier(str(annotations[key]).strip(), required, key, tier_labels)
+            if isinstance(tier, GangProblem):
+                return tier
+    if lws and LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION in annotations and TIER_ANNOTATION not in annotations:
+        label = str(annotations[LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION]).strip()
+        tier = TierRule(label, label, required=True) if label else tier
+    strategy = None
+    if PLACEMENT_STRATEGY_ANNOTATION in annotations:
+        text = str(annotations[PLACEMENT_STRATEGY_ANNOTATION]).strip().upper()
+        if text not in Strategy.__members__:
+            return GangProblem(f"annotation {PLACEMENT_STRATEGY_ANNOTATION} must be one of "
+                               f"{', '.join(Strategy.__members__)}, got {annotations[PLACEMENT_STRATEGY_ANNOTATION]!r}")
+        strategy = Strategy(text)
+    return GroupShape(roles, tier, strategy)
+
+
+def _tier(text: str, required: bool, where: str, tier_labels: Mapping[str, str]) -> TierRule | GangProblem:
+    if text in tier_labels:
+        return TierRule(text, tier_labels[text], required)
+    if "/" in text or "." in text:  # a node label key, used as is
+        return TierRule(text, text, required)
+    known = ", ".join(f"{name} ({label})" for name, label in tier_labels.items())
+    return GangProblem(f"annotation {where}: unknown tier {text!r}; use one of {known}, or a node label key")
+
+
+def _role_minimums(value: Any) -> tuple[tuple[str, int], ...] | GangProblem:
+    if value is None:
+        return ()
+    minimums: dict[str, int] = {}
+    for part in str(value).split(","):
+        role, sep, count = part.strip().partition("=")
+        role, count = role.strip(), count.strip()
+        if not sep or not _ROLE_NAME.match(role) or not count.isdigit() or int(count) < 1 or role in minimums:
+            return GangProblem(f"annotation {MIN_ROLE_REPLICAS_ANNOTATION} must list role=minimum pairs, each role "
+                               f"once with a minimum >= 1 (e.g. prefill=1,decode=2), got {value!r}")
+        minimums[role] = int(count)
+    return tuple(sorted(minimums.items()))
 
 
 def _positive(value: Any, where: str) -> int | GangProblem:

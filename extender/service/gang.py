@@ -53,7 +53,6 @@ from extender.model.gang import (
     GangSpec,
     MemberPlacement,
     encode_commit,
-    gang_of,
 )
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
@@ -494,7 +493,7 @@ class GangCoordinator:
         now, wall = self._clock(), self._wall()
         newest: dict[GangKey, _AdoptableCommit] = {}
         for record in seen:
-            gang = gang_of(record.pod, self.index.pod_groups, self.default_timeout_s)
+            gang = self.index.spec_of(record.pod, self.default_timeout_s)
             if isinstance(gang, GangSpec) and str(gang.key) == record.commit.gang and (
                     gang.key not in newest or newest[gang.key].record.commit.until_unix < record.commit.until_unix):
                 newest[gang.key] = _AdoptableCommit(gang, record)

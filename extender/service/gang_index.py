@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.model.gang import (
+    DEFAULT_TIER_LABELS,
     GANG_COMMIT_ANNOTATION,
-    GANG_NAME_ANNOTATION,
-    LWS_NAME_LABEL,
     POD_GROUP_LABEL,
     GangCommit,
     GangProblem,
     GangSpec,
     PodGroupInfo,
+    declares_gang,
     gang_of,
     parse_commit,
     pod_group_info,
@@ -61,13 +61,6 @@ class SeenCommit:
     commit: GangCommit
 
 
-def declares_gang(pod: Mapping[str, Any]) -> bool:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return POD_GROUP_LABEL in labels or LWS_NAME_LABEL in labels or \
-        GANG_NAME_ANNOTATION in (meta.get("annotations") or {})
-
-
 def _member(pod: Mapping[str, Any]) -> Member:
     meta = pod.get("metadata") or {}
     return Member(pod_key(pod), meta.get("uid", ""), pod, (pod.get("spec") or {}).get("nodeName") or None)
@@ -77,11 +70,13 @@ class GangIndex:
     def __init__(self, on_pod_group_added: Callable[[list[str]], None] = lambda pods: None,
                  on_commits: Callable[[list[SeenCommit]], None] = lambda commits: None,
                  tombstones: int = 16384, request_ttl_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> None:
         """``on_pod_group_added(pending member keys)`` runs when a PodGroup appears, so members
         judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
         ``on_commits`` receives each list's commit records. Both run outside the index lock.
-        ``tombstones``: deleted pods remembered (oldest forgotten first)."""
+        ``tombstones``: deleted pods remembered (oldest forgotten first); ``tier_labels``: tier
+        name -> node label, for groups that name a network tier."""
         self._lock = threading.Lock()
         self._pods: dict[str, Member] = {}
         self.pod_groups: dict[tuple[str, str], PodGroupInfo] = {}
@@ -93,6 +88,7 @@ class GangIndex:
         self._request_ttl_s = request_ttl_s
         self._clock = clock
         self._tombstones = tombstones
+        self.tier_labels = tier_labels
 
     def set_commit_handler(self, on_commits: Callable[[list[SeenCommit]], None]) -> None:
         """Where each list's commit records go (the coordinator, built after the index)."""
@@ -102,12 +98,16 @@ class GangIndex:
         """``gang_of`` under the index lock; a pod whose PodGroup is missing is remembered, so the
         PodGroup's arrival retries it however the two watch events interleave."""
         with self._lock:
-            gang = gang_of(pod, self.pod_groups, default_timeout_s)
+            gang = gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels)
             if isinstance(gang, GangProblem) and gang.may_resolve:
                 meta = pod.get("metadata") or {}
                 group = ((meta.get("namespace") or "default"), (meta.get("labels") or {}).get(POD_GROUP_LABEL, ""))
                 self._awaiting_group.setdefault(group, set()).add(pod_key(pod))
             return gang
+
+    def spec_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
+        """``gang_of`` with this index's PodGroups and tier labels, remembering nothing."""
+        return gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels)
 
     # -- pods ------------------------------------------------------------------------------
     def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
@@ -169,7 +169,8 @@ class GangIndex:
             self._prune_requested()
             pods = list(self._pods.values())
             groups = self.pod_groups
-        return [m for m in pods if isinstance(g := gang_of(m.raw, groups), GangSpec) and g.key == spec.key]
+        return [m for m in pods
+                if isinstance(g := gang_of(m.raw, groups, tier_labels=self.tier_labels), GangSpec) and g.key == spec.key]
 
     def deleted(self, key: str, uid: str) -> bool:
         """True when the watch reported this incarnation (``uid``; "" = any) deleted or terminal."""
