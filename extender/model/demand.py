@@ -80,6 +80,7 @@ class PodDemand:
     memory_per_gpu_bytes: int | None
     require_nvlink: bool | None
     parallelism_stated: bool = False
+    spread_from_units: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:

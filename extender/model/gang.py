@@ -273,11 +273,12 @@ def _shape(labels: Mapping[str, Any], annotations: Mapping[str, Any], tier_label
         return GangProblem(f"annotation {MIN_ROLE_REPLICAS_ANNOTATION} declares roles, but the pod has no role; "
                            f"label it {ROLE_LABEL}=<one of {', '.join(r for r, _ in roles)}>")
     tier: TierRule | None = None
-    for key, required in ((PREFERRED_TIER_ANNOTATION, False), (TIER_ANNOTATION, True)):
+    for key, required in ((PREFERRED_TIER_ANNOTATION, False), (TIER_ANNOTATION, True)):  # required wins
         if key in annotations:
-            tier = _tier(str(annotations[key]).strip(), required, key, tier_labels)
-            if isinstance(tier, GangProblem):
-                return tier
+            rule = _tier(str(annotations[key]).strip(), required, key, tier_labels)
+            if isinstance(rule, GangProblem):
+                return rule
+            tier = rule
     if lws and LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION in annotations and TIER_ANNOTATION not in annotations:
         label = str(annotations[LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION]).strip()
         tier = TierRule(label, label, required=True) if label else tier

@@ -162,6 +162,8 @@ class GangCoordinator:
                 plan = plan or self._admit_and_nudge(gang, pod)
                 details = {"gang": self._describe(gang.key)}
         if plan is None:
+            if gang is not None and gang.shape.tier is not None and gang.shape.tier.required:
+                return self._filter_in_bound_tier(gang, pod, candidates, node_objects)
             return self.inner.filter(pod, candidates, node_objects)
         if isinstance(plan, str):
             return FilterOutcome(feasible=(), failed={n: plan for n in candidates}, summary=plan, details=details)
@@ -175,6 +177,25 @@ class GangCoordinator:
                              failed={n: reason for n in candidates if n != node},
                              summary=f"gang {plan.spec.key}: planned on {node} GPUs {list(placement.indices)}",
                              details=details, only_nodes=(node,))
+
+    def _filter_in_bound_tier(self, gang: GangSpec, pod: PodRef, candidates: Sequence[str],
+                              node_objects) -> FilterOutcome:
+        """A member past its group's minimum goes on its own, but stays in the tier its bound
+        siblings share (a required tier binds the whole group, not only its first plan)."""
+        tier = gang.shape.tier
+        assert tier is not None
+        nodes = self.snapshot().nodes
+        values = {nodes[m.node].labels.get(tier.label) for m in self.index.members(gang) if m.node and m.node in nodes}
+        if len(values) != 1 or None in values:
+            return self.inner.filter(pod, candidates, node_objects)
+        value = next(iter(values))
+        inside = [n for n in candidates if n in nodes and nodes[n].labels.get(tier.label) == value]
+        outcome = self.inner.filter(pod, inside, node_objects)
+        reason = f"gang {gang.key}: its bound members are in {tier.name} {value} ({tier.describe()})"
+        outside = {n: reason for n in candidates if n not in inside}
+        return FilterOutcome(feasible=outcome.feasible, failed={**outside, **outcome.failed},
+                             unresolvable=outcome.unresolvable, summary=outcome.summary or reason,
+                             details=outcome.details, only_nodes=outcome.only_nodes)
 
     def _admit_and_nudge(self, gang: GangSpec, pod: PodRef) -> Plan | str:
         """Admission for a group without a plan; the other members are nudged when a plan is made
@@ -330,8 +351,12 @@ class GangCoordinator:
         self.inner.unreserve(pod)
 
     def _satisfied(self, gang: GangSpec) -> bool:
-        """At least minMember members bound (or just written). Lock held."""
-        return sum(1 for m in self.index.members(gang) if m.node or m.key in self._written) >= gang.min_member
+        """At least minMember members bound (or just written), and each role's minimum. Lock held."""
+        placed = [m for m in self.index.members(gang) if m.node or m.key in self._written]
+        if len(placed) < gang.min_member:
+            return False
+        roles = [self.index.role_of(m.raw) for m in placed]
+        return all(roles.count(role) >= minimum for role, minimum in gang.shape.role_minimums)
 
     def _committed_plan_of(self, key: str) -> Plan | None:
         return next((p for p in self._plans.values() if p.committed and key in p.placements), None)
@@ -358,11 +383,16 @@ class GangCoordinator:
             status.reason = (f"gang {gang.key}: {len(members)} of {gang.min_member} members exist; waiting for the "
                              "rest before reserving anything")
             return status.reason
-        needed = pending[: max(0, gang.min_member - len(bound))] if len(bound) < gang.min_member else []
-        placements = simulate_placements(gang, needed, self.snapshot(), self.inner.demand, self.framework)
-        if isinstance(placements, str):
-            status.reason = placements
-            return placements
+        needed = self._needed(gang, bound, pending)
+        if isinstance(needed, str):
+            status.reason = needed
+            return needed
+        simulated = simulate_placements(gang, needed, self.snapshot(), self.inner.demand, self.framework, bound,
+                                        lambda m: self.index.role_of(m.raw))
+        if isinstance(simulated, str):
+            status.reason = simulated
+            return simulated
+        placements = dict(simulated.placements)
         uids = {m.key: m.uid for m in needed}
         reserved: list[str] = []
         for key, placement in placements.items():
@@ -373,12 +403,31 @@ class GangCoordinator:
                 return status.reason
             reserved.append(key)
         timeout = self.timing.clamp(gang.timeout_s)
-        plan = Plan(gang, placements, uids, now, now + timeout, timeout)
+        plan = Plan(gang, placements, uids, now, now + timeout, timeout, tier_value=simulated.tier_value)
         self._plans[gang.key] = plan
         remainder = f" (the remainder: {len(bound)} already bound)" if bound else ""
-        status.reason = (f"gang {gang.key}: all {len(placements)} members planned{remainder}; waiting at the bind "
-                         "barrier")
+        status.reason = (f"gang {gang.key}: all {len(placements)} members planned{remainder}"
+                         f"{simulated.describe(gang.shape.tier)}; waiting at the bind barrier")
         return plan
+
+    def _needed(self, gang: GangSpec, bound: Sequence[Member], pending: Sequence[Member]) -> list[Member] | str:
+        """The pending members the plan must place: enough to reach minMember, and with roles,
+        enough of each role to reach its minimum (the rest go on their own once it is met)."""
+        if not gang.shape.role_minimums:
+            return list(pending[: max(0, gang.min_member - len(bound))])
+        needed: list[Member] = []
+        short: list[str] = []
+        for role, minimum in gang.shape.role_minimums:
+            have = sum(1 for m in bound if self.index.role_of(m.raw) == role)
+            waiting = [m for m in pending if self.index.role_of(m.raw) == role]
+            missing = max(0, minimum - have)
+            if len(waiting) < missing:
+                short.append(f"{role} {have + len(waiting)} of {minimum}")
+            needed.extend(waiting[:missing])
+        if short:
+            return (f"gang {gang.key}: roles below their minimum ({', '.join(short)} members exist); waiting for "
+                    "the rest before reserving anything")
+        return needed
 
     # -- the barrier and after -------------------------------------------------------------------
     def _commit(self, plan: Plan) -> None:
@@ -566,7 +615,8 @@ class GangCoordinator:
     def _describe(self, key: GangKey) -> dict[str, Any]:
         status = self._status.get(key)
         members = self.index.members(status.spec) if status and status.spec else []
-        return describe_gang(key, status, self._plans.get(key), members, self.timing, self._clock())
+        return describe_gang(key, status, self._plans.get(key), members, self.timing, self._clock(),
+                             self.index.role_of)
 
     def describe(self) -> dict[str, Any]:
         self._expire()

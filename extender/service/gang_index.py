@@ -37,6 +37,7 @@ from extender.model.gang import (
     gang_of,
     parse_commit,
     pod_group_info,
+    role_of,
 )
 from extender.service.state import pod_key
 
@@ -108,6 +109,10 @@ class GangIndex:
     def spec_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
         """``gang_of`` with this index's PodGroups and tier labels, remembering nothing."""
         return gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels)
+
+    def role_of(self, pod: Mapping[str, Any]) -> str:
+        """The pod's role in its group ("" when none)."""
+        return role_of(pod)
 
     # -- pods ------------------------------------------------------------------------------
     def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:

@@ -11,12 +11,12 @@ them for ``/debug/gangs``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from extender.model.gang import BarrierTiming, GangKey, GangSpec, MemberPlacement
+from extender.model.gang import BarrierTiming, GangKey, GangSpec, MemberPlacement, role_of
 from extender.service.gang_index import Member
 
 
@@ -45,6 +45,7 @@ class Plan:
     commit_until: float = 0.0  # Unix time the commit record names
     released: bool = False
     nudged_at: float = 0.0
+    tier_value: str | None = None  # the tier value every member shares (None: no tier kept)
 
     @property
     def committed(self) -> bool:
@@ -103,7 +104,8 @@ class PartialGang:
 
 
 def describe_gang(key: GangKey, status: GangStatus | None, plan: Plan | None, members: Sequence[Member],
-                  timing: BarrierTiming, now: float) -> dict[str, Any]:
+                  timing: BarrierTiming, now: float,
+                  role_of_pod: Callable[[Mapping[str, Any]], str] = role_of) -> dict[str, Any]:
     """One group as ``/debug/gangs`` and filter's details show it: its declaration, members, live
     plan (if any) and history. ``members`` are the index's members of ``status.spec``; ``now`` is
     the coordinator's monotonic clock."""
@@ -128,6 +130,16 @@ def describe_gang(key: GangKey, status: GangStatus | None, plan: Plan | None, me
         "bindRetries": status.bind_retries if status else 0,
         "gatherSeconds": list(status.gather_s) if status else [],
     }
+    if spec and spec.shape.role_minimums:
+        roles = {m.key: role_of_pod(m.raw) for m in members}
+        described["roles"] = {role: {"minimum": minimum, "members": sum(1 for r in roles.values() if r == role),
+                                     "bound": sum(1 for m in members if m.node and roles[m.key] == role)}
+                              for role, minimum in spec.shape.role_minimums}
+    if spec and spec.shape.tier:
+        described["tier"] = {"name": spec.shape.tier.name, "label": spec.shape.tier.label,
+                             "required": spec.shape.tier.required, "value": plan.tier_value if plan else None}
+    if spec and spec.shape.strategy:
+        described["placementStrategy"] = spec.shape.strategy.value
     if spec and timing.clamp(spec.timeout_s) < spec.timeout_s:
         described["timeoutClamped"] = (f"asked for {spec.timeout_s:g}s; at most {timing.max_wait_s:g}s fits "
                                        "in one bind call (httpTimeout - bind write - margin)")
