@@ -128,7 +128,7 @@ def assemble(settings: Settings) -> Assembled:
     requeue_feed = RequeueFeed()
     requeue = _pod_requeue(requeue_feed, None if settings.no_annotation_requeue else PodNudger(api))
     events = EventWriter(api)
-    gangs = GangIndex(on_pod_group_added=requeue)
+    gangs = GangIndex(on_pod_group_added=requeue, tier_labels=settings.tier_labels)
     state.add_pod_listener(gangs)
     metrics = ExtenderMetrics()
 

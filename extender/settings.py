@@ -71,6 +71,26 @@ def _url_prefix(value: str) -> str:
     return value
 
 
+def parse_tier_labels(text: str) -> dict[str, str]:
+    """``name=label,...`` (e.g. ``rack=topology.kubernetes.io/rack``) as a mapping; raises
+    ``ValueError`` naming the bad part."""
+    tiers: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, label = (x.strip() for x in part.partition("="))
+        if not part.strip():
+            continue
+        if not sep or not name or not label or "/" in name or name in tiers:
+            raise ValueError(f"{part.strip()!r}: write name=node-label pairs, each name once, e.g. "
+                             "rack=topology.kubernetes.io/rack")
+        tiers[name] = label
+    return tiers
+
+
+def _tier_labels(value: str) -> str:
+    parse_tier_labels(value)
+    return value
+
+
 class Settings(BaseModel):
     """The extender's settings: one field per command-line flag (see the module docstring).
 
@@ -138,6 +158,10 @@ class Settings(BaseModel):
     longer period counts as this one, so no node can declare a period that keeps it fresh for days"""
     telemetry_max_streams: Annotated[int, Field(ge=1)] = 10_000
     """telemetry streams served at once, one per GPU node; more are refused and retried"""
+    topology_tiers: Annotated[str, AfterValidator(_tier_labels)] = (
+        "clique=nvidia.com/gpu.clique,rack=topology.kubernetes.io/rack,zone=topology.kubernetes.io/zone")
+    """the network tiers a group may ask to share (gpusched.io/topology-tier: NAME), as name=node-label
+    pairs; a group may also name a node label directly"""
     telemetry_ingest: Literal["process", "thread"] = "process"
     """where the telemetry server runs: process = a child process of the extender with an interpreter
     lock of its own, sending the decision core what changed every 0.2 s (decisions do not wait on
@@ -187,6 +211,10 @@ class Settings(BaseModel):
     def barrier_timing(self) -> BarrierTiming:
         return BarrierTiming(http_timeout_s=self.scheduler_http_timeout_s, bind_write_s=self.bind_write_timeout_s,
                              max_backoff_s=self.scheduler_max_backoff_s)
+
+    @property
+    def tier_labels(self) -> dict[str, str]:
+        return parse_tier_labels(self.topology_tiers)
 
     @property
     def verb_prefix(self) -> str:

@@ -24,6 +24,7 @@ PUBLISHED_FLAGS = {
     "--telemetry-max-streams": "telemetry_max_streams", "--scheduler-http-timeout": "scheduler_http_timeout_s",
     "--scheduler-max-backoff": "scheduler_max_backoff_s", "--bind-write-timeout": "bind_write_timeout_s",
     "--scheduling-address": "scheduling_address", "--telemetry-ingest": "telemetry_ingest",
+    "--topology-tiers": "topology_tiers",
 }
 
 
@@ -54,7 +55,7 @@ def test_every_flag_reaches_its_field():
             "--agent-service-account=system:serviceaccount:x:y", "--stale-after-periods=5", "--telemetry-period=1500ms",
             "--telemetry-max-streams=7", "--scheduler-http-timeout=90s", "--scheduler-max-backoff=20",
             "--bind-write-timeout=15s", "--scheduling-address=unix:///run/gpusched/scheduling.sock",
-            "--telemetry-ingest=thread"]
+            "--telemetry-ingest=thread", "--topology-tiers=rack=example.com/rack"]
     s = settings_from(parse_args(argv))
     assert s == Settings(host="0.0.0.0", port=9000, url_prefix="/", max_body_bytes=2048, decision_capacity=5,
                          kubeconfig="/kc", token_file="/tok", namespace="ns", profile="/p.yaml", sync_timeout_s=60.0,
@@ -62,8 +63,10 @@ def test_every_flag_reaches_its_field():
                          telemetry_tls_key="/k", agent_service_account="system:serviceaccount:x:y",
                          stale_after_periods=5.0, telemetry_period_s=1.5, telemetry_max_streams=7,
                          scheduler_http_timeout_s=90.0, scheduler_max_backoff_s=20.0, bind_write_timeout_s=15.0,
-                         scheduling_address="unix:///run/gpusched/scheduling.sock", telemetry_ingest="thread")
+                         scheduling_address="unix:///run/gpusched/scheduling.sock", telemetry_ingest="thread",
+                         topology_tiers="rack=example.com/rack")
     assert s.verb_prefix == "" and s.barrier_timing.max_wait_s == 90 - 15 - 5
+    assert s.tier_labels == {"rack": "example.com/rack"}
     switches = settings_from(parse_args(["--no-kube", "--telemetry-insecure"]))
     assert switches.no_kube and switches.telemetry_insecure
 
@@ -111,6 +114,8 @@ def test_durations_read_like_kube_schedulers_config(text, seconds):
                  id="scheduling-address-without-scheme"),
     pytest.param({"telemetry_ingest": "fork"}, "telemetry_ingest (--telemetry-ingest): must be 'process' or 'thread'",
                  id="telemetry-ingest-mode"),
+    pytest.param({"topology_tiers": "rack"}, "topology_tiers (--topology-tiers): 'rack': write name=node-label pairs",
+                 id="tier-without-label"),
     pytest.param({"no_such_setting": 1}, "no_such_setting: not a setting", id="unknown"),
 ])
 def test_bad_values_fail_naming_the_field(kwargs, needle):
