@@ -1,4 +1,4 @@
-"""Builders for gang workloads in the three declarations gpusched understands."""
+"""Builders for gang workloads in the explicit declarations gpusched understands."""
 
 from __future__ import annotations
 
@@ -8,15 +8,24 @@ from kubernetes import client
 
 from devcluster.cluster import vllm_pod
 
-KINDS = ("podgroup", "leaderworkerset", "annotations")
+KINDS = ("podgroup", "leaderworkerset", "annotations", "podgang")
 
 
 def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size: int, gpus: int,
               node_selector: dict[str, str] | None = None, timeout_s: int = 40,
               scheduler: str = "gpusched") -> list[dict[str, Any]]:
     """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang,
-    for the kube-scheduler profile ``scheduler``. For ``podgroup`` the PodGroup object is created too."""
+    for the kube-scheduler profile ``scheduler``. For ``podgroup`` the PodGroup object is created too;
+    for ``podgang`` a Grove PodGang whose one podgroup (the pods' PodClique) lists every member and
+    asks for all of them (minReplicas ``size``), as Grove's operator writes it."""
     pods = []
+    if kind == "podgang":
+        clique = f"{name}-worker"
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "scheduler.grove.io", "v1alpha1", namespace, "podgangs",
+            {"apiVersion": "scheduler.grove.io/v1alpha1", "kind": "PodGang", "metadata": {"name": name},
+             "spec": {"podgroups": [{"name": clique, "minReplicas": size, "podReferences": [
+                 {"namespace": namespace, "name": f"{name}-{i}"} for i in range(size)]}]}})
     if kind == "podgroup":
         client.CustomObjectsApi(api).create_namespaced_custom_object(
             "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups",
@@ -26,6 +35,9 @@ def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size:
         labels, annotations = {}, {}
         if kind == "podgroup":
             labels["scheduling.x-k8s.io/pod-group"] = name
+        elif kind == "podgang":
+            labels.update({"grove.io/podgang": name, "grove.io/podclique": f"{name}-worker"})
+            annotations["gpusched.io/gang-timeout-seconds"] = str(timeout_s)
         elif kind == "leaderworkerset":
             labels.update({"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": "0",
                            "leaderworkerset.sigs.k8s.io/worker-index": str(i)})

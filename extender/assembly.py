@@ -150,9 +150,12 @@ def assemble(settings: Settings) -> Assembled:
     # Not part of readiness: clusters without the PodGroup CRD still schedule (404s are retried quietly).
     pod_groups = Reflector("podgroups", lambda **kw: custom.list_cluster_custom_object(
         "scheduling.x-k8s.io", "v1alpha1", "podgroups", **kw), gangs, backoff_max_s=10.0)
+    # Grove's PodGang likewise: a cluster without Grove has no such CRD, and still schedules.
+    pod_gangs = Reflector("podgangs", lambda **kw: custom.list_cluster_custom_object(
+        "scheduler.grove.io", "v1alpha1", "podgangs", **kw), gangs.pod_gang_feed, backoff_max_s=10.0)
     decider.pod_group_watch = lambda: ("synced" if pod_groups.synced.is_set() else "not synced") + \
         (f"; last error: {pod_groups.last_error}" if pod_groups.last_error else "")
-    for r in reflectors + [pod_groups]:
+    for r in reflectors + [pod_groups, pod_gangs]:
         r.start()
     _every(1.0, decider.tick)
     from extender.service.describe import describe_nodes

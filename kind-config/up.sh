@@ -71,6 +71,7 @@ done
 
 # --- gpusched -------------------------------------------------------------------------------
 k apply --server-side -f "$repo/manifests/crds/scheduling.x-k8s.io_podgroups.yaml"
+k apply --server-side -f "$repo/manifests/crds/scheduler.grove.io_podgangs.yaml"
 k create namespace "$ns" --dry-run=client -o yaml | k apply -f -
 k -n "$ns" create configmap gpusched-fleet-presets --from-file="$repo/nodeagent/gpu/presets/" \
   --dry-run=client -o yaml | k apply -f -

@@ -12,9 +12,15 @@ The declarations users already have:
   per-role minimums are ``gpusched.io/min-role-replicas`` (Kthena keeps them on its own objects);
 - a KubeRay worker group (labels ``ray.io/cluster`` and ``ray.io/group``) that opts in with
   ``gpusched.io/gang-size`` (KubeRay puts no size on its pods; a KubeRay install using
-  scheduler-plugins' PodGroup is the PodGroup declaration above).
+  scheduler-plugins' PodGroup is the PodGroup declaration above);
+- an NVIDIA Grove ``PodGang`` (``scheduler.grove.io/v1alpha1``): pods join with the label
+  ``grove.io/podgang: <name>``; each of the PodGang's ``spec.podgroups[]`` is a role whose
+  minimum is its ``minReplicas`` (the group's minimum is their sum), and a pod's role is the
+  podgroup whose ``podReferences`` name it (else the one named as its ``grove.io/podclique``
+  label: Grove names each podgroup after its PodClique). Its ``spec.topologyConstraint``'s
+  ``packConstraint`` (node label keys) is the group's tier unless the pod names one itself.
 
-The first three are explicit: a pod declaring two of them is a problem. Kthena's and Ray's labels
+The first three and the PodGang are explicit: a pod declaring two of them is a problem. Kthena's and Ray's labels
 are implicit: an explicit declaration on the same pod wins.
 
 What a group asks of its placement, all optional (see :class:`GroupShape`):
@@ -28,7 +34,7 @@ What a group asks of its placement, all optional (see :class:`GroupShape`):
 - Ray's **placement strategy** ``gpusched.io/placement-strategy``: STRICT_PACK (one node), PACK
   (prefer one node), SPREAD (prefer distinct nodes), STRICT_SPREAD (distinct nodes).
 
-A non-positive or non-integer size, a PodGroup label whose object does not exist, an unknown tier
+A non-positive or non-integer size, a PodGroup or PodGang label whose object does not exist, an unknown tier
 or strategy, or malformed role minimums is a :class:`GangProblem` — reported on the pod, never
 guessed.
 
@@ -68,6 +74,8 @@ KTHENA_ROLE_LABEL = "modelserving.volcano.sh/role"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_GROUP_LABEL = "ray.io/group"
 RAY_HEAD_GROUP = "headgroup"
+PODGANG_LABEL = "grove.io/podgang"
+PODCLIQUE_LABEL = "grove.io/podclique"
 # Tier name -> node label. NVIDIA's GPU feature discovery labels multi-node NVLink domains with
 # the clique; racks have no well-known label, so this one is a convention (configurable).
 DEFAULT_TIER_LABELS: Mapping[str, str] = MappingProxyType({
@@ -89,7 +97,7 @@ MAX_COMMIT_BYTES = 32 * 1024
 class GangKey:
     namespace: str
     name: str
-    source: str  # PodGroup | LeaderWorkerSet | annotations
+    source: str  # PodGroup | LeaderWorkerSet | annotations | Kthena | Ray | PodGang
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -161,10 +169,47 @@ class PodGroupInfo:
     timeout_s: float | None
 
 
+@dataclass(frozen=True)
+class PodGangGroup:
+    """One of a Grove PodGang's ``spec.podgroups[]``: a role of the gang. ``pods`` are the
+    ``(namespace, name)`` of its ``podReferences``."""
+
+    name: str
+    min_replicas: int
+    pods: frozenset[tuple[str, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class PodGangInfo:
+    """The parts of a Grove PodGang object gpusched reads (see :func:`pod_gang_info`).
+    ``problem`` is what makes it unusable ("" when nothing does); ``tier`` comes from
+    ``spec.topologyConstraint.packConstraint``."""
+
+    groups: tuple[PodGangGroup, ...]
+    tier: TierRule | None = None
+    problem: str = ""
+
+    def role_of(self, pod: Mapping[str, Any]) -> str:
+        """The podgroup the pod belongs to: the one whose podReferences name it, else the one
+        named as its ``grove.io/podclique`` label; "" when neither."""
+        meta = pod.get("metadata") or {}
+        ref = ((meta.get("namespace") or "default"), meta.get("name") or "")
+        for group in self.groups:
+            if ref in group.pods:
+                return group.name
+        clique = (meta.get("labels") or {}).get(PODCLIQUE_LABEL)
+        return next((g.name for g in self.groups if clique and g.name == clique), "")
+
+
+_NO_POD_GANGS: Mapping[tuple[str, str], PodGangInfo] = MappingProxyType({})
+
+
 def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGroupInfo],
             default_timeout_s: float = DEFAULT_TIMEOUT_S,
-            tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> GangSpec | GangProblem | None:
+            tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS,
+            pod_gangs: Mapping[tuple[str, str], PodGangInfo] = _NO_POD_GANGS) -> GangSpec | GangProblem | None:
     """The pod's gang, None for a pod on its own, or what is wrong with its declaration.
+    ``pod_groups`` and ``pod_gangs`` are the PodGroup and Grove PodGang objects by (namespace, name).
 
     A pod in a Kubernetes scheduling group (``spec.schedulingGroup``, the GenericWorkload gate's
     native gang scheduling) is None whatever else it declares: kube-scheduler's own GangScheduling
@@ -179,7 +224,8 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
     declared = [d for d, present in (
         ("PodGroup", POD_GROUP_LABEL in labels),
         ("LeaderWorkerSet", LWS_NAME_LABEL in labels),
-        ("annotations", GANG_NAME_ANNOTATION in annotations)) if present]
+        ("annotations", GANG_NAME_ANNOTATION in annotations),
+        ("PodGang", PODGANG_LABEL in labels)) if present]
     if len(declared) > 1:
         return GangProblem(f"the pod declares its gang twice ({' and '.join(declared)}); keep one declaration")
     if not declared:
@@ -188,6 +234,8 @@ def gang_of(pod: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], PodGrou
             ("Ray", _ray_worker_opted_in(labels, annotations))) if present][:1]
     if not declared:
         return None
+    if declared[0] == "PodGang":
+        return _pod_gang_spec(pod, namespace, labels, annotations, pod_gangs, default_timeout_s, tier_labels)
     shape = _shape(labels, annotations, tier_labels, lws=declared[0] == "LeaderWorkerSet")
     if isinstance(shape, GangProblem):
         return shape
@@ -246,7 +294,42 @@ def declares_gang(pod: Mapping[str, Any]) -> bool:
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     return (POD_GROUP_LABEL in labels or LWS_NAME_LABEL in labels or GANG_NAME_ANNOTATION in annotations
-            or KTHENA_GROUP_LABEL in labels or _ray_worker_opted_in(labels, annotations))
+            or PODGANG_LABEL in labels or KTHENA_GROUP_LABEL in labels or _ray_worker_opted_in(labels, annotations))
+
+
+def _pod_gang_spec(pod: Mapping[str, Any], namespace: str, labels: Mapping[str, Any],
+                   annotations: Mapping[str, Any], pod_gangs: Mapping[tuple[str, str], PodGangInfo],
+                   default_timeout_s: float, tier_labels: Mapping[str, str]) -> GangSpec | GangProblem:
+    """A pod labelled ``grove.io/podgang``: its roles and minimums are the PodGang's podgroups;
+    gpusched's timeout, tier and strategy annotations still apply."""
+    name = labels[PODGANG_LABEL]
+    where = f"PodGang {namespace}/{name}"
+    gang = pod_gangs.get((namespace, name))
+    if gang is None:
+        return GangProblem(f"label {PODGANG_LABEL}={name} names {where}, which does not exist (yet); Grove "
+                           "creates it with the pods (scheduler.grove.io/v1alpha1), or remove the label",
+                           may_resolve=True)
+    if gang.problem:
+        return GangProblem(f"{where}: {gang.problem}")
+    if MIN_ROLE_REPLICAS_ANNOTATION in annotations:
+        return GangProblem(f"the pod declares its roles twice ({where} spec.podgroups and annotation "
+                           f"{MIN_ROLE_REPLICAS_ANNOTATION}); remove the annotation")
+    role = gang.role_of(pod)
+    if not role:
+        # Grove lists a pod in podReferences before it lifts the pod's scheduling gate: an update is due.
+        return GangProblem(f"{where} lists the pod in none of its spec.podgroups[].podReferences (yet), and its "
+                           f"{PODCLIQUE_LABEL} label names none of them ({', '.join(g.name for g in gang.groups)})",
+                           may_resolve=True)
+    shape = _shape(labels, annotations, tier_labels, lws=False)
+    if isinstance(shape, GangProblem):
+        return shape
+    timeout = _timeout(annotations, default_timeout_s)
+    if isinstance(timeout, GangProblem):
+        return timeout
+    minimums = tuple(sorted((g.name, g.min_replicas) for g in gang.groups))
+    tier = shape.tier if shape.tier is not None else gang.tier
+    return GangSpec(GangKey(namespace, name, "PodGang"), sum(m for _, m in minimums), timeout,
+                    GroupShape(minimums, tier, shape.strategy))
 
 
 def _ray_worker_opted_in(labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> bool:
@@ -349,6 +432,35 @@ def pod_group_info(obj: Mapping[str, Any]) -> PodGroupInfo:
     except (TypeError, ValueError):
         timeout_s = None
     return PodGroupInfo(min_member, timeout_s)
+
+
+def pod_gang_info(obj: Mapping[str, Any]) -> PodGangInfo:
+    """A Grove PodGang object's podgroups, each minReplicas >= 1 and named once, or the problem
+    with them (carried in the info: the pods report it)."""
+    spec = obj.get("spec") or {}
+    raw = spec.get("podgroups")
+    if not isinstance(raw, list) or not raw:
+        return PodGangInfo((), problem="spec.podgroups is empty; Grove lists one podgroup per PodClique")
+    groups: list[PodGangGroup] = []
+    for i, group in enumerate(raw):
+        group = group if isinstance(group, Mapping) else {}
+        name, minimum = group.get("name"), group.get("minReplicas")
+        if not isinstance(name, str) or not name or name in (g.name for g in groups):
+            return PodGangInfo((), problem=f"spec.podgroups[{i}].name must be a unique, non-empty name, got {name!r}")
+        if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1:
+            return PodGangInfo((), problem=f"spec.podgroups[{i}] ({name}) minReplicas must be an integer >= 1, "
+                                           f"got {minimum!r}")
+        refs = group.get("podReferences") or []
+        pods = frozenset((str(r.get("namespace") or "default"), str(r.get("name") or ""))
+                         for r in refs if isinstance(r, Mapping))
+        groups.append(PodGangGroup(name, minimum, pods))
+    pack = ((spec.get("topologyConstraint") or {}).get("packConstraint") or {})
+    tier = None
+    for key, required in (("preferred", False), ("required", True)):  # required wins: GroupShape holds one tier
+        label = pack.get(key)
+        if isinstance(label, str) and label.strip():
+            tier = TierRule(label.strip(), label.strip(), required)
+    return PodGangInfo(tuple(groups), tier)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Which pods declare a gang, and the PodGroup objects; fed by the watches and by filter requests.
+"""Which pods declare a gang, and the PodGroup and Grove PodGang objects; fed by the watches and by
+filter requests.
 
 Two rules keep the index honest under load, when the pod watch lags what kube-scheduler sends:
 
@@ -29,13 +30,16 @@ from extender.model.gang import (
     DEFAULT_TIER_LABELS,
     GANG_COMMIT_ANNOTATION,
     POD_GROUP_LABEL,
+    PODGANG_LABEL,
     GangCommit,
     GangProblem,
     GangSpec,
+    PodGangInfo,
     PodGroupInfo,
     declares_gang,
     gang_of,
     parse_commit,
+    pod_gang_info,
     pod_group_info,
     role_of,
 )
@@ -73,17 +77,20 @@ class GangIndex:
                  tombstones: int = 16384, request_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
                  tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> None:
-        """``on_pod_group_added(pending member keys)`` runs when a PodGroup appears, so members
-        judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
+        """``on_pod_group_added(pending member keys)`` runs when a PodGroup or PodGang appears (or
+        a PodGang changes), so members judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
         ``on_commits`` receives each list's commit records. Both run outside the index lock.
         ``tombstones``: deleted pods remembered (oldest forgotten first); ``tier_labels``: tier
         name -> node label, for groups that name a network tier."""
         self._lock = threading.Lock()
         self._pods: dict[str, Member] = {}
         self.pod_groups: dict[tuple[str, str], PodGroupInfo] = {}
+        self.pod_gangs: dict[tuple[str, str], PodGangInfo] = {}
+        self.pod_gang_feed = _PodGangFeed(self)  # the PodGang reflector's handler
         self._on_pod_group_added = on_pod_group_added
         self._on_commits = on_commits
         self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
+        self._awaiting_gang: dict[tuple[str, str], set[str]] = {}  # PodGang -> pods judged before it (or they in it)
         self._deleted: OrderedDict[str, str] = OrderedDict()  # pod key -> uid of the deleted incarnation
         self._requested_only: dict[str, float] = {}  # pods known from filter requests only -> last request
         self._request_ttl_s = request_ttl_s
@@ -96,19 +103,32 @@ class GangIndex:
         self._on_commits = on_commits
 
     def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
-        """``gang_of`` under the index lock; a pod whose PodGroup is missing is remembered, so the
-        PodGroup's arrival retries it however the two watch events interleave."""
+        """``gang_of`` under the index lock; a pod whose PodGroup or PodGang is missing (or whose
+        PodGang does not list it yet) is remembered, so that object's arrival or update retries it
+        however the watch events interleave."""
         with self._lock:
-            gang = gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels)
+            gang = gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels, self.pod_gangs)
             if isinstance(gang, GangProblem) and gang.may_resolve:
                 meta = pod.get("metadata") or {}
-                group = ((meta.get("namespace") or "default"), (meta.get("labels") or {}).get(POD_GROUP_LABEL, ""))
-                self._awaiting_group.setdefault(group, set()).add(pod_key(pod))
+                namespace, labels = (meta.get("namespace") or "default"), meta.get("labels") or {}
+                if PODGANG_LABEL in labels:
+                    self._awaiting_gang.setdefault((namespace, labels[PODGANG_LABEL]), set()).add(pod_key(pod))
+                else:
+                    self._awaiting_group.setdefault((namespace, labels.get(POD_GROUP_LABEL, "")), set()).add(pod_key(pod))
             return gang
 
     def spec_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
-        """``gang_of`` with this index's PodGroups and tier labels, remembering nothing."""
-        return gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels)
+        """``gang_of`` with this index's PodGroups, PodGangs and tier labels, remembering nothing."""
+        return gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels, self.pod_gangs)
+
+    def role_of(self, pod: Mapping[str, Any]) -> str:
+        """The pod's role in its group ("" when it has none): for a pod of a known Grove PodGang,
+        the podgroup that lists it; otherwise its role label (``extender.model.gang.role_of``).
+        Admission counts a group's members per role with this, never with the label alone."""
+        meta = pod.get("metadata") or {}
+        name = (meta.get("labels") or {}).get(PODGANG_LABEL)
+        gang = self.pod_gangs.get(((meta.get("namespace") or "default"), name)) if name else None
+        return gang.role_of(pod) if gang is not None else role_of(pod)
 
     def role_of(self, pod: Mapping[str, Any]) -> str:
         """The pod's role in its group ("" when none)."""
@@ -173,9 +193,9 @@ class GangIndex:
         with self._lock:
             self._prune_requested()
             pods = list(self._pods.values())
-            groups = self.pod_groups
-        return [m for m in pods
-                if isinstance(g := gang_of(m.raw, groups, tier_labels=self.tier_labels), GangSpec) and g.key == spec.key]
+            groups, gangs = self.pod_groups, self.pod_gangs
+        return [m for m in pods if isinstance(g := gang_of(m.raw, groups, tier_labels=self.tier_labels, pod_gangs=gangs),
+                                              GangSpec) and g.key == spec.key]
 
     def deleted(self, key: str, uid: str) -> bool:
         """True when the watch reported this incarnation (``uid``; "" = any) deleted or terminal."""
@@ -200,8 +220,10 @@ class GangIndex:
             self._deleted.popitem(last=False)
 
     def awaiting_pod_group(self) -> dict[str, list[str]]:
+        """Pods waiting for their PodGroup (``ns/name``) or PodGang (``PodGang ns/name``)."""
         with self._lock:
-            return {f"{ns}/{name}": sorted(pods) for (ns, name), pods in self._awaiting_group.items()}
+            return {**{f"{ns}/{name}": sorted(pods) for (ns, name), pods in self._awaiting_group.items()},
+                    **{f"PodGang {ns}/{name}": sorted(pods) for (ns, name), pods in self._awaiting_gang.items()}}
 
     # -- PodGroup reflector handler ------------------------------------------------------------
     def replace(self, items: list[dict[str, Any]]) -> None:
@@ -227,3 +249,42 @@ class GangIndex:
             pending = sorted(self._awaiting_group.pop(key, set()))
         if pending:
             self._on_pod_group_added(pending)
+
+    # -- PodGang reflector handler (through pod_gang_feed) --------------------------------------
+    def replace_pod_gangs(self, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.pod_gangs = {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): pod_gang_info(o)
+                              for o in items}
+            pending = sorted(p for key in list(self._awaiting_gang) if key in self.pod_gangs
+                             for p in self._awaiting_gang.pop(key))
+        if pending:
+            self._on_pod_group_added(pending)
+
+    def apply_pod_gang(self, event_type: str, obj: dict[str, Any]) -> None:
+        """A PodGang event. A MODIFIED one retries its waiting pods too: Grove adds a pod to
+        ``podReferences`` after the PodGang first appears."""
+        key = ((obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"])
+        with self._lock:
+            gangs = dict(self.pod_gangs)  # replaced, never mutated: members() reads it unlocked
+            if event_type == "DELETED":
+                gangs.pop(key, None)
+                self.pod_gangs = gangs
+                return
+            gangs[key] = pod_gang_info(obj)
+            self.pod_gangs = gangs
+            pending = sorted(self._awaiting_gang.pop(key, set()))
+        if pending:
+            self._on_pod_group_added(pending)
+
+
+class _PodGangFeed:
+    """The PodGang reflector's handler: the index's PodGang half (the index itself handles PodGroups)."""
+
+    def __init__(self, index: GangIndex) -> None:
+        self._index = index
+
+    def replace(self, items: list[dict[str, Any]], /) -> None:
+        self._index.replace_pod_gangs(items)
+
+    def apply(self, event_type: str, obj: dict[str, Any], /) -> None:
+        self._index.apply_pod_gang(event_type, obj)

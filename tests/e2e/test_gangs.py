@@ -60,7 +60,8 @@ def test_a_gang_too_big_for_the_cluster_waits_whole_then_binds_whole(admin, name
         assert status["scheduled"] == 4, status
     expected = f"{namespace}/pp4-0" if kind == "leaderworkerset" else f"{namespace}/pp4"  # LWS: <name>-<group-index>
     gang = next(g for g in stack.extender.get_json("/debug/gangs")["gangs"] if g["gang"] == expected)
-    assert gang["source"] == {"podgroup": "PodGroup", "leaderworkerset": "LeaderWorkerSet", "annotations": "annotations"}[kind]
+    assert gang["source"] == {"podgroup": "PodGroup", "leaderworkerset": "LeaderWorkerSet", "annotations": "annotations",
+                              "podgang": "PodGang"}[kind]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -69,12 +69,13 @@ def cluster(tmp_path_factory):
 
 
 def prepare_node_and_prerequisites(cluster: RealCluster) -> None:
-    """up.sh's steps before gpusched itself: labels, advertised GPUs, the PodGroup CRD."""
+    """up.sh's steps before gpusched itself: labels, advertised GPUs, the PodGroup and PodGang CRDs."""
     node = cluster.node.name
     cluster.kubectl("label", "node", node, "nvidia.com/gpu.present=true", "gpusched.io/preset=h100", "--overwrite")
     cluster.kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(
         [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(PRESET_UNITS)}]))
     cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / "scheduling.x-k8s.io_podgroups.yaml"))
+    cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / "scheduler.grove.io_podgangs.yaml"))
     cluster.kubectl("create", "namespace", WORKLOAD_NS)
 
 

@@ -130,6 +130,7 @@ def test_helm_chart_ships_the_manifests_crds():
     for crd in (CHART / "crds").glob("*.yaml"):
         assert crd.read_text() == (MANIFESTS / "crds" / crd.name).read_text(), crd.name
     assert (CHART / "crds" / "scheduling.x-k8s.io_podgroups.yaml").exists()
+    assert (CHART / "crds" / "scheduler.grove.io_podgangs.yaml").exists()
 
 
 def _token_mounts(objects, kind) -> dict[str, set[str]]:
