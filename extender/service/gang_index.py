@@ -130,10 +130,6 @@ class GangIndex:
         gang = self.pod_gangs.get(((meta.get("namespace") or "default"), name)) if name else None
         return gang.role_of(pod) if gang is not None else role_of(pod)
 
-    def role_of(self, pod: Mapping[str, Any]) -> str:
-        """The pod's role in its group ("" when none)."""
-        return role_of(pod)
-
     # -- pods ------------------------------------------------------------------------------
     def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """A watch event. DELETED and terminal pods leave a tombstone."""
