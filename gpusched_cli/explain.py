@@ -124,13 +124,17 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
             out.append(f"  ({total - shown} more nodes; summary above)")
     if prio:
         breakdown = prio.get("details", {}).get("breakdown", {})
-        rows = []
+        rows, why = [], []
         for node, score in sorted(breakdown.items(), key=lambda kv: -kv[1]["final"]):
             parts = ", ".join(f"{p['plugin']} {p['raw']}→{p['normalized']:g}×{p['weight']}" for p in score["plugins"])
             rows.append((node, score["final"], parts))
+            why += [f"  {node}: {p['plugin']}: {p['reason']}" for p in score["plugins"] if p.get("reason")]
         if rows:
             out.append("\nScores (0..10 sent to kube-scheduler; plugin raw→normalised×weight)")
             out.append(table(["NODE", "SCORE", "PLUGINS"], rows))
+        if why:
+            out.append("\nWhy (score plugins that say)")
+            out.extend(why)
     return "\n".join(out)
 
 

@@ -69,6 +69,7 @@ class PluginScore:
     normalized: float  # 0..MAX_NODE_SCORE
     weight: int
     weighted: float  # normalized * weight
+    reason: str = ""  # why the plugin scored so, when it says (``Scored``)
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,11 @@ class GroupedVerdicts:
 
     ``gids[i]`` is the group id of ``names[i]``; ``tally`` and ``present`` are
     :func:`count_groups` of ``gids``; ``slots[j]`` is the slot of group ``present[j]``'s verdict
-    in ``answers``, -1 only for the groups in ``faults`` (this request's ERROR verdicts, never
-    kept). ``pick(at)`` returns ``names`` at the ascending positions ``at`` (None: an
-    ``itemgetter`` over ``names``); ``names_json_safe`` vouches that no name needs JSON escaping.
+    in ``answers``, -1 only for the groups in ``faults``: this request's verdicts that are never
+    kept — ERROR ones, and those of nodes judged on their own (nodes holding siblings' units,
+    each with a group id of its own past the others). ``pick(at)`` returns ``names`` at the
+    ascending positions ``at`` (None: an ``itemgetter`` over ``names``); ``names_json_safe``
+    vouches that no name needs JSON escaping.
     """
 
     names: Sequence[str]
@@ -189,12 +192,14 @@ def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
 
 def _verdicts_by_slot(request: GroupedVerdicts) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """``(verdict per slot, slot per present group, tag per slot)``: the kept answers, plus this
-    request's faults in slots of their own past the kept ones (copies; ``answers`` is shared)."""
+    request's unkept verdicts in slots of their own past the kept ones (copies; ``answers`` is
+    shared)."""
     answers, faults, present = request.answers, request.faults, request.present
     if not faults:
         return answers.values, request.slots, answers.tags
     verdicts, slots = list(answers.values), request.slots.copy()
-    tags = np.append(answers.tags[:len(verdicts)], np.full(len(faults), CODE_TAG[Code.ERROR], answers.tags.dtype))
+    tags = np.append(answers.tags[:len(verdicts)],
+                     np.fromiter((CODE_TAG[v.code] for v in faults.values()), answers.tags.dtype, len(faults)))
     for gid, verdict in faults.items():
         slots[np.searchsorted(present, gid)] = len(verdicts)
         verdicts.append(verdict)

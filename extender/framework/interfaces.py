@@ -7,17 +7,24 @@ A plugin implements only the points it needs, each one method:
   ``state.request`` (what placement must find), so that filter, score and bind agree;
 * ``FilterPlugin.filter(state, demand, node)`` — per node: pass, or say why not;
 * ``ScorePlugin.score(state, demand, node)`` — per feasible node: a raw score in
-  ``0..max_score``, or an error ``Status``. Plugins never normalise or weight; the framework
-  does (``NormalizeScorePlugin`` may rescale raw scores across nodes first).
+  ``0..max_score`` (an int, or a ``Scored`` carrying the sentence explain shows beside it), or
+  an error ``Status``. Plugins never normalise or weight; the framework does
+  (``NormalizeScorePlugin`` may rescale raw scores across nodes first).
 
 Plugins whose ``node_shape_only`` attribute is True promise that their answers depend only on
 the demand, the node's GPU shape (``NodeInfo.shape``) and its free units — never on its name or
-labels — so the framework may reuse one node's answer for every identically shaped node.
+labels — so the framework may reuse one node's answer for every identically shaped node. One
+exception is allowed, for the units the pod's siblings hold (``state.request.spread_from``):
+answers may depend on which of the node's own units are among them, provided a node holding
+none of them is answered as if ``spread_from`` were empty. The framework judges nodes holding
+any of them one by one, and the rest as for a pod without siblings.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from extender.framework.status import Status
@@ -27,6 +34,14 @@ from extender.model.snapshot import ClusterSnapshot, FreeUnits, NodeInfo
 
 MAX_NODE_SCORE = 100  # normalised plugin scores lie in 0..MAX_NODE_SCORE
 MAX_EXTENDER_SCORE = 10  # the extender protocol's HostPriority range is 0..10
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A raw score with why: ``reason`` is shown beside the plugin's score in explain."""
+
+    value: int
+    reason: str
 
 
 class CycleState:
@@ -42,6 +57,16 @@ class CycleState:
         self.request = UnitRequest.from_demand(demand)
         self.data: dict[str, Any] = {}
         self._placements: dict[str, Placement | None] = {}
+
+    def without_spread(self) -> CycleState:
+        """A copy whose request has no ``spread_from`` (and its own placement cache): how the
+        framework judges nodes holding none of the siblings' units, whose answers are then those
+        of a pod without siblings and may be shared with them."""
+        plain = copy.copy(self)
+        plain.request = replace(self.request, spread_from=frozenset())
+        plain.data = dict(self.data)
+        plain._placements = {}
+        return plain
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
         return self.snapshot.free_units(node)
@@ -71,7 +96,7 @@ class FilterPlugin(Plugin, Protocol):
 class ScorePlugin(Plugin, Protocol):
     max_score: int  # raw scores lie in 0..max_score
 
-    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Status: ...
+    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Status: ...
 
 
 @runtime_checkable

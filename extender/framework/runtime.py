@@ -10,6 +10,9 @@ shape-only plugins, so one verdict is computed per (shape, free mask) group and 
 snapshot keeps the grouping up to date per ledger view (``ClusterSnapshot.groups``), and the
 per-group answers are kept with it for pods of equal demand (replicas, retries), so a request
 costs a few C-level passes over the node names plus plugin work for groups not seen before.
+A pod with siblings (``PodDemand.spread_from_units``) is answered the same way on every node
+holding none of their units — sharing answers with pods of no siblings — and one by one on the
+few that hold some (``interfaces`` states the contract).
 Per-node results are returned as lazy mappings over (names, group ids). The decision values and
 how a filter decision is built from per-group verdicts are in ``decisions``; the per-group
 answers kept across requests in ``groupmemo``.
@@ -18,8 +21,9 @@ answers kept across requests in ``groupmemo``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -46,6 +50,7 @@ from extender.framework.interfaces import (
     FilterPlugin,
     NormalizeScorePlugin,
     PreFilterPlugin,
+    Scored,
     ScorePlugin,
 )
 from extender.framework.profile import ROOT, ProfileConfig, ProfileError
@@ -122,8 +127,9 @@ class Framework:
         if not pre.is_success:
             names = _unique(requested)
             return decide(names, np.ones(len(names), np.int64), {1: NodeVerdict((pre,))}), state
+        alone = snapshot.nodes_holding(state.request.spread_from)
         if self._shape_only and len(requested) >= _GROUPED_FROM:
-            return self._filter_grouped(state, demand, requested), state
+            return self._filter_grouped(state, demand, requested, alone), state
         names = _unique(requested)
         verdicts: dict[int, NodeVerdict] = {}
         memo: dict[tuple[Any, int], NodeVerdict] = {}
@@ -135,7 +141,7 @@ class Framework:
                 verdicts[UNKNOWN_GROUP] = _UNKNOWN_NODE
                 continue
             ids.append(i)
-            if not self._shape_only:
+            if not self._shape_only or name in alone:
                 verdicts[i] = self._filter_node(state, demand, node)
                 continue
             key = (node.shape, state.free_units(node).mask)
@@ -145,12 +151,15 @@ class Framework:
             verdicts[i] = verdict
         return decide(names, ids, verdicts), state
 
-    def _filter_grouped(self, state: CycleState, demand: PodDemand, requested: Sequence[str]) -> FilterDecision:
-        """One verdict per (shape, free mask) group, kept across requests for equal demands."""
+    def _filter_grouped(self, state: CycleState, demand: PodDemand, requested: Sequence[str],
+                        alone: frozenset[str]) -> FilterDecision:
+        """One verdict per (shape, free mask) group, kept across requests for equal demands;
+        nodes in ``alone`` (holding siblings' units) are judged on their own and never kept."""
         groups = state.snapshot.groups()
         names, positions = _locate(groups, requested)
         gid_array = groups.gid_at[positions]
-        answers = _group_memo(groups.cache, (self, "filter", _demand_key(demand), state.request))
+        plain, plain_demand = _without_spread(state, demand)
+        answers = _group_memo(groups.cache, (self, "filter", _demand_key(plain_demand), plain.request))
         tally, present = count_groups(gid_array)
         slots = answers.slots(present)
         faults: dict[int, NodeVerdict] = {}
@@ -161,18 +170,29 @@ class Framework:
                     answers.add(gid, _UNKNOWN_NODE, CODE_TAG[_UNKNOWN_NODE.code])
                     continue
                 node = state.snapshot.nodes[groups.representative(gid, names, gids)]
-                verdict = self._filter_node(state, demand, node)
+                verdict = self._filter_node(plain, plain_demand, node)
                 if verdict.code is Code.ERROR:  # faults are retried, never remembered
                     faults[gid] = verdict
                 else:
                     answers.add(gid, verdict, CODE_TAG[verdict.code])
             slots = answers.slots(present)
+        at = _positions_of(groups, positions, alone)
+        if len(at):  # each such node gets a group id of its own, past this request's others
+            gid_array = gid_array.copy()
+            for gid, i in enumerate(map(int, at), start=int(gid_array.max()) + 1):
+                gid_array[i] = gid
+                faults[gid] = self._filter_node(state, demand, state.snapshot.nodes[names[i]])
+            tally, present = count_groups(gid_array)
+            faults = {g: v for g, v in faults.items() if g < len(tally) and tally[g]}  # groups with names left
+            slots = answers.slots(present)
+            slots[np.isin(present, list(faults))] = -1
         # Every name a snapshot node: gather answers from the index's array of names.
         pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         names_json_safe = pick is not None and groups.index.names_json_safe  # names of snapshot nodes need no JSON escaping
         decision = decide_grouped(GroupedVerdicts(names, gid_array, tally, present, slots, answers, faults, pick,
                                                   names_json_safe))
-        if decision.feasible_gids is not None and self.memos:
+        # Answers with ids of their own must not be reused as the grouping's (prioritize after filter).
+        if decision.feasible_gids is not None and self.memos and not len(at):
             self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
         return decision
 
@@ -210,18 +230,19 @@ class Framework:
         state = CycleState(snapshot, demand)
         if not self._pre_filter(state, demand).is_success:
             return zero()
+        alone = snapshot.nodes_holding(state.request.spread_from)
         if grouped:
-            return self._score_grouped(state, demand, requested, zero)
+            return self._score_grouped(state, demand, requested, zero, alone)
         known = [snapshot.nodes[n] for n in names if n in snapshot.nodes]
-        per_plugin: list[dict[str, int]] = []
+        per_plugin: list[dict[str, RawScore]] = []
         for plugin, _ in self._scores:
-            raw = self._raw_scores(plugin, state, demand, known)
+            raw = self._raw_scores(plugin, state, demand, known, alone)
             if isinstance(raw, Status):
                 return zero(f"{raw.plugin}: {raw.reason}")
             per_plugin.append(raw)
         position = {node.name: i for i, node in enumerate(known, start=1)}
         gids = [position.get(n, UNKNOWN_GROUP) for n in names]
-        by_raw: dict[tuple[int, ...], NodeScore] = {}  # nodes with equal raw scores share one result
+        by_raw: dict[tuple[RawScore, ...], NodeScore] = {}  # nodes with equal raw scores share one result
         results: dict[int, NodeScore] = {}
         for node in known:
             values = tuple(raw[node.name] for raw in per_plugin)
@@ -234,13 +255,15 @@ class Framework:
         return ScoreDecision(GroupedMapping(names, gids, finals, complete=True), GroupedMapping(names, gids, results))
 
     def _score_grouped(self, state: CycleState, demand: PodDemand, requested: Sequence[str],
-                       zero: Callable[[str], ScoreDecision]) -> ScoreDecision:
+                       zero: Callable[[str], ScoreDecision], alone: frozenset[str]) -> ScoreDecision:
         """One score per (shape, free mask) group, kept across requests for equal demands; the
-        per-node outputs are views over the group ids, read with array operations."""
+        per-node outputs are views over the group ids, read with array operations. Nodes in
+        ``alone`` (holding siblings' units) are scored on their own and never kept."""
         snapshot = state.snapshot
         groups = snapshot.groups()
         names, gid_array, known = _group_ids(groups, requested, self.recent_answers)
-        answers = _group_memo(groups.cache, (self, "score", _demand_key(demand), state.request))
+        plain, plain_demand = _without_spread(state, demand)
+        answers = _group_memo(groups.cache, (self, "score", _demand_key(plain_demand), plain.request))
         present = np.flatnonzero(np.bincount(gid_array)) if len(gid_array) else gid_array
         slots = answers.slots(present)
         if (slots < 0).any():
@@ -250,7 +273,7 @@ class Framework:
             if missing:
                 gids = gid_array.tolist()
                 nodes = {g: snapshot.nodes[groups.representative(g, names, gids)] for g in missing}
-                fresh = self._group_raw_scores(state, demand, names, gids, nodes)
+                fresh = self._group_raw_scores(plain, plain_demand, names, gids, nodes)
                 if isinstance(fresh, Status):
                     return zero(f"{fresh.plugin}: {fresh.reason}")
                 for gid, values in fresh.items():
@@ -261,22 +284,36 @@ class Framework:
         finals = dict(zip(present_list, answers.tags[slots].tolist(), strict=True))
         results = dict(zip(present_list, map(answers.values.__getitem__, slot_list), strict=True))
         results.pop(UNKNOWN_GROUP, None)
+        at = _positions_of(groups, groups.index.locate(names), alone) if alone else np.zeros(0, np.intp)
+        if len(at):  # each such node gets a group id of its own, past this request's others
+            gid_array = gid_array.copy()
+            nodes = {}
+            for gid, i in enumerate(map(int, at), start=int(gid_array.max()) + 1):
+                gid_array[i] = gid
+                nodes[gid] = snapshot.nodes[names[i]]
+            fresh = self._group_raw_scores(state, demand, names, gid_array.tolist(), nodes)
+            if isinstance(fresh, Status):
+                return zero(f"{fresh.plugin}: {fresh.reason}")
+            for gid, values in fresh.items():
+                results[gid] = self._node_score(values)
+                finals[gid] = results[gid].final
         names_json_safe = known and groups.index.names_json_safe
         return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, names_json_safe=names_json_safe),
                              GroupedMapping(names, gid_array, results))
 
-    def _node_score(self, values: tuple[int, ...]) -> NodeScore:
+    def _node_score(self, values: tuple[RawScore, ...]) -> NodeScore:
         """Raw scores (one per score plugin) normalised, weighted and mapped to 0..10."""
         total_weight = sum(w for _, w in self._scores)
         parts = []
         for (plugin, weight), value in zip(self._scores, values, strict=True):
-            normalized = value * MAX_NODE_SCORE / plugin.max_score
-            parts.append(PluginScore(plugin.name, value, normalized, weight, normalized * weight))
+            raw, reason = (value.value, value.reason) if isinstance(value, Scored) else (value, "")
+            normalized = raw * MAX_NODE_SCORE / plugin.max_score
+            parts.append(PluginScore(plugin.name, raw, normalized, weight, normalized * weight, reason))
         total = sum(p.weighted for p in parts) / total_weight
         return NodeScore(tuple(parts), total, to_extender_score(total))
 
     def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: Sequence[str], gids: list[int],
-                          nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[int, ...]] | Status:
+                          nodes: Mapping[int, NodeInfo]) -> dict[int, tuple[RawScore, ...]] | Status:
         """Raw scores of each plugin for one node per group, checked like ``_raw_scores``: the
         first failing node in request order names the error."""
         per_plugin: list[dict[int, Any]] = []
@@ -287,8 +324,7 @@ class Framework:
                 value = values[min(bad, key=gids.index)]
                 return value if value.code is Code.ERROR else Status.error(
                     plugin.name, f"score returned a {value.code.value} status instead of a number")
-            bad = [g for g, v in values.items()
-                   if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= plugin.max_score]
+            bad = [g for g, v in values.items() if not _in_range(v, plugin.max_score)]
             if bad:
                 first = min(bad, key=gids.index)
                 return Status.error(plugin.name, f"score {values[first]!r} for node {names[gids.index(first)]} "
@@ -297,27 +333,32 @@ class Framework:
         return {g: tuple(values[g] for values in per_plugin) for g in nodes}
 
     def _raw_scores(self, plugin: Any, state: CycleState, demand: PodDemand,
-                    nodes: Sequence[NodeInfo]) -> dict[str, int] | Status:
-        memo: dict[tuple[Any, int], int | Status] = {}
-        raw: dict[str, int] = {}
+                    nodes: Sequence[NodeInfo], alone: frozenset[str]) -> dict[str, RawScore] | Status:
+        """``plugin``'s raw score per node; nodes in ``alone`` (holding siblings' units) share
+        none with others."""
+        memo: dict[tuple[Any, int], RawScore | Status] = {}
+        raw: dict[str, RawScore] = {}
         for node in nodes:
+            shared = self._shape_only and node.name not in alone
             key = (node.shape, state.free_units(node).mask)
-            value = memo.get(key) if self._shape_only else None
+            value = memo.get(key) if shared else None
             if value is None:
                 value = _call(plugin, "score", state, demand, node)
-                if self._shape_only:
+                if shared:
                     memo[key] = value
             if isinstance(value, Status):
                 return value if value.code is Code.ERROR else Status.error(
                     plugin.name, f"score returned a {value.code.value} status instead of a number")
             raw[node.name] = value
         if isinstance(plugin, NormalizeScorePlugin):
-            normalized = _call(plugin, "normalize_scores", state, demand, MappingProxyType(raw))
+            reasons = {n: v.reason for n, v in raw.items() if isinstance(v, Scored)}
+            plain = {n: v.value if isinstance(v, Scored) else v for n, v in raw.items()}
+            normalized = _call(plugin, "normalize_scores", state, demand, MappingProxyType(plain))
             if isinstance(normalized, Status):
                 return normalized
-            raw = dict(normalized)
+            raw = {n: Scored(v, reasons[n]) if n in reasons else v for n, v in normalized.items()}
         for name, value in raw.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= plugin.max_score:
+            if not _in_range(value, plugin.max_score):
                 return Status.error(plugin.name, f"score {value!r} for node {name} is outside "
                                                  f"0..{plugin.max_score}")
         return raw
@@ -343,6 +384,15 @@ class Framework:
 _UNKNOWN_SCORE = NodeScore((), 0.0, 0)  # never shown: unknown nodes have no per-node score
 _UNKNOWN_NODE = NodeVerdict((Status.unresolvable(
     FRAMEWORK, "node not known to gpusched (not in its node cache yet)"),))
+
+
+RawScore: TypeAlias = "int | Scored"  # what a score plugin returns for a node, once checked
+
+
+def _in_range(value: Any, max_score: int) -> bool:
+    """A raw score (an int or ``Scored``, never a bool) within ``0..max_score``."""
+    raw = value.value if isinstance(value, Scored) else value
+    return not isinstance(raw, bool) and isinstance(raw, int) and 0 <= raw <= max_score
 
 
 def _call(plugin: Any, method: str, *args: Any) -> Any:
@@ -395,6 +445,22 @@ def _unique(names: Iterable[str]) -> list[str]:
 def _demand_key(demand: PodDemand) -> PodDemand:
     """The demand without the pod's identity: replicas and retries of one pod share answers."""
     return demand.without_identity
+
+
+def _without_spread(state: CycleState, demand: PodDemand) -> tuple[CycleState, PodDemand]:
+    """How nodes holding none of the siblings' units are judged: as for a pod without siblings
+    (the plugins' contract), so their answers are shared with such pods. ``state`` and
+    ``demand`` themselves when the pod has no siblings."""
+    if not state.request.spread_from and not demand.spread_from_units:
+        return state, demand
+    return state.without_spread(), replace(demand, spread_from_units=frozenset())
+
+
+def _positions_of(groups: NodeGroups, positions: np.ndarray, names: frozenset[str]) -> np.ndarray:
+    """The request positions (ascending) of the snapshot nodes ``names``, given the request's
+    index ``positions`` (no array pass when none of ``names`` is a snapshot node)."""
+    wanted = [groups.index.position[n] for n in names if n in groups.index.position]
+    return np.flatnonzero(np.isin(positions, wanted)) if wanted else np.zeros(0, np.intp)
 
 
 def _group_memo(cache: dict[object, object], key: object, factory: Callable[[], Any] = GroupAnswers) -> Any:

@@ -80,6 +80,9 @@ class PodDemand:
     memory_per_gpu_bytes: int | None
     require_nvlink: bool | None
     parallelism_stated: bool = False
+    # GPU unit ids (UUIDs), on any node, held or planned by the other replicas of this pod's role
+    # in its group; filled by gang admission, never parsed. Placement prefers PCIe roots none of
+    # them uses on the node (``extender.model.spread``).
     spread_from_units: frozenset[str] = frozenset()
 
     @property

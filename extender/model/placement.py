@@ -15,7 +15,12 @@ Rules:
   breaking an idle 8-GPU island (``domain_free`` records the size of the domain taken from);
 * one unit: the smallest-memory unit that fits, MIG instances included when allowed, whole GPUs
   taken from the tightest domain;
-* with a per-unit memory need, units with less (or unknown) memory are not eligible.
+* with a per-unit memory need, units with less (or unknown) memory are not eligible;
+* with siblings (``UnitRequest.spread_from``: units that other replicas of the pod's role hold)
+  on the node, a set under PCIe roots none of them uses wins over the set the rules above chose,
+  then one sharing a root but no PCIe switch — only when it is as good: the same tier, and for one
+  unit the same memory and kind. The tier is never sacrificed, and a node without such room
+  still fits (``extender.model.spread``). Without siblings on the node nothing changes.
 
 Nodes have at most a handful of GPUs, so grouping by key is cheap; no combinatorial search.
 """
@@ -23,12 +28,13 @@ Nodes have at most a handful of GPUs, so grouping by key is cheap; no combinator
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from types import MappingProxyType
 
 from extender.model.demand import PodDemand
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
+from extender.model.spread import Spread, siblings_on
 
 MIB = 2**20
 
@@ -59,18 +65,22 @@ class UnitRequest:
     """What placement must find: ``count`` units of at least ``memory_mib`` each.
 
     ``allow_mig`` lets a one-unit request take a MIG instance; ``require_tier`` rejects groups
-    connected worse than that tier (``Tier.NVLINK`` for pods that require NVLink).
+    connected worse than that tier (``Tier.NVLINK`` for pods that require NVLink);
+    ``spread_from``: unit ids the pod's siblings hold (``PodDemand.spread_from_units``), whose
+    PCIe roots the set should avoid on their node.
     """
 
     count: int
     memory_mib: int | None = None
     allow_mig: bool = True
     require_tier: Tier | None = None
+    spread_from: frozenset[str] = frozenset()
 
     @classmethod
     def from_demand(cls, demand: PodDemand) -> UnitRequest:
         need = demand.memory_per_gpu_bytes
-        return cls(demand.gpu_count, None if need is None else -(-need // MIB))
+        return cls(demand.gpu_count, None if need is None else -(-need // MIB),
+                   spread_from=demand.spread_from_units)
 
 
 @dataclass(frozen=True)
@@ -122,16 +132,65 @@ def find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Pla
         return Placement((), Tier.SINGLE, 0)
     dirty = sorted((u for u in free.whole + free.mig if u.foreign), key=lambda u: (-(u.memory_mib or 0), u.position))
     if not dirty:
-        return _find_placement(node, free, request)
+        return _spread_placement(node, free, request)
     # As few foreign-memory units as will do: none, then one (the roomiest), then two, ...
     for allowed in range(len(dirty) + 1):
         admitted = {u.position for u in dirty[:allowed]}
         whole = tuple(u for u in free.whole if not u.foreign or u.position in admitted)
         mig = tuple(u for u in free.mig if not u.foreign or u.position in admitted)
-        placed = _find_placement(node, FreeUnits(whole, mig, sum(1 << u.position for u in whole + mig)), request)
+        placed = _spread_placement(node, _free_of(whole, mig), request)
         if placed is not None:
             return placed
     return None
+
+
+def _free_of(whole: tuple[GpuUnit, ...], mig: tuple[GpuUnit, ...]) -> FreeUnits:
+    return FreeUnits(whole, mig, sum(1 << u.position for u in whole + mig))
+
+
+def _spread_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Placement | None:
+    """The rules' best set, or an as-good one under PCIe roots (else switches) no sibling on
+    this node uses. The domain size is counted among all of ``free``, as the rules count it."""
+    best = _find_placement(node, free, request)
+    siblings = siblings_on(node, request.spread_from)
+    if best is None or not best.units or not siblings.units:
+        return best
+    reached = siblings.spread(best.units)
+    for level in (Spread.OWN_ROOT, Spread.SHARED_ROOT):
+        if reached >= level:
+            return best
+        whole = tuple(u for u in free.whole if siblings.unit_spread(u) >= level)
+        mig = tuple(u for u in free.mig if siblings.unit_spread(u) >= level)
+        placed = _find_placement(node, _free_of(whole, mig), request)
+        if placed is not None and _as_good(placed, best):
+            return replace(placed, domain_free=_domain_free(free, request, placed))
+    return best
+
+
+def _as_good(placed: Placement, best: Placement) -> bool:
+    """Same tier; for one unit, also the same memory and kind (the smallest fit stays chosen)."""
+    if placed.tier is not best.tier:
+        return False
+    if best.tier is not Tier.SINGLE:
+        return True
+    a, b = placed.units[0], best.units[0]
+    return (a.memory_mib, a.is_mig) == (b.memory_mib, b.is_mig)
+
+
+def _domain_free(free: FreeUnits, request: UnitRequest, placed: Placement) -> int:
+    """The free size of the domain ``placed`` came from, counted as ``_find_placement`` and
+    ``_place_single`` count it over all of ``free``."""
+    unit = placed.units[0]
+    if placed.tier is Tier.SINGLE and unit.is_mig:
+        return sum(1 for u in free.mig if fits_memory(u, request) and u.gpu_index == unit.gpu_index)
+    wholes = [u for u in free.whole if fits_memory(u, request)]
+    if placed.tier is Tier.SINGLE:
+        wholes = [u for u in wholes if (u.memory_mib or 0) == (unit.memory_mib or 0)]
+        return min(_sizes(wholes, key).get(key(unit), len(wholes)) for _, key in _DOMAINS)
+    for tier, key in _DOMAINS:
+        if tier is placed.tier:
+            return sum(1 for u in wholes if key(u) == key(unit))
+    return len(wholes)
 
 
 def _find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Placement | None:

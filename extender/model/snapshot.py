@@ -240,6 +240,8 @@ class ClusterSnapshot:
     _derived_from: Derivation | None = field(default=None, compare=False, repr=False)
     # The lineage's canonical shape objects (shared like ``_groups``): equal shapes are one object.
     _shapes: dict[Shape, Shape] = field(default_factory=dict, compare=False, repr=False)
+    # Unit id -> node name, built on first use (``nodes_holding``); shared with ``with_ledger``.
+    _unit_nodes: dict[str, Mapping[str, str]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, nodes: Iterable[NodeInfo], ledger: LedgerView = EMPTY_VIEW,
@@ -253,7 +255,7 @@ class ClusterSnapshot:
     def with_ledger(self, ledger: LedgerView) -> ClusterSnapshot:
         """The same nodes against a newer ledger view (node free-unit caches carry over)."""
         return ClusterSnapshot(self.nodes, ledger, self.generation, self._groups, self._node_token,
-                               self._derived_from, self._shapes)
+                               self._derived_from, self._shapes, self._unit_nodes)
 
     def with_nodes_replaced(self, updates: Mapping[str, NodeInfo | None], generation: int,
                             ledger: LedgerView | None = None) -> ClusterSnapshot:
@@ -271,6 +273,17 @@ class ClusterSnapshot:
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
         return node.free_units(self.ledger.held_on(node.name))
+
+    def nodes_holding(self, unit_ids: frozenset[str]) -> frozenset[str]:
+        """The names of the nodes that have any of ``unit_ids`` (ids no node has are ignored).
+        The unit index is built once per node set, on the first call (O(units)), then O(ids)."""
+        if not unit_ids:
+            return frozenset()
+        index = self._unit_nodes.get("index")
+        if index is None:
+            index = {u.id: node.name for node in self.nodes.values() for u in node.units}
+            self._unit_nodes["index"] = index  # one assignment: a racing reader builds its own
+        return frozenset(index[u] for u in unit_ids if u in index)
 
     def groups(self) -> NodeGroups:
         """Nodes grouped by (shape, free mask) under this snapshot's ledger view. Built once per

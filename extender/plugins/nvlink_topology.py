@@ -8,6 +8,13 @@ topology is unknown are unresolvable; nodes whose islands are merely busy are un
 Score (always): the tier of the best set placement finds — NVLink island > same PCIe switch >
 same NUMA node > across sockets — mapped through the configurable tier scores. Single-GPU pods
 score ``nvlinkScore`` everywhere (no interconnect involved), so the plugin does not bias them.
+
+Roles inside a node: when other replicas of the pod's role (its siblings,
+``PodDemand.spread_from_units``) hold GPUs on the node and the set shares their PCIe root
+anyway (placement avoids that whenever an as-good set exists), the tier score loses
+``sharedRootPenalty``, and ``sharedSwitchPenalty`` more when it shares a PCIe switch too; the
+reason, shown in explain, names the roots and the siblings. Nodes without siblings score as
+before, so only the pods gang admission gives siblings are affected.
 """
 
 from __future__ import annotations
@@ -17,26 +24,35 @@ from dataclasses import dataclass, replace
 from pydantic import StrictBool
 
 from extender.framework.args import PluginArgs, Score
-from extender.framework.interfaces import CycleState
+from extender.framework.interfaces import CycleState, Scored
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
 from extender.model.inventory import INVENTORY_ANNOTATION
-from extender.model.placement import Tier, eligible, free_per_island
-from extender.model.snapshot import NodeInfo
+from extender.model.placement import Placement, Tier, eligible, free_per_island
+from extender.model.snapshot import GpuUnit, NodeInfo
+from extender.model.spread import Siblings, Spread, root_label, roots_of, siblings_on
 
 NAME = "NvlinkTopology"
+_OWNERS = f"{NAME}.siblingOwners"  # CycleState.data: (node, unit id) -> the sibling pod holding it
 
 
 @dataclass(frozen=True)
 class NvlinkTopologyArgs(PluginArgs):
     """``require_nvlink``: require one NVLink island for every multi-GPU pod that does not set
-    the annotation; ``*_score``: raw score (0..100) per interconnect tier."""
+    the annotation; ``*_score``: raw score (0..100) per interconnect tier;
+    ``shared_root_penalty``: taken off the tier score when the set shares a PCIe root with a
+    sibling replica on the node, ``shared_switch_penalty`` more when it shares a switch too."""
 
     require_nvlink: StrictBool = False
     nvlink_score: Score = 100
     pcie_switch_score: Score = 60
     numa_score: Score = 30
     cross_socket_score: Score = 0
+    # More than TopologyPacking can give back at equal weights (a 2-GPU set on an 8-GPU node
+    # with a sibling: 100 on a full node against 33), so the node with a root of its own wins:
+    # sharing a root cost ~50 % of throughput where it was measured.
+    shared_root_penalty: Score = 80
+    shared_switch_penalty: Score = 20
 
 
 class NvlinkTopology:
@@ -80,9 +96,54 @@ class NvlinkTopology:
         return Status.unschedulable(NAME, f"no NVLink island with {need} free GPUs "
                                           f"(largest free island: {largest})")
 
-    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int:
+    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored:
         placement = state.placement(node)
-        return 0 if placement is None else self._tier_scores[placement.tier]
+        if placement is None:
+            return 0
+        tier_score = self._tier_scores[placement.tier]
+        siblings = siblings_on(node, state.request.spread_from)
+        if not siblings.units or not placement.units:
+            return tier_score
+        return self._spread_score(state, node, placement, siblings, tier_score)
+
+    def _spread_score(self, state: CycleState, node: NodeInfo, placement: Placement, siblings: Siblings,
+                      tier_score: int) -> Scored:
+        """The tier score less the penalty for sharing a PCIe root with siblings, and why."""
+        spread = siblings.spread(placement.units)
+        holders = _holders(state, node, siblings.units)
+        mine = roots_of(placement.units)
+        if spread >= Spread.OWN_ROOT:
+            return Scored(tier_score, f"replica gets PCIe root {mine} of its own; {holders}")
+        shared = sorted({u.numa_node for u in placement.units if siblings.unit_spread(u) < Spread.OWN_ROOT},
+                        key=lambda n: -1 if n is None else n)
+        roots = "+".join(root_label(n) for n in shared)
+        count = len(placement.units)
+        wanted = f"{count} GPU{'s' if count > 1 else ''} as well placed"
+        if spread is Spread.SHARED_ROOT:
+            return Scored(max(0, tier_score - self.args.shared_root_penalty),
+                          f"replica shares PCIe root {roots} (no {wanted} free under another root), on a PCIe "
+                          f"switch of its own; {holders}; -{self.args.shared_root_penalty}")
+        penalty = self.args.shared_root_penalty + self.args.shared_switch_penalty
+        return Scored(max(0, tier_score - penalty),
+                      f"replica shares PCIe root {roots} and a PCIe switch (no {wanted} free under another root "
+                      f"or switch); {holders}; -{penalty}")
+
+
+def _holders(state: CycleState, node: NodeInfo, units: tuple[GpuUnit, ...]) -> str:
+    """``its sibling ns/p-0 holds numa0`` — which pod holds which roots among ``units`` (from
+    the ledger view; a unit it does not show held reads ``a sibling holds …``). The siblings'
+    owners come from one pass over the view's assignments per request, made on the first node
+    that holds siblings' units (only such nodes get here)."""
+    owner = state.data.get(_OWNERS)
+    if owner is None:
+        spread = state.request.spread_from
+        owner = state.data[_OWNERS] = {(a.node, uid): a.pod_key for a in state.snapshot.ledger.assignments.values()
+                                       for uid in a.unit_ids & spread}
+    by_pod: dict[str, list[GpuUnit]] = {}
+    for unit in units:
+        by_pod.setdefault(owner.get((node.name, unit.id), ""), []).append(unit)
+    return ", ".join(f"its sibling {pod} holds {roots_of(held)}" if pod else f"a sibling holds {roots_of(held)}"
+                     for pod, held in sorted(by_pod.items()))
 
 
 def new(args: NvlinkTopologyArgs) -> NvlinkTopology:

@@ -247,8 +247,16 @@ def _verdict_json(verdict: Any) -> list[dict[str, Any]]:
 
 def _score_json(score: Any) -> dict[str, Any]:
     return {"final": score.final, "total": round(score.total, 2),
-            "plugins": [{"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2),
-                         "weight": p.weight, "weighted": round(p.weighted, 2)} for p in score.plugins]}
+            "plugins": [_plugin_score_json(p) for p in score.plugins]}
+
+
+def _plugin_score_json(p: Any) -> dict[str, Any]:
+    """One plugin's part; ``reason`` only when the plugin said why (``Scored``)."""
+    part = {"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2), "weight": p.weight,
+            "weighted": round(p.weighted, 2)}
+    if p.reason:
+        part["reason"] = p.reason
+    return part
 
 
 def _demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:

@@ -7,8 +7,9 @@ The memos, their keys and what invalidates them (the one table of them):
 
 | memo | where | key | invalidated by |
 |---|---|---|---|
-| per-group answers across requests | ``NodeGroups.cache`` via ``runtime._group_memo`` | (framework, verb, demand, request) | a new grouping (any node or ledger change rebuilds the snapshot's groups); cleared past ``_MEMO_DEMANDS`` |
-| per-shape verdicts/scores in one request | ``Framework._filter`` / ``_raw_scores`` locals | (node shape, free-unit mask) | the request's end |
+| per-group answers across requests | ``NodeGroups.cache`` via ``runtime._group_memo`` | (framework, verb, demand, request), both without siblings' units; nodes holding some are judged on their own, never kept (tests/unit/test_framework_spread.py) | a new grouping (any node or ledger change rebuilds the snapshot's groups); cleared past ``_MEMO_DEMANDS`` |
+| per-shape verdicts/scores in one request | ``Framework._filter`` / ``_raw_scores`` locals | (node shape, free-unit mask); never for nodes holding siblings' units | the request's end |
+| unit id -> node | ``ClusterSnapshot.nodes_holding`` | the node set (shared by ``with_ledger``) | a new node set |
 | recent filter answers | ``Framework.recent_answers`` | (length, first, last name), then every name | eviction (16); an answer applies only under its own grouping object |
 | node groups and index | ``ClusterSnapshot.groups()`` | the snapshot (frozen) | a new snapshot |
 | parsed demands | ``FrameworkDecider._demands`` | (pod uid, resourceVersion) | a new resourceVersion; the catalog swapped |
