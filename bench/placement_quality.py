@@ -225,7 +225,7 @@ def headline(a: Verdict, b: Verdict) -> list[dict[str, Any]]:
 
 def why_not_met(a: Verdict, b: Verdict) -> str | None:
     """The reasons targets are missed, in words (this benchmark has no CPU profile to point at)."""
-    reasons = [r for r in (_why_placed(a, b), _why_groups(b)) if r]
+    reasons = [r.rstrip(".") + "." for r in (_why_placed(a, b), _why_groups(b)) if r]
     return " ".join(reasons) or None
 
 

@@ -281,5 +281,13 @@ def test_headline_states_the_group_targets(partial, violated, met):
     reason = why_not_met(a, b)
     assert (reason is None) == all(met)
     if reason:
-        assert GROUP_TARGET in reason
+        assert GROUP_TARGET in reason and reason.endswith(".")
+
+
+def test_why_not_met_gives_each_missed_target_its_own_sentence():
+    a = Verdict(placed=5)
+    b = Verdict(placed=4, partial_groups=1, details={"partial_groups": ["pd: 1 members bound"]})
+    reason = why_not_met(a, b)
+    assert reason is not None
+    assert "gpusched 0. gpusched left 1 groups partial" in reason and reason.endswith("pd: 1 members bound.")
 
