@@ -4,8 +4,9 @@ On the devcluster control plane (etcd + kube-apiserver + kube-scheduler, the gpu
 process, RBAC as manifests/ grants it) a seeded heterogeneous fleet (``devcluster.workloads``:
 h100 NVSwitch, a100 NVLink pairs, l40s PCIe and MIG nodes; foreign memory on ~15 % of the
 physical GPUs) receives a seeded LLM-inference workload (catalog models with their real heads
-and sizes, TP per model size, pipeline-parallel gangs, one impossible TP; ~1.3x the fleet's GPUs)
-placed by, in turn:
+and sizes, TP per model size, pipeline-parallel gangs, one impossible TP; multi-node engines and
+prefill/decode groups that must each sit in one rack (issue 19; every node carries a rack label);
+~1.3x the fleet's GPUs) placed by, in turn:
 
   (a) count-only — the stock profile counting ``nvidia.com/gpu``, no extender, GPUs bin-packed
       (MostAllocated), as ``bench.scheduler_throughput.count_only``;
@@ -24,8 +25,10 @@ which for them is the truth, so they are judged no more harshly than with an age
 (and so count-only) never sees foreign memory.
 
 Both runs are judged by ``devcluster.placement_judge`` (independent of gpusched's code) against
-the fleet files; count-only's devices are the best a kubelet could have handed out, so its
-failure counts are lower bounds.
+the fleet files (and the nodes' rack labels); count-only's devices are the best a kubelet could
+have handed out, so its failure counts are lower bounds. count-only places pods one by one and
+knows no groups or tiers: its partial groups and split racks are counted beside gpusched's
+(target: gpusched 0 partial groups, 0 required tiers violated).
 
     .venv/bin/python -m bench.placement_quality [--seed N] [--nodes N] [--quick] [--output PATH]
 """
@@ -48,7 +51,15 @@ from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.fleet import create_preset_node
 from devcluster.placement_judge import NodeTruth, PodShape, Verdict, judge
 from devcluster.stack import Stack
-from devcluster.workloads import Engine, SimFleet, describe_workload, draw_fleet, draw_workload, engine_pods
+from devcluster.workloads import (
+    RACK_LABEL,
+    Engine,
+    SimFleet,
+    describe_workload,
+    draw_fleet,
+    draw_workload,
+    engine_pods,
+)
 from extender.model.catalog import builtin_catalog
 
 RESULTS = Path(__file__).parent / "results" / "placement_quality.json"
@@ -58,16 +69,21 @@ CONFIGS = (("count-only", "stock profile, no extender, nvidia.com/gpu bin-packed
            ("gpusched", "shipped gpusched profile with the extender (nodeCacheCapable: true)"))
 
 
+GROUP_TARGET = "gpusched: 0 partial groups, 0 required tiers violated"
+
+
 def shapes_of(engines: tuple[Engine, ...]) -> list[PodShape]:
-    """The judge's view of every pod: GPUs, TP group, per-GPU need, the model's real heads."""
+    """The judge's view of every pod: GPUs, TP group, per-GPU need, the model's real heads; and
+    its group: size (or per-role minimums, the pod's role) and required tier."""
     catalog = builtin_catalog()
     out = []
     for e in engines:
         spec = catalog.lookup(e.model)
         assert spec is not None, e.model
-        for name in e.pod_names:
-            out.append(PodShape(name, e.tp, e.tp, e.memory_mib, spec.attention_heads, spec.kv_heads,
-                                e.name if e.gang else None, e.pp))
+        min_roles = tuple((r.name, r.minimum) for r in e.roles)
+        for m in e.members:
+            out.append(PodShape(m.pod, m.gpus, m.tp, m.memory_mib, spec.attention_heads, spec.kv_heads,
+                                e.name if e.gang else None, e.minimum, m.role, min_roles, e.tier))
     return out
 
 
@@ -76,7 +92,7 @@ def build_fleet(api: client.ApiClient, stack: Stack, fleet: SimFleet, workdir: P
     """Create the nodes, start an agent per node with foreign memory, wait until gpusched sees
     every agent's telemetry; returns how gpusched sees those GPUs (effective memory per unit)."""
     for node in fleet.nodes:
-        create_preset_node(api, node.name, node.preset)
+        create_preset_node(api, node.name, node.preset, labels=node.labels)
     extender = stack.extender
     assert extender is not None
     for node in fleet.foreign_nodes:
@@ -174,7 +190,15 @@ def headline(a: Verdict, b: Verdict) -> list[dict[str, Any]]:
     return [
         row("gpusched would-fail placements", b.would_fail, "pods", "0", b.would_fail == 0,
             "judged against the fleet files (real free memory incl. foreign processes, MIG, heads)"),
-        row("gpusched partial gangs", b.partial_gangs, "gangs", "0", b.partial_gangs == 0),
+        row("gpusched partial gangs", b.partial_gangs, "gangs", "0", b.partial_gangs == 0,
+            "pipeline gangs and multi-node engines with some but not all members bound"),
+        row("gpusched partial groups", b.partial_groups, "groups", "0", b.partial_groups == 0,
+            "gangs, multi-node engines and prefill/decode groups with some but not all of their minimum bound "
+            f"(a role below its minimum while a member is bound); count-only {a.partial_groups}"),
+        row("gpusched required tiers violated", b.required_tiers_violated, "groups", "0",
+            b.required_tiers_violated == 0,
+            f"groups whose bound members span more than one rack ({RACK_LABEL}); count-only "
+            f"{a.required_tiers_violated} of {a.groups_with_required_tier} groups with a member bound"),
         row("pods placed that would load, gpusched", useful_b, "pods", f">= count-only ({useful_a})",
             useful_b >= useful_a, f"count-only placed {a.placed}, of which {a.would_fail} would fail at load time"),
         row("pods placed, gpusched (the issue's literal count: would-fail placements included)", b.placed, "pods",
@@ -183,6 +207,10 @@ def headline(a: Verdict, b: Verdict) -> list[dict[str, Any]]:
         row("count-only would-fail placements", a.would_fail, "pods", "informational", None,
             "lower bound: count-only judged with the best devices a kubelet could hand out"),
         row("count-only partial gangs", a.partial_gangs, "gangs", "informational", None),
+        row("count-only partial groups", a.partial_groups, "groups", "informational", None,
+            "count-only places pods one by one: it knows no gangs, roles or minimums"),
+        row("count-only required tiers violated", a.required_tiers_violated, "groups", "informational", None,
+            "count-only knows no network tiers"),
         row("TP groups split across NVLink islands while one was free, gpusched", b.split_tp_groups_when_island_free,
             "pods", f"informational (count-only {a.split_tp_groups_when_island_free})", None),
         row("stranded GPUs, gpusched", b.stranded_gpus, "GPU units",
@@ -196,7 +224,20 @@ def headline(a: Verdict, b: Verdict) -> list[dict[str, Any]]:
 
 
 def why_not_met(a: Verdict, b: Verdict) -> str | None:
-    """The reason a target is missed, in words (this benchmark has no CPU profile to point at)."""
+    """The reasons targets are missed, in words (this benchmark has no CPU profile to point at)."""
+    reasons = [r.rstrip(".") + "." for r in (_why_placed(a, b), _why_groups(b)) if r]
+    return " ".join(reasons) or None
+
+
+def _why_groups(b: Verdict) -> str | None:
+    if not (b.partial_groups or b.required_tiers_violated or b.partial_gangs):
+        return None
+    parts = b.details.get("partial_groups", []) + b.details.get("required_tiers_violated", [])
+    return (f"gpusched left {b.partial_groups} groups partial and {b.required_tiers_violated} groups across "
+            f"racks ({GROUP_TARGET} is the target): {'; '.join(parts[:6])}.")
+
+
+def _why_placed(a: Verdict, b: Verdict) -> str | None:
     if b.placed >= a.placed:
         return None
     return (f"count-only's {a.placed} placements include {a.would_fail} that would fail at load time (memory held "
@@ -227,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet_info = fleet.describe()
     engines = draw_workload(args.seed, fleet_info["schedulable_units"], args.oversubscription)
     shapes = shapes_of(engines)
-    truth = [NodeTruth.from_fleet(n.name, n.fleet_yaml()) for n in fleet.nodes]
+    truth = [NodeTruth.from_fleet(n.name, n.fleet_yaml(), n.labels) for n in fleet.nodes]
     print(f"fleet: {fleet_info['nodes']} nodes {fleet_info['nodes_per_preset']}, {fleet_info['schedulable_units']} "
           f"GPU units, foreign memory on {fleet_info['gpus_with_foreign_memory']} of {fleet_info['physical_gpus']} GPUs; "
           f"workload: {len(engines)} engines, {len(shapes)} pods, {sum(e.gpus for e in engines)} GPUs", flush=True)
@@ -248,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[label] = v = judge(truth, shapes, runs[label]["bound"])
             print(f"  {label:10s} placed {v.placed}/{len(shapes)}  would-fail {v.would_fail} {v.would_fail_by_reason}  "
                   f"split-while-island-free {v.split_tp_groups_when_island_free}  stranded {v.stranded_gpus}/"
-                  f"{v.free_units} free  partial gangs {v.partial_gangs}  pending-that-fit {v.pending_that_fit}  "
+                  f"{v.free_units} free  partial gangs {v.partial_gangs}  partial groups {v.partial_groups}  "
+                  f"tiers violated {v.required_tiers_violated}/{v.groups_with_required_tier}  "
+                  f"pending-that-fit {v.pending_that_fit}  "
                   f"(settled={runs[label]['settled']}, "
                   f"{runs[label]['settle_s']}s)", flush=True)
             if args.quick:
@@ -264,19 +307,26 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "headline": heads,
         "why_not_met": why_not_met(verdicts["count-only"], verdicts["gpusched"]),
+        "target_groups": GROUP_TARGET,
         "fleet": {**fleet_info, **visibility,
                   "agents": "one node-agent process (fake GPU backend, its node's fleet file) per node with foreign "
                             "memory; nodes without foreign memory run none and gpusched judges them on their static "
                             "inventory, which is their truth",
                   "agent_nodes": visibility["agents"]},
         "workload": {**describe_workload(engines), "oversubscription": args.oversubscription,
-                     "creation": "sequential, in the drawn order (gang members adjacent); same order for both"},
+                     "creation": "sequential, in the drawn order (group members adjacent); same order for both"},
         "judge": {"module": "devcluster.placement_judge",
                   "count_only_devices": "best case: per node in binding order, the free set with the fewest load "
                                         "failures, then within one NVLink island, then lowest indices",
                   "gpusched_devices": ASSIGNED,
                   "stranded": "free units at the settled state that no pending pod's shape (excluding the "
                               "impossible-TP pod) could use on their node",
+                  "partial_groups": "a group (gang, multi-node engine, prefill/decode group) with some but not "
+                                    "all of its minimum bound; with per-role minimums, any role below its "
+                                    "minimum while some member is bound",
+                  "required_tiers_violated": f"a group with a required tier whose bound members span more than "
+                                             f"one value of the tier's node label (rack: {RACK_LABEL}) or sit "
+                                             f"on a node without it",
                   "split_when_island_free": "TP >= 2 pod not within one NVLink island while, at the settled state, "
                                             "some node had a free island of enough units with enough memory "
                                             "(a lower bound: units only get taken during a run)"},

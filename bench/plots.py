@@ -178,10 +178,10 @@ def placement_quality(results: Path, out_dir: Path) -> Path | None:
         for k, v in r.items():
             if _num(v) is not None:
                 table.setdefault(k, {})[name] = float(v)
-    preferred = ("placed", "pending", "would_fail", "partial_gangs", "split_tp_groups_when_island_free",
-                 "stranded_gpus", "pending_that_fit")
+    preferred = ("placed", "pending", "would_fail", "partial_gangs", "partial_groups", "required_tiers_violated",
+                 "split_tp_groups_when_island_free", "stranded_gpus", "pending_that_fit")
     candidates = [k for k, v in table.items() if len(v) >= 2]
-    metrics = ([k for k in preferred if k in candidates] or candidates)[:6]
+    metrics = ([k for k in preferred if k in candidates] or candidates)[:9]
     if not metrics:
         head = [h for h in data.get("headline", []) if isinstance(h, dict) and _num(h.get("measured")) is not None]
         if not head:
@@ -194,8 +194,12 @@ def placement_quality(results: Path, out_dir: Path) -> Path | None:
         ax.set(title="Placement quality (headline)")
         return _save(fig, out_dir / "placement_quality.png")
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    cols = min(5, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(metrics):]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
         names = list(table[metric])
         ax.bar(names, [table[metric][n] for n in names], color=[f"C{i}" for i in range(len(names))])
         ax.set_title(metric, fontsize=9)

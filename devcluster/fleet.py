@@ -65,9 +65,12 @@ def gfd_labels(inventory: NodeGpuInventory) -> dict[str, str]:
             "nvidia.com/gpu.memory": str(first.memory_mib), "nvidia.com/gpu.count": str(len(inventory.gpus))}
 
 
-def create_preset_node(api: client.ApiClient, name: str, preset: str, **kwargs) -> NodeGpuInventory:
-    """Create a Ready node shaped like ``preset`` (see PRESETS) with its inventory annotation."""
+def create_preset_node(api: client.ApiClient, name: str, preset: str, *, labels: Mapping[str, str] | None = None,
+                       **kwargs) -> NodeGpuInventory:
+    """Create a Ready node shaped like ``preset`` (see PRESETS) with its inventory annotation;
+    ``labels`` are added to the GFD ones (e.g. the node's rack)."""
     inventory = PRESETS[preset](name)
-    create_gpu_node(api, name, units(inventory), labels={**gfd_labels(inventory), "gpusched.io/preset": preset},
+    create_gpu_node(api, name, units(inventory),
+                    labels={**gfd_labels(inventory), "gpusched.io/preset": preset, **(labels or {})},
                     annotations={INVENTORY_ANNOTATION: encode_inventory(inventory)}, **kwargs)
     return inventory

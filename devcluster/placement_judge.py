@@ -14,7 +14,14 @@ never consults gpusched's code, so gpusched is not judged by its own rules:
   some node had a free island big enough for it, with enough free memory on each unit;
 * **stranded GPUs**: free units that no pending pod could use — no set of free units on that
   node containing the unit would load any pending pod's shape;
-* **partial gangs**: gangs with some but not all members bound;
+* **partial gangs**: gangs sized by a member count (pipeline gangs, multi-node engines) with some
+  but not all members bound;
+* **partial groups** (issue 19): every group — those gangs and prefill/decode groups — with some
+  but not all of its minimum bound; a group with per-role minimums is partial when some member is
+  bound while any role has fewer bound than its minimum (members above a minimum are extras);
+* **required tiers violated** (issue 19): a group with a required network tier whose bound members
+  span more than one value of the tier's node label (``TIER_LABELS``: a rack is
+  ``topology.kubernetes.io/rack``), or sit on a node without it;
 * **pending pods that the free units would load** (``pending_that_fit``): missed placements.
 
 Pods hold their units exclusively (as the device plugin gives whole devices).
@@ -42,6 +49,10 @@ from nodeagent.gpu.fleet import parse_fleet
 
 MIB = 1 << 20
 REASONS = ("memory", "tp-over-mig", "tp-heads")
+# A tier's name -> the node label whose value its members must share (the judge's own table; a
+# tier given as a label key, "x/y", is that label).
+TIER_LABELS = {"rack": "topology.kubernetes.io/rack", "clique": "nvidia.com/gpu.clique",
+               "zone": "topology.kubernetes.io/zone"}
 
 
 @dataclass(frozen=True)
@@ -60,12 +71,19 @@ class Unit:
 
 @dataclass(frozen=True)
 class NodeTruth:
+    """A node's units, and its labels (``(key, value)`` pairs) for the network-tier question."""
+
     name: str
     units: tuple[Unit, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
 
     @classmethod
-    def from_fleet(cls, name: str, fleet_yaml: str) -> NodeTruth:
-        """The node as its fleet file describes it (UUIDs derived from ``name`` as the agent does)."""
+    def from_fleet(cls, name: str, fleet_yaml: str, labels: Mapping[str, str] | None = None) -> NodeTruth:
+        """The node as its fleet file describes it (UUIDs derived from ``name`` as the agent does),
+        with the node's ``labels`` (those the tier question reads: the rack)."""
         doc = yaml.safe_load(fleet_yaml)
         state = parse_fleet(fleet_yaml, node_name=name).state
         island_of: dict[int, int] = {}
@@ -81,12 +99,14 @@ class NodeTruth:
                 used = g.memory_total_bytes - g.memory_reserved_bytes - g.memory_free_bytes
                 units.append(Unit(g.uuid, name, g.index, g.memory_free_bytes // MIB, False, island_of.get(g.index),
                                   used // MIB))
-        return cls(name, tuple(units))
+        return cls(name, tuple(units), tuple(sorted((labels or {}).items())))
 
 
 @dataclass(frozen=True)
 class PodShape:
-    """What a pod needs physically: ``gpus`` units of ``need_mib`` each, one TP group of ``tp``."""
+    """What a pod needs physically: ``gpus`` units of ``need_mib`` each, one TP group of ``tp``;
+    and the group it belongs to (``gang``): its size, or its per-role minimums (``min_roles``,
+    the pod's own ``role``) when it has roles, and the network ``tier`` its members must share."""
 
     name: str
     gpus: int
@@ -96,6 +116,9 @@ class PodShape:
     kv_heads: int
     gang: str | None = None
     gang_size: int = 1
+    role: str | None = None
+    min_roles: tuple[tuple[str, int], ...] = ()  # (role, minimum); empty: the group needs gang_size
+    tier: str | None = None  # required network tier (a TIER_LABELS name or a label key)
 
 
 @dataclass(frozen=True)
@@ -122,7 +145,11 @@ class Verdict:
     stranded_with_foreign_memory: int = 0  # of stranded_gpus: units foreign processes hold >= 1 GiB of
     pending_that_fit: int = 0  # pending pods some node's free units would load, at the settled state
     gangs_whole: int = 0
-    partial_gangs: int = 0
+    partial_gangs: int = 0  # groups sized by gang_size (pipeline gangs, multi-node engines)
+    groups_whole: int = 0  # every group: its minimum (all roles' minimums) bound
+    partial_groups: int = 0  # every group, role groups by their per-role minimums
+    groups_with_required_tier: int = 0  # of the groups with any member bound
+    required_tiers_violated: int = 0  # bound members span > 1 value of the tier's label
     gpus_placed: int = 0
     details: dict[str, list[str]] = field(default_factory=dict)
 
@@ -188,6 +215,40 @@ def island_free_for(shape: PodShape, free_by_node: Mapping[str, Sequence[Unit]])
     return False
 
 
+def tier_label(tier: str) -> str:
+    """The node label of ``tier``: a TIER_LABELS name, or a label key as given."""
+    if "/" in tier:
+        return tier
+    if tier not in TIER_LABELS:
+        raise ValueError(f"unknown network tier {tier!r}: name one of {sorted(TIER_LABELS)} or give a label key")
+    return TIER_LABELS[tier]
+
+
+def group_shortfall(members: Sequence[PodShape], bound: Mapping[str, object]) -> str | None:
+    """Why a group with some member bound is short of its minimum (None: whole, or none bound).
+
+    With per-role minimums each role needs its minimum bound; otherwise ``gang_size`` members."""
+    n = sum(m.name in bound for m in members)
+    if not n:
+        return None
+    minimums = members[0].min_roles
+    if minimums:
+        have = {role: sum(m.name in bound for m in members if m.role == role) for role, _ in minimums}
+        short = [f"{role} {have[role]} of {need}" for role, need in minimums if have[role] < need]
+        return f"{n} members bound; below a role minimum: {', '.join(short)}" if short else None
+    return f"{n} of {members[0].gang_size} members bound" if n < members[0].gang_size else None
+
+
+def tier_values(members: Sequence[PodShape], bound: Mapping[str, tuple[str, object]],
+                truth: Mapping[str, NodeTruth]) -> dict[str, str | None]:
+    """Bound member -> the value of the group's tier label on its node (None: unlabelled)."""
+    tier = members[0].tier
+    if tier is None:
+        return {}
+    key = tier_label(tier)
+    return {m.name: truth[bound[m.name][0]].label(key) for m in members if m.name in bound}
+
+
 # ---- a whole configuration ----------------------------------------------------------------------
 def judge(nodes: Iterable[NodeTruth], shapes: Iterable[PodShape],
           bound: Mapping[str, tuple[str, tuple[str, ...] | None]]) -> Verdict:
@@ -246,12 +307,27 @@ def judge(nodes: Iterable[NodeTruth], shapes: Iterable[PodShape],
     for s in shapes.values():
         if s.gang:
             gangs.setdefault(s.gang, []).append(s)
+    details.update({"partial_groups": [], "required_tiers_violated": []})
     for gang, members in sorted(gangs.items()):
         n = sum(m.name in bound for m in members)
-        if n == members[0].gang_size:
-            v.gangs_whole += 1
+        if not members[0].min_roles:
+            if n == members[0].gang_size:
+                v.gangs_whole += 1
+            elif n:
+                v.partial_gangs += 1
+                details["partial_gangs"].append(f"{gang}: {n} of {members[0].gang_size} members bound")
+        short = group_shortfall(members, bound)
+        if short:
+            v.partial_groups += 1
+            details["partial_groups"].append(f"{gang}: {short}")
         elif n:
-            v.partial_gangs += 1
-            details["partial_gangs"].append(f"{gang}: {n} of {members[0].gang_size} members bound")
+            v.groups_whole += 1
+        tier, values = members[0].tier, tier_values(members, bound, truth)
+        if tier and values:
+            v.groups_with_required_tier += 1
+            if len(set(values.values())) > 1 or None in values.values():
+                v.required_tiers_violated += 1
+                spread = ", ".join(f"{m} in {r or 'no ' + tier_label(tier)}" for m, r in sorted(values.items()))
+                details["required_tiers_violated"].append(f"{gang} (tier {tier}): {spread}")
     v.details = details
     return v
