@@ -14,10 +14,12 @@ KINDS = ("podgroup", "leaderworkerset", "annotations", "podgang")
 def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size: int, gpus: int,
               node_selector: dict[str, str] | None = None, timeout_s: int = 40,
               scheduler: str = "gpusched") -> list[dict[str, Any]]:
-    """``size`` pod specs (pipeline-parallel engine members of ``gpus`` GPUs each) declaring one gang,
-    for the kube-scheduler profile ``scheduler``. For ``podgroup`` the PodGroup object is created too;
-    for ``podgang`` a Grove PodGang whose one podgroup (the pods' PodClique) lists every member and
-    asks for all of them (minReplicas ``size``), as Grove's operator writes it."""
+    """``size`` pod specs declaring one gang, for the kube-scheduler profile ``scheduler``: the pods
+    of one pipeline-parallel engine over ``size`` nodes, ``gpus`` GPUs each, as vLLM documents it
+    (``vllm serve MODEL -tp GPUS -pp SIZE --nnodes SIZE --node-rank I``). For ``podgroup`` the
+    PodGroup object is created too; for ``podgang`` a Grove PodGang whose one podgroup (the pods'
+    PodClique) lists every member and asks for all of them (minReplicas ``size``), as Grove's
+    operator writes it."""
     pods = []
     if kind == "podgang":
         clique = f"{name}-worker"
@@ -47,9 +49,9 @@ def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size:
             annotations.update({"gpusched.io/gang-name": name, "gpusched.io/gang-size": str(size),
                                 "gpusched.io/gang-timeout-seconds": str(timeout_s)})
         pod = vllm_pod(f"{name}-{i}", gpus=gpus, model="meta-llama/Llama-3.1-405B-Instruct", scheduler=scheduler,
-                       args=["--tensor-parallel-size", str(gpus), "--pipeline-parallel-size", str(size)],
-                       annotations={**annotations, "gpusched.io/tensor-parallel-size": str(gpus),
-                                    "gpusched.io/pipeline-parallel-size": "1"}, labels=labels)
+                       args=["--tensor-parallel-size", str(gpus), "--pipeline-parallel-size", str(size),
+                             "--nnodes", str(size), "--node-rank", str(i)],
+                       annotations=annotations, labels=labels)
         if node_selector:
             pod["spec"]["nodeSelector"] = dict(node_selector)
         pods.append(pod)

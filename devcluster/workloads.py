@@ -415,23 +415,22 @@ def describe_workload(engines: tuple[Engine, ...]) -> dict[str, Any]:
 
 
 def engine_pods(engine: Engine, scheduler: str, gang_timeout_s: int = 30) -> list[dict[str, Any]]:
-    """The pod objects of ``engine``: ``vllm serve MODEL -tp N [-pp M]`` with TP/PP and the per-GPU
-    memory annotated; a gang's pods also carry the gang annotations (as devcluster/gangs.py);
-    multi-node engines and prefill/decode groups as ``multi_node_pods`` and ``pd_pods``."""
+    """The pod objects of ``engine``: ``vllm serve MODEL -tp N`` with the per-GPU memory annotated; a
+    gang's pods run one engine over M nodes (``-pp M --nnodes M --node-rank I``) and carry the gang
+    annotations (as devcluster/gangs.py); multi-node engines and prefill/decode groups as
+    ``multi_node_pods`` and ``pd_pods``."""
     if engine.kind == "multi-node":
         return multi_node_pods(engine, scheduler, gang_timeout_s)
     if engine.kind == "prefill-decode":
         return pd_pods(engine, scheduler, gang_timeout_s)
     pods = []
-    for name in engine.pod_names:
+    for rank, name in enumerate(engine.pod_names):
         args = ["--tensor-parallel-size", str(engine.tp)]
         annotations = {"gpusched.io/gpu-memory-per-gpu": f"{engine.memory_mib // 1024}Gi"}
         if engine.gang:
-            args += ["--pipeline-parallel-size", str(engine.pp)]
+            args += ["--pipeline-parallel-size", str(engine.pp), "--nnodes", str(engine.pp), "--node-rank", str(rank)]
             annotations.update({"gpusched.io/gang-name": engine.name, "gpusched.io/gang-size": str(engine.pp),
-                                "gpusched.io/gang-timeout-seconds": str(gang_timeout_s),
-                                "gpusched.io/tensor-parallel-size": str(engine.tp),
-                                "gpusched.io/pipeline-parallel-size": "1"})
+                                "gpusched.io/gang-timeout-seconds": str(gang_timeout_s)})
         pods.append(vllm_pod(name, gpus=engine.tp, scheduler=scheduler, model=engine.model, args=args,
                              annotations=annotations, labels={"gpusched.io/engine": engine.name}))
     return pods

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from gpusched_cli.render import table
@@ -100,9 +101,9 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
         if "error" in demand:
             out.append(f"  demand: {demand['error']}")
         elif demand:
-            out.append("  demand: {gpus} GPU(s), TP={tensorParallel} PP={pipelineParallel}, model {model}, heads "
+            out.append("  demand: {gpus} GPU(s), TP={tensorParallel} PP={pipelineParallel}{engine}, model {model}, heads "
                        "{attentionHeads}/{kvHeads} KV, memory/GPU {mem}, NVLink required: {requireNvlink}".format(
-                           mem=_gib(demand.get("memoryPerGpuBytes")), **demand))
+                           mem=_gib(demand.get("memoryPerGpuBytes")), engine=_engine_words(demand), **demand))
         rows = []
         amended = {**details.get("failed", {}), **details.get("unresolvable", {})}
         telemetry = details.get("telemetry", {})
@@ -170,6 +171,19 @@ def render_nodes(nodes: dict[str, Any]) -> str:
 def _verdict(code: str) -> str:
     return {"SUCCESS": "fits", "UNSCHEDULABLE": "not now", "UNSCHEDULABLE_AND_UNRESOLVABLE": "never",
             "ERROR": "error"}.get(code, code)
+
+
+def _engine_words(demand: Mapping[str, Any]) -> str:
+    """`` DP=2``, and for an engine over several pods which part this one is (records from before
+    these fields read as a single-node engine)."""
+    words = f" DP={demand['dataParallel']}" if demand.get("dataParallel", 1) > 1 else ""
+    if demand.get("expertParallel"):
+        words += " EP"
+    nodes = demand.get("nodes", 1)
+    if nodes > 1:
+        rank = "" if demand.get("nodeRank") is None else f" (node rank {demand['nodeRank']})"
+        words += f", one of {nodes} pods{rank} of a {demand.get('worldSize', '?')}-GPU engine"
+    return words
 
 
 def _gib(value: int | None) -> str:

@@ -1,33 +1,65 @@
 """What a pod asks of the GPUs, parsed once per pod from its JSON form.
 
-The scheduler must know more than ``nvidia.com/gpu: 4``: the tensor- and pipeline-parallel
-sizes vLLM will use, the model's attention geometry, a per-GPU memory need and whether the
-group must sit on one NVLink island. Sources, later ones overriding earlier ones:
+The scheduler must know more than ``nvidia.com/gpu: 4``: the parallel sizes vLLM will use, the
+model's attention geometry, a per-GPU memory need, whether the group must sit on one NVLink island
+and whether the pod is one part of an engine that spans several pods. Sources, later ones
+overriding earlier ones:
 
 * ``resources.limits`` (else ``requests``) ``nvidia.com/gpu`` summed over ``spec.containers``;
-* the vLLM container's command and args: ``vllm serve MODEL``, ``--model MODEL``,
-  ``--tensor-parallel-size N`` / ``-tp N`` and ``--pipeline-parallel-size N`` / ``-pp N``, each
-  also as ``--x=N`` (and with underscores, which vLLM accepts); the last occurrence wins;
+* the vLLM container's command and args, read the way vLLM's own parser reads them:
+  ``vllm serve MODEL``, ``--model MODEL``, ``--tensor-parallel-size``/``-tp``,
+  ``--pipeline-parallel-size``/``-pp``, ``--data-parallel-size``/``-dp``,
+  ``--data-parallel-size-local``/``-dpl``, ``--prefill-context-parallel-size``/``-pcp``,
+  ``--nnodes``/``-n``, ``--node-rank``/``-r`` (each ``--x N`` or ``--x=N``, with underscores
+  too; the last occurrence wins) and ``--enable-expert-parallel``/``-ep`` (or
+  ``--no-enable-expert-parallel``). A value ``$(VAR)``/``$VAR`` is read from the container's
+  ``env`` values. In a shell string (``sh -c "ulimit -n 65536 && vllm serve …"``) only the
+  command that runs vLLM is read;
 * pod annotations ``gpusched.io/model``, ``gpusched.io/tensor-parallel-size``,
   ``gpusched.io/pipeline-parallel-size``, ``gpusched.io/model-attention-heads``,
   ``gpusched.io/model-kv-heads``, ``gpusched.io/gpu-memory-per-gpu`` (a quantity) and
   ``gpusched.io/require-nvlink`` (``"true"``/``"false"``);
 * the model catalog, for heads and KV heads the annotations do not give.
 
+**The pod's share of the engine.** vLLM's world is data-parallel x pipeline-parallel x
+tensor-parallel x prefill-context-parallel GPUs; a pod holds its share of it:
+
+1. with ``--nnodes N`` (N > 1) the world over N: N must divide the world and
+   ``0 <= --node-rank < N``, as vLLM requires;
+2. else with ``--data-parallel-size-local L``: L x tp x pp x pcp (L at most the DP size), the
+   engine spanning DP / L pods (rounded up);
+3. else the whole world, when that is the pod's GPU count: a single-node engine;
+4. else, when the world is a whole multiple of the pod's GPUs, world / GPUs pods: the Ray-backend
+   form vLLM documents (``vllm serve … -tp 8 -pp 2`` on the head pod of a group of 8-GPU pods).
+
+Anything else is a contradiction. An engine spanning several pods must declare the group those
+pods form (a PodGroup, LeaderWorkerSet, gpusched's gang annotations, a KubeRay cluster, a Kthena
+serving group, a Grove PodGang or ``spec.schedulingGroup``): placed piecemeal, the first part
+would hold its GPUs waiting for the rest.
+
 Contradictions come back as a ``DemandProblem`` (a value, not an exception) whose message names
-the annotation, argument or field to change and the value found.
+the annotation, argument or field to change and the values found.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 from extender.model.catalog import Catalog
+from extender.model.gang import (
+    GANG_NAME_ANNOTATION,
+    KTHENA_GROUP_LABEL,
+    LWS_NAME_LABEL,
+    POD_GROUP_LABEL,
+    RAY_CLUSTER_LABEL,
+)
 from extender.model.quantity import parse_quantity_bytes
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -38,11 +70,26 @@ ANN_HEADS = "gpusched.io/model-attention-heads"
 ANN_KV_HEADS = "gpusched.io/model-kv-heads"
 ANN_MEMORY = "gpusched.io/gpu-memory-per-gpu"
 ANN_REQUIRE_NVLINK = "gpusched.io/require-nvlink"
+GROVE_PODGANG_LABEL = "grove.io/podgang"
 
-_TP_FLAGS = ("--tensor-parallel-size", "-tp")
-_PP_FLAGS = ("--pipeline-parallel-size", "-pp")
-_MODEL_FLAGS = ("--model",)
+# vLLM's flags (vllm/engine/arg_utils.py), by the setting they give.
+_VALUE_FLAGS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "tp": ("--tensor-parallel-size", "-tp"),
+    "pp": ("--pipeline-parallel-size", "-pp"),
+    "dp": ("--data-parallel-size", "-dp"),
+    "dpl": ("--data-parallel-size-local", "-dpl"),
+    "pcp": ("--prefill-context-parallel-size", "-pcp"),
+    "nnodes": ("--nnodes", "-n"),
+    "node_rank": ("--node-rank", "-r"),
+    "model": ("--model",),
+})
+_EP_ON = ("--enable-expert-parallel", "-ep")
+_EP_OFF = ("--no-enable-expert-parallel",)
+_SETTING_OF: Mapping[str, str] = MappingProxyType({flag: key for key, flags in _VALUE_FLAGS.items() for flag in flags})
+# Flags that mark a container as the engine; -n and -r are too common elsewhere (head -n, nice -n).
+_ENGINE_FLAGS = frozenset(_SETTING_OF) - {"-n", "-r"} | frozenset(_EP_ON + _EP_OFF)
 _INTEGER = re.compile(r"^[+]?\d+$")
+_ENV_REFERENCE = re.compile(r"^\$(?:\((\w+)\)|\{(\w+)\}|(\w+))$")
 
 
 @dataclass(frozen=True)
@@ -62,10 +109,16 @@ class DemandProblem:
 class PodDemand:
     """A pod's parsed GPU demand.
 
-    ``tp`` x ``pp`` equals ``gpu_count`` whenever parallelism was stated (``parallelism_stated``);
-    otherwise ``tp`` defaults to the GPU count and ``pp`` to 1. ``attention_heads``/``kv_heads``
-    are None when neither annotations nor the catalog know the model. ``require_nvlink`` is None
-    when the pod does not say (the profile decides).
+    ``tp``, ``pp``, ``dp`` and ``pcp`` are the *engine's* parallel sizes (a model split over two
+    8-GPU pods with TP 8 and PP 2 has ``tp`` 8, ``pp`` 2 on both pods); ``gpu_count`` is this pod's
+    own GPUs and ``nodes`` how many pods the engine spans (1: the pod is the whole engine). When
+    parallelism was stated (``parallelism_stated``) ``world_size`` is ``gpu_count`` x ``nodes``,
+    except for a data-parallel engine whose pods hold unequal numbers of DP ranks, where ``nodes``
+    is rounded up. Otherwise ``tp`` defaults to the GPU count and the other sizes to 1.
+    ``node_rank`` is ``--node-rank`` under ``--nnodes`` (None when not given that way, or a
+    reference gpusched cannot resolve). ``attention_heads``/``kv_heads`` are None when neither
+    annotations nor the catalog know the model. ``require_nvlink`` is None when the pod does not
+    say (the profile decides).
     """
 
     namespace: str
@@ -84,11 +137,21 @@ class PodDemand:
     # in its group; filled by gang admission, never parsed. Placement prefers PCIe roots none of
     # them uses on the node (``extender.model.spread``).
     spread_from_units: frozenset[str] = frozenset()
+    dp: int = 1
+    pcp: int = 1
+    nodes: int = 1
+    node_rank: int | None = None
+    expert_parallel: bool = False
 
     @property
     def key(self) -> str:
         """The ledger key, ``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def world_size(self) -> int:
+        """GPUs of the whole engine, over all its pods: dp x pp x tp x pcp."""
+        return self.dp * self.pp * self.tp * self.pcp
 
     @cached_property
     def without_identity(self) -> PodDemand:
@@ -118,22 +181,16 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
     gpu_count = sum(_container_gpus(c) for c in containers)
     engine = _engine_container(containers)
     args = _EngineArgs.parse(engine) if engine is not None else _EngineArgs()
-    where = f"container {engine.get('name', '?')!r}" if engine is not None else ""
-
-    tp = _positive(annotations, ANN_TP, "tensor-parallel-size")
-    if tp is None and args.tp is not None:
-        tp = _positive_text(args.tp, f"{where} arg {args.tp_flag}", "tensor-parallel-size")
-    pp = _positive(annotations, ANN_PP, "pipeline-parallel-size")
-    if pp is None and args.pp is not None:
-        pp = _positive_text(args.pp, f"{where} arg {args.pp_flag}", "pipeline-parallel-size")
-    stated = tp is not None or pp is not None
-    tp, pp = tp or (1 if stated or gpu_count == 0 else gpu_count), pp or 1
-    if stated and tp * pp != gpu_count:
+    layout = _layout(annotations, args, gpu_count)
+    if layout.nodes > 1 and not _declares_group(pod, meta):
         raise _Invalid(
-            f"tensor-parallel-size ({tp}) x pipeline-parallel-size ({pp}) = {tp * pp} GPUs, but the "
-            f"pod requests {gpu_count} {GPU_RESOURCE}; set resources.limits[{GPU_RESOURCE!r}] to "
-            f"{tp * pp} or change the parallel sizes so that their product is {gpu_count}"
+            f"the engine spans {layout.nodes} pods ({layout.how}), but the pod declares no group, and "
+            "placed one pod at a time the first would hold its GPUs waiting for the rest; declare the "
+            f"group (label {POD_GROUP_LABEL}, a LeaderWorkerSet, annotations {GANG_NAME_ANNOTATION} and "
+            f"gpusched.io/gang-size, a KubeRay cluster, a Grove PodGang or spec.schedulingGroup), or "
+            f"set resources.limits[{GPU_RESOURCE!r}] to {layout.world} for an engine in one pod"
         )
+    tp = layout.tp
 
     model = (annotations.get(ANN_MODEL) or args.model or None)
     spec = catalog.lookup(model)
@@ -143,7 +200,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         heads = spec.attention_heads
     if kv_heads is None and spec is not None and heads == spec.attention_heads:
         kv_heads = spec.kv_heads
-    if heads is None and stated and tp > 1:
+    if heads is None and layout.stated and tp > 1:
         raise _Invalid(
             f"model {model!r} is not in the gpusched model catalog, so its attention heads are "
             f"unknown and tensor-parallel-size {tp} cannot be checked; add annotations "
@@ -161,11 +218,105 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
 
     return PodDemand(
         namespace=namespace, name=name, uid=str(meta.get("uid") or ""),
-        gpu_count=gpu_count, tp=tp, pp=pp, model=model,
+        gpu_count=gpu_count, tp=tp, pp=layout.pp, model=model,
         attention_heads=heads, kv_heads=kv_heads,
         memory_per_gpu_bytes=_memory(annotations), require_nvlink=_require_nvlink(annotations),
-        parallelism_stated=stated,
+        parallelism_stated=layout.stated, dp=layout.dp, pcp=layout.pcp, nodes=layout.nodes,
+        node_rank=layout.node_rank, expert_parallel=args.expert_parallel,
     )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The engine's sizes and this pod's place in it; ``how`` says which rule found ``nodes``."""
+
+    tp: int
+    pp: int
+    dp: int = 1
+    pcp: int = 1
+    nodes: int = 1
+    node_rank: int | None = None
+    stated: bool = False
+    how: str = ""
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp * self.pcp
+
+    def describe(self) -> str:
+        """``tensor-parallel-size (8) x pipeline-parallel-size (2) = 16 GPUs`` (DP, PCP when > 1)."""
+        factors = [("tensor-parallel-size", self.tp), ("pipeline-parallel-size", self.pp),
+                   ("data-parallel-size", self.dp), ("prefill-context-parallel-size", self.pcp)]
+        shown = [f"{what} ({n})" for i, (what, n) in enumerate(factors) if i < 2 or n > 1]
+        return f"{' x '.join(shown)} = {self.world} GPUs"
+
+
+def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -> _Layout:
+    """The engine's parallel sizes and how many pods it spans (the module docstring's four rules)."""
+    tp = _positive(annotations, ANN_TP, "tensor-parallel-size") or args.positive("tp", "tensor-parallel-size")
+    pp = _positive(annotations, ANN_PP, "pipeline-parallel-size") or args.positive("pp", "pipeline-parallel-size")
+    dp = args.positive("dp", "data-parallel-size")
+    dpl = args.positive("dpl", "data-parallel-size-local")
+    pcp = args.positive("pcp", "prefill-context-parallel-size")
+    nnodes = args.positive("nnodes", "nnodes")
+    if all(v is None for v in (tp, pp, dp, dpl, pcp, nnodes)):
+        return _Layout(tp=gpu_count or 1, pp=1)
+    layout = _Layout(tp=tp or 1, pp=pp or 1, dp=dp or 1, pcp=pcp or 1, stated=True)
+    world, limits = layout.world, f"resources.limits[{GPU_RESOURCE!r}]"
+    if nnodes is not None and nnodes > 1:
+        flag = args.flag("nnodes")
+        if world % nnodes:
+            raise _Invalid(
+                f"{args.where} arg {flag} ({nnodes}) must divide the engine's world, {layout.describe()} "
+                f"(vLLM refuses it); change {flag} or the parallel sizes"
+            )
+        rank = args.node_rank(nnodes)
+        if world // nnodes != gpu_count:
+            raise _Invalid(
+                f"with {flag} {nnodes} each pod holds {layout.describe()} / {nnodes} = {world // nnodes} "
+                f"GPUs, but the pod requests {gpu_count} {GPU_RESOURCE}; set {limits} to "
+                f"{world // nnodes}, or change {flag} or the parallel sizes"
+            )
+        return replace(layout, nodes=nnodes, node_rank=rank, how=f"{flag} {nnodes}")
+    if dpl is not None:
+        flag = args.flag("dpl")
+        if dpl > layout.dp:
+            raise _Invalid(
+                f"{args.where} arg {flag} ({dpl}) exceeds data-parallel-size ({layout.dp}); the "
+                f"ranks on one pod are at most all of them"
+            )
+        local = dpl * layout.tp * layout.pp * layout.pcp
+        if local != gpu_count:
+            raise _Invalid(
+                f"{flag} ({dpl}) x tensor-parallel-size ({layout.tp}) x pipeline-parallel-size "
+                f"({layout.pp}) x prefill-context-parallel-size ({layout.pcp}) = {local} GPUs on this "
+                f"pod, but the pod requests {gpu_count} {GPU_RESOURCE}; set {limits} to {local} or "
+                f"change {flag} or the parallel sizes"
+            )
+        return replace(layout, nodes=math.ceil(layout.dp / dpl),
+                       how=f"data-parallel-size {layout.dp} over {flag} {dpl}")
+    if world == gpu_count:
+        return layout
+    if gpu_count > 0 and world % gpu_count == 0:
+        return replace(layout, nodes=world // gpu_count,
+                       how=f"{layout.describe()} on a pod of {gpu_count}, the Ray-backend form")
+    split = next((n for n in range(2, world + 1) if world % n == 0 and world // n < gpu_count), None)
+    hint = f", or to {world // split} with --nnodes {split} for an engine over {split} pods" if split else ""
+    raise _Invalid(
+        f"{layout.describe()}, but the pod requests {gpu_count} {GPU_RESOURCE}, neither the whole "
+        f"engine nor a whole share of it; set {limits} to {world} for an engine in one pod{hint}, or "
+        f"change the parallel sizes"
+    )
+
+
+def _declares_group(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether the pod says which group it is placed with (any declaration, valid or not: its
+    problems are the gang parser's to report)."""
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    return (bool((pod.get("spec") or {}).get("schedulingGroup")) or GANG_NAME_ANNOTATION in annotations
+            or any(label in labels for label in (POD_GROUP_LABEL, LWS_NAME_LABEL, RAY_CLUSTER_LABEL,
+                                                 KTHENA_GROUP_LABEL, GROVE_PODGANG_LABEL)))
 
 
 def _container_gpus(container: Mapping[str, Any]) -> int:
@@ -186,8 +337,8 @@ def _container_gpus(container: Mapping[str, Any]) -> int:
 def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The container running vLLM: one mentioning vllm or its flags, else the first with GPUs."""
     for container in containers:
-        tokens = _tokens(container)
-        if any("vllm" in t for t in tokens) or any(_flag_name(t) in _ALL_FLAGS for t in tokens):
+        tokens = [t for segment in _segments(container) for t in segment]
+        if any("vllm" in t for t in tokens) or any(_flag_name(t) in _ENGINE_FLAGS for t in tokens):
             return container
     for container in containers:
         if _container_gpus(container) > 0:
@@ -196,22 +347,57 @@ def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, A
 
 
 _HAS_SPACE = re.compile(r"\s").search
-_ALL_FLAGS = frozenset(_TP_FLAGS + _PP_FLAGS + _MODEL_FLAGS)
+_SHELL_PUNCTUATION = frozenset("();<>|&")
 
 
-def _tokens(container: Mapping[str, Any]) -> list[str]:
-    """command + args; strings with spaces (``sh -c "vllm serve …"``) are shell-split."""
-    tokens: list[str] = []
+def _segments(container: Mapping[str, Any]) -> list[list[str]]:
+    """command + args as shell commands: strings with spaces (``sh -c "… && vllm serve …"``) are
+    shell-split, and ``;``, ``&&``, ``|``, redirections and the like end a command."""
+    segments: list[list[str]] = [[]]
     for raw in list(container.get("command") or []) + list(container.get("args") or []):
         text = str(raw)
-        if _HAS_SPACE(text):
-            try:
-                tokens.extend(shlex.split(text))
-            except ValueError:
-                tokens.extend(text.split())
-        else:
-            tokens.append(text)
-    return tokens
+        for token in _shell_split(text) if _HAS_SPACE(text) else [text]:
+            if token and set(token) <= _SHELL_PUNCTUATION:
+                segments.append([])
+            else:
+                segments[-1].append(token)
+    return [s for s in segments if s]
+
+
+def _shell_split(text: str) -> list[str]:
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        return list(lexer)
+    except ValueError:
+        return text.split()
+
+
+def _engine_tokens(container: Mapping[str, Any]) -> list[str]:
+    """The tokens of the command that runs vLLM, from its program word on (``nice -n 5 vllm serve …``
+    reads from ``vllm``): the last command running vllm with ``serve`` or an engine flag, else the
+    last running vllm, else everything (an args-only container of the vLLM image, or a wrapper such
+    as the engine sidecar that passes vLLM's flags on)."""
+    running = [(s, at) for s in _segments(container) if (at := _vllm_program_at(s)) is not None]
+    serving = [(s, at) for s, at in running if any(t == "serve" or _flag_name(t) in _ENGINE_FLAGS for t in s[at:])]
+    if not running:
+        return [t for s in _segments(container) for t in s]
+    segment, at = (serving or running)[-1]
+    return segment[at:]
+
+
+def _vllm_program_at(segment: Sequence[str]) -> int | None:
+    """Where vLLM's program word is: ``vllm`` (or a path to it) not given as some flag's value, or
+    ``-m vllm.…``; None when the command does not run vLLM."""
+    for i, token in enumerate(segment):
+        previous = segment[i - 1] if i else ""
+        if token.startswith("-"):
+            continue
+        if token.rsplit("/", 1)[-1] == "vllm" and not previous.startswith("-"):
+            return i
+        if token.startswith("vllm.") and previous == "-m":
+            return i
+    return None
 
 
 def _flag_name(token: str) -> str:
@@ -220,35 +406,85 @@ def _flag_name(token: str) -> str:
 
 @dataclass
 class _EngineArgs:
-    tp: str | None = None
-    tp_flag: str = ""
-    pp: str | None = None
-    pp_flag: str = ""
+    """The engine container's vLLM settings as written: setting -> (value, flag as written)."""
+
+    where: str = ""
+    values: dict[str, tuple[str, str]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     model: str | None = None
+    expert_parallel: bool = False
 
     @classmethod
     def parse(cls, container: Mapping[str, Any]) -> _EngineArgs:
-        found = cls()
-        tokens = _tokens(container)
+        where = f"container {container.get('name', '?')!r}"
+        env = {str(e.get("name")): str(e["value"]) for e in container.get("env") or []
+               if isinstance(e, Mapping) and e.get("value") is not None}
+        found = cls(where=where, env=env)
+        tokens = _engine_tokens(container)
         for i, token in enumerate(tokens):
             flag = _flag_name(token)
             if token == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
                 found.model = tokens[i + 1]
-            if flag not in _ALL_FLAGS:
+            if flag in _EP_ON or flag in _EP_OFF:
+                if "=" in token:
+                    raise _Invalid(f"{where} arg {token}: {flag} takes no value (vLLM refuses it); write "
+                                   f"{_EP_ON[0]} or {_EP_OFF[0]}")
+                found.expert_parallel = flag in _EP_ON
+                continue
+            setting = _SETTING_OF.get(flag)
+            if setting is None:
                 continue
             if "=" in token:
                 value: str | None = token.split("=", 1)[1]
             else:
                 value = tokens[i + 1] if i + 1 < len(tokens) else None
             if value is None:
-                raise _Invalid(f"container {container.get('name', '?')!r} arg {token} has no value")
-            if flag in _TP_FLAGS:
-                found.tp, found.tp_flag = value, token.split("=", 1)[0]
-            elif flag in _PP_FLAGS:
-                found.pp, found.pp_flag = value, token.split("=", 1)[0]
-            else:
+                raise _Invalid(f"{where} arg {token} has no value")
+            if setting == "model":
                 found.model = value
+            else:
+                found.values[setting] = (value, token.split("=", 1)[0])
         return found
+
+    def flag(self, setting: str) -> str:
+        return self.values[setting][1] if setting in self.values else _VALUE_FLAGS[setting][0]
+
+    def _value(self, setting: str) -> str | None:
+        """The setting's text, an env reference replaced by the container's env value (None: unset
+        or an unresolved reference, left as written)."""
+        if setting not in self.values:
+            return None
+        text = self.values[setting][0].strip()
+        reference = _ENV_REFERENCE.match(text)
+        if reference:
+            return self.env.get(next(g for g in reference.groups() if g), text)
+        return text
+
+    def positive(self, setting: str, what: str) -> int | None:
+        text = self._value(setting)
+        if text is None:
+            return None
+        source = f"{self.where} arg {self.flag(setting)}"
+        if _ENV_REFERENCE.match(text):
+            raise _Invalid(f"{source}: {what} is {text}, which the container's env does not give a value; "
+                           "write the number, or give the variable a value in env")
+        return _positive_text(text, source, what)
+
+    def node_rank(self, nnodes: int) -> int | None:
+        """``--node-rank`` under ``--nnodes``: vLLM's default 0 when absent, None when it is an env
+        reference resolved only at run time (``$(LWS_WORKER_INDEX)``)."""
+        text = self._value("node_rank")
+        if text is None:
+            return 0
+        if _ENV_REFERENCE.match(text):
+            return None
+        flag = self.flag("node_rank")
+        if not _INTEGER.match(text) or not 0 <= int(text) < nnodes:
+            raise _Invalid(
+                f"{self.where} arg {flag} must be between 0 and {nnodes - 1} with --nnodes {nnodes}, "
+                f"got {text!r}; set it to this pod's zero-based index among the engine's pods"
+            )
+        return int(text)
 
 
 def _positive(annotations: Mapping[str, Any], key: str, what: str) -> int | None:

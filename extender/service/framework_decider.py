@@ -263,6 +263,8 @@ def _demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
     if isinstance(demand, DemandProblem):
         return {"error": demand.message}
     return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
+            "dataParallel": demand.dp, "worldSize": demand.world_size, "nodes": demand.nodes,
+            "nodeRank": demand.node_rank, "expertParallel": demand.expert_parallel,
             "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
             "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink}
 

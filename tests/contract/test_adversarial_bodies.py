@@ -61,7 +61,9 @@ gpu_count = st.one_of(st.integers(-2, 20).map(str), st.sampled_from(["", "1.5", 
 arg_value = st.one_of(st.integers(-2, 17).map(str), st.sampled_from(
     ["meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "", "abc", "../../etc", "1e9", "8" * 40]))
 vllm_args = st.lists(st.one_of(st.sampled_from(["serve", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size",
-                                                 "-pp", "--model", "--tensor-parallel-size=4", "-tp=3", "--"]),
+                                                 "-pp", "--model", "--tensor-parallel-size=4", "-tp=3", "--",
+                                                 "--nnodes", "-n=2", "--node-rank", "-r", "-dp", "-dpl", "-pcp",
+                                                 "-ep", "--enable-expert-parallel=1", "vllm", "&&", "$(X)"]),
                                arg_value), max_size=8)
 annotation = st.tuples(st.sampled_from([
     "gpusched.io/tensor-parallel-size", "gpusched.io/pipeline-parallel-size", "gpusched.io/model",
@@ -69,7 +71,8 @@ annotation = st.tuples(st.sampled_from([
     "gpusched.io/require-nvlink", "gpusched.io/gang-name", "gpusched.io/gang-size", "gpusched.io/gang-timeout-seconds",
     "leaderworkerset.sigs.k8s.io/size"]), st.one_of(arg_value, st.sampled_from(["40Gi", "true", "g", "0.001", "-5"])))
 label = st.tuples(st.sampled_from(["scheduling.x-k8s.io/pod-group", "leaderworkerset.sigs.k8s.io/name",
-                                   "leaderworkerset.sigs.k8s.io/group-index"]), st.sampled_from(["g", "0", "", "x" * 63]))
+                                   "leaderworkerset.sigs.k8s.io/group-index", "ray.io/cluster", "grove.io/podgang"]),
+                  st.sampled_from(["g", "0", "", "x" * 63]))
 
 
 @st.composite

@@ -115,7 +115,7 @@ def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(a
     """Issue 2: a pod the extender rejects everywhere stays Pending with our reason in PodScheduled."""
     fleet_id, create = fleet
     create("h100")
-    pod = vllm_pod("contradiction", gpus=2, args=["--tensor-parallel-size", "4"], scheduler=mode.scheduler_name)
+    pod = vllm_pod("contradiction", gpus=3, args=["--tensor-parallel-size", "4"], scheduler=mode.scheduler_name)
     create_pod(admin, namespace, in_fleet(pod, fleet_id))
     record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/contradiction")
                         .get("decisions", {}).get("filter"),

@@ -47,3 +47,26 @@ def placement(verb: str, result: str, at: float) -> dict:
 def test_the_newest_placement_record_is_shown_in_either_mode(records_by_verb, expected):
     text = render_explain("ns", "pod", {"decisions": records_by_verb}, [])
     assert expected in text, text
+
+
+def demand_record(**pod) -> dict:
+    from extender.service.framework_decider import _demand_json
+    from tests.unit.builders import make_demand
+    return {"decisions": {"filter": {"id": "d-1", "result": "unschedulable", "summary": "", "details": {
+        "demand": _demand_json(make_demand(**pod)), "verdicts": {}, "failed": {}, "unresolvable": {}}}}}
+
+
+LEADER = ["serve", "meta-llama/Llama-3.1-405B-Instruct", "-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "1"]
+
+
+@pytest.mark.parametrize("pod,expected", [
+    pytest.param({"gpus": 8, "args": LEADER, "annotations": {"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"}},
+                 "demand: 8 GPU(s), TP=8 PP=2, one of 2 pods (node rank 1) of a 16-GPU engine, model", id="multi-node"),
+    pytest.param({"gpus": 8, "args": ["serve", "deepseek-ai/DeepSeek-V3", "-tp", "4", "-dp", "2", "-ep"]},
+                 "demand: 8 GPU(s), TP=4 PP=1 DP=2 EP, model deepseek-ai/DeepSeek-V3", id="dp-ep-single-node"),
+    pytest.param({"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4},
+                 "demand: 4 GPU(s), TP=4 PP=1, model meta-llama/Llama-3.1-70B-Instruct", id="single-node"),
+])
+def test_the_demand_line_speaks_of_the_engine(pod, expected):
+    text = render_explain("ns", "pod", demand_record(**pod), [])
+    assert expected in text, text

@@ -5,10 +5,21 @@ from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from tests.unit.builders import make_pod
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"
+LLAMA405 = "meta-llama/Llama-3.1-405B-Instruct"
+DEEPSEEK = "deepseek-ai/DeepSeek-V3"
+PODGROUP = {"scheduling.x-k8s.io/pod-group": "llama"}
+LWS = {"leaderworkerset.sigs.k8s.io/name": "llama", "leaderworkerset.sigs.k8s.io/group-index": "0"}
+RAY = {"ray.io/cluster": "rc", "ray.io/group": "headgroup"}
 
 
-def parse(**kwargs) -> PodDemand | DemandProblem:
-    return parse_pod_demand(make_pod(**kwargs), builtin_catalog())
+def parse(*, labels: dict[str, str] | None = None, env: dict[str, str] | None = None,
+          spec: dict | None = None, **kwargs) -> PodDemand | DemandProblem:
+    pod = make_pod(**kwargs)
+    pod["metadata"]["labels"] = dict(labels or {})
+    pod["spec"].update(spec or {})
+    if env:
+        pod["spec"]["containers"][0]["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return parse_pod_demand(pod, builtin_catalog())
 
 
 def ok(**kwargs) -> PodDemand:
@@ -77,9 +88,12 @@ def test_fine_demands(kwargs, expected) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"gpus": 2, "model": LLAMA70, "tp": 4},
-     "tensor-parallel-size (4) x pipeline-parallel-size (1) = 4 GPUs, but the pod requests 2 nvidia.com/gpu"),
-    ({"gpus": 0, "model": LLAMA70, "tp": 2}, "requests 0 nvidia.com/gpu"),
+    ({"gpus": 3, "model": LLAMA70, "tp": 4},
+     "tensor-parallel-size (4) x pipeline-parallel-size (1) = 4 GPUs, but the pod requests 3 nvidia.com/gpu, "
+     "neither the whole engine nor a whole share of it; set resources.limits['nvidia.com/gpu'] to 4 for an engine "
+     "in one pod, or to 2 with --nnodes 2 for an engine over 2 pods"),
+    ({"gpus": 0, "model": LLAMA70, "tp": 2}, "requests 0 nvidia.com/gpu, neither the whole engine nor a whole share "
+     "of it; set resources.limits['nvidia.com/gpu'] to 2 for an engine in one pod, or change"),
     ({"gpus": 1, "args": ["serve", LLAMA70, "-tp", "0"]},
      "container 'vllm' arg -tp: tensor-parallel-size must be a positive whole number, got '0'"),
     ({"gpus": 1, "args": ["serve", LLAMA70, "--tensor-parallel-size=two"]}, "got 'two'"),
@@ -108,3 +122,151 @@ def test_contradictions_say_what_to_fix(kwargs, message) -> None:
     assert isinstance(demand, DemandProblem)
     assert message in demand.message, demand.message
     assert (demand.namespace, demand.name) == ("default", "p")
+
+
+# ---- multi-node engines -------------------------------------------------------------------------
+NNODES_LEADER = ["serve", LLAMA405, "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2",
+                 "--node-rank", "0"]
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"gpus": 8, "args": NNODES_LEADER, "labels": PODGROUP}, (8, 2, 1, 2, 0, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2", "-n", "2", "-r", "1"], "labels": LWS},
+     (8, 2, 1, 2, 1, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "--tensor-parallel-size=8", "--pipeline-parallel-size=2", "--nnodes=2",
+                          "--node-rank=1"], "labels": PODGROUP}, (8, 2, 1, 2, 1, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "--tensor_parallel_size", "8", "--pipeline_parallel_size", "2",
+                          "--nnodes", "2", "--node_rank", "1"], "labels": PODGROUP}, (8, 2, 1, 2, 1, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2", "--nnodes", "4", "--nnodes", "2"],
+      "labels": PODGROUP}, (8, 2, 1, 2, 0, 16)),
+    ({"gpus": 8, "command": ["sh", "-c"], "args": [
+        f"ulimit -n 65536 && nice -n 5 vllm serve {LLAMA405} -tp 8 -pp 2 --nnodes 2 --node-rank 1 2>&1 "
+        "| tee /tmp/vllm.log"], "labels": LWS}, (8, 2, 1, 2, 1, 16)),
+    ({"gpus": 8, "command": ["sh", "-c"], "args": [
+        f"nice -n 5 vllm serve {LLAMA405} -tp 8; tail -n 3 /tmp/vllm.log"]}, (8, 1, 1, 1, None, 8)),
+    ({"gpus": 8, "command": ["python", "-m", "engine_sidecar"], "args": [
+        "--model-dir=/models/vllm", f"--model={LLAMA405}", "--vllm", "/opt/vllm", "--", "-tp", "8", "-pp", "2", "--nnodes", "2"],
+      "labels": LWS}, (8, 2, 1, 2, 0, 16)),
+    ({"gpus": 8, "args": [*NNODES_LEADER[:-1], "$(LWS_WORKER_INDEX)"], "env": {"LWS_WORKER_INDEX": "1"},
+      "labels": LWS}, (8, 2, 1, 2, 1, 16)),
+    ({"gpus": 8, "command": ["sh", "-c"], "args": [
+        f"vllm serve {LLAMA405} -tp 8 -pp 2 --nnodes 2 --node-rank $LWS_WORKER_INDEX"], "labels": LWS},
+     (8, 2, 1, 2, None, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2"], "labels": RAY}, (8, 2, 1, 2, None, 16)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "16"], "labels": PODGROUP}, (16, 1, 1, 2, None, 16)),
+    ({"gpus": 4, "args": ["serve", LLAMA70, "-dp", "4", "-dpl", "2", "-tp", "2"], "labels": LWS},
+     (2, 1, 4, 2, None, 8)),
+    ({"gpus": 4, "args": ["serve", LLAMA70, "--data_parallel_size=4", "--data-parallel-size-local=2", "-tp=2"],
+      "labels": LWS}, (2, 1, 4, 2, None, 8)),
+    ({"gpus": 2, "args": ["serve", LLAMA70, "-dp", "3", "-dpl", "2"], "labels": LWS}, (1, 1, 3, 2, None, 3)),
+    ({"gpus": 8, "args": ["serve", LLAMA70, "-dp", "2", "-dpl", "2", "-tp", "4"]}, (4, 1, 2, 1, None, 8)),
+    ({"gpus": 8, "args": ["serve", LLAMA70, "-dp", "2", "-tp", "4"]}, (4, 1, 2, 1, None, 8)),
+    ({"gpus": 8, "args": ["serve", LLAMA70, "-tp", "4", "-pcp", "2"]}, (4, 1, 1, 1, None, 8)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "--nnodes", "1", "--node-rank", "3"]},
+     (8, 1, 1, 1, None, 8)),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2"],
+      "annotations": {"gpusched.io/pipeline-parallel-size": "1"}}, (8, 1, 1, 1, None, 8)),
+], ids=["nnodes-long", "nnodes-short", "nnodes=", "nnodes-underscores", "nnodes-last-wins",
+        "shell-string-ignores-other-commands",
+        "shell-string-ignores-n-of-other-commands", "wrapper-passing-flags-on", "node-rank-from-env",
+        "node-rank-shell-variable", "ray-head-tp-pp",
+        "ray-head-tp16", "dp-local", "dp-local=-underscores", "dp-local-uneven-rounds-up", "dp-all-local",
+        "dp-single-node", "pcp-single-node", "nnodes-1-is-single-node", "pp-annotation-overrides-args"])
+def test_multi_node_forms(kwargs, expected) -> None:
+    demand = ok(**kwargs)
+    assert (demand.tp, demand.pp, demand.dp, demand.nodes, demand.node_rank, demand.world_size) == expected
+    assert demand.gpu_count == kwargs["gpus"] and demand.parallelism_stated
+
+
+def test_pcp_counts_in_the_world() -> None:
+    demand = ok(gpus=8, args=["serve", LLAMA70, "-tp", "4", "--prefill_context_parallel_size=2"])
+    assert (demand.pcp, demand.world_size, demand.nodes) == (2, 8, 1)
+
+
+@pytest.mark.parametrize(("args", "expert_parallel"), [
+    (["serve", DEEPSEEK, "-tp", "8", "-dp", "2", "--nnodes", "2", "--enable-expert-parallel"], True),
+    (["serve", DEEPSEEK, "-tp", "8", "-dp", "2", "--nnodes", "2", "-ep"], True),
+    (["serve", DEEPSEEK, "-tp", "8", "-dp", "2", "--nnodes", "2", "-ep", "--no-enable-expert-parallel"], False),
+    (["serve", DEEPSEEK, "-tp", "8", "-dp", "2", "--nnodes", "2"], False),
+], ids=["long", "short", "last-wins", "absent"])
+def test_expert_parallel(args, expert_parallel) -> None:
+    demand = ok(gpus=8, args=args, labels=PODGROUP)
+    assert (demand.expert_parallel, demand.dp, demand.nodes, demand.world_size) == (expert_parallel, 2, 2, 16)
+
+
+@pytest.mark.parametrize(("labels", "annotations", "spec"), [
+    (PODGROUP, {}, {}),
+    (LWS, {}, {}),
+    ({}, {"gpusched.io/gang-name": "llama", "gpusched.io/gang-size": "2"}, {}),
+    (RAY, {}, {}),
+    ({"modelserving.volcano.sh/group-name": "llama-0"}, {}, {}),
+    ({"grove.io/podgang": "llama"}, {}, {}),
+    ({}, {}, {"schedulingGroup": {"podGroupName": "llama"}}),
+], ids=["podgroup", "leaderworkerset", "gang-annotations", "kuberay", "kthena", "grove", "scheduling-group"])
+def test_each_group_declaration_admits_a_multi_node_engine(labels, annotations, spec) -> None:
+    demand = ok(gpus=8, args=NNODES_LEADER, labels=labels, annotations=annotations, spec=spec)
+    assert demand.nodes == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"gpus": 8, "args": NNODES_LEADER},
+     "the engine spans 2 pods (--nnodes 2), but the pod declares no group"),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2"]},
+     "the engine spans 2 pods (tensor-parallel-size (8) x pipeline-parallel-size (2) = 16 GPUs on a pod of 8, the "
+     "Ray-backend form), but the pod declares no group, and placed one pod at a time the first would hold its GPUs "
+     "waiting for the rest; declare the group (label scheduling.x-k8s.io/pod-group, a LeaderWorkerSet, annotations "
+     "gpusched.io/gang-name and gpusched.io/gang-size, a KubeRay cluster, a Grove PodGang or spec.schedulingGroup), "
+     "or set resources.limits['nvidia.com/gpu'] to 16 for an engine in one pod"),
+    ({"gpus": 4, "args": ["serve", LLAMA70, "-dp", "4", "-dpl", "2", "-tp", "2"]},
+     "the engine spans 2 pods (data-parallel-size 4 over -dpl 2), but the pod declares no group"),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2", "--nnodes", "3"], "labels": PODGROUP},
+     "container 'vllm' arg --nnodes (3) must divide the engine's world, tensor-parallel-size (8) x "
+     "pipeline-parallel-size (2) = 16 GPUs (vLLM refuses it); change --nnodes or the parallel sizes"),
+    ({"gpus": 8, "args": [*NNODES_LEADER[:-1], "2"], "labels": PODGROUP},
+     "container 'vllm' arg --node-rank must be between 0 and 1 with --nnodes 2, got '2'; set it to this pod's "
+     "zero-based index"),
+    ({"gpus": 8, "args": [*NNODES_LEADER[:-2], "-r=-1"], "labels": PODGROUP},
+     "arg -r must be between 0 and 1 with --nnodes 2, got '-1'"),
+    ({"gpus": 8, "args": [*NNODES_LEADER[:-1], "one"], "labels": PODGROUP}, "got 'one'"),
+    ({"gpus": 4, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2", "-n", "2"], "labels": PODGROUP},
+     "with -n 2 each pod holds tensor-parallel-size (8) x pipeline-parallel-size (2) = 16 GPUs / 2 = 8 GPUs, but the "
+     "pod requests 4 nvidia.com/gpu; set resources.limits['nvidia.com/gpu'] to 8, or change -n or the parallel sizes"),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "8", "--nnodes", "0"]},
+     "container 'vllm' arg --nnodes: nnodes must be a positive whole number, got '0'"),
+    ({"gpus": 8, "args": ["serve", LLAMA70, "-dp", "2", "-dpl", "4", "-tp", "2"]},
+     "container 'vllm' arg -dpl (4) exceeds data-parallel-size (2)"),
+    ({"gpus": 8, "args": ["serve", LLAMA70, "-dp", "4", "--data-parallel-size-local", "2", "-tp", "2"],
+      "labels": LWS},
+     "--data-parallel-size-local (2) x tensor-parallel-size (2) x pipeline-parallel-size (1) x "
+     "prefill-context-parallel-size (1) = 4 GPUs on this pod, but the pod requests 8 nvidia.com/gpu; set "
+     "resources.limits['nvidia.com/gpu'] to 4 or change --data-parallel-size-local or the parallel sizes"),
+    ({"gpus": 6, "args": ["serve", LLAMA405, "-tp", "8", "-pp", "2"], "labels": PODGROUP},
+     "tensor-parallel-size (8) x pipeline-parallel-size (2) = 16 GPUs, but the pod requests 6 nvidia.com/gpu, "
+     "neither the whole engine nor a whole share of it; set resources.limits['nvidia.com/gpu'] to 16 for an engine "
+     "in one pod, or to 4 with --nnodes 4 for an engine over 4 pods, or change the parallel sizes"),
+    ({"gpus": 6, "args": ["serve", LLAMA70, "-tp", "2", "-dp", "2", "-pcp", "2"]},
+     "tensor-parallel-size (2) x pipeline-parallel-size (1) x data-parallel-size (2) x "
+     "prefill-context-parallel-size (2) = 8 GPUs, but the pod requests 6"),
+    ({"gpus": 8, "args": ["serve", DEEPSEEK, "-tp", "8", "--enable-expert-parallel=true"]},
+     "container 'vllm' arg --enable-expert-parallel=true: --enable-expert-parallel takes no value (vLLM refuses it)"),
+    ({"gpus": 8, "args": ["serve", LLAMA405, "-tp", "$(TP)"]},
+     "container 'vllm' arg -tp: tensor-parallel-size is $(TP), which the container's env does not give a value"),
+], ids=["nnodes-without-group", "ray-form-without-group", "dp-local-without-group", "nnodes-not-dividing",
+        "node-rank-too-big", "node-rank-negative", "node-rank-not-int", "nnodes-share-mismatch", "nnodes-zero",
+        "dp-local-over-dp", "dp-local-mismatch", "not-a-whole-share", "world-names-dp-and-pcp", "ep-with-value",
+        "unresolved-env-reference"])
+def test_multi_node_contradictions(kwargs, message) -> None:
+    demand = parse(**kwargs)
+    assert isinstance(demand, DemandProblem)
+    assert message in demand.message, demand.message
+
+
+def test_env_reference_resolves_sizes() -> None:
+    demand = ok(gpus=8, args=["serve", LLAMA405, "-tp", "$(TP)"], env={"TP": "8"})
+    assert (demand.tp, demand.nodes) == (8, 1)
+
+
+def test_demand_without_identity_keeps_the_layout() -> None:
+    leader = ok(gpus=8, args=NNODES_LEADER, labels=PODGROUP)
+    assert leader.without_identity.nodes == 2 and leader.without_identity == ok(
+        name="q", gpus=8, args=NNODES_LEADER, labels=PODGROUP).without_identity
