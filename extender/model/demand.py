@@ -53,13 +53,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model.catalog import Catalog
-from extender.model.gang import (
-    GANG_NAME_ANNOTATION,
-    KTHENA_GROUP_LABEL,
-    LWS_NAME_LABEL,
-    POD_GROUP_LABEL,
-    RAY_CLUSTER_LABEL,
-)
+from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.quantity import parse_quantity_bytes
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -70,7 +64,6 @@ ANN_HEADS = "gpusched.io/model-attention-heads"
 ANN_KV_HEADS = "gpusched.io/model-kv-heads"
 ANN_MEMORY = "gpusched.io/gpu-memory-per-gpu"
 ANN_REQUIRE_NVLINK = "gpusched.io/require-nvlink"
-GROVE_PODGANG_LABEL = "grove.io/podgang"
 
 # vLLM's flags (vllm/engine/arg_utils.py), by the setting they give.
 _VALUE_FLAGS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -310,13 +303,12 @@ def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -
 
 
 def _declares_group(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
-    """Whether the pod says which group it is placed with (any declaration, valid or not: its
-    problems are the gang parser's to report)."""
+    """Whether the pod says which group it is placed with: a gang declaration (valid or not: its
+    problems are the gang parser's to report), a Kubernetes scheduling group, or a KubeRay cluster
+    (whose head runs the Ray-backend engine over its workers, opted in to a gang or not)."""
     labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    return (bool((pod.get("spec") or {}).get("schedulingGroup")) or GANG_NAME_ANNOTATION in annotations
-            or any(label in labels for label in (POD_GROUP_LABEL, LWS_NAME_LABEL, RAY_CLUSTER_LABEL,
-                                                 KTHENA_GROUP_LABEL, GROVE_PODGANG_LABEL)))
+    return (declares_gang(pod) or bool((pod.get("spec") or {}).get("schedulingGroup"))
+            or RAY_CLUSTER_LABEL in labels)
 
 
 def _container_gpus(container: Mapping[str, Any]) -> int:
