@@ -404,6 +404,7 @@ class GangCoordinator:
             reserved.append(key)
         timeout = self.timing.clamp(gang.timeout_s)
         plan = Plan(gang, placements, uids, now, now + timeout, timeout, tier_value=simulated.tier_value)
+        status.tier_value = simulated.tier_value
         self._plans[gang.key] = plan
         remainder = f" (the remainder: {len(bound)} already bound)" if bound else ""
         status.reason = (f"gang {gang.key}: all {len(placements)} members planned{remainder}"

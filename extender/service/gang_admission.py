@@ -76,7 +76,7 @@ def simulate_placements(gang: GangSpec, members: Sequence[Member], snapshot: Clu
         demand = demand_of(_pod_ref(m))
         if isinstance(demand, DemandProblem):
             return f"gang {gang.key}: member {m.key} cannot be placed anywhere: {demand.message}"
-        spans = getattr(demand, "nodes", 1)
+        spans = demand.nodes
         if spans > gang.min_member:
             return (f"gang {gang.key}: member {m.key}'s engine spans {spans} nodes (its vLLM parallel sizes), but the "
                     f"group's minimum is {gang.min_member} pods; make the group at least {spans} pods, one per node")

@@ -65,6 +65,7 @@ class GangStatus:
     partials: int = 0
     bind_retries: int = 0
     gather_s: list[float] = field(default_factory=list)  # plan -> barrier open, the last 16 commits
+    tier_value: str | None = None  # the tier value of the last plan (kept after it completes)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ def describe_gang(key: GangKey, status: GangStatus | None, plan: Plan | None, me
                               for role, minimum in spec.shape.role_minimums}
     if spec and spec.shape.tier:
         described["tier"] = {"name": spec.shape.tier.name, "label": spec.shape.tier.label,
-                             "required": spec.shape.tier.required, "value": plan.tier_value if plan else None}
+                             "required": spec.shape.tier.required,
+                             "value": plan.tier_value if plan else status.tier_value if status else None}
     if spec and spec.shape.strategy:
         described["placementStrategy"] = spec.shape.strategy.value
     if spec and timing.clamp(spec.timeout_s) < spec.timeout_s:
