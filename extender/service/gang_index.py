@@ -223,54 +223,49 @@ class GangIndex:
 
     # -- PodGroup reflector handler ------------------------------------------------------------
     def replace(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self.pod_groups = {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): pod_group_info(o)
-                               for o in items}
-            # A (re)list may bring groups that pods were judged without, just as a watch event does.
-            pending = sorted(p for key in list(self._awaiting_group) if key in self.pod_groups
-                             for p in self._awaiting_group.pop(key))
-        if pending:
-            self._on_pod_group_added(pending)
+        self._replace_objects("pod_groups", self._awaiting_group, pod_group_info, items)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        key = ((obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"])
-        with self._lock:
-            groups = dict(self.pod_groups)  # replaced, never mutated: members() reads it unlocked
-            if event_type == "DELETED":
-                groups.pop(key, None)
-                self.pod_groups = groups
-                return
-            groups[key] = pod_group_info(obj)
-            self.pod_groups = groups
-            pending = sorted(self._awaiting_group.pop(key, set()))
-        if pending:
-            self._on_pod_group_added(pending)
+        self._apply_object("pod_groups", self._awaiting_group, pod_group_info, event_type, obj)
 
     # -- PodGang reflector handler (through pod_gang_feed) --------------------------------------
     def replace_pod_gangs(self, items: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self.pod_gangs = {((o["metadata"].get("namespace") or "default"), o["metadata"]["name"]): pod_gang_info(o)
-                              for o in items}
-            pending = sorted(p for key in list(self._awaiting_gang) if key in self.pod_gangs
-                             for p in self._awaiting_gang.pop(key))
-        if pending:
-            self._on_pod_group_added(pending)
+        self._replace_objects("pod_gangs", self._awaiting_gang, pod_gang_info, items)
 
     def apply_pod_gang(self, event_type: str, obj: dict[str, Any]) -> None:
         """A PodGang event. A MODIFIED one retries its waiting pods too: Grove adds a pod to
         ``podReferences`` after the PodGang first appears."""
-        key = ((obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"])
+        self._apply_object("pod_gangs", self._awaiting_gang, pod_gang_info, event_type, obj)
+
+    # -- both group objects: the mapping is replaced, never mutated (members() reads it unlocked) --
+    def _replace_objects(self, attr: str, awaiting: dict[tuple[str, str], set[str]],
+                         parse: Callable[[Mapping[str, Any]], Any], items: list[dict[str, Any]]) -> None:
         with self._lock:
-            gangs = dict(self.pod_gangs)  # replaced, never mutated: members() reads it unlocked
-            if event_type == "DELETED":
-                gangs.pop(key, None)
-                self.pod_gangs = gangs
-                return
-            gangs[key] = pod_gang_info(obj)
-            self.pod_gangs = gangs
-            pending = sorted(self._awaiting_gang.pop(key, set()))
+            objects = {_object_key(o): parse(o) for o in items}
+            setattr(self, attr, objects)
+            # A (re)list may bring groups that pods were judged without, just as a watch event does.
+            pending = sorted(p for key in list(awaiting) if key in objects for p in awaiting.pop(key))
         if pending:
             self._on_pod_group_added(pending)
+
+    def _apply_object(self, attr: str, awaiting: dict[tuple[str, str], set[str]],
+                      parse: Callable[[Mapping[str, Any]], Any], event_type: str, obj: dict[str, Any]) -> None:
+        key = _object_key(obj)
+        with self._lock:
+            objects = dict(getattr(self, attr))
+            if event_type == "DELETED":
+                objects.pop(key, None)
+                setattr(self, attr, objects)
+                return
+            objects[key] = parse(obj)
+            setattr(self, attr, objects)
+            pending = sorted(awaiting.pop(key, set()))
+        if pending:
+            self._on_pod_group_added(pending)
+
+
+def _object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return (obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"]
 
 
 class _PodGangFeed:
