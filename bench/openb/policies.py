@@ -1,0 +1,144 @@
+"""Node scorers for the openb replay: Random, BestFit and FGD (``replay.Policy``).
+
+Each returns None where the pod does not fit (``replay.gpu_choices`` empty); higher is better.
+
+* ``RandomPolicy``: a seeded uniform draw per feasible node.
+* ``BestFitPolicy``: least remaining resources after placement. Our formula (the simulator's
+  BestFitScore is not reproduced line by line): score = -(w_cpu x cpu_left / cpu_cap +
+  w_mem x mem_left / mem_cap + w_gpu x gpu_milli_left / gpu_milli_cap), the "left" values taken
+  after the pod lands, weights 1 each; GPUs chosen by ``replay.tightest_gpus``.
+* ``FgdPolicy``: Fragmentation Gradient Descent, reimplemented from the paper (ATC'23, section 4).
+  The target workload is the trace's distribution of request shapes t = (num_gpu, gpu_milli) with
+  popularity p_t. A node's fragmentation F = sum_t p_t x (GPU milli on the node pods of shape t
+  cannot use): for a shape the node cannot host at all (no GPU with gpu_milli left for a sharing
+  shape; fewer than k untouched GPUs for a k-GPU shape) that is all its free GPU milli; otherwise
+  the free milli of GPUs with less left than the shape's per-GPU milli (1000 for whole-GPU
+  shapes); CPU-only shapes count 0. A placement scores -(F_after - F_before), the GPU(s) chosen
+  to minimise F_after (lowest indices on ties). Simplification, stated: shapes carry no CPU,
+  memory or GPU-model need, so F is a function of the per-GPU free milli alone (the simulator's
+  typical pods also check CPU).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bench.openb.replay import NodeState, gpu_choices, tightest_gpus
+from bench.openb.trace import GPU_MILLI, TracePod
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        return self._rng.random() if gpu_choices(state, pod) else None
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        return _required(tightest_gpus(state, pod), state, pod)
+
+
+@dataclass(frozen=True)
+class BestFitPolicy:
+    name: str = "bestfit"
+    w_cpu: float = 1.0
+    w_mem: float = 1.0
+    w_gpu: float = 1.0
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        gpus = tightest_gpus(state, pod)
+        if gpus is None:
+            return None
+        node = state.node
+        cpu_left = state.cpu_free_milli - pod.cpu_milli
+        mem_left = state.memory_free_mib - pod.memory_mib
+        left = self.w_cpu * cpu_left / node.cpu_milli if node.cpu_milli else 0.0
+        left += self.w_mem * mem_left / node.memory_mib if node.memory_mib else 0.0
+        if node.gpus:
+            gpu_left = state.gpu_free_total - pod.gpu_request_milli
+            left += self.w_gpu * gpu_left / (node.gpus * GPU_MILLI)
+        return -left
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        return _required(tightest_gpus(state, pod), state, pod)
+
+
+def shape_popularity(pods: Sequence[TracePod]) -> dict[tuple[int, int], float]:
+    """p_t for each request shape (num_gpu, gpu_milli) among ``pods``; sums to 1."""
+    counts = Counter(p.shape for p in pods)
+    total = sum(counts.values())
+    return {shape: n / total for shape, n in sorted(counts.items())}
+
+
+def fragmentation(gpu_free_milli: Sequence[int], popularity: dict[tuple[int, int], float]) -> float:
+    """F of a node with these per-GPU free milli for the target workload (module docstring)."""
+    total = sum(gpu_free_milli)
+    frag = 0.0
+    for (num_gpu, milli), p in popularity.items():
+        if num_gpu == 0:
+            continue
+        usable = [left >= milli for left in gpu_free_milli]
+        if sum(usable) < num_gpu:
+            frag += p * total
+        else:
+            frag += p * sum(left for left, ok in zip(gpu_free_milli, usable, strict=True) if not ok)
+    return frag
+
+
+@dataclass
+class FgdPolicy:
+    """FGD for the target workload ``popularity`` (``shape_popularity`` of the trace).
+
+    Memoises (per-GPU free milli, pod shape) -> (delta F, GPUs) in ``_memo``, owned by this
+    instance: identical nodes are common and F depends on nothing else.
+    """
+
+    popularity: dict[tuple[int, int], float]
+    name: str = "fgd"
+    _memo: dict[tuple[tuple[int, ...], tuple[int, int]], tuple[float, tuple[int, ...]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        best = self._best(state, pod)
+        return None if best is None else -best[0]
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        best = self._best(state, pod)
+        return _required(None if best is None else best[1], state, pod)
+
+    def _best(self, state: NodeState, pod: TracePod) -> tuple[float, tuple[int, ...]] | None:
+        choices = gpu_choices(state, pod)
+        if not choices:
+            return None
+        key = (state.gpu_free_milli, pod.shape)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        before = fragmentation(state.gpu_free_milli, self.popularity)
+        take = pod.gpu_milli if pod.sharing else GPU_MILLI
+        best: tuple[float, tuple[int, ...]] | None = None
+        for choice in choices:
+            free = list(state.gpu_free_milli)
+            for i in choice:
+                free[i] -= take
+            delta = fragmentation(free, self.popularity) - before
+            if best is None or delta < best[0]:
+                best = (delta, choice)
+        assert best is not None
+        self._memo[key] = best
+        return best
+
+
+def _required(gpus: tuple[int, ...] | None, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+    if gpus is None:
+        raise ValueError(f"pod {pod.name} does not fit on {state.node.name}: the replay chose an infeasible node")
+    return gpus
+
+
+POLICY_NAMES = ("random", "bestfit", "fgd")
