@@ -38,6 +38,8 @@ def make_policy(name: str, pods: tuple[TracePod, ...], seed: int) -> Policy:
         return BestFitPolicy()
     if name == "fgd":
         return FgdPolicy(shape_popularity(pods))
+    if name == "fgd-shape":
+        return FgdPolicy(shape_popularity(pods, with_cpu=False), name="fgd-shape")
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 

@@ -8,15 +8,15 @@ Each returns None where the pod does not fit (``replay.gpu_choices`` empty); hig
   w_mem x mem_left / mem_cap + w_gpu x gpu_milli_left / gpu_milli_cap), the "left" values taken
   after the pod lands, weights 1 each; GPUs chosen by ``replay.tightest_gpus``.
 * ``FgdPolicy``: Fragmentation Gradient Descent, reimplemented from the paper (ATC'23, section 4).
-  The target workload is the trace's distribution of request shapes t = (num_gpu, gpu_milli) with
-  popularity p_t. A node's fragmentation F = sum_t p_t x (GPU milli on the node pods of shape t
-  cannot use): for a shape the node cannot host at all (no GPU with gpu_milli left for a sharing
-  shape; fewer than k untouched GPUs for a k-GPU shape) that is all its free GPU milli; otherwise
-  the free milli of GPUs with less left than the shape's per-GPU milli (1000 for whole-GPU
-  shapes); CPU-only shapes count 0. A placement scores -(F_after - F_before), the GPU(s) chosen
-  to minimise F_after (lowest indices on ties). Simplification, stated: shapes carry no CPU,
-  memory or GPU-model need, so F is a function of the per-GPU free milli alone (the simulator's
-  typical pods also check CPU).
+  The target workload is the trace's distribution of request types t = (cpu_milli, num_gpu,
+  gpu_milli) with popularity p_t. A node's fragmentation F = sum_t p_t x (GPU milli on the node
+  pods of type t cannot use): all its free GPU milli where the node cannot host t at all (less
+  free CPU than t asks; no GPU with gpu_milli left for a sharing type; fewer than k untouched GPUs
+  for a k-GPU type); otherwise the free milli of GPUs with less left than t's per-GPU milli (1000
+  for whole-GPU types), and 0 for a CPU-only type. A placement scores -(F_after - F_before), the
+  GPU(s) chosen to minimise F_after (lowest indices on ties). ``shape_popularity(pods,
+  with_cpu=False)`` gives the shape-only variant (every type's cpu_milli 0: F then depends on the
+  GPUs alone), registered as ``fgd-shape``. Neither checks memory or GPU model in F.
 """
 
 from __future__ import annotations
@@ -68,18 +68,26 @@ class BestFitPolicy:
         return _required(tightest_gpus(state, pod), state, pod)
 
 
-def shape_popularity(pods: Sequence[TracePod]) -> dict[tuple[int, int], float]:
-    """p_t for each request shape (num_gpu, gpu_milli) among ``pods``; sums to 1."""
-    counts = Counter(p.shape for p in pods)
+Type = tuple[int, int, int]  # (cpu_milli, num_gpu, gpu_milli) of FGD's target workload
+
+
+def shape_popularity(pods: Sequence[TracePod], *, with_cpu: bool = True) -> dict[Type, float]:
+    """p_t for each request type (cpu_milli, num_gpu, gpu_milli) among ``pods``; sums to 1.
+
+    ``with_cpu=False``: cpu_milli 0 for every type (the request shape only)."""
+    counts = Counter((p.cpu_milli if with_cpu else 0, *p.shape) for p in pods)
     total = sum(counts.values())
     return {shape: n / total for shape, n in sorted(counts.items())}
 
 
-def fragmentation(gpu_free_milli: Sequence[int], popularity: dict[tuple[int, int], float]) -> float:
-    """F of a node with these per-GPU free milli for the target workload (module docstring)."""
+def fragmentation(gpu_free_milli: Sequence[int], cpu_free_milli: int, popularity: dict[Type, float]) -> float:
+    """F of a node with these per-GPU free milli and free CPU for the target workload (module docstring)."""
     total = sum(gpu_free_milli)
     frag = 0.0
-    for (num_gpu, milli), p in popularity.items():
+    for (cpu, num_gpu, milli), p in popularity.items():
+        if cpu > cpu_free_milli:
+            frag += p * total
+            continue
         if num_gpu == 0:
             continue
         usable = [left >= milli for left in gpu_free_milli]
@@ -94,13 +102,13 @@ def fragmentation(gpu_free_milli: Sequence[int], popularity: dict[tuple[int, int
 class FgdPolicy:
     """FGD for the target workload ``popularity`` (``shape_popularity`` of the trace).
 
-    Memoises (per-GPU free milli, pod shape) -> (delta F, GPUs) in ``_memo``, owned by this
-    instance: identical nodes are common and F depends on nothing else.
+    Memoises (per-GPU free milli, free CPU, pod type) -> (delta F, GPUs) in ``_memo``, owned by
+    this instance: identical nodes are common and F depends on nothing else.
     """
 
-    popularity: dict[tuple[int, int], float]
+    popularity: dict[Type, float]
     name: str = "fgd"
-    _memo: dict[tuple[tuple[int, ...], tuple[int, int]], tuple[float, tuple[int, ...]]] = field(
+    _memo: dict[tuple[tuple[int, ...], int, Type], tuple[float, tuple[int, ...]]] = field(
         default_factory=dict, repr=False
     )
 
@@ -116,18 +124,19 @@ class FgdPolicy:
         choices = gpu_choices(state, pod)
         if not choices:
             return None
-        key = (state.gpu_free_milli, pod.shape)
+        key = (state.gpu_free_milli, state.cpu_free_milli, (pod.cpu_milli, *pod.shape))
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        before = fragmentation(state.gpu_free_milli, self.popularity)
+        before = fragmentation(state.gpu_free_milli, state.cpu_free_milli, self.popularity)
+        cpu_after = state.cpu_free_milli - pod.cpu_milli
         take = pod.gpu_milli if pod.sharing else GPU_MILLI
         best: tuple[float, tuple[int, ...]] | None = None
         for choice in choices:
             free = list(state.gpu_free_milli)
             for i in choice:
                 free[i] -= take
-            delta = fragmentation(free, self.popularity) - before
+            delta = fragmentation(free, cpu_after, self.popularity) - before
             if best is None or delta < best[0]:
                 best = (delta, choice)
         assert best is not None
@@ -141,4 +150,4 @@ def _required(gpus: tuple[int, ...] | None, state: NodeState, pod: TracePod) -> 
     return gpus
 
 
-POLICY_NAMES = ("random", "bestfit", "fgd")
+POLICY_NAMES = ("random", "bestfit", "fgd", "fgd-shape")

@@ -162,7 +162,7 @@ def winner(policy: Policy, states: list[NodeState], pod: TracePod) -> str:
 
 
 ONE_GPU_A, ONE_GPU_B = make_node("a"), make_node("b")
-FGD_500 = FgdPolicy({(1, 500): 1.0})
+FGD_500 = FgdPolicy({(0, 1, 500): 1.0})
 
 
 @pytest.mark.parametrize(("policy", "states", "pod", "expected"), [
@@ -177,7 +177,7 @@ FGD_500 = FgdPolicy({(1, 500): 1.0})
                  id="fgd-avoids-stranding"),
     # p(1,500)=p(1,1000)=0.5. c [1000,1000]: F 0 -> [500,1000]: 0.5*500 = 250 (+250).
     # d [600]: F 0.5*600 = 300 -> [100]: 0.5*100 + 0.5*100 = 100 (-200) -> d
-    pytest.param(FgdPolicy({(1, 500): 0.5, (1, 1000): 0.5}),
+    pytest.param(FgdPolicy({(0, 1, 500): 0.5, (0, 1, 1000): 0.5}),
                  [state(make_node("c", gpus=2)), state(make_node("d"), (600,))], make_pod(milli=500), "d",
                  id="fgd-fills-a-fragment"),
     pytest.param(FGD_500, [state(ONE_GPU_A, (600,)), state(ONE_GPU_B, (1000,), cpu=10)], make_pod(milli=300), "a",
@@ -190,22 +190,39 @@ def test_policy_picks_the_hand_computed_node(policy: Policy, states: list[NodeSt
 
 def test_fgd_chooses_the_gpu_that_fragments_least() -> None:
     node = state(make_node(gpus=2), (700, 600))
-    policy = FgdPolicy({(1, 600): 1.0})
+    policy = FgdPolicy({(0, 1, 600): 1.0})
     # on GPU 0: [600, 600] F 0; on GPU 1: [700, 500] F 500. BestFit's tightest GPU would be 1.
     assert policy.gpus(node, make_pod(milli=100)) == (0,)
     assert policy.score(node, make_pod(milli=100)) == 0.0
 
 
 @pytest.mark.parametrize(("free", "popularity", "expected"), [
-    pytest.param((1000, 1000), {(2, 1000): 1.0}, 0.0, id="two-idle-fit-a-pair"),
-    pytest.param((1000, 400), {(2, 1000): 1.0}, 1400.0, id="pair-impossible-all-free-is-fragment"),
-    pytest.param((1000, 400), {(1, 1000): 0.5, (1, 300): 0.5}, 200.0, id="partial-gpu-strands-whole-pods"),
-    pytest.param((1000, 400), {(0, 0): 1.0}, 0.0, id="cpu-only-shapes-count-zero"),
+    pytest.param((1000, 1000), {(0, 2, 1000): 1.0}, 0.0, id="two-idle-fit-a-pair"),
+    pytest.param((1000, 400), {(0, 2, 1000): 1.0}, 1400.0, id="pair-impossible-all-free-is-fragment"),
+    pytest.param((1000, 400), {(0, 1, 1000): 0.5, (0, 1, 300): 0.5}, 200.0, id="partial-gpu-strands-whole-pods"),
+    pytest.param((1000, 400), {(500, 0, 0): 1.0}, 0.0, id="cpu-only-type-with-room-counts-zero"),
 ])
-def test_fragmentation(free: tuple[int, ...], popularity: dict[tuple[int, int], float], expected: float) -> None:
-    assert fragmentation(free, popularity) == pytest.approx(expected)
+def test_fragmentation(free: tuple[int, ...], popularity: dict[tuple[int, int, int], float], expected: float) -> None:
+    assert fragmentation(free, 1000, popularity) == pytest.approx(expected)
+
+
+def test_fragmentation_counts_all_free_gpu_for_types_lacking_cpu() -> None:
+    # 1000 cpu free: the 2000-cpu type cannot land, so all 1400 free milli is fragment for it (p 0.5);
+    # the 500-cpu whole-GPU type strands the 400-milli GPU (p 0.5).
+    popularity = {(2000, 0, 0): 0.5, (500, 1, 1000): 0.5}
+    assert fragmentation((1000, 400), 1000, popularity) == pytest.approx(0.5 * 1400 + 0.5 * 400)
+
+
+def test_cpu_aware_fgd_keeps_cpu_for_gpu_pods() -> None:
+    # A CPU-only pod of 1000 cpu. a has 1500 cpu: after it, 500 < 1000 asked by the GPU type, so a's
+    # 1000 free milli becomes fragment (+1000 x 1.0). b has 32000 cpu: +0 -> b, though a comes first.
+    policy = FgdPolicy({(1000, 1, 1000): 1.0})
+    states = [state(ONE_GPU_A, cpu=1500), state(ONE_GPU_B)]
+    assert winner(policy, states, make_pod(cpu=1000, num_gpu=0, milli=0)) == "b"
+    assert policy.score(states[0], make_pod(cpu=1000, num_gpu=0, milli=0)) == -1000.0
 
 
 def test_shape_popularity() -> None:
     pods = (make_pod(milli=500), make_pod(milli=500), make_pod(num_gpu=0, milli=0), make_pod())
-    assert shape_popularity(pods) == {(0, 0): 0.25, (1, 500): 0.5, (1, 1000): 0.25}
+    assert shape_popularity(pods) == {(1000, 0, 0): 0.25, (1000, 1, 500): 0.5, (1000, 1, 1000): 0.25}
+    assert shape_popularity(pods, with_cpu=False) == {(0, 0, 0): 0.25, (0, 1, 500): 0.5, (0, 1, 1000): 0.25}
