@@ -3,11 +3,12 @@ rules and the BestFit / FGD scorers, on tiny hand-made traces; plus the real tra
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bench.openb.policies import BestFitPolicy, FgdPolicy, fragmentation, shape_popularity
+from bench.openb.policies import BestFitPolicy, FgdPolicy, RandomPolicy, fragmentation, shape_popularity
 from bench.openb.replay import (
     NodeState,
     Policy,
@@ -18,7 +19,7 @@ from bench.openb.replay import (
     sample_workload,
 )
 from bench.openb.trace import NODE_FILE, TraceError, TraceNode, TracePod, load_nodes, load_pods
-from bench.openb_replay import DEFAULT_TRACE_DIR
+from bench.openb_replay import DEFAULT_TRACE_DIR, main
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -226,3 +227,42 @@ def test_shape_popularity() -> None:
     pods = (make_pod(milli=500), make_pod(milli=500), make_pod(num_gpu=0, milli=0), make_pod())
     assert shape_popularity(pods) == {(1000, 0, 0): 0.25, (1000, 1, 500): 0.5, (1000, 1, 1000): 0.25}
     assert shape_popularity(pods, with_cpu=False) == {(0, 0, 0): 0.25, (0, 1, 500): 0.5, (0, 1, 1000): 0.25}
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+def tiny_trace_dir(tmp_path: Path) -> Path:
+    write(tmp_path, NODE_FILE, [NODE_HEADER, "n0,8000,8192,2,T4", "n1,8000,8192,1,P100"])
+    write(tmp_path, "openb_pod_list_tiny.csv", [POD_HEADER, "p0,1000,1024,1,500,,LS,R,0,0,0",
+                                                 "p1,1000,1024,1,1000,T4,LS,R,0,0,0", "p2,500,512,0,0,,BE,R,0,0,0"])
+    return tmp_path
+
+
+def test_cli_prints_per_policy_and_seed_and_writes_json_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "trace").mkdir()
+    trace_dir = tiny_trace_dir(tmp_path / "trace")
+    out = tmp_path / "out.json"
+    args = ["--trace", "tiny", "--trace-dir", str(trace_dir), "--seeds", "1,2", "--policies", "random,bestfit,fgd"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        f"tiny seed={s} {p}" for s in (1, 2) for p in ("random", "bestfit", "fgd")]
+    assert not out.exists()
+    assert main([*args, "--output", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["seed"], r["policy"]) for r in runs] == [(s, p) for s in (1, 2) for p in ("random", "bestfit", "fgd")]
+    assert all(r["capacity_milli"] == 3000 and 0 < r["allocated_ratio"] <= 1 for r in runs)
+
+
+def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--trace-dir", str(tiny_trace_dir(tmp_path)), "--trace", "tiny", "--policies", "worstfit"])
+
+
+def test_random_policy_is_seeded() -> None:
+    states = [state(make_node(f"n{i}")) for i in range(5)]
+    pod = make_pod(milli=100)
+    draws = [[RandomPolicy(seed).score(s, pod) for s in states] for seed in (7, 7, 8)]
+    assert draws[0] == draws[1] != draws[2]
