@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -21,7 +22,19 @@ from bench.openb.replay import Policy, capacity_milli, replay, sample_workload
 from bench.openb.trace import NODE_FILE, TracePod, load_nodes, load_pods, pod_file
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE_DIR = ROOT.parent / "shared" / "traces" / "openb"
+
+
+def _shared_dir() -> Path:
+    """The team's read-only shared folder: $GPUSCHED_SHARED (as hack/vllm-venv.sh reads it), else the
+    checkout's sibling ``shared/``, else the workplace's /work/shared (a clone made elsewhere, e.g.
+    /tmp, still finds the trace)."""
+    for candidate in (os.environ.get("GPUSCHED_SHARED"), ROOT.parent / "shared", "/work/shared"):
+        if candidate and (Path(candidate) / "traces" / "openb").is_dir():
+            return Path(candidate)
+    return ROOT.parent / "shared"  # absent: the loader names the missing file
+
+
+DEFAULT_TRACE_DIR = _shared_dir() / "traces" / "openb"
 # Allocation ratio (%) at 130 % arrived, FGD paper (ATC'23), mean over seeds 42-51.
 PUBLISHED = MappingProxyType({
     "default": MappingProxyType({"fgd": 95.39, "bestfit": 93.08, "gpupacking": 92.00, "dotprod": 90.85,
