@@ -224,12 +224,10 @@ class _Sequential:
         """The member's demand told which units its role's siblings hold or were just given."""
         if not md.role:
             return md.demand
-        units = {u for key, p in plan.items() if self._role(key) == md.role for u in p.units}
+        planned_roles = {other.member.key: other.role for other in self.demands}
+        units = {u for key, p in plan.items() if planned_roles.get(key) == md.role for u in p.units}
         units.update(u for key, held in self.held.items() if self.roles.get(key) == md.role for u in held)
         return replace(md.demand, spread_from_units=frozenset(units)) if units else md.demand
-
-    def _role(self, key: str) -> str:
-        return next((md.role for md in self.demands if md.member.key == key), "")
 
     def _shortfall(self, plan: Mapping[str, MemberPlacement], failed: Sequence[tuple[MemberDemand, str]]) -> str:
         total = len(self.demands)
