@@ -26,6 +26,20 @@ from types import MappingProxyType
 
 
 @dataclass(frozen=True)
+class ShareSample:
+    """One pod sharing a GPU (``extender.model.share``): its share and what its processes use.
+    ``used_bytes`` is None when the agent could not attribute the GPU's processes to pods."""
+
+    pod: str  # "namespace/name"
+    share_bytes: int
+    used_bytes: int | None = None
+
+    @property
+    def over(self) -> bool:
+        return self.used_bytes is not None and self.used_bytes > self.share_bytes
+
+
+@dataclass(frozen=True)
 class GpuSample:
     uuid: str
     index: int
@@ -35,6 +49,7 @@ class GpuSample:
     is_mig: bool = False
     assigned_pods: tuple[str, ...] = ()  # "namespace/name" holding this device per PodResources
     failure: str = ""  # why the unit is out of service ("" in service): lost, or a critical XID
+    shares: tuple[ShareSample, ...] = ()  # pods holding a share slot of this GPU (not in assigned_pods)
 
 
 @dataclass(frozen=True)
