@@ -95,6 +95,9 @@ class GpuChoice:
     gpu_indices: tuple[int, ...]
     tier: Tier
     uses_mig: bool
+    share_mib: int = 0  # > 0: a share of the one unit, ``promised_mib`` already promised there
+    promised_mib: int = 0
+    share_capacity_mib: int = 0  # what the unit's sharers may have together, as judged
 
 
 def to_extender_score(total: float) -> int:

@@ -378,7 +378,8 @@ class Framework:
             return Status.error(FRAMEWORK, f"node {node_name} passed every filter but no GPU set "
                                            "was found; this is a gpusched bug")
         return GpuChoice(node_name, placement.unit_ids, placement.gpu_indices, placement.tier,
-                         placement.uses_mig)
+                         placement.uses_mig, placement.share_mib, placement.promised_mib,
+                         placement.units[0].share_capacity_mib or 0 if placement.share_mib else 0)
 
 
 _UNKNOWN_SCORE = NodeScore((), 0.0, 0)  # never shown: unknown nodes have no per-node score

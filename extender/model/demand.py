@@ -21,6 +21,12 @@ overriding earlier ones:
   ``gpusched.io/require-nvlink`` (``"true"``/``"false"``);
 * the model catalog, for heads and KV heads the annotations do not give.
 
+**A share of a GPU** (``extender.model.share``): one ``gpusched.io/gpu-share`` in the containers'
+limits and the annotation ``gpusched.io/gpu-memory`` (a quantity) ask for that much memory of one
+whole GPU, shared with other engines: ``gpu_count`` 1, ``share_bytes`` set. Either without the
+other, a share beside ``nvidia.com/gpu``, more than one share, parallel sizes above 1 or an engine
+spanning pods are contradictions (a share is one engine on part of one GPU).
+
 **The pod's share of the engine.** vLLM's world is data-parallel x pipeline-parallel x
 tensor-parallel x prefill-context-parallel GPUs; a pod holds its share of it:
 
@@ -54,7 +60,8 @@ from typing import Any
 
 from extender.model.catalog import Catalog
 from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
-from extender.model.quantity import parse_quantity_bytes
+from extender.model.quantity import format_gib, parse_quantity_bytes
+from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ANN_MODEL = "gpusched.io/model"
@@ -135,6 +142,12 @@ class PodDemand:
     nodes: int = 1
     node_rank: int | None = None
     expert_parallel: bool = False
+    # A share of one whole GPU: the GPU memory the engine may use (None: whole GPUs).
+    share_bytes: int | None = None
+
+    @property
+    def is_share(self) -> bool:
+        return self.share_bytes is not None
 
     @property
     def key(self) -> str:
@@ -172,9 +185,23 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
     annotations = meta.get("annotations") or {}
     containers = (pod.get("spec") or {}).get("containers") or []
     gpu_count = sum(_container_gpus(c) for c in containers)
+    share_bytes = _share(annotations, containers, gpu_count)
+    if share_bytes is not None:
+        gpu_count = 1
     engine = _engine_container(containers)
     args = _EngineArgs.parse(engine) if engine is not None else _EngineArgs()
     layout = _layout(annotations, args, gpu_count)
+    if share_bytes is not None and _declares_group(pod, meta):
+        raise _Invalid(
+            f"a share ({SHARE_RESOURCE}) is placed on its own; gpusched does not place shares as members of a "
+            "group yet: drop the group declaration, or ask for a whole GPU with nvidia.com/gpu"
+        )
+    if share_bytes is not None and (layout.world > 1 or layout.nodes > 1):
+        raise _Invalid(
+            f"a share ({SHARE_RESOURCE}, annotation {SHARE_MEMORY_ANNOTATION}) is one engine on part of one GPU, "
+            f"but the engine is {layout.describe()}; use {GPU_RESOURCE} for a parallel engine, or set the parallel "
+            "sizes to 1"
+        )
     if layout.nodes > 1 and not _declares_group(pod, meta):
         raise _Invalid(
             f"the engine spans {layout.nodes} pods ({layout.how}), but the pod declares no group, and "
@@ -184,7 +211,6 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
             f"set resources.limits[{GPU_RESOURCE!r}] to {layout.world} for an engine in one pod"
         )
     tp = layout.tp
-
     model = (annotations.get(ANN_MODEL) or args.model or None)
     spec = catalog.lookup(model)
     heads = _positive(annotations, ANN_HEADS, "attention heads")
@@ -215,7 +241,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         attention_heads=heads, kv_heads=kv_heads,
         memory_per_gpu_bytes=_memory(annotations), require_nvlink=_require_nvlink(annotations),
         parallelism_stated=layout.stated, dp=layout.dp, pcp=layout.pcp, nodes=layout.nodes,
-        node_rank=layout.node_rank, expert_parallel=args.expert_parallel,
+        node_rank=layout.node_rank, expert_parallel=args.expert_parallel, share_bytes=share_bytes,
     )
 
 
@@ -311,19 +337,52 @@ def _declares_group(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
             or RAY_CLUSTER_LABEL in labels)
 
 
-def _container_gpus(container: Mapping[str, Any]) -> int:
+def _container_gpus(container: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
     resources = container.get("resources") or {}
     for section in ("limits", "requests"):
-        value = (resources.get(section) or {}).get(GPU_RESOURCE)
+        value = (resources.get(section) or {}).get(resource)
         if value is not None:
             text = str(value).strip()
             if not _INTEGER.match(text):
+                what = "GPUs" if resource == GPU_RESOURCE else "shares"
                 raise _Invalid(
                     f"container {container.get('name', '?')!r} resources.{section}"
-                    f"[{GPU_RESOURCE!r}] must be a whole number of GPUs, got {value!r}"
+                    f"[{resource!r}] must be a whole number of {what}, got {value!r}"
                 )
             return int(text)
     return 0
+
+
+def _share(annotations: Mapping[str, Any], containers: Sequence[Mapping[str, Any]], gpu_count: int) -> int | None:
+    """The share's bytes when the pod asks for a share of a GPU (the module docstring), else None."""
+    slots = sum(_container_gpus(c, SHARE_RESOURCE) for c in containers)
+    value = annotations.get(SHARE_MEMORY_ANNOTATION)
+    if not slots and value is None:
+        return None
+    limits = f"resources.limits[{SHARE_RESOURCE!r}]"
+    if value is None:
+        raise _Invalid(f"the pod asks for {limits} but not how much GPU memory: add annotation "
+                       f"{SHARE_MEMORY_ANNOTATION} (e.g. \"20Gi\") with the memory its engine may use")
+    if not slots:
+        raise _Invalid(f"annotation {SHARE_MEMORY_ANNOTATION} asks for a share of a GPU, but no container requests "
+                       f"it: add {limits}: 1 to the engine container (or drop the annotation for whole GPUs)")
+    if gpu_count:
+        raise _Invalid(f"the pod asks for {gpu_count} {GPU_RESOURCE} and a share ({limits}); a pod holds whole "
+                       f"GPUs or one share, never both: drop one")
+    if slots != 1:
+        raise _Invalid(f"the pod asks for {slots} {SHARE_RESOURCE}; a pod holds one share of one GPU: set it to 1 "
+                       f"in one container (size the share with annotation {SHARE_MEMORY_ANNOTATION})")
+    try:
+        num_bytes = parse_quantity_bytes(str(value))
+    except ValueError as exc:
+        raise _Invalid(f"annotation {SHARE_MEMORY_ANNOTATION}: {exc}") from exc
+    if num_bytes < MIN_SHARE_BYTES:
+        raise _Invalid(f"annotation {SHARE_MEMORY_ANNOTATION}: a share must be at least "
+                       f"{format_gib(MIN_SHARE_BYTES)}, got {value!r}")
+    return num_bytes
+
+
+MIN_SHARE_BYTES = 1 << 30  # less cannot hold an engine; below the GiB the telemetry judges in, it is noise
 
 
 def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

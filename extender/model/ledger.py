@@ -12,6 +12,12 @@ Entries come from two places, as in kube-scheduler's cache:
   observed assignment always wins over what we assumed. ``release`` drops a deleted, failed or
   succeeded pod.
 
+**Shares** (``extender.model.share``): a pod may hold part of one whole GPU, ``share_mib`` of its
+memory, beside other sharers of that GPU. A shared unit has no exclusive owner and counts as held
+(``held_by_node``) for whole-GPU placement; ``assume`` refuses a share when the unit is held whole
+or the shares would exceed the capacity the caller judged (``capacity_mib``), so a GPU's memory is
+never promised twice either. ``shares_on(node)`` gives the MiB promised per shared unit.
+
 Pod keys are ``"namespace/name"``; the uid is kept alongside so that a pod recreated under the
 same name can be told apart by callers. Readers take a ``LedgerView``: an immutable picture made
 at most once per version, so a scheduling request never sees a half-applied update.
@@ -33,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 EMPTY: frozenset[str] = frozenset()
+NO_SHARES: Mapping[str, int] = MappingProxyType({})
 _BUCKETS = 64  # copy-on-write granularity of the ledger's maps (a power of two)
 _LOG_KEEP = 4096  # node-change log entries kept after a trim (older views fall back to a full diff)
 
@@ -131,6 +138,11 @@ class Assignment:
     state: EntryState
     uid: str = ""
     since: float = 0.0
+    share_mib: int = 0  # > 0: a share of the one unit in unit_ids; 0: the units whole
+
+    @property
+    def is_share(self) -> bool:
+        return self.share_mib > 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,8 @@ class LedgerView:
     _log: list[str] | None = field(default=None, compare=False, repr=False)
     _log_base: int = field(default=0, compare=False, repr=False)
     _source: object = field(default=None, compare=False, repr=False)
+    # node -> unit id -> MiB promised to its sharers (per node, replaced, never mutated).
+    shares_by_node: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def nodes_changed_since(self, other: LedgerView) -> set[str] | None:
         """Nodes whose holdings may differ between ``other`` and this view (either may be the
@@ -165,6 +179,16 @@ class LedgerView:
 
     def held_on(self, node: str) -> frozenset[str]:
         return self.held_by_node.get(node, EMPTY)
+
+    def shares_on(self, node: str) -> Mapping[str, int]:
+        """Unit id -> MiB promised to the unit's sharers on ``node`` (the same object while the
+        node's shares do not change)."""
+        return self.shares_by_node.get(node, NO_SHARES)
+
+    def sharers_of(self, node: str, unit_id: str) -> tuple[Assignment, ...]:
+        """The share assignments on one unit, by pod key (linear in the ledger; reasons and debug)."""
+        return tuple(sorted((a for a in self.assignments.values()
+                             if a.is_share and a.node == node and unit_id in a.unit_ids), key=lambda a: a.pod_key))
 
     def owner_of(self, node: str, unit_id: str) -> str | None:
         """The pod key holding ``unit_id`` on ``node`` (linear in the node's pods; debug use)."""
@@ -189,30 +213,48 @@ class GpuLedger:
         self._assignments = _CowMap()  # pod key -> Assignment
         self._owners: dict[str, dict[str, str]] = {}  # node -> unit id -> pod key
         self._held = _CowMap()  # node -> frozenset of unit ids (replaced, never mutated)
+        self._sharers: dict[str, dict[str, dict[str, int]]] = {}  # node -> unit id -> pod key -> MiB
+        self._shares = _CowMap()  # node -> read-only unit id -> MiB promised (replaced, never mutated)
         self._version = 0
         self._log: list[str] = []  # node changed by each version since _log_base
         self._log_base = 0
         self._source = object()  # identifies this ledger's views
         self._view = EMPTY_VIEW
 
-    def assume(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "") -> bool:
+    def assume(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
+               share_mib: int = 0, capacity_mib: int = 0) -> bool:
         """Reserve ``unit_ids`` on ``node`` for a pod we are about to bind.
 
         Returns False, changing nothing, if any id is held by another pod or the pod is already
         bound elsewhere. Re-assuming the same pod replaces its earlier assumed reservation
         (a retried bind), so a pod never holds two reservations.
+
+        With ``share_mib`` > 0 the pod takes a share of the one unit in ``unit_ids``: refused when
+        the unit is held whole, or when the other sharers' MiB plus ``share_mib`` exceed
+        ``capacity_mib`` (what the caller judged the unit can give all its sharers). A unit with
+        sharers is never assumed whole.
         """
         ids = frozenset(unit_ids)
+        if share_mib < 0 or (share_mib and len(ids) != 1):
+            raise ValueError("a share is a positive MiB of exactly one unit")
         with self._lock:
             current = self._assignments.get(pod_key)
             if current is not None and current.state is EntryState.BOUND:
-                return current.node == node and current.unit_ids == ids
+                return current.node == node and current.unit_ids == ids and current.share_mib == share_mib
             owners = self._owners.get(node, {})
             if any(owners.get(i, pod_key) != pod_key for i in ids):
                 return False
+            sharers = self._sharers.get(node, {})
+            if share_mib:
+                (unit_id,) = ids
+                others = sum(mib for key, mib in sharers.get(unit_id, {}).items() if key != pod_key)
+                if others + share_mib > capacity_mib:
+                    return False
+            elif any(key != pod_key for i in ids for key in sharers.get(i, {})):
+                return False
             if current is not None:
                 self._remove(current)
-            self._add(Assignment(pod_key, node, ids, EntryState.ASSUMED, uid, self._clock()))
+            self._add(Assignment(pod_key, node, ids, EntryState.ASSUMED, uid, self._clock(), share_mib))
             return True
 
     def forget(self, pod_key: str) -> bool:
@@ -224,28 +266,36 @@ class GpuLedger:
             self._remove(current)
             return True
 
-    def observe(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "") -> tuple[str, ...]:
+    def observe(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
+                share_mib: int = 0) -> tuple[str, ...]:
         """Record a bound pod seen by the watch; the observation replaces any assumed entry.
 
         Returns the keys of other pods that held any of these ids (normally none); they lose
-        those ids, because what the cluster shows is the truth the ledger must follow.
+        those ids, because what the cluster shows is the truth the ledger must follow. A share
+        (``share_mib`` > 0) displaces the unit's whole owner, not its other sharers (they may
+        share it, whatever the sum); a whole holding displaces the unit's sharers.
         """
         ids = frozenset(unit_ids)
+        if share_mib < 0 or (share_mib and len(ids) != 1):
+            raise ValueError("a share is a positive MiB of exactly one unit")
         with self._lock:
             current = self._assignments.get(pod_key)
             if current is not None:
                 self._remove(current)
             owners = self._owners.get(node, {})
-            displaced = sorted({owners[i] for i in ids if i in owners})
-            for other_key in displaced:
+            sharers = self._sharers.get(node, {})
+            displaced = {owners[i] for i in ids if i in owners}
+            if not share_mib:
+                displaced |= {key for i in ids for key in sharers.get(i, {})}
+            for other_key in sorted(displaced):
                 other = self._assignments[other_key]
                 self._remove(other)
                 remaining = other.unit_ids - ids
                 if remaining:
                     self._add(Assignment(other.pod_key, other.node, remaining, other.state,
                                          other.uid, other.since))
-            self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock()))
-            return tuple(displaced)
+            self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock(), share_mib))
+            return tuple(sorted(displaced))
 
     def release(self, pod_key: str) -> bool:
         """Drop whatever the pod holds (deleted, failed or succeeded). True if it held anything."""
@@ -275,7 +325,7 @@ class GpuLedger:
         with self._lock:
             if self._view.version != self._version:
                 self._view = LedgerView(self._version, self._held.freeze(), self._assignments.freeze(),
-                                        self._log, self._log_base, self._source)
+                                        self._log, self._log_base, self._source, self._shares.freeze())
             return self._view
 
     def __len__(self) -> int:
@@ -285,24 +335,56 @@ class GpuLedger:
     # Both helpers run under the lock and keep _owners, _held and _version consistent.
     def _add(self, assignment: Assignment) -> None:
         self._assignments[assignment.pod_key] = assignment
-        owners = self._owners.setdefault(assignment.node, {})
-        for unit_id in assignment.unit_ids:
-            owners[unit_id] = assignment.pod_key
-        self._held[assignment.node] = frozenset(owners)
-        self._bump(assignment.node)
+        node = assignment.node
+        if assignment.is_share:
+            units = self._sharers.setdefault(node, {})
+            for unit_id in assignment.unit_ids:
+                units.setdefault(unit_id, {})[assignment.pod_key] = assignment.share_mib
+            self._refresh_shares(node)
+        else:
+            owners = self._owners.setdefault(node, {})
+            for unit_id in assignment.unit_ids:
+                owners[unit_id] = assignment.pod_key
+        self._refresh_held(node)
+        self._bump(node)
 
     def _remove(self, assignment: Assignment) -> None:
         del self._assignments[assignment.pod_key]
-        owners = self._owners.get(assignment.node, {})
-        for unit_id in assignment.unit_ids:
-            if owners.get(unit_id) == assignment.pod_key:
-                del owners[unit_id]
-        if owners:
-            self._held[assignment.node] = frozenset(owners)
+        node = assignment.node
+        if assignment.is_share:
+            units = self._sharers.get(node, {})
+            for unit_id in assignment.unit_ids:
+                holders = units.get(unit_id, {})
+                holders.pop(assignment.pod_key, None)
+                if not holders:
+                    units.pop(unit_id, None)
+            if not units:
+                self._sharers.pop(node, None)
+            self._refresh_shares(node)
         else:
-            self._owners.pop(assignment.node, None)
-            self._held.pop(assignment.node, None)
-        self._bump(assignment.node)
+            owners = self._owners.get(node, {})
+            for unit_id in assignment.unit_ids:
+                if owners.get(unit_id) == assignment.pod_key:
+                    del owners[unit_id]
+            if not owners:
+                self._owners.pop(node, None)
+        self._refresh_held(node)
+        self._bump(node)
+
+    def _refresh_held(self, node: str) -> None:
+        """``held_by_node[node]``: units held whole or shared (a shared unit is not free whole)."""
+        held = set(self._owners.get(node, ())) | set(self._sharers.get(node, ()))
+        if held:
+            self._held[node] = frozenset(held)
+        else:
+            self._held.pop(node, None)
+
+    def _refresh_shares(self, node: str) -> None:
+        units = self._sharers.get(node)
+        if units:
+            self._shares[node] = MappingProxyType({u: sum(h.values()) for u, h in units.items()})
+        else:
+            self._shares.pop(node, None)
 
     def _bump(self, node: str) -> None:
         self._version += 1

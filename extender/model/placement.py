@@ -22,6 +22,12 @@ Rules:
   unit the same memory and kind. The tier is never sacrificed, and a node without such room
   still fits (``extender.model.spread``). Without siblings on the node nothing changes.
 
+A **share** (``UnitRequest.share_mib``) takes one whole GPU with that much room left for sharers
+(``GpuUnit.share_capacity_mib`` less what is promised; never a MIG instance, a GPU held whole,
+one out of service or one closed to shares): a GPU already shared before an untouched one (whole
+GPUs stay whole for whole-GPU pods), a clean one before one holding foreign memory, then the one
+left with the least room (best fit), then the lowest position.
+
 Nodes have at most a handful of GPUs, so grouping by key is cheap; no combinatorial search.
 """
 
@@ -75,9 +81,12 @@ class UnitRequest:
     allow_mig: bool = True
     require_tier: Tier | None = None
     spread_from: frozenset[str] = frozenset()
+    share_mib: int | None = None  # a share of one whole GPU (count is then 1)
 
     @classmethod
     def from_demand(cls, demand: PodDemand) -> UnitRequest:
+        if demand.share_bytes is not None:
+            return cls(1, share_mib=-(-demand.share_bytes // MIB), allow_mig=False)
         need = demand.memory_per_gpu_bytes
         return cls(demand.gpu_count, None if need is None else -(-need // MIB),
                    spread_from=demand.spread_from_units)
@@ -90,6 +99,8 @@ class Placement:
     units: tuple[GpuUnit, ...]
     tier: Tier
     domain_free: int
+    share_mib: int = 0  # > 0: a share of the one unit, with ``promised_mib`` already promised there
+    promised_mib: int = 0
 
     @property
     def unit_ids(self) -> tuple[str, ...]:
@@ -130,6 +141,8 @@ def find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Pla
     rules then decide among the placements with the fewest."""
     if request.count <= 0:
         return Placement((), Tier.SINGLE, 0)
+    if request.share_mib is not None:
+        return place_share(free, request.share_mib)
     dirty = sorted((u for u in free.whole + free.mig if u.foreign), key=lambda u: (-(u.memory_mib or 0), u.position))
     if not dirty:
         return _spread_placement(node, free, request)
@@ -142,6 +155,23 @@ def find_placement(node: NodeInfo, free: FreeUnits, request: UnitRequest) -> Pla
         if placed is not None:
             return placed
     return None
+
+
+def share_candidates(free: FreeUnits) -> list[tuple[GpuUnit, int]]:
+    """(unit, MiB promised) for every unit a share could ever go to now: whole GPUs free or
+    shared, of known memory, in service and open to shares."""
+    pairs = [(u, 0) for u in free.whole] + list(free.shared)
+    return [(u, promised) for u, promised in pairs
+            if u.share_capacity_mib is not None and not u.is_mig and not u.failure and not u.share_closed]
+
+
+def place_share(free: FreeUnits, share_mib: int) -> Placement | None:
+    """The GPU a share of ``share_mib`` goes to (the module docstring's order), or None."""
+    fitting = [(u, p) for u, p in share_candidates(free) if u.share_room_mib(p) >= share_mib]
+    if not fitting:
+        return None
+    unit, promised = min(fitting, key=lambda c: (c[1] == 0, c[0].foreign, c[0].share_room_mib(c[1]), c[0].position))
+    return Placement((unit,), Tier.SINGLE, 1, share_mib, promised)
 
 
 def _free_of(whole: tuple[GpuUnit, ...], mig: tuple[GpuUnit, ...]) -> FreeUnits:

@@ -14,6 +14,11 @@ whole GPU, ``<GPU uuid>::share-<k>``; a GPU is never handed out whole and as sha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from extender.model.quantity import parse_quantity_bytes
+
 SHARE_RESOURCE = "gpusched.io/gpu-share"
 SHARE_MEMORY_ANNOTATION = "gpusched.io/gpu-memory"
 SLOT_SEPARATOR = "::share-"
@@ -28,3 +33,22 @@ def gpu_of_slot(device_id: str) -> str | None:
     """The GPU uuid a share slot id belongs to, or None when ``device_id`` is not a slot id."""
     gpu, found, slot = device_id.partition(SLOT_SEPARATOR)
     return gpu if found and gpu and slot.isdigit() else None
+
+
+def share_request_bytes(pod: Mapping[str, Any]) -> int | None:
+    """The share a pod (Kubernetes JSON) holds, in bytes: its ``gpusched.io/gpu-memory`` when a
+    container requests ``gpusched.io/gpu-share``; None for other pods or an unreadable quantity
+    (the demand parser is what explains those)."""
+    meta = pod.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(SHARE_MEMORY_ANNOTATION)
+    if value is None:
+        return None
+    asks = any(((c.get("resources") or {}).get(section) or {}).get(SHARE_RESOURCE) is not None
+               for c in (pod.get("spec") or {}).get("containers") or [] for section in ("limits", "requests"))
+    if not asks:
+        return None
+    try:
+        num_bytes = parse_quantity_bytes(str(value))
+    except ValueError:
+        return None
+    return num_bytes if num_bytes > 0 else None

@@ -13,7 +13,9 @@ a request does its per-node work once per group. That grouping and the name inde
 views derived from the snapshot, kept in :mod:`extender.model.snapshot_groups`; the snapshot
 says what a node's group is and carries the lineage's registry from one snapshot to the next.
 
-A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance.
+A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance. A whole
+GPU may also be shared (``extender.model.share``): the units with sharers are held for whole-GPU
+placement and listed with the MiB promised on them in ``FreeUnits.shared``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from extender.model.inventory import (
     decode_inventory,
     inventory_from_gfd_labels,
 )
-from extender.model.ledger import EMPTY_VIEW, LedgerView
+from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -43,7 +45,10 @@ class GpuUnit:
     ``failure`` says why the unit is out of service ("" in service): it is never free, so a pod
     that needs it waits ("may fit later": a GPU can recover) instead of being refused forever.
     ``foreign``: processes outside any pod hold >= 1 GiB on it (from telemetry); placement takes
-    such a unit only when no clean one will do."""
+    such a unit only when no clean one will do. ``share_capacity_mib``: the memory all sharers of
+    this whole GPU may be promised together — its size less what foreign processes hold (from
+    telemetry), None for a MIG instance or unknown memory (never shared); ``share_closed`` says why
+    the GPU takes no new shares now ("" open): a sharer uses more than its share."""
 
     id: str
     position: int
@@ -56,6 +61,13 @@ class GpuUnit:
     island: int = -1
     failure: str = ""
     foreign: bool = False
+    share_capacity_mib: int | None = None
+    share_closed: str = ""
+    static_memory_mib: int | None = None  # the inventory's size (``memory_mib`` may be telemetry's free memory)
+
+    def share_room_mib(self, promised_mib: int) -> int:
+        """MiB a new share could still get here, given ``promised_mib`` already promised."""
+        return max(0, (self.share_capacity_mib or 0) - promised_mib)
 
 
 class Shape:
@@ -82,14 +94,17 @@ class Shape:
 class FreeUnits:
     """The units of one node not held in the ledger view, in ``NodeInfo.units`` order.
 
-    ``mask`` has bit ``position`` set for each free unit: together with ``NodeInfo.shape`` it
+    ``mask`` has bit ``position`` set for each free unit and, above the units' bits, the MiB
+    promised on each shared unit (32 bits per unit position): together with ``NodeInfo.shape`` it
     determines every pod-independent fact about the node, which the framework uses to share one
-    verdict among identically shaped nodes.
+    verdict among identically shaped nodes. ``shared``: (unit, MiB promised) for the units with
+    sharers, in unit order (not in ``whole``: a shared GPU is not free whole).
     """
 
     whole: tuple[GpuUnit, ...]
     mig: tuple[GpuUnit, ...]
     mask: int
+    shared: tuple[tuple[GpuUnit, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,33 +130,48 @@ class NodeInfo:
     def total_whole(self) -> int:
         return sum(1 for u in self.units if not u.is_mig)
 
-    def free_units(self, held: frozenset[str]) -> FreeUnits:
-        """Units not in ``held``; cached for the last ``held`` object seen (identity)."""
+    def free_units(self, held: frozenset[str], shares: Mapping[str, int] = NO_SHARES) -> FreeUnits:
+        """Units not in ``held``, and the shared ones with the MiB promised on them (``shares``:
+        unit id -> MiB); cached for the last ``held`` and ``shares`` objects seen (identity)."""
         cached = self._free_cache.get("entry")
-        if cached is not None and cached[0] is held:
-            return cached[1]
+        if cached is not None and cached[0] is held and cached[1] is shares:
+            return cached[2]
         whole = tuple(u for u in self.units if not u.is_mig and u.id not in held and not u.failure)
         mig = tuple(u for u in self.units if u.is_mig and u.id not in held and not u.failure)
+        shared = tuple((u, shares[u.id]) for u in self.units if u.id in shares) if shares else ()
         mask = 0
         for unit in whole + mig:
             mask |= 1 << unit.position
-        free = FreeUnits(whole, mig, mask)
-        # One tuple assignment: concurrent readers see the old or the new pair, never a mix.
-        self._free_cache["entry"] = (held, free)
+        width = len(self.units)
+        for unit, promised in shared:
+            mask |= min(promised, _SHARE_FIELD - 1) << (width + 32 * unit.position)
+        free = FreeUnits(whole, mig, mask, shared)
+        # One tuple assignment: concurrent readers see the old or the new entry, never a mix.
+        self._free_cache["entry"] = (held, shares, free)
         return free
+
+
+_SHARE_FIELD = 1 << 32  # bits per shared unit in FreeUnits.mask (MiB promised; 4 PiB is beyond any GPU)
 
 
 def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
                    labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
                    unschedulable: bool = False, engine_headroom: int | None = None,
-                   failures: Mapping[str, str] | None = None, foreign: frozenset[str] = frozenset()) -> NodeInfo:
+                   failures: Mapping[str, str] | None = None, foreign: frozenset[str] = frozenset(),
+                   share_capacity: Mapping[str, int] | None = None,
+                   share_closed: Mapping[str, str] | None = None,
+                   static_memory: Mapping[str, int] | None = None) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
-    memory (both from telemetry)."""
+    memory; ``share_capacity``: GPU uuid -> MiB its sharers may have together (default: the GPU's
+    size); ``share_closed``: GPU uuid -> why it takes no new shares (all from telemetry);
+    ``static_memory``: GPU uuid -> the inventory's size when ``inventory`` carries telemetry's
+    free memory instead."""
     if inventory is not None:
         islands = inventory.nvlink_islands
-        units = _lay_out_units(inventory, failures or {}, foreign)
+        units = _lay_out_units(inventory, failures or {}, foreign, share_capacity or {}, share_closed or {},
+                               static_memory or {})
     else:
         islands = ()
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
@@ -152,7 +182,9 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
                     inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
 
 
-def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str]) -> list[GpuUnit]:
+def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str],
+                   share_capacity: Mapping[str, int], share_closed: Mapping[str, str],
+                   static_memory: Mapping[str, int]) -> list[GpuUnit]:
     """The inventory's units in their fixed order: GPUs by index, a MIG-enabled GPU standing as
     its instances (in inventory order), a whole GPU with its NVLink island."""
     island_of = {index: i for i, island in enumerate(inventory.nvlink_islands) for index in island}
@@ -166,7 +198,10 @@ def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], for
         else:
             units.append(GpuUnit(gpu.uuid, len(units), gpu.index, gpu.memory_mib, numa_node=gpu.numa_node,
                                  pcie_switch=gpu.pcie_switch, island=island_of.get(gpu.index, -1),
-                                 failure=failures.get(gpu.uuid, ""), foreign=gpu.uuid in foreign))
+                                 failure=failures.get(gpu.uuid, ""), foreign=gpu.uuid in foreign,
+                                 share_capacity_mib=share_capacity.get(gpu.uuid, gpu.memory_mib),
+                                 share_closed=share_closed.get(gpu.uuid, ""),
+                                 static_memory_mib=static_memory.get(gpu.uuid, gpu.memory_mib)))
     return units
 
 
@@ -175,7 +210,7 @@ def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units
     """Everything about a node's GPUs except ids (equal shapes behave identically)."""
     return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
-         u.foreign)
+         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib)
         for u in units), engine_headroom))
 
 
@@ -272,7 +307,7 @@ class ClusterSnapshot:
                                self._groups, object(), (self._node_token, frozenset(updates)), self._shapes)
 
     def free_units(self, node: NodeInfo) -> FreeUnits:
-        return node.free_units(self.ledger.held_on(node.name))
+        return node.free_units(self.ledger.held_on(node.name), self.ledger.shares_on(node.name))
 
     def nodes_holding(self, unit_ids: frozenset[str]) -> frozenset[str]:
         """The names of the nodes that have any of ``unit_ids`` (ids no node has are ignored).

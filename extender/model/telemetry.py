@@ -127,7 +127,7 @@ def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bo
 
 def memory_key(report: NodeTelemetry) -> tuple:
     """The part of a report that changes how the node is judged: per unit, free memory and foreign
-    usage in whole GiB and whether it is out of service, and the engines' quantised headroom. Equal
+    usage in whole GiB, whether it is out of service and its sharers (``_shares_key``), and the engines' quantised headroom. Equal
     keys judge identically."""
     return gpu_memory_key(report), engine_headroom(report)
 
@@ -136,7 +136,13 @@ def gpu_memory_key(report: NodeTelemetry) -> tuple:
     """The per-unit half of :func:`memory_key` (it depends on ``report.gpus`` only, so a store can
     keep it with the mapping and reuse it while the mapping object is the same)."""
     return tuple(sorted((g.uuid, g.memory_free_bytes // QUANTUM_BYTES, g.foreign_used_bytes // QUANTUM_BYTES,
-                         g.failure) for g in report.gpus.values()))
+                         g.failure, _shares_key(g.shares)) for g in report.gpus.values()))
+
+
+def _shares_key(shares: tuple[ShareSample, ...]) -> tuple:
+    """Who shares the GPU, with what share, and who is over it: a sharer crossing its share, or
+    one arriving or leaving, changes how the GPU is judged; its use inside the share does not."""
+    return tuple(sorted((s.pod, s.share_bytes, s.over) for s in shares))
 
 
 def engine_headroom(report: NodeTelemetry) -> int | None:

@@ -4,6 +4,11 @@ Counts units the way placement does: a multi-GPU pod needs whole GPUs (MIG insta
 grouped); a single-GPU pod may also use a MIG instance when the profile allows it. A node that
 could never hold the pod (too few units, too little memory per unit) is unresolvable; one whose
 units are merely held by other pods now is unschedulable (it may fit later).
+
+A share (``UnitRequest.share_mib``) needs one whole GPU with that much room for sharers: never on
+a node whose whole GPUs are all smaller (or of unknown memory); not now where each GPU is held
+whole, out of service, closed to shares, or has too little room left after foreign memory and the
+shares already promised — the reason gives each GPU's figures.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import GPU_RESOURCE, PodDemand
 from extender.model.inventory import INVENTORY_ANNOTATION
-from extender.model.placement import MIB, eligible
+from extender.model.placement import MIB, eligible, place_share
 from extender.model.quantity import format_gib
-from extender.model.snapshot import GpuUnit, NodeInfo
+from extender.model.share import SHARE_RESOURCE
+from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
 
 NAME = "GpuFit"
 
@@ -39,6 +45,8 @@ class GpuFit:
         need = request.count
         if need <= 0:
             return Status.success(NAME)
+        if request.share_mib is not None:
+            return _fit_share(node, state.free_units(node), request.share_mib)
         if node.allocatable_gpus < need:
             return Status.unresolvable(NAME, f"node advertises {node.allocatable_gpus} {GPU_RESOURCE}; "
                                              f"pod needs {need}")
@@ -56,6 +64,46 @@ class GpuFit:
             return Status.unschedulable(
                 NAME, f"only {len(free_capable)} of {len(capable)} GPUs{suffix} free; pod needs {need}")
         return Status.success(NAME)
+
+
+def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
+    share = format_gib(share_mib * MIB)
+    whole = [u for u in node.units if not u.is_mig]
+    known = [u for u in whole if u.memory_mib is not None and u.share_capacity_mib is not None]
+    if not known:
+        why = "no whole GPUs (MIG instances are not shared)" if not whole else (
+            f"GPU memory unknown (no {INVENTORY_ANNOTATION} annotation or GPU Feature Discovery labels)")
+        return Status.unresolvable(NAME, f"node has {why}, so a {share} share ({SHARE_RESOURCE}) cannot be placed")
+    if all((u.memory_mib or 0) < share_mib and _static_mib(u) < share_mib for u in known):
+        return Status.unresolvable(NAME, f"GPUs here have at most {format_gib(max(_static_mib(u) for u in known) * MIB)}"
+                                         f" < the {share} share")
+    if place_share(free, share_mib) is not None:
+        return Status.success(NAME)
+    promised = dict((u.position, p) for u, p in free.shared)
+    free_whole = {u.position for u in free.whole}
+    parts = []
+    for unit in known:
+        label = f"GPU {unit.gpu_index}"
+        if unit.failure:
+            parts.append(f"{label} out of service ({unit.failure})")
+        elif unit.position not in promised and unit.position not in free_whole:
+            parts.append(f"{label} held whole by a pod")
+        elif unit.share_closed:
+            parts.append(f"{label} closed to new shares ({unit.share_closed})")
+        else:
+            taken = promised.get(unit.position, 0)
+            figures = [f"{format_gib(_static_mib(unit) * MIB)}"]
+            if (unit.share_capacity_mib or 0) < _static_mib(unit) - 1024:
+                figures.append(f"foreign processes leave {format_gib((unit.share_capacity_mib or 0) * MIB)}")
+            if taken:
+                figures.append(f"{format_gib(taken * MIB)} promised to shares")
+            parts.append(f"{label}: {', '.join(figures)}, {format_gib(unit.share_room_mib(taken) * MIB)} left")
+    return Status.unschedulable(NAME, f"no GPU has room for a {share} share: {'; '.join(parts)}")
+
+
+def _static_mib(unit: GpuUnit) -> int:
+    """The GPU's size as the inventory states it (``memory_mib`` may be telemetry's free memory)."""
+    return unit.static_memory_mib or unit.memory_mib or 0
 
 
 def _memory_reason(units: list[GpuUnit], capable: list[GpuUnit], need_mib: int) -> str:

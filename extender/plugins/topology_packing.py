@@ -5,6 +5,8 @@ this score compares nodes the same way: ``100 x units taken / free units in that
 pod scores 100 on a free NVLink pair and 25 on an idle 8-GPU NVSwitch island, so the island stays
 free for a TP=8 pod. A single-unit pod that states its memory need scores by memory fit instead,
 ``100 x need / unit memory``: a 15 GiB pod prefers a 2g.20gb MIG slice to a whole 80 GB GPU.
+A share scores ``100 x (MiB promised there + share) / the GPU's share capacity``: sharers fill a
+GPU before opening another.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class TopologyPacking:
         if placement is None:
             return 0
         unit, need_mib = placement.units[0], state.request.memory_mib
+        if placement.share_mib and unit.share_capacity_mib:
+            # A share: the fuller the GPU is left, the better (best fit), so sharers pack onto few
+            # GPUs and the rest stay whole.
+            return min(100, round(100 * (placement.promised_mib + placement.share_mib) / unit.share_capacity_mib))
         if len(placement.units) == 1 and need_mib and unit.memory_mib:
             # One unit with a stated need: the tightest fit is the one wasting least memory,
             # so a 15 GiB pod prefers a 2g.20gb MIG slice to a whole 80 GB GPU.

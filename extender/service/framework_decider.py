@@ -24,6 +24,8 @@ from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.nodemaps import GroupedMapping
+from extender.model.placement import MIB
+from extender.model.quantity import format_gib
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
@@ -180,9 +182,21 @@ class FrameworkDecider:
             choice = self.framework.choose_gpus(snapshot, demand, node)
             if isinstance(choice, Status):
                 return Refusal(f"node {node} no longer fits: {choice.reason}")
-            if not self.ledger.assume(pod.key, node, choice.unit_ids, pod.uid):
+            capacity = choice.share_capacity_mib
+            if not self.ledger.assume(pod.key, node, choice.unit_ids, pod.uid, share_mib=choice.share_mib,
+                                      capacity_mib=capacity):
                 return Refusal(f"GPUs {list(choice.gpu_indices)} on {node} were just promised to another pod")
         indices = ",".join(str(i) for i in choice.gpu_indices)
+        if choice.share_mib:
+            share = format_gib(choice.share_mib * MIB)
+            left = format_gib((capacity - choice.promised_mib - choice.share_mib) * MIB)
+            return Reservation(
+                annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids),
+                             ASSIGNED_GPU_INDICES_ANNOTATION: indices},
+                summary=f"a {share} share of GPU {indices} on {node} ({left} left for other shares)",
+                details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
+                         "share": {"memoryMiB": choice.share_mib, "promisedBeforeMiB": choice.promised_mib,
+                                   "capacityMiB": capacity}})
         return Reservation(
             annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids), ASSIGNED_GPU_INDICES_ANNOTATION: indices},
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",

@@ -11,6 +11,8 @@ Ledger rules for pods seen by the watch:
 - bound and requesting ``nvidia.com/gpu`` but placed by someone else (no annotation): it holds
   that many units, attributed to the lowest free ones — with NVIDIA's device plugin the kubelet
   picks the devices and only the node agent can say which (a later issue reconciles this);
+- bound with ``gpusched.io/assigned-gpus`` and asking for a share (``extender.model.share``): it
+  holds its ``gpusched.io/gpu-memory`` of that one GPU, beside the GPU's other sharers;
 - Succeeded, Failed or deleted: it holds nothing;
 - after a relist, bound entries for pods that no longer exist are released; assumed entries
   (binds in flight) are kept until observed, forgotten, or expired.
@@ -19,7 +21,10 @@ What a node's agent reports about who holds its devices (the kubelet's PodResour
 untrusted input from that node: a holder is accepted only for a pod the watch shows bound to that
 very node, and only for units in that node's inventory. Anything else is refused and counted by
 reason (:attr:`ClusterState.holders_refused`): one compromised node must not be able to move
-another node's pods in the ledger and free their GPUs.
+another node's pods in the ledger and free their GPUs. The same holds for the sharers a node
+reports (``GpuSample.shares``). A sharer reported over its share closes that GPU to new shares
+(on that node only) until it is back under; the over-share listeners hear of pods the watch shows
+bound to the reporting node only, so a node cannot raise warnings on other nodes' pods.
 """
 
 from __future__ import annotations
@@ -33,8 +38,17 @@ from dataclasses import replace
 from typing import Any
 
 from extender.model.ledger import EntryState, GpuLedger
+from extender.model.quantity import format_gib
+from extender.model.share import share_request_bytes
 from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, make_node_info, node_info_from_k8s
-from extender.model.telemetry import STALE_MEMORY_FRACTION, effective_memory_mib, engine_headroom
+from extender.model.telemetry import (
+    MIB,
+    QUANTUM_MIB,
+    STALE_MEMORY_FRACTION,
+    NodeTelemetry,
+    effective_memory_mib,
+    engine_headroom,
+)
 from extender.service.ingest_batch import IngestBatch
 from extender.service.telemetry import TelemetryStore
 
@@ -104,6 +118,20 @@ class ClusterState:
         self._mismatch_seen: dict[str, frozenset[str]] = {}  # pod -> the kubelet's set last reported as a mismatch
         self.assignment_mismatches = 0
         self._mismatch_listeners: list[Any] = []
+        # node -> (pod key, GPU uuid) -> (used bytes, share bytes) for sharers over their share.
+        self._over_share: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
+        self._over_share_listeners: list[Any] = []
+
+    def on_over_share(self, listener: Any) -> None:
+        """``listener(pod key, node, GPU uuid, used bytes, share bytes)`` when a pod bound to
+        ``node`` is first reported using more GPU memory than its share (once per episode: again
+        only after it was reported back under)."""
+        self._over_share_listeners.append(listener)
+
+    def over_shares(self) -> dict[str, dict[tuple[str, str], tuple[int, int]]]:
+        """node -> (pod key, GPU uuid) -> (used, share bytes): the sharers now over their share."""
+        with self._lock:
+            return {node: dict(entries) for node, entries in self._over_share.items()}
 
     def on_assignment_mismatch(self, listener: Any) -> None:
         """``listener(pod key, node, gpusched's units, the kubelet's units)`` when a container got
@@ -125,6 +153,10 @@ class ClusterState:
         report = store.get(node) if store is not None else None
         if store is not None and report is not None:
             self._reconcile_actual(node, store.actual_assignments(node))
+            self._reconcile_shares(node, report)
+        elif node in self._over_share:
+            with self._lock:
+                self._over_share.pop(node, None)
         # "Foreign" in the wide sense: capacity that may come back (memory foreign processes hold,
         # units out of service), so verdicts there say "not now" rather than "never".
         has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 or g.failure
@@ -161,6 +193,40 @@ class ClusterState:
             current = self.ledger.assignment(key)
             if current is None or current.node != node or current.unit_ids != frozenset(ids):
                 self.ledger.observe(key, node, ids)
+
+    def _reconcile_shares(self, node: str, report: NodeTelemetry) -> None:
+        """The sharers ``node`` reports: those it may speak for (bound there, on its own GPU) hold
+        their share in the ledger as the watch would record it, and who is over a share is noted."""
+        info = self.node(node)
+        units = {u.id for u in info.units} if info is not None else set()
+        over: dict[tuple[str, str], tuple[int, int]] = {}
+        reported = [(g.uuid, s) for g in report.gpus.values() for s in g.shares]
+        if not reported and node not in self._over_share:
+            return
+        with self._lock:
+            where = {s.pod: self._pod_nodes.get(s.pod) for _, s in reported}
+        for uuid, sample in reported:
+            if where[sample.pod] != node or uuid not in units:
+                self.holders_refused["share-not-on-node" if where[sample.pod] != node else "unit-not-in-inventory"] += 1
+                continue
+            if sample.over:
+                over[(sample.pod, uuid)] = (sample.used_bytes or 0, sample.share_bytes)
+            current = self.ledger.assignment(sample.pod)
+            if sample.share_bytes > 0 and (current is None or current.node != node
+                                           or current.unit_ids != frozenset((uuid,))):
+                self.ledger.observe(sample.pod, node, (uuid,), share_mib=-(-sample.share_bytes // MIB))
+        with self._lock:
+            before = self._over_share.get(node, {})
+            if over:
+                self._over_share[node] = over
+            else:
+                self._over_share.pop(node, None)
+        for (pod, uuid), (used, share) in over.items():
+            if (pod, uuid) not in before:
+                log.warning("pod %s on %s uses %s of GPU %s, more than its %s share; the GPU takes no new shares",
+                            pod, node, format_gib(used), uuid, format_gib(share))
+                for listener in self._over_share_listeners:
+                    listener(pod, node, uuid, used, share)
 
     def _check_mismatch(self, key: str, node: str, ids: tuple[str, ...]) -> None:
         intended, got = self._intended.get(key), frozenset(ids)
@@ -296,11 +362,13 @@ class ClusterState:
         # A unit reported out of service stays so while the report is the newest, fresh or not.
         failures = {uuid: g.failure for uuid, g in report.gpus.items() if g.failure}
         foreign = frozenset(uuid for uuid, g in report.gpus.items() if g.foreign_used_bytes >= 1 << 30)
+        capacity, closed = _share_terms(static, report, fresh)
         return make_node_info(static.name, replace(static.inventory, gpus=tuple(gpus)),
                               allocatable_gpus=static.allocatable_gpus, labels=static.labels,
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
                               engine_headroom=engine_headroom(report) if fresh else None, failures=failures,
-                              foreign=foreign)
+                              foreign=foreign, share_capacity=capacity, share_closed=closed,
+                              static_memory={g.uuid: g.memory_mib for g in static.inventory.gpus})
 
     def pod_runs_on(self, key: str, node: str) -> bool:
         """The watch shows pod ``key`` bound to ``node`` and not terminal."""
@@ -372,6 +440,15 @@ class ClusterState:
                 self._reconcile_actual(node, self.telemetry.actual_assignments(node))
         uid = meta.get("uid", "")
         annotated = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
+        share = share_request_bytes(pod) if annotated else None
+        if share is not None and annotated:
+            ids = tuple(i for i in annotated.split(",") if i)
+            share_mib = -(-share // MIB)
+            current = self.ledger.assignment(key)
+            if len(ids) == 1 and (current is None or current.state is not EntryState.BOUND
+                                  or current.unit_ids != frozenset(ids) or current.share_mib != share_mib):
+                self.ledger.observe(key, node, ids, uid, share_mib=share_mib)
+            return
         if annotated:
             self._intended[key] = frozenset(i for i in annotated.split(",") if i)
         with self._lock:
@@ -410,6 +487,28 @@ class ClusterState:
         for key, assignment in self.ledger.view().assignments.items():
             if key not in present and assignment.state is EntryState.BOUND:
                 self.ledger.release(key)
+
+
+def _share_terms(static: NodeInfo, report: NodeTelemetry, fresh: bool) -> tuple[dict[str, int], dict[str, str]]:
+    """Per whole GPU of ``static``: the MiB its sharers may be promised together (its size less
+    foreign usage, in whole GiB; stale telemetry at most 90 % of the size), and why it is closed
+    to new shares (a sharer over its share), from ``report``."""
+    capacity: dict[str, int] = {}
+    closed: dict[str, str] = {}
+    assert static.inventory is not None
+    for gpu in static.inventory.gpus:
+        sample = report.gpus.get(gpu.uuid)
+        if gpu.mig_enabled or sample is None:
+            continue
+        value = gpu.memory_mib - sample.foreign_used_bytes // MIB
+        if not fresh:
+            value = min(value, int(gpu.memory_mib * STALE_MEMORY_FRACTION))
+        capacity[gpu.uuid] = max(0, value - value % QUANTUM_MIB)
+        over = sorted((s for s in sample.shares if s.over), key=lambda s: s.pod)
+        if over:
+            closed[gpu.uuid] = "; ".join(f"{s.pod} uses {format_gib(s.used_bytes or 0)} > its {format_gib(s.share_bytes)}"
+                                         " share" for s in over)
+    return capacity, closed
 
 
 class _NodeHandler:

@@ -137,3 +137,25 @@ class NullObserver:
 
     def rejections(self, counts: Mapping[tuple[str, str], int]) -> None:
         return None
+
+
+def make_share_pod(name: str = "s", namespace: str = "default", *, memory: str | None = "30Gi", slots: int | None = 1,
+                   gpus: int = 0, node: str | None = None, assigned: str | None = None, args: Sequence[str] = (),
+                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A pod asking for a share of a GPU: ``memory`` as ``gpusched.io/gpu-memory`` and ``slots``
+    ``gpusched.io/gpu-share`` (None leaves either out); ``node``/``assigned`` make it bound."""
+    notes = dict(annotations or {})
+    if memory is not None:
+        notes["gpusched.io/gpu-memory"] = memory
+    if assigned is not None:
+        notes["gpusched.io/assigned-gpus"] = assigned
+    limits = {}
+    if slots is not None:
+        limits["gpusched.io/gpu-share"] = str(slots)
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    pod = make_pod(name, namespace, gpus=0, args=list(args), annotations=notes)
+    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+    return pod
