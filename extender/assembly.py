@@ -162,10 +162,13 @@ def assemble(settings: Settings) -> Assembled:
 
     decisions = DecisionStore(settings.decision_capacity)
     state.on_assignment_mismatch(_mismatch_recorder(decisions, metrics))
+    state.on_over_share(_over_share_recorder(decisions, metrics, events))
+    metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced,
                                   decisions=decisions,
                                   debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
-                                                                     if state.telemetry else None), metrics=metrics,
+                                                                     if state.telemetry else None,
+                                                                     state.over_shares()), metrics=metrics,
                                   debug_gangs=decider.describe)
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
@@ -224,6 +227,26 @@ def _mismatch_recorder(decisions: DecisionStore, metrics: ExtenderMetrics) -> An
             summary=f"the kubelet gave this pod {list(got)}, not gpusched's {list(intended)}; the ledger follows "
                     "the kubelet",
             details={"assigned": list(intended), "kubelet": list(got)}))
+    return record
+
+
+def _over_share_recorder(decisions: DecisionStore, metrics: ExtenderMetrics, events: Any) -> Any:
+    """A sharer over its share: count it, say so in the pod's decision record and as an Event on
+    the pod (``kubectl describe pod``)."""
+    from extender.model.quantity import format_gib
+    from extender.service.decisions import DecisionRecord
+
+    def record(key: str, node: str, gpu: str, used: int, share: int) -> None:
+        namespace, _, name = key.partition("/")
+        message = (f"uses {format_gib(used)} of GPU {gpu} on {node}, more than its {format_gib(share)} share "
+                   "(gpusched.io/gpu-memory); the GPU takes no new shares until it is back under — check the "
+                   "engine's --gpu-memory-utilization, or give it a larger share")
+        metrics.share_overruns.inc()
+        events.over_share(key, f"{key} {message}")
+        decisions.add(DecisionRecord(
+            id=decisions.new_id(), verb="node", namespace=namespace, pod=name, uid="", result="share-exceeded",
+            at_unix=time.time(), latency_ms=0.0, node=node, summary=message,
+            details={"gpu": gpu, "usedBytes": used, "shareBytes": share}))
     return record
 
 

@@ -51,6 +51,13 @@ class ExtenderMetrics:
             "Pods whose containers the kubelet gave other devices than gpusched assigned (the ledger follows the "
             "kubelet; the pod's decision record says which). With gpusched's device plugin, only pods whose "
             "assignment was no longer possible at admission.", registry=self.registry)
+        self.shares_over = Gauge(
+            "gpusched_extender_shares_over_budget",
+            "GPU sharers whose node reports them using more GPU memory than their gpusched.io/gpu-memory share; "
+            "their GPUs take no new shares until they are back under.", registry=self.registry)
+        self.share_overruns = Counter(
+            "gpusched_extender_share_overruns_total",
+            "Times a sharer was first reported over its share (once per episode).", registry=self.registry)
         self.gang_gather_seconds = Histogram(
             "gpusched_extender_gang_gather_seconds",
             "From a gang's plan to its barrier opening (every member at bind); compare with the gang timeout.",

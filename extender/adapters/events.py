@@ -1,7 +1,8 @@
 """Kubernetes Events for what a user must see on the pod itself (``kubectl describe pod``).
 
-Today one kind: a gang left partially bound (``service.gang.PartialGang``) gets a Warning Event
-on every bound member and, for a coscheduling PodGroup, on the PodGroup. Events are written from
+Two kinds: a gang left partially bound (``service.gang.PartialGang``) gets a Warning Event on
+every bound member and, for a coscheduling PodGroup, on the PodGroup; a GPU sharer its node reports
+over its share gets a Warning ``GpuShareExceeded`` on the pod. Events are written from
 a thread of their own, so the caller (which holds the gang lock) never waits on the apiserver;
 a failed write is logged, never retried (Events are best effort by design).
 """
@@ -44,6 +45,12 @@ class EventWriter:
                               "namespace": namespace, "name": report.gang.name})
         for obj in regarding:
             self._put(namespace, obj, "GangPartiallyBound", "Bind", report.message)
+
+    def over_share(self, pod_key: str, message: str) -> None:
+        """Queue a ``GpuShareExceeded`` Warning on the pod; non-blocking."""
+        namespace, _, name = pod_key.partition("/")
+        self._put(namespace, {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
+                  "GpuShareExceeded", "Share", message)
 
     def _put(self, namespace: str, regarding: dict[str, Any], reason: str, action: str, note: str) -> None:
         body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",

@@ -92,9 +92,9 @@ def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
             parts.append(f"{label} closed to new shares ({unit.share_closed})")
         else:
             taken = promised.get(unit.position, 0)
-            figures = [f"{format_gib(_static_mib(unit) * MIB)}"]
-            if (unit.share_capacity_mib or 0) < _static_mib(unit) - 1024:
-                figures.append(f"foreign processes leave {format_gib((unit.share_capacity_mib or 0) * MIB)}")
+            usable = format_gib((unit.share_capacity_mib or 0) * MIB)
+            figures = [f"{format_gib(_static_mib(unit) * MIB)}, foreign processes leave {usable}"
+                       if (unit.share_capacity_mib or 0) < _static_mib(unit) - 1024 else f"{usable} usable"]
             if taken:
                 figures.append(f"{format_gib(taken * MIB)} promised to shares")
             parts.append(f"{label}: {', '.join(figures)}, {format_gib(unit.share_room_mib(taken) * MIB)} left")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from extender.model.nodemaps import GroupedMapping
+from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
 
 API_VERSION = 1
@@ -121,15 +122,19 @@ class ReserveAnswer:
 
 def asks_for_gpus(pod: PodRef) -> bool:
     """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``
-    (``"0"`` asks for none, as the plugin's own requeue hint reads it; anything else, valid or
-    not, is the decider's to judge)."""
+    or ``gpusched.io/gpu-share`` (``"0"`` asks for none, as the plugin's own requeue hint reads it;
+    anything else, valid or not, is the decider's to judge), or the pod carries the share
+    annotation (a share missing its slot is the decider's to explain)."""
     spec = pod.raw.get("spec") or {}
+    if SHARE_MEMORY_ANNOTATION in ((pod.raw.get("metadata") or {}).get("annotations") or {}):
+        return True
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
         for kind in ("requests", "limits"):
-            value = (resources.get(kind) or {}).get("nvidia.com/gpu")
-            if value is not None and str(value).strip() != "0":
-                return True
+            for resource in ("nvidia.com/gpu", SHARE_RESOURCE):
+                value = (resources.get(kind) or {}).get(resource)
+                if value is not None and str(value).strip() != "0":
+                    return True
     return False
 
 

@@ -118,7 +118,7 @@ def test_a_share_that_does_not_fit_waits_with_the_shares_named():
     verdict = filter_share(snapshot_with(ledger, count=1))
     assert verdict.code.name == "UNSCHEDULABLE", verdict
     reason = verdict.statuses[-1].reason
-    assert "GPU 0: 79.6 GiB, 60.0 GiB promised to shares, 19.6 GiB left" in reason, reason
+    assert "GPU 0: 79.6 GiB usable, 60.0 GiB promised to shares, 19.6 GiB left" in reason, reason
     assert "30.0 GiB share" in reason
     ledger.release("ns/b")
     assert filter_share(snapshot_with(ledger, count=1)).code.name == "SUCCESS"

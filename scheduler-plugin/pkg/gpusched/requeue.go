@@ -14,8 +14,8 @@ import (
 	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
 )
 
-// gpuResource is the extended resource gpusched judges.
-const gpuResource v1.ResourceName = "nvidia.com/gpu"
+// gpuResources are the extended resources gpusched judges: whole GPUs, and shares of one GPU.
+var gpuResources = []v1.ResourceName{"nvidia.com/gpu", "gpusched.io/gpu-share"}
 
 // EventsToRegister says which cluster events may make a pod GpuSched rejected fit, so
 // kube-scheduler requeues it on those alone: a node added, a node's allocatable or labels changed,
@@ -29,7 +29,7 @@ func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, 
 	}, nil
 }
 
-// gpuPodDeleted queues a rejected pod when the deleted pod held GPUs; any other deletion frees
+// gpuPodDeleted queues a rejected pod when the deleted pod held GPUs or a share; any other deletion frees
 // nothing GpuSched judged.
 func gpuPodDeleted(logger klog.Logger, _ *v1.Pod, oldObj, _ interface{}) (fwk.QueueingHint, error) {
 	deleted, ok := oldObj.(*v1.Pod)
@@ -47,8 +47,10 @@ func requestsGPUs(pod *v1.Pod) bool {
 	for _, containers := range [][]v1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
 		for _, c := range containers {
 			for _, list := range []v1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
-				if q, ok := list[gpuResource]; ok && q.Cmp(resource.Quantity{}) > 0 {
-					return true
+				for _, name := range gpuResources {
+					if q, ok := list[name]; ok && q.Cmp(resource.Quantity{}) > 0 {
+						return true
+					}
 				}
 			}
 		}

@@ -17,11 +17,15 @@ import (
 )
 
 func gpuPod(name string, gpus int64, node string) *v1.Pod {
+	return podRequesting(name, "nvidia.com/gpu", gpus, node)
+}
+
+func podRequesting(name string, res v1.ResourceName, count int64, node string) *v1.Pod {
 	pod := makePod(name)
 	pod.Spec.NodeName = node
 	requests := v1.ResourceList{}
-	if gpus > 0 {
-		requests[gpuResource] = *resource.NewQuantity(gpus, resource.DecimalSI)
+	if count > 0 {
+		requests[res] = *resource.NewQuantity(count, resource.DecimalSI)
 	}
 	pod.Spec.Containers = []v1.Container{{Name: "vllm", Resources: v1.ResourceRequirements{Requests: requests}}}
 	return pod
@@ -34,6 +38,7 @@ func TestDeletedPodsRequeueOnlyWhenTheyHeldGPUs(t *testing.T) {
 		want    fwk.QueueingHint
 	}{
 		{"a GPU pod", gpuPod("engine", 2, "a"), fwk.Queue},
+		{"a GPU sharer", podRequesting("small", "gpusched.io/gpu-share", 1, "a"), fwk.Queue},
 		{"a CPU pod", gpuPod("web", 0, "a"), fwk.QueueSkip},
 		{"a tombstone", cache.DeletedFinalStateUnknown{Key: "ns/x"}, fwk.Queue},
 	} {
