@@ -22,11 +22,12 @@ from typing import Any
 
 from engine_sidecar.errors import Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
-from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts
+from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
 from engine_sidecar.modelinfo import load_model_dir
-from engine_sidecar.podinfo import METRICS_PORT, read_pod_info
+from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, read_pod_info
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
+from engine_sidecar.share import SHARE_HEADROOM_BYTES
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override an EngineArgs field (e.g. max_num_seqs=64); overrides always win and are reported")
     p.add_argument("--annotations-file", default=os.environ.get("GPUSCHED_ANNOTATIONS_FILE"),
-                   help="downward-API annotations file (gpusched.io/assigned-gpus, gpu-memory-share, metrics-port)")
+                   help="downward-API annotations file (gpusched.io/assigned-gpus, gpu-memory (the GPU share), metrics-port)")
     p.add_argument("--termination-log", default=os.environ.get("GPUSCHED_TERMINATION_LOG", DEFAULT_TERMINATION_LOG),
                    help="where refusals are written (default: $GPUSCHED_TERMINATION_LOG or %(default)s)")
     p.add_argument("--vllm", default=os.environ.get("GPUSCHED_VLLM") or shutil.which("vllm") or "vllm",
@@ -115,7 +116,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     served = args.served_model_name or Path(args.model_dir).name
     engine_argv = [args.vllm, "serve", args.model or args.model_dir, "--host", args.engine_host,
                    "--port", str(args.engine_port), "--served-model-name", served, *rendered.args, *passthrough]
-    notes = list(tuning.notes)
+    notes = list(pod.notes) + list(tuning.notes)
     if pod.metrics_port is None:
         notes.append(f"annotation {METRICS_PORT} is not set; set it to \"{args.engine_port}\" in the pod template "
                      "so the node agent scrapes the engine")
@@ -123,6 +124,8 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         notes.append(f"annotation {METRICS_PORT}={pod.metrics_port} but the engine serves /metrics on "
                      f"{args.engine_port}: fix one of them")
     report = build_report(tuning, rendered, accepted, engine_argv, args, served, pod.metrics_port, notes, gpus.source)
+    if pod.memory_share is not None and gpus.kind == "gpu":
+        report["share"] = share_report(pod.memory_share, gpus, tuning)
     print_summary(report)
     if args.dry_run:
         print(json.dumps({"argv": engine_argv}, indent=None))
@@ -182,6 +185,15 @@ def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine
     }
 
 
+def share_report(share: MemoryShare, gpus: GpuSet, tuning: Tuning) -> dict[str, Any]:
+    """The GPU share as ``/tuning`` shows it: what the pod asked for and the budget vLLM got."""
+    total = min(g.total_bytes for g in gpus.gpus) if gpus.gpus else 0
+    util = tuning.params.gpu_memory_utilization or 0.0
+    return {"annotation": share.annotation, "value": share.text, "bytes": share.per_gpu(total),
+            "gpu_total_bytes": total, "headroom_bytes": SHARE_HEADROOM_BYTES,
+            "gpu_memory_utilization": util, "vllm_budget_bytes": int(total * util)}
+
+
 # vLLM flags whose value is a credential; /tuning (served to anyone who reaches the pod) shows them
 # as "<redacted>". The engine itself gets them unchanged.
 SECRET_FLAGS = ("--api-key", "--ssl-keyfile-password", "--hf-token")
@@ -214,6 +226,12 @@ def print_summary(report: dict[str, Any]) -> None:
     lines.append(f"[sidecar] predicted KV cache: {pred['kv_tokens']:,} tokens "
                  f"({pred['kv_blocks']:,} blocks of {pred['block_size']}, "
                  f"{pred['kv_bytes_per_token_per_gpu']} B/token/GPU){'' if pred['exact'] else ' (estimate)'}")
+    if "share" in report:
+        sh = report["share"]
+        lines.append(f"[sidecar] GPU share {sh['annotation']}={sh['value']}: gpu_memory_utilization "
+                     f"{sh['gpu_memory_utilization']} = vLLM budget {sh['vllm_budget_bytes'] / 2**30:.2f} GiB of "
+                     f"{sh['gpu_total_bytes'] / 2**30:.2f} GiB ({sh['headroom_bytes'] / 2**30:.2f} GiB headroom "
+                     "for the CUDA context)")
     lines += [f"[sidecar] note: {n}" for n in report["notes"]]
     print("\n".join(lines), flush=True)
 

@@ -6,8 +6,13 @@ The kubelet writes one ``key="value"`` line per annotation (values quoted like G
 | annotation | meaning |
 |---|---|
 | ``gpusched.io/assigned-gpus`` | comma-separated GPU (or MIG) UUIDs gpusched chose |
-| ``gpusched.io/gpu-memory-share`` | the part of each GPU this engine may use: a fraction (``0.5``) or a quantity (``20Gi``); rendered as ``kv_cache_memory_bytes`` |
+| ``gpusched.io/gpu-memory`` | the pod's GPU share (with ``gpusched.io/gpu-share: 1`` in its limits): the GPU memory this engine may use, a Kubernetes quantity (``30Gi``); rendered as ``gpu_memory_utilization`` |
+| ``gpusched.io/gpu-memory-share`` | the older, sidecar-only spelling: a fraction (``0.5``) or a quantity; read as the share, with a note to rename it |
 | ``gpusched.io/metrics-port`` | the port the engine serves ``/metrics`` on; checked against ``--engine-port`` |
+
+The share annotation's name is the one ``extender/model/share.py`` defines (the sidecar is its own
+package and repeats it; a unit test keeps the two equal), and quantities follow the API server's
+rules as ``extender/model/quantity.py`` does, so the extender and the sidecar read the same bytes.
 
 The sidecar cannot annotate its own pod (that would need RBAC to patch pods); the port is meant
 to be declared in the pod template next to the container port, and the sidecar verifies it.
@@ -18,30 +23,42 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from engine_sidecar.errors import InputError
 
 ASSIGNED_GPUS = "gpusched.io/assigned-gpus"
-MEMORY_SHARE = "gpusched.io/gpu-memory-share"
+SHARE_MEMORY = "gpusched.io/gpu-memory"  # = extender.model.share.SHARE_MEMORY_ANNOTATION
+SHARE_RESOURCE = "gpusched.io/gpu-share"  # = extender.model.share.SHARE_RESOURCE
+MEMORY_SHARE = "gpusched.io/gpu-memory-share"  # the older spelling, still read
 METRICS_PORT = "gpusched.io/metrics-port"
 
 _LINE = re.compile(r'^([^=\s]+)=(".*")\s*$')
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|K|M|G|T|k)?$")
-_UNITS = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+# A Kubernetes quantity: a number, then a suffix or a decimal exponent (never both), as in apimachinery.
+_QUANTITY = re.compile(r"^(?P<num>\+?(?:\d+(?:\.\d*)?|\.\d+))"
+                       r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$")
+_MIN_SHARE_BYTES = 2**20  # below a MiB, "0.5" was surely meant as a fraction
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
 @dataclass(frozen=True)
 class MemoryShare:
-    fraction: float | None = None  # 0 < f <= 1 of each GPU's total
+    """The GPU memory this engine may use, as the pod stated it (``annotation``=``text``)."""
+
+    fraction: float | None = None  # 0 < f <= 1 of the GPU's total (older annotation only)
     bytes: int | None = None
+    annotation: str = SHARE_MEMORY
+    text: str = ""  # the annotation's value, for messages
 
     def per_gpu(self, total_bytes: int) -> int:
         return int(total_bytes * self.fraction) if self.fraction is not None else int(self.bytes or 0)
 
     def describe(self) -> str:
-        return f"{self.fraction:g} of each GPU" if self.fraction is not None else f"{self.bytes} bytes per GPU"
+        """``gpusched.io/gpu-memory=30Gi``: how the pod said it, so a message names what to edit."""
+        return f"{self.annotation}={self.text}" if self.text else (
+            f"{self.fraction:g} of the GPU" if self.fraction is not None else f"{self.bytes} bytes")
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,7 @@ class PodInfo:
     assigned_gpus: tuple[str, ...] = ()
     memory_share: MemoryShare | None = None
     metrics_port: int | None = None
+    notes: tuple[str, ...] = ()
 
 
 def parse_annotations_text(text: str, where: str = "annotations") -> dict[str, str]:
@@ -71,29 +89,61 @@ def pod_info(annotations: dict[str, str], where: str = "annotations") -> PodInfo
     """Pure: the sidecar's view of its annotations; malformed values raise ``InputError``."""
     uuids = tuple(u.strip() for u in annotations.get(ASSIGNED_GPUS, "").split(",") if u.strip())
     share = None
-    if MEMORY_SHARE in annotations:
+    notes: tuple[str, ...] = ()
+    if SHARE_MEMORY in annotations and MEMORY_SHARE in annotations:
+        raise InputError(f"{where}: both {SHARE_MEMORY} and {MEMORY_SHARE} are set",
+                         f"keep only {SHARE_MEMORY} (a quantity such as 30Gi)")
+    if SHARE_MEMORY in annotations:
+        share = parse_share_quantity(annotations[SHARE_MEMORY], f"{where}: {SHARE_MEMORY}")
+    elif MEMORY_SHARE in annotations:
         share = parse_share(annotations[MEMORY_SHARE], f"{where}: {MEMORY_SHARE}")
+        notes = (f"annotation {MEMORY_SHARE} is the older name of {SHARE_MEMORY}; rename it (a quantity, e.g. 30Gi) "
+                 f"and request {SHARE_RESOURCE}: 1 so gpusched places the pod as a share",)
     port = None
     if METRICS_PORT in annotations:
         raw = annotations[METRICS_PORT]
         if not raw.isdigit() or not 0 < int(raw) < 65536:
             raise InputError(f"{where}: {METRICS_PORT}={raw!r} is not a port", "set it to the engine's port number")
         port = int(raw)
-    return PodInfo(uuids, share, port)
+    return PodInfo(uuids, share, port, notes)
+
+
+def quantity_bytes(text: str) -> int | None:
+    """A Kubernetes quantity as whole bytes (fractions of a byte round up, as the extender's
+    ``parse_quantity_bytes`` does), or None when ``text`` is not one."""
+    m = _QUANTITY.match(text.strip())
+    if not m or (m["exp"] is not None and int(m["exp"]) > 30):
+        return None
+    number = Decimal(m["num"])
+    value = number * (Decimal(10) ** int(m["exp"]) if m["exp"] is not None else _UNITS[m["suffix"] or ""])
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def parse_share_quantity(text: str, where: str) -> MemoryShare:
+    """``gpusched.io/gpu-memory``: a positive Kubernetes quantity of bytes."""
+    size = quantity_bytes(text)
+    if size is None or size <= 0:
+        raise InputError(f"{where}={text!r}: not a positive Kubernetes quantity",
+                         "give the GPU memory the engine may use, e.g. 30Gi")
+    if size < _MIN_SHARE_BYTES:
+        raise InputError(f"{where}={text!r}: {size} bytes; the share is a byte quantity, not a fraction of the GPU",
+                         "give the GPU memory the engine may use with a suffix, e.g. 30Gi")
+    return MemoryShare(bytes=size, annotation=SHARE_MEMORY, text=text.strip())
 
 
 def parse_share(text: str, where: str) -> MemoryShare:
+    """The older ``gpusched.io/gpu-memory-share``: a fraction in (0, 1] or a quantity."""
     value = text.strip()
     try:
         f = float(value)
     except ValueError:
-        m = _QUANTITY.match(value)
-        if not m:
+        size = quantity_bytes(value)
+        if size is None or size <= 0:
             raise InputError(f"{where}={text!r}: neither a fraction nor a quantity", "use e.g. 0.5 or 20Gi") from None
-        return MemoryShare(bytes=int(float(m.group(1)) * _UNITS[m.group(2)]))
+        return MemoryShare(bytes=size, annotation=MEMORY_SHARE, text=value)
     if not 0 < f <= 1:
         raise InputError(f"{where}={text!r}: a fraction must be in (0, 1]", "use e.g. 0.5 or a quantity like 20Gi")
-    return MemoryShare(fraction=f)
+    return MemoryShare(fraction=f, annotation=MEMORY_SHARE, text=value)
 
 
 def read_pod_info(path: str | None) -> PodInfo:

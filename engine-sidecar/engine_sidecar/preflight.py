@@ -1,7 +1,8 @@
 """Preflight: every reason vLLM would refuse (or misbehave with) this setup, found before it
 starts and costs a GPU. Pure functions returning ``Problem`` values.
 
-Order: structural checks on the facts (heads vs TP, KV-head split, TP x PP vs GPUs, MIG, P2P);
+Order: structural checks on the facts (heads vs TP, KV-head split, a GPU share on exactly one GPU
+at TP=1, TP x PP vs GPUs, MIG, P2P);
 if those pass, the tuning (which adds memory and context refusals) and then vLLM's own validation
 rules on the final parameter set, so a user override that vLLM would reject is caught here too.
 Sentences that vLLM itself prints are reproduced verbatim (``vllm/config/model.py``
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from engine_sidecar.errors import Problem
 from engine_sidecar.modelinfo import ModelFacts
+from engine_sidecar.podinfo import SHARE_MEMORY, SHARE_RESOURCE
 from engine_sidecar.tuning import (
     EngineParams,
     Tuning,
@@ -94,6 +96,13 @@ def structural(inputs: TuningInputs, tp: int, pp: int) -> list[Problem]:
     if not g.gpus:
         problems.append(Problem("gpus", "no GPU is visible to the engine.",
                                 "request nvidia.com/gpu in the pod, or use --gpu-backend cpu"))
+        return problems
+    share = inputs.memory_share
+    if share is not None and share.annotation == SHARE_MEMORY and (len(g.gpus) != 1 or tp * pp != 1):
+        problems.append(Problem("share", f"the share {share.describe()} is part of one GPU for one engine at TP=1 PP=1, "
+                                f"but {len(g.gpus)} GPU(s) are visible and TP x PP = {tp * pp}.",
+                                f"request one {SHARE_RESOURCE} and no nvidia.com/gpu with TP=1, or drop {SHARE_MEMORY} "
+                                "and request whole GPUs"))
         return problems
     if tp * pp != len(g.gpus):
         problems.append(Problem("gpus", f"tensor parallel size ({tp}) x pipeline parallel size ({pp}) = {tp * pp}, "

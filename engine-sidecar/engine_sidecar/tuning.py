@@ -3,7 +3,7 @@ parameters named exactly like vLLM's ``EngineArgs`` fields, each with a one-line
 
 Memory model per GPU (vLLM V1, ``gpu_worker.determine_available_memory``)::
 
-    budget   = total x gpu_memory_utilization       (or the pod's memory share)
+    budget   = total x gpu_memory_utilization       (a GPU share: (share - headroom) / total, share.py)
     kv       = budget - weights/(TP x PP) - activations(max_num_batched_tokens) - NON_TORCH_BYTES
     blocks   = kv // (block_size x kv_bytes_per_token_per_gpu)      (kv_cache_utils.get_num_blocks)
     tokens   = blocks / cdiv(max_model_len, block_size) x max_model_len   (get_kv_cache_capacity)
@@ -11,7 +11,9 @@ Memory model per GPU (vLLM V1, ``gpu_worker.determine_available_memory``)::
 On the CPU engine the KV budget is declared and passed as ``kv_cache_memory_bytes``, so the token
 count is exact; on GPUs vLLM measures activations itself and the prediction is an estimate.
 ``gpu_memory_utilization`` comes from NVML *free*/total (vLLM refuses to start when free memory
-is below ``ceil(total x utilization)``, ``v1/worker/utils.request_memory``), minus headroom.
+is below ``ceil(total x utilization)``, ``v1/worker/utils.request_memory``), minus headroom; for
+a pod sharing the GPU it comes from the share instead (``engine_sidecar.share``), so vLLM's own
+per-instance budget keeps the engine inside it.
 Refusals (nothing fits) are returned as ``Problem`` values, never raised. Each tuned knob has a
 function of its own, named after its field, whose docstring gives the rule and the reason for it;
 ``tune`` composes them.
@@ -29,6 +31,7 @@ from engine_sidecar.gpus import GIB, MIB, GpuSet
 from engine_sidecar.modelinfo import DTYPE_BYTES, ModelFacts, kv_bytes_per_token_per_gpu
 from engine_sidecar.podinfo import MemoryShare
 from engine_sidecar.profiles import WorkloadProfile
+from engine_sidecar.share import SHARE_HEADROOM_BYTES, ShareNeed, share_problems, share_utilization
 
 UTIL_CAP = 0.92  # vLLM's default: leaves room for memory its profiler does not see
 HEADROOM_MIN_BYTES = 512 * MIB  # below NVML free, for allocations racing the startup check
@@ -151,32 +154,42 @@ def tune(inputs: TuningInputs) -> Tuning:
     exact = g.kind == "cpu" and m.attention == "standard"
     if m.attention != "standard":
         notes.append(f"{m.attention} attention: vLLM sizes this KV cache differently; the token estimate is approximate")
+    native = m.max_position_embeddings
+    if native is None:
+        native = DEFAULT_CONTEXT
+        notes.append(f"the model's context length is unknown; assumed {DEFAULT_CONTEXT}")
 
     # Memory budget per GPU.
     activations = 0
     if g.kind == "cpu":
         kv_budget = picks.integer("kv_cache_memory_bytes", cpu_kv_cache_memory_bytes(g), default=0)
+        if inputs.memory_share is not None:
+            notes.append(f"the share {inputs.memory_share.describe()} is ignored on the CPU engine (--cpu-kv-bytes sizes it)")
     else:
         memory = DeviceMemory.of(g, inputs.memory_share)
-        util_tuned = gpu_memory_utilization(memory, inputs.memory_share)
+        util_tuned = (gpu_memory_utilization(memory) if inputs.memory_share is None
+                      else shared_gpu_memory_utilization(memory, inputs.memory_share))
         util = picks.real("gpu_memory_utilization", util_tuned, default=0)
         activations = activation_bytes(m, tp, prof)
         overhead = weights + activations + NON_TORCH_BYTES
         kv_budget = memory.usable(util) - overhead
-        if inputs.memory_share is not None:
-            kv_budget = picks.integer("kv_cache_memory_bytes",
-                                      shared_kv_cache_memory_bytes(inputs.memory_share, kv_budget), default=0)
-        elif "kv_cache_memory_bytes" in typed:
-            # Without a share the utilization sizes the KV, so there is no tuned budget: the user's stands.
+        if "kv_cache_memory_bytes" in typed:
+            # The utilization sizes the KV, so there is no tuned budget: the user's stands (and vLLM
+            # then ignores the utilization, so a share checks it below).
             kv_budget = picks.integer("kv_cache_memory_bytes", Tuned(None, ""), default=0)
-        problems += _device_memory_problems(m, g, memory, util, util_tuned.value, weights, activations, tp, pp)
+        if inputs.memory_share is None:
+            problems += _device_memory_problems(m, g, memory, util, util_tuned.value, weights, activations, tp, pp)
+        else:
+            shortest = _int_typed(typed, "max_model_len") or min(prof.expected_tokens, native)
+            kv_one = (kv_budget if "kv_cache_memory_bytes" in typed
+                      else math.ceil(shortest / block) * block * per_token)
+            need = ShareNeed(weights, activations + NON_TORCH_BYTES, kv_one, shortest, "kv_cache_memory_bytes" in typed)
+            problems += share_problems(inputs.memory_share, m.name, _tightest(g), memory.total, memory.free, util,
+                                       util_tuned.value, "gpu_memory_utilization" in typed, need,
+                                       "max_model_len" in typed)
     blocks = max(kv_budget, 0) // (block * per_token)
     capacity = blocks * block
 
-    native = m.max_position_embeddings
-    if native is None:
-        native = DEFAULT_CONTEXT
-        notes.append(f"the model's context length is unknown; assumed {DEFAULT_CONTEXT}")
     if not problems:
         problems += _capacity_problems(prof, native, capacity, kv_budget)
     mml = picks.integer("max_model_len", max_model_len(prof, native, capacity, block), default=0)
@@ -225,25 +238,25 @@ def cpu_kv_cache_memory_bytes(gpus: GpuSet) -> Tuned[int]:
     return Tuned(int(gpus.cpu_kv_bytes or 0), "the CPU engine's declared KV budget (--cpu-kv-bytes)")
 
 
-def gpu_memory_utilization(memory: DeviceMemory, share: MemoryShare | None) -> Tuned[float]:
-    """vLLM's default 0.92, lowered to what is free on the tightest GPU less headroom (vLLM refuses
-    to start when free memory is below ``ceil(total x utilization)``) and to the pod's memory
-    share, if it has one; floored to a hundredth so the check passes after rounding."""
+def gpu_memory_utilization(memory: DeviceMemory) -> Tuned[float]:
+    """A whole GPU: vLLM's default 0.92, lowered to what is free on the tightest GPU less headroom
+    (vLLM refuses to start when free memory is below ``ceil(total x utilization)``); floored to a
+    hundredth so the check passes after rounding."""
     ceiling = min(UTIL_CAP, (memory.free - memory.headroom) / memory.total if memory.total else 0.0)
-    if memory.share is not None:
-        ceiling = min(ceiling, memory.share / memory.total)
-    shared = f", share {share.describe()}" if share is not None else ""
     return Tuned(math.floor(ceiling * 100) / 100,
                  f"min(vLLM default {UTIL_CAP}, (free {_gib(memory.free)} - headroom {_gib(memory.headroom)}) / "
-                 f"total {_gib(memory.total)}{shared})")
+                 f"total {_gib(memory.total)})")
 
 
-def shared_kv_cache_memory_bytes(share: MemoryShare, kv_budget: int) -> Tuned[int]:
-    """With a memory share the KV budget is declared (what the share leaves after weights,
-    activations and overhead): ``gpu_memory_utilization`` alone would let vLLM's profiler take
-    whatever is free, including memory promised to the GPU's other tenants."""
-    return Tuned(max(kv_budget, 0),
-                 f"memory share {share.describe()} - weights - activations - {_gib(NON_TORCH_BYTES)} overhead")
+def shared_gpu_memory_utilization(memory: DeviceMemory, share: MemoryShare) -> Tuned[float]:
+    """A GPU share: ``(share - SHARE_HEADROOM_BYTES) / total``, floored to 4 decimals. vLLM's
+    utilization is a per-instance budget, so this keeps the engine's weights, activations and KV
+    cache inside the share; the headroom is the CUDA context and slack vLLM's budget does not
+    count (``engine_sidecar.share``). Free memory is not consulted: the extender promised the
+    share, and a GPU whose other tenants hold more is refused, not silently given less."""
+    return Tuned(share_utilization(memory.share or 0, memory.total),
+                 f"(share {share.describe()} - headroom {_gib(SHARE_HEADROOM_BYTES)}) / total {_gib(memory.total)}, "
+                 "floored to 4 decimals: vLLM's per-instance budget")
 
 
 def max_model_len(prof: WorkloadProfile, native: int, capacity: int, block: int) -> Tuned[int]:
@@ -334,7 +347,7 @@ def _device_memory_problems(m: ModelFacts, g: GpuSet, memory: DeviceMemory, util
             f"Free memory on device {_tightest(g)} ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less than "
             f"desired GPU memory utilization ({util}, {math.ceil(total * util) / GIB:.2f} GiB).",
             f"lower gpu_memory_utilization to at most {max(util_tuned, 0)}, or free the GPU (another process holds memory)"))
-    if weights + activations + NON_TORCH_BYTES >= (memory.share if memory.share is not None else total * util):
+    if weights + activations + NON_TORCH_BYTES >= total * util:
         problems.append(Problem(
             "memory",
             f"{m.name}: weights need {_gib(weights)} per GPU at TP={tp} PP={pp}, plus ~{_gib(activations + NON_TORCH_BYTES)} "
@@ -402,7 +415,7 @@ class DeviceMemory:
     total: int
     free: int
     headroom: int  # kept below NVML free, for allocations racing vLLM's startup check
-    share: int | None  # the pod's memory share per GPU, when it has one
+    share: int | None  # the pod's GPU share in bytes, when it shares the GPU
 
     @classmethod
     def of(cls, gpus: GpuSet, share: MemoryShare | None) -> DeviceMemory:
@@ -412,8 +425,9 @@ class DeviceMemory:
         return cls(total, free, headroom, share.per_gpu(total) if share is not None else None)
 
     def usable(self, util: float) -> int:
-        """What vLLM may use per GPU: the share when there is one, else ``total x util``."""
-        return self.share if self.share is not None else int(self.total * util)
+        """What vLLM may use per GPU: ``total x util`` (with a share, the utilization is derived
+        from it)."""
+        return int(self.total * util)
 
 
 class _Picks:
@@ -476,6 +490,12 @@ def activation_bytes(m: ModelFacts, tp: int, prof: WorkloadProfile) -> int:
     per_token = (4 * m.hidden_size + 2 * inter) * m.dtype_bytes
     logits = prof.max_num_seqs_cap * m.vocab_size * 4
     return prof.max_num_batched_tokens * per_token + logits
+
+
+def _int_typed(typed: Mapping[str, object], name: str) -> int | None:
+    """A user's override of an int field (``coerce_overrides`` made it an int), else None."""
+    value = typed.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _tightest(g: GpuSet) -> int:

@@ -13,7 +13,15 @@ from engine_sidecar.errors import InputError
 from engine_sidecar.gpus import MIB, CpuGpus, FileGpus, preset
 from engine_sidecar.modelinfo import load_model_dir, safetensors_tensor_bytes
 from engine_sidecar.nvml import NvmlGpus
-from engine_sidecar.podinfo import MemoryShare, parse_annotations_text, pod_info
+from engine_sidecar.podinfo import (
+    MEMORY_SHARE,
+    SHARE_MEMORY,
+    SHARE_RESOURCE,
+    MemoryShare,
+    parse_annotations_text,
+    pod_info,
+    quantity_bytes,
+)
 from tests.fixtures.sidecar_builders import MODELS
 
 
@@ -157,24 +165,64 @@ def test_nvml_p2p_not_ok():
 
 
 def test_downward_api_annotations():
-    text = ('gpusched.io/assigned-gpus="GPU-a,GPU-b"\ngpusched.io/gpu-memory-share="0.5"\n'
+    text = ('gpusched.io/assigned-gpus="GPU-a,GPU-b"\ngpusched.io/gpu-memory="30Gi"\n'
             'gpusched.io/metrics-port="8000"\nother="x\\"y"\n')
     ann = parse_annotations_text(text)
     assert ann["other"] == 'x"y'
     info = pod_info(ann)
     assert info.assigned_gpus == ("GPU-a", "GPU-b")
-    assert info.memory_share == MemoryShare(fraction=0.5)
+    assert info.memory_share == MemoryShare(bytes=30 * 2**30, annotation="gpusched.io/gpu-memory", text="30Gi")
     assert info.metrics_port == 8000
+    assert info.notes == ()
 
 
 @pytest.mark.parametrize("share,expected", [
-    ("20Gi", MemoryShare(bytes=20 * 2**30)), ("1", MemoryShare(fraction=1.0)), ("500M", MemoryShare(bytes=500 * 10**6))])
-def test_memory_share_forms(share, expected):
-    assert pod_info({"gpusched.io/gpu-memory-share": share}).memory_share == expected
+    ("30Gi", 30 * 2**30), ("1.5Gi", 3 * 2**29), ("500M", 500 * 10**6), ("4e9", 4 * 10**9), ("1Ti", 2**40),
+    (" 20Gi ", 20 * 2**30), ("1234567", 1234567), ("0.5Gi", 2**29)],
+    ids=["Gi", "fractional-Gi", "decimal-M", "exponent", "Ti", "spaces", "plain-bytes", "half-Gi"])
+def test_share_annotation_is_a_kubernetes_quantity(share, expected):
+    got = pod_info({"gpusched.io/gpu-memory": share}).memory_share
+    assert got is not None and got.bytes == expected and got.fraction is None
+    assert got.describe() == f"gpusched.io/gpu-memory={share.strip()}"
 
 
-@pytest.mark.parametrize("ann", [{"gpusched.io/gpu-memory-share": "1.5"}, {"gpusched.io/gpu-memory-share": "lots"},
-                                 {"gpusched.io/metrics-port": "http"}])
-def test_bad_annotations_are_input_errors(ann):
-    with pytest.raises(InputError):
+@pytest.mark.parametrize("text", ["30Gi", "1.5Gi", "500M", "4e9", "0.5Ki", "7", "2.5e3", "100k"])
+def test_share_bytes_agree_with_the_extender(text):
+    from extender.model.quantity import parse_quantity_bytes
+
+    assert quantity_bytes(text) == parse_quantity_bytes(text)
+
+
+def test_share_names_agree_with_the_extender():
+    from extender.model.share import SHARE_MEMORY_ANNOTATION
+    from extender.model.share import SHARE_RESOURCE as EXTENDER_SHARE_RESOURCE
+
+    assert (SHARE_MEMORY, SHARE_RESOURCE) == (SHARE_MEMORY_ANNOTATION, EXTENDER_SHARE_RESOURCE)
+
+
+@pytest.mark.parametrize("share,expected", [
+    ("20Gi", MemoryShare(bytes=20 * 2**30, annotation=MEMORY_SHARE, text="20Gi")),
+    ("1", MemoryShare(fraction=1.0, annotation=MEMORY_SHARE, text="1")),
+    ("500M", MemoryShare(bytes=500 * 10**6, annotation=MEMORY_SHARE, text="500M"))])
+def test_older_share_annotation_still_read_with_a_rename_note(share, expected):
+    info = pod_info({MEMORY_SHARE: share})
+    assert info.memory_share == expected
+    assert len(info.notes) == 1 and "rename it" in info.notes[0] and "gpusched.io/gpu-memory" in info.notes[0]
+
+
+@pytest.mark.parametrize("ann,needle", [
+    ({"gpusched.io/gpu-memory-share": "1.5"}, "a fraction must be in (0, 1]"),
+    ({"gpusched.io/gpu-memory-share": "lots"}, "neither a fraction nor a quantity"),
+    ({"gpusched.io/gpu-memory": "0.5"}, "not a fraction of the GPU"),
+    ({"gpusched.io/gpu-memory": "30GB"}, "not a positive Kubernetes quantity"),
+    ({"gpusched.io/gpu-memory": "30gi"}, "not a positive Kubernetes quantity"),
+    ({"gpusched.io/gpu-memory": "0"}, "not a positive Kubernetes quantity"),
+    ({"gpusched.io/gpu-memory": "-1Gi"}, "not a positive Kubernetes quantity"),
+    ({"gpusched.io/gpu-memory": "30Gi", "gpusched.io/gpu-memory-share": "0.5"}, "both gpusched.io/gpu-memory and"),
+    ({"gpusched.io/metrics-port": "http"}, "is not a port")],
+    ids=["fraction-above-1", "not-a-number", "bare-fraction", "GB-suffix", "lowercase-gi", "zero", "negative", "both",
+         "port"])
+def test_bad_annotations_are_input_errors(ann, needle):
+    with pytest.raises(InputError) as err:
         pod_info(ann)
+    assert needle in str(err.value) and err.value.fix

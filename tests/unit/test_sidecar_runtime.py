@@ -9,6 +9,7 @@ import stat
 import threading
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
 from engine_sidecar.__main__ import main
@@ -204,3 +205,47 @@ def test_dry_run_renders_only_accepted_flags(tmp_path, capsys):
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert "NOT PASSED: installed vLLM has no --swap-space" in out
     assert (tmp_path / "cache" / "vllm-flags").is_dir()  # flag list cached
+
+
+def share_pod(tmp_path, share: str, free_mib: int = 81408):
+    gpu = tmp_path / "gpus.json"
+    gpu.write_text(json.dumps({"gpus": [{"index": 0, "uuid": "GPU-aaaa", "product": "NVIDIA A100-SXM4-80GB",
+                                         "memoryMiB": 81920, "memoryFreeMiB": free_mib}]}))
+    ann = tmp_path / "annotations"
+    ann.write_text(f'gpusched.io/assigned-gpus="GPU-aaaa"\ngpusched.io/gpu-memory="{share}"\n'
+                   'gpusched.io/metrics-port="8000"\n')
+    return ["--gpu-backend", "file", "--gpu-file", str(gpu), "--annotations-file", str(ann)]
+
+
+@pytest.mark.parametrize("share,util", [("30Gi", "0.3625"), ("4Gi", "0.0375"), ("41Gi", "0.5")])
+def test_share_pod_dry_run_renders_the_share_as_utilization(tmp_path, capsys, share, util):
+    vllm, marker = fake_vllm(tmp_path)
+    rc = main(["--model-dir", str(tiny_dir(tmp_path)), "--vllm", str(vllm), "--flags-cache", str(tmp_path / "cache"),
+               "--dry-run", *share_pod(tmp_path, share)])
+    assert rc == 0 and not marker.exists()
+    out = capsys.readouterr().out
+    argv = json.loads(out.strip().splitlines()[-1])["argv"]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == util
+    assert "--kv-cache-memory-bytes" not in argv
+    assert f"GPU share gpusched.io/gpu-memory={share}: gpu_memory_utilization {util}" in out
+
+
+def test_share_too_small_is_refused_before_vllm_starts(tmp_path, capsys):
+    vllm, marker = fake_vllm(tmp_path)
+    log = tmp_path / "termination-log"
+    rc = main(["--model-dir", str(tiny_dir(tmp_path)), "--vllm", str(vllm), "--flags-cache", str(tmp_path / "cache"),
+               "--termination-log", str(log), *share_pod(tmp_path, "2Gi")])
+    assert rc == 1 and not marker.exists()
+    text = log.read_text()
+    assert "the share gpusched.io/gpu-memory=2Gi leaves vLLM 1.0 GiB" in text
+    assert "raise gpusched.io/gpu-memory to at least 3Gi" in text
+
+
+def test_share_above_the_utilization_passed_after_dashdash_is_refused(tmp_path):
+    vllm, marker = fake_vllm(tmp_path)
+    log = tmp_path / "termination-log"
+    rc = main(["--model-dir", str(tiny_dir(tmp_path)), "--vllm", str(vllm), "--flags-cache", str(tmp_path / "cache"),
+               "--termination-log", str(log), *share_pod(tmp_path, "30Gi"), "--", "--gpu-memory-utilization", "0.9"])
+    assert rc == 1 and not marker.exists()
+    assert "gpu_memory_utilization 0.9 (72.0 GiB of the GPU's 80.0 GiB) is more than the share " \
+           "gpusched.io/gpu-memory=30Gi allows: at most 0.3625" in log.read_text()

@@ -10,7 +10,6 @@ import pytest
 
 from engine_sidecar.gpus import MIB, preset
 from engine_sidecar.modelinfo import kv_bytes_per_token_per_gpu
-from engine_sidecar.podinfo import MemoryShare
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import KV_FILL, tune
 from tests.fixtures.sidecar_builders import GPU_KINDS, MODELS, cpu_gpus, make_gpus, make_inputs, make_model, make_tiny
@@ -165,14 +164,6 @@ def test_utilization_follows_free_memory_not_total():
     t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), busy))
     assert t.params.gpu_memory_utilization <= (40 - 1.6) / 80
     assert "free 40.0 GiB" in t.reasons["gpu_memory_utilization"]
-
-
-def test_memory_share_renders_kv_cache_memory_bytes():
-    t = tune(make_inputs(make_model("meta-llama/Llama-3.1-8B-Instruct"), make_gpus(1, 80),
-                         memory_share=MemoryShare(fraction=0.5)))
-    assert t.params.kv_cache_memory_bytes is not None
-    assert t.params.kv_cache_memory_bytes < 40 * 1024**3 - t.prediction.weight_bytes_per_gpu
-    assert t.params.gpu_memory_utilization <= 0.5
 
 
 @pytest.mark.parametrize("profile,threshold_nonzero,batched", [
