@@ -8,13 +8,15 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from nodeagent.agent import Agent
-from nodeagent.gpu import FakeFleetReader, GpuReaderError, open_reader
+from nodeagent.gpu import FakeFleetReader, GpuReader, GpuReaderError, open_reader
+from nodeagent.shares import CgroupOwners, ShareReporter, list_share_holders
 from nodeagent.stream.publisher import Publisher
 
 
@@ -45,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--period", default="1s", help="reporting period, e.g. 1s, 500ms (default: %(default)s)")
     p.add_argument("--podresources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="the kubelet's PodResources socket (default: %(default)s)")
+    p.add_argument("--proc-root", default="/proc",
+                   help="the host's /proc, to tell GPU processes' pods by their cgroup (run with hostPID, or mount "
+                        "the host's /proc here) (default: %(default)s)")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster) for the inventory annotation and engine discovery")
     p.add_argument("--no-kube", action="store_true", help="do not publish the inventory or discover engines")
     p.add_argument("--device-plugin", action="store_true",
@@ -117,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return cast(dict[str, Any], listed)["items"]  # a V1PodList serializes to a mapping
 
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
-                  publish_inventory=publish, list_node_pods=list_pods)
+                  publish_inventory=publish, list_node_pods=list_pods,
+                  shares=_share_reporter(args, reader, list_pods).usage)
     plugin_runner = _start_device_plugin(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else None
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     try:
@@ -141,6 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     publisher.run()
     reader.close()
     return 0
+
+
+def _share_reporter(args: argparse.Namespace, reader: GpuReader,
+                    list_pods: Callable[[], list[dict[str, Any]]] | None) -> ShareReporter:
+    """Each GPU sharer's use: slot holders from the kubelet (the fleet file's stand-in without
+    one), owners from the host's cgroups (the fleet file's word for the fake backend's PIDs)."""
+    def holders() -> dict[str, tuple[str, str, str]]:
+        if os.path.exists(args.podresources_socket):
+            return dict(list_share_holders(args.podresources_socket))
+        if isinstance(reader, FakeFleetReader):
+            return reader.share_holders()
+        raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
+
+    owners = reader if isinstance(reader, FakeFleetReader) else CgroupOwners(args.proc_root)
+    return ShareReporter(holders, owners, list_pods)
 
 
 def _start_device_plugin(args: argparse.Namespace, agent: Agent, assignments, list_pods, fresh_pods):

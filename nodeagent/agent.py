@@ -5,6 +5,7 @@ Every period the publisher asks :meth:`Agent.report` for the node's current stat
 - who holds which device, from the kubelet's PodResources socket (with the fake backend and no
   socket, the fleet file's pod-owned processes stand in, as they would on a kind demo node);
 - foreign usage: memory in use on devices no pod holds;
+- each GPU sharer's share and actual use (``nodeagent.shares``: the ``shares`` callable);
 - engine samples, scraped on a thread of their own so a slow engine never delays a report.
 The static inventory (GPUs, MIG layout, NVLink islands) is published as the node's
 ``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period, and
@@ -27,6 +28,7 @@ from nodeagent.engines.discovery import discover_engines
 from nodeagent.engines.scrape import scrape_engine
 from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
 from nodeagent.podresources.foreign import ForeignTracker
+from nodeagent.shares.usage import ShareUse
 
 log = logging.getLogger("gpusched.nodeagent")
 VERSION = "0.1.0"
@@ -44,7 +46,8 @@ class Agent:
     def __init__(self, node: str, reader: GpuReader, backend: str, period_s: float, *,
                  assignments: Callable[[], Mapping[str, tuple[str, str, str]]],
                  publish_inventory: Callable[[str], None] | None = None,
-                 list_node_pods: Callable[[], list[dict[str, Any]]] | None = None):
+                 list_node_pods: Callable[[], list[dict[str, Any]]] | None = None,
+                 shares: Callable[[GpuState], Mapping[str, tuple[ShareUse, ...]]] | None = None):
         self.node = node
         self._reader = reader
         self._backend = backend
@@ -52,6 +55,7 @@ class Agent:
         self._assignments = assignments
         self._publish_inventory = publish_inventory
         self._list_node_pods = list_node_pods
+        self._shares = shares
         self._engines: list[telemetry_pb2.EngineTelemetry] = []
         self._published = ""
         self.status = AgentStatus()
@@ -166,6 +170,7 @@ class Agent:
         for device, ref in assignments.items():
             ns, pod, container = ref[0], ref[1], ref[2] if len(ref) > 2 else ""
             holders.setdefault(device, []).append(telemetry_pb2.PodRef(namespace=ns, name=pod, container=container))
+        shares = self._shares(state) if self._shares is not None else {}
         for gpu in state.gpus:
             if gpu.mig_enabled:
                 for mig in gpu.mig_devices:
@@ -179,7 +184,11 @@ class Agent:
                     uuid=gpu.uuid, index=gpu.index, memory_total_bytes=gpu.memory_total_bytes,
                     memory_free_bytes=gpu.memory_free_bytes, memory_reserved_bytes=gpu.memory_reserved_bytes,
                     foreign_used_bytes=foreign.get(gpu.uuid, 0), assigned_pods=holders.get(gpu.uuid, []),
-                    failure=gpu.failure))
+                    failure=gpu.failure, shares=[_share_usage(u) for u in shares.get(gpu.uuid, ())]))
         report.engines.extend(self._engines)
         return report
 
+
+def _share_usage(use: ShareUse) -> telemetry_pb2.ShareUsage:
+    return telemetry_pb2.ShareUsage(pod=telemetry_pb2.PodRef(namespace=use.namespace, name=use.name),
+                                    share_bytes=use.share_bytes, used_bytes=use.used_bytes, used_known=use.used_known)

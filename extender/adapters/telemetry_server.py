@@ -16,17 +16,19 @@ What an agent sends is untrusted, so each stream is judged before it may cost mu
   (UNAUTHENTICATED with trailing metadata ``gpusched-reconnect: token-expired``, so the agent
   reconnects at once with the kubelet's rotated token), and every ``recheck_s`` the stream's pod
   must still run on its node (``pod_alive``), or the stream ends;
-- a report is bounded: messages up to 256 KiB, at most ``max_units`` units and ``max_engines``
-  engines (else the stream ends, ``bad-report``); the period it claims counts at most
+- a report is bounded: messages up to 256 KiB, at most ``max_units`` units, ``max_engines``
+  engines and ``max_shares_per_gpu`` sharers on any one GPU (else the stream ends, ``bad-report``),
+  failure reasons cut to 256 characters; the period it claims counts at most
   ``max_period_s`` (the agents' configured period), so a node cannot declare a period that never
   goes stale.
 Refusals say what to fix and are counted in ``gpusched_telemetry_streams_refused_total{reason}``;
 streams ended later in ``gpusched_telemetry_streams_ended_total{reason}``.
 
 Ingest is built for thousands of agents per core: a report whose units are unchanged in what the
-extender judges (free memory in whole GiB, foreign usage, assignments: :func:`gpu_report_key`)
-reuses the previous conversion, so it costs a key, a small value and a dict store; acks are sent
-for the first report and then every ``ack_every``-th (see ``StreamAck`` in the proto).
+extender judges (free memory in whole GiB, foreign usage, assignments, each sharer's share, use in
+whole GiB and over/under state: :func:`gpu_report_key`) reuses the previous conversion, so it costs
+a key, a small value and a dict store; acks are sent for the first report and then every
+``ack_every``-th (see ``StreamAck`` in the proto).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry
+from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
@@ -68,6 +70,7 @@ class StreamLimits:
     max_period_s: float = 1.0
     max_units: int = 512
     max_engines: int = 512
+    max_shares_per_gpu: int = 64  # sharers on one GPU (the device plugin's slots per GPU, 8 by default)
     recheck_s: float = 5.0
 
 
@@ -81,7 +84,8 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
     if gpus is None:
         gpus = MappingProxyType({
             g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
-                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:256])
+                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:256],
+                              _shares(g) if g.shares else ())
             for g in report.gpus})
     engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
                                   e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
@@ -91,14 +95,26 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
                          report.sampled_at_unix_nanos * 1e-9)
 
 
+def _shares(gpu: telemetry_pb2.GpuTelemetry) -> tuple[ShareSample, ...]:
+    return tuple([ShareSample(f"{s.pod.namespace}/{s.pod.name}", s.share_bytes, s.used_bytes if s.used_known else None)
+                  for s in gpu.shares])
+
+
 def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
     """What of a report's units the extender judges, read straight from the proto: every field of
-    every unit except free memory, which counts in whole GiB (``QUANTUM_BYTES``) as in
-    ``effective_memory_mib`` and ``memory_key``. Equal keys → the earlier conversion may stand in."""
+    every unit except free memory and the sharers' use, which count in whole GiB (``QUANTUM_BYTES``)
+    as in ``effective_memory_mib`` and ``memory_key`` — with each sharer's over/under state exact.
+    Equal keys → the earlier conversion may stand in."""
     return [(g.uuid, g.index, g.is_mig, g.memory_total_bytes, g.memory_free_bytes // QUANTUM_BYTES,
              g.foreign_used_bytes, [(p.namespace, p.name) for p in g.assigned_pods] if g.assigned_pods else None,
-             g.failure)
+             g.failure, _shares_key(g) if g.shares else None)
             for g in report.gpus]
+
+
+def _shares_key(gpu: telemetry_pb2.GpuTelemetry) -> list:
+    return [(s.pod.namespace, s.pod.name, s.share_bytes,
+             (s.used_bytes // QUANTUM_BYTES, s.used_bytes > s.share_bytes) if s.used_known else None)
+            for s in gpu.shares]
 
 
 class TelemetryMetrics:
@@ -269,6 +285,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
         expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
         max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
+        max_shares = limits.max_shares_per_gpu
         last_key: list | None = None
         gpus = None
         since_ack = ack_every  # the first report is acknowledged at once
@@ -284,6 +301,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 await self._refuse(context, "bad-report", grpc.StatusCode.INVALID_ARGUMENT,
                                    f"a report may carry at most {max_units} GPU units and {max_engines} engines; "
                                    f"this one has {len(report.gpus)} and {len(report.engines)}")
+                return
+            crowded = next((g for g in report.gpus if len(g.shares) > max_shares), None)
+            if crowded is not None:
+                await self._refuse(context, "bad-report", grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"a GPU may carry at most {max_shares} sharers; {crowded.uuid[:64]!r} has "
+                                   f"{len(crowded.shares)}")
                 return
             if wall() >= expires_at:
                 await self._end(context, "token-expired", f"the stream's token expired at {expires_at:.0f} (Unix "

@@ -5,15 +5,16 @@ usage, the kubelet's actual device assignment, engine KV-cache load). The extend
 newest per node and judges with it while it is fresh; ``received_at`` is the receiver's monotonic
 clock, so agent clock skew never makes data look fresher than it is.
 
-``received_at`` and ``sequence`` are always the newest report's. The per-unit values may come
-from an earlier report of the same stream when the newer one changed nothing judged (same whole
-GiB of free memory, same foreign usage and assignments; the telemetry adapter's
-``gpu_report_key``): they judge identically, and converting them again for every report is what
-made ingest expensive. With ingest in its own process (``adapters.ingest_process``) the same
-holds one step further: a node's whole value is shipped to the decision core only when what is
-judged changed; otherwise only ``received_at``, ``sequence`` and ``sampled_at_unix`` move on (the
-store's ``Heard``), so engine figures inside an unchanged headroom tenth may be a few reports
-old, as per-unit free memory inside an unchanged GiB already was.
+``received_at`` and ``sequence`` are always the newest report's. The per-unit values may come from
+an earlier report of the same stream when the newer one changed nothing judged (same whole GiB of
+free memory, same foreign usage and assignments, the same sharers each on the same side of its share
+and using the same whole GiB; the telemetry adapter's ``gpu_report_key``): they judge identically,
+and converting them again for every report is what made ingest expensive. With ingest in its own
+process (``adapters.ingest_process``) the same holds one step further: a node's whole value is
+shipped to the decision core only when what is judged changed; otherwise only ``received_at``,
+``sequence`` and ``sampled_at_unix`` move on (the store's ``Heard``), so engine figures inside an
+unchanged headroom tenth may be a few reports old, as per-unit free memory inside an unchanged GiB
+already was.
 
 ``NodeTelemetry`` pickles (``__reduce__``): the batches from the ingest process carry it.
 """
@@ -127,8 +128,8 @@ def effective_memory_mib(static_mib: int, sample: GpuSample | None, *, fresh: bo
 
 def memory_key(report: NodeTelemetry) -> tuple:
     """The part of a report that changes how the node is judged: per unit, free memory and foreign
-    usage in whole GiB, whether it is out of service and its sharers (``_shares_key``), and the engines' quantised headroom. Equal
-    keys judge identically."""
+    usage in whole GiB, whether it is out of service and, per sharer, its share, its use in whole
+    GiB and whether it is over; and the engines' quantised headroom. Equal keys judge identically."""
     return gpu_memory_key(report), engine_headroom(report)
 
 
@@ -136,13 +137,14 @@ def gpu_memory_key(report: NodeTelemetry) -> tuple:
     """The per-unit half of :func:`memory_key` (it depends on ``report.gpus`` only, so a store can
     keep it with the mapping and reuse it while the mapping object is the same)."""
     return tuple(sorted((g.uuid, g.memory_free_bytes // QUANTUM_BYTES, g.foreign_used_bytes // QUANTUM_BYTES,
-                         g.failure, _shares_key(g.shares)) for g in report.gpus.values()))
+                         g.failure, share_key(g.shares) if g.shares else ()) for g in report.gpus.values()))
 
 
-def _shares_key(shares: tuple[ShareSample, ...]) -> tuple:
-    """Who shares the GPU, with what share, and who is over it: a sharer crossing its share, or
-    one arriving or leaving, changes how the GPU is judged; its use inside the share does not."""
-    return tuple(sorted((s.pod, s.share_bytes, s.over) for s in shares))
+def share_key(shares: tuple[ShareSample, ...]) -> tuple:
+    """What of a GPU's sharers is judged: who, the share, the use in whole GiB (None: unknown), and
+    whether the sharer is over its share (exact, so crossing the share inside a GiB counts)."""
+    return tuple((s.pod, s.share_bytes, None if s.used_bytes is None else s.used_bytes // QUANTUM_BYTES, s.over)
+                 for s in shares)
 
 
 def engine_headroom(report: NodeTelemetry) -> int | None:

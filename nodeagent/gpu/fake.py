@@ -20,6 +20,7 @@ from pathlib import Path
 
 from nodeagent.gpu.fleet import Fleet, FleetError, parse_fleet
 from nodeagent.gpu.model import GpuReaderError, GpuState
+from nodeagent.shares.owners import UNKNOWN, ProcessOwner
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,17 @@ class FakeFleetReader:
         runs (the dev cluster). Reflects the last good parse (call after ``read``).
         """
         return dict(self._fleet.assignments)
+
+    def share_holders(self) -> dict[str, tuple[str, str, str]]:
+        """Share slot id (``<GPU uuid>::share-<k>``) -> (namespace, pod, container) for the file's
+        processes with a ``shareSlot``: the kubelet's ``gpusched.io/gpu-share`` assignments on
+        such a node, where no kubelet runs. Reflects the last good parse."""
+        return dict(self._fleet.share_holders)
+
+    def owner_of(self, pid: int) -> ProcessOwner:
+        """The pod the file says process ``pid`` belongs to (``ProcessOwners`` for the fake
+        backend, whose PIDs are invented); a PID the file does not list is ``UNKNOWN``."""
+        return self._fleet.owners.get(pid, UNKNOWN)
 
     def close(self) -> None:
         """Nothing to release; present for the ``GpuReader`` protocol."""

@@ -38,14 +38,26 @@ Format (version 1; unknown keys are errors, so a typo never silently means "abse
         mig: 0                        # required on a MIG GPU (position in its mig list), else absent
         usedMiB: 30720                # exactly one of usedMiB / usedBytes (int >= 0)
         pod: team-a/llama-0/vllm      # optional namespace/pod[/container]: the process belongs to
-                                      #   that pod; absent = a foreign process
+                                      #   that pod; absent (and no podUID) = a foreign process
+        podUID: 0f1e...               # optional non-empty string: the pod's UID, as the process's
+                                      #   cgroup would show it (the agent's PID -> pod answer)
+      # shareSlot: 0                  # optional int >= 0, needs pod, not on a MIG GPU (so not
+                                      #   set in this example): the pod holds share slot
+                                      #   <GPU uuid>::share-<k> of this GPU (gpusched.io/gpu-share)
+                                      #   instead of the whole GPU
 
 Derived state: free memory = total - reserved - every process on the GPU (foreign or a pod's);
 a MIG instance's free memory = its size - its processes (the parent's free memory sums the
 instances' processes). PCIe topology: GPUs with the same ``pcieSwitch`` are ``SINGLE``, the same
 ``numaNode`` ``NODE``, otherwise ``SYSTEM``. An NVSwitch GPU gets 18 links to the switch; an
 island member one link per other member. Processes using more memory than their GPU (or MIG
-instance) has are an error, as on real hardware.
+instance) has are an error, as on real hardware. A GPU is never shared and held whole at once: a
+pod process without ``shareSlot`` on a GPU where another names one is an error, as is one slot
+named by two pods; one PID is one process, so entries with the same ``pid`` name the same pod.
+
+Changing a process's memory while the agent runs (a sharer growing past its share, then shrinking
+back) is an edit of its ``usedMiB``: the fake backend re-reads the file when it changes, and the
+next report carries the new figure.
 
 Errors are ``FleetError`` naming the field path (``gpus[2].memoryMiB``). The format is checked by
 pydantic models (:class:`_FleetFile`); the rules across fields (uniqueness, islands, processes
@@ -56,7 +68,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -73,6 +85,7 @@ from pydantic import (
     model_validator,
 )
 
+from extender.model.share import slot_id
 from extender.model.validation import (
     RULE,
     UNKNOWN_KEY,
@@ -98,6 +111,7 @@ from nodeagent.gpu.model import (
     TopologyLevel,
     normalize_bus_id,
 )
+from nodeagent.shares.owners import NO_POD, ProcessOwner
 
 FLEET_VERSION = 1
 NVSWITCH_LINKS = 18  # links per GPU on an H100 HGX board; only the count of "switch" peers matters
@@ -116,12 +130,16 @@ class Fleet:
     """A parsed fleet file: the GPU state it describes and which devices pods hold.
 
     ``assignments`` maps a device id (GPU UUID, or MIG UUID for a process on a MIG instance) to
-    ``(namespace, pod, container)`` for every process with a ``pod``; it is what the kubelet's
-    PodResources API would report on such a node (container "" when the file names none).
+    ``(namespace, pod, container)`` for every process with a ``pod`` and no ``shareSlot``;
+    ``share_holders`` maps slot ids (``<GPU uuid>::share-<k>``) the same way for those with one.
+    Both are what the kubelet's PodResources API would report on such a node (container "" when
+    the file names none). ``owners``: each PID's pod, as its cgroup would tell.
     """
 
     state: GpuState
     assignments: dict[str, tuple[str, str, str]]
+    share_holders: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    owners: dict[int, ProcessOwner] = field(default_factory=dict)
 
 
 def derived_uuid(kind: str, *parts: object) -> str:
@@ -142,9 +160,13 @@ def parse_fleet(text: str, *, node_name: str = "node") -> Fleet:
     node = fleet.node or node_name
     procs, links = fleet.processes_by_device(), fleet.links()
     gpus = tuple(_gpu_info(spec, node, links.get(spec.index, ()), procs) for spec in fleet.gpus)
-    assignments = {fleet.device_id(p, node): _pod_ref(p.pod) for p in fleet.processes if p.pod is not None}
+    assignments = {fleet.device_id(p, node): _pod_ref(p.pod) for p in fleet.processes
+                   if p.pod is not None and p.share_slot is None}
+    share_holders = {slot_id(fleet.device_id(p, node), p.share_slot): _pod_ref(p.pod) for p in fleet.processes
+                     if p.pod is not None and p.share_slot is not None}
     return Fleet(GpuState(gpus=tuple(sorted(gpus, key=lambda g: g.index)), topology=_topology(fleet.gpus),
-                          driver_version=fleet.driver_version), assignments)
+                          driver_version=fleet.driver_version), assignments, share_holders,
+                 {p.pid: p.owner() for p in fleet.processes})
 
 
 _Index = Annotated[StrictInt, Field(ge=0), Say("must be an integer >= 0")]
@@ -216,13 +238,24 @@ class _Process(_Entry):
     used_mib: _Index | None = Field(None, alias="usedMiB")
     used_bytes: _Index | None = Field(None, alias="usedBytes")
     pod: _PodRef | None = None
+    pod_uid: _Name | None = Field(None, alias="podUID")
+    share_slot: _Index | None = Field(None, alias="shareSlot")
 
     @model_validator(mode="after")
     def _one_usage(self) -> _Process:
         given = {"used_mib", "used_bytes"} & self.model_fields_set
         if len(given) != 1 or self.used() is None:
             raise fail_at((), "needs exactly one of usedMiB, usedBytes", None)
+        if self.share_slot is not None and self.pod is None:
+            raise fail_at(("shareSlot",), "needs pod: the slot is held by a pod (namespace/pod)", self.share_slot)
         return self
+
+    def owner(self) -> ProcessOwner:
+        """The pod this process belongs to, as its cgroup would tell (no pod: a foreign process)."""
+        if self.pod is None and self.pod_uid is None:
+            return NO_POD
+        ref = _pod_ref(self.pod) if self.pod is not None else None
+        return ProcessOwner.of_pod(uid=self.pod_uid or "", pod=f"{ref[0]}/{ref[1]}" if ref else "")
 
     def used(self) -> int | None:
         """Bytes in use."""
@@ -281,6 +314,10 @@ class _FleetFile(_Entry):
                                                        f"no {proc.mig}", proc.mig)
             if not gpu.mig_mode and proc.mig is not None:
                 raise fail_at(("processes", i, "mig"), f"GPU {proc.gpu} is not in MIG mode", proc.mig)
+            if gpu.mig_mode and proc.share_slot is not None:
+                raise fail_at(("processes", i, "shareSlot"), f"GPU {proc.gpu} is in MIG mode; only whole GPUs "
+                                                             "are shared", proc.share_slot)
+        self._shares_apart()
         for (index, mig), plist in self.processes_by_device().items():
             gpu = by_index[index]
             capacity = ((gpu.mig or [])[mig].memory_mib if mig is not None else gpu.memory_mib - gpu.reserved_mib) * MIB
@@ -290,6 +327,26 @@ class _FleetFile(_Entry):
                 raise fail_at(("processes",), f"processes on {where} use {used} bytes, more than its {capacity}",
                               self.processes)
         return self
+
+    def _shares_apart(self) -> None:
+        """A GPU is shared or held whole, never both; a slot has one holder; a PID one owner."""
+        shared = {p.gpu for p in self.processes if p.share_slot is not None}
+        slots: dict[tuple[int, int], str] = {}
+        owners: dict[int, tuple[int, ProcessOwner]] = {}
+        for i, proc in enumerate(self.processes):
+            if proc.pod is not None and proc.share_slot is None and proc.gpu in shared:
+                raise fail_at(("processes", i, "pod"), f"GPU {proc.gpu} is shared (another process names a "
+                                                       "shareSlot); a pod holding it whole needs a GPU of its own",
+                              proc.pod)
+            if proc.share_slot is not None and proc.pod is not None:
+                holder = slots.setdefault((proc.gpu, proc.share_slot), _pod_key(proc.pod))
+                if holder != _pod_key(proc.pod):
+                    raise fail_at(("processes", i, "shareSlot"), f"slot {proc.share_slot} of GPU {proc.gpu} is "
+                                                                 f"held by {holder} already", proc.share_slot)
+            first, owner = owners.setdefault(proc.pid, (i, proc.owner()))
+            if owner != proc.owner():
+                raise fail_at(("processes", i, "pid"), f"pid {proc.pid} is processes[{first}] too, which names "
+                                                       "another pod", proc.pid)
 
     def processes_by_device(self) -> dict[tuple[int, int | None], list[ProcessInfo]]:
         """Processes keyed by (GPU index, MIG position or None)."""
@@ -382,6 +439,12 @@ def _pod_ref(value: str) -> tuple[str, str, str]:
     """``namespace/pod[/container]`` (the model checked the shape) -> (namespace, pod, container or "")."""
     parts = value.split("/")
     return parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+
+
+def _pod_key(value: str) -> str:
+    """``namespace/pod`` of a ``pod`` entry (the container left out)."""
+    ref = _pod_ref(value)
+    return f"{ref[0]}/{ref[1]}"
 
 
 def _kind(value: Any) -> str:

@@ -16,9 +16,11 @@ import pynvml
 import pytest
 
 from devcluster.fleet import PRESETS as DEVCLUSTER_PRESETS
+from extender.model.share import slot_id
 from nodeagent.gpu import SWITCH, GpuReaderError, TopologyLevel, to_inventory
 from nodeagent.gpu.fleet import derived_uuid
 from nodeagent.gpu.nvml import NvmlReader
+from nodeagent.shares import CgroupOwners, SharePod, ShareUse, share_usage
 
 MIB = 1024 * 1024
 NODE = "n1"
@@ -355,6 +357,26 @@ def test_processes_with_unknown_memory_keep_none() -> None:
     box.gpus[2].processes = [(100, 3 * MIB), (101, None)]
     procs = NvmlReader(box).read().gpus[2].processes
     assert [(p.pid, p.used_bytes) for p in procs] == [(100, 3 * MIB), (101, None)]
+
+
+def test_nvml_processes_are_attributed_to_gpu_sharers_by_their_cgroups(tmp_path) -> None:
+    """Issue 20 on the NVML backend: per-process usedGpuMemory, summed per sharer, the pod found by
+    the UID in the process's cgroup; NVML's "not available" makes that sharer's use unknown."""
+    uid_a, uid_b = "8dbc5577-d0e2-4706-8787-57d52c03ddf2", "0b7f3c11-2a4e-4c1d-9f00-aa11bb22cc33"
+    cgroups = {100: f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_a.replace('-', '_')}"
+                    ".slice/cri-containerd-1.scope", 101: f"0::/kubepods/burstable/pod{uid_a}/2",
+               102: f"0::/kubepods/pod{uid_b}/3", 103: "0::/system.slice/leftover.service"}
+    for pid, text in cgroups.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text + "\n")
+    box = l40s_box()
+    box.gpus[0].processes = [(100, 6 * 1024 * MIB), (101, 3 * 1024 * MIB), (102, None), (103, 1024 * MIB)]
+    state = NvmlReader(box).read()
+    uuid = state.gpus[0].uuid
+    holders = {slot_id(uuid, 0): ("ml", "a", "vllm"), slot_id(uuid, 1): ("ml", "b", "vllm")}
+    pods = {"ml/a": SharePod(uid_a, 8 * 1024 * MIB), "ml/b": SharePod(uid_b, 8 * 1024 * MIB)}
+    assert share_usage(state, holders, pods, CgroupOwners(tmp_path)) == {uuid: (
+        ShareUse("ml", "a", 8 * 1024 * MIB, 9 * 1024 * MIB, True), ShareUse("ml", "b", 8 * 1024 * MIB, 0, False))}
 
 
 @pytest.mark.parametrize("function, error", [

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServicer, gpu_report_key, report_to_telemetry
+from extender.model.telemetry import ShareSample, gpu_memory_key
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore, TokenIdentity
 from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
@@ -19,8 +20,13 @@ AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
 GIB, MIB = 1 << 30, 1 << 20
 
 
+SHARE = 30 * GIB
+
+
 def report(seq: int = 1, *, free_mib: int = 40 * 1024 + 512, foreign_gib: int = 0, pods: tuple[str, ...] = (),
-           kv: float | None = None, node: str = "n1") -> pb.NodeReport:
+           kv: float | None = None, node: str = "n1",
+           shares: tuple[tuple[str, int, int | None], ...] = ()) -> pb.NodeReport:
+    """Two GPUs; GPU-1 carries ``shares``: (pod, share bytes, used bytes or None when unknown)."""
     r = pb.NodeReport(node_name=node, sequence=seq, period_millis=1000, gpu_backend="fake")
     for i in range(2):
         g = r.gpus.add(uuid=f"GPU-{i}", index=i, memory_total_bytes=80 * GIB, memory_free_bytes=free_mib * MIB,
@@ -28,6 +34,10 @@ def report(seq: int = 1, *, free_mib: int = 40 * 1024 + 512, foreign_gib: int = 
         if i == 0:
             for p in pods:
                 g.assigned_pods.add(namespace="ns", name=p)
+        else:
+            for name, share, used in shares:
+                g.shares.add(pod=pb.PodRef(namespace="ns", name=name), share_bytes=share, used_bytes=used or 0,
+                             used_known=used is not None)
     if kv is not None:
         r.engines.add(pod=pb.PodRef(namespace="ns", name="e"), kv_cache_usage=kv, requests_running=8)
     return r
@@ -42,6 +52,42 @@ def report(seq: int = 1, *, free_mib: int = 40 * 1024 + 512, foreign_gib: int = 
 ])
 def test_gpu_report_key_changes_only_with_what_is_judged(change, equal):
     assert (gpu_report_key(report()) == gpu_report_key(report(**change))) is equal
+
+
+UNDER = (("a", SHARE, 20 * GIB + 5 * MIB),)
+
+
+@pytest.mark.parametrize("change,equal", [
+    pytest.param((("a", SHARE, 20 * GIB + 900 * MIB),), True, id="use-jitter-inside-the-GiB"),
+    pytest.param((("a", SHARE, 21 * GIB),), False, id="use-crosses-a-GiB"),
+    pytest.param((("a", SHARE, SHARE + 1),), False, id="use-goes-over-the-share"),
+    pytest.param((("a", SHARE, None),), False, id="use-becomes-unknown"),
+    pytest.param((("a", 40 * GIB, 20 * GIB + 5 * MIB),), False, id="share-changes"),
+    pytest.param((("b", SHARE, 20 * GIB + 5 * MIB),), False, id="another-pod"),
+    pytest.param(UNDER + (("b", SHARE, 0),), False, id="a-second-sharer"),
+    pytest.param((), False, id="the-sharer-leaves"),
+])
+def test_the_keys_change_with_what_is_judged_of_a_sharer(change, equal):
+    assert (gpu_report_key(report(shares=UNDER)) == gpu_report_key(report(shares=change))) is equal
+    judged = [gpu_memory_key(report_to_telemetry(report(shares=shares), 1.0)) for shares in (UNDER, change)]
+    assert (judged[0] == judged[1]) is equal
+
+
+def test_crossing_the_share_inside_one_GiB_changes_both_keys():
+    """30.2 GiB used of a 30.5 GiB share, then 30.5 GiB + 1 byte: the same whole GiB, but now over."""
+    share = 30 * GIB + 512 * MIB
+    under = report(shares=(("a", share, 30 * GIB + 200 * MIB),))
+    over = report(shares=(("a", share, share + 1),))
+    assert gpu_report_key(under) != gpu_report_key(over)
+    assert gpu_memory_key(report_to_telemetry(under, 1.0)) != gpu_memory_key(report_to_telemetry(over, 1.0))
+
+
+def test_shares_become_share_samples():
+    telemetry = report_to_telemetry(report(shares=(("a", SHARE, SHARE + GIB), ("b", SHARE, None))), 1.0)
+    assert telemetry.gpus["GPU-1"].shares == (ShareSample("ns/a", SHARE, SHARE + GIB), ShareSample("ns/b", SHARE, None))
+    assert [s.over for s in telemetry.gpus["GPU-1"].shares] == [True, False]
+    assert telemetry.gpus["GPU-1"].assigned_pods == (), "sharers are not holders"
+    assert telemetry.gpus["GPU-0"].shares == ()
 
 
 def test_an_unchanged_report_reuses_the_unit_conversion_and_refreshes_age_and_sequence():
@@ -63,6 +109,7 @@ def test_an_unchanged_report_reuses_the_unit_conversion_and_refreshes_age_and_se
     pytest.param(dict(pods=("p",)), True, id="assignment"),
     pytest.param(dict(kv=0.9), True, id="engine-headroom"),
     pytest.param(dict(free_mib=40 * 1024 + 100), False, id="jitter"),
+    pytest.param(dict(shares=(("a", SHARE, SHARE + 1),)), True, id="a-sharer-goes-over"),
 ])
 def test_changed_reports_are_announced(second, announced):
     store = TelemetryStore()

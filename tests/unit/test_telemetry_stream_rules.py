@@ -128,7 +128,16 @@ def test_a_stream_whose_pod_is_gone_ends_at_the_next_check():
     assert store.view()["n1"].sequence == 1, "nothing is accepted from a stream whose pod is gone"
 
 
-@pytest.mark.parametrize("bad", [report(units=513), pytest.param(None, id="engines")])
+def crowded_gpu(sharers: int) -> pb.NodeReport:
+    """A report whose first GPU carries ``sharers`` share pods."""
+    r = report()
+    for i in range(sharers):
+        r.gpus[0].shares.add(pod=pb.PodRef(namespace="ns", name=f"s{i}"), share_bytes=1 << 30)
+    return r
+
+
+@pytest.mark.parametrize("bad", [report(units=513), pytest.param(None, id="engines"),
+                                 pytest.param(crowded_gpu(65), id="sharers-on-one-gpu")])
 def test_an_oversized_report_ends_the_stream(bad):
     if bad is None:
         bad = report()
@@ -138,6 +147,13 @@ def test_an_oversized_report_ends_the_stream(bad):
     context = run(s, Context([report(1), bad]))
     assert context.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT and refused(metrics, "bad-report") == 1
     assert store.view()["n1"].sequence == 1
+
+
+def test_a_gpu_with_as_many_sharers_as_allowed_is_accepted():
+    s, store, metrics = servicer()
+    context = run(s, Context([crowded_gpu(StreamLimits().max_shares_per_gpu)]))
+    assert context.aborted is None and refused(metrics, "bad-report") == 0
+    assert len(store.view()["n1"].gpus["GPU-0"].shares) == 64
 
 
 def test_a_huge_declared_period_counts_as_the_configured_one():

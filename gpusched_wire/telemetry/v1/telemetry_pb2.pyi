@@ -28,7 +28,7 @@ class NodeReport(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., sampled_at_unix_nanos: _Optional[int] = ..., period_millis: _Optional[int] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuTelemetry, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineTelemetry, _Mapping]]] = ..., gpu_backend: _Optional[str] = ...) -> None: ...
 
 class GpuTelemetry(_message.Message):
-    __slots__ = ("uuid", "index", "is_mig", "parent_index", "profile", "memory_total_bytes", "memory_free_bytes", "memory_reserved_bytes", "foreign_used_bytes", "assigned_pods", "failure")
+    __slots__ = ("uuid", "index", "is_mig", "parent_index", "profile", "memory_total_bytes", "memory_free_bytes", "memory_reserved_bytes", "foreign_used_bytes", "assigned_pods", "failure", "shares")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     IS_MIG_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class GpuTelemetry(_message.Message):
     FOREIGN_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_PODS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     is_mig: bool
@@ -51,7 +52,20 @@ class GpuTelemetry(_message.Message):
     foreign_used_bytes: int
     assigned_pods: _containers.RepeatedCompositeFieldContainer[PodRef]
     failure: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., is_mig: _Optional[bool] = ..., parent_index: _Optional[int] = ..., profile: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_reserved_bytes: _Optional[int] = ..., foreign_used_bytes: _Optional[int] = ..., assigned_pods: _Optional[_Iterable[_Union[PodRef, _Mapping]]] = ..., failure: _Optional[str] = ...) -> None: ...
+    shares: _containers.RepeatedCompositeFieldContainer[ShareUsage]
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., is_mig: _Optional[bool] = ..., parent_index: _Optional[int] = ..., profile: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., memory_reserved_bytes: _Optional[int] = ..., foreign_used_bytes: _Optional[int] = ..., assigned_pods: _Optional[_Iterable[_Union[PodRef, _Mapping]]] = ..., failure: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[ShareUsage, _Mapping]]] = ...) -> None: ...
+
+class ShareUsage(_message.Message):
+    __slots__ = ("pod", "share_bytes", "used_bytes", "used_known")
+    POD_FIELD_NUMBER: _ClassVar[int]
+    SHARE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    pod: PodRef
+    share_bytes: int
+    used_bytes: int
+    used_known: bool
+    def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., share_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., used_known: _Optional[bool] = ...) -> None: ...
 
 class PodRef(_message.Message):
     __slots__ = ("namespace", "name", "container")
