@@ -85,12 +85,15 @@ class RealCluster:
         apps.delete_namespaced_daemon_set("gpusched-node-agent", "gpusched-system")
 
     def start_agent(self, fleet: Path, *, period_s: float = 0.5, metrics_port: int = 0,
-                    device_plugin: bool = True) -> Component:
+                    device_plugin: bool = True, share_slots: int = 0) -> Component:
         """The node agent for the real node, as the DaemonSet runs it in device-plugin mode: the
-        fake GPU backend (this machine has no GPUs), the kubelet's own PodResources socket."""
+        fake GPU backend (this machine has no GPUs), the kubelet's own PodResources socket;
+        ``share_slots``: also serve gpusched.io/gpu-share (``--share-slots-per-gpu``)."""
         extra = ["--podresources-socket", str(self.node.pod_resources_socket)]
         if device_plugin:
             extra += ["--device-plugin"]
+        if share_slots:
+            extra += [f"--share-slots-per-gpu={share_slots}"]
         agent = self.stack.start_agent(self.node.name, fleet, period_s, metrics_port, tuple(extra))
         self.agents.append(agent)
         return agent

@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device-list-strategy", default="envvar", choices=["envvar", "cdi-cri", "cdi-annotations"],
                    help="how Allocate names the devices: NVIDIA_VISIBLE_DEVICES (the NVIDIA container runtime), or "
                         "CDI names nvidia.com/gpu=<uuid> in the CRI field or an annotation (default: %(default)s)")
+    p.add_argument("--share-slots-per-gpu", type=int, default=0, metavar="K",
+                   help="with --device-plugin, also serve gpusched.io/gpu-share: K share slots per whole non-MIG "
+                        "GPU, for engines that share one GPU within their gpusched.io/gpu-memory (a GPU is never "
+                        "handed out whole and shared at once); 0: off (default: %(default)s)")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="the kubelet's device plugin folder (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
@@ -80,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         print(f"gpusched node agent: --period {args.period!r} is not a positive duration (e.g. 1s, 500ms)", file=sys.stderr)
+        return 2
+    if args.share_slots_per_gpu < 0 or (args.share_slots_per_gpu and not args.device_plugin):
+        print(f"gpusched node agent: --share-slots-per-gpu {args.share_slots_per_gpu}: must be >= 0, and needs "
+              "--device-plugin (the same plugin must hand out whole GPUs, or one GPU could go whole and shared)",
+              file=sys.stderr)
         return 2
     try:
         reader = open_reader(args.gpu_backend, args.fleet, node_name=args.node_name)
@@ -124,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods,
                   shares=_share_reporter(args, reader, list_pods).usage)
-    plugin_runner = _start_device_plugin(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else None
+    runners = _start_device_plugins(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else []
+    plugin_runner = runners[0] if runners else None
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     try:
         publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
@@ -135,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     agent.start_engine_scraper(stop)
     if args.metrics_port:
-        _serve_metrics(args.metrics_port, agent, publisher, plugin_runner.plugin if plugin_runner else None)
+        _serve_metrics(args.metrics_port, agent, publisher, plugin_runner.plugin if plugin_runner else None,
+                       runners[1].plugin if len(runners) > 1 else None)
 
     def shutdown(*_):
         stop.set()
         publisher.stop()
-        if plugin_runner is not None:
-            plugin_runner.stop()
+        for runner in runners:
+            runner.stop()
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     publisher.run()
@@ -164,37 +175,45 @@ def _share_reporter(args: argparse.Namespace, reader: GpuReader,
     return ShareReporter(holders, owners, list_pods)
 
 
-def _start_device_plugin(args: argparse.Namespace, agent: Agent, assignments, list_pods, fresh_pods):
-    """Serve the device plugin: units from the agent's own GPU reads (every period, whether or not
-    the extender is reachable), candidates from the node's pods minus those the kubelet already
-    gave devices."""
+def _start_device_plugins(args: argparse.Namespace, agent: Agent, assignments, list_pods, fresh_pods) -> list:
+    """Serve the device plugin (and, with ``--share-slots-per-gpu``, the share plugin): units from
+    the agent's own GPU reads (every period, whether or not the extender is reachable), closed
+    where the other resource holds the GPU; candidates from the node's pods minus those the
+    kubelet already gave devices."""
     from pathlib import Path
 
-    from nodeagent.deviceplugin.allocation import candidates
-    from nodeagent.deviceplugin.server import GpuDevicePlugin, PluginRunner
+    from nodeagent.deviceplugin.server import GpuDevicePlugin, PluginRunner, SharePlugin
+    from nodeagent.deviceplugin.shares import share_candidates, share_units, whole_candidates, whole_units
 
-    def pods_waiting(fresh: bool):
-        try:
-            allocated = {f"{ref[0]}/{ref[1]}" for ref in assignments().values()}
-        except Exception as exc:  # no kubelet answer: every bound pod may still be waiting
-            logging.getLogger("gpusched.nodeagent").warning("PodResources for the device plugin: %s", exc)
-            allocated = set()
-        try:
-            pods = fresh_pods() if fresh else (list_pods() if list_pods else [])
-        except Exception as exc:
-            logging.getLogger("gpusched.nodeagent").warning("listing the node's pods: %s", exc)
-            pods = []
-        return candidates(pods, args.node_name, allocated)
+    def waiting(select):
+        def pods_waiting(fresh: bool):
+            try:
+                allocated = {f"{ref[0]}/{ref[1]}" for ref in assignments().values()}
+            except Exception as exc:  # no kubelet answer: every bound pod may still be waiting
+                logging.getLogger("gpusched.nodeagent").warning("PodResources for the device plugin: %s", exc)
+                allocated = set()
+            try:
+                pods = fresh_pods() if fresh else (list_pods() if list_pods else [])
+            except Exception as exc:
+                logging.getLogger("gpusched.nodeagent").warning("listing the node's pods: %s", exc)
+                pods = []
+            return select(pods, args.node_name, allocated)
+        return pods_waiting
 
-    plugin = GpuDevicePlugin(agent.units, pods_waiting, strategy=args.device_list_strategy,
-                             refresh=agent.refresh_units)
-    agent.on_units_changed(plugin.changed)
+    slots = args.share_slots_per_gpu
+    plugins = [GpuDevicePlugin(lambda: whole_units(agent.units(), agent.held()), waiting(whole_candidates),
+                               strategy=args.device_list_strategy, refresh=agent.refresh_units)]
+    if slots:
+        plugins.append(SharePlugin(lambda: share_units(agent.units(), slots, agent.held()), waiting(share_candidates),
+                                   strategy=args.device_list_strategy, refresh=agent.refresh_units))
+    for plugin in plugins:
+        agent.on_units_changed(plugin.changed)
     agent.refresh_units()
     agent.start_unit_refresher(threading.Event())
-    return PluginRunner(plugin, Path(args.device_plugin_dir)).start()
+    return [PluginRunner(plugin, Path(args.device_plugin_dir)).start() for plugin in plugins]
 
 
-def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None) -> None:
+def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None, share_plugin: Any = None) -> None:
     registry = CollectorRegistry()
     Gauge("gpusched_agent_reports_sent", "Reports sent since start.", registry=registry).set_function(
         lambda: publisher.status.reports_sent)
@@ -214,6 +233,12 @@ def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = 
         Gauge("gpusched_agent_device_plugin_conflict", "1 while NVIDIA's device plugin serves nvidia.com/gpu on "
               "this node, so gpusched's does not register (the log says how to keep it off).",
               registry=registry).set_function(lambda: 1 if plugin.status.conflict else 0)
+
+    if share_plugin is not None:
+        Gauge("gpusched_agent_share_plugin_registrations", "Times the gpusched.io/gpu-share device plugin registered "
+              "with the kubelet.", registry=registry).set_function(lambda: share_plugin.status.registrations)
+        Gauge("gpusched_agent_share_plugin_allocations", "Containers the gpusched.io/gpu-share device plugin gave a "
+              "share slot to.", registry=registry).set_function(lambda: share_plugin.status.allocations)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802

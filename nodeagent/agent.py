@@ -61,6 +61,7 @@ class Agent:
         self.status = AgentStatus()
         self._read_lock = threading.Lock()  # readers are not thread-safe; the unit refresher reads too
         self._units: list[Unit] = []
+        self._held: frozenset[str] = frozenset()  # device ids the kubelet had allocated at the last read
         self._foreign = ForeignTracker()
         self._unit_listeners: list[Callable[[], None]] = []
 
@@ -95,6 +96,11 @@ class Agent:
         """The node's units at the last read (health and foreign use included)."""
         return self._units
 
+    def held(self) -> frozenset[str]:
+        """The device ids (GPU uuids, MIG uuids, share slots) the kubelet had allocated at the last
+        read: what keeps a GPU from being handed out whole and as shares at once."""
+        return self._held
+
     def on_units_changed(self, listener: Callable[[], None]) -> None:
         self._unit_listeners.append(listener)
 
@@ -102,19 +108,23 @@ class Agent:
         state = self.read()
         if state is None:
             return
+        held: dict | None
         try:
-            assignments = dict(self._assignments())
+            assignments = held = dict(self._assignments())
         except Exception:
-            assignments = {}
-        self._set_units(units_of(state, self._foreign.update(state, assignments)))
+            assignments, held = {}, None
+        self._set_units(units_of(state, self._foreign.update(state, assignments)), held)
 
-    def _set_units(self, units: list[Unit]) -> None:
-        if [(u.id, u.failure) for u in units] != [(u.id, u.failure) for u in self._units]:
-            self._units = units
+    def _set_units(self, units: list[Unit], held: Mapping[str, object] | None) -> None:
+        """``held``: the kubelet's allocations now (None: not known this time, keep the last ones —
+        a PodResources error must not open a shared GPU to whole pods)."""
+        held_ids = frozenset(held) if held is not None else self._held
+        changed = [(u.id, u.failure) for u in units] != [(u.id, u.failure) for u in self._units] \
+            or held_ids != self._held
+        self._units, self._held = units, held_ids
+        if changed:
             for listener in self._unit_listeners:
                 listener()
-        else:
-            self._units = units
 
     def start_unit_refresher(self, stop: threading.Event) -> None:
         """Read the GPUs every period on a thread of their own, so the device plugin's health is
@@ -165,7 +175,7 @@ class Agent:
             self.status.last_assignment_error = str(exc)
         foreign = self._foreign.update(state, assignments)
         if self._unit_listeners:
-            self._set_units(units_of(state, foreign))
+            self._set_units(units_of(state, foreign), None if self.status.last_assignment_error else assignments)
         holders: dict[str, list[telemetry_pb2.PodRef]] = {}
         for device, ref in assignments.items():
             ns, pod, container = ref[0], ref[1], ref[2] if len(ref) > 2 else ""

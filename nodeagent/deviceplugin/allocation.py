@@ -44,10 +44,12 @@ class Unit:
     is_mig: bool = False
     failure: str = ""
     foreign_bytes: int = 0
+    closed: str = ""  # why the unit may not be handed out now though the GPU works ("" open): share mode
 
     @property
     def healthy(self) -> bool:
-        return not self.failure
+        """Advertised Healthy: the GPU works and the unit is open."""
+        return not self.failure and not self.closed
 
     @property
     def clean(self) -> bool:

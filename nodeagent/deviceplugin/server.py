@@ -13,6 +13,13 @@
   empties the folder when it restarts, so the plugin watches both sockets and re-creates its own
   and registers again within a poll period (0.5 s) — its allocations live on in the kubelet's
   checkpoint.
+- ``SharePlugin`` is the same service for ``gpusched.io/gpu-share`` on
+  ``gpusched-gpu-share.sock``: its devices are share slots (``nodeagent.deviceplugin.shares``),
+  its preference a slot of the GPU gpusched assigned, and Allocate names the slot's GPU exactly
+  as a whole allocation would, so every sharer sees the same UUID.
+- Never mixed: both plugins advertise a *closed* unit (a GPU shared, for ``nvidia.com/gpu``; a GPU
+  held whole, for its slots) Unhealthy, and Allocate, after a fresh read, refuses one — the other
+  plugin may have handed the GPU out since the last period's read.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ from pathlib import Path
 
 import grpc
 
+from extender.model.share import SHARE_RESOURCE, gpu_of_slot
 from nodeagent.deviceplugin.allocation import Candidate, Preference, Unit, prefer
 from nodeagent.deviceplugin.generated import api_pb2, api_pb2_grpc
+from nodeagent.deviceplugin.shares import prefer_slot
 
 log = logging.getLogger("gpusched.nodeagent.deviceplugin")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 ENDPOINT = "gpusched-gpu.sock"
+SHARE_ENDPOINT = "gpusched-gpu-share.sock"
 # The sockets NVIDIA's k8s-device-plugin serves nvidia.com/gpu on (``nvidia-<resource>.sock``; the
 # GPU Operator's build too). The kubelet lets the last plugin to register a resource win, so two
 # plugins for one resource on a node hand out the same GPU twice: gpusched's refuses to register
@@ -61,6 +71,8 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     be being admitted (see ``allocation.candidates``) — from the agent's pod watch, or with
     ``fresh`` from a new list: the pod the kubelet admits may be newer than the watch, so a request
     no watched candidate matches is judged again on a fresh list before the rules decide."""
+
+    endpoint = ENDPOINT  # the socket's name in the kubelet's device plugin folder
 
     def __init__(self, units: Callable[[], Sequence[Unit]], candidates: Callable[[bool], Sequence[Candidate]], *,
                  strategy: str = "envvar", resource: str = "nvidia.com/gpu",
@@ -126,10 +138,10 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         response = api_pb2.PreferredAllocationResponse()
         for r in request.container_requests:
             args = (list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size)
-            choice: Preference = prefer(*args, pods, units)
+            choice: Preference = self._choose(*args, pods, units)
             if not choice.pod:
                 pods = list(self._candidates(True))
-                choice = prefer(*args, pods, units)
+                choice = self._choose(*args, pods, units)
             kind = "assignment" if choice.pod else "rules"
             self.status.preferred[kind] = self.status.preferred.get(kind, 0) + 1
             log.info("preferred allocation of %d from %s: %s (%s)", r.allocation_size,
@@ -140,18 +152,39 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         return response
 
     def Allocate(self, request, context):
-        owned = {u.id for u in self._units()}
+        try:
+            self._refresh()  # the other plugin may have handed a GPU out since the last read
+        except Exception as exc:
+            log.warning("re-reading the GPUs before Allocate failed: %s", exc)
+        owned = {u.id: u for u in self._units()}
         response = api_pb2.AllocateResponse()
         for r in request.container_requests:
             ids = list(r.devices_ids)
             unknown = [i for i in ids if i not in owned]
             if unknown:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"gpusched's device plugin does not own {', '.join(unknown)} (its devices: "
-                              f"{', '.join(sorted(owned))})")
-            response.container_responses.append(self._container_response(ids))
+                              f"gpusched's device plugin for {self.resource} does not own {', '.join(unknown)} "
+                              f"(its devices: {', '.join(sorted(owned))})")
+            refusal = self._refusal(ids) or "; ".join(f"{i} is {owned[i].closed}" for i in ids if owned[i].closed)
+            if refusal:
+                log.warning("refused to allocate %s on %s: %s", ids, self.resource, refusal)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {refusal}")
+            response.container_responses.append(self._container_response(self._visible(ids)))
             self.status.allocations += 1
         return response
+
+    # -- what differs per resource ------------------------------------------------------------
+    def _choose(self, available: list[str], must_include: list[str], size: int, pods: Sequence[Candidate],
+                units: Sequence[Unit]) -> Preference:
+        return prefer(available, must_include, size, pods, units)
+
+    def _refusal(self, ids: list[str]) -> str:
+        """Why these devices may not go to one container ("" they may)."""
+        return ""
+
+    def _visible(self, ids: list[str]) -> list[str]:
+        """The device names the container is given for the allocated ``ids``."""
+        return ids
 
     def _container_response(self, ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         if self.strategy == "envvar":
@@ -165,6 +198,30 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
+class SharePlugin(GpuDevicePlugin):
+    """The service for ``gpusched.io/gpu-share``: ``units()`` are the share slots
+    (``shares.share_units``), ``candidates(fresh)`` the share pods (``shares.share_candidates``)."""
+
+    endpoint = SHARE_ENDPOINT
+
+    def __init__(self, units: Callable[[], Sequence[Unit]], candidates: Callable[[bool], Sequence[Candidate]], *,
+                 strategy: str = "envvar", refresh: Callable[[], None] = lambda: None) -> None:
+        super().__init__(units, candidates, strategy=strategy, resource=SHARE_RESOURCE, refresh=refresh)
+
+    def _choose(self, available: list[str], must_include: list[str], size: int, pods: Sequence[Candidate],
+                units: Sequence[Unit]) -> Preference:
+        return prefer_slot(available, must_include, size, pods, units)
+
+    def _refusal(self, ids: list[str]) -> str:
+        if len(ids) > 1:
+            return (f"one share per pod: a container asked for {len(ids)} slots ({', '.join(ids)}); ask for "
+                    f"{SHARE_RESOURCE}: 1, or for whole GPUs (nvidia.com/gpu)")
+        return ""
+
+    def _visible(self, ids: list[str]) -> list[str]:
+        return [gpu_of_slot(i) or i for i in ids]
+
+
 class PluginRunner:
     """Serves the plugin on its socket and keeps it registered with the kubelet."""
 
@@ -172,7 +229,7 @@ class PluginRunner:
                  register_timeout_s: float = 5.0) -> None:
         self.plugin = plugin
         self.directory = Path(directory)
-        self.socket = self.directory / ENDPOINT
+        self.socket = self.directory / plugin.endpoint
         self.kubelet = self.directory / KUBELET_SOCKET
         self._poll_s = poll_s
         self._register_timeout_s = register_timeout_s
@@ -182,7 +239,7 @@ class PluginRunner:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "PluginRunner":
-        self._thread = threading.Thread(target=self._run, name="device-plugin", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"device-plugin-{plugin_name(self.plugin)}", daemon=True)
         self._thread.start()
         return self
 
@@ -262,13 +319,17 @@ class PluginRunner:
         with grpc.insecure_channel(f"unix://{self.kubelet}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
             stub.Register(api_pb2.RegisterRequest(
-                version=VERSION, endpoint=ENDPOINT, resource_name=self.plugin.resource,
+                version=VERSION, endpoint=self.plugin.endpoint, resource_name=self.plugin.resource,
                 options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)),
                 timeout=self._register_timeout_s)
         self.plugin.status.registrations += 1
         self.plugin.status.last_registered_at = time.time()
         self.plugin.status.last_error = ""
         log.info("registered %s with the kubelet (%s)", self.plugin.resource, self.kubelet)
+
+
+def plugin_name(plugin: GpuDevicePlugin) -> str:
+    return plugin.resource.rsplit("/", 1)[-1]
 
 
 def _answers(path: Path) -> bool:

@@ -8,7 +8,9 @@ module turns one ``List`` answer into ``{device_id: PodRef}`` for the GPU resour
 Device ids are what the device plugin advertised: GPU UUIDs (``GPU-…``) and MIG UUIDs
 (``MIG-…``) by default, ``<uuid>::<n>`` replicas under time-slicing (the suffix is stripped:
 the replica lives on that GPU), or indices (``0``, ``0:1``) with ``deviceIDStrategy=index``
-(kept as they are; ``foreign_usage`` resolves them).
+(kept as they are; ``foreign_usage`` resolves them). gpusched's share slots
+(``gpusched.io/gpu-share``, ids ``<uuid>::share-<k>``) are kept whole: a slot is not its GPU held
+whole, and ``extender.model.share.gpu_of_slot`` names the GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import NamedTuple
 
 import grpc
 
+from extender.model.share import SHARE_RESOURCE, gpu_of_slot
 from nodeagent.podresources.generated import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -45,8 +48,9 @@ class PodResourcesError(Exception):
 
 
 def is_gpu_resource(name: str) -> bool:
-    """``nvidia.com/gpu`` and the mixed-strategy MIG resources ``nvidia.com/mig-<profile>``."""
-    return name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")
+    """``nvidia.com/gpu``, the mixed-strategy MIG resources ``nvidia.com/mig-<profile>`` and
+    gpusched's share slots ``gpusched.io/gpu-share``."""
+    return name in ("nvidia.com/gpu", SHARE_RESOURCE) or name.startswith("nvidia.com/mig-")
 
 
 def list_assignments(socket_path: str | os.PathLike[str] = DEFAULT_SOCKET, *,
@@ -94,8 +98,9 @@ def assignments_from_response(response: api_pb2.ListPodResourcesResponse,
 
 def _device_ids(ids: Iterable[str]) -> Iterable[str]:
     for device_id in ids:
-        # Time-slicing replicas are advertised as "<uuid>::<replica>"; the GPU is the uuid.
-        yield device_id.split("::", 1)[0]
+        # Time-slicing replicas are advertised as "<uuid>::<replica>"; the GPU is the uuid. A
+        # share slot stays a slot: its GPU is shared, not held whole.
+        yield device_id if gpu_of_slot(device_id) else device_id.split("::", 1)[0]
 
 
 def _error(path: str, timeout_s: float, exc: grpc.RpcError) -> PodResourcesError:

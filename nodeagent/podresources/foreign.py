@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from extender.model.share import gpu_of_slot
 from nodeagent.gpu.model import GpuState, ProcessInfo
 
 
@@ -21,9 +22,10 @@ def foreign_usage(state: GpuState, assignments: Mapping[str, object]) -> dict[st
     unassigned unit's foreign bytes are the sum of its processes' memory; when NVML could not
     tell a process's usage, the unit's occupied memory (total - reserved - free) stands in, so
     an unknown amount is never counted as zero. Every unit of ``state`` is in the result.
-    The assignment values are not looked at (any mapping keyed by device id will do).
+    A GPU with a share slot assigned (``<uuid>::share-<k>``) is held too: its processes are its
+    sharers'. The assignment values are not looked at (any mapping keyed by device id will do).
     """
-    assigned = set(assignments)
+    assigned = _held_ids(assignments)
     result: dict[str, int] = {}
     for gpu in state.gpus:
         if gpu.mig_enabled:
@@ -36,6 +38,12 @@ def foreign_usage(state: GpuState, assignments: Mapping[str, object]) -> dict[st
             occupied = gpu.memory_total_bytes - gpu.memory_reserved_bytes - gpu.memory_free_bytes
             result[gpu.uuid] = 0 if held else _foreign(gpu.processes, occupied)
     return result
+
+
+def _held_ids(assignments: Mapping[str, object]) -> set[str]:
+    """The assigned device ids, plus the GPU of every assigned share slot."""
+    assigned = set(assignments)
+    return assigned | {gpu for gpu in map(gpu_of_slot, assigned) if gpu is not None}
 
 
 def _foreign(processes: tuple[ProcessInfo, ...], occupied_bytes: int) -> int:
@@ -65,7 +73,7 @@ class ForeignTracker:
 
     def _update(self, state: GpuState, assignments: Mapping[str, object]) -> dict[str, int]:
         current = foreign_usage(state, assignments)
-        assigned = set(assignments)
+        assigned = _held_ids(assignments)
         result: dict[str, int] = {}
         for gpu in state.gpus:
             units = [(m.uuid, m.uuid in assigned or f"{gpu.index}:{m.index}" in assigned) for m in gpu.mig_devices] \

@@ -74,7 +74,7 @@ def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nod
     objects = kustomize_build(MANIFESTS / "overlays/device-plugin")
     spec = _daemonset(objects)["spec"]["template"]["spec"]
     agent = _container(objects, "DaemonSet", "agent")
-    assert {"--device-plugin", "--device-list-strategy=envvar"} <= set(agent["args"])
+    assert {"--device-plugin", "--device-list-strategy=envvar", "--share-slots-per-gpu=8"} <= set(agent["args"])
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpusched.io/device-plugin": "true"}
     mount = next(m for m in agent["volumeMounts"] if m["name"] == "device-plugins")
     assert mount["mountPath"] == "/var/lib/kubelet/device-plugins" and not mount.get("readOnly")
