@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return dict(list_assignments(args.podresources_socket))  # a PodRef is a (ns, pod, container) tuple
         if isinstance(reader, FakeFleetReader):
-            return reader.assignments()  # the fleet's pod processes stand in for the kubelet
+            # The fleet's pod processes stand in for the kubelet, share slots included as it lists them.
+            return {**reader.assignments(), **reader.share_holders()}
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
     publish = list_pods = None

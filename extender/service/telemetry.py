@@ -271,7 +271,9 @@ class TelemetryStore:
 
 
 def _usable_units(report: NodeTelemetry, foreign_tolerance: float = 0.05) -> int:
-    """Units no pod holds and no foreign process occupies beyond ``foreign_tolerance`` of memory.
+    """Units no pod holds and no foreign process occupies beyond ``foreign_tolerance`` of memory,
+    plus the GPUs open to shares (no sharer over its share: a GPU reopening is capacity too).
     Counting units, not bytes, keeps ordinary memory jitter from looking like new capacity."""
-    return sum(1 for g in report.gpus.values()
-               if not g.assigned_pods and g.foreign_used_bytes <= foreign_tolerance * g.memory_total_bytes)
+    whole = sum(1 for g in report.gpus.values()
+                if not g.assigned_pods and g.foreign_used_bytes <= foreign_tolerance * g.memory_total_bytes)
+    return whole + sum(1 for g in report.gpus.values() if not g.is_mig and not any(s.over for s in g.shares))

@@ -6,6 +6,9 @@ holding foreign memory is judged on what is really free."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import yaml
 from kubernetes import client
@@ -15,14 +18,19 @@ from devcluster.modes import SchedulingMode
 from devcluster.stack import Stack
 
 SHARE_SLOTS = "8"
+PERIOD_S = 0.5  # the agents' telemetry period (Stack.start_agent)
 
 
-def fleet_yaml(foreign_mib: int = 0) -> str:
-    """One H100 80 GB; with ``foreign_mib``, a leftover process holding that much on it."""
+def fleet_yaml(foreign_mib: int = 0, sharers: tuple[tuple[str, int], ...] = ()) -> str:
+    """One H100 80 GB; with ``foreign_mib``, a leftover process holding that much on it;
+    ``sharers``: (pod "namespace/name", MiB) engines, each on its own share slot of the GPU."""
+    processes = [{"pid": 4000, "gpu": 0, "usedMiB": foreign_mib}] if foreign_mib else []
+    processes += [{"pid": 5000 + slot, "gpu": 0, "usedMiB": mib, "pod": pod, "shareSlot": slot}
+                  for slot, (pod, mib) in enumerate(sharers)]
     return yaml.safe_dump({
         "version": 1,
         "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "numaNode": 0}],
-        "processes": [{"pid": 4000, "gpu": 0, "usedMiB": foreign_mib}] if foreign_mib else [],
+        "processes": processes,
     })
 
 
@@ -31,7 +39,7 @@ def shared_node(admin, stack: Stack, tmp_path):
     """A one-GPU node with its agent running, advertising share slots as the device plugin would."""
     started = []
 
-    def start(foreign_mib: int = 0) -> tuple[str, str]:
+    def start(foreign_mib: int = 0) -> tuple[str, str, Path]:
         fleet_id, node = unique("shares"), unique("n")
         create_gpu_node(admin, node, gpus=1, labels={"gpusched.io/test-fleet": fleet_id},
                         extra_resources={"gpusched.io/gpu-share": SHARE_SLOTS})
@@ -41,7 +49,7 @@ def shared_node(admin, stack: Stack, tmp_path):
         started.append((node, agent))
         wait_until(lambda: node_view(stack, node).get("telemetry", "").startswith("fresh"), 30,
                    f"fresh telemetry from {node}", context=lambda: agent.tail(20))
-        return fleet_id, node
+        return fleet_id, node, fleet
 
     yield start
     for node, agent in started:
@@ -69,7 +77,7 @@ def assigned(admin, namespace: str, name: str) -> str:
 
 def test_two_7b_engines_share_one_80gb_gpu_and_a_third_waits_naming_the_shares(admin, namespace, stack: Stack,
                                                                                 shared_node, mode: SchedulingMode):
-    fleet_id, node = shared_node()
+    fleet_id, node, _ = shared_node()
     for name in ("chat-a", "chat-b"):
         create_pod(admin, namespace, share_pod(name, "30Gi", fleet_id, mode))
         wait_until(lambda name=name: pod_node(admin, namespace, name), 30, f"{name} to be bound",
@@ -94,7 +102,7 @@ def test_two_7b_engines_share_one_80gb_gpu_and_a_third_waits_naming_the_shares(a
 
 def test_a_share_on_a_gpu_with_foreign_memory_is_judged_on_real_free_memory(admin, namespace, stack: Stack,
                                                                              shared_node, mode: SchedulingMode):
-    fleet_id, node = shared_node(foreign_mib=40 * 1024)
+    fleet_id, node, _ = shared_node(foreign_mib=40 * 1024)
     assert "40.0 GiB" in node_view(stack, node)["foreign"]
     create_pod(admin, namespace, share_pod("big", "50Gi", fleet_id, mode))
     message = wait_until(lambda: (m := pod_scheduled_message(admin, namespace, "big")) and "share" in m and m, 30,
@@ -104,3 +112,44 @@ def test_a_share_on_a_gpu_with_foreign_memory_is_judged_on_real_free_memory(admi
     wait_until(lambda: pod_node(admin, namespace, "small"), 30, "the 30Gi share to bind beside the leftover",
                context=lambda: pod_scheduled_message(admin, namespace, "small"))
     assert pod_node(admin, namespace, "big") is None
+
+
+def events_on(admin, namespace: str, name: str, reason: str) -> list[str]:
+    listed = client.EventsV1Api(admin).list_namespaced_event(namespace)
+    return [e.note for e in listed.items if e.regarding.name == name and e.reason == reason]
+
+
+def test_a_sharer_over_its_share_is_seen_within_3_periods_and_closes_the_gpu_to_new_shares(
+        admin, namespace, stack: Stack, shared_node, mode: SchedulingMode):
+    fleet_id, node, fleet = shared_node()
+    for name in ("chat-a", "chat-b"):
+        create_pod(admin, namespace, share_pod(name, "30Gi", fleet_id, mode))
+        wait_until(lambda name=name: pod_node(admin, namespace, name), 30, f"{name} to be bound",
+                   context=lambda name=name: pod_scheduled_message(admin, namespace, name))
+    a, b = f"{namespace}/chat-a", f"{namespace}/chat-b"
+    fleet.write_text(fleet_yaml(sharers=((a, 20 * 1024), (b, 20 * 1024))))  # both engines inside their shares
+    time.sleep(4 * PERIOD_S)
+    assert node_view(stack, node)["units"][0]["shareClosed"] is None
+
+    fleet.write_text(fleet_yaml(sharers=((a, 34 * 1024), (b, 20 * 1024))))  # chat-a's engine grows past 30 GiB
+    grown = time.monotonic()
+    closed = wait_until(lambda: node_view(stack, node)["units"][0]["shareClosed"], 30, "the GPU to close to new shares")
+    took = time.monotonic() - grown
+    assert f"{a} uses 34.0 GiB > its 30.0 GiB share" in closed, closed
+    # Seen by the extender within 3 telemetry periods of the growth (plus the poll's own 0.2 s).
+    assert took <= 3 * PERIOD_S + 0.2, f"closed {took:.2f}s after the growth"
+    over = [s for s in node_view(stack, node)["units"][0]["shares"] if s.get("overShare")]
+    assert [s["pod"] for s in over] == [a], over
+
+    create_pod(admin, namespace, share_pod("embed", "4Gi", fleet_id, mode))  # would fit: 16 GiB are unpromised
+    message = wait_until(lambda: (m := pod_scheduled_message(admin, namespace, "embed")) and "share" in m and m, 30,
+                         "the new share to wait on the closed GPU")
+    assert "closed to new shares" in message and a in message, message
+    notes = wait_until(lambda: events_on(admin, namespace, "chat-a", "GpuShareExceeded"), 30,
+                       "a GpuShareExceeded event on the sharer")
+    assert "more than its 30.0 GiB share" in notes[0], notes
+
+    fleet.write_text(fleet_yaml(sharers=((a, 29 * 1024), (b, 20 * 1024))))  # back under its share
+    wait_until(lambda: pod_node(admin, namespace, "embed"), 30, "the new share to bind once the GPU reopens",
+               context=lambda: pod_scheduled_message(admin, namespace, "embed"))
+    assert node_view(stack, node)["units"][0]["shareClosed"] is None
