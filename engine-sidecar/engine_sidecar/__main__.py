@@ -24,7 +24,7 @@ from engine_sidecar.errors import Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
 from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
 from engine_sidecar.modelinfo import load_model_dir
-from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, read_pod_info
+from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, check_share_known, read_pod_info
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.share import SHARE_HEADROOM_BYTES
@@ -102,6 +102,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         overrides[name.strip()] = value.strip()
     model = load_model_dir(args.model_dir)
     pod = read_pod_info(args.annotations_file)
+    check_share_known(pod, os.environ)
     gpus = _gpu_backend(args).read().select(pod.assigned_gpus)
     inputs = TuningInputs(model=model, gpus=gpus, profile=profile(args.profile, args.prompt_tokens, args.output_tokens),
                           tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
@@ -144,6 +145,21 @@ def parse_share(text: str, where: str) -> MemoryShare:
     if not 0 < f <= 1:
         raise InputError(f"{where}={text!r}: a fraction must be in (0, 1]", "use e.g. 0.5 or a quantity like 20Gi")
     return MemoryShare(fraction=f, annotation=MEMORY_SHARE, text=value)
+
+
+SHARE_SLOT_ENV = "GPUSCHED_GPU_SHARE_SLOT"  # set by gpusched's device plugin on a sharer's container
+
+
+def check_share_known(pod: PodInfo, environ: Mapping[str, str]) -> None:
+    """Refuse a container gpusched's device plugin gave a share slot when the sidecar does not know
+    the share: run as if the GPU were its own, the engine would take its neighbours' memory."""
+    slot = environ.get(SHARE_SLOT_ENV)
+    if slot and pod.memory_share is None:
+        raise InputError(
+            f"this container holds GPU share slot {slot} ({SHARE_RESOURCE}), but the sidecar does not know the "
+            f"share: no {SHARE_MEMORY} in its annotations file",
+            f"mount the pod's annotations with the downward API and pass --annotations-file (see "
+            f"manifests/examples/vllm-share.yaml), and give the pod annotation {SHARE_MEMORY}")
 
 
 def read_pod_info(path: str | None) -> PodInfo:

@@ -169,7 +169,10 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             if refusal:
                 log.warning("refused to allocate %s on %s: %s", ids, self.resource, refusal)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {refusal}")
-            response.container_responses.append(self._container_response(self._visible(ids)))
+            answer = self._container_response(self._visible(ids))
+            for name, value in self._extra_envs(ids).items():
+                answer.envs[name] = value
+            response.container_responses.append(answer)
             self.status.allocations += 1
         return response
 
@@ -186,6 +189,10 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         """The device names the container is given for the allocated ``ids``."""
         return ids
 
+    def _extra_envs(self, ids: list[str]) -> dict[str, str]:
+        """Environment the container gets beside its devices."""
+        return {}
+
     def _container_response(self, ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         if self.strategy == "envvar":
             return api_pb2.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids)})
@@ -196,6 +203,9 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
 
     def PreStartContainer(self, request, context):
         return api_pb2.PreStartContainerResponse()
+
+
+SHARE_SLOT_ENV = "GPUSCHED_GPU_SHARE_SLOT"  # the slot a sharer's container holds (read by the engine sidecar)
 
 
 class SharePlugin(GpuDevicePlugin):
@@ -220,6 +230,11 @@ class SharePlugin(GpuDevicePlugin):
 
     def _visible(self, ids: list[str]) -> list[str]:
         return [gpu_of_slot(i) or i for i in ids]
+
+    def _extra_envs(self, ids: list[str]) -> dict[str, str]:
+        # Tells the engine sidecar it holds a share, so a share it cannot size (its pod's
+        # gpusched.io/gpu-memory not mounted) is refused instead of run as if the GPU were its own.
+        return {SHARE_SLOT_ENV: ",".join(ids)}
 
 
 class PluginRunner:

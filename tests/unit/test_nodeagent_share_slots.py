@@ -18,7 +18,7 @@ from nodeagent.__main__ import main
 from nodeagent.agent import Agent
 from nodeagent.deviceplugin.allocation import Candidate, Unit
 from nodeagent.deviceplugin.generated import api_pb2
-from nodeagent.deviceplugin.server import GpuDevicePlugin, PluginRunner, SharePlugin
+from nodeagent.deviceplugin.server import SHARE_SLOT_ENV, GpuDevicePlugin, PluginRunner, SharePlugin
 from nodeagent.deviceplugin.shares import (
     HELD_WHOLE_REASON,
     prefer_slot,
@@ -159,7 +159,7 @@ def test_the_share_plugin_answers_each_container_request_for_the_next_candidate(
 # -- Allocate ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy,check", [
-    ("envvar", lambda r: r.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-2"}),
+    ("envvar", lambda r: dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-2"}),
     ("cdi-cri", lambda r: [d.name for d in r.cdi_devices] == ["nvidia.com/gpu=GPU-2"]),
     ("cdi-annotations", lambda r: r.annotations == {"cdi.k8s.io/gpusched": "nvidia.com/gpu=GPU-2"}),
 ])
@@ -170,6 +170,9 @@ def test_a_slot_is_allocated_as_its_gpu_exactly_as_a_whole_allocation_names_it(s
         api_pb2.ContainerAllocateRequest(devices_ids=[s(2, k)])]), Context()).container_responses[0] for k in (0, 3)]
     alone = whole.Allocate(api_pb2.AllocateRequest(container_requests=[
         api_pb2.ContainerAllocateRequest(devices_ids=["GPU-2"])]), Context()).container_responses[0]
+    assert [r.envs[SHARE_SLOT_ENV] for r in sharers] == [s(2, 0), s(2, 3)], "the sidecar learns it holds a share"
+    for r in sharers:
+        del r.envs[SHARE_SLOT_ENV]
     assert check(sharers[0]) and sharers[0] == sharers[1] == alone
 
 

@@ -9,9 +9,10 @@ import math
 
 import pytest
 
+from engine_sidecar.errors import InputError
 from engine_sidecar.flags import StaticFlags, render
 from engine_sidecar.gpus import GIB, MIB, PRESETS, preset
-from engine_sidecar.podinfo import MemoryShare, pod_info
+from engine_sidecar.podinfo import MemoryShare, check_share_known, pod_info
 from engine_sidecar.preflight import plan
 from engine_sidecar.share import SHARE_HEADROOM_BYTES, share_utilization
 from engine_sidecar.tuning import UTIL_CAP
@@ -195,3 +196,19 @@ def test_whole_gpu_multi_gpu_pod_is_not_a_share():
     result = plan(make_inputs(make_model(LLAMA8), make_gpus(2, 80)))
     assert result.ok, problems_of(result)
     assert result.tuning.params.tensor_parallel_size == 2
+
+
+@pytest.mark.parametrize("annotations,environ,refused", [
+    pytest.param({}, {"GPUSCHED_GPU_SHARE_SLOT": "GPU-1::share-0"}, True, id="slot-without-share"),
+    pytest.param({"gpusched.io/gpu-memory": "30Gi"}, {"GPUSCHED_GPU_SHARE_SLOT": "GPU-1::share-0"}, False,
+                 id="slot-with-share"),
+    pytest.param({}, {}, False, id="whole-gpus"),
+])
+def test_a_share_slot_the_sidecar_cannot_size_is_refused(annotations, environ, refused):
+    pod = pod_info(annotations)
+    if refused:
+        with pytest.raises(InputError, match="GPU share slot GPU-1::share-0") as caught:
+            check_share_known(pod, environ)
+        assert "--annotations-file" in caught.value.fix
+    else:
+        check_share_known(pod, environ)
