@@ -23,14 +23,24 @@ F = sum_t p_t x fragmented_t, with p_t normalised to sum 1 — so F is in GPU mi
 type asks for (``weigh_by="gpu"``: a type counts in proportion to the GPU milli its pods request,
 so the rare 8-GPU pods that carry much of the demand are not drowned by the many small ones).
 
+``TargetWorkload.stranded`` is a smoother CPU measure: the free GPU milli beyond what the node's
+free CPU can feed at the mix's CPU per GPU (max(0, T - free CPU x GPU milli per CPU milli)). F sees
+CPU only when a type's exact ask is crossed; ``stranded`` grows as soon as a pod (a CPU-only one,
+typically) takes CPU that the node's free GPUs will need.
+
 ``Scorer.best`` picks, for a request, which GPUs to take on a node: the choice with the least
 increase dF (GPUs with the same free share are interchangeable, so one candidate per distinct
 free share), ties broken by the least free share left on the chosen GPUs (pack shares onto used
-GPUs), then the lowest index. ``Scorer.score`` turns dF into a score, higher better:
-``-(dF + packing x free GPU milli left on the node)``: dF first; among equally fragmenting nodes
-the fuller one (BestFit), so empty nodes stay empty for the pods that need whole ones. The
-``Scorer`` memoises per (node free state, request) — nodes in one state are common and F depends
-on nothing else; the memo belongs to the Scorer, one per workload (no module state).
+GPUs), then the lowest index. ``Scorer.score``, higher better, is
+
+    -(dF + balance x d(stranded) + packing x free GPU milli left on the node)
+
+dF first; ``balance`` (default 3) keeps CPU where GPUs need it; ``packing`` (default 0.03) is a
+BestFit tie-break among placements that fragment alike, so empty nodes stay empty for pods that
+need whole ones. The defaults are the best measured on the openb trace (bench/README.md,
+``openb_replay``). The ``Scorer`` memoises per (node free state, request) — nodes in one state are
+common and the score depends on nothing else; the memo belongs to the Scorer, one per workload
+(no module state). Scores are raw (unbounded, mostly negative): the caller normalises them.
 """
 
 from __future__ import annotations
@@ -223,8 +233,9 @@ def after(node: NodeFree, request: Request, gpus: Sequence[int]) -> NodeFree:
 
 @dataclass(frozen=True)
 class Scorer:
-    """Scores placements against ``workload``; ``packing`` weighs the free GPU milli left on the
-    node (per GPU milli, so 1e-3 makes a whole free GPU cost as much as 1 milli of dF).
+    """Scores placements against ``workload``. ``packing``: weight of the free GPU milli left on
+    the node (0.03: a whole free GPU costs as much as 30 milli of dF). ``balance``: weight of the
+    change in ``TargetWorkload.stranded``.
 
     ``_memo`` is this Scorer's own cache, keyed by (node, request): see the module docstring.
     """
@@ -232,7 +243,8 @@ class Scorer:
     workload: TargetWorkload
     packing: float = 0.03
     balance: float = 3.0
-    _memo: dict[tuple[NodeFree, Request], Choice | None] = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict[tuple[NodeFree, Request], Choice | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def best(self, node: NodeFree, request: Request) -> Choice | None:
         """The least-fragmenting way to place ``request`` on ``node``; None if it does not fit
