@@ -2,7 +2,7 @@
 
 Each returns None where the pod does not fit (``replay.gpu_choices`` empty); higher is better.
 
-* ``RandomPolicy``: a seeded uniform draw per feasible node.
+* ``RandomPolicy``: a seeded uniform pick among the feasible nodes (``choose``).
 * ``BestFitPolicy``: least remaining resources after placement. Our formula (the simulator's
   BestFitScore is not reproduced line by line): score = -(w_cpu x cpu_left / cpu_cap +
   w_mem x mem_left / mem_cap + w_gpu x gpu_milli_left / gpu_milli_cap), the "left" values taken
@@ -33,14 +33,20 @@ from extender.model.fragmentation import NodeFree, PodType, Request, Scorer, Tar
 
 
 class RandomPolicy:
+    """Every node where the pod fits is equally likely: ``score`` says only whether it fits (0.0)
+    and the replay asks ``choose`` for a seeded uniform pick among all such nodes."""
+
     name = "random"
-    per_node = True  # a fresh draw per node: the replay must not share scores between nodes
 
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
 
     def score(self, state: NodeState, pod: TracePod) -> float | None:
-        return self._rng.random() if gpu_choices(state, pod) else None
+        return 0.0 if gpu_choices(state, pod) else None
+
+    def choose(self, feasible: int) -> int:
+        """Which of ``feasible`` nodes (0-based, in the replay's order) gets the pod."""
+        return self._rng.randrange(feasible)
 
     def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
         return _required(tightest_gpus(state, pod), state, pod)

@@ -186,7 +186,9 @@ def replay(
 ) -> ReplayResult:
     """Place ``workload`` in order on ``nodes`` with ``policy``; see the module docstring.
 
-    The winner is the node with the highest score, the lowest index among equal scores. Unless the
+    The winner is the node with the highest score, the lowest index among equal scores — or, for a
+    policy with ``choose(n) -> int`` (Random), the node it picks among the n where the score is not
+    None. Unless the
     policy sets ``per_node = True`` (its score is not a function of ``state_key`` and ``pod_key``,
     e.g. a random draw per node), nodes in the same state are scored once per pod key: the replay
     keeps them in groups and caches each group's scores until it empties. The result is the same
@@ -197,6 +199,7 @@ def replay(
     if capacity <= 0:
         raise ValueError("the cluster has no GPUs")
     per_node = bool(getattr(policy, "per_node", False))
+    choose = getattr(policy, "choose", None)
     groups: dict[tuple[object, ...], _Group] = {}
     keys = [state_key(s) for s in states]
     for i, key in enumerate(keys):
@@ -211,6 +214,22 @@ def replay(
                 s = policy.score(state, pod)
                 if s is not None and (best_i < 0 or s > best):
                     best_i, best = i, s
+        elif choose is not None:
+            pk = pod_key(pod)
+            feasible: list[list[int]] = []
+            for group in groups.values():
+                scores = group.scores
+                if pk not in scores:
+                    scores[pk] = policy.score(states[group.members[0]], pod)
+                if scores[pk] is not None:
+                    feasible.append(group.members)
+            if feasible:
+                pick = choose(sum(len(m) for m in feasible))
+                for members in feasible:
+                    if pick < len(members):
+                        best_i = members[pick]
+                        break
+                    pick -= len(members)
         else:
             pk = pod_key(pod)
             for group in groups.values():

@@ -46,6 +46,7 @@ common and the score depends on nothing else; the memo belongs to the Scorer, on
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -120,20 +121,6 @@ class _Shape:
     cpus: tuple[int, ...]
     fit: tuple[float, ...]
 
-    def fitting_weight(self, cpu_free: int | None) -> float:
-        if cpu_free is None:
-            return self.weight
-        return self.fit[bisect.bisect_right(self.cpus, cpu_free)]
-
-    def fragmented(self, free: Sequence[int], total: int) -> int:
-        """Free milli that a pod of this shape (with CPU to spare) cannot use on GPUs ``free``."""
-        if self.num_gpu == 0:
-            return 0
-        if self.gpu_milli < GPU_MILLI:
-            return sum(f for f in free if f < self.gpu_milli)
-        idle = sum(1 for f in free if f == GPU_MILLI)
-        return total if idle < self.num_gpu else total - idle * GPU_MILLI
-
 
 @dataclass(frozen=True)
 class TargetWorkload:
@@ -179,17 +166,26 @@ class TargetWorkload:
         return max(0.0, node.gpu_free_total - node.cpu_free_milli * self.gpu_per_cpu)
 
     def fragmentation(self, node: NodeFree) -> float:
-        """F of ``node`` (module docstring), in GPU milli: 0 <= F <= node.gpu_free_total."""
-        free = node.gpu_free_milli
-        total = sum(free)
+        """F of ``node`` (module docstring), in GPU milli: 0 <= F <= node.gpu_free_total.
+
+        One sort of the node's free shares, then a bisect per shape (the Score step's hot path)."""
+        free = sorted(node.gpu_free_milli)
+        prefix = list(itertools.accumulate(free, initial=0))  # prefix[j]: sum of the j smallest
+        total = prefix[-1]
         if total == 0:
             return 0.0
+        idle = len(free) - bisect.bisect_left(free, GPU_MILLI)
+        partly = total - idle * GPU_MILLI
+        cpu = node.cpu_free_milli
         frag = 0.0
         for shape in self.shapes:
-            fits = shape.fitting_weight(node.cpu_free_milli)
+            fits = shape.weight if cpu is None else shape.fit[bisect.bisect_right(shape.cpus, cpu)]
             frag += (shape.weight - fits) * total
-            if fits:
-                frag += fits * shape.fragmented(free, total)
+            if fits and shape.num_gpu:
+                if shape.gpu_milli < GPU_MILLI:  # a share: the GPUs with less than it left
+                    frag += fits * prefix[bisect.bisect_left(free, shape.gpu_milli)]
+                else:  # whole GPUs: all if too few are idle, else the partly used ones
+                    frag += fits * (total if idle < shape.num_gpu else partly)
         return frag
 
 

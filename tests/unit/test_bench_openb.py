@@ -310,10 +310,18 @@ def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
 
 
 def test_random_policy_is_seeded() -> None:
-    states = [state(make_node(f"n{i}")) for i in range(5)]
-    pod = make_pod(milli=100)
-    draws = [[RandomPolicy(seed).score(s, pod) for s in states] for seed in (7, 7, 8)]
+    draws = [[RandomPolicy(seed).choose(1000) for _ in range(5)] for seed in (7, 7, 8)]
     assert draws[0] == draws[1] != draws[2]
+    assert RandomPolicy(1).score(state(make_node(), (50,)), make_pod(milli=100)) is None
+
+
+def test_random_replay_picks_only_feasible_nodes() -> None:
+    nodes = (*(make_node(f"n{i}", gpus=2) for i in range(4)), make_node("p100", model="P100"))
+    workload = tuple(make_pod(f"p{i}", milli=100, spec=("T4",)) for i in range(40))
+    a, b = (replay(nodes, workload, RandomPolicy(3), seed=3) for _ in range(2))
+    # a pick of the P100 would raise in RandomPolicy.gpus (infeasible node)
+    assert a == b and a.allocated_milli == 4000 and a.failed == 0
+    assert replay(nodes, workload, RandomPolicy(4), seed=4).allocated_milli == 4000
 
 
 # --- gpusched policy and the grouped replay ------------------------------------------------------
