@@ -155,7 +155,7 @@ def headline(traces: dict[str, dict[str, object]], seeds: list[int]) -> list[dic
                 target, met = "—", None
             rows.append({"metric": f"{trace}: gpusched GPU allocation at 130 % arrived (mean, {span})",
                          "measured": mean, "unit": "%", "target": target, "met": met,
-                         "anchor": None if fgd_pub is None else f"FGD (ATC'23) {fgd_pub:.2f} %"})
+                         "anchor": None if fgd_pub is None else f"FGD published {fgd_pub:.2f} % (ATC'23 authors' simulator)"})
         if "fgd" in policies:
             rows.append({"metric": f"{trace}: our FGD reimplementation, same workloads (mean, {span})",
                          "measured": policies["fgd"]["mean_pct"], "unit": "%", "target": "—", "met": None,
@@ -177,9 +177,10 @@ def write_results(path: Path, results: dict[str, dict[str, object]], seeds: list
     }
     if missed:
         data["why_not_met"] = ("gpusched misses " + "; ".join(str(r["metric"]).split(":")[0] for r in missed)
-                               + ": the holes a share leaves that no pod of the mix fits (1000 - 810 = 190 "
-                               "milli beside most 810-milli pods; the trace has too few pods of <= 190 milli "
-                               "to fill them) bound the packing; see bench/README.md, openb replay")
+                               + ": what stays free is almost all partial GPUs, most of it the 190 milli beside "
+                               "810-milli shares, which the trace has too few pods of <= 190 milli to fill; no "
+                               "setting of the score's packing and CPU-balance weights reaches the target "
+                               "(bench/README.md, openb_replay)")
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {path}", flush=True)
 
