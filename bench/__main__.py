@@ -27,11 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 READMES = (ROOT / "README.md", ROOT / "bench" / "README.md")
 # The runs a benchmark's recorded results came from, where not its defaults alone (bench/README.md
 # says why): scheduler_throughput keeps 1,000 agents streaming at most (a 2-vCPU box cannot carry
-# 5,000 beside a scheduler), and telemetry_ingest is recorded in both ingest layouts.
+# 5,000 beside a scheduler), telemetry_ingest is recorded in both ingest layouts, and openb_replay
+# prints only unless told where to write (its full matrix takes tens of minutes on 2 CPUs).
 RECORDED_RUNS: dict[str, tuple[tuple[str, ...], ...]] = {
     "scheduler_throughput": (("--agents-max", "1000"),),
     "telemetry_ingest": ((), ("--agents", "5000", "--ingest", "thread",
                               "--output", "bench/results/telemetry_ingest_thread.json")),
+    "openb_replay": (("--output", "bench/results/openb_replay.json"),),
 }
 
 

@@ -250,10 +250,46 @@ def gang_barrier(results: Path, out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "gang_barrier.png")
 
 
+def openb_replay(results: Path, out_dir: Path) -> Path | None:
+    """GPU allocation ratio vs arrived ratio per policy (mean over seeds, arrived rounded to 5 %),
+    one panel per trace, the published FGD figure at 130 % marked."""
+    data = _load(results, "openb_replay")
+    traces = {t: e for t, e in ((data or {}).get("traces") or {}).items()
+              if isinstance(e, dict) and isinstance(e.get("policies"), dict)}
+    if not traces:
+        if data is not None:
+            print("plots: skipped openb_replay: no traces with policies")
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 4.2), squeeze=False)
+    for ax, (trace, entry) in zip(axes[0], traces.items(), strict=True):
+        for i, (name, pol) in enumerate(entry["policies"].items()):
+            points: dict[float, list[float]] = {}
+            for run in (pol.get("seeds") or {}).values():
+                for pair in run.get("curve") or []:
+                    if isinstance(pair, list) and len(pair) == 2 and all(_num(v) is not None for v in pair):
+                        points.setdefault(round(pair[0] / 5) * 5, []).append(float(pair[1]))
+            if points:
+                xs = sorted(points)
+                mean = _num(pol.get("mean_pct"))
+                label = f"{name} ({mean:.2f} %)" if mean is not None else name
+                ax.plot(xs, [statistics.mean(points[x]) for x in xs], "-", color=f"C{i}", label=label)
+        fgd = _num((entry.get("published_pct") or {}).get("fgd"))
+        if fgd is not None:
+            ax.plot([130], [fgd], "k*", markersize=9, label=f"FGD published {fgd:.2f} %")
+        ax.plot([0, 100, 130], [0, 100, 100], ":", color="grey", linewidth=1)
+        ax.set(xlabel="arrived GPU demand (% of capacity)", ylabel="GPU allocated (% of capacity)", title=trace,
+               xlim=(60, 132), ylim=(60, 101))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("openb replay (FGD protocol): mean over seeds")
+    return _save(fig, out_dir / "openb_replay.png")
+
+
 PLOTS: dict[str, Callable[[Path, Path], Path | None]] = {
     "extender_latency": extender_latency, "scheduler_throughput": scheduler_throughput,
     "telemetry_ingest": telemetry_ingest, "placement_quality": placement_quality, "engine_sidecar": engine_sidecar,
-    "gang_barrier": gang_barrier,
+    "gang_barrier": gang_barrier, "openb_replay": openb_replay,
 }
 
 

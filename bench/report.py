@@ -36,10 +36,9 @@ BEGIN = "<!-- bench-table:begin -->"
 END = "<!-- bench-table:end -->"
 # The order rows appear in (others follow alphabetically); also what `python -m bench` runs.
 BENCHMARKS = ("extender_latency", "telemetry_ingest", "placement_quality", "gang_barrier", "scheduler_throughput",
-              "engine_sidecar")
-# pyspy, agent_fleet: helpers. openb_replay: no recorded results or headline yet (issue 20 item 3);
-# drop it from here when bench/results/openb_replay.json is recorded.
-NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet", "openb_replay"})
+              "engine_sidecar", "openb_replay")
+# pyspy, agent_fleet: helpers.
+NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet"})
 HEADLINE_KEYS = {"metric": str, "measured": (int, float), "unit": str, "target": str, "met": (bool, type(None)),
                  "anchor": (str, type(None))}
 

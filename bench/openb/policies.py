@@ -2,7 +2,7 @@
 
 Each returns None where the pod does not fit (``replay.gpu_choices`` empty); higher is better.
 
-* ``RandomPolicy``: a seeded uniform draw per feasible node.
+* ``RandomPolicy``: a seeded uniform pick among the feasible nodes (``choose``).
 * ``BestFitPolicy``: least remaining resources after placement. Our formula (the simulator's
   BestFitScore is not reproduced line by line): score = -(w_cpu x cpu_left / cpu_cap +
   w_mem x mem_left / mem_cap + w_gpu x gpu_milli_left / gpu_milli_cap), the "left" values taken
@@ -25,19 +25,28 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
-from bench.openb.replay import NodeState, gpu_choices, tightest_gpus
+from bench.openb.replay import NodeState, fits_host, gpu_choices, tightest_gpus
 from bench.openb.trace import GPU_MILLI, TracePod
+from extender.model.fragmentation import NodeFree, PodType, Request, Scorer, TargetWorkload
 
 
 class RandomPolicy:
+    """Every node where the pod fits is equally likely: ``score`` says only whether it fits (0.0)
+    and the replay asks ``choose`` for a seeded uniform pick among all such nodes."""
+
     name = "random"
 
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
 
     def score(self, state: NodeState, pod: TracePod) -> float | None:
-        return self._rng.random() if gpu_choices(state, pod) else None
+        return 0.0 if gpu_choices(state, pod) else None
+
+    def choose(self, feasible: int) -> int:
+        """Which of ``feasible`` nodes (0-based, in the replay's order) gets the pod."""
+        return self._rng.randrange(feasible)
 
     def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
         return _required(tightest_gpus(state, pod), state, pod)
@@ -82,20 +91,13 @@ def shape_popularity(pods: Sequence[TracePod], *, with_cpu: bool = True) -> dict
 
 def fragmentation(gpu_free_milli: Sequence[int], cpu_free_milli: int, popularity: dict[Type, float]) -> float:
     """F of a node with these per-GPU free milli and free CPU for the target workload (module docstring)."""
-    total = sum(gpu_free_milli)
-    frag = 0.0
-    for (cpu, num_gpu, milli), p in popularity.items():
-        if cpu > cpu_free_milli:
-            frag += p * total
-            continue
-        if num_gpu == 0:
-            continue
-        usable = [left >= milli for left in gpu_free_milli]
-        if sum(usable) < num_gpu:
-            frag += p * total
-        else:
-            frag += p * sum(left for left, ok in zip(gpu_free_milli, usable, strict=True) if not ok)
-    return frag
+    return target_workload(popularity).fragmentation(NodeFree(tuple(gpu_free_milli), cpu_free_milli))
+
+
+def target_workload(popularity: dict[Type, float], *, weigh_by: Literal["pods", "gpu"] = "pods") -> TargetWorkload:
+    """``popularity`` as the model's ``TargetWorkload`` (the same F, grouped for speed)."""
+    return TargetWorkload.of((PodType(num_gpu, milli, cpu, p) for (cpu, num_gpu, milli), p in popularity.items()),
+                             weigh_by=weigh_by)
 
 
 @dataclass
@@ -108,6 +110,7 @@ class FgdPolicy:
 
     popularity: dict[Type, float]
     name: str = "fgd"
+    _workload: TargetWorkload | None = field(default=None, repr=False)
     _memo: dict[tuple[tuple[int, ...], int, Type], tuple[float, tuple[int, ...]]] = field(
         default_factory=dict, repr=False
     )
@@ -128,7 +131,10 @@ class FgdPolicy:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        before = fragmentation(state.gpu_free_milli, state.cpu_free_milli, self.popularity)
+        if self._workload is None:
+            self._workload = target_workload(self.popularity)
+        workload = self._workload
+        before = workload.fragmentation(NodeFree(state.gpu_free_milli, state.cpu_free_milli))
         cpu_after = state.cpu_free_milli - pod.cpu_milli
         take = pod.gpu_milli if pod.sharing else GPU_MILLI
         best: tuple[float, tuple[int, ...]] | None = None
@@ -136,7 +142,7 @@ class FgdPolicy:
             free = list(state.gpu_free_milli)
             for i in choice:
                 free[i] -= take
-            delta = fragmentation(free, cpu_after, self.popularity) - before
+            delta = workload.fragmentation(NodeFree(tuple(free), cpu_after)) - before
             if best is None or delta < best[0]:
                 best = (delta, choice)
         assert best is not None
@@ -150,4 +156,27 @@ def _required(gpus: tuple[int, ...] | None, state: NodeState, pod: TracePod) -> 
     return gpus
 
 
-POLICY_NAMES = ("random", "bestfit", "fgd", "fgd-shape")
+POLICY_NAMES = ("random", "bestfit", "fgd", "fgd-shape", "gpusched")
+
+
+@dataclass(frozen=True)
+class GpuschedPolicy:
+    """gpusched's fragmentation score (``extender.model.fragmentation.Scorer``) on the replay's nodes.
+
+    Memory and GPU model are checked by ``fits_host``; CPU and GPU room by the scorer."""
+
+    scorer: Scorer
+    name: str = "gpusched"
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        if not fits_host(state, pod):
+            return None
+        return self.scorer.score(NodeFree(state.gpu_free_milli, state.cpu_free_milli), _request(pod))
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        choice = self.scorer.best(NodeFree(state.gpu_free_milli, state.cpu_free_milli), _request(pod))
+        return _required(None if choice is None else choice.gpus, state, pod)
+
+
+def _request(pod: TracePod) -> Request:
+    return Request(pod.num_gpu, pod.gpu_milli if pod.num_gpu else 0, pod.cpu_milli)

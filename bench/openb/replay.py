@@ -18,6 +18,7 @@ The replay owns the node states: each is a frozen ``NodeState``, replaced when a
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -159,24 +160,86 @@ def capacity_milli(nodes: Sequence[TraceNode]) -> int:
     return sum(n.gpus for n in nodes) * GPU_MILLI
 
 
+def state_key(state: NodeState) -> tuple[object, ...]:
+    """What a cacheable policy's score may depend on: the node's shape and free resources, not its name."""
+    node = state.node
+    return (node.cpu_milli, node.memory_mib, node.model, state.cpu_free_milli, state.memory_free_mib,
+            state.gpu_free_milli)
+
+
+def pod_key(pod: TracePod) -> tuple[object, ...]:
+    """A pod's request without its name: pods with equal keys score alike on every node."""
+    return (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
+
+
+@dataclass
+class _Group:
+    """Nodes in one state (``state_key``), lowest index first, and the policy's scores there per pod key."""
+
+    members: list[int]
+    scores: dict[tuple[object, ...], float | None]
+
+
 def replay(
     nodes: Sequence[TraceNode], workload: Sequence[TracePod], policy: Policy, *, seed: int,
     step: float = CURVE_STEP,
 ) -> ReplayResult:
-    """Place ``workload`` in order on ``nodes`` with ``policy``; see the module docstring."""
+    """Place ``workload`` in order on ``nodes`` with ``policy``; see the module docstring.
+
+    The winner is the node with the highest score, the lowest index among equal scores — or, for a
+    policy with ``choose(n) -> int`` (Random), the node it picks among the n where the score is not
+    None. Unless the
+    policy sets ``per_node = True`` (its score is not a function of ``state_key`` and ``pod_key``,
+    e.g. a random draw per node), nodes in the same state are scored once per pod key: the replay
+    keeps them in groups and caches each group's scores until it empties. The result is the same
+    as scoring every node; only faster.
+    """
     states = [NodeState.empty(n) for n in nodes]
     capacity = capacity_milli(nodes)
     if capacity <= 0:
         raise ValueError("the cluster has no GPUs")
+    per_node = bool(getattr(policy, "per_node", False))
+    choose = getattr(policy, "choose", None)
+    groups: dict[tuple[object, ...], _Group] = {}
+    keys = [state_key(s) for s in states]
+    for i, key in enumerate(keys):
+        groups.setdefault(key, _Group([], {})).members.append(i)
     requested = allocated = failed = failed_milli = 0
     next_mark = step
     curve: list[CurvePoint] = []
     for pod in workload:
         best_i, best = -1, 0.0
-        for i, state in enumerate(states):
-            s = policy.score(state, pod)
-            if s is not None and (best_i < 0 or s > best):
-                best_i, best = i, s
+        if per_node:
+            for i, state in enumerate(states):
+                s = policy.score(state, pod)
+                if s is not None and (best_i < 0 or s > best):
+                    best_i, best = i, s
+        elif choose is not None:
+            pk = pod_key(pod)
+            feasible: list[list[int]] = []
+            for group in groups.values():
+                scores = group.scores
+                if pk not in scores:
+                    scores[pk] = policy.score(states[group.members[0]], pod)
+                if scores[pk] is not None:
+                    feasible.append(group.members)
+            if feasible:
+                pick = choose(sum(len(m) for m in feasible))
+                for members in feasible:
+                    if pick < len(members):
+                        best_i = members[pick]
+                        break
+                    pick -= len(members)
+        else:
+            pk = pod_key(pod)
+            for group in groups.values():
+                scores = group.scores
+                if pk in scores:
+                    s = scores[pk]
+                else:
+                    s = scores[pk] = policy.score(states[group.members[0]], pod)
+                if s is not None and (best_i < 0 or s > best or (s == best and group.members[0] < best_i)):
+                    best_i, best = group.members[0], s
         requested += pod.gpu_request_milli
         if best_i < 0:
             failed += 1
@@ -184,6 +247,15 @@ def replay(
         else:
             states[best_i] = place(states[best_i], pod, policy.gpus(states[best_i], pod))
             allocated += pod.gpu_request_milli
+            if not per_node:
+                old, new = keys[best_i], state_key(states[best_i])
+                members = groups[old].members
+                members.remove(best_i)
+                if not members:
+                    del groups[old]
+                keys[best_i] = new
+                target = groups.setdefault(new, _Group([], {}))
+                bisect.insort(target.members, best_i)
         arrived = requested / capacity
         if arrived >= next_mark:
             curve.append(CurvePoint(arrived, allocated / capacity))
@@ -196,5 +268,5 @@ def replay(
 
 __all__ = [
     "ARRIVE_RATIO", "CurvePoint", "NodeState", "Policy", "ReplayResult", "capacity_milli", "fits",
-    "fits_host", "gpu_choices", "place", "replay", "sample_workload", "tightest_gpus",
+    "fits_host", "gpu_choices", "place", "pod_key", "replay", "sample_workload", "state_key", "tightest_gpus",
 ]

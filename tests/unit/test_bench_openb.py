@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.openb.policies import BestFitPolicy, FgdPolicy, RandomPolicy, fragmentation, shape_popularity
+from bench.openb.policies import (
+    BestFitPolicy,
+    FgdPolicy,
+    GpuschedPolicy,
+    RandomPolicy,
+    fragmentation,
+    shape_popularity,
+    target_workload,
+)
 from bench.openb.replay import (
     NodeState,
     Policy,
@@ -19,7 +27,8 @@ from bench.openb.replay import (
     sample_workload,
 )
 from bench.openb.trace import NODE_FILE, TraceError, TraceNode, TracePod, load_nodes, load_pods
-from bench.openb_replay import DEFAULT_TRACE_DIR, main
+from bench.openb_replay import DEFAULT_TRACE_DIR, PUBLISHED, headline, main, parse_seeds
+from extender.model.fragmentation import Scorer
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -244,16 +253,55 @@ def test_cli_prints_per_policy_and_seed_and_writes_json_only_when_asked(
     (tmp_path / "trace").mkdir()
     trace_dir = tiny_trace_dir(tmp_path / "trace")
     out = tmp_path / "out.json"
-    args = ["--trace", "tiny", "--trace-dir", str(trace_dir), "--seeds", "1,2", "--policies", "random,bestfit,fgd"]
+    policies = ("random", "bestfit", "fgd", "gpusched")
+    args = ["--trace", "tiny", "--trace-dir", str(trace_dir), "--seeds", "1-2", "--policies", ",".join(policies)]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        f"tiny seed={s} {p}" for s in (1, 2) for p in ("random", "bestfit", "fgd")]
+        *(f"tiny seed={s} {p}" for s in (1, 2) for p in policies), *(f"tiny {p}" for p in policies)]
     assert not out.exists()
     assert main([*args, "--output", str(out)]) == 0
-    runs = json.loads(out.read_text())["runs"]
-    assert [(r["seed"], r["policy"]) for r in runs] == [(s, p) for s in (1, 2) for p in ("random", "bestfit", "fgd")]
-    assert all(r["capacity_milli"] == 3000 and 0 < r["allocated_ratio"] <= 1 for r in runs)
+    data = json.loads(out.read_text())
+    by_policy = data["traces"]["tiny"]["policies"]
+    assert list(by_policy) == list(policies)
+    for entry in by_policy.values():
+        assert list(entry["seeds"]) == ["1", "2"]
+        values = [run["allocated_pct"] for run in entry["seeds"].values()]
+        assert entry["mean_pct"] == pytest.approx(sum(values) / 2, abs=1e-3)
+        assert all(0 < v <= 100 for v in values)
+        curve = entry["seeds"]["1"]["curve"]
+        assert curve[-1][0] >= 130 and all(a <= b for (a, _), (b, _) in zip(curve, curve[1:], strict=False))
+    # no published figure for a made-up trace: the headline rows have no target to meet
+    assert [row["met"] for row in data["headline"]] == [None, None]
+    assert data["protocol"]["seeds"] == [1, 2]
+
+
+@pytest.mark.parametrize(("text", "seeds"), [
+    pytest.param("42", [42], id="one"), pytest.param("42,44", [42, 44], id="list"),
+    pytest.param("42-45", [42, 43, 44, 45], id="range"), pytest.param("1,5-6", [1, 5, 6], id="mixed"),
+])
+def test_parse_seeds(text: str, seeds: list[int]) -> None:
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["x", "4-x", ","])
+def test_parse_seeds_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_seeds(text)
+
+
+@pytest.mark.parametrize(("trace", "mean", "met"), [
+    pytest.param("default", 96.1, True, id="default-target-met"),
+    pytest.param("default", 95.9, False, id="default-target-missed"),
+    pytest.param("multigpu50", 97.2, True, id="above-published-fgd"),
+    pytest.param("gpushare100", 86.9, False, id="equal-to-published-fgd-is-not-above"),
+])
+def test_headline_judges_gpusched_against_the_target(trace: str, mean: float, met: bool) -> None:
+    traces = {trace: {"policies": {"gpusched": {"mean_pct": mean}, "fgd": {"mean_pct": 90.0}}}}
+    rows = headline(traces, list(range(42, 52)))  # type: ignore[arg-type]
+    assert [r["met"] for r in rows] == [met, None]
+    assert "seeds 42-51" in str(rows[0]["metric"])
+    assert str(PUBLISHED[trace]["fgd"]) in str(rows[0]["anchor"])
 
 
 def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
@@ -262,7 +310,83 @@ def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
 
 
 def test_random_policy_is_seeded() -> None:
-    states = [state(make_node(f"n{i}")) for i in range(5)]
-    pod = make_pod(milli=100)
-    draws = [[RandomPolicy(seed).score(s, pod) for s in states] for seed in (7, 7, 8)]
+    draws = [[RandomPolicy(seed).choose(1000) for _ in range(5)] for seed in (7, 7, 8)]
     assert draws[0] == draws[1] != draws[2]
+    assert RandomPolicy(1).score(state(make_node(), (50,)), make_pod(milli=100)) is None
+
+
+def test_random_replay_picks_only_feasible_nodes() -> None:
+    nodes = (*(make_node(f"n{i}", gpus=2) for i in range(4)), make_node("p100", model="P100"))
+    workload = tuple(make_pod(f"p{i}", milli=100, spec=("T4",)) for i in range(40))
+    a, b = (replay(nodes, workload, RandomPolicy(3), seed=3) for _ in range(2))
+    # a pick of the P100 would raise in RandomPolicy.gpus (infeasible node)
+    assert a == b and a.allocated_milli == 4000 and a.failed == 0
+    assert replay(nodes, workload, RandomPolicy(4), seed=4).allocated_milli == 4000
+
+
+# --- gpusched policy and the grouped replay ------------------------------------------------------
+
+def gpusched(popularity: dict[tuple[int, int, int], float], **kwargs: float) -> GpuschedPolicy:
+    return GpuschedPolicy(Scorer(target_workload(popularity), **kwargs))
+
+
+@pytest.mark.parametrize(("policy", "states", "pod", "expected"), [
+    # whole-GPU mix: a share on b's idle GPU strands 700; on a's 600-free GPU it strands 300 -> a
+    pytest.param(gpusched({(0, 1, 1000): 1.0}), [state(ONE_GPU_B), state(ONE_GPU_A, (600,))], make_pod(milli=300),
+                 "a", id="share-on-the-used-gpu"),
+    # equal dF 0 for a whole GPU on either; c keeps 3 free GPUs, d 1 -> the fuller d
+    pytest.param(gpusched({(0, 1, 1000): 1.0}, balance=0.0),
+                 [state(make_node("c", gpus=4)), state(make_node("d", gpus=4), (0, 0, 1000, 1000))], make_pod(),
+                 "d", id="packs-the-fuller-node"),
+    # CPU-only pod of 30000 cpu: on e (32000 cpu, 1 GPU) it strands the GPU for the 4000-cpu GPU
+    # type; f has 64000 cpu -> f, though e comes first
+    pytest.param(gpusched({(4000, 1, 1000): 0.9, (30000, 0, 0): 0.1}),
+                 [state(make_node("e")), state(make_node("f", cpu=64000))], make_pod(cpu=30000, num_gpu=0, milli=0),
+                 "f", id="cpu-only-pod-where-cpu-is-spare"),
+    pytest.param(gpusched({(0, 1, 1000): 1.0}), [state(ONE_GPU_A, mem=10), state(ONE_GPU_B)], make_pod(mem=1024),
+                 "b", id="memory-checked"),
+    pytest.param(gpusched({(0, 1, 1000): 1.0}), [state(ONE_GPU_A), state(make_node("p", model="P100"))],
+                 make_pod(spec=("P100",)), "p", id="gpu-model-checked"),
+])
+def test_gpusched_picks_the_hand_computed_node(policy: Policy, states: list[NodeState], pod: TracePod,
+                                               expected: str) -> None:
+    assert winner(policy, states, pod) == expected
+
+
+def test_gpusched_takes_the_gpu_it_scored() -> None:
+    policy = gpusched({(0, 1, 600): 1.0})
+    node = state(make_node(gpus=2), (700, 600))
+    assert policy.gpus(node, make_pod(milli=100)) == (0,)  # [600, 600] keeps both usable
+    with pytest.raises(ValueError, match="infeasible node"):
+        policy.gpus(state(make_node(), (50,)), make_pod(milli=100))
+
+
+class PerNode:
+    """A policy wrapper the replay must score node by node (no grouping)."""
+
+    per_node = True
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        return self.inner.score(state, pod)
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        return self.inner.gpus(state, pod)
+
+
+@pytest.mark.parametrize("name", ["bestfit", "fgd", "gpusched"])
+def test_grouped_replay_places_exactly_as_node_by_node(name: str) -> None:
+    nodes = tuple(make_node(f"n{i}", cpu=8000 * (1 + i % 3), gpus=(1, 2, 4)[i % 3]) for i in range(9))
+    pods = (make_pod("w", cpu=2000), make_pod("s3", milli=300), make_pod("s6", cpu=500, milli=600),
+            make_pod("c", cpu=3000, num_gpu=0, milli=0), make_pod("two", cpu=1000, num_gpu=2))
+    workload = sample_workload(pods, capacity_milli(nodes), seed=5)
+
+    def make() -> Policy:
+        pop = shape_popularity(pods)
+        return {"bestfit": BestFitPolicy(), "fgd": FgdPolicy(pop), "gpusched": gpusched(pop)}[name]
+
+    grouped, one_by_one = replay(nodes, workload, make(), seed=5), replay(nodes, workload, PerNode(make()), seed=5)
+    assert grouped == one_by_one
+    assert 0 < grouped.allocated_milli <= capacity_milli(nodes)
