@@ -7,8 +7,9 @@ A plugin implements only the points it needs, each one method:
   ``state.request`` (what placement must find), so that filter, score and bind agree;
 * ``FilterPlugin.filter(state, demand, node)`` — per node: pass, or say why not;
 * ``ScorePlugin.score(state, demand, node)`` — per feasible node: a raw score in
-  ``0..max_score`` (an int, or a ``Scored`` carrying the sentence explain shows beside it), or
-  an error ``Status``. Plugins never normalise or weight; the framework does
+  ``0..max_score`` (an int, or a ``Scored`` carrying the sentence explain shows beside it),
+  ``Abstain`` (the plugin does not judge this pod; its weight is left out), or an error
+  ``Status``. Plugins never normalise or weight; the framework does
   (``NormalizeScorePlugin`` may rescale raw scores across nodes first).
 
 Plugins whose ``node_shape_only`` attribute is True promise that their answers depend only on
@@ -41,6 +42,15 @@ class Scored:
     """A raw score with why: ``reason`` is shown beside the plugin's score in explain."""
 
     value: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Abstain:
+    """A score plugin's answer when it does not judge this pod (FragmentationScore for a
+    whole-GPU pod, say): its weight is left out of the node's weighted mean, so a plugin with
+    nothing to say does not flatten the others' differences. ``reason`` is shown in explain."""
+
     reason: str
 
 
@@ -96,7 +106,7 @@ class FilterPlugin(Plugin, Protocol):
 class ScorePlugin(Plugin, Protocol):
     max_score: int  # raw scores lie in 0..max_score
 
-    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Status: ...
+    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Abstain | Status: ...
 
 
 @runtime_checkable

@@ -46,6 +46,7 @@ from extender.framework.decisions import (
 from extender.framework.groupmemo import GroupAnswers
 from extender.framework.interfaces import (
     MAX_NODE_SCORE,
+    Abstain,
     CycleState,
     FilterPlugin,
     NormalizeScorePlugin,
@@ -303,13 +304,16 @@ class Framework:
 
     def _node_score(self, values: tuple[RawScore, ...]) -> NodeScore:
         """Raw scores (one per score plugin) normalised, weighted and mapped to 0..10."""
-        total_weight = sum(w for _, w in self._scores)
         parts = []
         for (plugin, weight), value in zip(self._scores, values, strict=True):
+            if isinstance(value, Abstain):  # not judged: no weight in the mean
+                parts.append(PluginScore(plugin.name, 0, 0.0, 0, 0.0, value.reason))
+                continue
             raw, reason = (value.value, value.reason) if isinstance(value, Scored) else (value, "")
             normalized = raw * MAX_NODE_SCORE / plugin.max_score
             parts.append(PluginScore(plugin.name, raw, normalized, weight, normalized * weight, reason))
-        total = sum(p.weighted for p in parts) / total_weight
+        total_weight = sum(p.weight for p in parts)
+        total = sum(p.weighted for p in parts) / total_weight if total_weight else 0.0
         return NodeScore(tuple(parts), total, to_extender_score(total))
 
     def _group_raw_scores(self, state: CycleState, demand: PodDemand, names: Sequence[str], gids: list[int],
@@ -352,11 +356,12 @@ class Framework:
             raw[node.name] = value
         if isinstance(plugin, NormalizeScorePlugin):
             reasons = {n: v.reason for n, v in raw.items() if isinstance(v, Scored)}
-            plain = {n: v.value if isinstance(v, Scored) else v for n, v in raw.items()}
+            abstained = {n: v for n, v in raw.items() if isinstance(v, Abstain)}
+            plain = {n: v.value if isinstance(v, Scored) else v for n, v in raw.items() if n not in abstained}
             normalized = _call(plugin, "normalize_scores", state, demand, MappingProxyType(plain))
             if isinstance(normalized, Status):
                 return normalized
-            raw = {n: Scored(v, reasons[n]) if n in reasons else v for n, v in normalized.items()}
+            raw = {n: Scored(v, reasons[n]) if n in reasons else v for n, v in normalized.items()} | abstained
         for name, value in raw.items():
             if not _in_range(value, plugin.max_score):
                 return Status.error(plugin.name, f"score {value!r} for node {name} is outside "
@@ -387,11 +392,13 @@ _UNKNOWN_NODE = NodeVerdict((Status.unresolvable(
     FRAMEWORK, "node not known to gpusched (not in its node cache yet)"),))
 
 
-RawScore: TypeAlias = "int | Scored"  # what a score plugin returns for a node, once checked
+RawScore: TypeAlias = "int | Scored | Abstain"  # what a score plugin returns for a node, once checked
 
 
 def _in_range(value: Any, max_score: int) -> bool:
-    """A raw score (an int or ``Scored``, never a bool) within ``0..max_score``."""
+    """A raw score (an int or ``Scored``, never a bool) within ``0..max_score``, or ``Abstain``."""
+    if isinstance(value, Abstain):
+        return True
     raw = value.value if isinstance(value, Scored) else value
     return not isinstance(raw, bool) and isinstance(raw, int) and 0 <= raw <= max_score
 

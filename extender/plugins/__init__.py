@@ -10,7 +10,15 @@ from types import MappingProxyType
 
 from extender.framework.profile import ProfileConfig, ScorePluginRef
 from extender.framework.registry import PluginFactory, Registry
-from extender.plugins import engine_load, gpu_fit, mig_isolation, nvlink_topology, tensor_parallel, topology_packing
+from extender.plugins import (
+    engine_load,
+    fragmentation_score,
+    gpu_fit,
+    mig_isolation,
+    nvlink_topology,
+    tensor_parallel,
+    topology_packing,
+)
 
 
 def default_registry() -> Registry:
@@ -22,6 +30,8 @@ def default_registry() -> Registry:
     registry.register(PluginFactory(nvlink_topology.NAME, nvlink_topology.NvlinkTopologyArgs, nvlink_topology.new))
     registry.register(PluginFactory(topology_packing.NAME, topology_packing.TopologyPackingArgs, topology_packing.new))
     registry.register(PluginFactory(engine_load.NAME, engine_load.EngineLoadArgs, engine_load.new))
+    registry.register(PluginFactory(fragmentation_score.NAME, fragmentation_score.FragmentationScoreArgs,
+                                    fragmentation_score.new))
     return registry
 
 
@@ -30,6 +40,6 @@ def default_profile() -> ProfileConfig:
     return ProfileConfig(
         filter_plugins=(tensor_parallel.NAME, mig_isolation.NAME, gpu_fit.NAME, nvlink_topology.NAME),
         score_plugins=(ScorePluginRef(nvlink_topology.NAME, 1), ScorePluginRef(topology_packing.NAME, 1),
-                       ScorePluginRef(engine_load.NAME, 1)),
+                       ScorePluginRef(engine_load.NAME, 1), ScorePluginRef(fragmentation_score.NAME, 1)),
         plugin_args=MappingProxyType({}),
     )

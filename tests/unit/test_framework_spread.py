@@ -77,7 +77,7 @@ def test_without_siblings_the_answers_are_as_before():
     plain = make_demand(name="p-2", namespace="ns", gpus=2)
     scores = framework.score(snapshot, plain, ["h100-0", "h100-1", "h100-2"])
     assert {n: nvlink_part(scores, n).raw for n in scores.scores} == {"h100-0": 100, "h100-1": 100, "h100-2": 100}
-    assert all(not p.reason for n in scores.scores for p in scores.per_node[n].plugins)
+    assert all(not nvlink_part(scores, n).reason for n in scores.scores)
     assert framework.choose_gpus(snapshot, plain, "h100-0").gpu_indices == (2, 3)
 
 

@@ -17,6 +17,7 @@ EXPECTED = {
     "NvlinkTopology": {PreFilterPlugin, FilterPlugin, ScorePlugin},
     "TopologyPacking": {ScorePlugin},
     "EngineLoad": {ScorePlugin},
+    "FragmentationScore": {ScorePlugin},
 }
 
 

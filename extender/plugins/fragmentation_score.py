@@ -1,0 +1,144 @@
+"""FragmentationScore: place a pod where it leaves the most capacity the typical mix can still use.
+
+FGD's idea ("Beware of Fragmentation", USENIX ATC'23; the math is ``extender.model.fragmentation``):
+a node's free GPU capacity is fragmented for a pod type when pods of that type cannot use it, and
+the node's fragmentation F is the expected fragmented amount over the typical workload. This score
+prefers the node whose F rises least when the pod takes the GPUs placement chose there (filter,
+score and bind agree on those GPUs), with a BestFit tie-break (``packing`` x the GPU left free on
+the node) so that among placements that fragment alike, empty nodes stay empty.
+
+The node's state in GPU milli (1000 = one whole GPU): a free whole GPU counts its share capacity
+(its size less foreign memory) over its size, a shared GPU the room left for shares over its size,
+a GPU held whole, out of service or a MIG GPU 0. A whole-GPU pod asks ``count x 1000``; a share its
+memory over the chosen GPU's size. CPU is not counted (kube-scheduler's NodeResourcesFit judges
+it). Pods on MIG instances, or taking no GPU, are not judged (``Abstain``: the weight is left out).
+
+The raw score is ``50 - cost / 20`` clamped to 0..100, cost = rise in F + ``packing`` x free GPU milli
+left, in GPU milli: one raw point per 20 milli of cost (kube-scheduler's own scores are integers;
+the extender protocol's 0..10 is coarser still).
+
+Whole-GPU pods are scored only with ``wholeGpuPods: true``: TopologyPacking already packs them by
+interconnect domain, and two packing scores at equal weights would outweigh NvlinkTopology's
+preference for a replica's own PCIe root; without it they are not judged.
+
+``workload``: the typical mix, ``{gpus, gpuMilli, weight}`` per pod type (``gpus: 1, gpuMilli:
+500``: a share of half a GPU). The default is a guess at an inference cluster (shares of 1/8, 1/4
+and 1/2 GPU, 1, 2, 4 and 8 whole GPUs): replace it with your own mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
+
+from extender.framework.args import PluginArgs
+from extender.framework.interfaces import Abstain, CycleState, Scored
+from extender.model.demand import PodDemand
+from extender.model.fragmentation import GPU_MILLI, NodeFree, PodType, Request, TargetWorkload, after
+from extender.model.placement import Placement
+from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
+from extender.model.validation import BOUNDS, Say
+
+NAME = "FragmentationScore"
+_COST_PER_POINT = 20.0  # GPU milli of cost per raw score point
+_WORKLOAD = f"{NAME}.workload"
+
+
+@dataclass(frozen=True)
+class PodTypeArgs(PluginArgs):
+    """One pod type of the typical mix: ``gpus`` GPUs of ``gpu_milli`` each (below 1000: a share
+    of one GPU), and its relative ``weight``."""
+
+    gpus: Annotated[StrictInt, Field(ge=1, le=64), Say("must be an integer from 1 to 64", kinds=BOUNDS)]
+    gpu_milli: Annotated[StrictInt, Field(ge=1, le=GPU_MILLI), Say("must be an integer from 1 to 1000",
+                                                                    kinds=BOUNDS)] = GPU_MILLI
+    weight: Annotated[StrictFloat | StrictInt, Field(gt=0), Say("must be a number > 0", kinds=BOUNDS)] = 1.0
+
+
+def _default_workload() -> tuple[PodTypeArgs, ...]:
+    shares = tuple(PodTypeArgs(1, milli, 1.0) for milli in (125, 250, 500))
+    return shares + tuple(PodTypeArgs(n, GPU_MILLI, w) for n, w in ((1, 3.0), (2, 1.0), (4, 1.0), (8, 1.0)))
+
+
+@dataclass(frozen=True)
+class FragmentationScoreArgs(PluginArgs):
+    """``workload``: the typical mix (module docstring); ``packing``: weight of the free GPU milli
+    left on the node (0.03: a whole free GPU weighs as 30 milli of fragmentation);
+    ``whole_gpu_pods``: judge whole-GPU pods too (module docstring)."""
+
+    workload: tuple[PodTypeArgs, ...] = field(default_factory=_default_workload)
+    packing: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1), Say("must be a number from 0 to 1",
+                                                                      kinds=BOUNDS)] = 0.03
+    whole_gpu_pods: StrictBool = False
+
+
+class FragmentationScore:
+    name = NAME
+    node_shape_only = True
+    max_score = 100
+
+    def __init__(self, args: FragmentationScoreArgs) -> None:
+        self.args = args
+        self.workload = TargetWorkload.of(PodType(t.gpus if t.gpu_milli == GPU_MILLI else 1, t.gpu_milli, 0, t.weight)
+                                          for t in args.workload)
+
+    def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Abstain:
+        placement = state.placement(node)
+        if placement is None:
+            return 0
+        if not placement.units or placement.uses_mig:
+            return Abstain("no whole GPU or share taken: fragmentation not judged")
+        if not (placement.share_mib or self.args.whole_gpu_pods):
+            return Abstain("whole GPUs: packed by TopologyPacking (wholeGpuPods: false)")
+        free, positions = node_free(node, state.free_units(node))
+        taken = tuple(positions[u.position] for u in placement.units if u.position in positions)
+        request = _request(placement)
+        if len(taken) != len(placement.units) or any(free.gpu_free_milli[i] < request.gpu_milli for i in taken):
+            return Abstain("GPU memory unknown here: fragmentation not judged")
+        before = self.workload.fragmentation(free)
+        left = after(free, request, taken)
+        rise = self.workload.fragmentation(left) - before
+        cost = rise + self.args.packing * left.gpu_free_total
+        raw = max(0, min(100, round(50 - cost / _COST_PER_POINT)))
+        return Scored(raw, f"typical mix's unusable GPU {'+' if rise >= 0 else ''}{rise / GPU_MILLI:.2f}, "
+                           f"{left.gpu_free_total / GPU_MILLI:.2f} GPU left free")
+
+
+def node_free(node: NodeInfo, free: FreeUnits) -> tuple[NodeFree, dict[int, int]]:
+    """The node's whole GPUs as free milli, and unit position -> index in that tuple."""
+    open_whole = {u.position for u in free.whole}
+    promised = {u.position: p for u, p in free.shared}
+    milli: list[int] = []
+    positions: dict[int, int] = {}
+    for unit in node.units:
+        if unit.is_mig:
+            continue
+        positions[unit.position] = len(milli)
+        milli.append(_free_milli(unit, open_whole, promised))
+    return NodeFree(tuple(milli)), positions
+
+
+def _free_milli(unit: GpuUnit, open_whole: set[int], promised: dict[int, int]) -> int:
+    size = unit.static_memory_mib or unit.memory_mib
+    if not size or unit.failure:
+        return 0
+    if unit.position in open_whole:
+        capacity = unit.share_capacity_mib if unit.share_capacity_mib is not None else size
+        return max(0, min(GPU_MILLI, GPU_MILLI * capacity // size))
+    if unit.position in promised and not unit.share_closed:
+        return max(0, min(GPU_MILLI, GPU_MILLI * unit.share_room_mib(promised[unit.position]) // size))
+    return 0
+
+
+def _request(placement: Placement) -> Request:
+    if placement.share_mib:
+        unit = placement.units[0]
+        size = unit.static_memory_mib or unit.memory_mib or placement.share_mib
+        return Request(1, max(1, min(GPU_MILLI, -(-GPU_MILLI * placement.share_mib // size))))
+    return Request(len(placement.units), GPU_MILLI)
+
+
+def new(args: FragmentationScoreArgs) -> FragmentationScore:
+    return FragmentationScore(args)
