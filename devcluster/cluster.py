@@ -89,3 +89,20 @@ def pod_scheduled_message(api: client.ApiClient, namespace: str, name: str) -> s
         if cond.type == "PodScheduled":
             return f"{cond.status} {cond.reason}: {cond.message}"
     return ""
+
+
+def envdump_visible_devices(core: client.CoreV1Api, namespace: str, name: str) -> list[str]:
+    """The ``NVIDIA_VISIBLE_DEVICES`` a pod running the envdump image printed (the device plugin's
+    answer as the container really got it); fails naming the pod when it printed none."""
+    log = wait_until(lambda: (t := core.read_namespaced_pod_log(name, namespace)) and "envdump: ready" in t and t,
+                     20, f"{name}'s output")
+    line = next((x for x in log.splitlines() if x.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
+    assert line is not None, f"{name} got no NVIDIA_VISIBLE_DEVICES:\n{log}"
+    return line.split("=", 1)[1].split(",")
+
+
+def delete_pod_and_wait(core: client.CoreV1Api, namespace: str, name: str, timeout_s: float = 30) -> None:
+    """Delete a pod at once and wait until the apiserver no longer lists it."""
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_until(lambda: not any(p.metadata.name == name for p in core.list_namespaced_pod(namespace).items), timeout_s,
+               f"pod {name} gone")

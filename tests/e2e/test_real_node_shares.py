@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import wait_until
+from devcluster.cluster import delete_pod_and_wait, envdump_visible_devices, wait_until
 from devcluster.images import ENVDUMP_IMAGE
 from devcluster.realcluster import RealCluster
 from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE, gpu_of_slot
@@ -59,19 +59,13 @@ class ShareNode:
                                                                f"{self.cluster.agents[0].tail(15)}")
 
     def visible_devices(self, name: str) -> list[str]:
-        log = wait_until(lambda: (t := self.core.read_namespaced_pod_log(name, NS)) and "envdump: ready" in t and t,
-                         20, f"{name}'s output")
-        line = next((x for x in log.splitlines() if x.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
-        assert line is not None, f"{name} got no NVIDIA_VISIBLE_DEVICES:\n{log}"
-        return line.split("=", 1)[1].split(",")
+        return envdump_visible_devices(self.core, NS, name)
 
     def devices_of(self, name: str) -> set[str]:
         return {d for d, p in self.kubelet_assignments().items() if p == f"{NS}/{name}"}
 
     def delete(self, name: str) -> None:
-        self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        wait_until(lambda: not any(p.metadata.name == name for p in self.core.list_namespaced_pod(NS).items), 30,
-                   f"pod {name} gone")
+        delete_pod_and_wait(self.core, NS, name)
 
 
 @pytest.fixture(scope="module")
