@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --device-plugin, also serve gpusched.io/gpu-share: K share slots per whole non-MIG "
                         "GPU, for engines that share one GPU within their gpusched.io/gpu-memory (a GPU is never "
                         "handed out whole and shared at once); 0: off (default: %(default)s)")
+    p.add_argument("--dra", action="store_true",
+                   help="DRA mode (first step): publish this node's ResourceSlice for the gpu.gpusched.io driver "
+                        "(one device per GPU and per MIG instance, with NVLink islands and foreign-memory taints), "
+                        "so kube-scheduler allocates ResourceClaims from it; needs the Kubernetes API (not --no-kube)")
+    p.add_argument("--dra-taint-free-below", type=float, default=0.9, metavar="SHARE",
+                   help="with --dra, taint a device gpu.gpusched.io/foreign-memory (NoSchedule) while memory no pod "
+                        "holds leaves less than this share of it free; 0: never (default: %(default)s)")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="the kubelet's device plugin folder (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
@@ -90,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
               "--device-plugin (the same plugin must hand out whole GPUs, or one GPU could go whole and shared)",
               file=sys.stderr)
         return 2
+    if args.dra and args.no_kube:
+        print("gpusched node agent: --dra publishes a ResourceSlice through the Kubernetes API; drop --no-kube",
+              file=sys.stderr)
+        return 2
+    if not 0.0 <= args.dra_taint_free_below <= 1.0:
+        print(f"gpusched node agent: --dra-taint-free-below {args.dra_taint_free_below}: must be a share within 0..1 "
+              "(0.9: taint while less than 90 % of a device is free)", file=sys.stderr)
+        return 2
     try:
         reader = open_reader(args.gpu_backend, args.fleet, node_name=args.node_name)
         reader.read()
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             return {**reader.assignments(), **reader.share_holders()}
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
-    publish = list_pods = None
+    publish = list_pods = publish_slice = None
     fresh_pods = lambda: []  # noqa: E731  # the node's pods from a new list (device plugin mode)
     if not args.no_kube:
         from kubernetes import client, config
@@ -121,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
         core = client.CoreV1Api()
         publish = InventoryPublisher(inventory_patcher(core, args.node_name)).publish
+        if args.dra:
+            from nodeagent.kube import ResourceSliceWriter
+
+            publish_slice = InventoryPublisher(ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name),
+                                               initial=None, what="the ResourceSlice").publish
         node_pods = NodePods()
         Reflector("pods", core.list_pod_for_all_namespaces, node_pods,
                   list_kwargs={"field_selector": f"spec.nodeName={args.node_name}"}).start()
@@ -133,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
                   publish_inventory=publish, list_node_pods=list_pods,
-                  shares=_share_reporter(args, reader, list_pods).usage)
+                  shares=_share_reporter(args, reader, list_pods).usage, publish_slice=publish_slice,
+                  taint_free_below=args.dra_taint_free_below)
     runners = _start_device_plugins(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else []
+    if args.dra and not args.device_plugin:  # the slice follows the GPUs whether or not the extender is up
+        agent.refresh_units()
+        agent.start_unit_refresher(threading.Event())
     plugin_runner = runners[0] if runners else None
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     try:

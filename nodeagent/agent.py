@@ -10,6 +10,9 @@ Every period the publisher asks :meth:`Agent.report` for the node's current stat
 The static inventory (GPUs, MIG layout, NVLink islands) is published as the node's
 ``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period, and
 never on the report's own path (``publish_inventory`` must not block: see ``nodeagent.kube``).
+In DRA mode (``publish_slice``) the node's ResourceSlice devices (``nodeagent.dra.slices``) are
+handed to their own non-blocking publisher after every read that computes foreign usage (each
+report, and each refresh of the units), which writes only when they changed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from extender.model.inventory import encode_inventory
 from gpusched_wire.telemetry.v1 import telemetry_pb2
 from nodeagent.deviceplugin.allocation import Unit, units_of
+from nodeagent.dra.slices import DEFAULT_MIN_FREE_FRACTION, SliceDevice, devices_of
 from nodeagent.engines.discovery import discover_engines
 from nodeagent.engines.scrape import scrape_engine
 from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
@@ -47,7 +51,9 @@ class Agent:
                  assignments: Callable[[], Mapping[str, tuple[str, str, str]]],
                  publish_inventory: Callable[[str], None] | None = None,
                  list_node_pods: Callable[[], list[dict[str, Any]]] | None = None,
-                 shares: Callable[[GpuState], Mapping[str, tuple[ShareUse, ...]]] | None = None):
+                 shares: Callable[[GpuState], Mapping[str, tuple[ShareUse, ...]]] | None = None,
+                 publish_slice: Callable[[tuple[SliceDevice, ...]], None] | None = None,
+                 taint_free_below: float = DEFAULT_MIN_FREE_FRACTION):
         self.node = node
         self._reader = reader
         self._backend = backend
@@ -56,6 +62,8 @@ class Agent:
         self._publish_inventory = publish_inventory
         self._list_node_pods = list_node_pods
         self._shares = shares
+        self._publish_slice = publish_slice
+        self._taint_free_below = taint_free_below
         self._engines: list[telemetry_pb2.EngineTelemetry] = []
         self._published = ""
         self.status = AgentStatus()
@@ -113,7 +121,9 @@ class Agent:
             assignments = held = dict(self._assignments())
         except Exception:
             assignments, held = {}, None
-        self._set_units(units_of(state, self._foreign.update(state, assignments)), held)
+        foreign = self._foreign.update(state, assignments)
+        self.publish_devices(state, foreign)
+        self._set_units(units_of(state, foreign), held)
 
     def _set_units(self, units: list[Unit], held: Mapping[str, object] | None) -> None:
         """``held``: the kubelet's allocations now (None: not known this time, keep the last ones —
@@ -159,6 +169,17 @@ class Agent:
         self._published = text
         self.status.inventory_published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
+    def publish_devices(self, state: GpuState, foreign: Mapping[str, int]) -> None:
+        """Hand the ResourceSlice's devices to the (non-blocking, deduplicating) publisher."""
+        if self._publish_slice is None:
+            return
+        try:
+            devices = devices_of(state, foreign, min_free_fraction=self._taint_free_below)
+        except ValueError as exc:  # more units than a slice holds: say so, publish nothing new
+            log.warning("not publishing the ResourceSlice: %s", exc)
+            return
+        self._publish_slice(devices)
+
     def report(self, sequence: int) -> telemetry_pb2.NodeReport:
         report = telemetry_pb2.NodeReport(node_name=self.node, sequence=sequence, sampled_at_unix_nanos=time.time_ns(),
                                           period_millis=int(self.period_s * 1000), agent_version=VERSION,
@@ -174,6 +195,7 @@ class Agent:
             assignments = {}
             self.status.last_assignment_error = str(exc)
         foreign = self._foreign.update(state, assignments)
+        self.publish_devices(state, foreign)
         if self._unit_listeners:
             self._set_units(units_of(state, foreign), None if self.status.last_assignment_error else assignments)
         holders: dict[str, list[telemetry_pb2.PodRef]] = {}

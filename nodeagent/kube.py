@@ -1,4 +1,5 @@
-"""The node agent's Kubernetes edge: its own node's pods (a watch) and its inventory annotation.
+"""The node agent's Kubernetes edge: its own node's pods (a watch), its inventory annotation and,
+in DRA mode, its ResourceSlice.
 
 - :class:`NodePods` keeps the pods bound to this node, fed by a list+watch with the field selector
   ``spec.nodeName=<node>`` (the extender's reflector): one LIST at start and on ``410 Gone``, then
@@ -6,17 +7,23 @@
 - :class:`InventoryPublisher` writes the ``gpusched.io/gpu-inventory`` annotation from a thread of
   its own, newest value first, each call with a timeout: a hung apiserver delays the annotation,
   never a telemetry report. A failed write is retried with backoff.
+- :class:`ResourceSliceWriter` is the write behind a second such publisher in DRA mode (``--dra``):
+  it keeps the node's one ``gpu.gpusched.io`` ResourceSlice equal to the devices it is given,
+  writing only when they change (``nodeagent.dra.slices.next_slice``), adopting the slice a
+  previous run left, and deleting extra ones.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from extender.model.inventory import INVENTORY_ANNOTATION
+from nodeagent.dra.slices import DRIVER, SliceDevice, next_slice, slice_object
 
 log = logging.getLogger("gpusched.nodeagent.kube")
 
@@ -49,20 +56,29 @@ class NodePods:
             return list(self._pods.values())
 
 
-class InventoryPublisher:
-    """``publish(text)`` is non-blocking; a daemon thread patches the Node with the newest text."""
+T = TypeVar("T")
 
-    def __init__(self, patch: Callable[[str], None], *, backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0):
+
+class InventoryPublisher(Generic[T]):
+    """``publish(value)`` is non-blocking; a daemon thread hands the newest value to ``patch``.
+
+    ``initial`` is taken as written (no write until a different value is published); ``what``
+    names the value in the log (the inventory annotation by default, the ResourceSlice in DRA mode).
+    """
+
+    def __init__(self, patch: Callable[[T], None], *, initial: Any = "", what: str = "the inventory annotation",
+                 backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0):
         self._patch = patch
         self._cond = threading.Condition()
-        self._wanted = ""
-        self._written = ""
+        self._wanted: T = initial
+        self._written: T = initial
+        self._what = what
         self._backoff = (backoff_initial_s, backoff_max_s)
         self.last_error = ""
         self.published_at = ""
-        threading.Thread(target=self._run, name="inventory-publisher", daemon=True).start()
+        threading.Thread(target=self._run, name=f"publisher {what}", daemon=True).start()
 
-    def publish(self, text: str) -> None:
+    def publish(self, text: T) -> None:
         with self._cond:
             if text != self._wanted:
                 self._wanted = text
@@ -79,7 +95,7 @@ class InventoryPublisher:
                 self._patch(text)
             except Exception as exc:  # retried with backoff; reports go on meanwhile
                 self.last_error = str(exc)
-                log.warning("publishing the inventory annotation failed (retrying in %.0fs): %s", delay, exc)
+                log.warning("publishing %s failed (retrying in %.0fs): %s", self._what, delay, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, self._backoff[1])
                 continue
@@ -95,3 +111,71 @@ def inventory_patcher(core: Any, node: str, request_timeout_s: float = 10.0) -> 
         core.patch_node(node, {"metadata": {"annotations": {INVENTORY_ANNOTATION: text}}},
                         _request_timeout=request_timeout_s)
     return patch
+
+
+class ResourceSliceWriter:
+    """``write(devices)``: make the node's ResourceSlice publish ``devices`` (called from one thread,
+    the publisher's). ``resource`` is ``kubernetes.client.ResourceV1Api``, ``core`` ``CoreV1Api``.
+
+    The first call lists the node's slices of this driver (field selectors ``spec.nodeName`` and
+    ``spec.driver``), adopts the one with the highest generation and deletes the others, so a
+    restarted agent neither duplicates its pool nor resets its generation. The slice is owned by
+    the Node; its uid comes from a no-op patch of the agent's own Node (the agent's one grant on
+    Nodes, which the admission policy confines to that node), so the agent needs no read access to
+    Nodes. A conflict or a vanished slice raises, and the next attempt lists again.
+    """
+
+    def __init__(self, resource: Any, core: Any, node: str, *, request_timeout_s: float = 10.0):
+        self._resource = resource
+        self._core = core
+        self._node = node
+        self._timeout = request_timeout_s
+        self._node_uid = ""
+        self._current: dict[str, Any] | None = None  # the stored slice as the apiserver returned it
+        self._listed = False
+        self.writes = 0  # creates and updates, for tests and /metrics
+
+    def __call__(self, devices: Sequence[SliceDevice]) -> None:
+        if not self._listed:
+            self._current = self._adopt()
+            self._listed = True
+        spec = next_slice(self._current["spec"] if self._current else None, self._node, devices)
+        if spec is None:
+            return
+        if not self._node_uid:
+            node = _json(self._core.patch_node(self._node, {}, _request_timeout=self._timeout, _preload_content=False))
+            self._node_uid = node["metadata"]["uid"]
+        meta = (self._current or {}).get("metadata") or {}
+        body = slice_object(self._node, self._node_uid, spec, name=meta.get("name"),
+                            resource_version=meta.get("resourceVersion"))
+        try:
+            if meta.get("name"):
+                out = self._resource.replace_resource_slice(meta["name"], body, _request_timeout=self._timeout,
+                                                            _preload_content=False)
+            else:
+                out = self._resource.create_resource_slice(body, _request_timeout=self._timeout,
+                                                           _preload_content=False)
+        except Exception:
+            self._listed = False  # a conflict, a slice deleted meanwhile: look again next time
+            raise
+        self._current = _json(out)
+        self.writes += 1
+        log.info("published ResourceSlice %s (pool generation %d, %d devices)", self._current["metadata"]["name"],
+                 spec["pool"]["generation"], len(devices))
+
+    def _adopt(self) -> dict[str, Any] | None:
+        listed = _json(self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self._node},spec.driver={DRIVER}", _request_timeout=self._timeout,
+            _preload_content=False))
+        slices = sorted(listed.get("items") or [], key=lambda s: int(s["spec"]["pool"].get("generation", 0)),
+                        reverse=True)
+        for extra in slices[1:]:
+            log.info("deleting the extra ResourceSlice %s of this node", extra["metadata"]["name"])
+            self._resource.delete_resource_slice(extra["metadata"]["name"], _request_timeout=self._timeout)
+        return slices[0] if slices else None
+
+
+def _json(response: Any) -> dict[str, Any]:
+    """The body of a ``_preload_content=False`` call: the apiserver's JSON as it is (the client's
+    models would drop fields they do not know)."""
+    return json.loads(response.data)
