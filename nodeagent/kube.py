@@ -172,6 +172,9 @@ class ResourceSliceWriter:
         for extra in slices[1:]:
             log.info("deleting the extra ResourceSlice %s of this node", extra["metadata"]["name"])
             self._resource.delete_resource_slice(extra["metadata"]["name"], _request_timeout=self._timeout)
+        if slices:
+            log.info("adopted ResourceSlice %s (pool generation %s)", slices[0]["metadata"]["name"],
+                     slices[0]["spec"]["pool"].get("generation"))
         return slices[0] if slices else None
 
 

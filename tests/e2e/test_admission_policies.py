@@ -1,9 +1,13 @@
 """Least privilege enforced by the apiserver, through the shipped ValidatingAdmissionPolicies
 (manifests/base/admission-policies.yaml; issue 14, S2/S3): with the very tokens the components run
-with, the node agent cannot touch another node or any field but its inventory annotation, and the
-extender cannot change anything on a pod or node but gpusched.io/ annotations — not a pod's image."""
+with, the node agent cannot touch another node or any field but its inventory annotation (nor, in
+DRA mode, any ResourceSlice but its own node's of its own driver), and the extender cannot change
+anything on a pod or node but gpusched.io/ annotations — not a pod's image."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -163,3 +167,63 @@ def test_the_plugin_mode_scheduler_cannot_patch_a_pod(plugin_scheduler_api, pod,
     identity keeps system:kube-scheduler's rights, which do not include patching pods."""
     body = refused(lambda: plugin_scheduler_api.patch_namespaced_pod(pod, namespace, patch))
     assert "cannot patch resource" in body, body
+
+
+# -- DRA mode (issue 21): the agent's ResourceSlices ---------------------------------------------
+
+DRA_DRIVER = "gpu.gpusched.io"
+
+
+def resource_slice(name: str, node: str, *, pool: str | None = None, driver: str = DRA_DRIVER) -> Any:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": pool or node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}}
+
+
+@pytest.fixture(scope="module")
+def agent_slices_of_a(stack: Stack, control_plane: ControlPlane, nodes) -> client.ResourceV1Api:
+    """The agent's API identity on node A, for resource.k8s.io."""
+    return client.ResourceV1Api(control_plane.api_client(stack.agent_token(nodes[0], audience=API_AUDIENCE)))
+
+
+def test_the_agent_may_create_update_and_delete_its_own_nodes_slice(agent_slices_of_a, nodes):
+    name = unique("own-slice")
+    created: Any = agent_slices_of_a.create_resource_slice(resource_slice(name, nodes[0]), _preload_content=False)
+    body = resource_slice(name, nodes[0])
+    body["metadata"]["resourceVersion"] = json.loads(created.data)["metadata"]["resourceVersion"]
+    body["spec"]["pool"]["generation"] = 2
+    agent_slices_of_a.replace_resource_slice(name, body, _preload_content=False)
+    agent_slices_of_a.delete_resource_slice(name)
+
+
+@pytest.mark.parametrize("node, pool, driver, needle", [
+    pytest.param("b", None, DRA_DRIVER, "only the ResourceSlices of the Node its pod runs on", id="another-node"),
+    pytest.param("a", "b", DRA_DRIVER, "spec.nodeName and spec.pool.name must name it", id="own-node-another-pool"),
+    pytest.param("a", None, "gpu.nvidia.com", "only ResourceSlices of its own driver gpu.gpusched.io, not gpu.nvidia.com",
+                 id="another-driver"),
+])
+def test_the_agent_cannot_create_another_nodes_or_drivers_slice(agent_slices_of_a, nodes, node, pool, driver, needle):
+    names = {"a": nodes[0], "b": nodes[1]}
+    slice_ = resource_slice(unique("forged"), names[node], pool=names.get(pool or "", None), driver=driver)
+    body = refused(lambda: agent_slices_of_a.create_resource_slice(slice_, _preload_content=False))
+    assert "gpusched-node-agent-resourceslices" in body and needle in body, body
+
+
+def test_the_agent_cannot_change_or_delete_another_nodes_slice(admin, agent_slices_of_a, nodes):
+    """(Moving a slice to its own node is no way round: spec.nodeName is immutable.)"""
+    name = unique("b-slice")
+    resource = client.ResourceV1Api(admin)
+    response: Any = resource.create_resource_slice(resource_slice(name, nodes[1]), _preload_content=False)
+    created = json.loads(response.data)
+    try:
+        forged = resource_slice(name, nodes[1])
+        forged["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
+        forged["spec"]["devices"][0]["taints"] = [{"key": "evict", "effect": "NoExecute"}]
+        forged["spec"]["pool"]["generation"] = 2
+        body = refused(lambda: agent_slices_of_a.replace_resource_slice(name, forged, _preload_content=False))
+        assert "only the ResourceSlices of the Node its pod runs on" in body, body
+        body = refused(lambda: agent_slices_of_a.delete_resource_slice(name))
+        assert "only the ResourceSlices of the Node its pod runs on" in body, body
+    finally:
+        resource.delete_resource_slice(name)

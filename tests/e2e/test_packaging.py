@@ -31,7 +31,7 @@ def _container(objects, kind, name):
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                                    "overlays/plugin-mode", "observability"])
+                                    "overlays/plugin-mode", "overlays/dra", "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects
@@ -41,13 +41,26 @@ def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane
 def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
     # The fake-gpus demo's init container alone reads its Node: that overlay adds exactly that grant.
+    # DRA mode adds the DeviceClasses its claims name.
     added = {"overlays/fake-gpus": {("ClusterRole", "", "gpusched-node-agent-read-nodes"),
-                                    ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")}}
-    for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin"):
+                                    ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")},
+             "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io")}}
+    for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin", "overlays/dra"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
         assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
         assert changed == {("DaemonSet", "gpusched-system", "gpusched-node-agent")}, folder
+
+
+def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_instances():
+    objects = kustomize_build(MANIFESTS / "overlays/dra")
+    assert "--dra" in _container(objects, "DaemonSet", "agent")["args"]
+    classes = {o["metadata"]["name"]: o["spec"]["selectors"][0]["cel"]["expression"] for o in objects
+               if o["kind"] == "DeviceClass"}
+    assert set(classes) == {"gpu.gpusched.io", "mig.gpusched.io"}
+    for name, kind in (("gpu.gpusched.io", "gpu"), ("mig.gpusched.io", "mig")):
+        assert "device.driver == 'gpu.gpusched.io'" in classes[name]
+        assert f"device.attributes['gpu.gpusched.io'].type == '{kind}'" in classes[name]
 
 
 def test_nvidia_runtime_overlay_sets_the_runtime_class():

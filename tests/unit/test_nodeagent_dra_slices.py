@@ -328,3 +328,39 @@ def test_a_conflict_raises_and_the_next_attempt_lists_again() -> None:
     write(changed)  # what the publisher's retry does
     assert [c.split()[0] for c in api.calls if not c.startswith("patch")] == ["list", "create", "list", "replace"]
     assert writes(api)[-1] == f"replace n1-{DRIVER}-0 gen 2"
+
+
+# -- the agent's wiring ---------------------------------------------------------------------------
+
+def test_each_report_hands_the_devices_with_foreign_taints_to_the_slice_publisher(tmp_path) -> None:
+    from nodeagent.agent import Agent
+    from nodeagent.gpu.fake import FakeFleetReader
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(preset_path("a100").read_text().replace("processes: []", "processes: [{pid: 7, gpu: 1, usedMiB: 30000}]"))
+    published: list[tuple[SliceDevice, ...]] = []
+    agent = Agent("n1", FakeFleetReader(fleet, node_name="n1"), "fake", 1.0, assignments=dict,
+                  publish_slice=published.append, taint_free_below=0.5)
+    agent.report(1)
+    agent.refresh_units()
+    assert len(published) == 2 and published[0] == published[1]
+    assert [d.name for d in published[0] if d.taints] == ["gpu-1"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    pytest.param(["--dra", "--no-kube"], "drop --no-kube", id="dra-needs-the-api"),
+    pytest.param(["--dra", "--dra-taint-free-below", "1.5"], "within 0..1", id="share-out-of-range"),
+])
+def test_the_agent_refuses_dra_flags_that_cannot_work(argv, needle, capsys) -> None:
+    from nodeagent.__main__ import main
+
+    assert main(["--node-name", "n1", "--gpu-backend", "fake", "--fleet", str(preset_path("a100")),
+                 "--extender", "127.0.0.1:1", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_dra_is_off_by_default() -> None:
+    from nodeagent.__main__ import parse_args
+
+    args = parse_args(["--gpu-backend", "fake", "--extender", "x:1"])
+    assert args.dra is False and args.dra_taint_free_below == 0.9
