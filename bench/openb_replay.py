@@ -22,8 +22,11 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
+from bench.openb.core import CorePolicy
 from bench.openb.policies import (
-    POLICY_NAMES,
+    POLICY_NAMES as MATH_POLICY_NAMES,
+)
+from bench.openb.policies import (
     BestFitPolicy,
     FgdPolicy,
     GpuschedPolicy,
@@ -63,10 +66,14 @@ PUBLISHED = MappingProxyType({
 TARGET_DEFAULT_PCT = 96.0  # issue 20: gpusched >= 96 % on default; above published FGD on the others
 # The recorded run (the defaults): every trace of issue 20, seeds 42-51, every policy.
 RECORDED_TRACES = ("default", "gpushare100", "multigpu50", "gpuspec33")
-RECORDED_POLICIES = ("random", "bestfit", "fgd", "gpusched")
+RECORDED_POLICIES = ("random", "bestfit", "fgd", "gpusched", "gpusched-core")
+# gpusched-core: the deployed decision core (bench.openb.core), compared on the node score it sends;
+# gpusched-core-total: the same, compared on the 0..100 mean before the score is rounded to 0..10.
+POLICY_NAMES = (*MATH_POLICY_NAMES, "gpusched-core", "gpusched-core-total")
 
 
-def make_policy(name: str, pods: tuple[TracePod, ...], seed: int) -> Policy:
+def make_policy(name: str, pods: tuple[TracePod, ...], seed: int, nodes: tuple[TraceNode, ...] = ()) -> Policy:
+    """A fresh policy for one replay; ``nodes`` is needed by the core's policies (they keep a ledger)."""
     if name == "random":
         return RandomPolicy(seed)
     if name == "bestfit":
@@ -77,6 +84,10 @@ def make_policy(name: str, pods: tuple[TracePod, ...], seed: int) -> Policy:
         return FgdPolicy(shape_popularity(pods, with_cpu=False), name="fgd-shape")
     if name == "gpusched":
         return GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
+    if name == "gpusched-core":
+        return CorePolicy(nodes, pods)
+    if name == "gpusched-core-total":
+        return CorePolicy(nodes, pods, resolution="total", name=name)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
@@ -111,7 +122,7 @@ def run_trace(nodes: tuple[TraceNode, ...], pods: tuple[TracePod, ...], trace: s
         workload = sample_workload(pods, capacity, seed)
         for name in policies:
             t0 = time.monotonic()
-            result = replay(nodes, workload, make_policy(name, pods, seed), seed=seed)
+            result = replay(nodes, workload, make_policy(name, pods, seed, nodes), seed=seed)
             secs = time.monotonic() - t0
             ref = published.get(name)
             print(f"{trace} seed={seed} {name}: allocated {100 * result.allocated_ratio:.2f} % at "
@@ -137,14 +148,18 @@ def run_trace(nodes: tuple[TraceNode, ...], pods: tuple[TracePod, ...], trace: s
 
 
 def headline(traces: dict[str, dict[str, object]], seeds: list[int]) -> list[dict[str, object]]:
-    """gpusched's mean per trace against its target, and our FGD beside the published one."""
+    """gpusched's mean per trace against its target, the deployed core's beside it, and our FGD
+    beside the published one. Each row names the seeds its policy was run on (``seeds`` when it
+    records none)."""
     rows: list[dict[str, object]] = []
     for trace, entry in traces.items():
         policies = entry["policies"]
         assert isinstance(policies, dict)
         fgd_pub = PUBLISHED.get(trace, {}).get("fgd")
-        contiguous = seeds == list(range(seeds[0], seeds[-1] + 1))
-        span = f"seeds {seeds[0]}-{seeds[-1]}" if contiguous else "seeds " + ",".join(map(str, seeds))
+
+        def span(name: str, policies: dict[str, dict[str, object]] = policies) -> str:
+            return _seed_span(policies[name].get("seeds"), seeds)
+
         if "gpusched" in policies:
             mean = policies["gpusched"]["mean_pct"]
             if trace == "default":
@@ -153,14 +168,46 @@ def headline(traces: dict[str, dict[str, object]], seeds: list[int]) -> list[dic
                 target, met = f"> FGD published {fgd_pub:.2f} %", mean > fgd_pub
             else:
                 target, met = "—", None
-            rows.append({"metric": f"{trace}: gpusched GPU allocation at 130 % arrived (mean, {span})",
+            rows.append({"metric": f"{trace}: gpusched GPU allocation at 130 % arrived (mean, {span('gpusched')})",
                          "measured": mean, "unit": "%", "target": target, "met": met,
                          "anchor": None if fgd_pub is None else f"FGD published {fgd_pub:.2f} % (ATC'23 authors' simulator)"})
+        if "gpusched-core" in policies:
+            math = policies.get("gpusched", {}).get("mean_pct")
+            anchors = ([f"the math's gpusched {math:.2f} %"] if math is not None else []) + (
+                [f"FGD published {fgd_pub:.2f} %"] if fgd_pub is not None else [])
+            rows.append({"metric": f"{trace}: gpusched-core, the deployed decision core, GPU allocation at 130 % "
+                                   f"arrived (mean, {span('gpusched-core')})",
+                         "measured": policies["gpusched-core"]["mean_pct"], "unit": "%", "target": "—", "met": None,
+                         "anchor": "; ".join(anchors) or None})
         if "fgd" in policies:
-            rows.append({"metric": f"{trace}: our FGD reimplementation, same workloads (mean, {span})",
+            rows.append({"metric": f"{trace}: our FGD reimplementation, same workloads (mean, {span('fgd')})",
                          "measured": policies["fgd"]["mean_pct"], "unit": "%", "target": "—", "met": None,
                          "anchor": None if fgd_pub is None else f"published FGD {fgd_pub:.2f} %"})
     return rows
+
+
+def _seed_span(runs: object, seeds: list[int]) -> str:
+    """``seeds 42-51`` (or a list) for a policy's recorded runs (``{seed: run}``), else ``seeds``."""
+    ran = sorted(int(s) for s in runs) if isinstance(runs, dict) and runs else seeds
+    contiguous = ran == list(range(ran[0], ran[-1] + 1))
+    return f"seeds {ran[0]}-{ran[-1]}" if contiguous else "seeds " + ",".join(map(str, ran))
+
+
+def load_recorded(path: Path) -> tuple[dict[str, dict[str, object]], list[int], float]:
+    """A results file's traces, protocol seeds and run time, to merge a new run into. Raises
+    ValueError naming the file if it is not an openb_replay results file."""
+    data = json.loads(path.read_text())
+    if data.get("benchmark") != "openb_replay" or not isinstance(data.get("traces"), dict):
+        raise ValueError(f"{path}: not an openb_replay results file (no 'traces'); drop --merge to write it anew")
+    return dict(data["traces"]), list(data.get("protocol", {}).get("seeds") or []), float(data.get("seconds") or 0.0)
+
+
+def merged_entry(recorded: dict[str, object], fresh: dict[str, object]) -> dict[str, object]:
+    """A trace's recorded entry with the policies just run (``fresh``) replacing theirs; the
+    other policies are kept as recorded."""
+    policies = dict(recorded.get("policies") or {})  # type: ignore[call-overload]
+    policies.update(fresh["policies"])  # type: ignore[call-overload]
+    return {**recorded, "published_pct": fresh["published_pct"], "policies": policies}
 
 
 def write_results(path: Path, results: dict[str, dict[str, object]], seeds: list[int],
@@ -194,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(RECORDED_POLICIES),
                     help=f"comma-separated from {','.join(POLICY_NAMES)}")
     ap.add_argument("--output", type=Path, default=None, help="write the results file (JSON) here")
+    ap.add_argument("--merge", action="store_true",
+                    help="lay the policies run over the --output file's recorded ones instead of rewriting it")
     ap.add_argument("--quick", action="store_true", help="seed 42 of default, bestfit and gpusched only; prints only")
     args = ap.parse_args(argv)
     if args.quick:
@@ -208,12 +257,26 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds: {exc}")
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
     nodes = load_nodes(args.trace_dir / NODE_FILE)
-    results: dict[str, dict[str, object]] = {}
+    if args.merge and (args.output is None or not args.output.is_file()):
+        ap.error("--merge needs --output naming an existing results file")
+    recorded: dict[str, dict[str, object]] = {}
+    recorded_seconds = 0.0
+    if args.merge:
+        assert args.output is not None
+        try:
+            recorded, recorded_seeds, recorded_seconds = load_recorded(args.output)
+        except (ValueError, json.JSONDecodeError) as exc:
+            ap.error(f"--merge: {exc}")
+        seeds_of_file = recorded_seeds or seeds
+    else:
+        seeds_of_file = seeds
+    results: dict[str, dict[str, object]] = dict(recorded)
     t0 = time.monotonic()
     for trace in traces:
-        results[trace] = run_trace(nodes, load_pods(pod_file(args.trace_dir, trace)), trace, seeds, policies)
+        fresh = run_trace(nodes, load_pods(pod_file(args.trace_dir, trace)), trace, seeds, policies)
+        results[trace] = merged_entry(recorded[trace], fresh) if trace in recorded else fresh
         if args.output is not None:  # after each trace, so a long run leaves what it has measured
-            write_results(args.output, results, seeds, nodes, time.monotonic() - t0)
+            write_results(args.output, results, seeds_of_file, nodes, recorded_seconds + time.monotonic() - t0)
     return 0
 
 

@@ -192,7 +192,9 @@ def replay(
     policy sets ``per_node = True`` (its score is not a function of ``state_key`` and ``pod_key``,
     e.g. a random draw per node), nodes in the same state are scored once per pod key: the replay
     keeps them in groups and caches each group's scores until it empties. The result is the same
-    as scoring every node; only faster.
+    as scoring every node; only faster. A policy with ``decide(states, pod) -> (node index, GPU
+    indices) | None`` places each pod itself (``bench.openb.core``: the decision core keeps its
+    own ledger); the replay then applies those GPUs to its states, which raises if they are not free.
     """
     states = [NodeState.empty(n) for n in nodes]
     capacity = capacity_milli(nodes)
@@ -200,6 +202,8 @@ def replay(
         raise ValueError("the cluster has no GPUs")
     per_node = bool(getattr(policy, "per_node", False))
     choose = getattr(policy, "choose", None)
+    decide = getattr(policy, "decide", None)
+    per_node = per_node or decide is not None
     groups: dict[tuple[object, ...], _Group] = {}
     keys = [state_key(s) for s in states]
     for i, key in enumerate(keys):
@@ -209,7 +213,12 @@ def replay(
     curve: list[CurvePoint] = []
     for pod in workload:
         best_i, best = -1, 0.0
-        if per_node:
+        gpus: tuple[int, ...] | None = None
+        if decide is not None:
+            picked = decide(states, pod)
+            if picked is not None:
+                best_i, gpus = picked
+        elif per_node:
             for i, state in enumerate(states):
                 s = policy.score(state, pod)
                 if s is not None and (best_i < 0 or s > best):
@@ -245,7 +254,9 @@ def replay(
             failed += 1
             failed_milli += pod.gpu_request_milli
         else:
-            states[best_i] = place(states[best_i], pod, policy.gpus(states[best_i], pod))
+            if gpus is None:
+                gpus = policy.gpus(states[best_i], pod)
+            states[best_i] = place(states[best_i], pod, gpus)
             allocated += pod.gpu_request_milli
             if not per_node:
                 old, new = keys[best_i], state_key(states[best_i])

@@ -1,0 +1,175 @@
+"""The openb replay fed to gpusched's real decision core (``gpusched-core``): the scheduling
+framework, its default profile and the GPU ledger, as the cluster runs them, without Kubernetes.
+
+The ``gpusched`` policy (``bench.openb.policies``) calls the fragmentation math directly; this one
+asks the deployed path, so its figure is what the cluster's plugins would reach on the trace:
+
+* **Nodes**: each openb node becomes a ``NodeInfo`` (``make_node_info``) with its GPUs as whole
+  GPUs of ``GPU_MIB`` (100,000 MiB) each, so that one GPU milli is ``MIB_PER_MILLI`` (100 MiB)
+  exactly; no NVLink, NUMA or PCIe switch is known. One ``ClusterSnapshot`` is built once and
+  each pod sees ``snapshot.with_ledger(ledger.view())``.
+* **Pods**: parsed by ``parse_pod_demand`` with the builtin catalog from a pod JSON: a whole-GPU
+  pod asks ``nvidia.com/gpu: n``; a sharing pod of m milli asks one ``gpusched.io/gpu-share`` and
+  ``gpusched.io/gpu-memory: <100 m>Mi`` (the trace's smallest share, 50 milli, is 5,000 MiB, above
+  ``MIN_SHARE_BYTES``' 1 GiB, so no share is refused as too small).
+* **Per pod**, as kube-scheduler and gpusched would: the replay's own host filter
+  (``fits_host``: CPU, memory, ``gpu_spec`` — NodeResourcesFit and node affinity) gives the
+  candidates; ``Framework.filter`` judges them; ``Framework.score`` scores the feasible ones; the
+  highest score wins, lowest node index on ties; ``Framework.choose_gpus`` names the units and
+  ``GpuLedger.assume`` (``share_mib``/``capacity_mib`` for a share, as the extender's reserve does)
+  records them. The score compared is ``resolution``: ``"final"`` (the node score the core sends,
+  0..10 over the extender protocol and the same value x 10 to the scheduler plugin) or
+  ``"total"`` (the weighted 0..100 float mean before that rounding, which neither mode sends).
+  kube-scheduler's own score plugins, which the cluster would add, are not modelled.
+* **CPU-only pods** never reach the core (it judges GPUs only): they go where the replay's
+  BestFit formula (``BestFitPolicy``: least CPU + memory + GPU left) says.
+* **Profile**: ``default_profile()`` with FragmentationScore's ``workload`` set to the trace's
+  GPU request types (gpus, gpuMilli) weighted by popularity, as FGD builds its target workload,
+  and ``wholeGpuPods: true``; loaded by ``load_profile``, so the args are validated as a ConfigMap's.
+
+The policy plugs into ``bench.openb.replay.replay`` through ``decide`` (the replay then applies
+the GPUs to its own node states, which raises if the core's ledger and the replay disagree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from bench.openb.policies import BestFitPolicy, shape_popularity
+from bench.openb.replay import NodeState, fits_host
+from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
+from extender.framework.decisions import GpuChoice
+from extender.framework.profile import ProfileConfig, load_profile
+from extender.framework.runtime import Framework
+from extender.model.catalog import builtin_catalog
+from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.inventory import GpuDevice, NodeGpuInventory
+from extender.model.ledger import GpuLedger
+from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info
+from extender.plugins import default_profile, default_registry
+from extender.plugins.fragmentation_score import NAME as FRAGMENTATION_SCORE
+
+MIB_PER_MILLI = 100  # one GPU milli of the trace, in MiB of a replayed GPU
+GPU_MIB = GPU_MILLI * MIB_PER_MILLI  # every replayed GPU: 100,000 MiB
+NAMESPACE = "openb"
+Resolution = Literal["final", "total"]
+
+
+def node_info(node: TraceNode) -> NodeInfo:
+    """The openb node as the core sees it: ``node.gpus`` whole GPUs of ``GPU_MIB``, uuid
+    ``<node>-gpu<i>``, the trace's model as the product name."""
+    gpus = tuple(GpuDevice(i, gpu_uuid(node.name, i), node.model, GPU_MIB) for i in range(node.gpus))
+    return make_node_info(node.name, NodeGpuInventory(gpus))
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return f"{node}-gpu{index}"
+
+
+def pod_json(pod: TracePod, key: str) -> dict[str, Any]:
+    """A Kubernetes Pod (JSON) asking for what ``pod`` asks in GPUs; ``key`` is its name.
+
+    Raises ValueError for a CPU-only pod: the core does not judge those."""
+    if pod.num_gpu == 0:
+        raise ValueError(f"pod {pod.name} asks for no GPU: the core does not judge it")
+    annotations: dict[str, str] = {}
+    if pod.sharing:
+        annotations["gpusched.io/gpu-memory"] = f"{pod.gpu_milli * MIB_PER_MILLI}Mi"
+        limits = {"gpusched.io/gpu-share": "1"}
+    else:
+        limits = {"nvidia.com/gpu": str(pod.num_gpu)}
+    container = {"name": "main", "image": "openb", "resources": {"limits": limits}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": key, "namespace": NAMESPACE, "uid": f"uid-{key}", "annotations": annotations},
+            "spec": {"containers": [container]}}
+
+
+def workload_args(pods: Sequence[TracePod]) -> list[dict[str, Any]]:
+    """FragmentationScore's ``workload`` (camelCase, as in a ConfigMap): each GPU request type of
+    ``pods`` with its popularity; CPU-only types are left out (they fragment no GPU)."""
+    popularity = shape_popularity(pods, with_cpu=False)
+    return [{"gpus": num_gpu, "gpuMilli": milli, "weight": p}
+            for (_, num_gpu, milli), p in popularity.items() if num_gpu > 0]
+
+
+def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None) -> ProfileConfig:
+    """The default profile with FragmentationScore's workload from ``pods`` and ``wholeGpuPods:
+    true``; ``overrides`` are merged into its args. Raises ProfileError for bad args."""
+    args = {"workload": workload_args(pods), "wholeGpuPods": True, **(overrides or {})}
+    return load_profile({"pluginArgs": {FRAGMENTATION_SCORE: args}}, default_registry(), base=default_profile())
+
+
+class CorePolicy:
+    """``gpusched-core``: places each pod with the framework and the ledger (module docstring).
+
+    ``ledger`` is the one the core would keep; after a replay it holds every GPU pod placed."""
+
+    def __init__(self, nodes: Sequence[TraceNode], pods: Sequence[TracePod], *,
+                 resolution: Resolution = "final", name: str = "gpusched-core") -> None:
+        self.name = name
+        self.resolution = resolution
+        self.framework = Framework.from_profile(core_profile(pods), default_registry())
+        self.ledger = GpuLedger()
+        self._snapshot = ClusterSnapshot.build([node_info(n) for n in nodes], self.ledger.view())
+        self._names = [n.name for n in nodes]
+        self._index = {n: i for i, n in enumerate(self._names)}
+        self._catalog = builtin_catalog()
+        self._cpu_only = BestFitPolicy()
+        self._seq = 0
+        self.choices: list[GpuChoice] = []  # every placement, in order (for tests and checks)
+
+    def score(self, state: NodeState, pod: TracePod) -> float | None:
+        raise NotImplementedError("gpusched-core places whole pods with decide()")
+
+    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
+        raise NotImplementedError("gpusched-core places whole pods with decide()")
+
+    def decide(self, states: Sequence[NodeState], pod: TracePod) -> tuple[int, tuple[int, ...]] | None:
+        """The node index and GPU indices ``pod`` gets (recorded in the ledger), or None."""
+        hosts = [i for i, s in enumerate(states) if fits_host(s, pod)]
+        if not hosts:
+            return None
+        if pod.num_gpu == 0:
+            return self._place_cpu_only(states, hosts, pod)
+        self._seq += 1
+        key = f"p{self._seq}"
+        demand = parse_pod_demand(pod_json(pod, key), self._catalog)
+        if isinstance(demand, DemandProblem):
+            raise ValueError(f"pod {pod.name}: the core refuses its demand: {demand.message}")
+        snapshot = self._snapshot.with_ledger(self.ledger.view())
+        candidates = [self._names[i] for i in hosts]
+        feasible = list(self.framework.filter(snapshot, demand, candidates).feasible)
+        if not feasible:
+            return None
+        winner = self._best(snapshot, demand, feasible)
+        choice = self.framework.choose_gpus(snapshot, demand, winner)
+        if not isinstance(choice, GpuChoice):
+            raise ValueError(f"pod {pod.name}: {winner} passed filter but choose_gpus says {choice.reason}")
+        if not self.ledger.assume(f"{NAMESPACE}/{key}", winner, choice.unit_ids, f"uid-{key}",
+                                  share_mib=choice.share_mib,
+                                  capacity_mib=choice.share_capacity_mib):
+            raise ValueError(f"pod {pod.name}: the ledger refused {choice.unit_ids} on {winner}")
+        self.choices.append(choice)
+        return self._index[winner], tuple(choice.gpu_indices)
+
+    def _best(self, snapshot: ClusterSnapshot, demand: PodDemand, feasible: list[str]) -> str:
+        """The feasible node with the highest score (``resolution``), the lowest index on ties."""
+        decision = self.framework.score(snapshot, demand, feasible)
+        if decision.error:
+            raise ValueError(f"the core's score failed: {decision.error}")
+        index = self._index
+        if self.resolution == "final":
+            scores = decision.scores
+            return max(feasible, key=lambda n: (scores[n], -index[n]))
+        per_node = decision.per_node
+        return max(feasible, key=lambda n: (per_node[n].total, -index[n]))
+
+    def _place_cpu_only(self, states: Sequence[NodeState], hosts: list[int],
+                        pod: TracePod) -> tuple[int, tuple[int, ...]]:
+        best_i, best = -1, 0.0
+        for i in hosts:
+            s = self._cpu_only.score(states[i], pod)
+            if s is not None and (best_i < 0 or s > best):
+                best_i, best = i, s
+        return best_i, ()

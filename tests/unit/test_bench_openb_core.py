@@ -1,0 +1,116 @@
+"""The openb replay's ``gpusched-core`` policy (bench.openb.core): trace pods become the pods the
+core parses, the profile's FragmentationScore args go through their real validation, and on a tiny
+trace the core places pods so that its ledger and the replay's node states agree — no GPU promised
+twice, no GPU whole and shared at once, shares within the GPU's capacity."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+
+from bench.openb.core import GPU_MIB, MIB_PER_MILLI, CorePolicy, core_profile, gpu_uuid, node_info, pod_json
+from bench.openb.replay import replay
+from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
+from bench.openb_replay import make_policy
+from extender.framework.profile import ProfileError
+from extender.model.catalog import builtin_catalog
+from extender.model.demand import PodDemand, parse_pod_demand
+from extender.plugins.fragmentation_score import PodTypeArgs
+
+MIB = 1 << 20
+
+
+def pod(name: str, num_gpu: int = 1, milli: int = GPU_MILLI, cpu: int = 1000, mem: int = 1024,
+        spec: tuple[str, ...] = ()) -> TracePod:
+    return TracePod(name, cpu, mem, num_gpu, milli, frozenset(spec))
+
+
+def node(name: str, gpus: int, cpu: int = 32000, mem: int = 65536, model: str = "T4") -> TraceNode:
+    return TraceNode(name, cpu, mem, gpus, model)
+
+
+@pytest.mark.parametrize(("trace_pod", "gpus", "share_mib"), [
+    pytest.param(pod("s", 1, 50), 1, 50 * MIB_PER_MILLI, id="smallest-share-in-trace"),
+    pytest.param(pod("s", 1, 810), 1, 810 * MIB_PER_MILLI, id="share"),
+    pytest.param(pod("w", 1), 1, None, id="one-gpu"),
+    pytest.param(pod("w", 8), 8, None, id="eight-gpus"),
+])
+def test_trace_pods_become_the_demands_the_core_parses(trace_pod, gpus, share_mib):
+    demand = parse_pod_demand(pod_json(trace_pod, "p1"), builtin_catalog())
+    assert isinstance(demand, PodDemand), demand
+    assert demand.gpu_count == gpus
+    assert demand.share_bytes == (None if share_mib is None else share_mib * MIB)
+
+
+def test_a_cpu_only_pod_is_not_the_cores():
+    with pytest.raises(ValueError, match="asks for no GPU"):
+        pod_json(pod("c", 0, 0), "p1")
+
+
+def test_nodes_have_whole_gpus_of_one_size():
+    info = node_info(node("n0", 4, model="V100M16"))
+    assert [(u.id, u.memory_mib, u.share_capacity_mib, u.is_mig) for u in info.units] == [
+        (gpu_uuid("n0", i), GPU_MIB, GPU_MIB, False) for i in range(4)]
+
+
+def test_the_profile_carries_the_traces_gpu_mix_through_validation():
+    pods = [pod("a", 1, 500), pod("b", 1, 500), pod("c", 2), pod("d", 0, 0)]
+    args = core_profile(pods).plugin_args["FragmentationScore"]
+    assert args.whole_gpu_pods is True
+    assert args.workload == (PodTypeArgs(1, 500, 0.5), PodTypeArgs(2, 1000, 0.25)), "CPU-only types left out"
+    with pytest.raises(ProfileError, match=r"pluginArgs\.FragmentationScore\.packing"):
+        core_profile(pods, {"packing": 5})
+
+
+def tiny_trace() -> tuple[tuple[TraceNode, ...], tuple[TracePod, ...]]:
+    nodes = (node("n0", 2), node("n1", 4), node("n2", 1, model="P100"), node("n3", 0))
+    workload = (pod("w2", 1, spec=("P100",)), pod("s1", 1, 500), pod("w1", 2), pod("s2", 1, 500), pod("s3", 1, 300),
+                pod("c1", 0, 0, cpu=4000), pod("s4", 1, 700), pod("w3", 4), pod("s5", 1, 250), pod("s6", 1, 200),
+                pod("w4", 1), pod("w5", 1), pod("s7", 1, 900))
+    return nodes, workload
+
+
+@pytest.mark.parametrize("resolution", ["final", "total"])
+def test_the_core_places_a_tiny_trace_as_its_ledger_records_it(resolution):
+    nodes, workload = tiny_trace()
+    policy = CorePolicy(nodes, workload, resolution=resolution)
+    result = replay(nodes, workload, policy, seed=0)
+    placed_gpu_pods = len(workload) - result.failed - sum(1 for p in workload if p.num_gpu == 0)
+    assert placed_gpu_pods == len(policy.choices) == len(policy.ledger.view().assignments) > 0
+    view = policy.ledger.view()
+    whole: Counter[str] = Counter()
+    shared: defaultdict[str, int] = defaultdict(int)
+    for a in view.assignments.values():
+        for unit in a.unit_ids:
+            if a.is_share:
+                shared[unit] += a.share_mib
+            else:
+                whole[unit] += 1
+    assert max(whole.values()) == 1, "a GPU promised whole twice"
+    assert not set(whole) & set(shared), "a GPU both whole and shared"
+    assert max(shared.values()) <= GPU_MIB, "shares beyond a GPU's capacity"
+    # The ledger's promises are what the replay's own node states took (the replay raised otherwise).
+    taken = sum(a.share_mib // MIB_PER_MILLI if a.is_share else GPU_MILLI * len(a.unit_ids)
+                for a in view.assignments.values())
+    assert taken == result.allocated_milli
+    # Both 500-milli shares on one GPU, and the P100-only pod on the P100 node.
+    by_pod = {c.node + "/" + ",".join(map(str, c.gpu_indices)): c for c in policy.choices}
+    assert sum(1 for c in policy.choices if c.share_mib == 500 * MIB_PER_MILLI) == 2
+    assert len({(c.node, c.gpu_indices) for c in policy.choices if c.share_mib == 500 * MIB_PER_MILLI}) == 1
+    assert "n2/0" in by_pod and not by_pod["n2/0"].share_mib
+
+
+def test_a_pod_that_fits_nowhere_fails_and_holds_nothing():
+    nodes = (node("n0", 1),)
+    workload = (pod("w1", 1), pod("s1", 1, 100), pod("w2", 2))
+    policy = CorePolicy(nodes, workload)
+    result = replay(nodes, workload, policy, seed=0)
+    assert (result.failed, result.allocated_milli, len(policy.ledger.view().assignments)) == (2, GPU_MILLI, 1)
+
+
+def test_the_replay_command_builds_the_core_policies():
+    nodes, workload = tiny_trace()
+    assert make_policy("gpusched-core", workload, 42, nodes).name == "gpusched-core"
+    total = make_policy("gpusched-core-total", workload, 42, nodes)
+    assert isinstance(total, CorePolicy) and total.resolution == "total"
