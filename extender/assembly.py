@@ -290,10 +290,12 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
     _every(0.5, state.sweep_staleness)
     capacity = CapacityRequeue(requeue_feed, decisions.waiting_pods)
     store.on_capacity_rise(capacity.rose)
+    state.on_released(capacity.rose)  # GPUs freed by a pod leaving count as capacity too
     _every(0.5, capacity.flush)
     if not settings.no_annotation_requeue:
         nudger = NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods()))
         store.on_capacity_rise(nudger.capacity_rose)
+        state.on_released(nudger.capacity_rose)
     tls = None
     if settings.telemetry_tls_cert and settings.telemetry_tls_key:  # Settings requires both or neither
         try:

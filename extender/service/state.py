@@ -121,6 +121,14 @@ class ClusterState:
         # node -> (pod key, GPU uuid) -> (used bytes, share bytes) for sharers over their share.
         self._over_share: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
         self._over_share_listeners: list[Any] = []
+        self._release_listeners: list[Any] = []
+
+    def on_released(self, listener: Any) -> None:
+        """``listener(node)`` after a pod that held GPUs (whole or a share) on ``node`` left the
+        ledger (deleted, Succeeded, Failed). kube-scheduler retries waiting pods on the pod's
+        deletion itself, but may do so before this watch has released the GPUs; a nudge sent
+        after the release makes the retry find them free."""
+        self._release_listeners.append(listener)
 
     def on_over_share(self, listener: Any) -> None:
         """``listener(pod key, node, GPU uuid, used bytes, share bytes)`` when a pod bound to
@@ -427,7 +435,10 @@ class ClusterState:
             self._mismatch_seen.pop(key, None)
             with self._lock:
                 self._pod_nodes.pop(key, None)
-            self.ledger.release(key)
+            held = self.ledger.assignment(key)
+            if self.ledger.release(key) and held is not None:
+                for listener in self._release_listeners:
+                    listener(held.node)
             return
         if not node:
             return  # pending: nothing held, except what an in-flight bind assumed

@@ -185,3 +185,16 @@ def test_a_sharer_over_its_share_closes_the_gpu_and_is_heard_once_for_its_own_no
     store.ingest(report(seq=3, shares=[ShareSample("ns/a", 30 * GIB, 29 * GIB)]))
     assert state.snapshot().nodes["n"].units[0].share_closed == "" and state.over_shares() == {}
     assert filter_share(state.snapshot(), make_share_pod("c", memory="4Gi")).code.name == "SUCCESS"
+
+
+def test_a_pod_leaving_the_ledger_is_heard_on_its_node_after_the_release():
+    """The nudge that makes kube-scheduler retry comes after the GPUs are free in the ledger, so
+    a retry racing the watch cannot find them still held."""
+    state, _ = cluster()
+    heard: list[tuple[str, bool]] = []
+    state.on_released(lambda node: heard.append((node, state.ledger.assignment("ns/a") is None)))
+    sharer = make_share_pod("a", "ns", node="n", assigned=GPU0)
+    state.pods.replace([sharer])
+    state.pods.apply("DELETED", sharer)
+    state.pods.apply("DELETED", make_share_pod("never-held", "ns", node="n"))
+    assert heard == [("n", True)], "once, for the node, with the share already released"
