@@ -14,6 +14,7 @@ import yaml
 from devcluster.controlplane import (
     AGENT_SA,
     EXTENDER_SA,
+    MANIFESTS,
     NAMESPACE,
     PLUGIN_SCHEDULER_CONFIG,
     PYTHON,
@@ -225,6 +226,12 @@ class Stack:
         c.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
         self.schedulers.append(c)
         return c
+
+    def enable_dra(self) -> None:
+        """DRA mode as manifests/overlays/dra installs it: the node agent's grant for its own
+        ResourceSlices and the DeviceClasses (the base's admission policy confines the grant)."""
+        dra = MANIFESTS / "overlays" / "dra"
+        self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-dra.yaml", dra / "deviceclasses.yaml"]))
 
     def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
                                adjust: Callable[[dict[str, Any]], None] | None = None, *,

@@ -184,6 +184,7 @@ def resource_slice(name: str, node: str, *, pool: str | None = None, driver: str
 @pytest.fixture(scope="module")
 def agent_slices_of_a(stack: Stack, control_plane: ControlPlane, nodes) -> client.ResourceV1Api:
     """The agent's API identity on node A, for resource.k8s.io."""
+    stack.enable_dra()  # the grant DRA mode gives; the base's policy confines it
     return client.ResourceV1Api(control_plane.api_client(stack.agent_token(nodes[0], audience=API_AUDIENCE)))
 
 

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
-from devcluster.controlplane import MANIFESTS, ControlPlane, manifest_documents
+from devcluster.controlplane import ControlPlane
 from devcluster.processes import Component
 from devcluster.stack import Stack
 from nodeagent.gpu.fake import preset_path
@@ -35,7 +35,7 @@ SCHEDULER = "dra-only"
 def dra(stack: Stack, control_plane: ControlPlane) -> Any:
     """The DeviceClasses of manifests/overlays/dra, and a stock kube-scheduler whose one profile
     (``dra-only``) runs the default plugins, DynamicResources among them, and asks no extender."""
-    control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "overlays" / "dra" / "deviceclasses.yaml"]))
+    stack.enable_dra()
 
     def stock_only(config: dict) -> None:
         config["profiles"] = [{"schedulerName": SCHEDULER}]

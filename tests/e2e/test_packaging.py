@@ -41,10 +41,12 @@ def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane
 def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
     # The fake-gpus demo's init container alone reads its Node: that overlay adds exactly that grant.
-    # DRA mode adds the DeviceClasses its claims name.
+    # DRA mode adds the DeviceClasses its claims name and the agent's grant for its ResourceSlices.
     added = {"overlays/fake-gpus": {("ClusterRole", "", "gpusched-node-agent-read-nodes"),
                                     ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")},
-             "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io")}}
+             "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io"),
+                              ("ClusterRole", "", "gpusched-node-agent-dra"),
+                              ("ClusterRoleBinding", "", "gpusched-node-agent-dra")}}
     for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin", "overlays/dra"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
         assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
