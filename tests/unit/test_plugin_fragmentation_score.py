@@ -83,7 +83,9 @@ def test_mig_pods_are_not_judged():
 
 @pytest.mark.parametrize("raw,problem", [
     ({"workload": [{"gpus": 1, "gpuMilli": 0}]}, "gpuMilli"),
-    ({"workload": [{"gpus": 0}]}, "gpus"),
+    ({"workload": [{"gpus": -1}]}, "gpus"),
+        ({"workload": [{"gpus": 1, "cpuMilli": -5}]}, "cpuMilli"),
+        ({"balance": -1}, "balance"),
     ({"workload": [{"gpus": 1, "weight": -1}]}, "weight"),
     ({"packing": 2}, "packing"),
     ({"workloads": []}, "workloads"),
