@@ -6,12 +6,16 @@ asks the deployed path, so its figure is what the cluster's plugins would reach 
 
 * **Nodes**: each openb node becomes a ``NodeInfo`` (``make_node_info``) with its GPUs as whole
   GPUs of ``GPU_MIB`` (100,000 MiB) each, so that one GPU milli is ``MIB_PER_MILLI`` (100 MiB)
-  exactly; no NVLink, NUMA or PCIe switch is known. One ``ClusterSnapshot`` is built once and
-  each pod sees ``snapshot.with_ledger(ledger.view())``.
+  exactly; no NVLink, NUMA or PCIe switch is known; its CPU (``cpu_allocatable_milli``) is the
+  trace's, and its free CPU (``cpu_free_milli``, whole cores as the cluster's watch gives it) drops
+  as pods land, GPU and CPU-only alike. One ``ClusterSnapshot`` is built once; a node whose whole
+  free cores change is replaced (``with_nodes_replaced``, as the watch re-lays it) and each pod
+  sees ``snapshot.with_ledger(ledger.view())``.
 * **Pods**: parsed by ``parse_pod_demand`` with the builtin catalog from a pod JSON: a whole-GPU
   pod asks ``nvidia.com/gpu: n``; a sharing pod of m milli asks one ``gpusched.io/gpu-share`` and
   ``gpusched.io/gpu-memory: <100 m>Mi`` (the trace's smallest share, 50 milli, is 5,000 MiB, above
-  ``MIN_SHARE_BYTES``' 1 GiB, so no share is refused as too small).
+  ``MIN_SHARE_BYTES``' 1 GiB, so no share is refused as too small); every container asks the
+  pod's CPU as ``requests.cpu: <cpu_milli>m``, so ``PodDemand.cpu_milli`` is the trace's.
 * **Per pod**, as kube-scheduler and gpusched would: the replay's own host filter
   (``fits_host``: CPU, memory, ``gpu_spec`` — NodeResourcesFit and node affinity) gives the
   candidates; ``Framework.filter`` judges them; ``Framework.score`` scores the feasible ones; the
@@ -24,8 +28,9 @@ asks the deployed path, so its figure is what the cluster's plugins would reach 
 * **CPU-only pods** never reach the core (it judges GPUs only): they go where the replay's
   BestFit formula (``BestFitPolicy``: least CPU + memory + GPU left) says.
 * **Profile**: ``default_profile()`` with FragmentationScore's ``workload`` set to the trace's
-  GPU request types (gpus, gpuMilli) weighted by popularity, as FGD builds its target workload,
-  and ``wholeGpuPods: true``; loaded by ``load_profile``, so the args are validated as a ConfigMap's.
+  request types (gpus, gpuMilli, cpuMilli; CPU-only ones as ``gpus: 0``) weighted by popularity,
+  as FGD builds its target workload, and ``wholeGpuPods: true``; loaded by ``load_profile``, so
+  the args are validated as a ConfigMap's.
 
 The policy plugs into ``bench.openb.replay.replay`` through ``decide`` (the replay then applies
 the GPUs to its own node states, which raises if the core's ledger and the replay disagree).
@@ -46,7 +51,7 @@ from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.inventory import GpuDevice, NodeGpuInventory
 from extender.model.ledger import GpuLedger
-from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info
+from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info, with_cpu_free
 from extender.plugins import default_profile, default_registry
 from extender.plugins.fragmentation_score import NAME as FRAGMENTATION_SCORE
 
@@ -56,11 +61,14 @@ NAMESPACE = "openb"
 Resolution = Literal["final", "total"]
 
 
-def node_info(node: TraceNode) -> NodeInfo:
+def node_info(node: TraceNode, cpu_free_milli: int | None = None) -> NodeInfo:
     """The openb node as the core sees it: ``node.gpus`` whole GPUs of ``GPU_MIB``, uuid
-    ``<node>-gpu<i>``, the trace's model as the product name."""
+    ``<node>-gpu<i>``, the trace's model as the product name; its CPU, all free unless
+    ``cpu_free_milli`` says otherwise."""
     gpus = tuple(GpuDevice(i, gpu_uuid(node.name, i), node.model, GPU_MIB) for i in range(node.gpus))
-    return make_node_info(node.name, NodeGpuInventory(gpus))
+    free = node.cpu_milli if cpu_free_milli is None else cpu_free_milli
+    return make_node_info(node.name, NodeGpuInventory(gpus), cpu_allocatable_milli=node.cpu_milli,
+                          cpu_free_milli=free)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -79,18 +87,20 @@ def pod_json(pod: TracePod, key: str) -> dict[str, Any]:
         limits = {"gpusched.io/gpu-share": "1"}
     else:
         limits = {"nvidia.com/gpu": str(pod.num_gpu)}
-    container = {"name": "main", "image": "openb", "resources": {"limits": limits}}
+    container = {"name": "main", "image": "openb",
+                 "resources": {"limits": limits, "requests": {"cpu": f"{pod.cpu_milli}m"}}}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": key, "namespace": NAMESPACE, "uid": f"uid-{key}", "annotations": annotations},
             "spec": {"containers": [container]}}
 
 
 def workload_args(pods: Sequence[TracePod]) -> list[dict[str, Any]]:
-    """FragmentationScore's ``workload`` (camelCase, as in a ConfigMap): each GPU request type of
-    ``pods`` with its popularity; CPU-only types are left out (they fragment no GPU)."""
-    popularity = shape_popularity(pods, with_cpu=False)
-    return [{"gpus": num_gpu, "gpuMilli": milli, "weight": p}
-            for (_, num_gpu, milli), p in popularity.items() if num_gpu > 0]
+    """FragmentationScore's ``workload`` (camelCase, as in a ConfigMap): each request type
+    (cpu_milli, num_gpu, gpu_milli) of ``pods`` with its popularity; a CPU-only type as ``gpus: 0``
+    (it fragments no GPU, but finds all of a node's free GPU unusable where its CPU is short)."""
+    popularity = shape_popularity(pods)
+    return [{"gpus": num_gpu, "gpuMilli": milli or GPU_MILLI, "cpuMilli": cpu, "weight": p}
+            for (cpu, num_gpu, milli), p in popularity.items()]
 
 
 def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None) -> ProfileConfig:
@@ -112,6 +122,8 @@ class CorePolicy:
         self.framework = Framework.from_profile(core_profile(pods), default_registry())
         self.ledger = GpuLedger()
         self._snapshot = ClusterSnapshot.build([node_info(n) for n in nodes], self.ledger.view())
+        self._cpu_free = [n.cpu_milli for n in nodes]  # millicores, exact (the node infos: whole cores)
+        self._generation = 0
         self._names = [n.name for n in nodes]
         self._index = {n: i for i, n in enumerate(self._names)}
         self._catalog = builtin_catalog()
@@ -131,7 +143,9 @@ class CorePolicy:
         if not hosts:
             return None
         if pod.num_gpu == 0:
-            return self._place_cpu_only(states, hosts, pod)
+            placed = self._place_cpu_only(states, hosts, pod)
+            self._take_cpu(placed[0], pod.cpu_milli)
+            return placed
         self._seq += 1
         key = f"p{self._seq}"
         demand = parse_pod_demand(pod_json(pod, key), self._catalog)
@@ -151,7 +165,19 @@ class CorePolicy:
                                   capacity_mib=choice.share_capacity_mib):
             raise ValueError(f"pod {pod.name}: the ledger refused {choice.unit_ids} on {winner}")
         self.choices.append(choice)
+        self._take_cpu(self._index[winner], pod.cpu_milli)
         return self._index[winner], tuple(choice.gpu_indices)
+
+    def _take_cpu(self, index: int, cpu_milli: int) -> None:
+        """A pod requesting ``cpu_milli`` landed on node ``index``: re-lay it if its whole free
+        cores changed, as the cluster's pod watch would."""
+        self._cpu_free[index] -= cpu_milli
+        name = self._names[index]
+        current = self._snapshot.nodes[name]
+        laid = with_cpu_free(current, self._cpu_free[index])
+        if laid is not current:
+            self._generation += 1
+            self._snapshot = self._snapshot.with_nodes_replaced({name: laid}, self._generation)
 
     def _best(self, snapshot: ClusterSnapshot, demand: PodDemand, feasible: list[str]) -> str:
         """The feasible node with the highest score (``resolution``), the lowest index on ties."""

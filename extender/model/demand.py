@@ -19,7 +19,8 @@ overriding earlier ones:
   ``gpusched.io/pipeline-parallel-size``, ``gpusched.io/model-attention-heads``,
   ``gpusched.io/model-kv-heads``, ``gpusched.io/gpu-memory-per-gpu`` (a quantity) and
   ``gpusched.io/require-nvlink`` (``"true"``/``"false"``);
-* the model catalog, for heads and KV heads the annotations do not give.
+* the model catalog, for heads and KV heads the annotations do not give;
+* the containers' CPU requests, as kube-scheduler sums them (``extender.model.cpu``): ``cpu_milli``.
 
 **A share of a GPU** (``extender.model.share``): one ``gpusched.io/gpu-share`` in the containers'
 limits and the annotation ``gpusched.io/gpu-memory`` (a quantity) ask for that much memory of one
@@ -59,6 +60,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model.catalog import Catalog
+from extender.model.cpu import pod_cpu_request_milli
 from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.quantity import format_gib, parse_quantity_bytes
 from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
@@ -144,6 +146,8 @@ class PodDemand:
     expert_parallel: bool = False
     # A share of one whole GPU: the GPU memory the engine may use (None: whole GPUs).
     share_bytes: int | None = None
+    # The pod's effective CPU request in millicores, kube-scheduler's rule (``extender.model.cpu``).
+    cpu_milli: int = 0
 
     @property
     def is_share(self) -> bool:
@@ -242,6 +246,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         memory_per_gpu_bytes=_memory(annotations), require_nvlink=_require_nvlink(annotations),
         parallelism_stated=layout.stated, dp=layout.dp, pcp=layout.pcp, nodes=layout.nodes,
         node_rank=layout.node_rank, expert_parallel=args.expert_parallel, share_bytes=share_bytes,
+        cpu_milli=pod_cpu_request_milli(pod),
     )
 
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 GPU_MILLI = 1000  # one whole GPU
+DEFAULT_BALANCE = 3.0  # weight of the rise in stranded GPU (module docstring)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class Scorer:
 
     workload: TargetWorkload
     packing: float = 0.03
-    balance: float = 3.0
+    balance: float = DEFAULT_BALANCE
     _memo: dict[tuple[NodeFree, Request], Choice | None] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -278,5 +279,5 @@ class Scorer:
         return Choice(gpus, delta, -(delta + strand + self.packing * new.gpu_free_total))
 
 
-__all__ = ["GPU_MILLI", "Choice", "NodeFree", "PodType", "Request", "Scorer", "TargetWorkload", "after",
+__all__ = ["DEFAULT_BALANCE", "GPU_MILLI", "Choice", "NodeFree", "PodType", "Request", "Scorer", "TargetWorkload", "after",
            "gpu_options"]

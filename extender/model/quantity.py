@@ -57,3 +57,34 @@ def parse_quantity_bytes(text: str) -> int:
 def format_gib(num_bytes: int) -> str:
     """Render bytes as GiB with one decimal (``"40.0 GiB"``), the unit used in every reason."""
     return f"{num_bytes / GIB:.1f} GiB"
+
+
+# CPU quantities also take the small decimal suffixes (``m`` milli, ``u`` micro, ``n`` nano).
+_CPU_QUANTITY = re.compile(
+    r"^(?P<num>\+?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(?P<suffix>n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?\d+))?$"
+)
+_SMALL = MappingProxyType({"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")})
+
+
+def parse_cpu_milli(text: str) -> int:
+    """Parse a Kubernetes CPU quantity (``"64"``, ``"63500m"``, ``"0.5"``) into millicores.
+
+    Fractions of a millicore round up, as apimachinery's ``MilliValue`` does. Raises ``ValueError``
+    naming the text and an example for anything else (empty, negative, ``"2 cores"``, ``"500M m"``).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"CPU quantity must be a string such as '4' or '500m', got {text!r}")
+    match = _CPU_QUANTITY.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a Kubernetes CPU quantity; use cores ('4', '0.5') or millicores ('500m')")
+    number = Decimal(match["num"])
+    suffix = match["suffix"] or ""
+    if match["exp"] is not None:
+        exponent = int(match["exp"])
+        if exponent > 18:
+            raise ValueError(f"{text!r} is too large to be a CPU quantity")
+        value = number * (Decimal(10) ** exponent)
+    else:
+        value = number * (_SMALL.get(suffix) or _BINARY.get(suffix) or _DECIMAL[suffix])
+    return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))

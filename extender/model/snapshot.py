@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from extender.model.cpu import node_cpu_allocatable_milli
 from extender.model.inventory import (
     INVENTORY_ANNOTATION,
     InventoryError,
@@ -36,6 +37,7 @@ from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
 
 GPU_RESOURCE = "nvidia.com/gpu"
+CPU_QUANTUM_MILLI = 1000  # a node's free CPU is known to whole cores (floor): it keys the shape
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,11 @@ class NodeInfo:
     # The node's engines' headroom from telemetry, 0 (saturated) .. 10 (idle), or None when
     # unknown. Quantised so that it joins the shape without splitting groups on noise.
     engine_headroom: int | None = None
+    # CPU in millicores: ``status.allocatable.cpu`` (None when absent or bad, see inventory_error)
+    # and what the pods bound here leave of it, floored to ``CPU_QUANTUM_MILLI`` so that it joins
+    # the shape without splitting groups on small differences (None = unknown).
+    cpu_allocatable_milli: int | None = None
+    cpu_free_milli: int | None = None
     _free_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -160,14 +167,16 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
                    failures: Mapping[str, str] | None = None, foreign: frozenset[str] = frozenset(),
                    share_capacity: Mapping[str, int] | None = None,
                    share_closed: Mapping[str, str] | None = None,
-                   static_memory: Mapping[str, int] | None = None) -> NodeInfo:
+                   static_memory: Mapping[str, int] | None = None,
+                   cpu_allocatable_milli: int | None = None, cpu_free_milli: int | None = None) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
     memory; ``share_capacity``: GPU uuid -> MiB its sharers may have together (default: the GPU's
     size); ``share_closed``: GPU uuid -> why it takes no new shares (all from telemetry);
     ``static_memory``: GPU uuid -> the inventory's size when ``inventory`` carries telemetry's
-    free memory instead."""
+    free memory instead. ``cpu_free_milli``: the node's free CPU (None = unknown), floored here to
+    ``CPU_QUANTUM_MILLI`` (never below 0) before it enters the shape."""
     if inventory is not None:
         islands = inventory.nvlink_islands
         units = _lay_out_units(inventory, failures or {}, foreign, share_capacity or {}, share_closed or {},
@@ -177,9 +186,28 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
     if allocatable_gpus is None:
         allocatable_gpus = len(units)
-    shape = _shape_of(allocatable_gpus, islands, units, engine_headroom)
+    cpu_free = quantise_cpu(cpu_free_milli)
+    shape = _shape_of(allocatable_gpus, islands, units, engine_headroom, cpu_free)
     return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
-                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom)
+                    inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom,
+                    cpu_allocatable_milli=cpu_allocatable_milli, cpu_free_milli=cpu_free)
+
+
+def with_cpu_free(node: NodeInfo, cpu_free_milli: int | None) -> NodeInfo:
+    """``node`` with this free CPU (quantised by ``quantise_cpu``) and its shape to match; the
+    same object when the quantised figure is unchanged."""
+    cpu = quantise_cpu(cpu_free_milli)
+    if cpu == node.cpu_free_milli:
+        return node
+    shape = _shape_of(node.allocatable_gpus, node.islands, node.units, node.engine_headroom, cpu)
+    return replace(node, cpu_free_milli=cpu, shape=shape, _free_cache={})
+
+
+def quantise_cpu(cpu_free_milli: int | None) -> int | None:
+    """Free CPU as ``NodeInfo`` holds it: floored to ``CPU_QUANTUM_MILLI``, at least 0; None stays None."""
+    if cpu_free_milli is None:
+        return None
+    return max(0, cpu_free_milli - cpu_free_milli % CPU_QUANTUM_MILLI)
 
 
 def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str],
@@ -206,16 +234,20 @@ def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], for
 
 
 def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units: Sequence[GpuUnit],
-              engine_headroom: int | None) -> Shape:
-    """Everything about a node's GPUs except ids (equal shapes behave identically)."""
+              engine_headroom: int | None, cpu_free_milli: int | None = None) -> Shape:
+    """Everything about a node's GPUs except ids, and its quantised free CPU (equal shapes behave
+    identically)."""
     return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
          u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib)
-        for u in units), engine_headroom))
+        for u in units), engine_headroom, cpu_free_milli))
 
 
-def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:
+def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = None) -> NodeInfo:
     """Build a NodeInfo from a Kubernetes Node in its JSON form (camelCase dict).
+
+    ``cpu_free_milli``: what the node's pods leave of its CPU (the watch's count; None = unknown).
+    A malformed ``status.allocatable.cpu`` is recorded in ``inventory_error`` and leaves CPU unknown.
 
     The inventory comes from the ``gpusched.io/gpu-inventory`` annotation, else from GPU Feature
     Discovery labels. A malformed annotation is recorded in ``inventory_error`` (shown in debug
@@ -239,8 +271,14 @@ def node_info_from_k8s(node: Mapping[str, Any]) -> NodeInfo:
         except InventoryError as exc:
             errors.append(f"GPU Feature Discovery {exc}")
     unschedulable = bool((node.get("spec") or {}).get("unschedulable", False))
+    try:
+        cpu = node_cpu_allocatable_milli(node)
+    except ValueError as exc:
+        cpu = None
+        errors.append(str(exc))
     return make_node_info(name, inventory, allocatable_gpus=allocatable, labels=labels,
-                          inventory_error="; ".join(errors) or None, unschedulable=unschedulable)
+                          inventory_error="; ".join(errors) or None, unschedulable=unschedulable,
+                          cpu_allocatable_milli=cpu, cpu_free_milli=cpu_free_milli)
 
 
 def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:

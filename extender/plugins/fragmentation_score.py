@@ -10,19 +10,27 @@ the node) so that among placements that fragment alike, empty nodes stay empty.
 The node's state in GPU milli (1000 = one whole GPU): a free whole GPU counts its share capacity
 (its size less foreign memory) over its size, a shared GPU the room left for shares over its size,
 a GPU held whole, out of service or a MIG GPU 0. A whole-GPU pod asks ``count x 1000``; a share its
-memory over the chosen GPU's size. CPU is not counted (kube-scheduler's NodeResourcesFit judges
-it). Pods on MIG instances, or taking no GPU, are not judged (``Abstain``: the weight is left out).
+memory over the chosen GPU's size. Pods on MIG instances, or taking no GPU, are not judged
+(``Abstain``: the weight is left out).
 
-The raw score is ``50 - cost / 20`` clamped to 0..100, cost = rise in F + ``packing`` x free GPU milli
-left, in GPU milli: one raw point per 20 milli of cost (kube-scheduler's own scores are integers;
-the extender protocol's 0..10 is coarser still).
+CPU: where the node's free CPU is known (``NodeInfo.cpu_free_milli``: allocatable less the bound
+pods' requests, in whole cores) the math counts it: the pod takes its ``PodDemand.cpu_milli``, a
+type of the mix whose ``cpuMilli`` exceeds what is left finds all the node's free GPU unusable, and
+``balance`` x the rise in *stranded* GPU (free GPU beyond what the free CPU feeds at the mix's CPU
+per GPU) keeps CPU where GPUs will need it. Where it is unknown, CPU is not counted. Whether the
+pod fits the node's CPU is kube-scheduler's NodeResourcesFit's to judge, not this score's.
+
+The raw score is ``50 - cost / 20`` clamped to 0..100, cost = rise in F + ``balance`` x rise in
+stranded GPU + ``packing`` x free GPU milli left, in GPU milli: one raw point per 20 milli of cost
+(kube-scheduler's own scores are integers; the extender protocol's 0..10 is coarser still).
 
 Whole-GPU pods are scored only with ``wholeGpuPods: true``: TopologyPacking already packs them by
 interconnect domain, and two packing scores at equal weights would outweigh NvlinkTopology's
 preference for a replica's own PCIe root; without it they are not judged.
 
-``workload``: the typical mix, ``{gpus, gpuMilli, weight}`` per pod type (``gpus: 1, gpuMilli:
-500``: a share of half a GPU). The default is a guess at an inference cluster (shares of 1/8, 1/4
+``workload``: the typical mix, ``{gpus, gpuMilli, cpuMilli, weight}`` per pod type (``gpus: 1,
+gpuMilli: 500``: a share of half a GPU; ``gpus: 0``: a CPU-only type, ``gpuMilli`` ignored;
+``cpuMilli`` optional, none = the type asks no CPU). The default is a guess at an inference cluster (shares of 1/8, 1/4
 and 1/2 GPU, 1, 2, 4 and 8 whole GPUs): replace it with your own mix.
 """
 
@@ -36,7 +44,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt
 from extender.framework.args import PluginArgs
 from extender.framework.interfaces import Abstain, CycleState, Scored
 from extender.model.demand import PodDemand
-from extender.model.fragmentation import GPU_MILLI, NodeFree, PodType, Request, TargetWorkload, after
+from extender.model.fragmentation import DEFAULT_BALANCE, GPU_MILLI, NodeFree, PodType, Request, TargetWorkload, after
 from extender.model.placement import Placement
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
 from extender.model.validation import BOUNDS, Say
@@ -44,17 +52,29 @@ from extender.model.validation import BOUNDS, Say
 NAME = "FragmentationScore"
 _COST_PER_POINT = 20.0  # GPU milli of cost per raw score point
 _WORKLOAD = f"{NAME}.workload"
+_MAX_CPU_MILLI = 1 << 30  # a million cores: beyond any node
 
 
 @dataclass(frozen=True)
 class PodTypeArgs(PluginArgs):
     """One pod type of the typical mix: ``gpus`` GPUs of ``gpu_milli`` each (below 1000: a share
-    of one GPU), and its relative ``weight``."""
+    of one GPU; ``gpus`` 0: CPU-only, ``gpu_milli`` ignored), ``cpu_milli`` CPU (None: none), and
+    its relative ``weight``."""
 
-    gpus: Annotated[StrictInt, Field(ge=1, le=64), Say("must be an integer from 1 to 64", kinds=BOUNDS)]
+    gpus: Annotated[StrictInt, Field(ge=0, le=64), Say("must be an integer from 0 to 64", kinds=BOUNDS)]
     gpu_milli: Annotated[StrictInt, Field(ge=1, le=GPU_MILLI), Say("must be an integer from 1 to 1000",
                                                                     kinds=BOUNDS)] = GPU_MILLI
     weight: Annotated[StrictFloat | StrictInt, Field(gt=0), Say("must be a number > 0", kinds=BOUNDS)] = 1.0
+    cpu_milli: Annotated[StrictInt | None, Field(ge=0, le=_MAX_CPU_MILLI),
+                         Say(f"must be an integer from 0 to {_MAX_CPU_MILLI} (millicores), or absent",
+                             kinds=BOUNDS)] = None
+
+    def pod_type(self) -> PodType:
+        """This type as the math's ``PodType``."""
+        if self.gpus == 0:
+            return PodType(0, 0, self.cpu_milli or 0, self.weight)
+        return PodType(self.gpus if self.gpu_milli == GPU_MILLI else 1, self.gpu_milli, self.cpu_milli or 0,
+                       self.weight)
 
 
 def _default_workload() -> tuple[PodTypeArgs, ...]:
@@ -65,13 +85,16 @@ def _default_workload() -> tuple[PodTypeArgs, ...]:
 @dataclass(frozen=True)
 class FragmentationScoreArgs(PluginArgs):
     """``workload``: the typical mix (module docstring); ``packing``: weight of the free GPU milli
-    left on the node (0.03: a whole free GPU weighs as 30 milli of fragmentation);
+    left on the node (0.03: a whole free GPU weighs as 30 milli of fragmentation); ``balance``:
+    weight of the rise in stranded GPU where the node's CPU is known (the math's default, 3);
     ``whole_gpu_pods``: judge whole-GPU pods too (module docstring)."""
 
     workload: tuple[PodTypeArgs, ...] = field(default_factory=_default_workload)
     packing: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1), Say("must be a number from 0 to 1",
                                                                       kinds=BOUNDS)] = 0.03
     whole_gpu_pods: StrictBool = False
+    balance: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100), Say("must be a number from 0 to 100",
+                                                                       kinds=BOUNDS)] = DEFAULT_BALANCE
 
 
 class FragmentationScore:
@@ -81,8 +104,7 @@ class FragmentationScore:
 
     def __init__(self, args: FragmentationScoreArgs) -> None:
         self.args = args
-        self.workload = TargetWorkload.of(PodType(t.gpus if t.gpu_milli == GPU_MILLI else 1, t.gpu_milli, 0, t.weight)
-                                          for t in args.workload)
+        self.workload = TargetWorkload.of(t.pod_type() for t in args.workload)
 
     def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Abstain:
         placement = state.placement(node)
@@ -94,20 +116,23 @@ class FragmentationScore:
             return Abstain("whole GPUs: packed by TopologyPacking (wholeGpuPods: false)")
         free, positions = node_free(node, state.free_units(node))
         taken = tuple(positions[u.position] for u in placement.units if u.position in positions)
-        request = _request(placement)
+        request = _request(placement, demand.cpu_milli)
         if len(taken) != len(placement.units) or any(free.gpu_free_milli[i] < request.gpu_milli for i in taken):
             return Abstain("GPU memory unknown here: fragmentation not judged")
         before = self.workload.fragmentation(free)
         left = after(free, request, taken)
         rise = self.workload.fragmentation(left) - before
-        cost = rise + self.args.packing * left.gpu_free_total
+        stranded = self.workload.stranded(left) - self.workload.stranded(free) if self.args.balance else 0.0
+        cost = rise + self.args.balance * stranded + self.args.packing * left.gpu_free_total
         raw = max(0, min(100, round(50 - cost / _COST_PER_POINT)))
-        return Scored(raw, f"typical mix's unusable GPU {'+' if rise >= 0 else ''}{rise / GPU_MILLI:.2f}, "
+        strand_note = f", stranded GPU {'+' if stranded >= 0 else ''}{stranded / GPU_MILLI:.2f}" if stranded else ""
+        return Scored(raw, f"typical mix's unusable GPU {'+' if rise >= 0 else ''}{rise / GPU_MILLI:.2f}{strand_note}, "
                            f"{left.gpu_free_total / GPU_MILLI:.2f} GPU left free")
 
 
 def node_free(node: NodeInfo, free: FreeUnits) -> tuple[NodeFree, dict[int, int]]:
-    """The node's whole GPUs as free milli, and unit position -> index in that tuple."""
+    """The node's whole GPUs as free milli with its free CPU (None: unknown), and unit position ->
+    index in that tuple."""
     open_whole = {u.position for u in free.whole}
     promised = {u.position: p for u, p in free.shared}
     milli: list[int] = []
@@ -117,7 +142,7 @@ def node_free(node: NodeInfo, free: FreeUnits) -> tuple[NodeFree, dict[int, int]
             continue
         positions[unit.position] = len(milli)
         milli.append(_free_milli(unit, open_whole, promised))
-    return NodeFree(tuple(milli)), positions
+    return NodeFree(tuple(milli), node.cpu_free_milli), positions
 
 
 def _free_milli(unit: GpuUnit, open_whole: set[int], promised: dict[int, int]) -> int:
@@ -132,12 +157,12 @@ def _free_milli(unit: GpuUnit, open_whole: set[int], promised: dict[int, int]) -
     return 0
 
 
-def _request(placement: Placement) -> Request:
+def _request(placement: Placement, cpu_milli: int) -> Request:
     if placement.share_mib:
         unit = placement.units[0]
         size = unit.static_memory_mib or unit.memory_mib or placement.share_mib
-        return Request(1, max(1, min(GPU_MILLI, -(-GPU_MILLI * placement.share_mib // size))))
-    return Request(len(placement.units), GPU_MILLI)
+        return Request(1, max(1, min(GPU_MILLI, -(-GPU_MILLI * placement.share_mib // size))), cpu_milli)
+    return Request(len(placement.units), GPU_MILLI, cpu_milli)
 
 
 def new(args: FragmentationScoreArgs) -> FragmentationScore:

@@ -37,10 +37,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from extender.model.cpu import CPU_RESOURCE, pod_cpu_request_milli
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.quantity import format_gib
 from extender.model.share import share_request_bytes
-from extender.model.snapshot import GPU_RESOURCE, ClusterSnapshot, NodeInfo, make_node_info, node_info_from_k8s
+from extender.model.snapshot import (
+    GPU_RESOURCE,
+    ClusterSnapshot,
+    NodeInfo,
+    make_node_info,
+    node_info_from_k8s,
+    quantise_cpu,
+    with_cpu_free,
+)
 from extender.model.telemetry import (
     MIB,
     QUANTUM_MIB,
@@ -80,6 +89,7 @@ def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
     return (repr(sorted((meta.get("labels") or {}).items())),
             (meta.get("annotations") or {}).get("gpusched.io/gpu-inventory"),
             (status.get("allocatable") or {}).get(GPU_RESOURCE),
+            (status.get("allocatable") or {}).get(CPU_RESOURCE),
             (node.get("spec") or {}).get("unschedulable"))
 
 
@@ -122,6 +132,10 @@ class ClusterState:
         self._over_share: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
         self._over_share_listeners: list[Any] = []
         self._release_listeners: list[Any] = []
+        # CPU requests (millicores) of bound, non-terminal pods: pod key -> (node, request), and
+        # their sum per node; a node is re-laid when its quantised free CPU changes.
+        self._pod_cpu: dict[str, tuple[str, int]] = {}
+        self._cpu_used: dict[str, int] = {}
 
     def on_released(self, listener: Any) -> None:
         """``listener(node)`` after a pod that held GPUs (whole or a share) on ``node`` left the
@@ -340,7 +354,8 @@ class ClusterState:
                         self._effective.pop(name, None)
                         updates[name] = None
                     else:
-                        updates[name] = self._effective[name] = self._effective_info(static)
+                        updates[name] = self._effective[name] = with_cpu_free(self._effective_info(static),
+                                                                              self._cpu_free(static))
                 self._retelemetry.clear()
                 self._generation += 1
                 if self._full_rebuild or len(updates) > max(64, len(self._nodes) // 4):
@@ -376,7 +391,40 @@ class ClusterState:
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
                               engine_headroom=engine_headroom(report) if fresh else None, failures=failures,
                               foreign=foreign, share_capacity=capacity, share_closed=closed,
-                              static_memory={g.uuid: g.memory_mib for g in static.inventory.gpus})
+                              static_memory={g.uuid: g.memory_mib for g in static.inventory.gpus},
+                              cpu_allocatable_milli=static.cpu_allocatable_milli,
+                              cpu_free_milli=static.cpu_free_milli)
+
+    def _cpu_free(self, static: NodeInfo) -> int | None:
+        """The node's allocatable CPU less its bound pods' requests (millicores); None when its
+        allocatable CPU is unknown. Called under the lock."""
+        if static.cpu_allocatable_milli is None:
+            return None
+        return static.cpu_allocatable_milli - self._cpu_used.get(static.name, 0)
+
+    def _account_cpu(self, key: str, node: str | None, milli: int) -> None:
+        """Pod ``key`` now requests ``milli`` CPU on ``node`` (None: it holds none). Marks the
+        nodes whose quantised free CPU this changes for re-laying. Called under the lock."""
+        old = self._pod_cpu.get(key)
+        new = (node, milli) if node is not None and milli > 0 else None
+        if old == new:
+            return
+        if new is None:
+            del self._pod_cpu[key]
+        else:
+            self._pod_cpu[key] = new
+        for held, sign in ((old, -1), (new, 1)):
+            if held is None:
+                continue
+            where, request = held
+            static = self._nodes.get(where)
+            before = quantise_cpu(self._cpu_free(static)) if static is not None else None
+            self._cpu_used[where] = self._cpu_used.get(where, 0) + sign * request
+            if not self._cpu_used[where]:
+                del self._cpu_used[where]
+            if static is not None and quantise_cpu(self._cpu_free(static)) != before:
+                self._retelemetry.add(where)
+                self._dirty = True
 
     def pod_runs_on(self, key: str, node: str) -> bool:
         """The watch shows pod ``key`` bound to ``node`` and not terminal."""
@@ -435,6 +483,7 @@ class ClusterState:
             self._mismatch_seen.pop(key, None)
             with self._lock:
                 self._pod_nodes.pop(key, None)
+                self._account_cpu(key, None, 0)
             held = self.ledger.assignment(key)
             if self.ledger.release(key) and held is not None:
                 for listener in self._release_listeners:
@@ -442,6 +491,9 @@ class ClusterState:
             return
         if not node:
             return  # pending: nothing held, except what an in-flight bind assumed
+        cpu = pod_cpu_request_milli(pod)
+        with self._lock:
+            self._account_cpu(key, node, cpu)
         if self._pod_nodes.get(key) != node:
             with self._lock:
                 self._pod_nodes[key] = node
@@ -494,6 +546,8 @@ class ClusterState:
             self._apply_pod("ADDED", pod)
         with self._lock:
             self._pod_nodes = {k: n for k, n in self._pod_nodes.items() if k in present}
+            for gone in [k for k in self._pod_cpu if k not in present]:
+                self._account_cpu(gone, None, 0)
             self._intended = {k: v for k, v in self._intended.items() if k in present}
         for key, assignment in self.ledger.view().assignments.items():
             if key not in present and assignment.state is EntryState.BOUND:

@@ -43,14 +43,15 @@ def make_gpu(index: int, *, node: str = "n", product: str = "NVIDIA H100 80GB HB
 
 def make_k8s_node(name: str, inventory: NodeGpuInventory | None = None, *,
                   allocatable: int | None = None, labels: Mapping[str, str] | None = None,
-                  annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A Kubernetes Node as JSON; the inventory goes into the gpusched annotation."""
+                  annotations: Mapping[str, str] | None = None, cpu: str | None = "32") -> dict[str, Any]:
+    """A Kubernetes Node as JSON; the inventory goes into the gpusched annotation; ``cpu`` is its
+    ``status.allocatable.cpu`` (None: absent)."""
     notes = dict(annotations or {})
     if inventory is not None:
         notes[INVENTORY_ANNOTATION] = encode_inventory(inventory)
         if allocatable is None:
             allocatable = sum(len(g.mig_instances) if g.mig_enabled else 1 for g in inventory.gpus)
-    status: dict[str, Any] = {"allocatable": {"cpu": "32", "memory": "256Gi"}}
+    status: dict[str, Any] = {"allocatable": {"memory": "256Gi"} | ({"cpu": cpu} if cpu is not None else {})}
     if allocatable is not None:
         status["allocatable"]["nvidia.com/gpu"] = str(allocatable)
     return {"apiVersion": "v1", "kind": "Node",

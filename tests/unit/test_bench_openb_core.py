@@ -55,10 +55,11 @@ def test_nodes_have_whole_gpus_of_one_size():
 
 
 def test_the_profile_carries_the_traces_gpu_mix_through_validation():
-    pods = [pod("a", 1, 500), pod("b", 1, 500), pod("c", 2), pod("d", 0, 0)]
+    pods = [pod("a", 1, 500), pod("b", 1, 500), pod("c", 2, cpu=8000), pod("d", 0, 0, cpu=16000)]
     args = core_profile(pods).plugin_args["FragmentationScore"]
     assert args.whole_gpu_pods is True
-    assert args.workload == (PodTypeArgs(1, 500, 0.5), PodTypeArgs(2, 1000, 0.25)), "CPU-only types left out"
+    assert args.workload == (PodTypeArgs(1, 500, 0.5, 1000), PodTypeArgs(2, 1000, 0.25, 8000),
+                             PodTypeArgs(0, 1000, 0.25, 16000)), "types with their CPU, CPU-only ones as gpus 0"
     with pytest.raises(ProfileError, match=r"pluginArgs\.FragmentationScore\.packing"):
         core_profile(pods, {"packing": 5})
 

@@ -9,9 +9,10 @@ import pytest
 from extender.framework.interfaces import Abstain, CycleState, Scored
 from extender.framework.profile import ProfileError, parse_args
 from extender.model.demand import PodDemand
+from extender.model.fragmentation import DEFAULT_BALANCE
 from extender.model.inventory import NodeGpuInventory
 from extender.model.ledger import GpuLedger
-from extender.model.snapshot import ClusterSnapshot
+from extender.model.snapshot import ClusterSnapshot, with_cpu_free
 from extender.plugins.fragmentation_score import FragmentationScore, FragmentationScoreArgs, PodTypeArgs, node_free
 from tests.unit.builders import H100_MIB, make_demand, make_gpu, make_node, make_share_pod, mig_inventory
 from tests.unit.test_share_mode import demand_of
@@ -83,7 +84,9 @@ def test_mig_pods_are_not_judged():
 
 @pytest.mark.parametrize("raw,problem", [
     ({"workload": [{"gpus": 1, "gpuMilli": 0}]}, "gpuMilli"),
-    ({"workload": [{"gpus": 0}]}, "gpus"),
+    ({"workload": [{"gpus": -1}]}, "gpus"),
+        ({"workload": [{"gpus": 1, "cpuMilli": -5}]}, "cpuMilli"),
+        ({"balance": -1}, "balance"),
     ({"workload": [{"gpus": 1, "weight": -1}]}, "weight"),
     ({"packing": 2}, "packing"),
     ({"workloads": []}, "workloads"),
@@ -120,3 +123,79 @@ def test_an_abstaining_plugin_leaves_the_other_scores_as_they_were():
     share = demand_of(make_share_pod("s", memory="30Gi"))
     judged = with_it.score(snapshot, share, ["busy", "idle"]).per_node["busy"].plugins
     assert any(p.plugin == "FragmentationScore" and p.weight == 1 for p in judged)
+
+
+# -- CPU: where the node's free CPU is known, the math counts it -----------------------------------
+
+CPU_MIX = (PodTypeArgs(1, 250, 1.0, 4000), PodTypeArgs(1, 1000, 2.0, 8000), PodTypeArgs(8, 1000, 1.0, 64000),
+           PodTypeArgs(0, 1000, 1.0, 16000))
+
+
+def cpu_node(name: str, cpu_free_cores: int | None, gpus: int = 8):
+    info = node(name, gpus)
+    return info if cpu_free_cores is None else with_cpu_free(info, cpu_free_cores * 1000)
+
+
+def share_with_cpu(cpu: str | None, memory: str = "20Gi") -> PodDemand:
+    pod = make_share_pod("s", memory=memory)
+    if cpu is not None:
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}
+    demand = demand_of(pod)
+    assert isinstance(demand, PodDemand), demand
+    return demand
+
+
+def test_a_share_avoids_the_node_whose_cpu_it_would_use_up():
+    """Both nodes alike (GPU 0 half shared); on "tight" the pod's 4 cores leave too few for the
+    mix's one-GPU type, so that node's GPUs would be stranded: the roomy node wins."""
+    args = FragmentationScoreArgs(workload=CPU_MIX)
+    ledger = GpuLedger()
+    for name in ("roomy", "tight"):
+        hold(ledger, name, [0], share_gib=40)
+    got = scores(share_with_cpu("4"), ledger, cpu_node("roomy", 128), cpu_node("tight", 10), args=args)
+    assert got["roomy"] > got["tight"], got
+
+
+def test_without_cpu_known_the_nodes_score_as_before():
+    args = FragmentationScoreArgs(workload=CPU_MIX)
+    got = scores(share_with_cpu("4"), GpuLedger(), cpu_node("roomy", None), cpu_node("tight", None), args=args)
+    assert got["roomy"] == got["tight"], got
+    plain = scores(share_with_cpu("4"), GpuLedger(), cpu_node("roomy", None), args=FragmentationScoreArgs())
+    no_cpu = scores(share_with_cpu(None), GpuLedger(), cpu_node("roomy", None), args=FragmentationScoreArgs())
+    assert plain == no_cpu, "a pod's CPU matters only where the node's is known"
+
+
+def test_gpus_a_cpu_exhausted_node_strands_are_the_best_place_for_a_pod_needing_no_cpu():
+    """Nothing else can use the GPUs of a node without CPU: a pod asking none should take them,
+    not break into a node whose GPUs the mix can still use."""
+    args = FragmentationScoreArgs(workload=CPU_MIX)
+    got = scores(share_with_cpu(None), GpuLedger(), cpu_node("exhausted", 0), cpu_node("roomy", 128), args=args)
+    assert got["exhausted"] > got["roomy"], got
+
+
+@pytest.mark.parametrize(("balance", "lower"), [(0, False), (3, True)], ids=["balance-off", "balance-3"])
+def test_balance_charges_the_gpu_a_pod_strands_by_taking_cpu(balance, lower):
+    """On a node with 20 cores, a 4-core share leaves 16: every type that fitted still fits, so F
+    rises as for a share asking no CPU, but less is left to feed the node's free GPUs."""
+    args = FragmentationScoreArgs(workload=CPU_MIX, balance=balance, packing=0)
+    light = scores(share_with_cpu("0"), GpuLedger(), cpu_node("n", 20), args=args)["n"]
+    heavy = scores(share_with_cpu("4"), GpuLedger(), cpu_node("n", 20), args=args)["n"]
+    assert (heavy < light) is lower, (light, heavy)
+
+
+def test_the_reason_names_the_stranded_gpu():
+    args = FragmentationScoreArgs(workload=CPU_MIX)
+    ledger = GpuLedger()
+    snapshot = ClusterSnapshot.build([cpu_node("n", 20)], ledger.view())
+    demand = share_with_cpu("12")
+    result = FragmentationScore(args).score(CycleState(snapshot, demand), demand, snapshot.nodes["n"])
+    assert isinstance(result, Scored) and "stranded GPU +" in result.reason, result
+
+
+def test_cpu_args_from_the_profile():
+    args = parse_args(FragmentationScoreArgs, {"workload": [{"gpus": 1, "cpuMilli": 8000}, {"gpus": 0, "cpuMilli": 16000}],
+                                               "balance": 1.5}, "p")
+    assert args.workload == (PodTypeArgs(1, 1000, 1.0, 8000), PodTypeArgs(0, 1000, 1.0, 16000)) and args.balance == 1.5
+    plugin = FragmentationScore(args)
+    assert plugin.workload.gpu_per_cpu == 1000 / 8000, "CPU-only types feed no GPU"
+    assert FragmentationScoreArgs().balance == DEFAULT_BALANCE
