@@ -34,7 +34,16 @@ from bench.openb.policies import (
     shape_popularity,
     target_workload,
 )
-from bench.openb.replay import ARRIVE_RATIO, CURVE_STEP, Policy, ReplayResult, capacity_milli, replay, sample_workload
+from bench.openb.replay import (
+    ARRIVE_RATIO,
+    CURVE_STEP,
+    DecidingPolicy,
+    Policy,
+    ReplayResult,
+    capacity_milli,
+    replay,
+    sample_workload,
+)
 from bench.openb.trace import NODE_FILE, TraceNode, TracePod, load_nodes, load_pods, pod_file
 from extender.model.fragmentation import Scorer
 
@@ -72,7 +81,7 @@ RECORDED_POLICIES = ("random", "bestfit", "fgd", "gpusched", "gpusched-core")
 POLICY_NAMES = (*MATH_POLICY_NAMES, "gpusched-core", "gpusched-core-total")
 
 
-def make_policy(name: str, pods: tuple[TracePod, ...], seed: int, nodes: tuple[TraceNode, ...] = ()) -> Policy:
+def make_policy(name: str, pods: tuple[TracePod, ...], seed: int, nodes: tuple[TraceNode, ...] = ()) -> Policy | DecidingPolicy:
     """A fresh policy for one replay; ``nodes`` is needed by the core's policies (they keep a ledger)."""
     if name == "random":
         return RandomPolicy(seed)

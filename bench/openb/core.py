@@ -131,12 +131,6 @@ class CorePolicy:
         self._seq = 0
         self.choices: list[GpuChoice] = []  # every placement, in order (for tests and checks)
 
-    def score(self, state: NodeState, pod: TracePod) -> float | None:
-        raise NotImplementedError("gpusched-core places whole pods with decide()")
-
-    def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]:
-        raise NotImplementedError("gpusched-core places whole pods with decide()")
-
     def decide(self, states: Sequence[NodeState], pod: TracePod) -> tuple[int, tuple[int, ...]] | None:
         """The node index and GPU indices ``pod`` gets (recorded in the ledger), or None."""
         hosts = [i for i, s in enumerate(states) if fits_host(s, pod)]

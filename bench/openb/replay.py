@@ -22,7 +22,7 @@ import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
 
@@ -113,6 +113,16 @@ class Policy(Protocol):
     def gpus(self, state: NodeState, pod: TracePod) -> tuple[int, ...]: ...
 
 
+class DecidingPolicy(Protocol):
+    """A policy that places each pod itself (``bench.openb.core``: the decision core keeps its own
+    ledger): the node index and GPU indices, or None when the pod fits nowhere."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, states: Sequence[NodeState], pod: TracePod) -> tuple[int, tuple[int, ...]] | None: ...
+
+
 def sample_workload(
     pods: Sequence[TracePod], capacity_milli: int, seed: int, arrive_ratio: float = ARRIVE_RATIO
 ) -> tuple[TracePod, ...]:
@@ -181,7 +191,7 @@ class _Group:
 
 
 def replay(
-    nodes: Sequence[TraceNode], workload: Sequence[TracePod], policy: Policy, *, seed: int,
+    nodes: Sequence[TraceNode], workload: Sequence[TracePod], policy: Policy | DecidingPolicy, *, seed: int,
     step: float = CURVE_STEP,
 ) -> ReplayResult:
     """Place ``workload`` in order on ``nodes`` with ``policy``; see the module docstring.
@@ -204,6 +214,7 @@ def replay(
     choose = getattr(policy, "choose", None)
     decide = getattr(policy, "decide", None)
     per_node = per_node or decide is not None
+    scorer = cast(Policy, policy)  # used only when there is no decide()
     groups: dict[tuple[object, ...], _Group] = {}
     keys = [state_key(s) for s in states]
     for i, key in enumerate(keys):
@@ -220,7 +231,7 @@ def replay(
                 best_i, gpus = picked
         elif per_node:
             for i, state in enumerate(states):
-                s = policy.score(state, pod)
+                s = scorer.score(state, pod)
                 if s is not None and (best_i < 0 or s > best):
                     best_i, best = i, s
         elif choose is not None:
@@ -229,7 +240,7 @@ def replay(
             for group in groups.values():
                 scores = group.scores
                 if pk not in scores:
-                    scores[pk] = policy.score(states[group.members[0]], pod)
+                    scores[pk] = scorer.score(states[group.members[0]], pod)
                 if scores[pk] is not None:
                     feasible.append(group.members)
             if feasible:
@@ -246,7 +257,7 @@ def replay(
                 if pk in scores:
                     s = scores[pk]
                 else:
-                    s = scores[pk] = policy.score(states[group.members[0]], pod)
+                    s = scores[pk] = scorer.score(states[group.members[0]], pod)
                 if s is not None and (best_i < 0 or s > best or (s == best and group.members[0] < best_i)):
                     best_i, best = group.members[0], s
         requested += pod.gpu_request_milli
@@ -255,7 +266,7 @@ def replay(
             failed_milli += pod.gpu_request_milli
         else:
             if gpus is None:
-                gpus = policy.gpus(states[best_i], pod)
+                gpus = scorer.gpus(states[best_i], pod)
             states[best_i] = place(states[best_i], pod, gpus)
             allocated += pod.gpu_request_milli
             if not per_node:
@@ -278,6 +289,6 @@ def replay(
 
 
 __all__ = [
-    "ARRIVE_RATIO", "CurvePoint", "NodeState", "Policy", "ReplayResult", "capacity_milli", "fits",
+    "ARRIVE_RATIO", "CurvePoint", "DecidingPolicy", "NodeState", "Policy", "ReplayResult", "capacity_milli", "fits",
     "fits_host", "gpu_choices", "place", "pod_key", "replay", "sample_workload", "state_key", "tightest_gpus",
 ]

@@ -20,7 +20,7 @@ from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import GPU_RESOURCE, PodDemand
 from extender.model.inventory import INVENTORY_ANNOTATION
-from extender.model.placement import MIB, eligible, place_share
+from extender.model.placement import MIB, eligible
 from extender.model.quantity import format_gib
 from extender.model.share import SHARE_RESOURCE
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
@@ -46,6 +46,8 @@ class GpuFit:
         if need <= 0:
             return Status.success(NAME)
         if request.share_mib is not None:
+            if state.placement(node) is not None:  # the share placement score and bind use too
+                return Status.success(NAME)
             return _fit_share(node, state.free_units(node), request.share_mib)
         if node.allocatable_gpus < need:
             return Status.unresolvable(NAME, f"node advertises {node.allocatable_gpus} {GPU_RESOURCE}; "
@@ -67,6 +69,7 @@ class GpuFit:
 
 
 def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
+    """Why no GPU here takes the share (placement found none): never, or not now."""
     share = format_gib(share_mib * MIB)
     whole = [u for u in node.units if not u.is_mig]
     known = [u for u in whole if u.memory_mib is not None and u.share_capacity_mib is not None]
@@ -77,8 +80,6 @@ def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
     if all((u.memory_mib or 0) < share_mib and _static_mib(u) < share_mib for u in known):
         return Status.unresolvable(NAME, f"GPUs here have at most {format_gib(max(_static_mib(u) for u in known) * MIB)}"
                                          f" < the {share} share")
-    if place_share(free, share_mib) is not None:
-        return Status.success(NAME)
     promised = dict((u.position, p) for u, p in free.shared)
     free_whole = {u.position for u in free.whole}
     parts = []
