@@ -9,7 +9,24 @@ single-GPU vLLM pods are created as fast as the apiserver takes them and placed 
   (b) gpusched, ``nodeCacheCapable: true`` (the shipped config);
   (c) gpusched, ``nodeCacheCapable: false`` (full Node objects in every filter call);
   (d) gpusched plugin mode (issue 18) — the GpuSched kube-scheduler (``scheduler-plugin/``) with
-      the manifests' plugin-mode config, asking the same extender process's core over gRPC.
+      the manifests' plugin-mode config, asking the same extender process's core over gRPC;
+  (e) DRA, no extender (issue 21) — each pod asks no ``nvidia.com/gpu`` but references its own
+      ResourceClaim (count 1, DeviceClass ``gpu.gpusched.io``), created with it; the profile of
+      (a), so kube-scheduler's DynamicResources plugin allocates from every node's ResourceSlice;
+  (f) DRA through gpusched — the pods and claims of (e), kube-scheduler on the shipped extender
+      config as it is in manifests/ at run time (the DRA overlay's, where it ships one, else the
+      base's, as (b)). Whether kube-scheduler called the extender at all for these pods (with
+      ``managedResources`` it asks only about pods requesting those) is recorded per row
+      (``extender_filter_calls``), so the figure says what it measured.
+
+With (e) or (f) selected every node also carries the ResourceSlice its agent would publish with
+``--dra`` (``devcluster.dra.preset_slice``: the node's fleet preset through the agent's own pure
+functions; no agent process per node), and the DeviceClasses of manifests/overlays/dra are
+installed (``Stack.enable_dra``). After each DRA configuration every claim is read back: the
+row's ``claims`` counts the allocated ones, the bound pods whose claim is *not* allocated (a bug,
+printed and in the headline), claims allocated off their pod's node and devices allocated twice.
+No kube-controller-manager runs, so the bench then does what its ResourceClaim controller would
+for deleted pods: clears each claim's allocation and reservation, drops its finalizer, deletes it.
 
 While they run, every node's agent streams at 1 Hz into the extender's real telemetry port (TLS,
 pod-bound tokens checked by TokenReview: ``bench.agent_fleet``, with ``bench.telemetry_ingest``'s
@@ -32,6 +49,12 @@ recorded per configuration. (c) cannot keep up at these sizes, so it runs for a 
 to ``results/scheduler_throughput_profile.json`` (b) and ``..._profile_plugin.json`` (d).
 
     .venv/bin/python -m bench.scheduler_throughput [--nodes 500 1000 5000] [--pods 2000] [--quick]
+    .venv/bin/python -m bench.scheduler_throughput --nodes 500 --configs abef --merge   # DRA beside (a)/(b)
+
+``--merge`` lays the rows just measured over the results file's (same node count and
+configuration: replaced; the replaced ones kept under ``superseded_rows``), so a run of some
+configurations at one node count keeps every other row. Each row names the run it came from
+(``run``); a ratio in the headline only divides rows of one run.
 """
 
 from __future__ import annotations
@@ -47,6 +70,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,13 +83,16 @@ from bench.extender_latency import machine
 from bench.pyspy import finish_profile, start_profile, write_profile
 from devcluster.cluster import create_namespace, vllm_pod, wait_until
 from devcluster.controlplane import (
+    MANIFESTS,
     PLUGIN_SCHEDULER_CONFIG,
     SCHEDULER_CONFIG,
     ControlPlane,
     build_binaries,
     build_scheduler_plugin,
     manifest_documents,
+    scheduler_config_from_manifests,
 )
+from devcluster.dra import allocation_check, gpu_claim, preset_slice, with_claim
 from devcluster.fleet import create_preset_node, units
 from devcluster.processes import Component
 from devcluster.stack import Stack
@@ -74,6 +101,7 @@ RESULTS = Path(__file__).parent / "results" / "scheduler_throughput.json"
 PROFILE = RESULTS.with_name("scheduler_throughput_profile.json")
 PROFILE_PLUGIN = RESULTS.with_name("scheduler_throughput_profile_plugin.json")  # the core during (d)
 PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
+DRA_SCHEDULER_CONFIG = MANIFESTS / "overlays" / "dra" / "scheduler-config.yaml"  # (f), where the overlay ships one
 PRESET_MIX = (("h100", 0.35), ("a100", 0.30), ("l40s", 0.30), ("mig", 0.05))
 METRIC = "gpusched_extender_request_duration_seconds"
 PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) only
@@ -81,7 +109,9 @@ TARGET = {"nodes": 1000, "b_over_a": 0.5, "anchor_b_over_a": 0.11,
           "anchor": "kube-scheduler-wasm-extension PR #63: 500 nodes, 991 pods/s without an extender, "
                     "111 pods/s with one localhost extender",
           # issue 18: plugin mode, with every node's agent streaming at 1 Hz
-          "d_over_a": 0.9, "prefilter_nodes": 5000, "prefilter_p99_ms": 2.0, "ingest_share": 0.97}
+          "d_over_a": 0.9, "prefilter_nodes": 5000, "prefilter_p99_ms": 2.0, "ingest_share": 0.97,
+          # issue 21: DRA beside device-plugin mode at this node count (no throughput target named)
+          "dra_nodes": 500}
 
 
 # ---- configurations ---------------------------------------------------------------------------
@@ -110,7 +140,8 @@ def gpusched(name: str, qps: int, node_cache: bool):
     return adjust
 
 
-def plugin_mode(name: str, qps: int):
+def shipped(name: str, qps: int):
+    """The manifest's config as shipped, under scheduler name ``name`` (plugin mode, DRA (f))."""
     def adjust(config: dict[str, Any]) -> None:
         config["leaderElection"] = {"leaderElect": False}
         config["profiles"][0]["schedulerName"] = name
@@ -121,7 +152,26 @@ def plugin_mode(name: str, qps: int):
 CONFIGS = (("a", "count-only", "stock profile, no extender"),
            ("b", "gpusched-cache", "gpusched, nodeCacheCapable: true (shipped)"),
            ("c", "gpusched-nocache", "gpusched, nodeCacheCapable: false"),
-           ("d", "gpusched-plugin", "gpusched plugin mode (GpuSched kube-scheduler, gRPC to the core)"))
+           ("d", "gpusched-plugin", "gpusched plugin mode (GpuSched kube-scheduler, gRPC to the core)"),
+           ("e", "dra-stock", "DRA: own ResourceClaim per pod (count 1, gpu.gpusched.io), profile of (a), no extender"),
+           ("f", "dra-gpusched", "DRA: the pods and claims of (e), the shipped extender config"))
+DRA_KEYS = "ef"  # configurations whose pods ask for a ResourceClaim
+
+
+def dra_scheduler_manifest() -> Path:
+    """The shipped config (f) runs on: the DRA overlay's, where it ships one, else the base's."""
+    return DRA_SCHEDULER_CONFIG if DRA_SCHEDULER_CONFIG.is_file() else SCHEDULER_CONFIG
+
+
+def parse_configs(text: str) -> str:
+    """The configuration keys in ``text`` ("abef", "a,b,e,f", "a b e f"), in CONFIGS order;
+    ValueError naming an unknown one."""
+    keys = {k for k in text if k not in ", "}
+    unknown = sorted(keys - {k for k, _, _ in CONFIGS})
+    if unknown or not keys:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         + ", ".join(k for k, _, _ in CONFIGS))
+    return "".join(k for k, _, _ in CONFIGS if k in keys)
 
 
 def config_for(key: str, sched_name: str, qps: int, plugin_binary: Path | None):
@@ -129,7 +179,11 @@ def config_for(key: str, sched_name: str, qps: int, plugin_binary: Path | None):
     if key == "a":
         return count_only(sched_name, qps), None, SCHEDULER_CONFIG
     if key == "d":
-        return plugin_mode(sched_name, qps), plugin_binary, PLUGIN_SCHEDULER_CONFIG
+        return shipped(sched_name, qps), plugin_binary, PLUGIN_SCHEDULER_CONFIG
+    if key == "e":
+        return count_only(sched_name, qps), None, SCHEDULER_CONFIG
+    if key == "f":
+        return shipped(sched_name, qps), None, dra_scheduler_manifest()
     return gpusched(sched_name, qps, node_cache=(key == "b")), None, SCHEDULER_CONFIG
 
 
@@ -148,6 +202,12 @@ def preset_for(i: int, seed: int = 8) -> str:
     return PRESET_MIX[-1][0]
 
 
+def raw(response: Any) -> Any:
+    """The JSON body of a ``_preload_content=False`` call (the client's models skipped: they cost
+    CPU the creators need, and are typed as the model, not as the dict this is)."""
+    return response.json()
+
+
 # ---- creating objects from several processes ----------------------------------------------
 # Each worker process opens its own client (one Python client tops out near 130 pods/s here),
 # connects, reports ready, and waits for the common "go" so that creation starts at one instant.
@@ -160,21 +220,39 @@ def _worker_client(conn: dict[str, str], pool: int) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-def _make_nodes(api: client.ApiClient, pool: ThreadPoolExecutor, indices: list[int]) -> dict[str, Any]:
-    invs = list(pool.map(lambda i: create_preset_node(api, node_name(i), preset_for(i)), indices))
+def _make_nodes(api: client.ApiClient, pool: ThreadPoolExecutor, indices: list[int],
+                dra: bool = False) -> dict[str, Any]:
+    """Nodes ``indices``; with ``dra``, each with the ResourceSlice its ``--dra`` agent would publish."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+
+    def make(i: int):
+        name, preset = node_name(i), preset_for(i)
+        inventory = create_preset_node(api, name, preset)
+        if dra:
+            uid = raw(core.read_node(name, _preload_content=False))["metadata"]["uid"]
+            resource.create_resource_slice(preset_slice(name, uid, preset), _preload_content=False)  # type: ignore[arg-type]
+        return inventory
+    invs = list(pool.map(make, indices))
     return {"units": sum(units(inv) for inv in invs)}
 
 
 def _make_pods(api: client.ApiClient, pool: ThreadPoolExecutor, names: list[str], namespace: str,
-               scheduler: str) -> dict[str, Any]:
-    core = client.CoreV1Api(api)
+               scheduler: str, dra: bool = False) -> dict[str, Any]:
+    """Pods ``names`` (one GPU each); with ``dra``, each first its own ResourceClaim of the same
+    name, then the pod using it (the pod's time is its claim's creation call)."""
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     created: dict[str, float] = {}
     errors: list[str] = []
 
     def make(name: str) -> None:
         t = time.monotonic()
         try:
-            core.create_namespaced_pod(namespace, vllm_pod(name, gpus=1, scheduler=scheduler), _preload_content=False)
+            pod = vllm_pod(name, gpus=1, scheduler=scheduler)
+            if dra:
+                resource.create_namespaced_resource_claim(namespace, gpu_claim(name),  # type: ignore[arg-type]
+                                                          _preload_content=False)
+                pod = with_claim(pod, name)
+            core.create_namespaced_pod(namespace, pod, _preload_content=False)
             created[name] = t
         except Exception as exc:  # noqa: BLE001 — counted, reported
             errors.append(f"{name}: {exc}")
@@ -187,7 +265,32 @@ def _make_agents(api: client.ApiClient, pool: ThreadPoolExecutor, nodes: list[st
     return {"tokens": dict(zip(nodes, pool.map(lambda n: agent_fleet.agent_identity(api, n), nodes), strict=True))}
 
 
-TASKS = {"nodes": _make_nodes, "pods": _make_pods, "agents": _make_agents}
+def _release_claims(api: client.ApiClient, pool: ThreadPoolExecutor, names: list[str],
+                    namespace: str) -> dict[str, Any]:
+    """What kube-controller-manager's ResourceClaim controller does for claims whose pods are
+    gone (none runs here): clear the allocation and reservation, drop the scheduler's
+    delete-protection finalizer, delete. Without it the next configuration would find every
+    device still allocated."""
+    resource = client.ResourceV1Api(api)
+    merge = "application/merge-patch+json"
+    errors: list[str] = []
+
+    def release(name: str) -> None:
+        try:
+            resource.patch_namespaced_resource_claim_status(
+                name, namespace, {"status": {"allocation": None, "reservedFor": None}}, _content_type=merge,
+                _preload_content=False)
+            resource.patch_namespaced_resource_claim(name, namespace, {"metadata": {"finalizers": None}},
+                                                     _content_type=merge, _preload_content=False)
+            resource.delete_namespaced_resource_claim(name, namespace, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                errors.append(f"{name}: {exc.status} {exc.reason}")
+    list(pool.map(release, names))
+    return {"errors": errors}
+
+
+TASKS = {"nodes": _make_nodes, "pods": _make_pods, "agents": _make_agents, "release_claims": _release_claims}
 
 
 def _worker(conn: dict[str, str], task: str, chunk: list, threads: int, extra: tuple, ready, go, out) -> None:
@@ -241,9 +344,10 @@ class Creators:
         return t0, results
 
 
-def grow_fleet(creators: Creators, have: int, want: int) -> tuple[float, int]:
-    """Create nodes have..want-1 (names bench-<i>); returns (seconds, GPU units added)."""
-    t0, results = creators.run("nodes", list(range(have, want)))
+def grow_fleet(creators: Creators, have: int, want: int, dra: bool = False) -> tuple[float, int]:
+    """Create nodes have..want-1 (names bench-<i>), with their ResourceSlices when ``dra``;
+    returns (seconds, GPU units added)."""
+    t0, results = creators.run("nodes", list(range(have, want)), (dra,))
     return time.monotonic() - t0, sum(r["units"] for r in results)
 
 
@@ -442,7 +546,7 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
                n_nodes: int, n_pods: int, timeout_s: float, window_s: float | None = None,
                profile: dict[str, Any] | None = None, *, binary: Path | None = None,
                manifest: Path = SCHEDULER_CONFIG, streaming: agent_fleet.AgentFleet | None = None,
-               metrics_token: str = "") -> dict[str, Any]:
+               metrics_token: str = "", dra: bool = False) -> dict[str, Any]:
     """Place ``n_pods`` pods with one scheduler configuration (``binary``/``manifest``: the
     kube-scheduler and its shipped config, as Stack.start_scheduler takes them). With ``window_s``
     the run stops after that many seconds and throughput is bound pods / window. With ``profile``
@@ -452,7 +556,9 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     for (d), the plugin's RPC round trips from kube-scheduler's /metrics (read with
     ``metrics_token``). Over the same span: CPU per wall second of the extender (its own process,
     and its children: the telemetry ingest process), kube-scheduler, the agent generators and the
-    whole machine."""
+    whole machine. With ``dra`` each pod comes with its own ResourceClaim; afterwards the row's
+    ``claims`` says whether every bound pod's claim was allocated (``devcluster.dra.allocation_check``),
+    and the claims are released and deleted."""
     core = client.CoreV1Api(api)
     ns = f"bench-{key}-{n_nodes}-{int(time.time()) % 100000}"
     create_namespace(api, ns)
@@ -478,7 +584,7 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
         if profile:
             spy[0] = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
 
-    t_start, results = creators.run("pods", names, (ns, sched_name), before_go=begin)
+    t_start, results = creators.run("pods", names, (ns, sched_name, dra), before_go=begin)
     created = {n: t for r in results for n, t in r["created"].items()}
     errors = [e for r in results for e in r["errors"]]
     t_created = max(r["done"] for r in results)
@@ -495,6 +601,7 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     h1 = histogram(ext)
     p1 = plugin_histogram(sched, metrics_token) if key == "d" else {}
     bound = {n: t for n, t in watch.bound.items() if t <= deadline}
+    claims = claims_check(api, ns) if dra else None
     sched.stop()
     lat = [bound[n] - created[n] for n in bound if n in created]
     t_last = max(bound.values()) if bound else float("nan")
@@ -511,6 +618,9 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
                        "p99": round(pct(lat, 0.99) * 1000, 1), "max": round(max(lat) * 1000, 1),
                        "mean": round(statistics.fmean(lat) * 1000, 1)} if lat else None,
         "extender_verbs": hist_diff(h0, h1), "watch_restarts": watch.restarts,
+        **({"claims": claims} if claims else {}),
+        # (f) runs the shipped config as it is in manifests/ now: which file it was.
+        **({"scheduler_config": str(manifest.relative_to(MANIFESTS.parent))} if key == "f" else {}),
         **({"plugin_rpcs": hist_diff(p0, p1)} if key == "d" else {}),
         **({"agents": agent_fleet.ingest_between(ingest0[0], ingest1, len(streaming.nodes))}
            if streaming and ingest0 and ingest1 else {}),
@@ -527,6 +637,8 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
         row["timeout_note"] = f"timed out after {timeout_s:g} s; pods/s = pods bound / {span:.1f} s"
     if errors:
         row["create_error_sample"] = errors[:3]
+    if has_extender(manifest, key):
+        row["extender_filter_calls"] = row["extender_verbs"].get("filter", {}).get("calls", 0)
     if spy[0] is not None:
         meta = {"config": key, "nodes": n_nodes, "pods": n_pods, "pid": ext.component.proc.pid,
                 "duration_s": profile["duration_s"], "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking"
@@ -536,15 +648,49 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
     wait_until(lambda: not core.list_namespaced_pod(ns, _preload_content=False).json()["items"], 180,
                f"pods of {ns} deleted")
+    if dra:
+        resource = client.ResourceV1Api(api)
+        left = [c["metadata"]["name"] for c in raw(resource.list_namespaced_resource_claim(ns, _preload_content=False))["items"]]
+        _, released = creators.run("release_claims", left, (ns,))
+        failed = [e for r in released for e in r["errors"]]
+        if failed:
+            print(f"  releasing claims of {ns}: {len(failed)} failed, e.g. {failed[0]}", flush=True)
+        wait_until(lambda: not raw(resource.list_namespaced_resource_claim(ns, _preload_content=False))["items"],
+                   180, f"claims of {ns} released and deleted")
     wait_until(lambda: ext.metric("gpusched_extender_ledger_entries") == 0, 120, "extender ledger drained")
     return row
 
 
+def has_extender(manifest: Path, key: str) -> bool:
+    """Whether configuration ``key`` runs kube-scheduler with an extender configured."""
+    return key not in ("a", "e") and bool(scheduler_config_from_manifests(manifest).get("extenders"))
+
+
+def claims_check(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    """``devcluster.dra.allocation_check`` over the namespace's claims and its pods as they are now
+    (each pod's claim is its ``spec.resourceClaims[0]``); printed when a bound pod's claim is not
+    allocated, off its node, or a device is allocated twice."""
+    listed = raw(client.ResourceV1Api(api).list_namespaced_resource_claim(namespace, _preload_content=False))
+    pods = raw(client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))["items"]
+    bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
+    claim_of = {p["metadata"]["name"]: ((p["spec"].get("resourceClaims") or [{}])[0].get("resourceClaimName") or "")
+                for p in pods}
+    out = allocation_check({c["metadata"]["name"]: c for c in listed["items"]}, bound, claim_of)
+    if out["bound_unallocated"] or out["elsewhere"] or out["double_allocated"]:
+        print(f"  CLAIMS WRONG in {namespace}: {out}", flush=True)
+    return out
+
+
 # ---- the headline (common to every benchmark, rendered by bench.report) ---------------------------
-def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None,
+             superseded: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Ratios to (a) per node count; pods/s and creation rate at the target's node count; for (d)
     the PreFilter round trip; with agents streaming, (b)'s verb latencies beside ``idle`` (see
-    ``idle_reference``) and the reports/s ingested per node count."""
+    ``idle_reference``) and the reports/s ingested per node count; for DRA ((e), (f)) at every
+    node count measured, TARGET["dra_nodes"] first: e/a, f/a, f/b, their pods/s and whether every
+    bound pod's claim was allocated. A ratio divides rows of one run (``run``; rows without one
+    are of one run): the divisor is looked up among ``rows``, then among ``superseded`` (rows a
+    ``--merge`` replaced)."""
     by = {(r["nodes"], r["config"]): r for r in rows}
     anchor = f"{TARGET['anchor_b_over_a']} (kube-scheduler-wasm-extension PR #63, 500 nodes)"
     streaming = any(r.get("agents") for r in rows)
@@ -560,8 +706,13 @@ def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None) -> 
         out.append({"metric": metric, "measured": measured, "unit": unit, "target": target, "met": met,
                     "anchor": anchor})
 
-    def ratio(n: int, k: str) -> float | None:
-        a, x = by.get((n, "a")), by.get((n, k))
+    def of_run(n: int, k: str, run: Any) -> dict[str, Any] | None:
+        candidates = [by.get((n, k)), *(s for s in superseded if (s["nodes"], s["config"]) == (n, k))]
+        return next((r for r in candidates if r and r.get("run") == run), None)
+
+    def ratio(n: int, k: str, base: str = "a") -> float | None:
+        x = by.get((n, k))
+        a = of_run(n, base, x.get("run")) if x else None
         return round(x["pods_per_s"] / a["pods_per_s"], 3) if a and x and a["pods_per_s"] else None
 
     tn = TARGET["nodes"]
@@ -611,8 +762,9 @@ def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None) -> 
                    if idle and iv else "; no idle recording at this node count")
             entry(f"(b) extender {verb} p99 at {n:,} nodes{live(n)}", v["p99_ms"], "ms",
                   "informational (beside the idle figure)", None, f"p50 {v['p50_ms']} ms{was}")
+    dra_entries(by, sizes, ratio, entry, live)
     for n in sizes:
-        rates = {k: by[(n, k)]["agents"]["reports_per_s"] for k in "abcd"
+        rates = {k: by[(n, k)]["agents"]["reports_per_s"] for k in "abcdef"
                  if (n, k) in by and (by[(n, k)].get("agents") or {}).get("reports_per_s") is not None}
         if rates:
             low = min(rates, key=lambda k: rates[k])
@@ -621,6 +773,42 @@ def headline(rows: list[dict[str, Any]], idle: dict[str, Any] | None = None) -> 
                   "reports/s", f">= {TARGET['ingest_share']:.0%} of {want:,.0f}", rates[low] >= TARGET["ingest_share"] * want,
                   ", ".join(f"({k}) {v:,.0f}" for k, v in rates.items()) + (live(n) if want < n else ""))
     return out
+
+
+def dra_entries(by: dict[tuple[int, str], dict[str, Any]], sizes: list[int], ratio, entry, live) -> None:
+    """The DRA rows of the headline (see ``headline``), through its ``ratio`` and ``entry``."""
+    dn = TARGET["dra_nodes"]
+    for n in sorted(sizes, key=lambda n: (n != dn, n)):
+        e, f = by.get((n, "e")), by.get((n, "f"))
+        if not e and not f:
+            continue
+        called = None
+        if f:
+            calls = f.get("extender_filter_calls", 0)
+            called = (f"the extender's filter was called {calls:,} times" if calls else
+                      "the extender's filter was never called for these pods (kube-scheduler did not ask it)")
+        for k, what in (("e", "DRA, extender off"), ("f", "DRA, extender on")):
+            r = ratio(n, k)
+            if r is not None:
+                entry(f"{k}/a at {n:,} nodes ({what} / device-plugin stock){live(n)}", r, "ratio",
+                      anchor=called if k == "f" else None)
+        r = ratio(n, "f", "b")
+        if r is not None:
+            entry(f"f/b at {n:,} nodes (DRA / device-plugin, both with the shipped extender config){live(n)}", r,
+                  "ratio", anchor=called)
+        for k, row, what in (("e", e, "DRA, extender off"), ("f", f, "DRA, extender on")):
+            if row:
+                entry(f"({k}) {what} at {n:,} nodes", row["pods_per_s"], "pods/s",
+                      anchor=f"latency p50 {(row.get('latency_ms') or {}).get('p50')} ms; pods created at "
+                             f"{row['create_rate']:,.0f}/s with their claims")
+        checked = [(k, row["claims"]) for k, row in (("e", e), ("f", f)) if row and row.get("claims")]
+        if checked:
+            wrong = sum(c["bound_unallocated"] + c["elsewhere"] + c["double_allocated"] for _, c in checked)
+            entry(f"DRA bound pods whose claim is not allocated on their node, or shares a device, at {n:,} nodes",
+                  wrong, "pods", "0", wrong == 0,
+                  "; ".join(f"({k}) {c['allocated']:,} of {c['claims']:,} claims allocated, {c['bound_pods']:,} pods "
+                            f"bound, {c['bound_unallocated']} unallocated, {c['elsewhere']} elsewhere, "
+                            f"{c['double_allocated']} devices twice" for k, c in checked))
 
 
 def idle_reference(previous: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -653,7 +841,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--c-window", type=float, default=60,
                     help="(c) runs this many seconds from the first creation call; pods/s over the window")
     ap.add_argument("--c-pods", type=int, default=500, help="pods created for (c) (it binds far fewer in the window)")
-    ap.add_argument("--configs", default="abcd")
+    ap.add_argument("--configs", default="abcd",
+                    help="configurations to run, e.g. abef or a,b,e,f (see the module docstring; e, f: DRA)")
+    ap.add_argument("--merge", action="store_true",
+                    help="lay the rows measured over the results file's (--output, else results/"
+                         "scheduler_throughput.json) instead of rewriting it: other node counts and configurations "
+                         "are kept")
     ap.add_argument("--no-agents", action="store_true",
                     help="no node agents streaming (how the figures before issue 18 were recorded)")
     ap.add_argument("--agents-max", type=int, default=0,
@@ -671,6 +864,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
+    try:
+        args.configs = parse_configs(args.configs)
+    except ValueError as exc:
+        ap.error(f"--configs: {exc}")
+    if args.merge and args.quick and args.output is None:
+        ap.error("--merge with --quick needs --output (--quick writes no file)")
     if args.quick:
         args.nodes, args.pods, args.c_pods, args.c_window = [50], 100, 50, 20
         args.profile_nodes, args.profile_seconds = (50 if args.profile_nodes else 0), 10
@@ -697,10 +896,19 @@ def main(argv: list[str] | None = None) -> int:
                           (output.with_name(output.stem + "_profile_plugin.json") if output else None))
     previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else None
     idle = None if args.no_agents else idle_reference(previous)
+    recorded = None
+    if args.merge:
+        if output is None or not output.is_file():
+            raise SystemExit(f"--merge: no results file {output} to merge into; drop --merge to write it anew")
+        recorded = json.loads(output.read_text())
+        if recorded.get("benchmark") != "scheduler_throughput" or not isinstance(recorded.get("rows"), list):
+            raise SystemExit(f"--merge: {output} is not a scheduler_throughput results file (no rows)")
+    dra = any(k in args.configs for k in DRA_KEYS)
 
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}",
           flush=True)
+    run = run_id(info)
     plugin_binary = build_scheduler_plugin() if "d" in args.configs else None
     cp = ControlPlane(build_binaries())
     rows: list[dict[str, Any]] = []
@@ -718,14 +926,17 @@ def main(argv: list[str] | None = None) -> int:
                             args.procs, args.threads)
         stack = Stack(cp)
         stack.install()
+        if dra:
+            stack.enable_dra()
         if plugin_binary:
             cp.apply(doc for _, doc in manifest_documents([PLUGIN_RBAC]))
         ext = stack.start_extender()
         have, gpu_units = 0, 0
         for n in sorted(args.nodes):
-            secs, added = grow_fleet(creators, have, n)
+            secs, added = grow_fleet(creators, have, n, dra)
             fleets.append({"nodes": n, "gpu_units": gpu_units + added, "created": n - have, "create_s": round(secs, 1),
-                           "nodes_per_s": round((n - have) / secs, 1)})
+                           "nodes_per_s": round((n - have) / secs, 1), "run": run,
+                           **({"resource_slices": n} if dra else {})})
             print(f"nodes {n}: {gpu_units + added} GPU units, {fleets[-1]['created']} created in {secs:.1f}s "
                   f"({fleets[-1]['nodes_per_s']}/s)", flush=True)
             if not args.no_agents:
@@ -757,17 +968,22 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_config(stack, api, creators, key, sched_name, adjust, n,
                                  args.c_pods if key == "c" else args.pods, args.timeout,
                                  window_s=args.c_window if key == "c" else None, profile=spy, binary=binary,
-                                 manifest=manifest, streaming=streaming, metrics_token=cp.admin_token)
+                                 manifest=manifest, streaming=streaming, metrics_token=cp.admin_token,
+                                 dra=key in DRA_KEYS)
+                row["run"] = run
                 if "profile" in row:
                     profiles[key] = row.pop("profile")
                 by_key[key] = row
                 rows.append(row)
                 print_row(key, name, row)
             if "a" in by_key and by_key["a"]["pods_per_s"]:
-                for k in ("b", "c", "d"):
+                for k in ("b", "c", "d", "e", "f"):
                     if k in by_key:
                         by_key[k]["ratio_to_a"] = round(by_key[k]["pods_per_s"] / by_key["a"]["pods_per_s"], 3)
                         print(f"  {k}/a = {by_key[k]['ratio_to_a']}", flush=True)
+            if "b" in by_key and "f" in by_key and by_key["b"]["pods_per_s"]:
+                by_key["f"]["ratio_to_b"] = round(by_key["f"]["pods_per_s"] / by_key["b"]["pods_per_s"], 3)
+                print(f"  f/b = {by_key['f']['ratio_to_b']}", flush=True)
         if streaming:
             fleets[-1]["agent_generators"] = agent_fleet.generator_summary(streaming.stop())
             streaming = None
@@ -778,6 +994,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = results(args, rows, fleets, info, idle, round(time.monotonic() - t_bench, 1),
                      {"b": profile_out, "d": profile_plugin_out}, profiles)
+    if recorded is not None:
+        result = merged(recorded, result)
     for key, prof in profiles.items():
         top = ", ".join(f"{t['function']} {t['share']:.0%}" for t in prof.get("top_own", [])[:5])
         print(f"profile ({key}, {prof.get('samples', 0)} samples), top own time: {top}", flush=True)
@@ -797,9 +1015,6 @@ def results(args: argparse.Namespace, rows: list[dict[str, Any]], fleets: list[d
             idle: dict[str, Any] | None, wall_s: float, profile_files: dict[str, Path | None],
             profiles: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The results file's content."""
-    ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "b"), None)
-    d_ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "d"), None)
-
     def named(key: str) -> str | None:
         path = profile_files.get(key)
         return path.name if key in profiles and path else None
@@ -808,12 +1023,16 @@ def results(args: argparse.Namespace, rows: list[dict[str, Any]], fleets: list[d
         "headline": headline(rows, idle),
         "machine": info,
         "wall_s": wall_s,
-        "target": {**TARGET, "measured_b_over_a": ratio, "measured_d_over_a": d_ratio,
-                   "verdict": "not measured" if ratio is None else ("met" if ratio >= TARGET["b_over_a"] else "NOT met"),
-                   "verdict_d": "not measured" if d_ratio is None else
-                   ("met" if d_ratio >= TARGET["d_over_a"] else "NOT met")},
+        "target": target_block(rows),
         "setup": {"pods_per_config": args.pods, "pods_config_c": args.c_pods, "window_c_s": args.c_window,
                   "pod": "vllm_pod(gpus=1), Llama-3.1-8B, one nvidia.com/gpu",
+                  "pod_dra": "(e), (f): the same pod without nvidia.com/gpu, using its own ResourceClaim (created "
+                             "just before it, by the same worker): one request, count 1, DeviceClass gpu.gpusched.io "
+                             "(devcluster.dra.gpu_claim / with_claim); latency and creation rate count from the "
+                             "claim's creation call",
+                  "resource_slices": "with (e) or (f) selected, every node carries the ResourceSlice a --dra agent "
+                                     "would publish for its preset (devcluster.dra.preset_slice), in every configuration "
+                                     "of that run; nodes still advertise nvidia.com/gpu for (a)-(d)",
                   "preset_mix": dict(PRESET_MIX), "fleets": fleets,
                   "creators": f"{args.procs} processes x {args.threads} threads (nodes and pods)",
                   "scheduler_client_qps_burst": args.client_qps or "shipped default (50/100)",
@@ -837,6 +1056,54 @@ def results(args: argparse.Namespace, rows: list[dict[str, Any]], fleets: list[d
         **({"idle_reference": idle} if idle else {}),
         "rows": rows,
     }
+
+
+def target_block(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """TARGET with the measured b/a and d/a at its node count (each row's own ``ratio_to_a``)."""
+    ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "b"), None)
+    d_ratio = next((r.get("ratio_to_a") for r in rows if r["nodes"] == TARGET["nodes"] and r["config"] == "d"), None)
+    return {**TARGET, "measured_b_over_a": ratio, "measured_d_over_a": d_ratio,
+            "verdict": "not measured" if ratio is None else ("met" if ratio >= TARGET["b_over_a"] else "NOT met"),
+            "verdict_d": "not measured" if d_ratio is None else ("met" if d_ratio >= TARGET["d_over_a"] else "NOT met")}
+
+
+def run_id(machine_info: dict[str, Any]) -> str:
+    """The name rows of one run carry: ``<date> <commit[:12]>`` of its machine record."""
+    return f"{machine_info.get('date', '?')} {str(machine_info.get('git_commit', '?'))[:12]}"
+
+
+def merged(recorded: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """``fresh`` (a results file's content) laid over ``recorded``: a recorded row at a node count
+    and configuration just measured moves to ``superseded_rows``, every other recorded row stays;
+    recorded rows without a ``run`` get their file's (``run_id`` of its machine). The recorded
+    run's machine, wall time and setup go to ``earlier_runs``; the headline and target are
+    recomputed over the merged rows, ``setup.configs`` names every configuration present, and
+    the recorded profile names and idle reference stay where the fresh run has none."""
+    old_run = run_id(recorded.get("machine") or {})
+    fresh_keys = {(r["nodes"], r["config"]) for r in fresh["rows"]}
+    kept: list[dict[str, Any]] = []
+    superseded = [dict(r) for r in recorded.get("superseded_rows") or []]
+    for r in recorded["rows"]:
+        r = {**r, "run": r.get("run", old_run)}
+        (superseded if (r["nodes"], r["config"]) in fresh_keys else kept).append(r)
+    order = {k: i for i, (k, _, _) in enumerate(CONFIGS)}
+    rows = sorted(kept + fresh["rows"], key=lambda r: (r["nodes"], order.get(r["config"], len(order))))
+    earlier = [*(recorded.get("earlier_runs") or []),
+               {"run": old_run, "machine": recorded.get("machine"), "wall_s": recorded.get("wall_s"),
+                "setup": recorded.get("setup")}]
+    old_setup = recorded.get("setup") or {}
+    setup = dict(fresh["setup"])
+    labels = {**(old_setup.get("configs") or {}), **setup["configs"]}
+    present = {r["config"] for r in rows}
+    setup["configs"] = {k: labels.get(k, d) for k, _, d in CONFIGS if k in present}
+    for key in ("profile", "profile_plugin"):
+        setup[key] = setup.get(key) or old_setup.get(key)
+    idle = fresh.get("idle_reference") or recorded.get("idle_reference")
+    out = {**fresh, "headline": headline(rows, idle, superseded), "target": target_block(rows), "setup": setup,
+           "rows": rows, "superseded_rows": superseded, "earlier_runs": earlier}
+    if idle:
+        out["idle_reference"] = idle
+    return out
 
 
 if __name__ == "__main__":

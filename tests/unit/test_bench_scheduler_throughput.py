@@ -4,13 +4,24 @@ recordings, and the agents' ingest rate (no control plane)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from bench import report
 from bench.agent_fleet import ingest_between
-from bench.scheduler_throughput import PLUGIN_METRIC, TARGET, headline, hist_diff, idle_reference, parse_histogram
+from bench.scheduler_throughput import (
+    PLUGIN_METRIC,
+    TARGET,
+    headline,
+    hist_diff,
+    idle_reference,
+    merged,
+    parse_configs,
+    parse_histogram,
+    run_id,
+)
 
 
 def exposition(series: dict[tuple[str, str], list[tuple[str, int]]]) -> str:
@@ -152,3 +163,103 @@ def test_agents_capped_below_the_node_count_are_named_and_judged_against_their_o
     assert "agents at 1 Hz on 1,000 of 5,000 nodes" in by_metric(entries, "(d) PreFilter round trip")["metric"]
     ingest = by_metric(entries, "agents' reports ingested per second at 5,000 nodes")
     assert ingest["target"] == ">= 97% of 1,000" and ingest["met"] is True
+
+
+# ---- DRA (issue 21): configurations (e) and (f), --configs, --merge --------------------------------
+RECORDED = Path(__file__).resolve().parents[2] / "bench" / "results" / "scheduler_throughput.json"
+CLAIMS_OK = {"claims": 200, "allocated": 200, "bound_pods": 200, "bound_unallocated": 0, "elsewhere": 0,
+             "driver_elsewhere": 0, "double_allocated": 0}
+
+
+def dra_rows(run: str = "r2", *, f_filter_calls: int = 0, claims: dict | None = None) -> list[dict]:
+    return [row(500, "a", 80.0, run=run), row(500, "b", 40.0, run=run),
+            row(500, "e", 60.0, run=run, claims=CLAIMS_OK, latency_ms={"p50": 12.0}),
+            row(500, "f", 30.0, run=run, claims=claims or CLAIMS_OK, extender_filter_calls=f_filter_calls)]
+
+
+def test_the_recorded_results_headline_is_rebuilt_from_its_rows():
+    """Rows written before DRA and before ``run`` keep their headline (and stay loadable)."""
+    recorded = json.loads(RECORDED.read_text())
+    assert headline(recorded["rows"], recorded.get("idle_reference"),
+                    recorded.get("superseded_rows") or []) == recorded["headline"]
+    report.load_benchmark("scheduler_throughput", RECORDED)
+
+
+@pytest.mark.parametrize(("start", "measured"), [
+    pytest.param("e/a at 500 nodes (DRA, extender off / device-plugin stock)", 0.75, id="e-over-a"),
+    pytest.param("f/a at 500 nodes (DRA, extender on / device-plugin stock)", 0.375, id="f-over-a"),
+    pytest.param("f/b at 500 nodes", 0.75, id="f-over-b"),
+    pytest.param("(e) DRA, extender off at 500 nodes", 60.0, id="e-pods-per-s"),
+    pytest.param("(f) DRA, extender on at 500 nodes", 30.0, id="f-pods-per-s"),
+])
+def test_dra_entries_have_no_target(start, measured):
+    entry = by_metric(headline(dra_rows()), start)
+    assert entry["measured"] == measured and entry["target"] == "—" and entry["met"] is None
+
+
+@pytest.mark.parametrize(("calls", "says"), [
+    pytest.param(0, "never called", id="kube-scheduler-did-not-ask-the-extender"),
+    pytest.param(200, "called 200 times", id="the-extender-filtered"),
+])
+def test_f_says_whether_the_extender_was_asked(calls, says):
+    entries = headline(dra_rows(f_filter_calls=calls))
+    assert says in by_metric(entries, "f/a at 500")["anchor"] and says in by_metric(entries, "f/b at 500")["anchor"]
+
+
+@pytest.mark.parametrize(("claims", "measured", "met"), [
+    pytest.param(CLAIMS_OK, 0, True, id="every-bound-pods-claim-allocated"),
+    pytest.param({**CLAIMS_OK, "allocated": 198, "bound_unallocated": 2}, 2, False, id="two-bound-unallocated"),
+    pytest.param({**CLAIMS_OK, "double_allocated": 1}, 1, False, id="a-device-twice"),
+])
+def test_a_bound_pod_with_an_unallocated_claim_is_a_miss_in_the_headline(claims, measured, met):
+    entry = by_metric(headline(dra_rows(claims=claims)), "DRA bound pods whose claim is not allocated")
+    assert (entry["measured"], entry["target"], entry["met"]) == (measured, "0", met)
+    assert "(e) 200 of 200 claims allocated" in entry["anchor"]
+
+
+def test_a_ratio_divides_rows_of_one_run_only():
+    rows = [row(500, "a", 80.0, run="new"), row(500, "d", 50.0, run="old")]
+    superseded = [row(500, "a", 100.0, run="old")]
+    assert by_metric(headline(rows, None, superseded), "d/a at 500")["measured"] == 0.5
+    assert not [e for e in headline(rows) if e["metric"].startswith("d/a")]
+
+
+@pytest.mark.parametrize(("text", "want"), [("abef", "abef"), ("a,b,e,f", "abef"), ("f e a b", "abef"), ("e", "e")])
+def test_configs_are_read_in_configs_order(text, want):
+    assert parse_configs(text) == want
+
+
+@pytest.mark.parametrize("text", ["abz", "", ","])
+def test_unknown_configs_are_named(text):
+    with pytest.raises(ValueError, match="choose from a, b, c, d, e, f"):
+        parse_configs(text)
+
+
+def test_merge_keeps_other_node_counts_and_supersedes_what_was_rerun():
+    recorded = json.loads(RECORDED.read_text())
+    fresh = {"benchmark": "scheduler_throughput", "machine": {"date": "2027-01-01T00:00:00+00:00",
+                                                              "git_commit": "abcdef0123456789"},
+             "wall_s": 100.0, "setup": {"configs": {"e": "DRA e", "f": "DRA f", "a": "A", "b": "B"},
+                                        "profile": None, "profile_plugin": None},
+             "rows": dra_rows(run="2027-01-01T00:00:00+00:00 abcdef012345"), "headline": []}
+    out = merged(recorded, fresh)
+    keys = [(r["nodes"], r["config"]) for r in out["rows"]]
+    assert keys == [(500, "a"), (500, "b"), (500, "c"), (500, "d"), (500, "e"), (500, "f"),
+                    (1000, "a"), (1000, "b"), (1000, "c"), (1000, "d"), (5000, "a"), (5000, "b"), (5000, "c"),
+                    (5000, "d")]
+    old_run = run_id(recorded["machine"])
+    assert {(r["nodes"], r["config"]) for r in out["superseded_rows"]} == {(500, "a"), (500, "b")}
+    assert {r["run"] for r in out["superseded_rows"]} == {old_run}
+    assert out["earlier_runs"][-1]["run"] == old_run and out["earlier_runs"][-1]["setup"] == recorded["setup"]
+    assert set(out["setup"]["configs"]) == set("abcdef") and out["setup"]["profile"] == recorded["setup"]["profile"]
+    # The 1,000-node target rows stay as recorded; d/a at 500 still divides by its own run's (a).
+    assert by_metric(out["headline"], "b/a at 1,000 nodes") == by_metric(recorded["headline"], "b/a at 1,000 nodes")
+    assert by_metric(out["headline"], "d/a at 500 nodes")["measured"] == by_metric(recorded["headline"],
+                                                                                   "d/a at 500 nodes")["measured"]
+    assert by_metric(out["headline"], "b/a at 500 nodes")["measured"] == 0.5
+    assert by_metric(out["headline"], "e/a at 500 nodes (DRA, extender off / device-plugin stock)")["measured"] == 0.75
+    report.validate_headline(Path("merged.json"), out["headline"])
+    assert out["target"]["measured_b_over_a"] == recorded["target"]["measured_b_over_a"]
+    # Merging again keeps the superseded rows and the earlier runs.
+    again = merged(out, {**fresh, "machine": {"date": "2027-02-01", "git_commit": "1234"}, "rows": dra_rows(run="r3")})
+    assert len(again["superseded_rows"]) == 6 and len(again["earlier_runs"]) == 2
