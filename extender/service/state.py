@@ -50,6 +50,7 @@ from extender.model.snapshot import (
     node_info_from_k8s,
     quantise_cpu,
     with_cpu_free,
+    with_dra_units,
 )
 from extender.model.telemetry import (
     MIB,
@@ -368,8 +369,10 @@ class ClusterState:
                         self._effective.pop(name, None)
                         updates[name] = None
                     else:
-                        updates[name] = self._effective[name] = with_cpu_free(self._effective_info(static),
-                                                                              self._cpu_free(static))
+                        info = with_cpu_free(self._effective_info(static), self._cpu_free(static))
+                        if self.dra is not None:
+                            info = with_dra_units(info, self.dra.units_of(name))
+                        updates[name] = self._effective[name] = info
                 self._retelemetry.clear()
                 self._generation += 1
                 if self._full_rebuild or len(updates) > max(64, len(self._nodes) // 4):
