@@ -229,9 +229,11 @@ class Stack:
 
     def enable_dra(self) -> None:
         """DRA mode as manifests/overlays/dra installs it: the node agent's grant for its own
-        ResourceSlices and the DeviceClasses (the base's admission policy confines the grant)."""
+        ResourceSlices, the extender's read-only grant for DRA state (its ``--dra`` is the caller's
+        to pass) and the DeviceClasses (the base's admission policy confines the agent's grant)."""
         dra = MANIFESTS / "overlays" / "dra"
-        self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-dra.yaml", dra / "deviceclasses.yaml"]))
+        self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-dra.yaml", dra / "rbac-extender-dra.yaml",
+                                                            dra / "deviceclasses.yaml"]))
 
     def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
                                adjust: Callable[[dict[str, Any]], None] | None = None, *,

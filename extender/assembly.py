@@ -147,6 +147,8 @@ def assemble(settings: Settings) -> Assembled:
         Reflector("model-catalog", lambda **kw: core.list_namespaced_config_map(settings.namespace, **kw),
                   catalog_handler, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}),
     ]
+    if settings.dra:
+        reflectors += _dra_reflectors(api, state, framework_decider)
     # Not part of readiness: clusters without the PodGroup CRD still schedule (404s are retried quietly).
     pod_groups = Reflector("podgroups", lambda **kw: custom.list_cluster_custom_object(
         "scheduling.x-k8s.io", "v1alpha1", "podgroups", **kw), gangs, backoff_max_s=10.0)
@@ -162,13 +164,13 @@ def assemble(settings: Settings) -> Assembled:
 
     decisions = DecisionStore(settings.decision_capacity)
     state.on_assignment_mismatch(_mismatch_recorder(decisions, metrics))
+    if state.dra is not None:
+        state.dra.on_conflict(_dra_conflict_recorder(decisions))
     state.on_over_share(_over_share_recorder(decisions, metrics, events))
     metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
     collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced,
                                   decisions=decisions,
-                                  debug_nodes=lambda: describe_nodes(state.snapshot(), state.telemetry_note
-                                                                     if state.telemetry else None,
-                                                                     state.over_shares()), metrics=metrics,
+                                  debug_nodes=lambda: _debug_nodes(state, describe_nodes), metrics=metrics,
                                   debug_gangs=decider.describe)
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
@@ -181,6 +183,54 @@ def assemble(settings: Settings) -> Assembled:
     if settings.scheduling_address:
         assembled.scheduling_server = _start_scheduling(settings, state, collaborators, requeue_feed)
     return assembled
+
+
+def _dra_reflectors(api: Any, state: ClusterState, decider: FrameworkDecider) -> list[Any]:
+    """``--dra``: the watches of gpusched's ResourceSlices, all ResourceClaims and their templates
+    feeding the cluster state's DRA part, which the decider reads (with the apiserver's claim at
+    bind time). Part of readiness: judging a DRA pod without its claims would miscount it."""
+    from kubernetes import client
+
+    from extender.adapters.dra import ClaimFeed, SliceFeed, TemplateFeed
+    from extender.adapters.kube import KubeClaimReader
+    from extender.adapters.reflector import Reflector
+    from extender.model.dra import DRIVER
+
+    dra = state.attach_dra()
+    resource = client.ResourceV1Api(api)
+    decider.dra = dra
+    decider.claim_reader = KubeClaimReader(api)
+    return [Reflector("resourceslices", resource.list_resource_slice, SliceFeed(dra),
+                      list_kwargs={"field_selector": f"spec.driver={DRIVER}"}),
+            Reflector("resourceclaims", resource.list_resource_claim_for_all_namespaces, ClaimFeed(dra)),
+            Reflector("resourceclaimtemplates", resource.list_resource_claim_template_for_all_namespaces,
+                      TemplateFeed(dra))]
+
+
+def _dra_conflict_recorder(decisions: DecisionStore) -> Any:
+    """An allocated claim named units the ledger held for another pod: say so in that pod's
+    decision record (``gpusched explain`` shows it)."""
+    from extender.service.decisions import DecisionRecord
+
+    def record(claim: str, node: str, displaced: str, units: tuple[str, ...]) -> None:
+        namespace, _, name = displaced.partition("/")
+        decisions.add(DecisionRecord(
+            id=decisions.new_id(), verb="dra", namespace=namespace, pod=name, uid="", result="conflict",
+            at_unix=time.time(), latency_ms=0.0, node=node,
+            summary=f"ResourceClaim {claim} is allocated {list(units)} on {node}, which the ledger held for this pod; "
+                    "the ledger follows the allocation",
+            details={"claim": claim, "units": list(units)}))
+    return record
+
+
+def _debug_nodes(state: ClusterState, describe: Any) -> dict[str, Any]:
+    """``/debug/nodes``: the nodes and ledger, with DRA's slices, claims and conflicts under --dra."""
+    dra = state.dra
+    out = describe(state.snapshot(), state.telemetry_note if state.telemetry else None, state.over_shares(),
+                   dra.device_names if dra is not None else None)
+    if dra is not None:
+        out["dra"] = dra.describe()
+    return out
 
 
 def _pod_requeue(feed: RequeueFeed, nudger: Any) -> Any:

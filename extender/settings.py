@@ -145,6 +145,10 @@ class Settings(BaseModel):
     """PEM certificate chain for the telemetry port (tls.crt of a Secret); with --telemetry-tls-key"""
     telemetry_tls_key: str | None = None
     """PEM private key for the telemetry port (tls.key)"""
+    dra: bool = False
+    """read DRA state: gpu.gpusched.io ResourceSlices, ResourceClaims and ResourceClaimTemplates (pods
+    whose GPUs come through claims are judged by their claims' counts, and allocated claims hold their
+    devices in the ledger); needs the gpusched-extender-dra grant of manifests/overlays/dra"""
     telemetry_insecure: bool = False
     """serve the telemetry port without TLS, so the agents' tokens travel in cleartext (loopback tests,
     or a service mesh that encrypts pod traffic); without it, TLS is required"""

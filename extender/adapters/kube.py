@@ -19,6 +19,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from extender.model.dra import DraClaim
 from extender.service.ports import BindError
 
 log = logging.getLogger("gpusched.extender.kube")
@@ -81,3 +82,34 @@ class KubeBinder:
                             temporary=exc.status in _TEMPORARY) from None
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
             raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True) from None
+
+
+class KubeClaimReader:
+    """Reads a ResourceClaim from the apiserver at bind time: kube-scheduler's DynamicResources
+    PreBind has just written the allocation, which the claim watch may not have delivered yet."""
+
+    def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
+        self._resource = client.ResourceV1Api(api)
+        self._timeout = request_timeout_s
+
+    def claim(self, namespace: str, name: str) -> DraClaim | None:
+        import orjson
+
+        from extender.adapters.dra import decode_claim
+
+        try:
+            response = cast(urllib3.BaseHTTPResponse, self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=self._timeout))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            hint = (" — the extender's service account lacks this permission; apply the gpusched-extender-dra "
+                    "ClusterRole (manifests/overlays/dra)") if exc.status == 403 else ""
+            raise BindError(f"reading ResourceClaim {namespace}/{name} failed: HTTP {exc.status}: "
+                            f"{_apiserver_message(exc)}{hint}", temporary=exc.status in _TEMPORARY) from None
+        except Exception as exc:
+            raise BindError(f"reading ResourceClaim {namespace}/{name} failed: {exc}", temporary=True) from None
+        try:
+            return decode_claim(orjson.loads(response.data))
+        finally:
+            response.release_conn()

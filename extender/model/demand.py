@@ -22,6 +22,12 @@ overriding earlier ones:
 * the model catalog, for heads and KV heads the annotations do not give;
 * the containers' CPU requests, as kube-scheduler sums them (``extender.model.cpu``): ``cpu_milli``.
 
+**GPUs through DRA** (``extender.model.dra``): the caller resolves the pod's ResourceClaims (or
+their templates) of gpusched's DeviceClasses and passes the result as ``dra``; the GPU count is
+then the claims' ``exactly.count`` (``PodDemand.dra`` says so), and ``nvidia.com/gpu`` or a share
+beside it is a contradiction. The marker resource ``gpusched.io/dra`` (what makes kube-scheduler
+call the extender for such a pod) without such a claim is one too.
+
 **A share of a GPU** (``extender.model.share``): one ``gpusched.io/gpu-share`` in the containers'
 limits and the annotation ``gpusched.io/gpu-memory`` (a quantity) ask for that much memory of one
 whole GPU, shared with other engines: ``gpu_count`` 1, ``share_bytes`` set. Either without the
@@ -61,6 +67,7 @@ from typing import Any
 
 from extender.model.catalog import Catalog
 from extender.model.cpu import pod_cpu_request_milli
+from extender.model.dra import DRA_MARKER_RESOURCE, GPU_CLASS, DraDemand
 from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.quantity import format_gib, parse_quantity_bytes
 from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
@@ -148,6 +155,8 @@ class PodDemand:
     share_bytes: int | None = None
     # The pod's effective CPU request in millicores, kube-scheduler's rule (``extender.model.cpu``).
     cpu_milli: int = 0
+    # The GPUs come through DRA claims (None: nvidia.com/gpu or a share): which claims, how many devices.
+    dra: DraDemand | None = None
 
     @property
     def is_share(self) -> bool:
@@ -174,24 +183,30 @@ class _Invalid(Exception):
     """Internal: carries the user-facing message up to ``parse_pod_demand``."""
 
 
-def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog) -> PodDemand | DemandProblem:
-    """Parse a Kubernetes Pod (plain JSON dict, camelCase) into its demand, or a DemandProblem."""
+def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,
+                     dra: DraDemand | str | None = None) -> PodDemand | DemandProblem:
+    """Parse a Kubernetes Pod (plain JSON dict, camelCase) into its demand, or a DemandProblem.
+    ``dra``: the pod's GPUs through DRA as the caller resolved them from its claims
+    (``extender.model.dra.resolve_dra_demand``; a sentence when they cannot be read)."""
     meta = pod.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    if isinstance(dra, str):
+        return DemandProblem(namespace, name, dra)
     try:
-        return _parse(pod, meta, namespace, name, catalog)
+        return _parse(pod, meta, namespace, name, catalog, dra)
     except _Invalid as exc:
         return DemandProblem(namespace, name, str(exc))
 
 
 def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name: str,
-           catalog: Catalog) -> PodDemand:
+           catalog: Catalog, dra: DraDemand | None = None) -> PodDemand:
     annotations = meta.get("annotations") or {}
     containers = (pod.get("spec") or {}).get("containers") or []
     gpu_count = sum(_container_gpus(c) for c in containers)
     share_bytes = _share(annotations, containers, gpu_count)
     if share_bytes is not None:
         gpu_count = 1
+    gpu_count = _dra_count(dra, containers, gpu_count, share_bytes)
     engine = _engine_container(containers)
     args = _EngineArgs.parse(engine) if engine is not None else _EngineArgs()
     layout = _layout(annotations, args, gpu_count)
@@ -246,8 +261,25 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         memory_per_gpu_bytes=_memory(annotations), require_nvlink=_require_nvlink(annotations),
         parallelism_stated=layout.stated, dp=layout.dp, pcp=layout.pcp, nodes=layout.nodes,
         node_rank=layout.node_rank, expert_parallel=args.expert_parallel, share_bytes=share_bytes,
-        cpu_milli=pod_cpu_request_milli(pod),
+        cpu_milli=pod_cpu_request_milli(pod), dra=dra,
     )
+
+
+def _dra_count(dra: DraDemand | None, containers: Sequence[Mapping[str, Any]], gpu_count: int,
+               share_bytes: int | None) -> int:
+    """The pod's GPU count when its GPUs come through DRA (``gpu_count`` otherwise)."""
+    marked = any(_container_gpus(c, DRA_MARKER_RESOURCE) for c in containers)
+    if dra is None:
+        if marked:
+            raise _Invalid(f"the pod carries {DRA_MARKER_RESOURCE} (GPUs through DRA) but none of its "
+                           f"spec.resourceClaims asks for DeviceClass {GPU_CLASS} or mig.gpusched.io; add the "
+                           f"claim, or drop {DRA_MARKER_RESOURCE} and ask for {GPU_RESOURCE}")
+        return gpu_count
+    if share_bytes is not None or gpu_count:
+        what = SHARE_RESOURCE if share_bytes is not None else GPU_RESOURCE
+        raise _Invalid(f"the pod asks for GPUs through its ResourceClaim {', '.join(dra.claims)} and for {what}; "
+                       f"a pod gets its GPUs one way: drop {what}, or the claim")
+    return dra.count
 
 
 @dataclass(frozen=True)
@@ -349,7 +381,7 @@ def _container_gpus(container: Mapping[str, Any], resource: str = GPU_RESOURCE) 
         if value is not None:
             text = str(value).strip()
             if not _INTEGER.match(text):
-                what = "GPUs" if resource == GPU_RESOURCE else "shares"
+                what = {GPU_RESOURCE: "GPUs", SHARE_RESOURCE: "shares"}.get(resource, "units")
                 raise _Invalid(
                     f"container {container.get('name', '?')!r} resources.{section}"
                     f"[{resource!r}] must be a whole number of {what}, got {value!r}"

@@ -66,6 +66,7 @@ class GpuUnit:
     share_capacity_mib: int | None = None
     share_closed: str = ""
     static_memory_mib: int | None = None  # the inventory's size (``memory_mib`` may be telemetry's free memory)
+    dra: bool = False  # published as a device of the node's gpu.gpusched.io ResourceSlice (DRA pods can get it)
 
     def share_room_mib(self, promised_mib: int) -> int:
         """MiB a new share could still get here, given ``promised_mib`` already promised."""
@@ -176,7 +177,8 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     size); ``share_closed``: GPU uuid -> why it takes no new shares (all from telemetry);
     ``static_memory``: GPU uuid -> the inventory's size when ``inventory`` carries telemetry's
     free memory instead. ``cpu_free_milli``: the node's free CPU (None = unknown), floored here to
-    ``CPU_QUANTUM_MILLI`` (never below 0) before it enters the shape."""
+    ``CPU_QUANTUM_MILLI`` (never below 0) before it enters the shape. ``with_dra_units`` marks the
+    units a ResourceSlice publishes."""
     if inventory is not None:
         islands = inventory.nvlink_islands
         units = _lay_out_units(inventory, failures or {}, foreign, share_capacity or {}, share_closed or {},
@@ -201,6 +203,16 @@ def with_cpu_free(node: NodeInfo, cpu_free_milli: int | None) -> NodeInfo:
         return node
     shape = _shape_of(node.allocatable_gpus, node.islands, node.units, node.engine_headroom, cpu)
     return replace(node, cpu_free_milli=cpu, shape=shape, _free_cache={})
+
+
+def with_dra_units(node: NodeInfo, dra_units: frozenset[str]) -> NodeInfo:
+    """``node`` with ``GpuUnit.dra`` set for exactly ``dra_units`` (the ids its ResourceSlice
+    publishes) and its shape to match; the same object when nothing changes."""
+    if all(u.dra == (u.id in dra_units) for u in node.units):
+        return node
+    units = tuple(replace(u, dra=u.id in dra_units) for u in node.units)
+    shape = _shape_of(node.allocatable_gpus, node.islands, units, node.engine_headroom, node.cpu_free_milli)
+    return replace(node, units=units, shape=shape, _free_cache={})
 
 
 def quantise_cpu(cpu_free_milli: int | None) -> int | None:
@@ -239,7 +251,7 @@ def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units
     identically)."""
     return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
-         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib)
+         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib, u.dra)
         for u in units), engine_headroom, cpu_free_milli))
 
 

@@ -3,7 +3,9 @@
 Counts units the way placement does: a multi-GPU pod needs whole GPUs (MIG instances cannot be
 grouped); a single-GPU pod may also use a MIG instance when the profile allows it. A node that
 could never hold the pod (too few units, too little memory per unit) is unresolvable; one whose
-units are merely held by other pods now is unschedulable (it may fit later).
+units are merely held by other pods now is unschedulable (it may fit later). A pod whose GPUs come
+through DRA (``PodDemand.dra``) counts the units the node's ResourceSlice publishes, not the
+node's ``nvidia.com/gpu``.
 
 A share (``UnitRequest.share_mib``) needs one whole GPU with that much room for sharers: never on
 a node whose whole GPUs are all smaller (or of unknown memory); not now where each GPU is held
@@ -19,6 +21,7 @@ from extender.framework.args import PluginArgs
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import GPU_RESOURCE, PodDemand
+from extender.model.dra import DRIVER
 from extender.model.inventory import INVENTORY_ANNOTATION
 from extender.model.placement import MIB, eligible
 from extender.model.quantity import format_gib
@@ -49,7 +52,12 @@ class GpuFit:
             if state.placement(node) is not None:  # the share placement score and bind use too
                 return Status.success(NAME)
             return _fit_share(node, state.free_units(node), request.share_mib)
-        if node.allocatable_gpus < need:
+        if demand.dra is not None:  # the node's ResourceSlice, not its nvidia.com/gpu, offers the devices
+            published = sum(1 for u in node.units if u.dra)
+            if published < need:
+                return Status.unresolvable(NAME, f"node publishes {published} {DRIVER} devices (ResourceSlice); "
+                                                 f"the pod's claim {', '.join(demand.dra.claims)} needs {need}")
+        elif node.allocatable_gpus < need:
             return Status.unresolvable(NAME, f"node advertises {node.allocatable_gpus} {GPU_RESOURCE}; "
                                              f"pod needs {need}")
         by_kind = eligible(node.units, replace(request, memory_mib=None))

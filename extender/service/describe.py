@@ -11,8 +11,11 @@ from extender.model.snapshot import ClusterSnapshot
 
 def describe_nodes(snapshot: ClusterSnapshot,
                    telemetry_note: Callable[[str], tuple[str, str]] | None = None,
-                   over_shares: Mapping[str, Mapping[tuple[str, str], tuple[int, int]]] | None = None) -> dict[str, Any]:
+                   over_shares: Mapping[str, Mapping[tuple[str, str], tuple[int, int]]] | None = None,
+                   dra_devices: Callable[[str], Mapping[str, str]] | None = None) -> dict[str, Any]:
     """``telemetry_note(node) -> (state, foreign usage)`` adds what the node's agent reports;
+    ``dra_devices(node) -> unit id -> device name`` names each unit's device in the node's
+    gpu.gpusched.io ResourceSlice (``draDevice``, None when not published);
     ``over_shares``: node -> (pod, GPU uuid) -> (used, share bytes) for sharers over their share.
     A shared unit lists its sharers (``shares``: pod, MiB, state, and used/over when reported)."""
     holders: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)  # node -> unit -> (pod, state)
@@ -32,6 +35,7 @@ def describe_nodes(snapshot: ClusterSnapshot,
     for name in sorted(snapshot.nodes):
         info = snapshot.nodes[name]
         held = holders.get(name, {})
+        devices = dra_devices(name) if dra_devices is not None else None
         units = []
         for u in info.units:
             pod, state = held.get(u.id, (None, None))
@@ -39,6 +43,8 @@ def describe_nodes(snapshot: ClusterSnapshot,
                           "profile": u.profile or None, "numaNode": u.numa_node, "pcieSwitch": u.pcie_switch,
                           "nvlinkIsland": u.island if u.island >= 0 else None, "heldBy": pod, "state": state,
                           "failure": u.failure or None})
+            if devices is not None:
+                units[-1]["draDevice"] = devices.get(u.id)
             if not u.is_mig and u.share_capacity_mib is not None:
                 shares = sorted(sharers.get(name, {}).get(u.id, []), key=lambda e: e["pod"])
                 units[-1].update(shareCapacityMiB=u.share_capacity_mib, shareClosed=u.share_closed or None,

@@ -8,6 +8,12 @@
 While the cluster view has not finished its first list (the ledger is not rebuilt yet), filter
 answers with the protocol's Error, so kube-scheduler backs off briefly instead of trusting an
 empty ledger — a restart can never double-book.
+
+A pod whose GPUs come through DRA (``PodDemand.dra``, with :attr:`FrameworkDecider.dra` set) is
+judged by the same plugins; its bind chooses nothing: kube-scheduler's DynamicResources PreBind
+has allocated the claim before the extender's bind is called, so reserve reads the claim (the
+watch's copy, else the apiserver's through ``claim_reader``), records its devices in the ledger as
+held by the pod, and writes no GPU assignment the allocation could contradict.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.dra import DraDemand
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
 from extender.model.quantity import format_gib
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.dra import DraState
+from extender.service.ports import BindError, ClaimReader
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 
 _MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
@@ -58,6 +67,9 @@ class FrameworkDecider:
         self._synced = synced
         # The cluster state, when agents stream telemetry: notes for decision records and reasons.
         self.telemetry: Any = None
+        # DRA state (``--dra``): the pods' claims, and a reader for claims the watch has not delivered.
+        self.dra: DraState | None = None
+        self.claim_reader: ClaimReader | None = None
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
         self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
@@ -74,11 +86,12 @@ class FrameworkDecider:
     # -- inputs ------------------------------------------------------------------------------
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
-        cache_key = (pod.uid, rv) if pod.uid else None
+        dra = self.dra.resolve(pod.raw) if self.dra is not None else None
+        cache_key = (pod.uid, rv, dra) if pod.uid else None
         with self._lock:
             cached = self._demands.get(cache_key) if cache_key else None
         if cached is None:
-            cached = parse_pod_demand(pod.raw, self.catalog)
+            cached = parse_pod_demand(pod.raw, self.catalog, dra)
             if cache_key:
                 with self._lock:
                     self._demands.put(cache_key, cached)
@@ -171,6 +184,8 @@ class FrameworkDecider:
                            "was recreated since; kube-scheduler will retry it")
         if isinstance(demand, DemandProblem):
             return Refusal(demand.message)
+        if demand.dra is not None:
+            return self._reserve_dra(pod, node, demand.dra)
         with self._reserve_lock:
             self._drop_own_stale_hold(pod, node)
             snapshot = self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
@@ -202,6 +217,47 @@ class FrameworkDecider:
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
+
+    def _reserve_dra(self, pod: PodRef, node: str, dra: DraDemand) -> Reservation | Refusal:
+        """The pod's allocated claims recorded as its holding on ``node`` (DynamicResources'
+        PreBind ran before this bind): nothing chosen, no GPU annotations written."""
+        if self.dra is None:
+            return Refusal("the pod's GPUs come through DRA, but the extender does not read DRA state (start it with "
+                           "--dra)")
+        if dra.from_template:
+            return Refusal(f"the claim from ResourceClaimTemplate {', '.join(dra.claims)} is not in the pod's "
+                           "status.resourceClaimStatuses yet; kube-scheduler will retry")
+        claims = []
+        for key in dra.claims:
+            claim = self.dra.claim(key)
+            if (claim is None or not claim.gpusched_devices()) and self.claim_reader is not None:
+                namespace, _, name = key.partition("/")
+                try:
+                    claim = self.claim_reader.claim(namespace, name)
+                except BindError as exc:
+                    return Refusal(exc.message)
+                if claim is not None:
+                    self.dra.put_claim(claim)
+            if claim is None or not claim.gpusched_devices():
+                return Refusal(f"ResourceClaim {key} is not allocated: the extender binds a DRA pod after "
+                               "kube-scheduler's DynamicResources PreBind allocated it; kube-scheduler will retry")
+            claims.append(claim)
+        devices = []
+        for claim in claims:
+            where, found = self.dra.claim_devices(claim)
+            if where != node:
+                return Refusal(f"ResourceClaim {claim.key} is allocated on {where}, not on {node}")
+            devices += [{"claim": claim.key, **d} for d in found]
+        held = self.ledger.assignment(pod.key)
+        gpus = [d["gpu"] or f"{d['pool']}/{d['device']}" for d in devices]
+        indices = [d["gpuIndex"] for d in devices]
+        names = ", ".join(d["device"] for d in devices)
+        return Reservation(
+            summary=f"DRA: {', '.join(c.key for c in claims)} allocated {names} on {node} (GPUs {indices}); "
+                    "bound as allocated",
+            details={"dra": {"claims": [c.key for c in claims], "devices": devices,
+                             "ledger": sorted(held.unit_ids) if held is not None and held.node == node else []},
+                     "gpus": gpus, "gpuIndices": indices})
 
     def _drop_own_stale_hold(self, pod: PodRef, node: str) -> None:
         """A pod reserved again may still hold an assumed reservation from an earlier cycle whose
@@ -280,7 +336,10 @@ def _demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
             "dataParallel": demand.dp, "worldSize": demand.world_size, "nodes": demand.nodes,
             "nodeRank": demand.node_rank, "expertParallel": demand.expert_parallel,
             "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
-            "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink}
+            "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink,
+            **({"dra": {"claims": list(demand.dra.claims), "count": demand.dra.count,
+                        "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template}}
+               if demand.dra is not None else {})}
 
 
 def _summary(failed: Mapping[str, str], unresolvable: Mapping[str, str], feasible: Sequence[str], total: int) -> str:

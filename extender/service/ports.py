@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from extender.model.dra import DraClaim
+
 
 class BindError(Exception):
     """Binding failed. ``temporary`` errors (conflicts, timeouts, apiserver unavailable) may
@@ -41,3 +43,22 @@ class RecordingBinder:
         if self.fail_with is not None:
             raise self.fail_with
         self.bound.append((namespace, name, uid, node, dict(annotations)))
+
+
+class ClaimReader(Protocol):
+    def claim(self, namespace: str, name: str) -> DraClaim | None:
+        """The ResourceClaim as the apiserver has it now; None when it does not exist. Raises
+        :class:`BindError` when it cannot be read."""
+        ...
+
+
+class StaticClaimReader:
+    """A fake reader: the claims it was given, by ``namespace/name``; records what was read."""
+
+    def __init__(self, claims: Mapping[str, DraClaim] | None = None):
+        self.claims = dict(claims or {})
+        self.reads: list[str] = []
+
+    def claim(self, namespace: str, name: str) -> DraClaim | None:
+        self.reads.append(f"{namespace}/{name}")
+        return self.claims.get(f"{namespace}/{name}")

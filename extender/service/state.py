@@ -13,6 +13,7 @@ Ledger rules for pods seen by the watch:
   picks the devices and only the node agent can say which (a later issue reconciles this);
 - bound with ``gpusched.io/assigned-gpus`` and asking for a share (``extender.model.share``): it
   holds its ``gpusched.io/gpu-memory`` of that one GPU, beside the GPU's other sharers;
+- a pod whose GPUs come through DRA holds what its allocated claims say (``extender.service.dra``);
 - Succeeded, Failed or deleted: it holds nothing;
 - after a relist, bound entries for pods that no longer exist are released; assumed entries
   (binds in flight) are kept until observed, forgotten, or expired.
@@ -49,6 +50,7 @@ from extender.model.snapshot import (
     node_info_from_k8s,
     quantise_cpu,
     with_cpu_free,
+    with_dra_units,
 )
 from extender.model.telemetry import (
     MIB,
@@ -58,6 +60,7 @@ from extender.model.telemetry import (
     effective_memory_mib,
     engine_headroom,
 )
+from extender.service.dra import CLAIM_HOLDER_PREFIX, DraState
 from extender.service.ingest_batch import IngestBatch
 from extender.service.telemetry import TelemetryStore
 
@@ -136,6 +139,18 @@ class ClusterState:
         # their sum per node; a node is re-laid when its quantised free CPU changes.
         self._pod_cpu: dict[str, tuple[str, int]] = {}
         self._cpu_used: dict[str, int] = {}
+        self.dra: DraState | None = None
+
+    def attach_dra(self) -> DraState:
+        """Read DRA state from now on (``extender.service.dra``): its claims hold units in this
+        ledger, and each node's units are marked with whether its ResourceSlice publishes them."""
+        self.dra = DraState(self.ledger, self._dra_units_changed)
+        return self.dra
+
+    def _dra_units_changed(self, node: str, units: frozenset[str]) -> None:
+        with self._lock:
+            self._retelemetry.add(node)
+            self._dirty = True
 
     def on_released(self, listener: Any) -> None:
         """``listener(node)`` after a pod that held GPUs (whole or a share) on ``node`` left the
@@ -354,8 +369,10 @@ class ClusterState:
                         self._effective.pop(name, None)
                         updates[name] = None
                     else:
-                        updates[name] = self._effective[name] = with_cpu_free(self._effective_info(static),
-                                                                              self._cpu_free(static))
+                        info = with_cpu_free(self._effective_info(static), self._cpu_free(static))
+                        if self.dra is not None:
+                            info = with_dra_units(info, self.dra.units_of(name))
+                        updates[name] = self._effective[name] = info
                 self._retelemetry.clear()
                 self._generation += 1
                 if self._full_rebuild or len(updates) > max(64, len(self._nodes) // 4):
@@ -550,7 +567,8 @@ class ClusterState:
                 self._account_cpu(gone, None, 0)
             self._intended = {k: v for k, v in self._intended.items() if k in present}
         for key, assignment in self.ledger.view().assignments.items():
-            if key not in present and assignment.state is EntryState.BOUND:
+            # An allocated claim reserved for no pod holds its devices itself (extender.service.dra).
+            if key not in present and assignment.state is EntryState.BOUND and not key.startswith(CLAIM_HOLDER_PREFIX):
                 self.ledger.release(key)
 
 

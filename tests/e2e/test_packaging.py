@@ -46,17 +46,22 @@ def test_overlays_change_only_the_node_agent():
                                     ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")},
              "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io"),
                               ("ClusterRole", "", "gpusched-node-agent-dra"),
-                              ("ClusterRoleBinding", "", "gpusched-node-agent-dra")}}
+                              ("ClusterRoleBinding", "", "gpusched-node-agent-dra"),
+                              ("ClusterRole", "", "gpusched-extender-dra"),
+                              ("ClusterRoleBinding", "", "gpusched-extender-dra")}}
     for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin", "overlays/dra"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
         assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
-        assert changed == {("DaemonSet", "gpusched-system", "gpusched-node-agent")}, folder
+        # DRA mode also turns on the extender's DRA watches (--dra).
+        extra = {("Deployment", "gpusched-system", "gpusched-scheduler")} if folder == "overlays/dra" else set()
+        assert changed == {("DaemonSet", "gpusched-system", "gpusched-node-agent")} | extra, folder
 
 
 def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_instances():
     objects = kustomize_build(MANIFESTS / "overlays/dra")
     assert "--dra" in _container(objects, "DaemonSet", "agent")["args"]
+    assert "--dra" in _container(objects, "Deployment", "extender")["args"]
     classes = {o["metadata"]["name"]: o["spec"]["selectors"][0]["cel"]["expression"] for o in objects
                if o["kind"] == "DeviceClass"}
     assert set(classes) == {"gpu.gpusched.io", "mig.gpusched.io"}

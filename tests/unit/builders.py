@@ -160,3 +160,55 @@ def make_share_pod(name: str = "s", namespace: str = "default", *, memory: str |
     if node is not None:
         pod["spec"]["nodeName"] = node
     return pod
+
+
+# --- DRA (resource.k8s.io/v1 JSON, as the node agent and kube-scheduler write it) ---------------
+def make_slice_obj(node: str, inventory: NodeGpuInventory, *, driver: str = "gpu.gpusched.io",
+                   generation: int = 1, name: str | None = None) -> dict[str, Any]:
+    """The node's ResourceSlice: ``gpu-<index>`` per whole GPU, ``gpu-<index>-mig-<k>`` per MIG
+    instance, with the agent's ``uuid``/``index``/``type`` attributes (nodeagent.dra.slices)."""
+    devices = []
+    for gpu in inventory.gpus:
+        units = [(f"gpu-{gpu.index}-mig-{k}", i.uuid, "mig") for k, i in enumerate(gpu.mig_instances)] \
+            if gpu.mig_enabled else [(f"gpu-{gpu.index}", gpu.uuid, "gpu")]
+        devices += [{"name": n, "attributes": {"uuid": {"string": u}, "index": {"int": gpu.index},
+                                               "type": {"string": t}}} for n, u, t in units]
+    return {"metadata": {"name": name or f"{node}-slice"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": generation,
+                                                                   "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+def make_claim_obj(name: str, count: int = 1, namespace: str = "default", *, device_class: str = "gpu.gpusched.io",
+                   allocated: Sequence[tuple[str, str]] = (), reserved_for: Sequence[str] = (),
+                   mode: str | None = None) -> dict[str, Any]:
+    """A ResourceClaim asking ``count`` devices of ``device_class``; ``allocated``: (pool, device)
+    results of driver gpu.gpusched.io; ``reserved_for``: pod names (uid ``uid-<name>``)."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if mode is not None:
+        exactly = {"deviceClassName": device_class, "allocationMode": mode}
+    status: dict[str, Any] = {}
+    if allocated:
+        status["allocation"] = {"devices": {"results": [
+            {"request": "gpus", "driver": "gpu.gpusched.io", "pool": p, "device": d} for p, d in allocated]}}
+    if reserved_for:
+        status["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved_for]
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-claim-{name}"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}, "status": status}
+
+
+def make_dra_pod(name: str = "p", claim: str | None = "c", *, template: str | None = None,
+                 tp: int | None = None, annotations: Mapping[str, str] | None = None,
+                 marker: bool = True, gpus: int = 0) -> dict[str, Any]:
+    """A vLLM pod whose GPUs come from ResourceClaim ``claim`` (or ``template``), with the
+    ``gpusched.io/dra`` marker kube-scheduler's managedResources needs."""
+    pod = make_pod(name, gpus=gpus, model="meta-llama/Llama-3.1-70B-Instruct" if tp else None, tp=tp,
+                   annotations=annotations)
+    ref = {"name": "gpus", **({"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim})}
+    pod["spec"]["resourceClaims"] = [ref]
+    container = pod["spec"]["containers"][0]
+    resources = container.setdefault("resources", {})
+    resources["claims"] = [{"name": "gpus"}]
+    if marker:
+        resources.setdefault("limits", {})["gpusched.io/dra"] = "1"
+    return pod

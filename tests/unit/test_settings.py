@@ -24,7 +24,7 @@ PUBLISHED_FLAGS = {
     "--telemetry-max-streams": "telemetry_max_streams", "--scheduler-http-timeout": "scheduler_http_timeout_s",
     "--scheduler-max-backoff": "scheduler_max_backoff_s", "--bind-write-timeout": "bind_write_timeout_s",
     "--scheduling-address": "scheduling_address", "--telemetry-ingest": "telemetry_ingest",
-    "--topology-tiers": "topology_tiers",
+    "--topology-tiers": "topology_tiers", "--dra": "dra",
 }
 
 

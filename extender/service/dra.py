@@ -1,0 +1,269 @@
+"""DRA state in the extender: gpusched's ResourceSlices, the ResourceClaims and their templates,
+and the ledger entries allocated claims make.
+
+Fed by the adapters (``extender.adapters.dra``: the slice, claim and template watches, decoded);
+read by the decider (a pod's GPUs through DRA, a claim's allocated devices) and by
+:class:`~extender.service.state.ClusterState` (which units each node publishes as DRA devices).
+
+Ledger rules for claims (what kube-scheduler's DRA allocator itself treats as in use):
+- a claim with devices of driver gpu.gpusched.io in ``status.allocation`` holds them, mapped to
+  GPU units by the slice device's ``uuid`` attribute (a device no slice names yet is held under
+  ``<pool>/dra/<device>`` until its slice arrives, then re-mapped);
+- the holder is the pod the claim is reserved for (the first, by name, when shared; all of a
+  pod's claims together make its one entry), or while it is reserved for none, the claim itself
+  (ledger key ``claim:<namespace>/<name>``): its devices are still allocated;
+- deallocated or deleted: the claim holds nothing; a pod's deletion releases its entry (the pod
+  watch), and the claim controller then deallocates;
+- the allocation is the truth the node's driver prepares, so it is recorded even where the ledger
+  held a unit for another pod — but that is a **conflict**, counted (``conflicts``), logged and
+  handed to the conflict listeners, never silently a second holder (the ledger has one owner).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from extender.model.dra import DraClaim, DraDemand, DraSlice, DraTemplate, SliceDevice, resolve_dra_demand
+from extender.model.ledger import EntryState, GpuLedger
+
+log = logging.getLogger("gpusched.extender.dra")
+CLAIM_HOLDER_PREFIX = "claim:"
+_CONFLICTS_KEPT = 64
+
+
+class DraState:
+    def __init__(self, ledger: GpuLedger,
+                 on_units_changed: Callable[[str, frozenset[str]], None] | None = None) -> None:
+        """``on_units_changed(node, unit ids)`` after the units a node's slices publish changed
+        (called outside this object's lock)."""
+        self.ledger = ledger
+        self._on_units_changed = on_units_changed
+        self._lock = threading.RLock()
+        self._slices: dict[str, DraSlice] = {}
+        self._devices: dict[tuple[str, str], tuple[str, SliceDevice]] = {}  # (pool, device) -> (node, device)
+        self._node_units: dict[str, frozenset[str]] = {}
+        self._node_devices: dict[str, Mapping[str, str]] = {}  # node -> unit id -> device name
+        self._claims: dict[str, DraClaim] = {}
+        self._templates: dict[str, DraTemplate] = {}
+        self._claim_holder: dict[str, str] = {}  # claim key -> ledger key
+        self._holder_claims: dict[str, set[str]] = {}  # ledger key -> claim keys
+        self._observed: dict[str, tuple[str, frozenset[str]]] = {}  # ledger key -> (node, ids) recorded
+        self.conflicts: Counter[str] = Counter()  # by node
+        self.recent_conflicts: deque[dict[str, Any]] = deque(maxlen=_CONFLICTS_KEPT)
+        self._conflict_listeners: list[Callable[[str, str, str, tuple[str, ...]], None]] = []
+
+    def on_conflict(self, listener: Callable[[str, str, str, tuple[str, ...]], None]) -> None:
+        """``listener(claim key, node, holder it displaced, unit ids)`` when an allocation names
+        units the ledger held for another pod."""
+        self._conflict_listeners.append(listener)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def resolve(self, pod: Mapping[str, Any]) -> DraDemand | str | None:
+        """The pod's GPUs through DRA (``extender.model.dra.resolve_dra_demand``)."""
+        return resolve_dra_demand(pod, self._claims, self._templates)
+
+    def units_of(self, node: str) -> frozenset[str]:
+        """Unit ids the node's gpu.gpusched.io slices publish (lock-free: one dict read)."""
+        return self._node_units.get(node, frozenset())
+
+    def device_names(self, node: str) -> Mapping[str, str]:
+        """Unit id -> device name in the node's pool."""
+        return self._node_devices.get(node, MappingProxyType({}))
+
+    def claim(self, key: str) -> DraClaim | None:
+        return self._claims.get(key)
+
+    def claim_devices(self, claim: DraClaim) -> tuple[str, list[dict[str, Any]]]:
+        """(node, devices) of an allocated claim's gpusched devices, each with its pool, device
+        name, GPU unit id and index as the slices give them ("" node when nothing is allocated)."""
+        with self._lock:
+            node, out = "", []
+            for d in claim.gpusched_devices():
+                where, device = self._devices.get((d.pool, d.device), (d.pool, None))
+                node = node or where
+                out.append({"request": d.request, "pool": d.pool, "device": d.device, "node": where,
+                            "gpu": device.uuid if device else None, "gpuIndex": device.index if device else None})
+            return node, out
+
+    def describe(self) -> dict[str, Any]:
+        """For ``/debug/dra``: slices per node, allocated claims with their holder, recent conflicts."""
+        with self._lock:
+            claims = []
+            for claim in sorted(self._claims.values(), key=lambda c: c.key):
+                if claim.gpusched_devices():
+                    node, devices = self.claim_devices(claim)
+                    claims.append({"claim": claim.key, "node": node, "heldBy": self._claim_holder.get(claim.key),
+                                   "reservedFor": [n for n, _ in claim.reserved_for], "devices": devices})
+            return {"nodes": {n: dict(d) for n, d in sorted(self._node_devices.items())},
+                    "claims": claims, "conflicts": list(self.recent_conflicts),
+                    "conflictsTotal": sum(self.conflicts.values())}
+
+    # -- slices ----------------------------------------------------------------------------------
+    def replace_slices(self, slices: list[DraSlice]) -> None:
+        with self._lock:
+            pools = {s.pool for s in self._slices.values()} | {s.pool for s in slices}
+            self._slices = {s.name: s for s in slices}
+            changed = [c for pool in sorted(pools) for c in self._reindex_pool(pool)]
+        self._announce(changed)
+
+    def put_slice(self, decoded: DraSlice) -> None:
+        with self._lock:
+            before = self._slices.get(decoded.name)
+            self._slices[decoded.name] = decoded
+            changed = self._reindex_pool(decoded.pool)
+            if before is not None and before.pool != decoded.pool:
+                changed += self._reindex_pool(before.pool)
+        self._announce(changed)
+
+    def delete_slice(self, name: str) -> None:
+        with self._lock:
+            gone = self._slices.pop(name, None)
+            changed = self._reindex_pool(gone.pool) if gone is not None else []
+        self._announce(changed)
+
+    def _reindex_pool(self, pool: str) -> list[tuple[str, frozenset[str]]]:
+        """Rebuild one pool's device index from its newest generation's slices; re-map the claims
+        allocated from it. Returns the (node, units) whose published units changed. Lock held."""
+        slices = [s for s in self._slices.values() if s.pool == pool]
+        newest = max((s.generation for s in slices), default=0)
+        nodes = {node for (p, _), (node, _) in self._devices.items() if p == pool}
+        for key in [k for k in self._devices if k[0] == pool]:
+            del self._devices[key]
+        for s in slices:
+            if s.generation == newest:
+                nodes.add(s.node)
+                for device in s.devices:
+                    self._devices[(pool, device.name)] = (s.node, device)
+        changed = []
+        for node in sorted(nodes):
+            devices = {d.uuid: d.name for (_, _), (n, d) in self._devices.items() if n == node}
+            units = frozenset(devices)
+            self._node_devices[node] = MappingProxyType(devices)
+            if not devices:
+                del self._node_devices[node]
+            if self._node_units.get(node, frozenset()) != units:
+                if units:
+                    self._node_units[node] = units
+                else:
+                    self._node_units.pop(node, None)
+                changed.append((node, units))
+        for holder in {self._claim_holder[c.key] for c in self._claims.values() if c.key in self._claim_holder
+                       and any(d.pool == pool for d in c.gpusched_devices())}:
+            self._sync_holder(holder)
+        return changed
+
+    def _announce(self, changed: list[tuple[str, frozenset[str]]]) -> None:
+        if self._on_units_changed is not None:
+            for node, units in changed:
+                self._on_units_changed(node, units)
+
+    # -- claims and templates --------------------------------------------------------------------
+    def replace_claims(self, claims: list[DraClaim]) -> None:
+        with self._lock:
+            present = {c.key for c in claims}
+            for key in [k for k in self._claims if k not in present]:
+                self._drop_claim(key)
+            for claim in claims:
+                self._put_claim(claim)
+
+    def put_claim(self, claim: DraClaim) -> None:
+        with self._lock:
+            self._put_claim(claim)
+
+    def delete_claim(self, key: str) -> None:
+        with self._lock:
+            self._drop_claim(key)
+
+    def replace_templates(self, templates: list[DraTemplate]) -> None:
+        self._templates = {t.key: t for t in templates}  # one assignment: readers see old or new
+
+    def put_template(self, template: DraTemplate) -> None:
+        self._templates[template.key] = template
+
+    def delete_template(self, key: str) -> None:
+        self._templates.pop(key, None)
+
+    def _put_claim(self, claim: DraClaim) -> None:
+        self._claims[claim.key] = claim
+        holder = self._holder_of(claim) if claim.gpusched_devices() else None
+        previous = self._claim_holder.get(claim.key)
+        if previous is not None and previous != holder:
+            self._unlink(claim.key, previous)
+        if holder is not None:
+            self._claim_holder[claim.key] = holder
+            self._holder_claims.setdefault(holder, set()).add(claim.key)
+            self._sync_holder(holder)
+
+    def _drop_claim(self, key: str) -> None:
+        self._claims.pop(key, None)
+        holder = self._claim_holder.get(key)
+        if holder is not None:
+            self._unlink(key, holder)
+
+    def _unlink(self, claim_key: str, holder: str) -> None:
+        self._claim_holder.pop(claim_key, None)
+        claims = self._holder_claims.get(holder, set())
+        claims.discard(claim_key)
+        if not claims:
+            self._holder_claims.pop(holder, None)
+        self._sync_holder(holder)
+
+    @staticmethod
+    def _holder_of(claim: DraClaim) -> str:
+        if claim.reserved_for:
+            return f"{claim.namespace}/{min(claim.reserved_for)[0]}"
+        return f"{CLAIM_HOLDER_PREFIX}{claim.key}"
+
+    def _sync_holder(self, holder: str) -> None:
+        """Make the ledger entry of ``holder`` what its allocated claims say. Lock held."""
+        node, ids, uid, source = "", set(), "", ""
+        for key in sorted(self._holder_claims.get(holder, ())):
+            claim = self._claims[key]
+            source = source or claim.key
+            for d in claim.gpusched_devices():
+                where, device = self._devices.get((d.pool, d.device), (d.pool, None))
+                if node and where != node:
+                    log.warning("claim %s allocates devices on %s and %s; the ledger records %s only",
+                                claim.key, node, where, node)
+                    continue
+                node = where
+                ids.add(device.uuid if device else f"{d.pool}/dra/{d.device}")
+            if not holder.startswith(CLAIM_HOLDER_PREFIX):
+                uid = uid or next((u for n, u in claim.reserved_for if f"{claim.namespace}/{n}" == holder), "")
+            else:
+                uid = claim.uid
+        recorded = self._observed.get(holder)
+        if not ids:
+            if recorded is not None:
+                del self._observed[holder]
+                current = self.ledger.assignment(holder)
+                if current is not None and current.node == recorded[0] and current.unit_ids == recorded[1]:
+                    self.ledger.release(holder)
+            return
+        wanted = (node, frozenset(ids))
+        current = self.ledger.assignment(holder)
+        if (recorded == wanted and current is not None and current.state is EntryState.BOUND
+                and (current.node, current.unit_ids) == wanted):
+            return
+        self._observed[holder] = wanted
+        view = self.ledger.view()
+        own = current.unit_ids if current is not None and current.node == node else frozenset()
+        suspect = (view.held_on(node) & wanted[1]) - own
+        taken: dict[str, list[str]] = {}
+        for unit in sorted(suspect):  # only where units are held by others: owner_of is linear
+            other = view.owner_of(node, unit)
+            taken.setdefault(other or "(a share)", []).append(unit)
+        self.ledger.observe(holder, node, sorted(ids), uid)
+        for other, units in taken.items():
+            self.conflicts[node] += 1
+            self.recent_conflicts.append({"claim": source, "node": node, "holder": holder, "displaced": other,
+                                          "units": units})
+            log.warning("ResourceClaim %s is allocated %s on %s, which the ledger held for %s: a GPU promised "
+                        "twice; the ledger follows the allocation (the driver prepares it)", source, units, node, other)
+            for listener in self._conflict_listeners:
+                listener(source, node, other, tuple(units))

@@ -1,0 +1,194 @@
+"""DRA mode with the extender (issue 21, item 3): the session's kube-scheduler on the shipped config
+(managedResources gpusched.io/dra makes it call the extender for pods that carry it), the extender
+restarted with ``--dra`` (the overlay's read-only grant applied), and nodes whose agents publish
+their ResourceSlices (fixtures as tests/e2e/test_dra_allocation.py). No kubelet and no
+controller-manager run: pods are bound, never started, and a deleted claim's deallocation (the
+resourceclaim controller's job) is done by the test.
+
+What is checked: a DRA pod is judged by its claim's count with gpusched's plugins (TP divisibility
+refused with vLLM's wording); its bind goes through the extender after DynamicResources' PreBind
+allocated the claim, and the extender's bind decision and ledger show the claim's devices; held
+devices are never held twice, and are freed when the claim goes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.processes import Component
+from devcluster.stack import Extender, Stack
+from nodeagent.gpu.fake import preset_path
+
+DRIVER = "gpu.gpusched.io"
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 attention heads, 8 KV heads (the builtin catalog)
+
+
+@pytest.fixture(scope="module")
+def dra_extender(stack: Stack) -> Any:
+    """The session's extender restarted on its port with --dra, DRA mode's grants applied; a plain
+    one again afterwards."""
+    assert stack.extender is not None
+    port = stack.extender.port
+    stack.enable_dra()
+    stack.kill_extender()
+    extender = stack.start_extender("--dra", port=port)
+    yield extender
+    stack.kill_extender()
+    stack.start_extender(port=port)
+
+
+@pytest.fixture
+def dra_nodes(admin, stack: Stack, tmp_path, dra_extender: Extender):
+    """``add(preset) -> node``: a Node (no nvidia.com/gpu) labelled with this test's fleet id and an
+    agent (--dra) publishing its slice and streaming telemetry; waits until the extender sees the
+    node's devices. Removed afterwards."""
+    fleet_id = unique("drx")
+    started: list[tuple[str, Component]] = []
+
+    def add(preset: str) -> str:
+        node = unique("drx-n")
+        create_gpu_node(admin, node, gpus=0, labels={"gpusched.io/test-fleet": fleet_id})
+        fleet = tmp_path / f"{node}.yaml"
+        fleet.write_text(preset_path(preset).read_text())
+        agent = stack.start_agent(node, fleet, extra_args=("--dra",))
+        started.append((node, agent))
+        wait_until(lambda: all(u.get("draDevice") for u in units(dra_extender, node) or [{}]), 60,
+                   f"the extender to see {node}'s inventory and ResourceSlice", context=lambda: agent.tail(20))
+        return node
+
+    yield fleet_id, add
+    for node, agent in started:
+        agent.stop()
+        for s in client.ResourceV1Api(admin).list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+            client.ResourceV1Api(admin).delete_resource_slice(s.metadata.name)
+        client.CoreV1Api(admin).delete_node(node)
+
+
+def units(extender: Extender, node: str) -> list[dict[str, Any]] | None:
+    found = [n for n in extender.get_json("/debug/nodes")["nodes"] if n["name"] == node]
+    return found[0]["units"] if found else None
+
+
+def held_by(extender: Extender, node: str) -> dict[str, str | None]:
+    """Device name -> the ledger's holder, for the node's published devices."""
+    return {u["draDevice"]: u["heldBy"] for u in units(extender, node) or [] if u.get("draDevice")}
+
+
+def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink: bool = False) -> str:
+    """A ResourceClaim for ``count`` gpu.gpusched.io devices (one NVLink island when ``nvlink``) and
+    a vLLM pod of the gpusched scheduler using it, with the gpusched.io/dra marker; returns the name."""
+    name = unique("drx-p")
+    spec: dict[str, Any] = {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}
+    if nvlink:
+        spec["devices"]["constraints"] = [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkIsland"}]
+    claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+    client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
+    annotations = {"gpusched.io/require-nvlink": "true"} if nvlink else {}
+    pod: Any = {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"schedulerName": "gpusched", "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
+                 "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
+                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                 "command": ["vllm", "serve", MODEL, "--tensor-parallel-size", str(tp)],
+                                 "resources": {"claims": [{"name": "gpus"}], "limits": {"gpusched.io/dra": "1"}}}]}}
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
+    return name
+
+
+def allocation(admin, namespace: str, name: str) -> list[dict[str, Any]]:
+    claim = json.loads(client.ResourceV1Api(admin).read_namespaced_resource_claim(name, namespace,
+                                                                                  _preload_content=False).data)
+    return ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+
+
+def decision(extender: Extender, namespace: str, name: str, verb: str) -> dict[str, Any] | None:
+    return extender.get_json(f"/debug/decisions/{namespace}/{name}").get("decisions", {}).get(verb)
+
+
+def bound(admin, extender: Extender, namespace: str, name: str) -> tuple[str, list[dict[str, Any]]]:
+    wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), 60,
+               f"pod {name} bound with its claim allocated",
+               context=lambda: f"{pod_scheduled_message(admin, namespace, name)}; "
+                               f"{decision(extender, namespace, name, 'bind')}")
+    node = pod_node(admin, namespace, name)
+    assert node is not None
+    return node, allocation(admin, namespace, name)
+
+
+def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_with_the_tp_reason(admin, namespace, dra_extender, dra_nodes):
+    fleet_id, add = dra_nodes
+    add("h100")
+    name = dra_pod(admin, namespace, fleet_id, count=3, tp=3)
+    needle = "must be divisible by tensor parallel size (3)"
+    record = wait_until(lambda: (r := decision(dra_extender, namespace, name, "filter")) and needle in
+                        json.dumps(r) and r, 30, "the extender's filter decision with the TP reason",
+                        context=lambda: pod_scheduled_message(admin, namespace, name))
+    assert record["details"]["demand"]["dra"]["count"] == 3, record
+    assert record["details"]["demand"]["dra"]["claims"] == [f"{namespace}/{name}"]
+    wait_until(lambda: needle in pod_scheduled_message(admin, namespace, name), 30,
+               "the pod's PodScheduled condition to carry the TP reason",
+               context=lambda: pod_scheduled_message(admin, namespace, name))
+    assert pod_node(admin, namespace, name) is None and allocation(admin, namespace, name) == []
+
+
+def test_a_tp4_nvlink_dra_pod_is_bound_by_the_extender_after_prebind_allocated_its_claim(
+        admin, namespace, dra_extender, dra_nodes):
+    fleet_id, add = dra_nodes
+    switch = add("h100")
+    add("a100")
+    name = dra_pod(admin, namespace, fleet_id, count=4, tp=4, nvlink=True)
+    node, results = bound(admin, dra_extender, namespace, name)
+    assert node == switch and len(results) == 4 and {r["pool"] for r in results} == {switch}
+    record = decision(dra_extender, namespace, name, "bind")
+    assert record is not None and record["result"] == "bound", record
+    allocated = sorted(r["device"] for r in results)
+    assert sorted(d["device"] for d in record["details"]["dra"]["devices"]) == allocated, record
+    # The Binding carried only the decision id: no GPU assignment to contradict the allocation.
+    assert set(record["details"]["annotations"]) == {"gpusched.io/decision-id"}, record
+    pod = client.CoreV1Api(admin).read_namespaced_pod(name, namespace)
+    assert "gpusched.io/assigned-gpus" not in (pod.metadata.annotations or {})
+    held = wait_until(lambda: (h := held_by(dra_extender, switch)) and
+                      sorted(d for d, p in h.items() if p == f"{namespace}/{name}") == allocated and h,
+                      20, "the ledger to hold the claim's devices for the pod",
+                      context=lambda: json.dumps(held_by(dra_extender, switch)))
+    assert sum(1 for p in held.values() if p) == 4
+
+
+def release_claim(admin, namespace: str, name: str) -> None:
+    """What kube-controller-manager's resourceclaim controller does once the claim's pod is gone:
+    reservation and allocation cleared, the scheduler's delete-protection finalizer dropped."""
+    api = client.ResourceV1Api(admin)
+    api.patch_namespaced_resource_claim_status(name, namespace, {"status": {"reservedFor": None, "allocation": None}})
+    api.patch_namespaced_resource_claim(name, namespace, {"metadata": {"finalizers": None}})
+
+
+def test_held_devices_send_the_next_dra_pod_elsewhere_and_the_claims_end_frees_them(
+        admin, namespace, dra_extender, dra_nodes):
+    fleet_id, add = dra_nodes
+    nodes = {add("a100"), add("a100")}
+    first = dra_pod(admin, namespace, fleet_id, count=4, tp=4)
+    node_a, _ = bound(admin, dra_extender, namespace, first)
+    wait_until(lambda: all(p == f"{namespace}/{first}" for p in held_by(dra_extender, node_a).values()), 20,
+               "the first claim's devices held", context=lambda: json.dumps(held_by(dra_extender, node_a)))
+    second = dra_pod(admin, namespace, fleet_id, count=4, tp=4)
+    node_b, _ = bound(admin, dra_extender, namespace, second)
+    assert {node_a, node_b} == nodes
+    wait_until(lambda: all(p == f"{namespace}/{second}" for p in held_by(dra_extender, node_b).values()), 20,
+               "the second claim's devices held", context=lambda: json.dumps(held_by(dra_extender, node_b)))
+    assert all(p == f"{namespace}/{first}" for p in held_by(dra_extender, node_a).values())
+    assert dra_extender.get_json("/debug/nodes")["dra"]["conflictsTotal"] == 0
+
+    client.CoreV1Api(admin).delete_namespaced_pod(first, namespace, grace_period_seconds=0)
+    client.ResourceV1Api(admin).delete_namespaced_resource_claim(first, namespace)
+    release_claim(admin, namespace, first)
+    wait_until(lambda: all(p is None for p in held_by(dra_extender, node_a).values()), 20,
+               "the deleted claim's devices freed in the ledger",
+               context=lambda: json.dumps(held_by(dra_extender, node_a)))
+    assert all(p == f"{namespace}/{second}" for p in held_by(dra_extender, node_b).values())
