@@ -930,7 +930,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.enable_dra()
         if plugin_binary:
             cp.apply(doc for _, doc in manifest_documents([PLUGIN_RBAC]))
-        ext = stack.start_extender()
+        # DRA rows: the extender reads slices and claims (--dra), as the dra overlay runs it.
+        ext = stack.start_extender(*(["--dra"] if dra else []))
         have, gpu_units = 0, 0
         for n in sorted(args.nodes):
             secs, added = grow_fleet(creators, have, n, dra)

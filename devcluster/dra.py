@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from extender.model.dra import DRA_MARKER_RESOURCE
 from nodeagent.dra.slices import API_VERSION, DRIVER, devices_of, next_slice, slice_object
 from nodeagent.gpu.fake import preset_path
 from nodeagent.gpu.fleet import parse_fleet
@@ -54,13 +55,18 @@ def gpu_claim(name: str, *, count: int = 1, device_class: str = GPU_CLASS) -> di
 def with_claim(pod: Mapping[str, Any], claim: str) -> dict[str, Any]:
     """``pod`` (a manifest such as ``devcluster.cluster.vllm_pod``'s) using the ResourceClaim
     ``claim`` instead of the ``nvidia.com/gpu`` extended resource: the pod lists the claim under
-    ``spec.resourceClaims``, every container names it in ``resources.claims``, and no container
-    requests or limits ``nvidia.com/gpu`` any more. ``pod`` is not modified."""
+    ``spec.resourceClaims``, every container names it in ``resources.claims``, no container
+    requests or limits ``nvidia.com/gpu`` any more, and the first carries the marker
+    ``gpusched.io/dra: 1`` that makes kube-scheduler ask the extender about it (the shipped
+    scheduler config's ``managedResources``; ignored by the scheduler's fit and dropped by the
+    kubelet's). ``pod`` is not modified."""
     spec = dict(pod["spec"])
     containers = []
     for container in spec["containers"]:
         resources = {k: {r: q for r, q in v.items() if r != GPU_RESOURCE}
                      for k, v in (container.get("resources") or {}).items() if k in ("limits", "requests")}
+        if not containers:
+            resources["limits"] = {**resources.get("limits", {}), DRA_MARKER_RESOURCE: "1"}
         resources = {k: v for k, v in resources.items() if v}
         containers.append({**container, "resources": {**resources, "claims": [{"name": CLAIM_REQUEST}]}})
     spec["containers"] = containers

@@ -81,7 +81,8 @@ def test_with_claim_swaps_the_extended_resource_for_the_claim_and_keeps_the_rest
     out = with_claim(pod, "p1")
     container = out["spec"]["containers"][0]
     assert out["spec"]["resourceClaims"] == [{"name": CLAIM_REQUEST, "resourceClaimName": "p1"}]
-    assert container["resources"] == {"requests": {"cpu": "2"}, "claims": [{"name": CLAIM_REQUEST}]}
+    assert container["resources"] == {"requests": {"cpu": "2"}, "limits": {"gpusched.io/dra": "1"},
+                                      "claims": [{"name": CLAIM_REQUEST}]}
     assert out["spec"]["schedulerName"] == "bench-dra" and container["command"][:2] == ["vllm", "serve"]
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # input untouched
     assert "resourceClaims" not in pod["spec"]
