@@ -210,7 +210,7 @@ def _pod_patch(index: int, container: Mapping[str, Any], resource: str, template
     return tuple(ops)
 
 
-def apply_patch(document: Mapping[str, Any], patch: JsonPatch) -> dict[str, Any]:
+def apply_patch(document: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``document`` with the ``add``/``remove`` operations of ``patch`` applied (the subset of RFC
     6902 :func:`claim_for_pod` writes), as a new object; raises ``ValueError`` on a path that does
     not resolve."""
