@@ -130,7 +130,7 @@ def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: b
                        f"({GPU_RESOURCE}) or one MIG instance, never both: drop one")
     (resource,) = resources
     if resource != GPU_RESOURCE:
-        return _mig_claim(pod, namespace, name, index, container, resource, problem)
+        return _mig_claim(pod, catalog, namespace, name, index, container, resource, problem)
     demand = parse_pod_demand(pod, catalog)
     if isinstance(demand, DemandProblem):
         return demand
@@ -154,23 +154,27 @@ def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: b
                   demand.memory_per_gpu_bytes, template_spec)
 
 
-def _mig_claim(pod: Mapping[str, Any], namespace: str, name: str, index: int, container: Mapping[str, Any],
-               resource: str, problem: Any) -> PodClaim | DemandProblem:
-    """One MIG instance of the named profile; a count above 1 or a TP group is a problem."""
+def _mig_claim(pod: Mapping[str, Any], catalog: Catalog, namespace: str, name: str, index: int,
+               container: Mapping[str, Any], resource: str, problem: Any) -> PodClaim | DemandProblem:
+    """One MIG instance of the named profile; more than one, or an engine of more than one GPU
+    (its parallel sizes read as demand parsing reads them, the instances counted as GPUs), is a
+    problem."""
     where = f"container {container.get('name', '?')!r} resources.limits[{resource!r}]"
     count = _count(container, resource)
     if count is None:
         return problem(f"{where} must be a whole number of MIG instances, got {_raw(container, resource)!r}")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    tp = str(annotations.get(ANN_TP, "1")).strip()
-    if count > 1 or tp not in ("", "1"):
-        return problem(f"{where} asks {count} MIG instance(s) with tensor-parallel-size {tp or 1}; MIG instances have "
-                       f"no NVLink or P2P path to each other, so a group needs whole GPUs: ask {GPU_RESOURCE}: N, "
-                       "or one MIG instance for a single-GPU engine")
-    if str(annotations.get(ANN_REQUIRE_NVLINK, "")).strip().lower() == "true":
+    demand = parse_pod_demand(_as_gpus(pod, index, resource), catalog)
+    if isinstance(demand, DemandProblem):
+        return problem(f"{where}: a MIG instance runs a single-GPU engine only (MIG instances have no NVLink or P2P "
+                       f"path to each other), and read as whole GPUs the pod does not fit: {demand.message}")
+    if count > 1 or demand.world_size > 1 or demand.nodes > 1:
+        return problem(f"{where} asks {count} MIG instance(s) for an engine of tensor-parallel-size {demand.tp} x "
+                       f"pipeline-parallel-size {demand.pp}; MIG instances have no NVLink or P2P path to each other, "
+                       f"so a group needs whole GPUs: ask {GPU_RESOURCE}: N, or one MIG instance for a single-GPU engine")
+    if demand.require_nvlink:
         return problem(f"annotation {ANN_REQUIRE_NVLINK} is true but the pod asks a MIG instance ({resource}), which "
                        f"has no NVLink: drop the annotation or ask {GPU_RESOURCE}")
-    if ANN_MEMORY in annotations:
+    if demand.memory_per_gpu_bytes is not None:
         return problem(f"annotation {ANN_MEMORY} beside a MIG instance ({resource}): the profile fixes its memory; "
                        "drop the annotation")
     profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
@@ -231,6 +235,18 @@ def apply_patch(document: Mapping[str, Any], patch: Sequence[Mapping[str, Any]])
                 target[last] = copy.deepcopy(op["value"])
         else:
             raise ValueError(f"{op['path']}: operation {op['op']!r} is not one gpusched writes")
+    return out
+
+
+def _as_gpus(pod: Mapping[str, Any], index: int, resource: str) -> dict[str, Any]:
+    """A copy of ``pod`` whose container ``index`` asks ``nvidia.com/gpu`` in place of ``resource``,
+    for demand parsing, which counts whole GPUs only."""
+    out = copy.deepcopy(dict(pod))
+    resources = out["spec"]["containers"][index].get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if resource in values:
+            values[GPU_RESOURCE] = values.pop(resource)
     return out
 
 

@@ -134,8 +134,8 @@ def _two_gpu_containers(pod):
     return pod
 
 
-def _mig(count: str, annotations: dict[str, str] | None = None):
-    pod = make_pod(gpus=0, annotations=annotations)
+def _mig(count: str, annotations: dict[str, str] | None = None, args: list[str] | None = None):
+    pod = make_pod(gpus=0, annotations=annotations, args=args)
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": count}}
     return pod
 
@@ -163,7 +163,10 @@ def _gpu_and_mig(pod):
                  id="several-gpu-containers"),
     pytest.param(make_pod(gpus=0), ["no container asks nvidia.com/gpu"], id="no-gpus"),
     pytest.param(_mig("2"), ["2 MIG instance(s)", "no NVLink or P2P path"], id="mig-group"),
-    pytest.param(_mig("1", {"gpusched.io/tensor-parallel-size": "2"}), ["tensor-parallel-size 2"], id="mig-tp2"),
+    pytest.param(_mig("1", {"gpusched.io/tensor-parallel-size": "2", "gpusched.io/model-attention-heads": "32"}),
+                 ["single-GPU engine only", "tensor-parallel-size (2)"], id="mig-tp2-annotation"),
+    pytest.param(_mig("1", args=["serve", MODEL, "-pp", "2"]), ["single-GPU engine only", "pipeline-parallel-size (2)"],
+                 id="mig-pp2-args"),
     pytest.param(_mig("1", NVLINK), ["has no NVLink"], id="mig-nvlink"),
     pytest.param(_gpu_and_mig(make_pod(gpus=1)), ["never both"], id="gpu-and-mig"),
 ])
