@@ -40,8 +40,9 @@ def _message(exc: ApiException) -> str:
 class KubeTemplateCreator:
     """Get-or-create of ResourceClaimTemplates with the extender's identity."""
 
-    def __init__(self, api: client.ApiClient, request_timeout_s: float = 5.0):
-        self._resource = client.ResourceV1Api(api)
+    def __init__(self, api: client.ApiClient | None, request_timeout_s: float = 5.0, *, resource: Any = None):
+        """``resource``: a ``ResourceV1Api`` (default: one over ``api``), given by tests."""
+        self._resource = resource if resource is not None else client.ResourceV1Api(api)
         self._timeout = request_timeout_s
 
     def ensure(self, namespace: str, template: Mapping[str, Any]) -> None:
