@@ -4,7 +4,8 @@ etcd and kube-apiserver (RBAC on, token authentication, self-signed serving cert
 service-account signing key) on loopback ports; identities for the gpusched scheduler and
 extender minted with the TokenRequest API for the service accounts that ``manifests/`` declares,
 so the components run with exactly the RBAC the manifests grant. No kubelet and no
-controller-manager: tests create Node objects and set their status themselves.
+controller-manager: tests create Node objects and set their status themselves (a test that needs
+one controller starts a controller-manager running only it: :meth:`ControlPlane.start_controllers`).
 
 Binaries come from ``hack/build-control-plane.sh`` (built from the Go module proxy, cached).
 """
@@ -63,11 +64,13 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 TELEMETRY_HOST = "gpusched-telemetry.gpusched-system.svc"
+WEBHOOK_HOST = "gpusched-webhook.gpusched-system.svc"
 
 
 def make_pki(d: Path) -> None:
-    """A throwaway CA, serving certs for the apiserver (127.0.0.1/localhost) and the extender's
-    telemetry port (127.0.0.1 and the gpusched-telemetry Service name), and an SA signing key."""
+    """A throwaway CA, serving certs for the apiserver (127.0.0.1/localhost), the extender's
+    telemetry port (127.0.0.1 and the gpusched-telemetry Service name) and its admission webhook
+    (127.0.0.1 and the gpusched-webhook Service name), and an SA signing key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "3", "-subj", "/CN=gpusched-test-ca", cwd=d)
@@ -86,6 +89,12 @@ def make_pki(d: Path) -> None:
     (d / "telemetry.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:{TELEMETRY_HOST}\nextendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "telemetry.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "telemetry.crt", "-days", "3", "-extfile", "telemetry.ext", cwd=d)
+    # The extender's DRA-claims admission webhook (--webhook-port): the apiserver dials 127.0.0.1.
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "webhook.key", "-out", "webhook.csr",
+             "-subj", "/CN=gpusched-webhook", cwd=d)
+    (d / "webhook.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:{WEBHOOK_HOST}\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "webhook.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "webhook.crt", "-days", "3", "-extfile", "webhook.ext", cwd=d)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -249,6 +258,22 @@ class ControlPlane:
             except client.ApiException:
                 return False
         cm.wait_healthy(default_account, 60, "did not create the default ServiceAccount")
+
+    def start_controllers(self, *controllers: str) -> Component:
+        """A kube-controller-manager running only ``controllers`` (names as its ``--controllers``
+        flag lists them, e.g. ``resourceclaim-controller``, which turns pods' ResourceClaimTemplates
+        into ResourceClaims), as the admin identity; for tests that need one controller on the
+        simulated-node control plane, which otherwise runs none. The caller stops it (and removes
+        it from ``components``) when done."""
+        port = free_port()
+        kubeconfig = self.kubeconfig(self.admin_token, "kube-controller-manager-" + "-".join(controllers))
+        cm = self._spawn("kube-controller-manager-" + "-".join(controllers), [
+            str(self.bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", "--leader-elect=false",
+            f"--controllers={','.join(controllers)}", *self.feature_gate_args(), "--v=1"])
+        cm.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
+        return cm
 
     def feature_gate_args(self) -> list[str]:
         """``--feature-gates=...`` for this control plane's gates (none: no flag), for every

@@ -95,12 +95,18 @@ class Stack:
         """Start the extender (on ``port`` to restart one that kube-scheduler already points at)."""
         port = port or free_port()
         self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
+        self.webhook_port = getattr(self, "webhook_port", None) or free_port()
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
+        # The DRA-claims webhook listens always; only a test that registers its configuration
+        # (enable_dra_claims) sends it reviews.
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
                                    "--telemetry-address", f"127.0.0.1:{self.telemetry_port}",
                                    "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
                                    "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"),
-                                   "--scheduling-address", f"unix://{self.scheduling_socket}", *extra_args],
+                                   "--scheduling-address", f"unix://{self.scheduling_socket}",
+                                   "--webhook-port", str(self.webhook_port), "--webhook-host", "127.0.0.1",
+                                   "--webhook-tls-cert", str(self.cp.pki / "webhook.crt"),
+                                   "--webhook-tls-key", str(self.cp.pki / "webhook.key"), *extra_args],
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
@@ -234,6 +240,31 @@ class Stack:
         dra = MANIFESTS / "overlays" / "dra"
         self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-dra.yaml", dra / "rbac-extender-dra.yaml",
                                                             dra / "deviceclasses.yaml"]))
+
+    def enable_dra_claims(self) -> dict[str, Any]:
+        """The DRA-claims webhook as manifests/overlays/dra installs it: the extender's grant for
+        templates and the policy confining it (rbac-claims.yaml), and the MutatingWebhookConfiguration
+        of claims-webhook.yaml with its caBundle injected (as hack/webhook-certs.sh does) and, since
+        no Service routes here, its clientConfig pointed at this extender's webhook port. Returns
+        the configuration registered; :meth:`disable_dra_claims` removes it."""
+        import base64
+
+        dra = MANIFESTS / "overlays" / "dra"
+        self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-claims.yaml"]))
+        (config,) = [doc for _, doc in manifest_documents([dra / "claims-webhook.yaml"])
+                     if doc["kind"] == "MutatingWebhookConfiguration"]
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{path}",
+                                    "caBundle": base64.b64encode((self.cp.pki / "ca.crt").read_bytes()).decode()}
+        self.cp.apply([config])
+        return config
+
+    def disable_dra_claims(self, config: dict[str, Any]) -> None:
+        from kubernetes import client
+
+        client.AdmissionregistrationV1Api(self.cp.api_client()).delete_mutating_webhook_configuration(
+            config["metadata"]["name"])
 
     def start_plugin_scheduler(self, name: str = "kube-scheduler-gpusched-plugin",
                                adjust: Callable[[dict[str, Any]], None] | None = None, *,

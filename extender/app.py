@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 from prometheus_client import Counter
 
+from extender.api.admission import build_admission_router
 from extender.api.routes import build_router, install_openapi
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
+from extender.service.claim_admission import ClaimAdmission
 from extender.settings import Settings
 
 
@@ -55,4 +57,12 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = c.metrics
+    return app
+
+
+def create_webhook_app(admission: ClaimAdmission) -> FastAPI:
+    """The admission webhook's app (served on its own HTTPS listener, ``--webhook-port``)."""
+    app = FastAPI(title="gpusched DRA-claims webhook", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None)
+    app.include_router(build_admission_router(admission))
+    app.state.admission = admission
     return app

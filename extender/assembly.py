@@ -64,6 +64,7 @@ class Assembled:
     reflectors: list[Any] = field(default_factory=list)
     telemetry_server: Any = None
     scheduling_server: Any = None
+    webhook_server: Any = None
 
     def wait_synced(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -182,6 +183,8 @@ def assemble(settings: Settings) -> Assembled:
             collaborators.ready = _both_ready(collaborators.ready, assembled.telemetry_server.ready)
     if settings.scheduling_address:
         assembled.scheduling_server = _start_scheduling(settings, state, collaborators, requeue_feed)
+    if settings.webhook_port:
+        assembled.webhook_server = _start_webhook(settings, api, framework_decider, profile)
     return assembled
 
 
@@ -231,6 +234,35 @@ def _debug_nodes(state: ClusterState, describe: Any) -> dict[str, Any]:
     if dra is not None:
         out["dra"] = dra.describe()
     return out
+
+
+def _start_webhook(settings: Settings, api: Any, decider: FrameworkDecider, profile: ProfileConfig) -> Any:
+    """The DRA-claims admission webhook on its own HTTPS listener: the decider's model catalog (the
+    ConfigMap's, swapped as it changes) and the profile's NvlinkTopology requireNvlink as the
+    default for pods that do not say."""
+    from extender.adapters.claim_templates import KubeTemplateCreator, WebhookServer
+    from extender.app import create_webhook_app
+    from extender.service.claim_admission import ClaimAdmission
+
+    admission = ClaimAdmission(KubeTemplateCreator(api), lambda: decider.catalog,
+                               require_nvlink=_profile_requires_nvlink(profile))
+    assert settings.webhook_tls_cert and settings.webhook_tls_key  # Settings requires them with a port
+    for path in (settings.webhook_tls_cert, settings.webhook_tls_key):
+        if not Path(path).is_file():
+            raise StartupError(f"--webhook-tls-cert/--webhook-tls-key: {path}: no such file")
+    try:
+        return WebhookServer(create_webhook_app(admission), settings.webhook_host, settings.webhook_port,
+                             settings.webhook_tls_cert, settings.webhook_tls_key, settings.log_level).start()
+    except RuntimeError as exc:
+        raise StartupError(f"--webhook-port {settings.webhook_port}: {exc}") from None
+
+
+def _profile_requires_nvlink(profile: ProfileConfig) -> bool:
+    """NvlinkTopology's requireNvlink in the profile (False when the profile gives no args for it,
+    the plugin's default, or does not use it)."""
+    if "NvlinkTopology" not in profile.enabled():
+        return False
+    return bool(getattr(profile.plugin_args.get("NvlinkTopology"), "require_nvlink", False))
 
 
 def _pod_requeue(feed: RequeueFeed, nudger: Any) -> Any:

@@ -180,6 +180,17 @@ class Settings(BaseModel):
     bind_write_timeout_s: Annotated[float, Field(gt=0), duration_flag("--bind-write-timeout")] = 10.0
     """the apiserver timeout of one bind write; a gang's wait at the barrier leaves room for it below
     the scheduler's httpTimeout"""
+    webhook_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """HTTPS port of the DRA-claims mutating admission webhook (POST /mutate/dra-claims: a pod asking
+    nvidia.com/gpu gets a ResourceClaimTemplate; manifests/overlays/dra); 0 = off (the default)"""
+    webhook_host: str = "0.0.0.0"
+    """address the admission webhook listens on (the apiserver dials it through the gpusched-webhook
+    Service, so not loopback in a cluster)"""
+    webhook_tls_cert: str | None = None
+    """PEM certificate chain of the admission webhook (tls.crt of the Secret gpusched-webhook-tls; its CA is
+    the MutatingWebhookConfiguration's caBundle); required with --webhook-port"""
+    webhook_tls_key: str | None = None
+    """PEM private key of the admission webhook (tls.key)"""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -205,6 +216,13 @@ class Settings(BaseModel):
                                             or self.scheduling_address.rsplit(":", 1)[-1].isdigit()):
             raise SettingsError(f"scheduling_address: write unix:///path/to.sock or host:port, got "
                                 f"{self.scheduling_address!r}")
+        if self.webhook_port and not (self.webhook_tls_cert and self.webhook_tls_key):
+            raise SettingsError("webhook_port: the apiserver calls admission webhooks over HTTPS only; give "
+                                "--webhook-tls-cert and --webhook-tls-key (hack/webhook-certs.sh makes them)")
+        if bool(self.webhook_tls_cert) != bool(self.webhook_tls_key):
+            raise SettingsError("webhook_tls_cert/webhook_tls_key: give both (a Secret's tls.crt and tls.key) or neither")
+        if self.no_kube and self.webhook_port:
+            raise SettingsError("webhook_port: the standalone mode (--no-kube) cannot create ResourceClaimTemplates")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
         if problem := self.barrier_timing.problem():

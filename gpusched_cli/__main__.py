@@ -3,6 +3,7 @@
   gpusched explain NAMESPACE/POD   why a pod is where it is, or why it waits
   gpusched nodes                   GPU inventory and holders per node, as gpusched sees them
   gpusched tune                    tuned vLLM parameters for a model on given GPUs (no cluster needed)
+  gpusched claim POD.yaml          the ResourceClaimTemplate and rewritten pod a GPU pod becomes in DRA mode
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
-    from gpusched_cli import tune
+    from gpusched_cli import claim, tune
 
     tune.add_parser(sub)
+    claim.add_parser(sub)
     args = p.parse_args(argv)
+    if args.command == "claim":
+        text, code = claim.run(args)
+        print(text, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     if args.command == "tune":
         from engine_sidecar.errors import SidecarError
 

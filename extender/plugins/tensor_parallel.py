@@ -24,7 +24,10 @@ from extender.framework.args import PluginArgs
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
+from extender.model.heads import tp_problem, valid_tp_sizes
 from extender.model.validation import BOUNDS, Say
+
+__all__ = ["NAME", "TensorParallel", "TensorParallelArgs", "new", "tp_problem", "valid_tp_sizes"]
 
 NAME = "TensorParallel"
 
@@ -34,25 +37,6 @@ class TensorParallelArgs(PluginArgs):
     """``suggest_up_to``: list the valid TP sizes up to this bound in the reason (0: don't)."""
 
     suggest_up_to: Annotated[StrictInt, Field(ge=0, le=1024), Say("must be between 0 and 1024", kinds=BOUNDS)] = 16
-
-
-def valid_tp_sizes(heads: int, kv_heads: int | None, up_to: int) -> list[int]:
-    """TP sizes in 1..up_to that vLLM accepts for this head geometry."""
-    return [tp for tp in range(1, up_to + 1) if tp_problem(heads, kv_heads, tp) is None]
-
-
-def tp_problem(heads: int, kv_heads: int | None, tp: int) -> str | None:
-    """vLLM's complaint about this TP size, or None if it is valid."""
-    if heads % tp:
-        return (f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
-                f"size ({tp}).")
-    if kv_heads is not None:
-        numerator, denominator = (kv_heads, tp) if tp < kv_heads else (tp, kv_heads)
-        if numerator % denominator:
-            return (f"Total number of KV heads ({kv_heads}) must be divisible by tensor parallel "
-                    f"size ({tp}), or tensor parallel size by it; vLLM would fail with "
-                    f"'{numerator} is not divisible by {denominator}'.")
-    return None
 
 
 class TensorParallel:

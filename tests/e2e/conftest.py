@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_namespace, unique
+from devcluster.cluster import create_gpu_node, create_namespace, unique, wait_until
 from devcluster.controlplane import (
     PLUGIN_SCHEDULER_CONFIG,
     ControlPlane,
@@ -19,6 +21,7 @@ from devcluster.controlplane import (
 from devcluster.modes import MODES, PLUGIN_MODE, SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
+from tests.e2e.dra_support import SCHEDULER, slices
 
 pytestmark = pytest.mark.e2e
 
@@ -110,3 +113,52 @@ def namespace(admin: client.ApiClient) -> Iterator[str]:
     create_namespace(admin, name)
     yield name
     client.CoreV1Api(admin).delete_namespace(name)
+
+
+# -- DRA mode (issue 21): tests/e2e/test_dra_allocation.py, test_dra_claims.py -------------------
+
+@pytest.fixture(scope="module")
+def dra(stack: Stack, control_plane: ControlPlane) -> Any:
+    """The DeviceClasses of manifests/overlays/dra, and a stock kube-scheduler whose one profile
+    (``dra-only``) runs the default plugins, DynamicResources among them, and asks no extender."""
+    stack.enable_dra()
+
+    def stock_only(config: dict) -> None:
+        # gpusched's DRA pods carry the marker gpusched.io/dra (what makes a gpusched-configured
+        # scheduler ask the extender); a profile without the extender ignores it like the extender
+        # config's ignoredByScheduler does.
+        config["profiles"] = [{"schedulerName": SCHEDULER, "pluginConfig": [
+            {"name": "NodeResourcesFit", "args": {"ignoredResources": ["gpusched.io/dra"]}}]}]
+        config.pop("extenders", None)
+        config["leaderElection"] = {"leaderElect": False}
+
+    scheduler = stack.start_scheduler("kube-scheduler-dra", stock_only)
+    yield client.ResourceV1Api(control_plane.api_client())
+    scheduler.stop()
+    stack.schedulers.remove(scheduler)
+
+
+@pytest.fixture
+def dra_nodes(admin, stack: Stack, tmp_path):
+    """``add(fleet_yaml) -> (node, fleet_path, agent)``: a Node labelled with this test's fleet id and
+    an agent publishing its slice; waits for the slice. Nodes and agents are removed afterwards."""
+    fleet_id = unique("dra")
+    started: list[tuple[str, Component]] = []
+
+    def add(fleet_text: str) -> tuple[str, Path, Component]:
+        node = unique("dra-n")
+        create_gpu_node(admin, node, gpus=0, labels={"gpusched.io/test-fleet": fleet_id})
+        fleet = tmp_path / f"{node}.yaml"
+        fleet.write_text(fleet_text)
+        agent = stack.start_agent(node, fleet, extra_args=("--dra",))
+        started.append((node, agent))
+        wait_until(lambda: slices(admin, node), 30, f"the agent to publish {node}'s ResourceSlice",
+                   context=lambda: agent.tail(20))
+        return node, fleet, agent
+
+    yield fleet_id, add
+    for node, agent in started:
+        agent.stop()
+        for s in slices(admin, node):
+            client.ResourceV1Api(admin).delete_resource_slice(s["metadata"]["name"])
+        client.CoreV1Api(admin).delete_node(node)

@@ -2,7 +2,8 @@
 (manifests/base/admission-policies.yaml; issue 14, S2/S3): with the very tokens the components run
 with, the node agent cannot touch another node or any field but its inventory annotation (nor, in
 DRA mode, any ResourceSlice but its own node's of its own driver), and the extender cannot change
-anything on a pod or node but gpusched.io/ annotations — not a pod's image."""
+anything on a pod or node but gpusched.io/ annotations — not a pod's image — nor, with the DRA-claims
+webhook's grant, write a ResourceClaimTemplate that is not gpusched's own (its name prefix and label)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, unique, wait_until
-from devcluster.controlplane import API_AUDIENCE, EXTENDER_SA, NAMESPACE, SCHEDULER_SA, ControlPlane
+from devcluster.controlplane import (
+    API_AUDIENCE,
+    EXTENDER_SA,
+    MANIFESTS,
+    NAMESPACE,
+    SCHEDULER_SA,
+    ControlPlane,
+    manifest_documents,
+)
 from devcluster.stack import Stack
 
 INVENTORY = "gpusched.io/gpu-inventory"
@@ -228,3 +237,68 @@ def test_the_agent_cannot_change_or_delete_another_nodes_slice(admin, agent_slic
         assert "only the ResourceSlices of the Node its pod runs on" in body, body
     finally:
         resource.delete_resource_slice(name)
+
+
+# -- DRA claims (issue 21, item 2): the extender's ResourceClaimTemplates -------------------------
+
+MANAGED = {"app.kubernetes.io/managed-by": "gpusched"}
+
+
+def claim_template(name: str, labels: dict[str, str]) -> Any:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.gpusched.io", "count": 1}}]}}}}
+
+
+@pytest.fixture(scope="module")
+def extender_templates(stack: Stack, control_plane: ControlPlane, admin) -> Any:
+    """(api, namespace): the extender's identity for resource.k8s.io with manifests/overlays/dra's
+    grant (rbac-claims.yaml) and its policy applied, once the apiserver enforces the policy (it
+    loads asynchronously: a template without the label is refused each try, else removed)."""
+    control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "overlays/dra/rbac-claims.yaml"]))
+    namespace = unique("vap-claims")
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace}})
+    api = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
+
+    def in_force() -> bool:
+        probe = unique("gpusched-probe")
+        try:
+            api.create_namespaced_resource_claim_template(namespace, claim_template(probe, {}), _preload_content=False)
+        except client.ApiException as exc:
+            return exc.status == 403 and "gpusched-extender-claim-templates" in (exc.body or "")
+        client.ResourceV1Api(admin).delete_namespaced_resource_claim_template(probe, namespace)
+        return False
+
+    wait_until(in_force, 30, "the extender's claim-template policy in force")
+    yield api, namespace
+    client.CoreV1Api(admin).delete_namespace(namespace)
+
+
+def test_the_extender_may_create_and_get_gpusched_templates(extender_templates):
+    api, namespace = extender_templates
+    name = unique("gpusched-ok")
+    api.create_namespaced_resource_claim_template(namespace, claim_template(name, MANAGED), _preload_content=False)
+    api.read_namespaced_resource_claim_template(name, namespace, _preload_content=False)
+
+
+@pytest.mark.parametrize("name, labels, needle", [
+    pytest.param("shared-gpus", MANAGED, "named gpusched-<hash>, not shared-gpus", id="other-name"),
+    pytest.param("gpusched-unlabelled", {}, "has no such label", id="no-label"),
+    pytest.param("gpusched-helm", {"app.kubernetes.io/managed-by": "Helm"}, "is labelled Helm", id="other-manager"),
+])
+def test_the_extender_cannot_create_templates_that_are_not_gpuscheds(extender_templates, name, labels, needle):
+    api, namespace = extender_templates
+    body = refused(lambda: api.create_namespaced_resource_claim_template(
+        namespace, claim_template(unique(name) if name.startswith("gpusched-") else name, labels), _preload_content=False))
+    message = json.loads(body)["message"]
+    assert "gpusched-extender-claim-templates" in message and needle in message, message
+
+
+def test_the_extender_cannot_delete_a_template(extender_templates, admin):
+    api, namespace = extender_templates
+    name = unique("gpusched-keep")
+    client.ResourceV1Api(admin).create_namespaced_resource_claim_template(namespace, claim_template(name, MANAGED),
+                                                                          _preload_content=False)
+    body = refused(lambda: api.delete_namespaced_resource_claim_template(name, namespace))
+    assert "cannot delete resource" in body, body

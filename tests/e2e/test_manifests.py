@@ -37,7 +37,7 @@ def test_the_stack_installs_base_and_crds_only():
     assert installed == {"base", "crds"}
 
 
-@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode"])
+@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra"])
 def test_kustomization_lists_every_file(folder):
     """Every file of the folder is a resource or a patch of its kustomization: none is left out."""
     import yaml

@@ -41,21 +41,109 @@ def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane
 def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
     # The fake-gpus demo's init container alone reads its Node: that overlay adds exactly that grant.
-    # DRA mode adds the DeviceClasses its claims name and the agent's grant for its ResourceSlices.
+    # DRA mode adds the DeviceClasses its claims name, the agent's grant for its ResourceSlices and
+    # the claims webhook (its configuration, Service, the extender's grant and the policy on it); the
+    # extender container serves the webhook, and the NetworkPolicy opens its port.
     added = {"overlays/fake-gpus": {("ClusterRole", "", "gpusched-node-agent-read-nodes"),
                                     ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")},
              "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io"),
                               ("ClusterRole", "", "gpusched-node-agent-dra"),
                               ("ClusterRoleBinding", "", "gpusched-node-agent-dra"),
                               ("ClusterRole", "", "gpusched-extender-dra"),
-                              ("ClusterRoleBinding", "", "gpusched-extender-dra")}}
+                              ("ClusterRoleBinding", "", "gpusched-extender-dra"),
+                              ("MutatingWebhookConfiguration", "", "gpusched-dra-claims"),
+                              ("Service", "gpusched-system", "gpusched-webhook"),
+                              ("ClusterRole", "", "gpusched-extender-claims"),
+                              ("ClusterRoleBinding", "", "gpusched-extender-claims"),
+                              ("ValidatingAdmissionPolicy", "", "gpusched-extender-claim-templates"),
+                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-claim-templates")}}
+    agent = ("DaemonSet", "gpusched-system", "gpusched-node-agent")
+    # DRA mode also turns on the extender's DRA watches (--dra) and its claims webhook (port, Secret).
+    also_changed = {"overlays/dra": {("Deployment", "gpusched-system", "gpusched-scheduler"),
+                                     ("NetworkPolicy", "gpusched-system", "gpusched-scheduler")}}
     for folder in ("overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin", "overlays/dra"):
         overlay = normalised(kustomize_build(MANIFESTS / folder))
         assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
-        # DRA mode also turns on the extender's DRA watches (--dra).
-        extra = {("Deployment", "gpusched-system", "gpusched-scheduler")} if folder == "overlays/dra" else set()
-        assert changed == {("DaemonSet", "gpusched-system", "gpusched-node-agent")} | extra, folder
+        assert changed == {agent} | also_changed.get(folder, set()), folder
+
+
+def test_dra_overlay_serves_the_claims_webhook_on_opted_in_namespaces_only():
+    """The webhook's configuration (failurePolicy Fail, opted-in namespaces, GPU pods only, no side
+    effects on dry run, caBundle left to the installer), the extender serving it from the Secret on
+    the Service's target port, that port open, and the extender's grant: get and create templates."""
+    objects = kustomize_build(MANIFESTS / "overlays/dra")
+    (config,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "NoneOnDryRun" and hook["timeoutSeconds"] <= 5
+    assert hook["namespaceSelector"] == {"matchLabels": {"gpusched.io/dra-claims": "enabled"}}
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    assert "nvidia.com/gpu" in hook["matchConditions"][0]["expression"]
+    assert "caBundle" not in hook["clientConfig"]  # hack/webhook-certs.sh injects it
+    service_ref = hook["clientConfig"]["service"]
+    assert service_ref["path"] == "/mutate/dra-claims"
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == service_ref["name"])
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == service_ref["port"] and service["metadata"]["namespace"] == service_ref["namespace"]
+    extender = _container(objects, "Deployment", "extender")
+    assert f"--webhook-port={port['targetPort']}" in extender["args"]
+    assert "--webhook-tls-cert=/etc/gpusched/webhook-tls/tls.crt" in extender["args"]
+    volumes = {v["name"]: v for v in _deployment_spec(objects)["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == "gpusched-webhook-tls"
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    assert any({"port": port["targetPort"], "protocol": "TCP"} in rule["ports"] and "from" not in rule
+               for rule in policy["spec"]["ingress"])
+    role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpusched-extender-claims")
+    assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+                              "verbs": ["get", "create"]}]
+
+
+def test_the_webhook_cert_script_makes_the_secret_and_injects_the_ca(control_plane: ControlPlane, tmp_path):
+    """hack/webhook-certs.sh against the real apiserver: the Secret, and the CA as the webhook
+    configuration's caBundle, verifying the serving certificate for the Service's name; a rerun
+    keeps the CA and a server-side apply of the manifest keeps the injected caBundle."""
+    import base64
+    import subprocess
+
+    from kubernetes import client
+
+    from devcluster.cluster import unique
+
+    ns = unique("whcerts")
+    admin = control_plane.kubeconfig(control_plane.admin_token, "admin")
+    env = {"PATH": f"{control_plane.bin_dir}:/usr/bin:/bin",
+           "KUBECTL": f"{control_plane.bin_dir / 'kubectl'} --kubeconfig {admin}"}
+    script = MANIFESTS.parent / "hack" / "webhook-certs.sh"
+    (config,) = [o for o in kustomize_build(MANIFESTS / "overlays/dra") if o["kind"] == "MutatingWebhookConfiguration"]
+    config["metadata"]["name"] = "gpusched-dra-claims"
+    config["webhooks"][0]["namespaceSelector"] = {"matchLabels": {"gpusched.io/dra-claims": unique("never")}}
+    control_plane.apply([config])
+    admission = client.AdmissionregistrationV1Api(control_plane.api_client())
+    core = client.CoreV1Api(control_plane.api_client())
+    bundles = []
+    try:
+        for _ in range(2):
+            run = subprocess.run(["bash", str(script), ns, str(tmp_path / "pki")], env=env, capture_output=True,
+                                 text=True)
+            assert run.returncode == 0, run.stdout + run.stderr
+            secret = core.read_namespaced_secret("gpusched-webhook-tls", ns)
+            assert secret.type == "kubernetes.io/tls"
+            bundle = admission.read_mutating_webhook_configuration("gpusched-dra-claims").webhooks[0].client_config.ca_bundle
+            bundles.append(bundle)
+            (tmp_path / "tls.crt").write_bytes(base64.b64decode(secret.data["tls.crt"]))
+            (tmp_path / "ca.crt").write_bytes(base64.b64decode(bundle))
+            verify = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname",
+                                     f"gpusched-webhook.{ns}.svc", "tls.crt"], cwd=tmp_path, capture_output=True,
+                                    text=True)
+            assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert bundles[0] == bundles[1], "a rerun replaced the CA the apiserver trusts"
+        control_plane.apply([config])
+        kept = admission.read_mutating_webhook_configuration("gpusched-dra-claims").webhooks[0].client_config.ca_bundle
+        assert kept == bundles[0], "re-applying the manifest dropped the injected caBundle"
+    finally:
+        admission.delete_mutating_webhook_configuration("gpusched-dra-claims")
+        core.delete_namespace(ns)
 
 
 def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_instances():

@@ -24,7 +24,8 @@ PUBLISHED_FLAGS = {
     "--telemetry-max-streams": "telemetry_max_streams", "--scheduler-http-timeout": "scheduler_http_timeout_s",
     "--scheduler-max-backoff": "scheduler_max_backoff_s", "--bind-write-timeout": "bind_write_timeout_s",
     "--scheduling-address": "scheduling_address", "--telemetry-ingest": "telemetry_ingest",
-    "--topology-tiers": "topology_tiers", "--dra": "dra",
+    "--topology-tiers": "topology_tiers", "--dra": "dra", "--webhook-port": "webhook_port",
+    "--webhook-host": "webhook_host", "--webhook-tls-cert": "webhook_tls_cert", "--webhook-tls-key": "webhook_tls_key",
 }
 
 
@@ -55,7 +56,8 @@ def test_every_flag_reaches_its_field():
             "--agent-service-account=system:serviceaccount:x:y", "--stale-after-periods=5", "--telemetry-period=1500ms",
             "--telemetry-max-streams=7", "--scheduler-http-timeout=90s", "--scheduler-max-backoff=20",
             "--bind-write-timeout=15s", "--scheduling-address=unix:///run/gpusched/scheduling.sock",
-            "--telemetry-ingest=thread", "--topology-tiers=rack=example.com/rack"]
+            "--telemetry-ingest=thread", "--topology-tiers=rack=example.com/rack", "--webhook-port=9444",
+            "--webhook-host=10.0.0.1", "--webhook-tls-cert=/wc", "--webhook-tls-key=/wk"]
     s = settings_from(parse_args(argv))
     assert s == Settings(host="0.0.0.0", port=9000, url_prefix="/", max_body_bytes=2048, decision_capacity=5,
                          kubeconfig="/kc", token_file="/tok", namespace="ns", profile="/p.yaml", sync_timeout_s=60.0,
@@ -64,7 +66,8 @@ def test_every_flag_reaches_its_field():
                          stale_after_periods=5.0, telemetry_period_s=1.5, telemetry_max_streams=7,
                          scheduler_http_timeout_s=90.0, scheduler_max_backoff_s=20.0, bind_write_timeout_s=15.0,
                          scheduling_address="unix:///run/gpusched/scheduling.sock", telemetry_ingest="thread",
-                         topology_tiers="rack=example.com/rack")
+                         topology_tiers="rack=example.com/rack", webhook_port=9444, webhook_host="10.0.0.1",
+                         webhook_tls_cert="/wc", webhook_tls_key="/wk")
     assert s.verb_prefix == "" and s.barrier_timing.max_wait_s == 90 - 15 - 5
     assert s.tier_labels == {"rack": "example.com/rack"}
     switches = settings_from(parse_args(["--no-kube", "--telemetry-insecure"]))
@@ -116,6 +119,11 @@ def test_durations_read_like_kube_schedulers_config(text, seconds):
                  id="telemetry-ingest-mode"),
     pytest.param({"topology_tiers": "rack"}, "topology_tiers (--topology-tiers): 'rack': write name=node-label pairs",
                  id="tier-without-label"),
+    pytest.param({"webhook_port": 9444}, "webhook_port: the apiserver calls admission webhooks over HTTPS only",
+                 id="webhook-without-tls"),
+    pytest.param({"webhook_tls_key": "/k"}, "webhook_tls_cert/webhook_tls_key: give both", id="webhook-key-only"),
+    pytest.param({"no_kube": True, "webhook_port": 9444, "webhook_tls_cert": "/c", "webhook_tls_key": "/k"},
+                 "webhook_port: the standalone mode", id="standalone-webhook"),
     pytest.param({"no_such_setting": 1}, "no_such_setting: not a setting", id="unknown"),
 ])
 def test_bad_values_fail_naming_the_field(kwargs, needle):

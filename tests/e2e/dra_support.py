@@ -1,0 +1,99 @@
+"""What the DRA end-to-end tests share (tests/e2e/test_dra_allocation.py, test_dra_claims.py): the
+ResourceSlices the agents publish, ResourceClaims and their allocations, pods of the stock-only
+``dra-only`` scheduler. The fixtures (``dra``, ``dra_nodes``) are in conftest.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from devcluster.cluster import pod_node, pod_scheduled_message, unique, wait_until
+from nodeagent.gpu.fake import preset_path
+
+DRIVER = "gpu.gpusched.io"
+ISLAND = f"{DRIVER}/nvlinkIsland"
+SCHEDULER = "dra-only"
+
+
+def raw(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def slices(admin, node: str) -> list[dict[str, Any]]:
+    return raw(client.ResourceV1Api(admin).list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False))["items"]
+
+
+def devices(admin, node: str) -> dict[str, dict[str, Any]]:
+    (only,) = slices(admin, node)
+    return {d["name"]: d for d in only["spec"]["devices"]}
+
+
+def preset(name: str) -> str:
+    return preset_path(name).read_text()
+
+
+def h100s(count: int, foreign_gpus: tuple[int, ...] = (), foreign_mib: int = 60 * 1024) -> str:
+    return yaml.safe_dump({
+        "version": 1, "nvswitch": True,
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "numaNode": 0,
+                  "pcieSwitch": f"pcie{i // 2}"} for i in range(count)],
+        "processes": [{"pid": 4000 + i, "gpu": i, "usedMiB": foreign_mib} for i in foreign_gpus]})
+
+
+def claim_and_pod(admin, namespace: str, fleet_id: str, *, count: int, device_class: str = "gpu.gpusched.io",
+                  nvlink: bool = False, node: str | None = None) -> str:
+    """A ResourceClaim for ``count`` devices of ``device_class`` (all in one NVLink island when
+    ``nvlink``) and a pod of the ``dra-only`` scheduler that uses it; returns their name."""
+    name = unique("claim")
+    spec: dict[str, Any] = {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": device_class, "count": count}}]}}
+    if nvlink:
+        spec["devices"]["constraints"] = [{"requests": ["gpus"], "matchAttribute": ISLAND}]
+    claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+    client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
+    selector = {"gpusched.io/test-fleet": fleet_id, **({"kubernetes.io/hostname": node} if node else {})}
+    pod: Any = {
+        "metadata": {"name": name},
+        "spec": {"schedulerName": SCHEDULER, "nodeSelector": selector, "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
+                 "containers": [{"name": "engine", "image": "registry.local/vllm:1",
+                                 "resources": {"claims": [{"name": "gpus"}]}}]}}
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
+    return name
+
+
+def allocation(admin, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The claim's allocated devices (``status.allocation.devices.results``); [] while unallocated."""
+    claim = raw(client.ResourceV1Api(admin).read_namespaced_resource_claim(name, namespace, _preload_content=False))
+    return ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+
+
+def allocated(admin, namespace: str, name: str, timeout_s: float = 30) -> tuple[str, list[dict[str, Any]]]:
+    """(node, results) once the pod is bound and its claim allocated."""
+    wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), timeout_s,
+               f"pod {name} bound with its claim allocated",
+               context=lambda: pod_scheduled_message(admin, namespace, name))
+    node = pod_node(admin, namespace, name)
+    assert node is not None
+    return node, allocation(admin, namespace, name)
+
+
+def stays_unallocated(admin, namespace: str, name: str, needle: str, hold_s: float = 3) -> str:
+    """The scheduler's message once it has said why it cannot place the pod (``needle``), after
+    checking for ``hold_s`` more that the pod stays unbound and the claim unallocated."""
+    def said() -> str | None:
+        message = pod_scheduled_message(admin, namespace, name)
+        return message if needle in message else None
+
+    message = wait_until(said, 30, f"the scheduler to say why {name} cannot be placed",
+                         context=lambda: pod_scheduled_message(admin, namespace, name))
+    time.sleep(hold_s)
+    assert pod_node(admin, namespace, name) is None and allocation(admin, namespace, name) == []
+    return message
+
+
