@@ -11,6 +11,8 @@ in DRA mode, its ResourceSlice.
   it keeps the node's one ``gpu.gpusched.io`` ResourceSlice equal to the devices it is given,
   writing only when they change (``nodeagent.dra.slices.next_slice``), adopting the slice a
   previous run left, and deleting extra ones.
+- :func:`claim_reader` reads one ResourceClaim for the kubelet DRA plugin (``--dra-kubelet-plugin``):
+  the kubelet's NodePrepareResources names a claim and sends no allocation.
 """
 
 from __future__ import annotations
@@ -182,3 +184,20 @@ def _json(response: Any) -> dict[str, Any]:
     """The body of a ``_preload_content=False`` call: the apiserver's JSON as it is (the client's
     models would drop fields they do not know)."""
     return json.loads(response.data)
+
+
+def claim_reader(resource: Any, *, request_timeout_s: float = 10.0) -> Callable[[str, str], dict[str, Any] | None]:
+    """``read(namespace, name)``: the ResourceClaim as the apiserver stores it (its JSON, so
+    ``status.allocation`` is complete whatever the client's models know), None when there is none;
+    any other API error raises. ``resource`` is ``kubernetes.client.ResourceV1Api``."""
+    from kubernetes.client import ApiException
+
+    def read(namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(resource.read_namespaced_resource_claim(name, namespace, _request_timeout=request_timeout_s,
+                                                                 _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise RuntimeError(f"GET resourceclaims {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+    return read
