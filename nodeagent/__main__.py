@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
     publish = list_pods = publish_slice = read_claim = None
+    republish_slice = lambda: None  # noqa: E731  # after the kubelet (re)registers the DRA plugin
     fresh_pods = lambda: []  # noqa: E731  # the node's pods from a new list (device plugin mode)
     if not args.no_kube:
         from kubernetes import client, config
@@ -154,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.dra:
             from nodeagent.kube import ResourceSliceWriter
 
-            publish_slice = InventoryPublisher(ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name),
-                                               initial=None, what="the ResourceSlice").publish
+            writer = ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name)
+            slice_publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice")
+            publish_slice = slice_publisher.publish
+
+            def republish_slice() -> None:
+                writer.relist()
+                slice_publisher.rewrite()
         if args.dra_kubelet_plugin:
             from nodeagent.kube import claim_reader
 
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     dra_runner = None
     if read_claim is not None:
         try:
-            dra_runner = _start_dra_plugin(args, agent, read_claim)
+            dra_runner = _start_dra_plugin(args, agent, read_claim, republish_slice)
         except Exception as exc:  # a corrupt checkpoint, a folder it cannot write: say so, do not serve
             print(f"gpusched node agent: cannot serve the DRA kubelet plugin: {exc}", file=sys.stderr)
             return 1
@@ -266,9 +272,10 @@ def _start_device_plugins(args: argparse.Namespace, agent: Agent, assignments, l
     return [PluginRunner(plugin, Path(args.device_plugin_dir)).start() for plugin in plugins]
 
 
-def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim) -> Any:
+def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republish_slice) -> Any:
     """The kubelet DRA plugin (``nodeagent.dra.server``): the inventory it prepares from is the
-    slice's devices at a fresh read, so a device the slice no longer has is never prepared."""
+    slice's devices at a fresh read, so a device the slice no longer has is never prepared; each
+    registration with the kubelet writes the slice again (a starting kubelet deletes it)."""
     from pathlib import Path
 
     from nodeagent.dra.checkpoint import FILE_NAME, Checkpoint
@@ -285,7 +292,7 @@ def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim) -> Any
     paths = PluginPaths.under(Path(args.kubelet_root))
     plugin = DraPlugin(read_claim, inventory, node=args.node_name, cdi_dir=Path(args.cdi_dir),
                        checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME))
-    return DraRunner(plugin, paths).start()
+    return DraRunner(plugin, paths, on_registered=republish_slice).start()
 
 
 def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None, share_plugin: Any = None) -> None:

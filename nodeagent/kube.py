@@ -72,8 +72,10 @@ class InventoryPublisher(Generic[T]):
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0):
         self._patch = patch
         self._cond = threading.Condition()
+        self._initial = initial
         self._wanted: T = initial
         self._written: T = initial
+        self._force = False  # write the wanted value again though it was written (rewrite())
         self._what = what
         self._backoff = (backoff_initial_s, backoff_max_s)
         self.last_error = ""
@@ -86,11 +88,19 @@ class InventoryPublisher(Generic[T]):
                 self._wanted = text
                 self._cond.notify()
 
+    def rewrite(self) -> None:
+        """Write the newest value again although it is unchanged: the stored object may be gone (the
+        kubelet deletes its node's ResourceSlices when it starts). No-op before the first value."""
+        with self._cond:
+            if self._wanted != self._initial:
+                self._force = True
+                self._cond.notify()
+
     def _run(self) -> None:
         delay = self._backoff[0]
         while True:
             with self._cond:
-                while self._wanted == self._written:
+                while self._wanted == self._written and not self._force:
                     self._cond.wait()
                 text = self._wanted
             try:
@@ -106,6 +116,7 @@ class InventoryPublisher(Generic[T]):
             self.published_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with self._cond:
                 self._written = text
+                self._force = False
 
 
 def inventory_patcher(core: Any, node: str, request_timeout_s: float = 10.0) -> Callable[[str], None]:
@@ -136,6 +147,10 @@ class ResourceSliceWriter:
         self._current: dict[str, Any] | None = None  # the stored slice as the apiserver returned it
         self._listed = False
         self.writes = 0  # creates and updates, for tests and /metrics
+
+    def relist(self) -> None:
+        """Forget the stored slice: the next call lists again (and re-creates a slice that was deleted)."""
+        self._listed = False
 
     def __call__(self, devices: Sequence[SliceDevice]) -> None:
         if not self._listed:

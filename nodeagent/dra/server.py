@@ -10,7 +10,9 @@ the plugin implements (``v1.DRAPlugin``, the name kubelet 1.37 looks for first i
 - DRA service:  ``<kubelet root>/plugins/gpu.gpusched.io/dra.sock`` (the checkpoint lives beside it)
 
 The runner re-creates a socket that vanished (a kubelet cleaning its folders) within a poll period;
-the watcher then registers the plugin again. On stop both sockets are removed, so the kubelet
+the watcher then registers the plugin again. A kubelet that starts deletes every ResourceSlice of its
+node (so that no pod lands on devices whose driver is not up); each registration therefore tells
+the agent to write its slice again (``on_registered``). On stop both sockets are removed, so the kubelet
 deregisters the plugin at once and retries its calls after the next start.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +62,14 @@ class RegistrationStatus:
 
 
 class Registration(reg_grpc.RegistrationServicer):
-    def __init__(self, endpoint: Path) -> None:
+    """``on_registered()`` runs each time the kubelet says it took the plugin: a kubelet that starts
+    deletes its node's ResourceSlices, then registers the plugins it finds, so this is when the
+    agent re-publishes its slice."""
+
+    def __init__(self, endpoint: Path, on_registered: Callable[[], None] = lambda: None) -> None:
         self.endpoint = endpoint
         self.status = RegistrationStatus()
+        self._on_registered = on_registered
 
     def info(self) -> reg_pb2.PluginInfo:
         return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
@@ -75,6 +83,10 @@ class Registration(reg_grpc.RegistrationServicer):
             self.status.registrations += 1
             self.status.last_error = ""
             log.info("the kubelet registered DRA driver %s (endpoint %s)", DRIVER, self.endpoint)
+            try:
+                self._on_registered()
+            except Exception as exc:  # never fail the kubelet's call for our own follow-up
+                log.warning("after registration: %s", exc)
         else:
             self.status.last_error = request.error
             log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error)
@@ -84,10 +96,11 @@ class Registration(reg_grpc.RegistrationServicer):
 class DraRunner:
     """Serves ``plugin`` on its endpoint and the registration service beside it, keeping both sockets there."""
 
-    def __init__(self, plugin: DraPlugin, paths: PluginPaths, *, poll_s: float = 0.5) -> None:
+    def __init__(self, plugin: DraPlugin, paths: PluginPaths, *, poll_s: float = 0.5,
+                 on_registered: Callable[[], None] = lambda: None) -> None:
         self.plugin = plugin
         self.paths = paths
-        self.registration = Registration(paths.endpoint)
+        self.registration = Registration(paths.endpoint, on_registered)
         self._poll_s = poll_s
         self._servers: list[grpc.Server] = []
         self._stop = threading.Event()

@@ -14,7 +14,9 @@ agent's ResourceSlice. Checked:
   checkpoint entry are gone;
 - the agent stopped after prepare and the pod deleted meanwhile: the kubelet cannot unprepare, and
   retries once the restarted agent registers again, which unprepares from its checkpoint —
-  nothing is left.
+  nothing is left;
+- a restarted kubelet deletes the node's ResourceSlices and registers the plugin again: the agent
+  writes its slice anew, and a claim is allocated and prepared as before.
 """
 
 from __future__ import annotations
@@ -79,10 +81,12 @@ class DraNode:
         return self.cluster.node.kubelet.tail(20) if self.cluster.node.kubelet else ""
 
     # -- the API ----------------------------------------------------------------------------------
-    def slice_devices(self) -> dict[str, dict[str, Any]]:
-        listed = json.loads(self.resource.list_resource_slice(
+    def slices(self) -> list[dict[str, Any]]:
+        return json.loads(self.resource.list_resource_slice(
             field_selector=f"spec.nodeName={self.name},spec.driver={DRIVER}", _preload_content=False).data)["items"]
-        return {d["name"]: d for s in listed for d in s["spec"]["devices"]}
+
+    def slice_devices(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
 
     def claim(self, name: str) -> dict[str, Any]:
         return json.loads(self.resource.read_namespaced_resource_claim(name, NS, _preload_content=False).data)
@@ -222,4 +226,26 @@ def test_an_agent_restarted_between_prepare_and_unprepare_leaves_nothing_behind(
     assert dra_node.agent_log().count(f"NodeUnprepareResources: {NS}/{name}") > unprepares_before
     wait_until(lambda: dra_node.gone(name), 60, f"pod {name} gone")
     assert dra_node.checkpointed() == set() and list(dra_node.cluster.cdi_dir.iterdir()) == []
+    dra_node.resource.delete_namespaced_resource_claim(name, NS)
+
+
+def test_a_restarted_kubelet_wipes_the_slice_and_the_agent_writes_it_again(dra_node: DraNode):
+    (before,) = dra_node.slices()
+    registrations = dra_node.registrations()
+    dra_node.cluster.node.restart_kubelet()
+    wait_until(lambda: dra_node.registrations() > registrations, 60, "the restarted kubelet to register the plugin",
+               context=dra_node.kubelet_tail)
+    after = wait_until(lambda: (s := dra_node.slices()) and len(s[0]["spec"]["devices"]) == 4 and s, 30,
+                       "the agent to write its slice again", context=lambda: dra_node.agent_log()[-2000:])
+    assert after[0]["metadata"]["uid"] != before["metadata"]["uid"]  # the kubelet deleted it; the agent re-created it
+    name = dra_node.create(count=2)
+    dra_node.running(name)
+    _, uuids = dra_node.allocated_uuids(name)
+    assert [x for x in dra_node.env(name) if x.startswith("NVIDIA_VISIBLE_DEVICES=")] == \
+        [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]
+    uid = dra_node.claim(name)["metadata"]["uid"]
+    dra_node.delete(name)
+    wait_until(lambda: not dra_node.left_behind(uid), 60, "the kubelet to unprepare the claim",
+               context=lambda: f"{dra_node.left_behind(uid)}\n{dra_node.kubelet_tail()}")
+    wait_until(lambda: dra_node.gone(name), 30, f"pod {name} gone")
     dra_node.resource.delete_namespaced_resource_claim(name, NS)

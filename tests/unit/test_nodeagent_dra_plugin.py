@@ -212,13 +212,16 @@ def short_tmp():
 
 @pytest.fixture
 def served(short_tmp):
-    """(runner, claims): the plugin served under a kubelet root in a short temporary folder."""
+    """(runner, claims): the plugin served under a kubelet root in a short temporary folder;
+    ``runner.registered`` collects its on_registered calls."""
     tmp_path = short_tmp
     claims = FakeClaims(make_claim(), make_claim(UID_B, result("gpu-1"), name="d"))
     paths = PluginPaths.under(tmp_path / "kubelet")
     plugin = DraPlugin(claims, lambda: dict(INVENTORY), node=NODE, cdi_dir=tmp_path / "cdi",
                        checkpoint=Checkpoint(paths.plugin_dir / "checkpoint.json"))
-    runner = DraRunner(plugin, paths, poll_s=0.05).start()
+    registered: list[int] = []  # on_registered calls
+    runner = DraRunner(plugin, paths, poll_s=0.05, on_registered=lambda: registered.append(1)).start()
+    runner.registered = registered  # type: ignore[attr-defined]  # for the registration test
     yield runner, claims
     runner.stop()
 
@@ -233,7 +236,7 @@ def test_registration_answers_what_kubelet_137_accepts_for_a_dra_plugin(served, 
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
     assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRIVER, ["v1.DRAPlugin"])
     assert info.endpoint == str(tmp_path / "kubelet" / "plugins" / "gpu.gpusched.io" / "dra.sock")
-    assert runner.registration.status.registrations == 1
+    assert runner.registration.status.registrations == 1 and runner.registered == [1]
 
 
 def test_prepare_and_unprepare_over_grpc_answer_every_claim_of_the_request(served, short_tmp) -> None:
