@@ -220,6 +220,9 @@ state = "{self.containerd_dir / 'state'}"
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{self.containerd_dir / 'opt'}"
+# NRI is on by default in 2.x and would serve /var/run/nri/nri.sock on the host; nothing here uses it.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
