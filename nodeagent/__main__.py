@@ -279,7 +279,7 @@ def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republ
     from pathlib import Path
 
     from nodeagent.dra.checkpoint import FILE_NAME, Checkpoint
-    from nodeagent.dra.plugin import DraPlugin
+    from nodeagent.dra.plugin import DraPlugin, read_nvidia_names
     from nodeagent.dra.server import DraRunner, PluginPaths
     from nodeagent.dra.slices import devices_of
 
@@ -289,9 +289,12 @@ def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republ
             raise RuntimeError(f"reading the GPUs failed: {agent.status.last_read_error}")
         return {d.name: str(d.attribute("uuid")) for d in devices_of(state)}
 
+    def nvidia_names() -> frozenset[str]:  # NVIDIA's CDI devices: only real GPUs have them
+        return read_nvidia_names([Path("/etc/cdi"), Path(args.cdi_dir)]) if args.gpu_backend == "nvml" else frozenset()
+
     paths = PluginPaths.under(Path(args.kubelet_root))
     plugin = DraPlugin(read_claim, inventory, node=args.node_name, cdi_dir=Path(args.cdi_dir),
-                       checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME))
+                       checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME), nvidia_names=nvidia_names)
     return DraRunner(plugin, paths, on_registered=republish_slice).start()
 
 

@@ -24,12 +24,16 @@ from missing the environment. The cost: such a container sees all the claim's GP
 ``NVIDIA_VISIBLE_DEVICES``; a claim is prepared as a whole, as the kubelet prepares it.
 
 With real GPUs the NVIDIA container runtime (or toolkit hook) reads ``NVIDIA_VISIBLE_DEVICES`` and
-mounts the device nodes; this spec adds no device nodes of its own.
+mounts the device nodes; this spec adds no device nodes of its own. Where NVIDIA's own CDI spec is
+on the node (``nvidia-ctk cdi generate``, kind ``nvidia.com/gpu``) and names a GPU by its uuid
+(``--device-name-strategy=uuid``), the prepared device also answers ``nvidia.com/gpu=<uuid>``,
+whose edits carry the device nodes and driver libraries (:func:`nvidia_device_names` finds those
+names; index names are not used: an index is not stable across reboots).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nodeagent.dra.claims import PlannedDevice
@@ -41,6 +45,7 @@ CDI_KIND = f"{DRIVER}/{CDI_CLASS}"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 DEVICES_ENV = "GPUSCHED_DRA_DEVICES"
 DEVICE_ENV_PREFIX = "GPUSCHED_DRA_DEVICE_"
+NVIDIA_KIND = "nvidia.com/gpu"
 
 
 def spec_file_name(claim_uid: str) -> str:
@@ -60,9 +65,17 @@ def device_env(device: str) -> str:
     return DEVICE_ENV_PREFIX + device.upper().replace("-", "_").replace(".", "_")
 
 
-def cdi_ids(claim_uid: str, device: str) -> tuple[str, ...]:
-    """The CDI ids a prepared device answers: the claim's environment, then its own."""
-    return claim_device_id(claim_uid), device_id(claim_uid, device)
+def cdi_ids(claim_uid: str, device: str, uuid: str = "", nvidia_names: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The CDI ids a prepared device answers: the claim's environment, its own, and NVIDIA's device
+    of that uuid when NVIDIA's spec names one (``nvidia_names``)."""
+    ids = (claim_device_id(claim_uid), device_id(claim_uid, device))
+    return ids + ((f"{NVIDIA_KIND}={uuid}",) if uuid and uuid in nvidia_names else ())
+
+
+def nvidia_device_names(specs: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The device names of the ``nvidia.com/gpu`` CDI specs among ``specs`` (parsed spec files)."""
+    return frozenset(str(d.get("name", "")) for s in specs if isinstance(s, Mapping) and s.get("kind") == NVIDIA_KIND
+                     for d in s.get("devices") or [] if isinstance(d, Mapping) and d.get("name"))
 
 
 def claim_spec(claim_uid: str, devices: Sequence[PlannedDevice]) -> dict[str, Any]:

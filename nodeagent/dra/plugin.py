@@ -32,10 +32,11 @@ from typing import Any
 
 import grpc
 
-from nodeagent.dra.cdi import cdi_ids, claim_spec, spec_file_name
+from nodeagent.dra.cdi import cdi_ids, claim_spec, nvidia_device_names, spec_file_name
 from nodeagent.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, write_atomically
 from nodeagent.dra.claims import ClaimPlan, ClaimRef, PlannedDevice, claim_ref, plan_claim
 from nodeagent.dra.generated.drav1 import api_pb2, api_pb2_grpc
+from nodeagent.dra.slices import DRIVER
 
 log = logging.getLogger("gpusched.nodeagent.dra")
 # A pod references at most 32 claims (ResourceClaimsMaxSize... per pod spec); the kubelet sends one
@@ -59,7 +60,11 @@ class DraPlugin(api_pb2_grpc.DRAPluginServicer):
     node, which is also the driver's pool name; ``cdi_dir``: where the runtime reads CDI specs."""
 
     def __init__(self, read_claim: ClaimReader, inventory: Callable[[], Mapping[str, str]], *, node: str,
-                 cdi_dir: Path, checkpoint: Checkpoint) -> None:
+                 cdi_dir: Path, checkpoint: Checkpoint,
+                 nvidia_names: Callable[[], frozenset[str]] = frozenset) -> None:
+        """``nvidia_names()``: the device names of NVIDIA's CDI spec on the node (real GPUs only;
+        see ``nodeagent.dra.cdi``), read when a claim is first prepared."""
+        self._nvidia_names = nvidia_names
         self._read_claim = read_claim
         self._inventory = inventory
         self.node = node
@@ -154,7 +159,12 @@ class DraPlugin(api_pb2_grpc.DRAPluginServicer):
         plan = plan_claim(ref, obj, node=self.node, inventory=inventory, held=held)
         if isinstance(plan, str):
             return plan
-        record = _record(plan)
+        try:
+            nvidia = self._nvidia_names()
+        except Exception as exc:  # an unreadable spec: NVIDIA_VISIBLE_DEVICES still names the GPUs
+            log.warning("reading NVIDIA's CDI spec: %s", exc)
+            nvidia = frozenset()
+        record = _record(plan, nvidia)
         claims = {**self._claims, ref.uid: record}
         try:
             self._checkpoint.save(claims)
@@ -199,10 +209,28 @@ class DraPlugin(api_pb2_grpc.DRAPluginServicer):
                          json.dumps(claim_spec(record.claim.uid, devices), indent=1) + "\n")
 
 
-def _record(plan: ClaimPlan) -> PreparedClaim:
+def _record(plan: ClaimPlan, nvidia_names: frozenset[str]) -> PreparedClaim:
     uid = plan.claim.uid
-    devices = tuple(PreparedDevice(d.name, d.uuid, d.requests, cdi_ids(uid, d.name)) for d in plan.devices)
+    devices = tuple(PreparedDevice(d.name, d.uuid, d.requests, cdi_ids(uid, d.name, d.uuid, nvidia_names))
+                    for d in plan.devices)
     return PreparedClaim(plan.claim, plan.pool, devices, spec_file_name(uid))
+
+
+def read_nvidia_names(dirs: Iterable[Path]) -> frozenset[str]:
+    """NVIDIA's CDI device names in the spec files (``*.json``, ``*.yaml``) of ``dirs``; a file that
+    does not parse is skipped (it is NVIDIA's or another vendor's, not ours to judge)."""
+    import yaml
+
+    specs = []
+    for folder in dirs:
+        for path in sorted(Path(folder).glob("*")) if Path(folder).is_dir() else []:
+            if path.suffix not in (".json", ".yaml", ".yml") or path.name.startswith(f"{DRIVER}-"):
+                continue
+            try:
+                specs.append(yaml.safe_load(path.read_text()))  # JSON is YAML
+            except (OSError, yaml.YAMLError):
+                continue
+    return nvidia_device_names(specs)
 
 
 def _names(claims) -> str:

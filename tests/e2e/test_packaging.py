@@ -65,6 +65,8 @@ def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_i
     for name, path in (("plugins-registry", "/var/lib/kubelet/plugins_registry"),
                        ("plugins", "/var/lib/kubelet/plugins"), ("cdi", "/var/run/cdi")):
         assert volumes[name] == path and mounts[path]["name"] == name and not mounts[path].get("readOnly")
+    # NVIDIA's CDI spec (nvidia-ctk's), read only.
+    assert volumes["nvidia-cdi"] == "/etc/cdi" and mounts["/etc/cdi"]["readOnly"] is True
     grant = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpusched-node-agent-dra")
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]} in grant["rules"]
     classes = {o["metadata"]["name"]: o["spec"]["selectors"][0]["cel"]["expression"] for o in objects

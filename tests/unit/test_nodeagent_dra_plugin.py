@@ -299,3 +299,31 @@ def test_a_gpu_read_failure_prepares_nothing_blind(tmp_path) -> None:
     why = plugin.prepare([("ns", "c", UID_A)])[UID_A]
     assert isinstance(why, str) and "reading this node's GPUs failed: NVML_ERROR_GPU_IS_LOST" in why
     assert plugin.prepared() == {} and not (tmp_path / "cdi").exists()
+
+
+# -- NVIDIA's CDI devices (real GPUs) --------------------------------------------------------------
+
+def test_nvidia_cdi_names_come_from_its_specs_only() -> None:
+    from nodeagent.dra.cdi import nvidia_device_names
+
+    specs = [{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}, {"name": "GPU-n1-1"},
+                                                                           {"name": "all"}]},
+             {"kind": "gpu.gpusched.io/gpu", "devices": [{"name": "GPU-n1-0"}]}, None, "junk"]
+    assert nvidia_device_names(specs) == {"0", "GPU-n1-1", "all"}
+
+
+def test_a_gpu_nvidias_spec_names_by_uuid_also_answers_its_nvidia_cdi_device(tmp_path) -> None:
+    from nodeagent.dra.plugin import read_nvidia_names
+
+    etc = tmp_path / "etc-cdi"
+    etc.mkdir()
+    (etc / "nvidia.yaml").write_text("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-n1-1\n"
+                                     "  containerEdits: {deviceNodes: [{path: /dev/nvidia1}]}\n")
+    (etc / "broken.json").write_text("{")
+    names = read_nvidia_names([etc, tmp_path / "missing"])
+    assert names == {"GPU-n1-1"}
+    plugin = DraPlugin(FakeClaims(make_claim()), lambda: dict(INVENTORY), node=NODE, cdi_dir=tmp_path / "cdi",
+                       checkpoint=Checkpoint(tmp_path / "checkpoint.json"), nvidia_names=lambda: names)
+    record = plugin.prepare([("ns", "c", UID_A)])[UID_A]
+    assert not isinstance(record, str)
+    assert [d.cdi_ids[2:] for d in record.devices] == [(), ("nvidia.com/gpu=GPU-n1-1",)]
