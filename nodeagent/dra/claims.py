@@ -11,7 +11,8 @@ it will not:
   (the pool is named after the node) and name a device of this node's current inventory;
 - a device another prepared claim holds is never prepared again ("never a GPU promised twice"):
   the scheduler's allocation and the node disagree, and the container must not start;
-- at most :data:`MAX_DEVICES_PER_CLAIM` devices (the most one slice publishes).
+- at most :data:`MAX_DEVICES_PER_CLAIM` devices (the most one slice publishes), and the kubelet's
+  namespace, name and uid bounded (:func:`claim_ref`: the uid names files, so it must be one).
 
 The result's devices keep the allocation's order, so the same claim always plans the same way.
 """
@@ -25,6 +26,8 @@ from typing import Any
 
 from nodeagent.dra.slices import DRIVER, MAX_DEVICES
 
+# The apiserver holds an allocation to 32 results (AllocationResultsMaxSize); this driver's share of
+# one is bounded by what one node publishes.
 MAX_DEVICES_PER_CLAIM = MAX_DEVICES
 MAX_UID_LENGTH = 64  # a UUID is 36
 MAX_NAME_LENGTH = 253  # a DNS subdomain

@@ -39,8 +39,7 @@ from nodeagent.dra.generated.drav1 import api_pb2, api_pb2_grpc
 from nodeagent.dra.slices import DRIVER
 
 log = logging.getLogger("gpusched.nodeagent.dra")
-# A pod references at most 32 claims (ResourceClaimsMaxSize... per pod spec); the kubelet sends one
-# pod's claims at a time. Far above that is not a kubelet.
+# The kubelet sends one pod's claims per call; a request with more than this is not a kubelet's.
 MAX_CLAIMS_PER_REQUEST = 128
 
 ClaimReader = Callable[[str, str], Mapping[str, Any] | None]  # (namespace, name) -> ResourceClaim | None
