@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
+.PHONY: demo test lint control-plane containerd scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
 
 # MODE: how gpusched's kube-scheduler asks the core — extender (HTTP, the default) or plugin (the
 # GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
@@ -16,7 +16,7 @@ MODE ?= extender
 demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
 	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
-test: $(STAMP) control-plane scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
+test: $(STAMP) control-plane containerd scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
 	cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
 	  && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go vet ./... && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go test -count=1 ./...
 	$(VENV)/bin/pytest tests -p no:cacheprovider
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 control-plane:
 	bash hack/build-control-plane.sh >/dev/null
+
+# containerd 2 (containerd, its runc shim, ctr) for the DRA real-node test: Debian's containerd 1.6
+# has no CDI. Built from the Go module proxy (~2 minutes cold), cached in ~/.cache/gpusched/containerd.
+containerd:
+	bash hack/build-containerd.sh >/dev/null
 
 # kube-scheduler with the GpuSched plugin (scheduler-plugin/, issue 18), cached in ~/.cache/gpusched by
 # a hash of its sources: a plugin change rebuilds it, a broken build fails here with Go's output.

@@ -47,6 +47,16 @@ def build_binaries() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def build_containerd() -> Path:
+    """Build (or reuse) containerd 2 (containerd, its runc shim, ctr: hack/build-containerd.sh) and
+    return the folder holding them; fails loudly with the build's output."""
+    script = REPO / "hack" / "build-containerd.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ComponentFailed(f"{script} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 def build_scheduler_plugin() -> Path:
     """Build (or reuse) the GpuSched kube-scheduler (scheduler-plugin/, issue 18) and return its path;
     fails loudly with the build's output."""

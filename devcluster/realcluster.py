@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.controlplane import ControlPlane, build_binaries, build_containerd
 from devcluster.images import ENVDUMP_IMAGE
 from devcluster.processes import Component, free_port, http_ok
 from devcluster.realnode import RealNode
@@ -24,9 +24,18 @@ class RealCluster:
     control plane, the real node with its pod network, and the cluster's own stock kube-scheduler —
     for installing gpusched as a user does (the install tests)."""
 
-    def __init__(self, node_labels: dict[str, str] | None = None, *, gpusched_processes: bool = True):
+    def __init__(self, node_labels: dict[str, str] | None = None, *, gpusched_processes: bool = True,
+                 cdi: bool = False):
+        """``cdi``: the node runs containerd 2 (built or reused, ``hack/build-containerd.sh``), which
+        applies the CDI specs in ``cdi_dir`` (the DRA plugin's); without, Debian's containerd 1.6."""
         self.cp = ControlPlane(build_binaries(), with_nodes=True)
-        self.node = RealNode(self.cp, labels=node_labels)
+        self.cdi_dir = self.cp.workdir / "cdi"
+        if cdi:
+            self.cdi_dir.mkdir(parents=True, exist_ok=True)
+            self.node = RealNode(self.cp, labels=node_labels, containerd_bin=build_containerd(),
+                                 cdi_dirs=(self.cdi_dir,))
+        else:
+            self.node = RealNode(self.cp, labels=node_labels)
         self.stack = Stack(self.cp)
         self.stack.agent_pod_image = ENVDUMP_IMAGE  # the kubelet runs the stand-in pod the agent's tokens bind to
         self.gpusched_processes = gpusched_processes
@@ -85,11 +94,16 @@ class RealCluster:
         apps.delete_namespaced_daemon_set("gpusched-node-agent", "gpusched-system")
 
     def start_agent(self, fleet: Path, *, period_s: float = 0.5, metrics_port: int = 0,
-                    device_plugin: bool = True, share_slots: int = 0) -> Component:
+                    device_plugin: bool = True, share_slots: int = 0, dra: bool = False) -> Component:
         """The node agent for the real node, as the DaemonSet runs it in device-plugin mode: the
         fake GPU backend (this machine has no GPUs), the kubelet's own PodResources socket;
-        ``share_slots``: also serve gpusched.io/gpu-share (``--share-slots-per-gpu``)."""
+        ``share_slots``: also serve gpusched.io/gpu-share (``--share-slots-per-gpu``); ``dra``: as
+        the dra overlay runs it, the ResourceSlice and the kubelet DRA plugin (this kubelet's root,
+        CDI specs in ``cdi_dir``)."""
         extra = ["--podresources-socket", str(self.node.pod_resources_socket)]
+        if dra:
+            extra += ["--dra", "--dra-kubelet-plugin", "--kubelet-root", str(self.node.root_dir),
+                      "--cdi-dir", str(self.cdi_dir)]
         if device_plugin:
             extra += ["--device-plugin"]
         if share_slots:

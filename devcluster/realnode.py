@@ -12,6 +12,11 @@ route for the harness's range only, and the kubelet listens on the node address 
 
 Needs root and the packages ``hack/real-node-deps.sh`` installs; without them ``start()`` fails
 saying which is missing (the tests never skip).
+
+The runtime is Debian's containerd 1.6 (config version 2) unless ``containerd_bin`` names a folder
+with containerd 2's ``containerd``, ``containerd-shim-runc-v2`` and ``ctr``
+(``hack/build-containerd.sh``; config version 3, CDI always on, specs read from ``cdi_dirs``): the
+DRA test needs CDI, which 1.6 lacks; every other real-node test keeps Debian's runtime.
 """
 
 from __future__ import annotations
@@ -83,8 +88,15 @@ def host_state() -> dict[str, Any]:
 
 class RealNode:
     def __init__(self, cp: ControlPlane, name: str = "gpusched-real-node", *, labels: dict[str, str] | None = None,
-                 kubelet_overrides: dict[str, Any] | None = None):
-        """``kubelet_overrides``: KubeletConfiguration fields to change (tests of failure paths)."""
+                 kubelet_overrides: dict[str, Any] | None = None, containerd_bin: Path | None = None,
+                 cdi_dirs: tuple[Path, ...] = ()):
+        """``kubelet_overrides``: KubeletConfiguration fields to change (tests of failure paths);
+        ``containerd_bin``: run containerd 2 from that folder (see the module docstring), reading
+        CDI specs from ``cdi_dirs`` (needs ``containerd_bin``: containerd 1.6 has no CDI)."""
+        if cdi_dirs and containerd_bin is None:
+            raise ValueError("cdi_dirs needs containerd_bin: Debian's containerd 1.6 applies no CDI spec")
+        self.containerd_bin = containerd_bin
+        self.cdi_dirs = tuple(cdi_dirs)
         self.cp = cp
         self.name = name
         self.labels = dict(labels or {})
@@ -123,7 +135,11 @@ class RealNode:
         if os.geteuid() != 0:
             raise ComponentFailed("the real test node needs root (containerd, runc and the kubelet manage cgroups, "
                                   "mounts and network namespaces); run the tests as root")
-        missing = [c for c in NEEDED if shutil.which(c) is None]
+        needed = NEEDED if self.containerd_bin is None else ("runc", "iptables", "ip")
+        missing = [c for c in needed if shutil.which(c) is None]
+        if self.containerd_bin is not None:
+            missing += [str(self.containerd_bin / b) for b in ("containerd", "containerd-shim-runc-v2", "ctr")
+                        if not (self.containerd_bin / b).is_file()]
         if missing:
             raise ComponentFailed(f"the real test node needs {', '.join(missing)}: run hack/real-node-deps.sh "
                                   "(make test does) to install Debian's containerd, runc and friends")
@@ -169,7 +185,67 @@ class RealNode:
         self.podnet.prepare(cni)
         config = self.containerd_dir / "config.toml"
         self.containerd_dir.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'''version = 2
+        config.write_text(self._containerd_config(cni) if self.containerd_bin is None
+                          else self._containerd2_config(cni))
+        binary, env = "containerd", None
+        if self.containerd_bin is not None:  # its own shim and ctr first on PATH (containerd finds the shim there)
+            binary = str(self.containerd_bin / "containerd")
+            env = {**os.environ, "PATH": f"{self.containerd_bin}:{os.environ.get('PATH', '')}"}
+        self.containerd = Component("containerd", [binary, "--config", str(config)],
+                                    self.cp.workdir / "logs" / "containerd.log", env=env)
+        self.cp.components.append(self.containerd)
+        self.containerd.wait_healthy(lambda: _run(self._ctr_binary, "--address", str(self.socket), "version",
+                                                  check=False).returncode == 0, 30)
+
+    @property
+    def _ctr_binary(self) -> str:
+        return "ctr" if self.containerd_bin is None else str(self.containerd_bin / "ctr")
+
+    def _containerd2_config(self, cni: Path) -> str:
+        """containerd 2's config (version 3: the CRI plugin split into cri.v1.images and
+        cri.v1.runtime). The recipe's settings, and CDI: always on in 2.4 (``enable_cdi`` is gone),
+        specs read from ``cdi_dirs`` only, so nothing in the host's /etc/cdi or /var/run/cdi reaches
+        the test's containers."""
+        dirs = ", ".join(f'"{d}"' for d in self.cdi_dirs)
+        return f'''version = 3
+root = "{self.containerd_dir / 'root'}"
+state = "{self.containerd_dir / 'state'}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.containerd_dir / 'ttrpc.sock'}"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.containerd_dir / 'opt'}"
+# NRI is on by default in 2.x and would serve /var/run/nri/nri.sock on the host; nothing here uses it.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj (recipe)
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  cdi_spec_dirs = [{dirs}]
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        # runc's state beside containerd's, not in the machine-wide /run/containerd/runc.
+        Root = "{self.containerd_dir / 'runc'}"
+'''
+
+    def _containerd_config(self, cni: Path) -> str:
+        return f'''version = 2
 root = "{self.containerd_dir / 'root'}"
 state = "{self.containerd_dir / 'state'}"
 [grpc]
@@ -197,15 +273,10 @@ state = "{self.containerd_dir / 'state'}"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       # runc's state beside containerd's, not in the machine-wide /run/containerd/runc.
       Root = "{self.containerd_dir / 'runc'}"
-''')
-        self.containerd = Component("containerd", ["containerd", "--config", str(config)],
-                                    self.cp.workdir / "logs" / "containerd.log")
-        self.cp.components.append(self.containerd)
-        self.containerd.wait_healthy(lambda: _run("ctr", "--address", str(self.socket), "version",
-                                                  check=False).returncode == 0, 30)
+'''
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return _run("ctr", "--address", str(self.socket), "-n", "k8s.io", *args, check=check)
+        return _run(self._ctr_binary, "--address", str(self.socket), "-n", "k8s.io", *args, check=check)
 
     def _import_images(self) -> None:
         for image in node_test_images():

@@ -4,6 +4,9 @@
 #   nodeagent/podresources/proto/podresources/v1/api.proto   -> nodeagent/podresources/generated/
 #   nodeagent/deviceplugin/proto/deviceplugin/v1beta1/api.proto -> nodeagent/deviceplugin/generated/
 #     (the device plugin API v1beta1, vendored from k8s.io/kubelet at the pinned release)
+#   nodeagent/dra/proto/pluginregistration/v1/api.proto -> nodeagent/dra/generated/registration/
+#   nodeagent/dra/proto/dra/v1/api.proto               -> nodeagent/dra/generated/drav1/
+#     (the kubelet's plugin registration API and the DRA plugin API v1, vendored the same way)
 #
 # Each output folder gets api_pb2.py, api_pb2.pyi, api_pb2_grpc.py and __init__.py. The output is
 # committed, so nothing needs protoc at runtime; run this only after changing a proto or the
@@ -18,9 +21,10 @@ PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-generate() {  # generate PACKAGE PROTO_DIR (e.g. podresources/v1) TITLE
-  local package=$1 proto_dir=$2 title=$3
-  local proto_root="$ROOT/nodeagent/$package/proto" out="$ROOT/nodeagent/$package/generated"
+generate() {  # generate PACKAGE PROTO_DIR (e.g. podresources/v1) TITLE [OUT_SUBFOLDER]
+  local package=$1 proto_dir=$2 title=$3 subfolder=${4:-}
+  local proto_root="$ROOT/nodeagent/$package/proto" out="$ROOT/nodeagent/$package/generated${subfolder:+/$subfolder}"
+  mkdir -p "$out"
   "$PYTHON" -m grpc_tools.protoc -I "$proto_root" \
     --python_out="$TMP" --pyi_out="$TMP" --grpc_python_out="$TMP" \
     "$proto_root/$proto_dir/api.proto"
@@ -39,3 +43,5 @@ generate() {  # generate PACKAGE PROTO_DIR (e.g. podresources/v1) TITLE
 
 generate podresources podresources/v1 "kubelet PodResources v1"
 generate deviceplugin deviceplugin/v1beta1 "kubelet device plugin v1beta1"
+generate dra pluginregistration/v1 "kubelet plugin registration v1" registration
+generate dra dra/v1 "kubelet DRA plugin v1" drav1

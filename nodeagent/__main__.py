@@ -69,6 +69,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dra-taint-free-below", type=float, default=0.9, metavar="SHARE",
                    help="with --dra, taint a device gpu.gpusched.io/foreign-memory (NoSchedule) while memory no pod "
                         "holds leaves less than this share of it free; 0: never (default: %(default)s)")
+    p.add_argument("--dra-kubelet-plugin", action="store_true",
+                   help="with --dra, also serve the kubelet's DRA plugin API v1 for gpu.gpusched.io: register under "
+                        "<kubelet-root>/plugins_registry, prepare exactly the devices kube-scheduler allocated to a "
+                        "claim (a CDI spec in --cdi-dir per claim; the runtime must apply CDI) and unprepare them "
+                        "when its pods are gone; needs get on resourceclaims")
+    p.add_argument("--kubelet-root", default="/var/lib/kubelet",
+                   help="the kubelet's root folder (its --root-dir), holding plugins_registry and plugins "
+                        "(default: %(default)s)")
+    p.add_argument("--cdi-dir", default="/var/run/cdi",
+                   help="where --dra-kubelet-plugin writes CDI specs; one of the runtime's cdi_spec_dirs "
+                        "(default: %(default)s)")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
                    help="the kubelet's device plugin folder (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
@@ -101,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         print("gpusched node agent: --dra publishes a ResourceSlice through the Kubernetes API; drop --no-kube",
               file=sys.stderr)
         return 2
+    if args.dra_kubelet_plugin and not args.dra:
+        print("gpusched node agent: --dra-kubelet-plugin prepares the devices of the --dra driver's ResourceSlice; "
+              "add --dra", file=sys.stderr)
+        return 2
     if not 0.0 <= args.dra_taint_free_below <= 1.0:
         print(f"gpusched node agent: --dra-taint-free-below {args.dra_taint_free_below}: must be a share within 0..1 "
               "(0.9: taint while less than 90 % of a device is free)", file=sys.stderr)
@@ -122,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             return {**reader.assignments(), **reader.share_holders()}
         raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
 
-    publish = list_pods = publish_slice = None
+    publish = list_pods = publish_slice = read_claim = None
+    republish_slice = lambda: None  # noqa: E731  # after the kubelet (re)registers the DRA plugin
     fresh_pods = lambda: []  # noqa: E731  # the node's pods from a new list (device plugin mode)
     if not args.no_kube:
         from kubernetes import client, config
@@ -139,8 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.dra:
             from nodeagent.kube import ResourceSliceWriter
 
-            publish_slice = InventoryPublisher(ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name),
-                                               initial=None, what="the ResourceSlice").publish
+            writer = ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name)
+            slice_publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice")
+            publish_slice = slice_publisher.publish
+
+            def republish_slice() -> None:
+                writer.relist()
+                slice_publisher.rewrite()
+        if args.dra_kubelet_plugin:
+            from nodeagent.kube import claim_reader
+
+            read_claim = claim_reader(client.ResourceV1Api())
         node_pods = NodePods()
         Reflector("pods", core.list_pod_for_all_namespaces, node_pods,
                   list_kwargs={"field_selector": f"spec.nodeName={args.node_name}"}).start()
@@ -159,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dra and not args.device_plugin:  # the slice follows the GPUs whether or not the extender is up
         agent.refresh_units()
         agent.start_unit_refresher(threading.Event())
+    dra_runner = None
+    if read_claim is not None:
+        try:
+            dra_runner = _start_dra_plugin(args, agent, read_claim, republish_slice)
+        except Exception as exc:  # a corrupt checkpoint, a folder it cannot write: say so, do not serve
+            print(f"gpusched node agent: cannot serve the DRA kubelet plugin: {exc}", file=sys.stderr)
+            return 1
     plugin_runner = runners[0] if runners else None
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     try:
@@ -178,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         publisher.stop()
         for runner in runners:
             runner.stop()
+        if dra_runner is not None:
+            dra_runner.stop()
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     publisher.run()
@@ -236,6 +270,32 @@ def _start_device_plugins(args: argparse.Namespace, agent: Agent, assignments, l
     agent.refresh_units()
     agent.start_unit_refresher(threading.Event())
     return [PluginRunner(plugin, Path(args.device_plugin_dir)).start() for plugin in plugins]
+
+
+def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republish_slice) -> Any:
+    """The kubelet DRA plugin (``nodeagent.dra.server``): the inventory it prepares from is the
+    slice's devices at a fresh read, so a device the slice no longer has is never prepared; each
+    registration with the kubelet writes the slice again (a starting kubelet deletes it)."""
+    from pathlib import Path
+
+    from nodeagent.dra.checkpoint import FILE_NAME, Checkpoint
+    from nodeagent.dra.plugin import DraPlugin, read_nvidia_names
+    from nodeagent.dra.server import DraRunner, PluginPaths
+    from nodeagent.dra.slices import devices_of
+
+    def inventory() -> dict[str, str]:
+        state = agent.read()
+        if state is None:
+            raise RuntimeError(f"reading the GPUs failed: {agent.status.last_read_error}")
+        return {d.name: str(d.attribute("uuid")) for d in devices_of(state)}
+
+    def nvidia_names() -> frozenset[str]:  # NVIDIA's CDI devices: only real GPUs have them
+        return read_nvidia_names([Path("/etc/cdi"), Path(args.cdi_dir)]) if args.gpu_backend == "nvml" else frozenset()
+
+    paths = PluginPaths.under(Path(args.kubelet_root))
+    plugin = DraPlugin(read_claim, inventory, node=args.node_name, cdi_dir=Path(args.cdi_dir),
+                       checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME), nvidia_names=nvidia_names)
+    return DraRunner(plugin, paths, on_registered=republish_slice).start()
 
 
 def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None, share_plugin: Any = None) -> None:

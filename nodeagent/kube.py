@@ -11,6 +11,8 @@ in DRA mode, its ResourceSlice.
   it keeps the node's one ``gpu.gpusched.io`` ResourceSlice equal to the devices it is given,
   writing only when they change (``nodeagent.dra.slices.next_slice``), adopting the slice a
   previous run left, and deleting extra ones.
+- :func:`claim_reader` reads one ResourceClaim for the kubelet DRA plugin (``--dra-kubelet-plugin``):
+  the kubelet's NodePrepareResources names a claim and sends no allocation.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ class InventoryPublisher(Generic[T]):
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0):
         self._patch = patch
         self._cond = threading.Condition()
+        self._initial = initial
         self._wanted: T = initial
         self._written: T = initial
+        self._force = False  # write the wanted value again though it was written (rewrite())
         self._what = what
         self._backoff = (backoff_initial_s, backoff_max_s)
         self.last_error = ""
@@ -84,11 +88,19 @@ class InventoryPublisher(Generic[T]):
                 self._wanted = text
                 self._cond.notify()
 
+    def rewrite(self) -> None:
+        """Write the newest value again although it is unchanged: the stored object may be gone (the
+        kubelet deletes its node's ResourceSlices when it starts). No-op before the first value."""
+        with self._cond:
+            if self._wanted != self._initial:
+                self._force = True
+                self._cond.notify()
+
     def _run(self) -> None:
         delay = self._backoff[0]
         while True:
             with self._cond:
-                while self._wanted == self._written:
+                while self._wanted == self._written and not self._force:
                     self._cond.wait()
                 text = self._wanted
             try:
@@ -104,6 +116,7 @@ class InventoryPublisher(Generic[T]):
             self.published_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with self._cond:
                 self._written = text
+                self._force = False
 
 
 def inventory_patcher(core: Any, node: str, request_timeout_s: float = 10.0) -> Callable[[str], None]:
@@ -134,6 +147,10 @@ class ResourceSliceWriter:
         self._current: dict[str, Any] | None = None  # the stored slice as the apiserver returned it
         self._listed = False
         self.writes = 0  # creates and updates, for tests and /metrics
+
+    def relist(self) -> None:
+        """Forget the stored slice: the next call lists again (and re-creates a slice that was deleted)."""
+        self._listed = False
 
     def __call__(self, devices: Sequence[SliceDevice]) -> None:
         if not self._listed:
@@ -182,3 +199,20 @@ def _json(response: Any) -> dict[str, Any]:
     """The body of a ``_preload_content=False`` call: the apiserver's JSON as it is (the client's
     models would drop fields they do not know)."""
     return json.loads(response.data)
+
+
+def claim_reader(resource: Any, *, request_timeout_s: float = 10.0) -> Callable[[str, str], dict[str, Any] | None]:
+    """``read(namespace, name)``: the ResourceClaim as the apiserver stores it (its JSON, so
+    ``status.allocation`` is complete whatever the client's models know), None when there is none;
+    any other API error raises. ``resource`` is ``kubernetes.client.ResourceV1Api``."""
+    from kubernetes.client import ApiException
+
+    def read(namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(resource.read_namespaced_resource_claim(name, namespace, _request_timeout=request_timeout_s,
+                                                                 _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise RuntimeError(f"GET resourceclaims {namespace}/{name}: HTTP {exc.status} {exc.reason}") from exc
+    return read

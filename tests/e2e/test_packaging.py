@@ -148,7 +148,19 @@ def test_the_webhook_cert_script_makes_the_secret_and_injects_the_ca(control_pla
 
 def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_instances():
     objects = kustomize_build(MANIFESTS / "overlays/dra")
-    assert "--dra" in _container(objects, "DaemonSet", "agent")["args"]
+    agent = _container(objects, "DaemonSet", "agent")
+    assert {"--dra", "--dra-kubelet-plugin"} <= set(agent["args"])
+    # The kubelet DRA plugin: its registration and DRA sockets, its checkpoint and the CDI specs, read-write.
+    volumes = {v["name"]: v["hostPath"]["path"] for v in _daemonset(objects)["spec"]["template"]["spec"]["volumes"]
+               if "hostPath" in v}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    for name, path in (("plugins-registry", "/var/lib/kubelet/plugins_registry"),
+                       ("plugins", "/var/lib/kubelet/plugins"), ("cdi", "/var/run/cdi")):
+        assert volumes[name] == path and mounts[path]["name"] == name and not mounts[path].get("readOnly")
+    # NVIDIA's CDI spec (nvidia-ctk's), read only.
+    assert volumes["nvidia-cdi"] == "/etc/cdi" and mounts["/etc/cdi"]["readOnly"] is True
+    grant = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpusched-node-agent-dra")
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]} in grant["rules"]
     assert "--dra" in _container(objects, "Deployment", "extender")["args"]
     classes = {o["metadata"]["name"]: o["spec"]["selectors"][0]["cel"]["expression"] for o in objects
                if o["kind"] == "DeviceClass"}

@@ -364,3 +364,39 @@ def test_dra_is_off_by_default() -> None:
 
     args = parse_args(["--gpu-backend", "fake", "--extender", "x:1"])
     assert args.dra is False and args.dra_taint_free_below == 0.9
+
+
+def test_after_the_kubelet_deletes_the_slice_a_registration_writes_it_again() -> None:
+    """A starting kubelet deletes its node's ResourceSlices, then registers the DRA plugin: the
+    registration hook (relist + rewrite) creates the slice again; with it still there, no write."""
+    import threading
+    import time
+
+    from nodeagent.kube import InventoryPublisher
+
+    api, state = FakeApi(), preset("a100")
+    writer = ResourceSliceWriter(api, api, "n1")
+    done = threading.Event()
+
+    def write(devices) -> None:
+        writer(devices)
+        done.set()
+
+    publisher = InventoryPublisher(write, initial=None, what="the ResourceSlice", backoff_initial_s=0.01)
+    publisher.rewrite()  # before any value: nothing to write
+    publisher.publish(devices_of(state))
+    assert done.wait(5)
+
+    def rewritten() -> None:
+        done.clear()
+        writer.relist()
+        publisher.rewrite()
+        assert done.wait(5)
+
+    rewritten()
+    assert writes(api) == [f"create n1-{DRIVER}-0 gen 1"]  # still there: listed, adopted, no write
+    api.slices.clear()  # the kubelet's wipe
+    rewritten()
+    assert writes(api) == [f"create n1-{DRIVER}-0 gen 1", f"create n1-{DRIVER}-1 gen 1"]
+    time.sleep(0.05)
+    assert len(writes(api)) == 2  # once per registration, not a loop
