@@ -93,7 +93,8 @@ class DraNode:
 
     def create(self, count: int = 2) -> str:
         """A claim for ``count`` whole GPUs in one NVLink island and a hostNetwork envdump pod of the
-        stock scheduler using it; returns their name."""
+        stock scheduler using it, carrying the ``gpusched.io/dra`` marker as gpusched's webhook writes
+        it (the kubelet must admit it though the node advertises no such resource); returns their name."""
         name = unique("dra")
         self.resource.create_namespaced_resource_claim(NS, {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
@@ -105,7 +106,7 @@ class DraNode:
             "automountServiceAccountToken": False,
             "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
             "containers": [{"name": "engine", "image": ENVDUMP_IMAGE, "imagePullPolicy": "Never",
-                            "resources": {"claims": [{"name": "gpus"}]}}]}})
+                            "resources": {"limits": {"gpusched.io/dra": "1"}, "claims": [{"name": "gpus"}]}}]}})
         return name
 
     def running(self, name: str) -> client.V1Pod:
@@ -156,7 +157,9 @@ def dra_node(tmp_path_factory):
         cluster.stack.enable_dra()
 
         def stock_only(config: dict) -> None:
-            config["profiles"] = [{"schedulerName": SCHEDULER}]
+            # The marker is for a gpusched-configured scheduler; this profile ignores it (README "DRA mode").
+            config["profiles"] = [{"schedulerName": SCHEDULER, "pluginConfig": [
+                {"name": "NodeResourcesFit", "args": {"ignoredResources": ["gpusched.io/dra"]}}]}]
             config.pop("extenders", None)
             config["leaderElection"] = {"leaderElect": False}
 
