@@ -218,6 +218,16 @@ class FrameworkDecider:
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
 
+    def dra_reservation(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
+        """For the gang coordinator: a DRA pod's bind as :meth:`reserve` would answer it (its
+        allocated claims recorded, nothing chosen); None when the pod, as last filtered, does not
+        get its GPUs through DRA (or was not filtered: :meth:`reserve` says so)."""
+        with self._lock:
+            judged = self._by_pod.get(pod.key)
+        if judged is None or judged[0] != pod.uid or not isinstance(judged[1], PodDemand) or judged[1].dra is None:
+            return None
+        return self._reserve_dra(pod, node, judged[1].dra)
+
     def _reserve_dra(self, pod: PodRef, node: str, dra: DraDemand) -> Reservation | Refusal:
         """The pod's allocated claims recorded as its holding on ``node`` (DynamicResources'
         PreBind ran before this bind): nothing chosen, no GPU annotations written."""
