@@ -236,7 +236,7 @@ class GangCoordinator:
             plan = self._plans.get(gang.key) if gang is not None else None
             if gang is not None and (plan is not None or not self._satisfied(gang)):
                 return self._reserve_member(gang, plan, pod, node, wait_at_barrier, dra)
-        return self.inner.reserve(pod, node, decision_id)
+        return self.inner.reserve(pod, node, decision_id, wait_at_barrier=wait_at_barrier)
 
     def _dra_reservation(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
         """A DRA pod's allocated claims recorded (``FrameworkDecider.dra_reservation``); None for
@@ -253,6 +253,8 @@ class GangCoordinator:
             return dra
         with self._lock:
             plan = self._committed_plan_of(pod.key)
+            if plan is None and dra is not None:
+                return dra  # a DRA pod on its own: Reserve's one-member barrier (FrameworkDecider.reserve)
             if plan is None:
                 return Refusal(f"{pod.key} belongs to no complete gang plan (the plan was released, or the pod is "
                                "not a member); it is planned again at its next attempt")

@@ -19,7 +19,7 @@ from extender.adapters.dra import ClaimFeed, SliceFeed
 from extender.model.catalog import builtin_catalog
 from extender.model.gang import GANG_COMMIT_ANNOTATION, parse_commit
 from extender.model.ledger import EntryState, GpuLedger
-from extender.service.core import ExtenderService, PodRef
+from extender.service.core import ExtenderService, PodRef, Refusal
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
@@ -229,3 +229,47 @@ def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(kinds, b_t
         assert sorted(written) == sorted(a_held.unit_ids) and not a_held.movable
     owners = [u for x in world.state.ledger.view().assignments.values() for u in x.unit_ids]
     assert len(owners) == len(set(owners)) == 4
+
+
+# --- plugin mode ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("pod, asks", [
+    pytest.param(make_dra_pod(), True, id="dra-marker"),
+    pytest.param(make_dra_pod(marker=False), False, id="claim-without-marker-is-the-cores-to-skip"),
+    pytest.param(make_pod(gpus=0), False, id="no-gpus"),
+])
+def test_plugin_prefilter_treats_the_dra_marker_as_asking_for_gpus(pod, asks):
+    from extender.service.plugin import asks_for_gpus
+
+    assert asks_for_gpus(PodRef("default", "p", "uid-p", pod)) is asks
+
+
+@pytest.mark.parametrize("gang", [pytest.param(False, id="on-its-own"), pytest.param(True, id="gang-member")])
+def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_at_bind(gang):
+    """Reserve (before DynamicResources' PreBind) records nothing and writes nothing; Bind's
+    permitted() (after PreBind) records the claim's devices, with no GPU assignment."""
+    world = World()
+    pods = [dra_member("a"), dra_member("b")] if gang else [make_dra_pod("a", claim="ca")]
+    for pod in pods:
+        world.state.pods.apply("ADDED", pod)
+        world.claims.apply("ADDED", make_claim_obj(f"c{pod['metadata']['name']}", 2))
+    refs = [PodRef("default", p["metadata"]["name"], p["metadata"]["uid"], p) for p in pods]
+    assert all(world.service.filter(r, ["n1"]).feasible == ("n1",) for r in refs)
+    planned = dict(world.state.ledger.view().assignments)
+    opened = []
+    for r in refs:
+        answer, annotations = world.service.reserve(r, "n1")
+        assert not isinstance(answer, Refusal) and answer.barrier is not None, answer
+        assert ASSIGNED_GPUS_ANNOTATION not in annotations
+        opened.append(answer.barrier.open)
+    assert opened == [False, True] if gang else opened == [True]  # the last one reserved lets Permit pass
+    assert dict(world.state.ledger.view().assignments) == planned  # Reserve chose nothing
+    for i, r in enumerate(refs):
+        world.allocate(r.name, [f"gpu-{2 * i + 4}", f"gpu-{2 * i + 5}"])  # PreBind: anywhere on the node
+    for r in refs:
+        granted, annotations = world.service.permitted(r, "n1")
+        assert not isinstance(granted, Refusal), granted
+        assert ASSIGNED_GPUS_ANNOTATION not in annotations and "gpusched.io/decision-id" in annotations
+        assert (GANG_COMMIT_ANNOTATION in annotations) is gang
+    assert {r.name: world.held(f"default/{r.name}") for r in refs} == {
+        r.name: [f"gpu-{2 * i + 4}", f"gpu-{2 * i + 5}"] for i, r in enumerate(refs)}
+    assert world.dra.describe()["conflictsTotal"] == 0
