@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.modes import SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 from nodeagent.gpu.fake import preset_path
@@ -81,7 +82,8 @@ def held_by(extender: Extender, node: str) -> dict[str, str | None]:
 
 
 def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink: bool = False,
-            model: str = MODEL, annotations: dict[str, str] | None = None, name: str | None = None) -> str:
+            model: str = MODEL, annotations: dict[str, str] | None = None, name: str | None = None,
+            scheduler: str = "gpusched") -> str:
     """A ResourceClaim for ``count`` gpu.gpusched.io devices (one NVLink island when ``nvlink``) and
     a vLLM pod of the gpusched scheduler using it, with the gpusched.io/dra marker; returns the name."""
     name = name or unique("drx-p")
@@ -94,7 +96,7 @@ def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink
     annotations = {**({"gpusched.io/require-nvlink": "true"} if nvlink else {}), **(annotations or {})}
     pod: Any = {
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"schedulerName": "gpusched", "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
+        "spec": {"schedulerName": scheduler, "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
                  "terminationGracePeriodSeconds": 0,
                  "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
                  "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
@@ -199,31 +201,33 @@ def test_held_devices_send_the_next_dra_pod_elsewhere_and_the_claims_end_frees_t
 SMALL_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def dra_gang(admin, namespace: str, fleet_id: str, *, size: int, count: int) -> list[str]:
+def dra_gang(admin, namespace: str, fleet_id: str, *, size: int, count: int, scheduler: str = "gpusched") -> list[str]:
     """``size`` DRA pods declaring one gang (gpusched's annotations, as tests/e2e/test_gangs.py's
     ``annotations`` kind), each with its own claim for ``count`` devices and TP=``count``."""
     gang = unique("drx-g")
     notes = {"gpusched.io/gang-name": gang, "gpusched.io/gang-size": str(size),
              "gpusched.io/gang-timeout-seconds": "30"}
     return [dra_pod(admin, namespace, fleet_id, count=count, tp=count, model=SMALL_MODEL, annotations=notes,
-                    name=f"{gang}-{i}") for i in range(size)]
+                    name=f"{gang}-{i}", scheduler=scheduler) for i in range(size)]
 
 
-def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(admin, namespace, dra_extender, dra_nodes):
+def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(admin, namespace, dra_extender, dra_nodes,
+                                                                       mode: SchedulingMode):
     """Both members planned on the one node, 2 GPUs each; the DRA allocator picks each member's
     devices there itself (first fit), whatever the plan reserved for which member: the ledger
     swaps sibling reservations, reports no conflict, and ends holding exactly the claims' devices."""
     fleet_id, add = dra_nodes
     node = add("h100")
     conflicts_before = dra_extender.get_json("/debug/nodes")["dra"]["conflictsTotal"]
-    members = dra_gang(admin, namespace, fleet_id, size=2, count=2)
+    members = dra_gang(admin, namespace, fleet_id, size=2, count=2, scheduler=mode.scheduler_name)
     placed = {name: bound(admin, dra_extender, namespace, name) for name in members}
     assert {where for where, _ in placed.values()} == {node}
     devices = {name: sorted(r["device"] for r in results) for name, (_, results) in placed.items()}
     assert all(len(d) == 2 for d in devices.values()) and not set(devices[members[0]]) & set(devices[members[1]])
+    verb, result = mode.passed_barrier  # the record of the member's bind: the extender's, or plugin Bind's permit
     for name in members:
-        record = decision(dra_extender, namespace, name, "bind")
-        assert record is not None and record["result"] == "bound", record
+        record = decision(dra_extender, namespace, name, verb)
+        assert record is not None and record["result"] == result, record
         assert "gpusched.io/assigned-gpus" not in record["details"]["annotations"], record
         assert "gpusched.io/gang-commit" in record["details"]["annotations"], record
     expected = {f"{namespace}/{name}": d for name, d in devices.items()}
@@ -234,12 +238,13 @@ def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(admin, nam
     assert dra_extender.get_json("/debug/nodes")["dra"]["conflictsTotal"] == conflicts_before
 
 
-def test_a_gang_of_dra_pods_that_cannot_fit_binds_no_member(admin, namespace, dra_extender, dra_nodes):
+def test_a_gang_of_dra_pods_that_cannot_fit_binds_no_member(admin, namespace, dra_extender, dra_nodes,
+                                                            mode: SchedulingMode):
     """Two members of 8 GPUs each, one 8-GPU node: the plan cannot be made, so no member passes
     the extender's filter — no claim is allocated, no pod bound."""
     fleet_id, add = dra_nodes
     add("h100")
-    members = dra_gang(admin, namespace, fleet_id, size=2, count=8)
+    members = dra_gang(admin, namespace, fleet_id, size=2, count=8, scheduler=mode.scheduler_name)
     for name in members:
         wait_until(lambda name=name: "gang" in pod_scheduled_message(admin, namespace, name), 30,
                    f"{name}'s PodScheduled condition to carry the gang's reason",
