@@ -209,7 +209,8 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
     gpu_count = _dra_count(dra, containers, gpu_count, share_bytes)
     engine = _engine_container(containers)
     args = _EngineArgs.parse(engine) if engine is not None else _EngineArgs()
-    layout = _layout(annotations, args, gpu_count)
+    source = _CountSource.of(dra, gpu_count)
+    layout = _layout(annotations, args, gpu_count, source)
     if share_bytes is not None and _declares_group(pod, meta):
         raise _Invalid(
             f"a share ({SHARE_RESOURCE}) is placed on its own; gpusched does not place shares as members of a "
@@ -227,7 +228,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
             "placed one pod at a time the first would hold its GPUs waiting for the rest; declare the "
             f"group (label {POD_GROUP_LABEL}, a LeaderWorkerSet, annotations {GANG_NAME_ANNOTATION} and "
             f"gpusched.io/gang-size, a KubeRay cluster, a Grove PodGang or spec.schedulingGroup), or "
-            f"set resources.limits[{GPU_RESOURCE!r}] to {layout.world} for an engine in one pod"
+            f"set {source.field} to {layout.world} for an engine in one pod"
         )
     tp = layout.tp
     model = (annotations.get(ANN_MODEL) or args.model or None)
@@ -307,8 +308,27 @@ class _Layout:
         return f"{' x '.join(shown)} = {self.world} GPUs"
 
 
-def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -> _Layout:
-    """The engine's parallel sizes and how many pods it spans (the module docstring's four rules)."""
+@dataclass(frozen=True)
+class _CountSource:
+    """Where the pod's GPU count comes from, as messages name it: what the pod requests
+    (``4 nvidia.com/gpu``) and the field to change (``resources.limits['nvidia.com/gpu']``, or for
+    DRA the claim's ``exactly.count``)."""
+
+    requests: str
+    field: str
+
+    @staticmethod
+    def of(dra: DraDemand | None, gpu_count: int) -> _CountSource:
+        if dra is None:
+            return _CountSource(f"{gpu_count} {GPU_RESOURCE}", f"resources.limits[{GPU_RESOURCE!r}]")
+        fields = dra.count_fields or tuple(f"{c}: spec.devices.requests[].exactly.count" for c in dra.claims)
+        where = fields[0] if len(fields) == 1 else f"the counts ({' and '.join(fields)}) together"
+        return _CountSource(f"{gpu_count} {dra.device_class} devices through {', '.join(dra.claims)}", where)
+
+
+def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int, source: _CountSource) -> _Layout:
+    """The engine's parallel sizes and how many pods it spans (the module docstring's four rules);
+    ``source`` names where the GPU count came from in the problems it raises."""
     tp = _positive(annotations, ANN_TP, "tensor-parallel-size") or args.positive("tp", "tensor-parallel-size")
     pp = _positive(annotations, ANN_PP, "pipeline-parallel-size") or args.positive("pp", "pipeline-parallel-size")
     dp = args.positive("dp", "data-parallel-size")
@@ -318,7 +338,7 @@ def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -
     if all(v is None for v in (tp, pp, dp, dpl, pcp, nnodes)):
         return _Layout(tp=gpu_count or 1, pp=1)
     layout = _Layout(tp=tp or 1, pp=pp or 1, dp=dp or 1, pcp=pcp or 1, stated=True)
-    world, limits = layout.world, f"resources.limits[{GPU_RESOURCE!r}]"
+    world, limits = layout.world, source.field
     if nnodes is not None and nnodes > 1:
         flag = args.flag("nnodes")
         if world % nnodes:
@@ -330,7 +350,7 @@ def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -
         if world // nnodes != gpu_count:
             raise _Invalid(
                 f"with {flag} {nnodes} each pod holds {layout.describe()} / {nnodes} = {world // nnodes} "
-                f"GPUs, but the pod requests {gpu_count} {GPU_RESOURCE}; set {limits} to "
+                f"GPUs, but the pod requests {source.requests}; set {limits} to "
                 f"{world // nnodes}, or change {flag} or the parallel sizes"
             )
         return replace(layout, nodes=nnodes, node_rank=rank, how=f"{flag} {nnodes}")
@@ -346,7 +366,7 @@ def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -
             raise _Invalid(
                 f"{flag} ({dpl}) x tensor-parallel-size ({layout.tp}) x pipeline-parallel-size "
                 f"({layout.pp}) x prefill-context-parallel-size ({layout.pcp}) = {local} GPUs on this "
-                f"pod, but the pod requests {gpu_count} {GPU_RESOURCE}; set {limits} to {local} or "
+                f"pod, but the pod requests {source.requests}; set {limits} to {local} or "
                 f"change {flag} or the parallel sizes"
             )
         return replace(layout, nodes=math.ceil(layout.dp / dpl),
@@ -359,7 +379,7 @@ def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int) -
     split = next((n for n in range(2, world + 1) if world % n == 0 and world // n < gpu_count), None)
     hint = f", or to {world // split} with --nnodes {split} for an engine over {split} pods" if split else ""
     raise _Invalid(
-        f"{layout.describe()}, but the pod requests {gpu_count} {GPU_RESOURCE}, neither the whole "
+        f"{layout.describe()}, but the pod requests {source.requests}, neither the whole "
         f"engine nor a whole share of it; set {limits} to {world} for an engine in one pod{hint}, or "
         f"change the parallel sizes"
     )

@@ -17,7 +17,7 @@ pod's JSON, as the rest of the pod is (``extender.model.demand``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DRIVER = "gpu.gpusched.io"
@@ -122,6 +122,9 @@ class DraDemand:
     count: int
     device_class: str
     from_template: bool = False
+    # Where each part of ``count`` is set, for messages: ``<claim>: spec.devices.requests[<name>].exactly.count``
+    # (a template's: ``<template>: spec.spec.devices…``).
+    count_fields: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     names: list[str] = []
     requests: list[ClaimRequest] = []
+    fields: list[str] = []
     missing: list[str] = []
     from_template = False
     for ref in refs:
@@ -173,6 +177,7 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
             if ours:
                 names.append(claim.key)
                 requests += ours
+                fields += [f"{claim.key}: spec.devices.requests[{r.name}].exactly.count" for r in ours]
         elif ref.template is not None:
             template = templates.get(f"{namespace}/{ref.template}")
             if template is None:
@@ -182,6 +187,7 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
             if ours:
                 names.append(template.key)
                 requests += ours
+                fields += [f"{template.key}: spec.spec.devices.requests[{r.name}].exactly.count" for r in ours]
                 from_template = True
     if not requests:
         if missing:
@@ -196,4 +202,4 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
     if odd:
         return (f"request {odd[0].name!r} of {names[0]} uses allocationMode {odd[0].mode}; gpusched reads the GPU "
                 "count from exactly.count: set allocationMode ExactCount (the default) and count")
-    return DraDemand(tuple(names), sum(r.count or 0 for r in requests), classes[0], from_template)
+    return DraDemand(tuple(names), sum(r.count or 0 for r in requests), classes[0], from_template, tuple(fields))

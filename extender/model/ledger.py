@@ -26,6 +26,16 @@ Views are cheap at any ledger size: the ledger's maps are split into buckets tha
 write, so taking a view costs O(buckets) and a change after a view copies one bucket, never the
 whole ledger. Each view can also say which nodes changed since another view of the same ledger
 (``nodes_changed_since``), so per-node caches update only what changed.
+
+**Gang plans and DRA allocations.** A gang plan's reservations carry the plan's tag (``gang``)
+and start ``movable``: their units stand for a count on a node, not for particular GPUs, until the
+member's bind pins them (``pin``). A DRA member's devices are chosen by kube-scheduler's allocator,
+which knows nothing of the plan, so its allocation may name units reserved for a sibling.
+``observe_allocation`` then *swaps*: the allocated pod holds what was allocated, and each movable
+sibling of the same plan on that node is given as many other free units (first what the allocated
+pod's own reservation held and the allocation left, then the caller's ``spare``), in one step under
+the lock — one holder per unit, no count changed. Anything else an allocation takes from another
+holder is displaced, as with ``observe``, and reported as such.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -139,6 +149,8 @@ class Assignment:
     uid: str = ""
     since: float = 0.0
     share_mib: int = 0  # > 0: a share of the one unit in unit_ids; 0: the units whole
+    gang: str = ""  # the gang plan this reservation belongs to ("" none)
+    movable: bool = False  # a plan's reservation whose units a sibling's DRA allocation may swap
 
     @property
     def is_share(self) -> bool:
@@ -204,6 +216,16 @@ class LedgerView:
 EMPTY_VIEW = LedgerView(0, MappingProxyType({}), MappingProxyType({}))
 
 
+@dataclass(frozen=True)
+class AllocationObserved:
+    """What ``observe_allocation`` did to other holders: ``displaced`` lost the listed units (a
+    conflict: the ledger had promised them), ``moved`` are siblings of the allocated pod's gang plan
+    whose reservations now hold the listed units instead (a swap, their count unchanged)."""
+
+    displaced: Mapping[str, frozenset[str]]
+    moved: Mapping[str, frozenset[str]]
+
+
 class GpuLedger:
     """Thread-safe owner map of GPU units. All mutators hold one lock; reads use ``view()``."""
 
@@ -222,7 +244,7 @@ class GpuLedger:
         self._view = EMPTY_VIEW
 
     def assume(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
-               share_mib: int = 0, capacity_mib: int = 0) -> bool:
+               share_mib: int = 0, capacity_mib: int = 0, gang: str = "", movable: bool = False) -> bool:
         """Reserve ``unit_ids`` on ``node`` for a pod we are about to bind.
 
         Returns False, changing nothing, if any id is held by another pod or the pod is already
@@ -254,8 +276,22 @@ class GpuLedger:
                 return False
             if current is not None:
                 self._remove(current)
-            self._add(Assignment(pod_key, node, ids, EntryState.ASSUMED, uid, self._clock(), share_mib))
+            self._add(Assignment(pod_key, node, ids, EntryState.ASSUMED, uid, self._clock(), share_mib,
+                                 gang, movable and not share_mib))
             return True
+
+    def pin(self, pod_key: str, node: str) -> Assignment | None:
+        """The pod's assumed reservation on ``node``, made not movable from now on (its bind is
+        about to write these units); None when it holds no assumed reservation there."""
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            if current is None or current.state is not EntryState.ASSUMED or current.node != node:
+                return None
+            if current.movable:
+                pinned = replace(current, movable=False)
+                self._assignments[pod_key] = pinned  # same units: owners and held sets unchanged
+                return pinned
+            return current
 
     def forget(self, pod_key: str) -> bool:
         """Roll back an assumed reservation (bind failed). Bound entries are left alone."""
@@ -296,6 +332,52 @@ class GpuLedger:
                                          other.uid, other.since))
             self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock(), share_mib))
             return tuple(sorted(displaced))
+
+    def observe_allocation(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
+                           spare: Iterable[str] = ()) -> AllocationObserved:
+        """Record a DRA allocation of ``unit_ids`` on ``node`` as ``pod_key``'s bound holding.
+
+        Like :meth:`observe`, except for the movable reservations of the pod's own gang plan (its
+        current entry's ``gang``) on ``node``: each such sibling that held allocated units is
+        given as many free units instead — first those the pod's own reservation held there and
+        the allocation left, then ``spare`` in order — keeping its state, tag and count. A sibling
+        that cannot be made whole so is displaced like any other holder. The pod keeps its tag.
+        """
+        ids = frozenset(unit_ids)
+        with self._lock:
+            current = self._assignments.get(pod_key)
+            gang = current.gang if current is not None else ""
+            own_left: list[str] = []
+            if current is not None:
+                if current.node == node and not current.is_share:
+                    own_left = sorted(current.unit_ids - ids)
+                self._remove(current)
+            owners = self._owners.get(node, {})
+            sharers = self._sharers.get(node, {})
+            others = sorted({owners[i] for i in ids if i in owners} | {k for i in ids for k in sharers.get(i, {})})
+            given: set[str] = set()
+            candidates = [u for u in dict.fromkeys([*own_left, *spare])
+                          if u not in ids and u not in owners and u not in sharers]
+            moved: dict[str, frozenset[str]] = {}
+            displaced: dict[str, frozenset[str]] = {}
+            for other_key in others:
+                other = self._assignments[other_key]
+                lost = other.unit_ids & ids
+                if gang and other.gang == gang and other.movable and other.state is EntryState.ASSUMED:
+                    fresh = [u for u in candidates if u not in given][:len(lost)]
+                    if len(fresh) == len(lost):
+                        given.update(fresh)
+                        moved[other_key] = frozenset(fresh)
+                        continue
+                displaced[other_key] = lost
+            for other_key in others:
+                other = self._assignments[other_key]
+                self._remove(other)
+                remaining = (other.unit_ids - ids) | moved.get(other_key, EMPTY)
+                if remaining:
+                    self._add(replace(other, unit_ids=remaining))  # a share's one unit was taken: not re-added
+            self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock(), gang=gang))
+            return AllocationObserved(MappingProxyType(displaced), MappingProxyType(moved))
 
     def release(self, pod_key: str) -> bool:
         """Drop whatever the pod holds (deleted, failed or succeeded). True if it held anything."""

@@ -16,12 +16,18 @@ Ledger rules for claims (what kube-scheduler's DRA allocator itself treats as in
   watch), and the claim controller then deallocates;
 - the allocation is the truth the node's driver prepares, so it is recorded even where the ledger
   held a unit for another pod — but that is a **conflict**, counted (``conflicts``), logged and
-  handed to the conflict listeners, never silently a second holder (the ledger has one owner).
+  handed to the conflict listeners, never silently a second holder (the ledger has one owner);
+- except for a sibling of the same gang plan: the plan reserved a count per member on the node
+  and the allocator (first fit within the claim's constraints) picks its own devices there, so a
+  member's allocation naming units reserved for a sibling (or for itself) is a **swap**, not a
+  conflict: the sibling's reservation moves to units the allocation left free on that node
+  (``GpuLedger.observe_allocation``; counted in ``swaps``), its count unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -54,6 +60,7 @@ class DraState:
         self._holder_claims: dict[str, set[str]] = {}  # ledger key -> claim keys
         self._observed: dict[str, tuple[str, frozenset[str]]] = {}  # ledger key -> (node, ids) recorded
         self.conflicts: Counter[str] = Counter()  # by node
+        self.swaps: Counter[str] = Counter()  # gang siblings' reservations moved aside, by node
         self.recent_conflicts: deque[dict[str, Any]] = deque(maxlen=_CONFLICTS_KEPT)
         self._conflict_listeners: list[Callable[[str, str, str, tuple[str, ...]], None]] = []
 
@@ -101,7 +108,7 @@ class DraState:
                                    "reservedFor": [n for n, _ in claim.reserved_for], "devices": devices})
             return {"nodes": {n: dict(d) for n, d in sorted(self._node_devices.items())},
                     "claims": claims, "conflicts": list(self.recent_conflicts),
-                    "conflictsTotal": sum(self.conflicts.values())}
+                    "conflictsTotal": sum(self.conflicts.values()), "swapsTotal": sum(self.swaps.values())}
 
     # -- slices ----------------------------------------------------------------------------------
     def replace_slices(self, slices: list[DraSlice]) -> None:
@@ -251,15 +258,13 @@ class DraState:
                 and (current.node, current.unit_ids) == wanted):
             return
         self._observed[holder] = wanted
-        view = self.ledger.view()
-        own = current.unit_ids if current is not None and current.node == node else frozenset()
-        suspect = (view.held_on(node) & wanted[1]) - own
-        taken: dict[str, list[str]] = {}
-        for unit in sorted(suspect):  # only where units are held by others: owner_of is linear
-            other = view.owner_of(node, unit)
-            taken.setdefault(other or "(a share)", []).append(unit)
-        self.ledger.observe(holder, node, sorted(ids), uid)
-        for other, units in taken.items():
+        result = self.ledger.observe_allocation(holder, node, sorted(ids), uid, spare=self._spare_units(node, ids))
+        if result.moved:
+            self.swaps[node] += len(result.moved)
+            log.info("ResourceClaim %s is allocated %s on %s; the reservations of %s (the same gang plan) moved to "
+                     "other free units there", source, sorted(ids), node, ", ".join(sorted(result.moved)))
+        for other, lost in sorted(result.displaced.items()):
+            units = sorted(lost)
             self.conflicts[node] += 1
             self.recent_conflicts.append({"claim": source, "node": node, "holder": holder, "displaced": other,
                                           "units": units})
@@ -267,3 +272,16 @@ class DraState:
                         "twice; the ledger follows the allocation (the driver prepares it)", source, units, node, other)
             for listener in self._conflict_listeners:
                 listener(source, node, other, tuple(units))
+
+    def _spare_units(self, node: str, allocated: set[str]) -> list[str]:
+        """The node's published units of the allocation's kind (whole GPUs, or MIG instances), in
+        device-name order (numbers as numbers: gpu-2 before gpu-10): where a gang sibling's
+        swapped reservation may go once the allocated pod's own leftovers are used. Lock held."""
+        devices = self._node_devices.get(node, MappingProxyType({}))
+        mig = any("-mig-" in devices.get(u, "") for u in allocated)
+        return sorted((u for u, name in devices.items() if ("-mig-" in name) == mig),
+                      key=lambda u: _natural(devices[u]))
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)

@@ -34,11 +34,13 @@ from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
 from extender.model.quantity import format_gib
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
-from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.dra import DraState
 from extender.service.ports import BindError, ClaimReader
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 
+# The barrier name of a DRA pod's plugin-mode Reserve (no gang: a group of one, open at once).
+DRA_BIND_BARRIER = "dra-bind:"
 _MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
 
 
@@ -184,6 +186,13 @@ class FrameworkDecider:
                            "was recreated since; kube-scheduler will retry it")
         if isinstance(demand, DemandProblem):
             return Refusal(demand.message)
+        if demand.dra is not None and not wait_at_barrier:
+            # Plugin mode's Reserve runs before DynamicResources' PreBind writes the allocation:
+            # nothing to record yet. A one-member open barrier makes the plugin's Bind (after
+            # PreBind) ask permitted(), which records the claim's devices as the extender's bind does.
+            return Reservation(summary=f"DRA: {', '.join(demand.dra.claims)} on {node}; its devices are recorded at "
+                                       "Bind, after DynamicResources' PreBind allocated them",
+                               barrier=Barrier(f"{DRA_BIND_BARRIER}{pod.key}", open=True))
         if demand.dra is not None:
             return self._reserve_dra(pod, node, demand.dra)
         with self._reserve_lock:
@@ -217,6 +226,16 @@ class FrameworkDecider:
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
+
+    def dra_reservation(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
+        """For the gang coordinator: a DRA pod's bind as :meth:`reserve` would answer it (its
+        allocated claims recorded, nothing chosen); None when the pod, as last filtered, does not
+        get its GPUs through DRA (or was not filtered: :meth:`reserve` says so)."""
+        with self._lock:
+            judged = self._by_pod.get(pod.key)
+        if judged is None or judged[0] != pod.uid or not isinstance(judged[1], PodDemand) or judged[1].dra is None:
+            return None
+        return self._reserve_dra(pod, node, judged[1].dra)
 
     def _reserve_dra(self, pod: PodRef, node: str, dra: DraDemand) -> Reservation | Refusal:
         """The pod's allocated claims recorded as its holding on ``node`` (DynamicResources'
@@ -271,7 +290,10 @@ class FrameworkDecider:
             self.ledger.forget(pod.key)
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
-        return Refusal(f"{pod.key} is not a gang member: it has no Permit barrier to pass")
+        """Plugin mode's Bind past Permit: a DRA pod's claims recorded (its Reserve's one-member
+        barrier); anyone else has no barrier here."""
+        dra = self.dra_reservation(pod, node)
+        return dra if dra is not None else Refusal(f"{pod.key} is not a gang member: it has no Permit barrier to pass")
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self.ledger.forget(pod.key)

@@ -54,6 +54,7 @@ from extender.model.gang import (
     MemberPlacement,
     encode_commit,
 )
+from extender.model.ledger import Assignment
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.gang_admission import simulate_placements
@@ -66,6 +67,7 @@ from extender.service.gang_plan import (
     Plan,
     PodGroupProgress,
     describe_gang,
+    plan_tag,
 )
 from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 
@@ -216,11 +218,16 @@ class GangCoordinator:
 
     def reserve(self, pod: PodRef, node: str, decision_id: str, *,
                 wait_at_barrier: bool = True) -> Reservation | Refusal:
+        # Extender mode binds after DynamicResources' PreBind: a DRA member's claims are allocated
+        # now, and are read (perhaps from the apiserver) before the lock, never under it.
+        dra = self._dra_reservation(pod, node) if wait_at_barrier else None
+        if isinstance(dra, Refusal):
+            return dra
         with self._lock:
             # A live plan naming the pod is the authority on its membership, whatever the index says.
             plan = next((p for p in self._plans.values() if pod.key in p.placements), None)
             if plan is not None:
-                return self._reserve_member(plan.spec, plan, pod, node, wait_at_barrier)
+                return self._reserve_member(plan.spec, plan, pod, node, wait_at_barrier, dra)
         member = self.index.member(pod.key)
         gang = self.index.gang_of(member.raw, self.default_timeout_s) if member is not None else None
         if isinstance(gang, GangProblem):
@@ -228,24 +235,36 @@ class GangCoordinator:
         with self._lock:
             plan = self._plans.get(gang.key) if gang is not None else None
             if gang is not None and (plan is not None or not self._satisfied(gang)):
-                return self._reserve_member(gang, plan, pod, node, wait_at_barrier)
-        return self.inner.reserve(pod, node, decision_id)
+                return self._reserve_member(gang, plan, pod, node, wait_at_barrier, dra)
+        return self.inner.reserve(pod, node, decision_id, wait_at_barrier=wait_at_barrier)
+
+    def _dra_reservation(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
+        """A DRA pod's allocated claims recorded (``FrameworkDecider.dra_reservation``); None for
+        any other pod, or an inner decider that knows nothing of DRA."""
+        read = getattr(self.inner, "dra_reservation", None)
+        return read(pod, node) if read is not None else None
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
         """Plugin mode's Bind of a member that passed Permit: the group is complete (its plan
-        committed) and this member's reservation is re-asserted, as at an open bind barrier."""
+        committed) and this member's reservation is re-asserted, as at an open bind barrier. A DRA
+        member's claims were allocated by DynamicResources' PreBind, which ran before this Bind."""
+        dra = self._dra_reservation(pod, node)
+        if isinstance(dra, Refusal):
+            return dra
         with self._lock:
             plan = self._committed_plan_of(pod.key)
+            if plan is None and dra is not None:
+                return dra  # a DRA pod on its own: Reserve's one-member barrier (FrameworkDecider.reserve)
             if plan is None:
                 return Refusal(f"{pod.key} belongs to no complete gang plan (the plan was released, or the pod is "
                                "not a member); it is planned again at its next attempt")
             placement = plan.placements[pod.key]
             if node != placement.node:
                 return Refusal(f"gang {plan.spec.key}: this member is planned on {placement.node}, not {node}")
-            return self._grant(plan, placement, pod, node)
+            return self._grant(plan, placement, pod, node, dra)
 
     def _reserve_member(self, gang: GangSpec, plan: Plan | None, pod: PodRef, node: str,
-                        wait_at_barrier: bool = True) -> Reservation | Refusal:
+                        wait_at_barrier: bool = True, dra: Reservation | None = None) -> Reservation | Refusal:
         """A gang member at bind (extender) or Reserve (plugin): wait at the barrier or, without
         ``wait_at_barrier``, say whether to wait at Permit; or pass an open one. Lock held."""
         placement = plan.placements.get(pod.key) if plan is not None and not plan.released else None
@@ -283,7 +302,7 @@ class GangCoordinator:
                                details={"gang": str(plan.spec.key), "gpus": list(placement.units),
                                         "gpuIndices": list(placement.indices)},
                                barrier=Barrier(str(plan.spec.key), open=True))
-        return self._grant(plan, placement, pod, node)
+        return self._grant(plan, placement, pod, node, dra)
 
     def _waiting(self, plan: Plan, placement: MemberPlacement, pod: PodRef, node: str) -> Reservation:
         """A member reserved without waiting, before its group is complete: it waits at Permit
@@ -294,12 +313,26 @@ class GangCoordinator:
             details={"gang": str(plan.spec.key), "gpus": list(placement.units), "gpuIndices": list(placement.indices)},
             barrier=Barrier(str(plan.spec.key), open=False, wait_s=max(0.0, plan.deadline - self._clock())))
 
-    def _grant(self, plan: Plan, placement: MemberPlacement, pod: PodRef, node: str) -> Reservation | Refusal:
-        """A member of a committed plan is about to be bound. Lock held."""
+    def _grant(self, plan: Plan, placement: MemberPlacement, pod: PodRef, node: str,
+               dra: Reservation | None = None) -> Reservation | Refusal:
+        """A member of a committed plan is about to be bound. ``dra``: a DRA member's allocated
+        claims, recorded; it is bound as allocated (its claims' sync holds its entry in the
+        ledger), with the commit record and no GPU assignment. Lock held."""
         gang = plan.spec
+        if dra is not None:
+            plan.writing[pod.key] = self._clock()
+            annotations = {GANG_COMMIT_ANNOTATION: plan.commit_text} if plan.commit_text else {}
+            return Reservation(annotations=annotations,
+                               summary=f"{dra.summary} (gang {gang.key}, all {len(plan.placements)} members through "
+                                       "the barrier)",
+                               details={**dra.details, "gang": str(gang.key)})
+        # Pinned from here on: these units are about to be written; a sibling's DRA allocation
+        # may no longer swap them (one it moved them for already is what the ledger holds).
+        self._follow_ledger(plan, pod.key, self.ledger.pin(pod.key, placement.node))
+        placement = plan.placements[pod.key]
         # Committed: (re)assert the reservation. It is normally still held; after a failed write
         # or a restart this is what keeps the member's GPUs from anyone else.
-        if not self.ledger.assume(pod.key, placement.node, placement.units, pod.uid):
+        if not self.ledger.assume(pod.key, placement.node, placement.units, pod.uid, gang=plan.tag):
             plan.bind_errors[pod.key] = f"its GPUs {list(placement.indices)} on {placement.node} were taken"
             return Refusal(f"gang {gang.key}: this member's GPUs {list(placement.indices)} on {placement.node} "
                            "are held by another pod (seen by the watch); the group cannot complete as planned")
@@ -314,6 +347,21 @@ class GangCoordinator:
             summary=f"GPUs [{','.join(map(str, placement.indices))}] on {node} (gang {plan.spec.key}, all "
                     f"{len(plan.placements)} members through the barrier){retry}",
             details={"gang": str(plan.spec.key), "gpus": list(placement.units), "gpuIndices": list(placement.indices)})
+
+    def _follow_ledger(self, plan: Plan, key: str, held: Assignment | None) -> MemberPlacement | None:
+        """The member's placement as the ledger now holds it, when a sibling's DRA allocation
+        swapped its reserved units for others (same node, same count, the plan's tag); recorded in
+        the plan. None when the ledger holds the plan's units, or nothing of the plan's. Lock held."""
+        placement = plan.placements[key]
+        if (held is None or held.gang != plan.tag or held.node != placement.node
+                or len(held.unit_ids) != len(placement.units) or held.unit_ids == frozenset(placement.units)):
+            return None
+        info = self.snapshot().nodes.get(placement.node)
+        index = {u.id: u.gpu_index for u in info.units} if info is not None else {}
+        units = sorted(held.unit_ids, key=lambda u: (index.get(u, 1 << 30), u))
+        moved = MemberPlacement(placement.node, tuple(units), tuple(index.get(u, -1) for u in units))
+        plan.placements[key] = moved
+        return moved
 
     def bound(self, pod: PodRef, node: str) -> None:
         with self._lock:
@@ -395,8 +443,10 @@ class GangCoordinator:
         placements = dict(simulated.placements)
         uids = {m.key: m.uid for m in needed}
         reserved: list[str] = []
+        tag = plan_tag(gang.key, now)
         for key, placement in placements.items():
-            if not self.ledger.assume(key, placement.node, placement.units, uids.get(key, "")):
+            # Movable until the member's bind pins them: a DRA sibling's allocation may swap them.
+            if not self.ledger.assume(key, placement.node, placement.units, uids.get(key, ""), gang=tag, movable=True):
                 for k in reserved:
                     self.ledger.forget(k)
                 status.reason = f"gang {gang.key}: capacity changed while planning; retrying"
@@ -434,6 +484,8 @@ class GangCoordinator:
     def _commit(self, plan: Plan) -> None:
         """Every member reached bind: open the barrier. Called with the lock held."""
         now = self._clock()
+        for key in plan.placements:  # the record names what the ledger holds after any DRA swaps
+            self._follow_ledger(plan, key, self.ledger.assignment(key))
         plan.phase = Phase.COMMITTED
         plan.deadline = now + plan.timeout_s
         plan.commit_until = round(self._wall() + plan.timeout_s, 3)
@@ -568,7 +620,7 @@ class GangCoordinator:
                             remaining, Phase.COMMITTED, arrived=set(placements), written=bound,
                             commit_text=encode_commit(record.commit), commit_until=until)
                 for k, p in unbound.items():
-                    if not self.ledger.assume(k, p.node, p.units, members[k].uid):
+                    if not self.ledger.assume(k, p.node, p.units, members[k].uid, gang=plan.tag, movable=True):
                         plan.bind_errors[k] = f"its GPUs {list(p.indices)} on {p.node} were taken meanwhile"
                 self._plans[key] = plan
                 self._status_of(gang).reason = (f"gang {key}: recovered a committed plan after a restart; "

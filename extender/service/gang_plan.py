@@ -51,6 +51,16 @@ class Plan:
     def committed(self) -> bool:
         return self.phase is Phase.COMMITTED
 
+    @property
+    def tag(self) -> str:
+        """The ledger tag of this plan's reservations (``Assignment.gang``): siblings share it."""
+        return plan_tag(self.spec.key, self.created)
+
+
+def plan_tag(key: GangKey, created: float) -> str:
+    """The ledger tag of the plan of group ``key`` made at ``created`` (the coordinator's clock)."""
+    return f"{key}@{created:.6f}"
+
 
 @dataclass
 class GangStatus:

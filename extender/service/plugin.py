@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.model.dra import DRA_MARKER_RESOURCE
 from extender.model.nodemaps import GroupedMapping
 from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
@@ -121,17 +122,19 @@ class ReserveAnswer:
 
 
 def asks_for_gpus(pod: PodRef) -> bool:
-    """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``
-    or ``gpusched.io/gpu-share`` (``"0"`` asks for none, as the plugin's own requeue hint reads it;
-    anything else, valid or not, is the decider's to judge), or the pod carries the share
-    annotation (a share missing its slot is the decider's to explain)."""
+    """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``,
+    ``gpusched.io/gpu-share`` or ``gpusched.io/dra`` (the marker of a pod whose GPUs come through
+    a ResourceClaim, as kube-scheduler's managedResources reads it in extender mode; ``"0"`` asks
+    for none, as the plugin's own requeue hint reads it; anything else, valid or not, is the
+    decider's to judge), or the pod carries the share annotation (a share missing its slot is the
+    decider's to explain)."""
     spec = pod.raw.get("spec") or {}
     if SHARE_MEMORY_ANNOTATION in ((pod.raw.get("metadata") or {}).get("annotations") or {}):
         return True
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         resources = container.get("resources") or {}
         for kind in ("requests", "limits"):
-            for resource in ("nvidia.com/gpu", SHARE_RESOURCE):
+            for resource in ("nvidia.com/gpu", SHARE_RESOURCE, DRA_MARKER_RESOURCE):
                 value = (resources.get(kind) or {}).get(resource)
                 if value is not None and str(value).strip() != "0":
                     return True

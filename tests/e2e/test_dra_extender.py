@@ -14,12 +14,14 @@ devices are never held twice, and are freed when the claim goes.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.modes import SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 from nodeagent.gpu.fake import preset_path
@@ -79,24 +81,26 @@ def held_by(extender: Extender, node: str) -> dict[str, str | None]:
     return {u["draDevice"]: u["heldBy"] for u in units(extender, node) or [] if u.get("draDevice")}
 
 
-def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink: bool = False) -> str:
+def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink: bool = False,
+            model: str = MODEL, annotations: dict[str, str] | None = None, name: str | None = None,
+            scheduler: str = "gpusched") -> str:
     """A ResourceClaim for ``count`` gpu.gpusched.io devices (one NVLink island when ``nvlink``) and
     a vLLM pod of the gpusched scheduler using it, with the gpusched.io/dra marker; returns the name."""
-    name = unique("drx-p")
+    name = name or unique("drx-p")
     spec: dict[str, Any] = {"devices": {"requests": [
         {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}
     if nvlink:
         spec["devices"]["constraints"] = [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkIsland"}]
     claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
     client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
-    annotations = {"gpusched.io/require-nvlink": "true"} if nvlink else {}
+    annotations = {**({"gpusched.io/require-nvlink": "true"} if nvlink else {}), **(annotations or {})}
     pod: Any = {
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"schedulerName": "gpusched", "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
+        "spec": {"schedulerName": scheduler, "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
                  "terminationGracePeriodSeconds": 0,
                  "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
                  "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                                 "command": ["vllm", "serve", MODEL, "--tensor-parallel-size", str(tp)],
+                                 "command": ["vllm", "serve", model, "--tensor-parallel-size", str(tp)],
                                  "resources": {"claims": [{"name": "gpus"}], "limits": {"gpusched.io/dra": "1"}}}]}}
     client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
     return name
@@ -192,3 +196,60 @@ def test_held_devices_send_the_next_dra_pod_elsewhere_and_the_claims_end_frees_t
                "the deleted claim's devices freed in the ledger",
                context=lambda: json.dumps(held_by(dra_extender, node_a)))
     assert all(p == f"{namespace}/{second}" for p in held_by(dra_extender, node_b).values())
+
+
+SMALL_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def dra_gang(admin, namespace: str, fleet_id: str, *, size: int, count: int, scheduler: str = "gpusched") -> list[str]:
+    """``size`` DRA pods declaring one gang (gpusched's annotations, as tests/e2e/test_gangs.py's
+    ``annotations`` kind), each with its own claim for ``count`` devices and TP=``count``."""
+    gang = unique("drx-g")
+    notes = {"gpusched.io/gang-name": gang, "gpusched.io/gang-size": str(size),
+             "gpusched.io/gang-timeout-seconds": "30"}
+    return [dra_pod(admin, namespace, fleet_id, count=count, tp=count, model=SMALL_MODEL, annotations=notes,
+                    name=f"{gang}-{i}", scheduler=scheduler) for i in range(size)]
+
+
+def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(admin, namespace, dra_extender, dra_nodes,
+                                                                       mode: SchedulingMode):
+    """Both members planned on the one node, 2 GPUs each; the DRA allocator picks each member's
+    devices there itself (first fit), whatever the plan reserved for which member: the ledger
+    swaps sibling reservations, reports no conflict, and ends holding exactly the claims' devices."""
+    fleet_id, add = dra_nodes
+    node = add("h100")
+    conflicts_before = dra_extender.get_json("/debug/nodes")["dra"]["conflictsTotal"]
+    members = dra_gang(admin, namespace, fleet_id, size=2, count=2, scheduler=mode.scheduler_name)
+    placed = {name: bound(admin, dra_extender, namespace, name) for name in members}
+    assert {where for where, _ in placed.values()} == {node}
+    devices = {name: sorted(r["device"] for r in results) for name, (_, results) in placed.items()}
+    assert all(len(d) == 2 for d in devices.values()) and not set(devices[members[0]]) & set(devices[members[1]])
+    verb, result = mode.passed_barrier  # the record of the member's bind: the extender's, or plugin Bind's permit
+    for name in members:
+        record = decision(dra_extender, namespace, name, verb)
+        assert record is not None and record["result"] == result, record
+        assert "gpusched.io/assigned-gpus" not in record["details"]["annotations"], record
+        assert "gpusched.io/gang-commit" in record["details"]["annotations"], record
+    expected = {f"{namespace}/{name}": d for name, d in devices.items()}
+    wait_until(lambda: {p: sorted(d for d, h in held_by(dra_extender, node).items() if h == p) for p in expected}
+               == expected, 20, "the ledger to hold exactly the claims' devices",
+               context=lambda: json.dumps(held_by(dra_extender, node)))
+    assert sum(1 for h in held_by(dra_extender, node).values() if h) == 4
+    assert dra_extender.get_json("/debug/nodes")["dra"]["conflictsTotal"] == conflicts_before
+
+
+def test_a_gang_of_dra_pods_that_cannot_fit_binds_no_member(admin, namespace, dra_extender, dra_nodes,
+                                                            mode: SchedulingMode):
+    """Two members of 8 GPUs each, one 8-GPU node: the plan cannot be made, so no member passes
+    the extender's filter — no claim is allocated, no pod bound."""
+    fleet_id, add = dra_nodes
+    add("h100")
+    members = dra_gang(admin, namespace, fleet_id, size=2, count=8, scheduler=mode.scheduler_name)
+    for name in members:
+        wait_until(lambda name=name: "gang" in pod_scheduled_message(admin, namespace, name), 30,
+                   f"{name}'s PodScheduled condition to carry the gang's reason",
+                   context=lambda name=name: pod_scheduled_message(admin, namespace, name))
+    time.sleep(3)
+    for name in members:
+        assert pod_node(admin, namespace, name) is None, pod_scheduled_message(admin, namespace, name)
+        assert allocation(admin, namespace, name) == []

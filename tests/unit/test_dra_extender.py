@@ -26,6 +26,7 @@ from tests.unit.builders import (
     make_claim_obj,
     make_dra_pod,
     make_k8s_node,
+    make_pod,
     make_slice_obj,
 )
 
@@ -295,3 +296,44 @@ def test_template_feed_replaces_and_deletes():
     assert state.dra is not None and isinstance(state.dra.resolve(make_dra_pod(template="t")), DraDemand)
     TemplateFeed(dra_of(state)).apply("DELETED", obj)
     assert isinstance(state.dra.resolve(make_dra_pod(template="t")), str)
+
+
+
+def _dra(*fields: str, count: int = 2) -> DraDemand:
+    return DraDemand(tuple(f.partition(":")[0] for f in fields), count, "gpu.gpusched.io", count_fields=fields)
+
+
+def _dra_pod_with_args(*args: str) -> dict:
+    """A gang member's DRA pod whose engine is ``vllm`` with ``args``."""
+    pod = make_dra_pod(annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"})
+    pod["spec"]["containers"][0]["args"] = list(args)
+    return pod
+
+
+C_FIELD = "default/c: spec.devices.requests[gpus].exactly.count"
+D_FIELD = "default/d: spec.devices.requests[more].exactly.count"
+
+
+@pytest.mark.parametrize("pod, dra, names, never", [
+    pytest.param(make_dra_pod(tp=4), _dra(C_FIELD), [f"set {C_FIELD} to 4", "spans 2 pods"], "resources.limits",
+                 id="dra-count-below-tp-names-the-claim"),
+    pytest.param(make_pod(gpus=2, model="meta-llama/Llama-3.1-70B-Instruct", tp=4), None,
+                 ["set resources.limits['nvidia.com/gpu'] to 4"], "exactly.count", id="device-plugin-names-the-limit"),
+    pytest.param(_dra_pod_with_args("serve", "m", "-tp", "4", "--nnodes", "2"), _dra(C_FIELD, count=4),
+                 ["requests 4 gpu.gpusched.io devices through default/c", f"set {C_FIELD} to 2"],
+                 "resources.limits", id="dra-nnodes-names-the-claim"),
+    pytest.param(_dra_pod_with_args("serve", "m", "-tp", "4"), _dra(C_FIELD, D_FIELD, count=3),
+                 [f"set the counts ({C_FIELD} and {D_FIELD}) together to 4"], "resources.limits",
+                 id="two-claims-named-together"),
+])
+def test_a_count_that_does_not_fit_the_parallel_sizes_names_where_the_count_is_set(pod, dra, names, never):
+    demand = parse_pod_demand(pod, builtin_catalog(), dra)
+    assert isinstance(demand, DemandProblem), demand
+    for needle in names:
+        assert needle in demand.message, demand.message
+    assert never not in demand.message, demand.message
+
+
+def test_the_resolved_demand_names_each_requests_count_field():
+    got = resolve_dra_demand(make_dra_pod(claim="c"), _claims(make_claim_obj("c", 4)), {})
+    assert isinstance(got, DraDemand) and got.count_fields == (C_FIELD,)
