@@ -14,8 +14,9 @@ import (
 	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
 )
 
-// gpuResources are the extended resources gpusched judges: whole GPUs, and shares of one GPU.
-var gpuResources = []v1.ResourceName{"nvidia.com/gpu", "gpusched.io/gpu-share"}
+// gpuResources are the extended resources gpusched judges: whole GPUs, shares of one GPU, and the
+// marker a DRA pod carries (its GPUs come through a ResourceClaim; a deleted one frees them too).
+var gpuResources = []v1.ResourceName{"nvidia.com/gpu", "gpusched.io/gpu-share", "gpusched.io/dra"}
 
 // EventsToRegister says which cluster events may make a pod GpuSched rejected fit, so
 // kube-scheduler requeues it on those alone: a node added, a node's allocatable or labels changed,

@@ -39,6 +39,7 @@ func TestDeletedPodsRequeueOnlyWhenTheyHeldGPUs(t *testing.T) {
 	}{
 		{"a GPU pod", gpuPod("engine", 2, "a"), fwk.Queue},
 		{"a GPU sharer", podRequesting("small", "gpusched.io/gpu-share", 1, "a"), fwk.Queue},
+		{"a DRA pod (the marker)", podRequesting("dra", "gpusched.io/dra", 1, "a"), fwk.Queue},
 		{"a CPU pod", gpuPod("web", 0, "a"), fwk.QueueSkip},
 		{"a tombstone", cache.DeletedFinalStateUnknown{Key: "ns/x"}, fwk.Queue},
 	} {
