@@ -92,7 +92,7 @@ from devcluster.controlplane import (
     manifest_documents,
     scheduler_config_from_manifests,
 )
-from devcluster.dra import allocation_check, gpu_claim, preset_slice, with_claim
+from devcluster.dra import DRA_MARKER_RESOURCE, allocation_check, gpu_claim, preset_slice, with_claim
 from devcluster.fleet import create_preset_node, units
 from devcluster.processes import Component
 from devcluster.stack import Stack
@@ -124,7 +124,10 @@ def count_only(name: str, qps: int):
     def adjust(config: dict[str, Any]) -> None:
         config.pop("extenders", None)
         config["leaderElection"] = {"leaderElect": False}
+        # ignoredResources: DRA pods (e) carry gpusched's marker, which a profile without the
+        # extender ignores (README "DRA mode"); no (a) pod asks it.
         config["profiles"] = [{"schedulerName": name, "pluginConfig": [{"name": "NodeResourcesFit", "args": {
+            "ignoredResources": [DRA_MARKER_RESOURCE],
             "scoringStrategy": {"type": "MostAllocated", "resources": [{"name": "nvidia.com/gpu", "weight": 1}]}}}]}]
         _client_conn(config, qps)
     return adjust

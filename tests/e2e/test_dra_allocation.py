@@ -11,9 +11,13 @@ memory fills, and a gpu class that never yields a MIG instance.
 
 from __future__ import annotations
 
+import json
 import time
 
-from devcluster.cluster import wait_until
+from kubernetes import client
+
+from devcluster.cluster import pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.controlplane import MANIFESTS, manifest_documents
 from devcluster.stack import Stack
 from tests.e2e.dra_support import (
     DRIVER,
@@ -104,3 +108,36 @@ def test_a_tp2_claim_through_the_gpu_class_never_gets_a_mig_instance(admin, name
     # The node's instances are allocatable, through the mig class.
     migs = claim_and_pod(admin, namespace, fleet_id, count=2, device_class="mig.gpusched.io")
     assert allocated(admin, namespace, migs)[0] == node
+
+
+def test_the_extended_resource_class_serves_an_unchanged_nvidia_gpu_pod_from_the_slice(admin, namespace, dra,
+                                                                                       dra_nodes, control_plane):
+    """manifests/examples/dra-extended-resource.yaml: a pod asking ``nvidia.com/gpu: 2`` on a node
+    that advertises no nvidia.com/gpu gets a claim kube-scheduler makes itself, allocated 2 whole
+    GPUs from the agent's slice (the mapping is optional and carries no constraint: README)."""
+    fleet_id, add = dra_nodes
+    node, _, _ = add(preset("a100"))
+    (doc,) = [d for _, d in manifest_documents([MANIFESTS / "examples" / "dra-extended-resource.yaml"])]
+    control_plane.apply([doc])
+    resource = client.ResourceV1Api(admin)
+    try:
+        name = unique("ext")
+        client.CoreV1Api(admin).create_namespaced_pod(namespace, {
+            "metadata": {"name": name},
+            "spec": {"schedulerName": "dra-only", "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
+                     "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "engine", "image": "registry.local/vllm:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+        wait_until(lambda: pod_node(admin, namespace, name), 60, f"pod {name} bound",
+                   context=lambda: pod_scheduled_message(admin, namespace, name))
+        assert pod_node(admin, namespace, name) == node
+        pod = client.CoreV1Api(admin).read_namespaced_pod(name, namespace, _preload_content=False)
+        status = json.loads(pod.data)["status"]
+        claim_name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = json.loads(resource.read_namespaced_resource_claim(
+            claim_name, namespace, _preload_content=False).data)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {(r["driver"], r["pool"]) for r in results} == {(DRIVER, node)} and len(results) == 2, results
+        assert {devices(admin, node)[r["device"]]["attributes"]["type"]["string"] for r in results} == {"gpu"}
+    finally:
+        resource.delete_device_class(doc["metadata"]["name"])

@@ -126,10 +126,11 @@ def bound(admin, extender: Extender, namespace: str, name: str) -> tuple[str, li
     return node, allocation(admin, namespace, name)
 
 
-def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_with_the_tp_reason(admin, namespace, dra_extender, dra_nodes):
+def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_with_the_tp_reason(admin, namespace, dra_extender, dra_nodes,
+                                                                         stack: Stack, mode: SchedulingMode):
     fleet_id, add = dra_nodes
     add("h100")
-    name = dra_pod(admin, namespace, fleet_id, count=3, tp=3)
+    name = dra_pod(admin, namespace, fleet_id, count=3, tp=3, scheduler=mode.scheduler_name)
     needle = "must be divisible by tensor parallel size (3)"
     record = wait_until(lambda: (r := decision(dra_extender, namespace, name, "filter")) and needle in
                         json.dumps(r) and r, 30, "the extender's filter decision with the TP reason",
@@ -140,18 +141,23 @@ def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_with_the_tp_reason(admin, 
                "the pod's PodScheduled condition to carry the TP reason",
                context=lambda: pod_scheduled_message(admin, namespace, name))
     assert pod_node(admin, namespace, name) is None and allocation(admin, namespace, name) == []
+    out = stack.cli("explain", f"{namespace}/{name}")  # gpusched explain reads the same for a DRA pod
+    assert needle in out and "3 GPU(s), TP=3" in out, out
 
 
 def test_a_tp4_nvlink_dra_pod_is_bound_by_the_extender_after_prebind_allocated_its_claim(
-        admin, namespace, dra_extender, dra_nodes):
+        admin, namespace, dra_extender, dra_nodes, stack: Stack, mode: SchedulingMode):
+    """The extender's bind (extender mode) or the plugin's Bind asking the core (plugin mode), after
+    DynamicResources' PreBind: the record of it names the claim's devices, the Binding no GPUs."""
     fleet_id, add = dra_nodes
     switch = add("h100")
     add("a100")
-    name = dra_pod(admin, namespace, fleet_id, count=4, tp=4, nvlink=True)
+    name = dra_pod(admin, namespace, fleet_id, count=4, tp=4, nvlink=True, scheduler=mode.scheduler_name)
     node, results = bound(admin, dra_extender, namespace, name)
     assert node == switch and len(results) == 4 and {r["pool"] for r in results} == {switch}
-    record = decision(dra_extender, namespace, name, "bind")
-    assert record is not None and record["result"] == "bound", record
+    verb, result = mode.passed_barrier  # a single pod is a group of one: the same record as a gang member's
+    record = wait_until(lambda: decision(dra_extender, namespace, name, verb), 20, f"the {verb} record")
+    assert record["result"] == result, record
     allocated = sorted(r["device"] for r in results)
     assert sorted(d["device"] for d in record["details"]["dra"]["devices"]) == allocated, record
     # The Binding carried only the decision id: no GPU assignment to contradict the allocation.
@@ -163,6 +169,8 @@ def test_a_tp4_nvlink_dra_pod_is_bound_by_the_extender_after_prebind_allocated_i
                       20, "the ledger to hold the claim's devices for the pod",
                       context=lambda: json.dumps(held_by(dra_extender, switch)))
     assert sum(1 for p in held.values() if p) == 4
+    out = stack.cli("explain", f"{namespace}/{name}")
+    assert "allocated" in out and all(device in out for device in allocated), out
 
 
 def release_claim(admin, namespace: str, name: str) -> None:
@@ -174,14 +182,14 @@ def release_claim(admin, namespace: str, name: str) -> None:
 
 
 def test_held_devices_send_the_next_dra_pod_elsewhere_and_the_claims_end_frees_them(
-        admin, namespace, dra_extender, dra_nodes):
+        admin, namespace, dra_extender, dra_nodes, mode: SchedulingMode):
     fleet_id, add = dra_nodes
     nodes = {add("a100"), add("a100")}
-    first = dra_pod(admin, namespace, fleet_id, count=4, tp=4)
+    first = dra_pod(admin, namespace, fleet_id, count=4, tp=4, scheduler=mode.scheduler_name)
     node_a, _ = bound(admin, dra_extender, namespace, first)
     wait_until(lambda: all(p == f"{namespace}/{first}" for p in held_by(dra_extender, node_a).values()), 20,
                "the first claim's devices held", context=lambda: json.dumps(held_by(dra_extender, node_a)))
-    second = dra_pod(admin, namespace, fleet_id, count=4, tp=4)
+    second = dra_pod(admin, namespace, fleet_id, count=4, tp=4, scheduler=mode.scheduler_name)
     node_b, _ = bound(admin, dra_extender, namespace, second)
     assert {node_a, node_b} == nodes
     wait_until(lambda: all(p == f"{namespace}/{second}" for p in held_by(dra_extender, node_b).values()), 20,
