@@ -12,6 +12,8 @@
 #
 #   kubectl apply --server-side -k manifests/overlays/dra && hack/webhook-certs.sh [NAMESPACE] [DIR]
 set -euo pipefail
+# shellcheck source=hack/lib/serving-cert.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/serving-cert.sh"
 ns="${1:-gpusched-system}"
 dir="${2:-./webhook-pki}"
 days="${DAYS:-365}"
@@ -24,17 +26,7 @@ for cmd in openssl base64 "${kubectl[0]}"; do
 done
 mkdir -p "$dir"
 cd "$dir"
-if [[ ! -s ca.key || ! -s ca.crt ]]; then
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days "$days" \
-    -subj "/CN=gpusched-webhook-ca" 2>/dev/null
-  chmod 600 ca.key
-fi
-openssl req -newkey rsa:2048 -nodes -keyout tls.key -out tls.csr -subj "/CN=${host}" 2>/dev/null
-printf 'subjectAltName=DNS:%s,DNS:%s.cluster.local\nextendedKeyUsage=serverAuth\n' "$host" "$host" > tls.ext
-openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days "$days" \
-  -extfile tls.ext 2>/dev/null
-chmod 600 tls.key
-openssl verify -CAfile ca.crt tls.crt >/dev/null
+serving_cert webhook "$host" "$days"
 
 "${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
 "${kubectl[@]}" -n "$ns" create secret tls gpusched-webhook-tls --cert=tls.crt --key=tls.key \
