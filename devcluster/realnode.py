@@ -201,14 +201,10 @@ class RealNode:
     def _ctr_binary(self) -> str:
         return "ctr" if self.containerd_bin is None else str(self.containerd_bin / "ctr")
 
-    def _containerd2_config(self, cni: Path) -> str:
-        """containerd 2's config (version 3: the CRI plugin split into cri.v1.images and
-        cri.v1.runtime). The recipe's settings, and CDI: always on in 2.4 (``enable_cdi`` is gone),
-        specs read from ``cdi_dirs`` only, so nothing in the host's /etc/cdi or /var/run/cdi reaches
-        the test's containers."""
-        dirs = ", ".join(f'"{d}"' for d in self.cdi_dirs)
-        return f'''version = 3
-root = "{self.containerd_dir / 'root'}"
+    def _containerd_paths(self) -> str:
+        """What both config versions say alike: this node's own root, state, sockets and opt dir
+        (nothing in the machine-wide defaults), no debug or metrics listener."""
+        return f'''root = "{self.containerd_dir / 'root'}"
 state = "{self.containerd_dir / 'state'}"
 [grpc]
   address = "{self.socket}"
@@ -220,7 +216,16 @@ state = "{self.containerd_dir / 'state'}"
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{self.containerd_dir / 'opt'}"
-# NRI is on by default in 2.x and would serve /var/run/nri/nri.sock on the host; nothing here uses it.
+'''
+
+    def _containerd2_config(self, cni: Path) -> str:
+        """containerd 2's config (version 3: the CRI plugin split into cri.v1.images and
+        cri.v1.runtime). The recipe's settings, and CDI: always on in 2.4 (``enable_cdi`` is gone),
+        specs read from ``cdi_dirs`` only, so nothing in the host's /etc/cdi or /var/run/cdi reaches
+        the test's containers."""
+        dirs = ", ".join(f'"{d}"' for d in self.cdi_dirs)
+        return f'''version = 3
+{self._containerd_paths()}# NRI is on by default in 2.x and would serve /var/run/nri/nri.sock on the host; nothing here uses it.
 [plugins."io.containerd.nri.v1.nri"]
   disable = true
 [plugins."io.containerd.cri.v1.images"]
@@ -246,19 +251,7 @@ state = "{self.containerd_dir / 'state'}"
 
     def _containerd_config(self, cni: Path) -> str:
         return f'''version = 2
-root = "{self.containerd_dir / 'root'}"
-state = "{self.containerd_dir / 'state'}"
-[grpc]
-  address = "{self.socket}"
-[ttrpc]
-  address = "{self.containerd_dir / 'ttrpc.sock'}"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{self.containerd_dir / 'opt'}"
-[plugins."io.containerd.grpc.v1.cri"]
+{self._containerd_paths()}[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   # root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj (recipe)
   restrict_oom_score_adj = true
