@@ -175,8 +175,9 @@ class PodDemand:
     @cached_property
     def without_identity(self) -> PodDemand:
         """This demand without the pod's name and uid: replicas and retries of one pod compare
-        equal (computed once per demand; equality and hashing ignore the cache)."""
-        return replace(self, name="", uid="")
+        equal (computed once per demand; equality and hashing ignore the cache). A DRA pod's claim
+        names are its identity too: pods asking the same count of the same class share answers."""
+        return replace(self, name="", uid="", dra=self.dra.without_identity() if self.dra is not None else None)
 
 
 class _Invalid(Exception):

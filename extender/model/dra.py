@@ -17,7 +17,7 @@ pod's JSON, as the rest of the pod is (``extender.model.demand``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DRIVER = "gpu.gpusched.io"
@@ -125,6 +125,11 @@ class DraDemand:
     # Where each part of ``count`` is set, for messages: ``<claim>: spec.devices.requests[<name>].exactly.count``
     # (a template's: ``<template>: spec.spec.devices…``).
     count_fields: tuple[str, ...] = field(default=(), compare=False)
+
+    def without_identity(self) -> DraDemand:
+        """The same ask without the claims' names: what the framework's per-group answers are
+        keyed by (no plugin's verdict depends on which claim asks)."""
+        return replace(self, claims=(), count_fields=())
 
 
 @dataclass(frozen=True)

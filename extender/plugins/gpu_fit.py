@@ -56,7 +56,7 @@ class GpuFit:
             published = sum(1 for u in node.units if u.dra)
             if published < need:
                 return Status.unresolvable(NAME, f"node publishes {published} {DRIVER} devices (ResourceSlice); "
-                                                 f"the pod's claim {', '.join(demand.dra.claims)} needs {need}")
+                                                 f"the pod's claims need {need}")
         elif node.allocatable_gpus < need:
             return Status.unresolvable(NAME, f"node advertises {node.allocatable_gpus} {GPU_RESOURCE}; "
                                              f"pod needs {need}")

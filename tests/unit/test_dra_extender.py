@@ -337,3 +337,20 @@ def test_a_count_that_does_not_fit_the_parallel_sizes_names_where_the_count_is_s
 def test_the_resolved_demand_names_each_requests_count_field():
     got = resolve_dra_demand(make_dra_pod(claim="c"), _claims(make_claim_obj("c", 4)), {})
     assert isinstance(got, DraDemand) and got.count_fields == (C_FIELD,)
+
+
+@pytest.mark.parametrize("other, shares", [
+    pytest.param(("q", "default/c2", 4), True, id="another-pod-another-claim-same-count"),
+    pytest.param(("q", "default/c2", 2), False, id="another-count"),
+])
+def test_dra_pods_asking_the_same_share_the_frameworks_answers(other, shares):
+    """The per-group answer memo is keyed by the demand without identity: a DRA pod's claim names
+    are identity (each pod has its own claim), so 2,000 single-claim pods do not each miss it."""
+    name, claim, count = other
+    first = parse_pod_demand(make_dra_pod("p", tp=4), builtin_catalog(),
+                             DraDemand(("default/c",), 4, "gpu.gpusched.io", count_fields=("default/c: x",)))
+    second = parse_pod_demand(make_dra_pod(name, claim=claim.split("/")[1], tp=count), builtin_catalog(),
+                              DraDemand((claim,), count, "gpu.gpusched.io"))
+    assert isinstance(first, PodDemand) and isinstance(second, PodDemand)
+    assert (first.without_identity == second.without_identity) is shares
+    assert first.dra is not None and first.dra.claims == ("default/c",)  # the pod's own demand keeps them
