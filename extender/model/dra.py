@@ -142,6 +142,17 @@ class PodClaimRef:
     template: str | None
 
 
+def carries_dra_marker(pod: Mapping[str, Any]) -> bool:
+    """Whether a container (or init container) of ``pod`` lists ``gpusched.io/dra`` in its
+    limits or requests: the pod says its GPUs come through a gpusched claim."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
+        if any(DRA_MARKER_RESOURCE in (resources.get(section) or {}) for section in ("limits", "requests")):
+            return True
+    return False
+
+
 def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
     """The pod's claim references, in ``spec.resourceClaims`` order."""
     statuses = {str(s.get("name")): s.get("resourceClaimName")

@@ -28,7 +28,7 @@ from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
-from extender.model.dra import DraDemand
+from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
@@ -41,6 +41,9 @@ from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPU
 
 # The barrier name of a DRA pod's plugin-mode Reserve (no gang: a group of one, open at once).
 DRA_BIND_BARRIER = "dra-bind:"
+NO_DRA_STATE = ("the pod's GPUs come through DRA (it carries gpusched.io/dra), but this extender does not read "
+                "DRA state: start it with --dra (manifests/overlays/dra does), or drop gpusched.io/dra and ask "
+                "for nvidia.com/gpu")
 _MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
 
 
@@ -88,7 +91,11 @@ class FrameworkDecider:
     # -- inputs ------------------------------------------------------------------------------
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
-        dra = self.dra.resolve(pod.raw) if self.dra is not None else None
+        dra: DraDemand | str | None = None
+        if self.dra is not None:
+            dra = self.dra.resolve(pod.raw)
+        elif carries_dra_marker(pod.raw):
+            dra = NO_DRA_STATE
         cache_key = (pod.uid, rv, dra) if pod.uid else None
         with self._lock:
             cached = self._demands.get(cache_key) if cache_key else None

@@ -354,3 +354,17 @@ def test_dra_pods_asking_the_same_share_the_frameworks_answers(other, shares):
     assert isinstance(first, PodDemand) and isinstance(second, PodDemand)
     assert (first.without_identity == second.without_identity) is shares
     assert first.dra is not None and first.dra.claims == ("default/c",)  # the pod's own demand keeps them
+
+
+@pytest.mark.parametrize("pod, needle", [
+    pytest.param(make_dra_pod(tp=4), "start it with --dra", id="marker-without-dra-state"),
+    pytest.param(make_dra_pod(marker=False), None, id="no-marker-is-not-a-gpu-pod-here"),
+])
+def test_an_extender_without_dra_state_says_so_to_a_marked_pod(pod, needle):
+    state = cluster(("n1", H100))
+    d = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)  # no --dra
+    got = d.demand(ref(pod))
+    if needle is None:
+        assert isinstance(got, PodDemand) and got.dra is None and got.gpu_count == 0
+    else:
+        assert isinstance(got, DemandProblem) and needle in got.message, got
