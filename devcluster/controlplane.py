@@ -162,6 +162,10 @@ class ControlPlane:
     group versions the apiserver serves beyond its defaults (``--runtime-config``), e.g.
     ``{"scheduling.k8s.io/v1beta1": True}``, which beta APIs such as the PodGroup's need. Both empty
     by default: the stock release's behaviour.
+
+    Faults (tests/e2e/test_faults.py): :meth:`restart_etcd` and :meth:`restart_apiserver` kill a
+    component and start it again in place (same data directory, ports and arguments);
+    :meth:`expire_watches` makes every resourceVersion a client holds unresumable (410 Gone).
     """
 
     def __init__(self, bin_dir: Path, workdir: Path | None = None, *, with_nodes: bool = False,
