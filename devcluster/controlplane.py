@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,10 @@ class ControlPlane:
     group versions the apiserver serves beyond its defaults (``--runtime-config``), e.g.
     ``{"scheduling.k8s.io/v1beta1": True}``, which beta APIs such as the PodGroup's need. Both empty
     by default: the stock release's behaviour.
+
+    Faults (tests/e2e/test_faults.py): :meth:`restart_etcd` and :meth:`restart_apiserver` kill a
+    component and start it again in place (same data directory, ports and arguments);
+    :meth:`expire_watches` makes every resourceVersion a client holds unresumable (410 Gone).
     """
 
     def __init__(self, bin_dir: Path, workdir: Path | None = None, *, with_nodes: bool = False,
@@ -200,7 +204,9 @@ class ControlPlane:
             f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
             # Throwaway data: durability is not what the tests exercise, speed is.
             "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296"])
-        etcd.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{etcd_port}/health"), 60)
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self._etcd = etcd
+        self._wait_etcd()
         (self.pki / "tokens.csv").write_text(f'{self.admin_token},gpusched-test-admin,gpusched-test-admin,"system:masters"\n')
         nodes: list[str] = []
         if self.with_nodes:
@@ -242,8 +248,8 @@ class ControlPlane:
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             *self.feature_gate_args(), *_flag("--runtime-config", self.runtime_config),
             "--profiling=false", "--v=1"])
-        apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
-                                               ca_file=str(self.pki / "ca.crt")), 120)
+        self._apiserver = apiserver
+        self._wait_apiserver()
         if self.with_nodes:
             self._start_controller_manager()
         return self
@@ -300,6 +306,76 @@ class ControlPlane:
             shutil.copytree(self.workdir / "logs", Path(keep) / self.workdir.name, dirs_exist_ok=True)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- faults: restarts and expired watches (tests/e2e/test_faults.py) ---------------------------
+    def restart_etcd(self, *, graceful: bool = False) -> None:
+        """Kill etcd (SIGKILL; SIGTERM with ``graceful``) and start it again on the same data
+        directory and ports; returns once etcd is healthy and the apiserver ready on it again."""
+        self._etcd = self._restart(self._etcd, graceful)
+        self._wait_etcd()
+        self._wait_apiserver()
+
+    def restart_apiserver(self, *, graceful: bool = False, while_down: Callable[[], None] | None = None) -> None:
+        """Kill kube-apiserver (SIGKILL; SIGTERM with ``graceful``: it drains requests and ends
+        watches first) and start it again with the same port and arguments; ``while_down`` runs
+        between the two. Returns once /readyz is 200. Every watch on it ends; its watch cache
+        starts over at etcd's revision then."""
+        self._apiserver = self._restart(self._apiserver, graceful, while_down)
+        self._wait_apiserver()
+
+    def etcd_compact(self) -> int:
+        """Write a throwaway key (so etcd's revision is past every resourceVersion any client
+        holds, even one a bookmark has just moved) and compact etcd's history at that revision,
+        through etcd's v3 HTTP gateway; returns the revision. A watch that resumes from any earlier
+        version straight from etcd is answered 410 Gone."""
+        import base64
+
+        put = self._etcd_post("/v3/kv/put", {"key": base64.b64encode(b"/gpusched-test/compaction").decode(),
+                                             "value": base64.b64encode(os.urandom(8)).decode()})
+        revision = int(put["header"]["revision"])
+        self._etcd_post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
+
+    def expire_watches(self, while_down: Callable[[], None] | None = None) -> int:
+        """Make every resourceVersion a client holds now unresumable, as a long outage does:
+        etcd compacted past them (:meth:`etcd_compact`), then the apiserver restarted, so its watch
+        cache starts at the compacted revision. A reflector that resumes its watch from what it had
+        is told ``410 Gone`` (too old resource version) and must relist. ``while_down`` as for
+        :meth:`restart_apiserver`. Returns the compacted revision."""
+        revision = self.etcd_compact()
+        self.restart_apiserver(while_down=while_down)
+        return revision
+
+    def _restart(self, old: Component, graceful: bool, while_down: Callable[[], None] | None = None) -> Component:
+        if graceful:
+            old.stop(grace_s=30)
+        else:
+            old.kill()
+        if while_down is not None:
+            while_down()
+        new = old.restarted()
+        self.components[self.components.index(old)] = new
+        return new
+
+    def _wait_etcd(self) -> None:
+        self._etcd.wait_healthy(lambda: http_ok(f"{self.etcd_url}/health"), 60)
+
+    def _wait_apiserver(self) -> None:
+        self._apiserver.wait_healthy(lambda: http_ok(f"{self.url}/readyz", token=self.admin_token,
+                                                     ca_file=str(self.pki / "ca.crt")), 120)
+
+    def _etcd_post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        import json
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.etcd_url + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise ComponentFailed(f"etcd {path} {dict(body)} failed: HTTP {exc.code}: {exc.read()[:500]!r}") from None
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Component:
         c = Component(name, argv, self.workdir / "logs" / f"{name}.log", env=dict(env) if env else None)

@@ -44,6 +44,7 @@ class Component:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env, self.cwd = env, cwd
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         try:
@@ -75,6 +76,24 @@ class Component:
                 pass
             time.sleep(0.2)
         raise self.failure(f"{what} within {timeout_s:.0f}s")
+
+    def restarted(self) -> "Component":
+        """The same command line, environment and folder started again, appending to the same log:
+        a restart for a test's fault. This process must have exited first (:meth:`kill`, :meth:`stop`)."""
+        if self.alive():
+            raise ComponentFailed(f"{self.name}: restarted while still running (pid {self.proc.pid}); kill or stop it first")
+        return Component(self.name, self.argv, self.log_path, env=self.env, cwd=self.cwd)
+
+    def pause(self) -> None:
+        """SIGSTOP its process group: frozen as by a long GC pause or a starved VM — connections stay
+        open, nothing is read or answered — until :meth:`resume`."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL, the crash case; used by tests that restart a component mid-flight."""

@@ -233,6 +233,33 @@ class Stack:
         self.schedulers.append(c)
         return c
 
+    def restart_scheduler(self, scheduler: Component, *, graceful: bool = False) -> Component:
+        """Kill ``scheduler`` (one of :attr:`schedulers`; SIGKILL, SIGTERM with ``graceful``) and start
+        it again with the same config; returns the new process once /healthz is 200. With leader
+        election on (the shipped config) it leads only once the old lease expires."""
+        if graceful:
+            scheduler.stop()
+        else:
+            scheduler.kill()
+        return self._replace_scheduler(scheduler)
+
+    def revive_schedulers(self) -> list[Component]:
+        """Start again every scheduler that has exited — what the kubelet does for the Deployment's
+        pod: kube-scheduler exits when it cannot renew its leader lease (the apiserver or etcd down
+        longer than its renewDeadline, 10 s). Returns those revived."""
+        return [self._replace_scheduler(c) for c in list(self.schedulers) if not c.alive()]
+
+    def _replace_scheduler(self, old: Component) -> Component:
+        new = old.restarted()
+        self.schedulers[self.schedulers.index(old)] = new
+        if old in self.cp.components:
+            self.cp.components[self.cp.components.index(old)] = new
+        else:
+            self.cp.components.append(new)
+        port = next(a.split("=", 1)[1] for a in new.argv if a.startswith("--secure-port="))
+        new.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
+        return new
+
     def enable_dra(self) -> None:
         """DRA mode as manifests/overlays/dra installs it: the node agent's grant for its own
         ResourceSlices, the extender's read-only grant for DRA state (its ``--dra`` is the caller's

@@ -106,7 +106,7 @@ def assemble(settings: Settings) -> Assembled:
     from kubernetes import client
 
     from extender.adapters.kube import KubeBinder, api_client
-    from extender.adapters.reflector import Reflector
+    from extender.adapters.reflector import Reflector, count_relists
 
     api = api_client(settings.kubeconfig, settings.token_file)
     core = client.CoreV1Api(api)
@@ -158,6 +158,7 @@ def assemble(settings: Settings) -> Assembled:
         "scheduler.grove.io", "v1alpha1", "podgangs", **kw), gangs.pod_gang_feed, backoff_max_s=10.0)
     decider.pod_group_watch = lambda: ("synced" if pod_groups.synced.is_set() else "not synced") + \
         (f"; last error: {pod_groups.last_error}" if pod_groups.last_error else "")
+    count_relists(metrics.registry, reflectors + [pod_groups, pod_gangs])
     for r in reflectors + [pod_groups, pod_gangs]:
         r.start()
     _every(1.0, decider.tick)

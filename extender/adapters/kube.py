@@ -75,8 +75,11 @@ class KubeBinder:
         except ApiException as exc:
             hint = ""
             if exc.status == 403:
-                hint = (" — the extender's service account lacks this permission; check the gpusched-extender "
-                        "ClusterRole in manifests/ (needs pods/binding: create)")
+                # Also what a just-restarted apiserver answers until its RBAC informers have synced
+                # (kubernetes/kubernetes#121635; seen in tests/e2e/test_faults.py): then a retry passes.
+                hint = (" — the extender's service account lacks this permission (check the gpusched-extender "
+                        "ClusterRole in manifests/: needs pods/binding: create), or the apiserver has just started "
+                        "and not yet loaded its RBAC rules (kube-scheduler's retry then succeeds)")
             raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
                             f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}",
                             temporary=exc.status in _TEMPORARY) from None

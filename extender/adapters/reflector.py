@@ -7,6 +7,8 @@ Contract (what client-go's reflector guarantees, and what the ledger relies on):
 - a watch that ends is resumed from the last seen resourceVersion (bookmarks keep it fresh);
   ``410 Gone`` (the version is compacted away) means relist; any other failure is retried with
   jittered exponential backoff, so a flapping apiserver is not hammered.
+Each successful list is counted by why it ran (``relists``: ``start``, the first; ``gone``, after a
+410), and :func:`count_relists` exports the counts, so a forced expiry can be seen to have happened.
 Objects are plain dicts of the resource's JSON (parsed with orjson): the decision core reads
 dicts and nothing here pays for the generated client models.
 """
@@ -16,12 +18,16 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("gpusched.extender.reflector")
 
@@ -51,7 +57,8 @@ class Reflector:
         self._list_kwargs = dict(list_kwargs or {})
         self.synced = threading.Event()
         self.last_error: str = ""
-        self.relists = 0
+        # Successful lists by the reason they ran: start (the first) or gone (a 410 after it).
+        self.relists: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{kind}", daemon=True)
 
@@ -65,16 +72,17 @@ class Reflector:
     def _run(self) -> None:
         backoff = self._backoff_initial_s
         resource_version: str | None = None
+        reason = "start"  # why the next list runs
         while not self._stop.is_set():
             try:
                 if resource_version is None:
-                    resource_version = self._list()
+                    resource_version = self._list(reason)
                 for event_version in self._watch(resource_version):
                     resource_version = event_version
                     backoff = self._backoff_initial_s  # events flowing: the connection is healthy
             except _Gone:
                 log.info("%s watch: resourceVersion %s is gone (410); relisting", self.kind, resource_version)
-                resource_version = None
+                resource_version, reason = None, "gone"
                 continue
             except Exception as exc:  # apiserver down, network, bad JSON: retry, never die
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -83,7 +91,7 @@ class Reflector:
                     return
                 backoff = min(backoff * 2, self._backoff_max_s)
 
-    def _list(self) -> str:
+    def _list(self, reason: str) -> str:
         resp = self._list_call(_preload_content=False, _request_timeout=60, **self._list_kwargs)
         try:
             body = orjson.loads(resp.data)
@@ -91,7 +99,7 @@ class Reflector:
             resp.release_conn()
         items = body.get("items") or []
         self._handler.replace(items)
-        self.relists += 1
+        self.relists[reason] += 1
         self.synced.set()
         self.last_error = ""
         return body["metadata"]["resourceVersion"]
@@ -124,3 +132,28 @@ class Reflector:
                 yield resource_version
         finally:
             resp.release_conn()
+
+
+RELIST_REASONS = ("start", "gone")
+
+
+def count_relists(registry: CollectorRegistry, reflectors: Iterable[Reflector]) -> None:
+    """Export ``gpusched_watch_relists_total{resource,reason}`` from the reflectors' own counts,
+    read at scrape time (every series from 0, so a rate or an alert sees it from the start)."""
+    registry.register(_Relists(tuple(reflectors)))
+
+
+class _Relists(Collector):
+    def __init__(self, reflectors: tuple[Reflector, ...]) -> None:
+        self._reflectors = reflectors
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "gpusched_watch_relists",
+            "Full lists of a watched resource, by why: start (the first list) or gone (the watch's resourceVersion "
+            "was compacted away, 410 Gone, so the whole set was listed again and what vanished meanwhile dropped).",
+            labels=["resource", "reason"])
+        for r in self._reflectors:
+            for reason in RELIST_REASONS:
+                family.add_metric([r.kind, reason], r.relists.get(reason, 0))
+        yield family

@@ -15,8 +15,10 @@ Ledger rules for pods seen by the watch:
   holds its ``gpusched.io/gpu-memory`` of that one GPU, beside the GPU's other sharers;
 - a pod whose GPUs come through DRA holds what its allocated claims say (``extender.service.dra``);
 - Succeeded, Failed or deleted: it holds nothing;
-- after a relist, bound entries for pods that no longer exist are released; assumed entries
-  (binds in flight) are kept until observed, forgotten, or expired.
+- after a relist, bound entries for pods that no longer exist are released — also when a pod of
+  that name exists but is another incarnation (another UID: deleted and recreated while the watch
+  was down) — and the release listeners told, as for a DELETED event; assumed entries (binds in
+  flight) are kept until observed, forgotten, or expired.
 
 What a node's agent reports about who holds its devices (the kubelet's PodResources) is
 untrusted input from that node: a holder is accepted only for a pod the watch shows bound to that
@@ -557,19 +559,39 @@ class ClusterState:
         self.ledger.observe(key, node, ids, uid)
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
-        present = set()
-        for pod in items:
-            present.add(pod_key(pod))
+        """A (re)list: the pods are exactly ``items``. What the watch missed meanwhile is settled here:
+        a pod deleted releases its GPUs, and so does one deleted and recreated under its name (the
+        listed pod has another UID: the entry is the old incarnation's, which no longer exists, and
+        the new one holds only what the listing shows). Each release is announced to the release
+        listeners as a DELETED event's would be, so pods waiting for GPUs are retried."""
+        listed = {pod_key(pod): pod for pod in items}
+        released = [held for key, held in self.ledger.view().assignments.items()
+                    if held.state is EntryState.BOUND and not key.startswith(CLAIM_HOLDER_PREFIX)
+                    and _gone_from(held.uid, listed.get(key))]
+        for held in released:  # before the listing is applied: a new incarnation may hold the same units
+            self.ledger.release(held.pod_key)
+        running: set[str] = set()  # bound, not terminal: where the watch's per-pod views stay
+        for key, pod in listed.items():
             self._apply_pod("ADDED", pod)
+            if (pod.get("spec") or {}).get("nodeName") and (pod.get("status") or {}).get("phase") not in _TERMINAL:
+                running.add(key)
         with self._lock:
-            self._pod_nodes = {k: n for k, n in self._pod_nodes.items() if k in present}
-            for gone in [k for k in self._pod_cpu if k not in present]:
+            self._pod_nodes = {k: n for k, n in self._pod_nodes.items() if k in running}
+            for gone in [k for k in self._pod_cpu if k not in running]:
                 self._account_cpu(gone, None, 0)
-            self._intended = {k: v for k, v in self._intended.items() if k in present}
-        for key, assignment in self.ledger.view().assignments.items():
-            # An allocated claim reserved for no pod holds its devices itself (extender.service.dra).
-            if key not in present and assignment.state is EntryState.BOUND and not key.startswith(CLAIM_HOLDER_PREFIX):
-                self.ledger.release(key)
+            self._intended = {k: v for k, v in self._intended.items() if k in running}
+        for held in released:
+            for listener in self._release_listeners:
+                listener(held.node)
+
+
+def _gone_from(uid: str, listed: Mapping[str, Any] | None) -> bool:
+    """A ledger entry for incarnation ``uid`` is gone when the listing has no pod of its name, or
+    one with another UID (an entry without a UID is judged by the name alone)."""
+    if listed is None:
+        return True
+    listed_uid = (listed.get("metadata") or {}).get("uid", "")
+    return bool(uid and listed_uid and uid != listed_uid)
 
 
 def _share_terms(static: NodeInfo, report: NodeTelemetry, fresh: bool) -> tuple[dict[str, int], dict[str, str]]:

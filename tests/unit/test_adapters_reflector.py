@@ -121,3 +121,27 @@ def test_backoff_grows_and_is_capped():
     assert waits[0] <= 1.5 and waits[1] >= 1.0 and all(w <= 6.0 for w in waits)
     assert sum(waits[4:]) / 4 >= 2.0, waits
     assert "503" in reflector.last_error
+
+
+@pytest.mark.parametrize("steps,relists", [
+    pytest.param([listing("10", "a")], {"start": 1, "gone": 0}, id="the-first-list-is-a-start"),
+    pytest.param([listing("10", "a"), ApiException(status=410), listing("60", "c"),
+                  events({"type": "ERROR", "object": {"code": 410, "message": "too old"}}), listing("70")],
+                 {"start": 1, "gone": 2}, id="each-410-is-a-gone-relist"),
+    pytest.param([listing("10", "a"), ApiException(status=500), events(event("MODIFIED", "a", "11"))],
+                 {"start": 1, "gone": 0}, id="other-failures-resume-without-a-relist"),
+])
+def test_relists_are_counted_by_reason_and_exported(steps, relists):
+    from prometheus_client import CollectorRegistry
+
+    from extender.adapters.reflector import count_relists
+
+    done = threading.Event()
+    reflector = Reflector("pods", Script(steps, done), Recorder(), backoff_initial_s=0.001, backoff_max_s=0.002)
+    registry = CollectorRegistry()
+    count_relists(registry, [reflector])
+    reflector.start()
+    assert done.wait(10)
+    reflector.stop()
+    for reason, count in relists.items():
+        assert registry.get_sample_value("gpusched_watch_relists_total", {"resource": "pods", "reason": reason}) == count
