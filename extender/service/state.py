@@ -408,7 +408,9 @@ class ClusterState:
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
                               engine_headroom=engine_headroom(report) if fresh else None, failures=failures,
                               foreign=foreign, share_capacity=capacity, share_closed=closed,
-                              static_memory={g.uuid: g.memory_mib for g in static.inventory.gpus},
+                              static_memory={**{g.uuid: g.memory_mib for g in static.inventory.gpus},
+                                             **{i.uuid: i.memory_mib for g in static.inventory.gpus
+                                                for i in g.mig_instances}},
                               cpu_allocatable_milli=static.cpu_allocatable_milli,
                               cpu_free_milli=static.cpu_free_milli)
 
