@@ -408,12 +408,18 @@ class ControlPlane:
             "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}]}))
         return path
 
-    def kubeconfig(self, token: str, name: str) -> Path:
+    def kubeconfig(self, token: str, name: str, *, server: str | None = None) -> Path:
+        """A kubeconfig authenticating with ``token``. ``server``: reach the apiserver at this URL
+        instead (a relay in front of it, e.g. ``devcluster.partition.TcpRelay``); the client still
+        verifies the certificate as the apiserver's own address's (``tls-server-name``)."""
         path = self.workdir / "kubeconfigs" / f"{name}.kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
+        cluster: dict[str, Any] = {"server": server or self.url, "certificate-authority": str(self.pki / "ca.crt")}
+        if server:
+            cluster["tls-server-name"] = "localhost" if self.address == "127.0.0.1" else self.address
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": name,
-            "clusters": [{"name": "test", "cluster": {"server": self.url, "certificate-authority": str(self.pki / "ca.crt")}}],
+            "clusters": [{"name": "test", "cluster": cluster}],
             "users": [{"name": name, "user": {"token": token}}],
             "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}],
         }))

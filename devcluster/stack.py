@@ -91,16 +91,23 @@ class Stack:
         token = self.cp.service_account_token(NAMESPACE, service_account)
         return self.cp.kubeconfig(token, service_account)
 
-    def start_extender(self, *extra_args: str, port: int | None = None) -> Extender:
-        """Start the extender (on ``port`` to restart one that kube-scheduler already points at)."""
+    # Where the extender's telemetry port listens (start_extender's telemetry_host): loopback,
+    # or a host-side address agents in network namespaces reach (devcluster.partition.HOST_IP).
+    telemetry_host: str = "127.0.0.1"
+
+    def start_extender(self, *extra_args: str, port: int | None = None, telemetry_host: str | None = None) -> Extender:
+        """Start the extender (on ``port`` to restart one that kube-scheduler already points at).
+        ``telemetry_host``: the address its telemetry port listens on from now on (default: the
+        previous one, loopback at first); the port stays the same across restarts."""
         port = port or free_port()
+        self.telemetry_host = telemetry_host or self.telemetry_host
         self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
         self.webhook_port = getattr(self, "webhook_port", None) or free_port()
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         # The DRA-claims webhook listens always; only a test that registers its configuration
         # (enable_dra_claims) sends it reviews.
         c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
-                                   "--telemetry-address", f"127.0.0.1:{self.telemetry_port}",
+                                   "--telemetry-address", f"{self.telemetry_host}:{self.telemetry_port}",
                                    "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
                                    "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"),
                                    "--scheduling-address", f"unix://{self.scheduling_socket}",
@@ -127,7 +134,8 @@ class Stack:
         """A gRPC channel to the telemetry port over TLS, verifying it as the agents do."""
         import grpc
 
-        return grpc.secure_channel(f"127.0.0.1:{self.telemetry_port}", grpc.ssl_channel_credentials(self.telemetry_ca),
+        return grpc.secure_channel(f"{self.telemetry_host}:{self.telemetry_port}",
+                                   grpc.ssl_channel_credentials(self.telemetry_ca),
                                    options=[("grpc.ssl_target_name_override", TELEMETRY_HOST)])
 
     def cli(self, *args: str) -> str:
@@ -167,17 +175,21 @@ class Stack:
                                              bound_pod=(name, uid))
 
     def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0,
-                    extra_args: tuple[str, ...] = ()) -> Component:
+                    extra_args: tuple[str, ...] = (), *, netns: str | None = None,
+                    api_server: str | None = None) -> Component:
         """A node agent process for ``node`` on the fake GPU backend, with the identities the
         DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod.
         ``metrics_port``: serve /metrics and /healthz there (0: off); ``extra_args`` (e.g. the
-        device plugin's flags) are appended."""
+        device plugin's flags) are appended. ``netns``: run it in that network namespace
+        (``ip netns exec``; ``devcluster.partition``), where it dials the telemetry port at
+        ``telemetry_host`` and the apiserver at ``api_server`` (a URL reachable from there)."""
         api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
-        kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}")
+        kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}", server=api_server)
         token_file = self.cp.workdir / f"agent-{node}.token"
         token_file.write_text(self.agent_token(node))
-        c = Component(f"agent-{node}", [PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
-                                        "--fleet", str(fleet), "--extender", f"127.0.0.1:{self.telemetry_port}",
+        inside = ["ip", "netns", "exec", netns] if netns else []
+        c = Component(f"agent-{node}", [*inside, PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
+                                        "--fleet", str(fleet), "--extender", f"{self.telemetry_host}:{self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
                                         "--tls-ca", str(self.cp.pki / "ca.crt"), "--tls-server-name", TELEMETRY_HOST,
                                         "--period", f"{period_s}s", "--metrics-port", str(metrics_port),

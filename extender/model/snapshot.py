@@ -175,8 +175,8 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
     memory; ``share_capacity``: GPU uuid -> MiB its sharers may have together (default: the GPU's
     size); ``share_closed``: GPU uuid -> why it takes no new shares (all from telemetry);
-    ``static_memory``: GPU uuid -> the inventory's size when ``inventory`` carries telemetry's
-    free memory instead. ``cpu_free_milli``: the node's free CPU (None = unknown), floored here to
+    ``static_memory``: GPU or MIG instance uuid -> the inventory's size when ``inventory`` carries
+    telemetry's free memory instead. ``cpu_free_milli``: the node's free CPU (None = unknown), floored here to
     ``CPU_QUANTUM_MILLI`` (never below 0) before it enters the shape. ``with_dra_units`` marks the
     units a ResourceSlice publishes."""
     if inventory is not None:
@@ -234,7 +234,8 @@ def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], for
             for inst in gpu.mig_instances:
                 units.append(GpuUnit(inst.uuid, len(units), gpu.index, inst.memory_mib, is_mig=True,
                                      profile=inst.profile, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch,
-                                     failure=failures.get(inst.uuid, ""), foreign=inst.uuid in foreign))
+                                     failure=failures.get(inst.uuid, ""), foreign=inst.uuid in foreign,
+                                     static_memory_mib=static_memory.get(inst.uuid, inst.memory_mib)))
         else:
             units.append(GpuUnit(gpu.uuid, len(units), gpu.index, gpu.memory_mib, numa_node=gpu.numa_node,
                                  pcie_switch=gpu.pcie_switch, island=island_of.get(gpu.index, -1),

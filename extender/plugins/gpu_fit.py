@@ -2,8 +2,10 @@
 
 Counts units the way placement does: a multi-GPU pod needs whole GPUs (MIG instances cannot be
 grouped); a single-GPU pod may also use a MIG instance when the profile allows it. A node that
-could never hold the pod (too few units, too little memory per unit) is unresolvable; one whose
-units are merely held by other pods now is unschedulable (it may fit later). A pod whose GPUs come
+could never hold the pod (too few units, too little memory per unit as the inventory sizes them)
+is unresolvable; one whose units are merely held by other pods now, or lack memory only as
+telemetry judges them (foreign processes hold it, or the node's telemetry is stale and its units
+are assumed partly taken), is unschedulable: it may fit later, and the pod must be retried then. A pod whose GPUs come
 through DRA (``PodDemand.dra``) counts the units the node's ResourceSlice publishes, not the
 node's ``nvidia.com/gpu``.
 
@@ -66,7 +68,12 @@ class GpuFit:
             return Status.unresolvable(NAME, f"node has {len(by_kind)} {kind}; pod needs {need}")
         capable = eligible(by_kind, request)
         if len(capable) < need:
-            return Status.unresolvable(NAME, _memory_reason(by_kind, capable, request.memory_mib or 0))
+            reason = _memory_reason(by_kind, capable, request.memory_mib or 0)
+            if len(eligible([_at_static_size(u) for u in by_kind], request)) >= need:
+                # The inventory's sizes would do: telemetry took the difference, and gives it back.
+                return Status.unschedulable(NAME, f"{reason} now (as telemetry judges them; "
+                                                  f"{_static_sizes(by_kind)} by the inventory)")
+            return Status.unresolvable(NAME, reason)
         free = state.free_units(node)
         free_capable = eligible(free.whole + free.mig, request)
         if len(free_capable) < need:
@@ -113,6 +120,18 @@ def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
 def _static_mib(unit: GpuUnit) -> int:
     """The GPU's size as the inventory states it (``memory_mib`` may be telemetry's free memory)."""
     return unit.static_memory_mib or unit.memory_mib or 0
+
+
+def _at_static_size(unit: GpuUnit) -> GpuUnit:
+    """``unit`` with the memory the inventory gives it, where telemetry lowered it."""
+    if unit.static_memory_mib is None or unit.memory_mib is None or unit.static_memory_mib <= unit.memory_mib:
+        return unit
+    return replace(unit, memory_mib=unit.static_memory_mib)
+
+
+def _static_sizes(units: list[GpuUnit]) -> str:
+    sizes = sorted({_static_mib(u) for u in units})
+    return format_gib(sizes[-1] * MIB) if len(sizes) == 1 else f"up to {format_gib(sizes[-1] * MIB)}"
 
 
 def _memory_reason(units: list[GpuUnit], capable: list[GpuUnit], need_mib: int) -> str:

@@ -186,6 +186,10 @@ class ClusterState:
         freshness flipped, see ``sweep_staleness``) are re-laid with their effective memory."""
         self.telemetry = store
         store.on_change(self._telemetry_changed)
+        # A node heard from again after going stale is judged the same but fresh now: re-lay it
+        # before the capacity-rise listeners registered after this one (the requeue nudges) make
+        # kube-scheduler retry its pods, not at the next staleness sweep.
+        store.on_capacity_rise(self._telemetry_came_back)
 
     def _telemetry_changed(self, node: str) -> None:
         store = self.telemetry
@@ -205,6 +209,11 @@ class ClusterState:
             self._dirty = True
             if has_foreign != (node in self._foreign):
                 self._foreign = self._foreign | {node} if has_foreign else self._foreign - {node}
+
+    def _telemetry_came_back(self, node: str) -> None:
+        with self._lock:
+            self._retelemetry.add(node)
+            self._dirty = True
 
     def foreign_nodes(self) -> frozenset[str]:
         """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod, or a unit
@@ -410,7 +419,9 @@ class ClusterState:
                               inventory_error=static.inventory_error, unschedulable=static.unschedulable,
                               engine_headroom=engine_headroom(report) if fresh else None, failures=failures,
                               foreign=foreign, share_capacity=capacity, share_closed=closed,
-                              static_memory={g.uuid: g.memory_mib for g in static.inventory.gpus},
+                              static_memory={**{g.uuid: g.memory_mib for g in static.inventory.gpus},
+                                             **{i.uuid: i.memory_mib for g in static.inventory.gpus
+                                                for i in g.mig_instances}},
                               cpu_allocatable_milli=static.cpu_allocatable_milli,
                               cpu_free_milli=static.cpu_free_milli)
 

@@ -20,6 +20,7 @@ from kubernetes import client
 from devcluster.cluster import delete_pod_and_wait, envdump_visible_devices, wait_until
 from devcluster.demo import count_only_config
 from devcluster.images import ENVDUMP_IMAGE
+from devcluster.invariants import settled_violations
 from devcluster.processes import free_port
 from devcluster.realcluster import RealCluster
 from nodeagent.gpu.fleet import derived_uuid
@@ -169,6 +170,59 @@ def test_thirty_pods_in_a_seeded_sequence_with_a_kubelet_restart_never_share_or_
                    context=lambda: f"ledger {gpu_node.ledger()}\nkubelet {wanted}")
     assert restarted and reregistered_s <= 5
     for name in list(running):
+        gpu_node.delete(name)
+
+
+def container_of(pod: client.V1Pod) -> tuple[str, int]:
+    """(container id, restarts) of the pod's one container."""
+    (status,) = pod.status.container_statuses
+    return status.container_id, status.restart_count
+
+
+def test_a_kubelet_restart_keeps_running_pods_devices_and_the_ledger_equals_pods_and_pod_resources(
+        gpu_node: GpuNode):
+    """Fault suite (issue 22): the kubelet restarts under pods holding GPUs that gpusched chose and
+    its device plugin handed out. The plugin registers again on the new kubelet socket, the running
+    containers go on with their devices (the same containers, never restarted), a new pod gets what
+    gpusched assigned, and gpusched's ledger equals the pods' assignments and the kubelet's
+    PodResources throughout the recovery."""
+    cluster = gpu_node.cluster
+    extender = cluster.stack.extender
+    assert extender is not None
+    admin = cluster.cp.api_client()
+    running = {name: gpu_node.run(name, gpus) for name, gpus in (("keep-tp2", 2), ("keep-one", 1))}
+    before = {name: (container_of(pod), sorted(gpu_node.visible_devices(name))) for name, pod in running.items()}
+    for name, pod in running.items():
+        assert sorted(pod.metadata.annotations["gpusched.io/assigned-gpus"].split(",")) == before[name][1]
+    handed = gpu_node.kubelet_assignments()
+    assert settled_violations(admin, extender, [gpu_node.name]) == []
+    registrations = gpu_node.agent_metric("gpusched_agent_device_plugin_registrations")
+
+    cluster.node.restart_kubelet()
+    wait_until(lambda: gpu_node.agent_metric("gpusched_agent_device_plugin_registrations") > registrations, 60,
+               "the device plugin to register with the restarted kubelet", context=lambda: cluster.agents[0].tail(20))
+    wait_until(lambda: gpu_node.kubelet_assignments() == handed, 60,
+               "the kubelet's PodResources to list the running pods' devices again (from its checkpoint)",
+               context=lambda: f"now {gpu_node.kubelet_assignments()}\nbefore {handed}")
+    wait_until(lambda: gpu_node.allocatable() == 8, 60, "the Node's allocatable back at 8 GPUs")
+    for name in running:
+        pod = gpu_node.core.read_namespaced_pod(name, NS)
+        assert pod.status.phase == "Running" and container_of(pod) == before[name][0], \
+            f"{name}'s container was restarted or replaced: {container_of(pod)} != {before[name][0]}"
+        assert sorted(gpu_node.visible_devices(name)) == before[name][1]
+    assert settled_violations(admin, extender, [gpu_node.name]) == []
+
+    after = gpu_node.run("after-restart", 2)
+    assigned = sorted(after.metadata.annotations["gpusched.io/assigned-gpus"].split(","))
+    assert sorted(gpu_node.visible_devices("after-restart")) == assigned
+    assert not set(assigned) & {d for _, (_, devices) in before.items() for d in devices}
+    wanted = wait_until(lambda: len(a := gpu_node.kubelet_assignments()) == 5 and a, 10,
+                        "the new pod's devices in PodResources", context=lambda: str(gpu_node.kubelet_assignments()))
+    assert {d for d, p in wanted.items() if p == f"{NS}/after-restart"} == set(assigned)
+    wait_until(lambda: gpu_node.ledger() == wanted, 10, "the ledger to equal the kubelet's PodResources",
+               context=lambda: f"ledger {gpu_node.ledger()}\nkubelet {wanted}")
+    assert settled_violations(admin, extender, [gpu_node.name]) == []
+    for name in (*running, "after-restart"):
         gpu_node.delete(name)
 
 

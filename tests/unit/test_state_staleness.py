@@ -1,0 +1,47 @@
+"""A node's telemetry going stale and coming back, as the decision core lays the node out (issue 22:
+a partitioned agent). What a pod retried at the moment the node reports again must see is the
+node judged fresh — the capacity-rise listeners (the requeue nudges) run right then, while the
+staleness sweep that would otherwise re-lay the node runs only every 0.5 s."""
+
+from __future__ import annotations
+
+from extender.model.telemetry import GpuSample, NodeTelemetry
+from extender.service.state import ClusterState
+from extender.service.telemetry import TelemetryStore
+from tests.unit.builders import H100_MIB, h100_inventory, make_k8s_node
+
+GIB = 1 << 30
+
+
+def report(seq: int, at: float) -> NodeTelemetry:
+    """Node ``a``'s 8 H100s, all free, period 1 s, received at ``at``."""
+    gpus = {f"GPU-a-{i}": GpuSample(f"GPU-a-{i}", i, H100_MIB << 20, H100_MIB << 20, 0, False, ())
+            for i in range(8)}
+    return NodeTelemetry("a", seq, at, 1.0, "fake", gpus, ())
+
+
+def usable_gib(state: ClusterState) -> int:
+    """What GPU 0 of node ``a`` offers a new engine in the next decision's snapshot."""
+    return (state.snapshot().nodes["a"].units[0].memory_mib or 0) // 1024
+
+
+def test_a_node_reporting_again_after_going_stale_is_judged_fresh_by_the_next_decision():
+    now = [0.0]
+    state = ClusterState(clock=lambda: now[0])
+    store = TelemetryStore(stale_after_periods=3.0, clock=lambda: now[0])
+    state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
+    state.attach_telemetry(store)
+    store.ingest(report(1, 0.0))
+    assert usable_gib(state) == 79  # fresh: what NVML says is free, in whole GiB
+
+    now[0] = 5.0  # no report for 5 periods (the link is down)
+    state.sweep_staleness()
+    assert usable_gib(state) == 71  # stale: at most 90 % of the GPU
+
+    seen_by_retry: list[int] = []
+    # Registered after attach_telemetry, as the extender's assembly registers its nudgers.
+    store.on_capacity_rise(lambda node: seen_by_retry.append(usable_gib(state)))
+    now[0] = 5.1
+    store.ingest(report(2, 5.1))  # the same content: the judged value did not change, only its age
+    assert seen_by_retry == [79], "a pod retried now would be judged on the stale assumption"
+    assert usable_gib(state) == 79
