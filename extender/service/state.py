@@ -211,6 +211,7 @@ class ClusterState:
                 self._foreign = self._foreign | {node} if has_foreign else self._foreign - {node}
 
     def _telemetry_came_back(self, node: str) -> None:
+        self._fresh[node] = True  # what records say (telemetry_note) follows what is laid
         with self._lock:
             self._retelemetry.add(node)
             self._dirty = True
@@ -350,7 +351,13 @@ class ClusterState:
             return ("no telemetry: judged on the static inventory", "")
         age = report.age_s(self._clock())
         periods = store.stale_after_periods
-        if not report.is_fresh(self._clock(), periods):
+        # The freshness decisions are judged on (laid by the last sweep), so that a record never
+        # says STALE beside a verdict judged on fresh numbers — or the reverse — in the moment
+        # between a node's report ageing past the limit and the next sweep.
+        fresh = self._fresh.get(node)
+        if fresh is None:
+            fresh = report.is_fresh(self._clock(), periods)
+        if not fresh:
             state = (f"STALE telemetry ({age:.1f}s old > {periods:g} periods of {report.period_s:g}s): judged on the "
                      f"static inventory and the ledger, assuming at most {int(STALE_MEMORY_FRACTION * 100)}% of each "
                      "GPU's memory free")
@@ -401,7 +408,9 @@ class ClusterState:
         store = self.telemetry
         if store is None or (report := store.get(static.name)) is None or static.inventory is None:
             return static
-        fresh = report.is_fresh(self._clock(), store.stale_after_periods)
+        fresh = self._fresh.get(static.name)  # as swept, so the record's note says the same
+        if fresh is None:
+            fresh = report.is_fresh(self._clock(), store.stale_after_periods)
         gpus = []
         for g in static.inventory.gpus:
             if g.mig_enabled:

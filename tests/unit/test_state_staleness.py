@@ -45,3 +45,24 @@ def test_a_node_reporting_again_after_going_stale_is_judged_fresh_by_the_next_de
     store.ingest(report(2, 5.1))  # the same content: the judged value did not change, only its age
     assert seen_by_retry == [79], "a pod retried now would be judged on the stale assumption"
     assert usable_gib(state) == 79
+
+
+def test_a_decisions_telemetry_note_says_what_its_verdicts_were_judged_on():
+    """Between a report ageing past 3 periods and the next sweep the node is still laid out fresh;
+    the record's note must say so too, never STALE beside a verdict judged on fresh numbers (the
+    partition test saw a 75 GiB pod judged to fit a node whose record said STALE)."""
+    now = [0.0]
+    state = ClusterState(clock=lambda: now[0])
+    store = TelemetryStore(stale_after_periods=3.0, clock=lambda: now[0])
+    state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
+    state.attach_telemetry(store)
+    store.ingest(report(1, 0.0))
+    state.sweep_staleness()
+
+    now[0] = 3.4  # older than 3 periods, not yet swept
+    assert (usable_gib(state), state.telemetry_note("a")[0].split()[0]) == (79, "fresh")
+    state.sweep_staleness()
+    assert (usable_gib(state), state.telemetry_note("a")[0].split()[0]) == (71, "STALE")
+    now[0] = 3.5
+    store.ingest(report(2, 3.5))  # back: laid fresh at once, and said so at once
+    assert (usable_gib(state), state.telemetry_note("a")[0].split()[0]) == (79, "fresh")
