@@ -100,18 +100,38 @@ class AgentNetwork:
         run(*inside, "ip", "link", "set", link.ns_end, "up")
         return link
 
-    def cut(self, link: AgentLink) -> None:
-        """Partition ``link``'s agent: its link goes down (its peer loses carrier), so every packet
-        either way is dropped; no connection is closed."""
-        run("ip", "link", "set", link.host_end, "down")
+    def cut(self, link: AgentLink, how: str = "link-down") -> None:
+        """Partition ``link``'s agent; no connection is closed either way. ``how``:
+
+        - ``link-down``: its link goes down (its peer loses carrier), so every packet either way is
+          dropped — and the agent's kernel knows its link is dead;
+        - ``silent``: the link stays up and this machine drops every packet from and to the agent's
+          address (iptables, filter table) — a partition somewhere in the network, which the agent
+          can only notice by what stops arriving.
+        """
+        if how == "link-down":
+            run("ip", "link", "set", link.host_end, "down")
+        elif how == "silent":
+            for rule in _silencing_rules(link):
+                run("iptables", "-I", *rule)
+        else:
+            raise ValueError(f"unknown cut {how!r}: use 'link-down' or 'silent'")
 
     def heal(self, link: AgentLink) -> None:
+        """Undo either cut (safe to call when ``link`` is not cut)."""
         run("ip", "link", "set", link.host_end, "up")
+        for rule in _silencing_rules(link):
+            while run("iptables", "-D", *rule, check=False).returncode == 0:
+                pass
 
     def remove(self) -> list[str]:
         """Delete the namespaces and the bridge; returns what could not be removed (empty: all gone)."""
         left = []
         for link in reversed(self.links):
+            self.heal(link) if link_exists(link.host_end) else None
+            for rule in _silencing_rules(link):
+                if run("iptables", "-C", *rule, check=False).returncode == 0:
+                    left.append(f"iptables rule {' '.join(rule)}")
             run("ip", "netns", "del", link.netns, check=False)
             if link_exists(link.host_end):  # the pair outlives a namespace only if the move failed
                 run("ip", "link", "del", link.host_end, check=False)
@@ -124,6 +144,13 @@ class AgentNetwork:
                 left.append(f"interface {self.bridge}")
             self._bridge_created = False
         return left
+
+
+def _silencing_rules(link: AgentLink) -> list[tuple[str, ...]]:
+    """The two rules of a silent cut: what the agent sends this machine, and what this machine sends
+    it. Tagged with a comment naming the namespace, so nothing else's rules are touched."""
+    tag = ("-m", "comment", "--comment", f"gpusched-partition {link.netns}", "-j", "DROP")
+    return [("INPUT", "-s", f"{link.address}/32", *tag), ("OUTPUT", "-d", f"{link.address}/32", *tag)]
 
 
 class TcpRelay:

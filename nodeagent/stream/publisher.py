@@ -13,7 +13,12 @@ Contract:
   slowly, since a rotated token or a fixed RBAC may cure it;
 - a stream the extender ended because its token expired (trailing metadata
   ``gpusched-reconnect: token-expired``) is reconnected at once with the token file's current
-  (rotated) content: the kubelet refreshes projected tokens well before they expire.
+  (rotated) content: the kubelet refreshes projected tokens well before they expire;
+- a connection that goes silent (a partition that drops packets without closing anything) is
+  noticed by HTTP/2 keepalive pings within ``KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS`` and
+  redialled: without them the stream would sit on TCP's retransmission backoff, minutes after
+  the network healed (issue 22). The extender permits pings this often
+  (``extender.adapters.telemetry_server.start_grpc_server``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from pathlib import Path
 import grpc
 
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+
+# A ping every 5 s on an open stream, the connection dropped when one goes unanswered for 5 s.
+KEEPALIVE_TIME_MS = 5_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                                                  ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS))
 
 log = logging.getLogger("gpusched.nodeagent.publisher")
 
@@ -73,9 +84,11 @@ class Publisher:
         self._stop.set()
 
     def _channel(self) -> grpc.Channel:
+        options: list[tuple[str, str | int]] = list(KEEPALIVE_OPTIONS)
         if self._tls_ca is None:
-            return grpc.insecure_channel(self.target)
-        options = [("grpc.ssl_target_name_override", self._server_name)] if self._server_name else []
+            return grpc.insecure_channel(self.target, options=options)
+        if self._server_name:
+            options.append(("grpc.ssl_target_name_override", self._server_name))
         return grpc.secure_channel(self.target, grpc.ssl_channel_credentials(self._tls_ca), options=options)
 
     def _metadata(self) -> list[tuple[str, str]]:

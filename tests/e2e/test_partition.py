@@ -1,8 +1,10 @@
 """A node agent cut off from the extender by a real network partition (issue 22): the agent runs
 as a process in a network namespace of its own (``devcluster.partition``), linked to this machine
-by a veth pair whose link the test takes down and up. Nothing is signalled or closed: packets are
+by a veth pair whose link the test takes down and up — or, for a silent partition, whose packets
+this machine drops (iptables) with the link up. Nothing is signalled or closed: packets are
 dropped, and the agent's TCP connections to the extender and (through a relay on the host side)
-to the apiserver stay open and silent, as in a real partition.
+to the apiserver stay open and silent, as in a real partition; in the silent case the agent must
+notice by itself (gRPC keepalive) that its stream is dead, and redial.
 
 The extender's stale policy, which the test holds it to (``extender.service.state`` and
 ``extender.model.telemetry.effective_memory_mib``): telemetry older than ``--stale-after-periods``
@@ -121,16 +123,23 @@ def partitioned_agent(admin, stack: Stack, partition, tmp_path) -> Iterator[tupl
         client.CoreV1Api(admin).delete_node(node)
 
 
+def stream_failures(agent: Component) -> int:
+    """How many times the agent has logged its telemetry stream failing."""
+    return agent.log_path.read_text(errors="replace").count("telemetry stream to ")
+
+
+@pytest.mark.parametrize("how", ["link-down", "silent"])
 def test_a_partitioned_agent_goes_stale_is_judged_conservatively_and_recovers(admin, namespace, stack: Stack,
                                                                               partitioned_agent, partition,
-                                                                              mode: SchedulingMode):
+                                                                              mode: SchedulingMode, how: str):
     network, _ = partition
     fleet_id, node, link, agent = partitioned_agent
     extender = stack.extender
     assert extender is not None
     assert netns_of(agent.proc.pid) == link.netns, "the agent must run inside its network namespace"
+    failures_before = stream_failures(agent)
 
-    network.cut(link)
+    network.cut(link, how)
     cut_at = time.monotonic()
     try:
         # The rule the extender applies: stale once the newest report is older than 3 periods of the
@@ -156,6 +165,13 @@ def test_a_partitioned_agent_goes_stale_is_judged_conservatively_and_recovers(ad
         assert telemetry_state(stack, node).startswith("STALE"), "fresh again with the link still down"
         assert pod_node(admin, namespace, "big") is None
         assert settled_violations(admin, extender, [node]) == []
+        if how == "silent":
+            # Nothing tells the agent its connection is dead; its keepalive pings going unanswered
+            # must (without them the stream sits on TCP's retransmission backoff for minutes, and
+            # resumes that long after the network heals). The cut lasts until the agent has noticed.
+            wait_until(lambda: stream_failures(agent) > failures_before, 60,
+                       "the agent to notice its silent connection is dead and drop it", context=lambda: agent.tail(20))
+            print(f"the agent dropped its silent stream {time.monotonic() - cut_at:.2f}s after the cut")
     finally:
         network.heal(link)
     healed_at = time.monotonic()
