@@ -72,6 +72,13 @@ class GpuUnit:
         """MiB a new share could still get here, given ``promised_mib`` already promised."""
         return max(0, (self.share_capacity_mib or 0) - promised_mib)
 
+    def at_inventory_size(self) -> GpuUnit:
+        """This unit with the memory its inventory gives it, where telemetry lowered it (foreign
+        processes, or stale telemetry's assumption): what it offers once telemetry gives that back."""
+        if self.static_memory_mib is None or self.memory_mib is None or self.static_memory_mib <= self.memory_mib:
+            return self
+        return replace(self, memory_mib=self.static_memory_mib)
+
 
 class Shape:
     """A node's GPU layout without ids, with its hash computed once (it keys per-cycle caches)."""

@@ -69,7 +69,7 @@ class GpuFit:
         capable = eligible(by_kind, request)
         if len(capable) < need:
             reason = _memory_reason(by_kind, capable, request.memory_mib or 0)
-            if len(eligible([_at_static_size(u) for u in by_kind], request)) >= need:
+            if len(eligible([u.at_inventory_size() for u in by_kind], request)) >= need:
                 # The inventory's sizes would do: telemetry took the difference, and gives it back.
                 return Status.unschedulable(NAME, f"{reason} now (as telemetry judges them; "
                                                   f"{_static_sizes(by_kind)} by the inventory)")
@@ -120,13 +120,6 @@ def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
 def _static_mib(unit: GpuUnit) -> int:
     """The GPU's size as the inventory states it (``memory_mib`` may be telemetry's free memory)."""
     return unit.static_memory_mib or unit.memory_mib or 0
-
-
-def _at_static_size(unit: GpuUnit) -> GpuUnit:
-    """``unit`` with the memory the inventory gives it, where telemetry lowered it."""
-    if unit.static_memory_mib is None or unit.memory_mib is None or unit.static_memory_mib <= unit.memory_mib:
-        return unit
-    return replace(unit, memory_mib=unit.static_memory_mib)
 
 
 def _static_sizes(units: list[GpuUnit]) -> str:

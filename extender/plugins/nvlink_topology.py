@@ -3,7 +3,8 @@
 Filter (only when NVLink is required — by the pod's ``gpusched.io/require-nvlink: "true"`` or,
 when the pod does not say, by ``requireNvlink`` in the profile): the pod's GPUs must all sit in
 one NVLink island of free GPUs. Nodes without NVLink, without a large enough island, or whose
-topology is unknown are unresolvable; nodes whose islands are merely busy are unschedulable.
+topology is unknown are unresolvable; nodes whose islands are merely busy, or short of memory only
+as telemetry judges it (foreign processes, stale telemetry), are unschedulable.
 
 Score (always): the tier of the best set placement finds — NVLink island > same PCIe switch >
 same NUMA node > across sockets — mapped through the configurable tier scores. Single-GPU pods
@@ -89,8 +90,12 @@ class NvlinkTopology:
                                              f"NVLink for {need} GPUs")
         capacity = max(free_per_island(node, eligible(node.units, request)), default=0)
         if capacity < need:
-            return Status.unresolvable(NAME, f"largest NVLink island has {capacity} suitable GPUs; "
-                                             f"pod needs {need} on one island")
+            reason = f"largest NVLink island has {capacity} suitable GPUs; pod needs {need} on one island"
+            sized = max(free_per_island(node, eligible([u.at_inventory_size() for u in node.units], request)), default=0)
+            if sized >= need:  # telemetry took the memory that is missing (see GpuFit): not now, not never
+                return Status.unschedulable(NAME, f"{reason} now (as telemetry judges their memory; "
+                                                  f"{sized} by the inventory)")
+            return Status.unresolvable(NAME, reason)
         free = state.free_units(node)
         largest = max(free_per_island(node, eligible(free.whole, request)), default=0)
         return Status.unschedulable(NAME, f"no NVLink island with {need} free GPUs "

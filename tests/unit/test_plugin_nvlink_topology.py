@@ -66,3 +66,40 @@ def test_nvlink_filter(kind, args, held, kwargs, code, reason) -> None:
 def test_nvlink_score_by_tier(kind, held, gpus, score) -> None:
     kwargs = {"gpus": gpus} if gpus == 1 else {"gpus": gpus, "tp": gpus, "model": LLAMA70}
     assert run(kind, NvlinkTopologyArgs(), held, **kwargs)[1] == score
+
+
+def a100_with_foreign_memory_on(lowered: tuple[int, ...], left_gib: int):
+    """The a100 node (islands 0-1, 2-3) as ``ClusterState`` lays it out when telemetry says the GPUs
+    ``lowered`` have only ``left_gib`` free (foreign processes hold the rest)."""
+    from dataclasses import replace
+
+    from extender.model.snapshot import make_node_info
+    from tests.unit.builders import a100_inventory
+
+    inventory = a100_inventory("a100")
+    static = {g.uuid: g.memory_mib for g in inventory.gpus}
+    gpus = tuple(replace(g, memory_mib=left_gib * 1024) if g.index in lowered else g for g in inventory.gpus)
+    return make_node_info("a100", replace(inventory, gpus=gpus), static_memory=static)
+
+
+@pytest.mark.parametrize(("lowered", "need", "code", "reason"), [
+    ((0, 2), "30Gi", Code.UNSCHEDULABLE,
+     "largest NVLink island has 1 suitable GPUs; pod needs 2 on one island now (as telemetry judges their memory; "
+     "2 by the inventory)"),
+    ((0, 2), "45Gi", Code.UNSCHEDULABLE_AND_UNRESOLVABLE, "largest NVLink island has 0 suitable GPUs"),
+    ((0,), "30Gi", Code.SUCCESS, ""),
+], ids=["foreign-memory-splits-both-islands-not-now", "bigger-than-the-inventory-never", "one-island-left-whole"])
+def test_an_island_short_of_memory_only_as_telemetry_judges_it_is_not_now_not_never(lowered, need, code,
+                                                                                     reason) -> None:
+    """The foreign processes exit and the island is whole again: the pod must be retried then, so
+    the verdict is "not now" (as GpuFit's for the same memory); only the inventory makes "never"."""
+    node = a100_with_foreign_memory_on(lowered, 10)
+    demand = make_demand(gpus=2, tp=2, model=LLAMA70, annotations={**REQUIRE, "gpusched.io/gpu-memory-per-gpu": need})
+    state = CycleState(make_snapshot([node], GpuLedger().view()), demand)
+    plugin = NvlinkTopology(NvlinkTopologyArgs())
+    assert plugin.pre_filter(state, demand).is_success
+    status = plugin.filter(state, demand, node)
+    assert status.code is code, status
+    assert reason in status.reason, status.reason
+    if code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+        assert "telemetry" not in status.reason
