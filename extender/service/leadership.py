@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
+
+from extender.service.ports import Binder, BindError
 
 log = logging.getLogger("gpusched.extender.leadership")
 
@@ -231,3 +233,21 @@ class Campaign:
             elif not led:
                 log.debug("%s: standby: %s", self.elector.identity, standing.reason)
             self._stop.wait(self._period_s)
+
+
+class FencedBinder:
+    """Writes a Binding only while this replica leads. A bind may have started before the renew
+    deadline passed (a gang member waits at its barrier inside one bind call, for up to the
+    scheduler's httpTimeout); checking again right before the write keeps a deposed leader from
+    binding onto GPUs the new leader may already have given away."""
+
+    def __init__(self, inner: Binder, leading: Callable[[], bool]):
+        self._inner = inner
+        self._leading = leading
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        if not self._leading():
+            raise BindError(f"not binding pod {namespace}/{name} to {node}: this extender replica is no longer the "
+                            "leader (its Lease was not renewed in time); the new leader's kube-scheduler retries it",
+                            temporary=True)
+        self._inner.bind(namespace, name, uid, node, annotations)
