@@ -88,9 +88,10 @@ def _spec(record: LeaseRecord) -> client.V1LeaseSpec:
 
 def _record(lease: client.V1Lease) -> LeaseRecord:
     spec = lease.spec or client.V1LeaseSpec()
+    version = (lease.metadata.resource_version if lease.metadata is not None else None) or ""
     return LeaseRecord(holder=spec.holder_identity or "", duration_s=float(spec.lease_duration_seconds or 0),
                        acquired_unix=_unix(spec.acquire_time), renewed_unix=_unix(spec.renew_time),
-                       transitions=spec.lease_transitions or 0, version=lease.metadata.resource_version or "")
+                       transitions=spec.lease_transitions or 0, version=version)
 
 
 class SchedulerLeadsHere:
