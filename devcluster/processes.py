@@ -36,6 +36,15 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
+def with_hostname(hostname: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` in a UTS namespace of its own whose hostname is ``hostname``, as a container sees
+    its pod's name (kube-scheduler's leader-election identity is ``<hostname>_<uuid>``, and the
+    extender beside it recognises it by that). Root may unshare directly; others map themselves
+    to root in a user namespace first. The program is exec'd: its pid is the Component's."""
+    prefix = ["unshare", "--uts"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return [*prefix, "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
+
+
 class Component:
     """One running child process. ``stop()`` sends SIGTERM, then SIGKILL after ``grace_s``."""
 

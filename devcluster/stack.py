@@ -27,7 +27,7 @@ from devcluster.controlplane import (
     python_component_env,
     scheduler_config_from_manifests,
 )
-from devcluster.processes import Component, free_port, http_ok
+from devcluster.processes import Component, free_port, http_ok, with_hostname
 
 AGENT_POD_IMAGE = "ghcr.io/gpusched/node-agent:0.1.0"
 
@@ -176,20 +176,23 @@ class Stack:
 
     def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0,
                     extra_args: tuple[str, ...] = (), *, netns: str | None = None,
-                    api_server: str | None = None) -> Component:
+                    api_server: str | None = None, telemetry_port: int | None = None) -> Component:
         """A node agent process for ``node`` on the fake GPU backend, with the identities the
         DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod.
         ``metrics_port``: serve /metrics and /healthz there (0: off); ``extra_args`` (e.g. the
         device plugin's flags) are appended. ``netns``: run it in that network namespace
         (``ip netns exec``; ``devcluster.partition``), where it dials the telemetry port at
-        ``telemetry_host`` and the apiserver at ``api_server`` (a URL reachable from there)."""
+        ``telemetry_host`` and the apiserver at ``api_server`` (a URL reachable from there).
+        ``telemetry_port``: where it streams (default: this stack's extender; the HA test's
+        telemetry Service)."""
         api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
         kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}", server=api_server)
         token_file = self.cp.workdir / f"agent-{node}.token"
         token_file.write_text(self.agent_token(node))
         inside = ["ip", "netns", "exec", netns] if netns else []
         c = Component(f"agent-{node}", [*inside, PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
-                                        "--fleet", str(fleet), "--extender", f"{self.telemetry_host}:{self.telemetry_port}",
+                                        "--fleet", str(fleet),
+                                        "--extender", f"{self.telemetry_host}:{telemetry_port or self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
                                         "--tls-ca", str(self.cp.pki / "ca.crt"), "--tls-server-name", TELEMETRY_HOST,
                                         "--period", f"{period_s}s", "--metrics-port", str(metrics_port),
@@ -224,22 +227,26 @@ class Stack:
     def start_scheduler(self, name: str = "kube-scheduler",
                         adjust: Callable[[dict[str, Any]], None] | None = None, *,
                         binary: Path | None = None, manifest: Path = SCHEDULER_CONFIG,
-                        extra_args: Sequence[str] = ()) -> Component:
+                        extra_args: Sequence[str] = (), extender: Extender | None = None,
+                        hostname: str | None = None) -> Component:
         """A kube-scheduler as the manifests' scheduler identity with the config in ``manifest``:
         the stock binary by default, ``binary`` for another (the GpuSched kube-scheduler).
         ``extra_args`` are appended to its command line, e.g. the control plane's
-        ``feature_gate_args()`` for a scheduler that must share the apiserver's gates."""
-        assert self.extender is not None, "start the extender first"
+        ``feature_gate_args()`` for a scheduler that must share the apiserver's gates.
+        ``extender``: the one it calls (default: this stack's); ``hostname``: run it with that
+        hostname, as in a pod of that name (its leader-election identity starts with it)."""
+        extender = extender or self.extender
+        assert extender is not None, "start the extender first"
         kubeconfig = self.identity_kubeconfig(SCHEDULER_SA)
-        config = self.scheduler_config(self.extender, kubeconfig, adjust, manifest)
+        config = self.scheduler_config(extender, kubeconfig, adjust, manifest)
         path = self.cp.workdir / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
-        c = Component(name, [str(binary or self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
-                             "--bind-address=127.0.0.1", f"--secure-port={port}",
-                             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-                             "--v=2", *extra_args],
-                      self.cp.workdir / "logs" / f"{name}.log")
+        argv = [str(binary or self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+                "--v=2", *extra_args]
+        c = Component(name, with_hostname(hostname, argv) if hostname else argv, self.cp.workdir / "logs" / f"{name}.log")
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure_tls=True), 60)
         self.schedulers.append(c)

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpusched extender: invalid setting: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.leader_elect:
+        return _run_replica(settings)
     try:
         assembled = assemble(settings)
     except StartupError as exc:
@@ -84,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.log_level == "debug")
     return 0
+
+
+def _run_replica(settings: Settings) -> int:
+    """``--leader-elect``: serve only while holding the Lease (``extender.replica``)."""
+    from extender.replica import run_replica
+
+    try:
+        return run_replica(settings)
+    except StartupError as exc:
+        print(f"gpusched extender: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"gpusched extender: cannot set up the Kubernetes client: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import Counter
 
 from extender.api.admission import build_admission_router
 from extender.api.routes import build_router, install_openapi
+from extender.api.standby import build_standby_router
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
@@ -66,3 +68,34 @@ def create_webhook_app(admission: ClaimAdmission) -> FastAPI:
     app.include_router(build_admission_router(admission))
     app.state.admission = admission
     return app
+
+
+def create_standby_app(why: Callable[[], str]) -> FastAPI:
+    """What a standby replica serves (``extender.api.standby``); ``why`` is the election's standing."""
+    app = FastAPI(title="gpusched extender (standby)", openapi_url=None, docs_url=None, redoc_url=None)
+    app.include_router(build_standby_router(why))
+    return app
+
+
+class ServingGate:
+    """The ASGI app a replica (``--leader-elect``) serves: each request goes to the serving app
+    while this replica leads and that app is open, else to the standby app. Checked per request,
+    so a replica past its renew deadline answers as a standby from that instant, before the
+    election's thread has noticed. Lifespan events are not passed on (run uvicorn with
+    ``lifespan="off"``; neither app has startup work)."""
+
+    def __init__(self, standby: Any, leading: Callable[[], bool]):
+        self._standby = standby
+        self._leading = leading
+        self._serving: Any = None
+
+    def open(self, app: Any) -> None:
+        """Serve ``app`` from now on, while leading."""
+        self._serving = app
+
+    def serving(self) -> bool:
+        return self._serving is not None and self._leading()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = self._serving if self.serving() else self._standby
+        await app(scope, receive, send)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,9 @@ class _CatalogHandler:
         self._set(None if event_type == "DELETED" else obj.get("data"))
 
 
-def assemble(settings: Settings) -> Assembled:
+def assemble(settings: Settings, leading: Callable[[], bool] | None = None) -> Assembled:
+    """The extender's collaborators for ``settings``. ``leading`` (a replica under --leader-elect):
+    every Binding is written only while it answers True (``FencedBinder``)."""
     profile = load_profile_file(settings.profile)
     framework = Framework.from_profile(profile, default_registry())
     if settings.no_kube:
@@ -170,13 +173,35 @@ def assemble(settings: Settings) -> Assembled:
         state.dra.on_conflict(_dra_conflict_recorder(decisions))
     state.on_over_share(_over_share_recorder(decisions, metrics, events))
     metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
-    collaborators = Collaborators(decider=decider, binder=KubeBinder(api, settings.bind_write_timeout_s), ready=synced,
+    binder: Any = KubeBinder(api, settings.bind_write_timeout_s)
+    if leading is not None:
+        from extender.service.leadership import FencedBinder
+
+        binder = FencedBinder(binder, leading)
+    collaborators = Collaborators(decider=decider, binder=binder, ready=synced,
                                   decisions=decisions,
                                   debug_nodes=lambda: _debug_nodes(state, describe_nodes), metrics=metrics,
                                   debug_gangs=decider.describe)
     collaborators.metrics.ledger_entries.set_function(lambda: len(state.ledger))
     assembled = Assembled(collaborators, state, reflectors)
-    if settings.telemetry_address:
+    if settings.telemetry_address and leading is not None:
+        # A replica taking over: the ingest child (a fresh interpreter: seconds on a busy node) starts
+        # beside the relist instead of before it; the verbs serve meanwhile as without telemetry, and
+        # readiness (which routes the agents here) waits for it.
+        pending = _PendingTelemetry()
+        collaborators.ready = _both_ready(collaborators.ready, pending.ready)
+
+        def start_telemetry() -> None:
+            try:
+                server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors, requeue_feed)
+            except StartupError as exc:
+                pending.failed(str(exc))
+                return
+            assembled.telemetry_server = server
+            framework_decider.telemetry = state
+            pending.started(server.ready if settings.telemetry_ingest == "process" else lambda: (True, "serving"))
+        threading.Thread(target=start_telemetry, name="start-telemetry", daemon=True).start()
+    elif settings.telemetry_address:
         assembled.telemetry_server = _start_telemetry(settings, api, state, decisions, collaborators, reflectors,
                                                       requeue_feed)
         framework_decider.telemetry = state
@@ -426,6 +451,23 @@ def _start_ingest_process(settings: Settings, state: ClusterState, collaborators
         raise StartupError(f"--telemetry-address {settings.telemetry_address}: cannot serve: {exc}") from None
     collaborators.metrics.registry.register(IngestMetrics(ingest))
     return ingest
+
+
+class _PendingTelemetry:
+    """Readiness of a telemetry server still starting on its own thread (see ``assemble``)."""
+
+    def __init__(self) -> None:
+        self._ready: Callable[[], tuple[bool, str]] = lambda: (False, "starting the telemetry server")
+
+    def started(self, ready: Callable[[], tuple[bool, str]]) -> None:
+        self._ready = ready
+
+    def failed(self, why: str) -> None:
+        log.error("%s", why)
+        self._ready = lambda: (False, why)
+
+    def ready(self) -> tuple[bool, str]:
+        return self._ready()
 
 
 def _both_ready(first: Any, second: Any) -> Any:

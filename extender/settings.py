@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, Va
 from pydantic.functional_validators import AfterValidator
 
 from extender.model.gang import BarrierTiming
+from extender.service.leadership import ElectionTiming
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -192,6 +193,26 @@ class Settings(BaseModel):
     webhook_tls_key: str | None = None
     """PEM private key of the admission webhook (tls.key)"""
 
+    leader_elect: bool = False
+    """run as one of several replicas: serve only while holding the Lease --leader-elect-lease (and,
+    with --leader-elect-follow, only while the kube-scheduler in this pod holds its own Lease); a
+    standby answers the verbs, the plugin service and telemetry with "not the leader" and /readyz 503,
+    and on taking over rebuilds its view from the cluster before it serves"""
+    leader_elect_lease: str = "gpusched-extender"
+    """the Lease (coordination.k8s.io/v1, in --namespace) the extender replicas campaign for"""
+    leader_elect_follow: str = "gpusched-scheduler"
+    """the Lease (in --namespace) of the kube-scheduler beside this extender (its leaderElection
+    resourceName): the extender campaigns only while that kube-scheduler, whose identity starts with
+    this pod's hostname, holds it, since only the leading kube-scheduler calls its sidecar; "" =
+    campaign regardless"""
+    leader_elect_lease_duration_s: Annotated[float, Field(gt=0), duration_flag("--leader-elect-lease-duration")] = 6.0
+    """how long a standby waits, from when it last saw the Lease change, before taking it over (e.g. 6s)"""
+    leader_elect_renew_deadline_s: Annotated[float, Field(gt=0), duration_flag("--leader-elect-renew-deadline")] = 4.0
+    """how long the leader keeps serving after its last renewal; it stops at once past it (e.g. 4s;
+    below the lease duration, so two replicas never serve at once)"""
+    leader_elect_retry_period_s: Annotated[float, Field(gt=0), duration_flag("--leader-elect-retry-period")] = 1.0
+    """how often every replica renews, campaigns or looks at the Lease (e.g. 1s)"""
+
     @model_validator(mode="wrap")
     @classmethod
     def _name_the_field(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
@@ -225,6 +246,10 @@ class Settings(BaseModel):
             raise SettingsError("webhook_port: the standalone mode (--no-kube) cannot create ResourceClaimTemplates")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
+        if self.leader_elect and self.no_kube:
+            raise SettingsError("leader_elect: the standalone mode (--no-kube) has no Lease to campaign for")
+        if self.leader_elect and (problem := self.election_timing.problem()):
+            raise SettingsError(f"leader_elect_renew_deadline_s: {problem}")
         if problem := self.barrier_timing.problem():
             raise SettingsError(f"scheduler_http_timeout_s: {problem}")
         return self
@@ -233,6 +258,12 @@ class Settings(BaseModel):
     def barrier_timing(self) -> BarrierTiming:
         return BarrierTiming(http_timeout_s=self.scheduler_http_timeout_s, bind_write_s=self.bind_write_timeout_s,
                              max_backoff_s=self.scheduler_max_backoff_s)
+
+    @property
+    def election_timing(self) -> ElectionTiming:
+        return ElectionTiming(lease_duration_s=self.leader_elect_lease_duration_s,
+                              renew_deadline_s=self.leader_elect_renew_deadline_s,
+                              retry_period_s=self.leader_elect_retry_period_s)
 
     @property
     def tier_labels(self) -> dict[str, str]:

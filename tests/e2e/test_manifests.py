@@ -37,7 +37,7 @@ def test_the_stack_installs_base_and_crds_only():
     assert installed == {"base", "crds"}
 
 
-@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra"])
+@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra", "overlays/ha"])
 def test_kustomization_lists_every_file(folder):
     """Every file of the folder is a resource or a patch of its kustomization: none is left out."""
     import yaml
@@ -75,6 +75,14 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(SCHEDULER_SA, "create", "pods", "binding", "", True, id="scheduler-binds"),
     pytest.param(SCHEDULER_SA, "update", "leases", "", "coordination.k8s.io", True, id="scheduler-lease"),
     pytest.param(SCHEDULER_SA, "get", "secrets", "", "", False, id="scheduler-cannot-read-secrets"),
+    # Leader election of the extender replicas (--leader-elect): its own Lease, and the scheduler's to read.
+    pytest.param(EXTENDER_SA, "update", "leases/gpusched-extender", "", "coordination.k8s.io", True,
+                 id="extender-renews-its-lease"),
+    pytest.param(EXTENDER_SA, "get", "leases/gpusched-scheduler", "", "coordination.k8s.io", True,
+                 id="extender-reads-the-schedulers-lease"),
+    pytest.param(EXTENDER_SA, "update", "leases/gpusched-scheduler", "", "coordination.k8s.io", False,
+                 id="extender-cannot-take-the-schedulers-lease"),
+    pytest.param(EXTENDER_SA, "create", "leases", "", "coordination.k8s.io", True, id="extender-creates-its-lease"),
     # The scheduler pod's metrics proxy authenticates and authorizes /metrics callers as this account.
     pytest.param(SCHEDULER_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="scheduler-reviews-tokens"),
     pytest.param(SCHEDULER_SA, "create", "subjectaccessreviews", "", "authorization.k8s.io", True,
@@ -96,10 +104,12 @@ def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane,
     api = control_plane.api_client(token)
     who = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview()).status.user_info
     assert who.username == f"system:serviceaccount:{NAMESPACE}:{account}"
-    ns = NAMESPACE if resource in ("leases", "serviceaccounts") or resource.startswith("serviceaccounts/") else "default"
+    ns = NAMESPACE if resource in ("leases", "serviceaccounts") or resource.startswith(("serviceaccounts/", "leases/")) \
+        else "default"
     name = {"leases": "gpusched-scheduler", "serviceaccounts": EXTENDER_SA}.get(resource, "")
-    if resource.startswith("serviceaccounts/"):  # "serviceaccounts/<name>": a specific account
+    if resource.startswith(("serviceaccounts/", "leases/")):  # "<resource>/<name>": a specific object
         resource, name = resource.split("/")
+        ns = NAMESPACE
     assert _can(api, verb, resource, subresource=subresource, group=group, namespace=ns, name=name) is allowed
 
 

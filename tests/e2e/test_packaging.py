@@ -19,6 +19,7 @@ TLS = {"telemetry": {"tls": {"enabled": True}}}  # the default
 INSECURE = {"telemetry": {"tls": {"enabled": False}}}
 GENERATE = {"telemetry": {"tls": {"generate": True}}}
 PLUGIN = {"mode": "plugin"}
+HA = {"scheduler": {"replicas": 2}}
 
 
 def _daemonset(objects):
@@ -31,7 +32,7 @@ def _container(objects, kind, name):
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                                    "overlays/plugin-mode", "overlays/dra", "observability"])
+                                    "overlays/plugin-mode", "overlays/dra", "overlays/ha", "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects
@@ -208,6 +209,7 @@ def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nod
     pytest.param(NVIDIA_RUNTIME, "overlays/nvidia-runtime", id="runtimeClassName=overlays/nvidia-runtime"),
     pytest.param(DEVICE_PLUGIN, "overlays/device-plugin", id="devicePlugin=overlays/device-plugin"),
     pytest.param(PLUGIN, "overlays/plugin-mode", id="mode=plugin=overlays/plugin-mode"),
+    pytest.param(HA, "overlays/ha", id="replicas=2=overlays/ha"),
 ])
 def test_helm_template_equals_the_kustomize_render(values, folder):
     helm = normalised(helm_template(values))
@@ -217,8 +219,9 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
         assert helm[key] == kustomize[key], key
 
 
-@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}],
-                         ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin", "plugin-fake-gpus"])
+@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}, HA],
+                         ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin", "plugin-fake-gpus",
+                              "ha"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 
@@ -510,3 +513,21 @@ def test_helm_refuses_a_mode_it_does_not_know_naming_the_allowed_ones(mode):
         helm_template({"mode": mode})
     message = str(failed.value)
     assert "is not a mode of gpusched; set mode to extender" in message and "or plugin" in message, message
+
+
+def test_ha_overlay_changes_only_the_scheduler_pods_count_spread_update_and_budget():
+    """manifests/overlays/ha: two scheduler pods spread over nodes, replaced together on update, and
+    a budget that lets a drain evict the leader; leader election itself is the base's (--leader-elect)."""
+    base = normalised(kustomize_build(MANIFESTS / "base"))
+    ha = normalised(kustomize_build(MANIFESTS / "overlays" / "ha"))
+    deployment, pdb = ("Deployment", "gpusched-system", "gpusched-scheduler"), \
+        ("PodDisruptionBudget", "gpusched-system", "gpusched-scheduler")
+    assert ha.keys() == base.keys()
+    assert {k for k in base if base[k] != ha[k]} == {deployment, pdb}
+    spec = ha[deployment]["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 2}
+    term = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert ha[pdb]["spec"]["maxUnavailable"] == 2
+    extender = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "extender")
+    assert "--leader-elect" in extender["args"]

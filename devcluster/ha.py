@@ -1,0 +1,74 @@
+"""Two gpusched scheduler pods as processes (manifests/overlays/ha): each a kube-scheduler and an
+extender with ``--leader-elect`` sharing a hostname of their own (a UTS namespace each, as the
+containers of one pod share its name), and the telemetry Service in front of both extenders as a
+:class:`~devcluster.forwarder.ReadyForwarder`. The fault test kills one pod's pair with SIGKILL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devcluster.controlplane import EXTENDER_SA, PYTHON, python_component_env
+from devcluster.forwarder import Backend, ReadyForwarder
+from devcluster.processes import Component, free_port, http_ok, with_hostname
+from devcluster.stack import Extender, Stack
+
+
+@dataclass
+class Pod:
+    """One scheduler pod: ``hostname`` (its pod name), its extender and its kube-scheduler."""
+
+    hostname: str
+    extender: Extender
+    scheduler: Component
+    telemetry_port: int
+
+    def leads(self) -> bool:
+        """Its extender serves (its /readyz answers 200: it holds the Lease and its view synced)."""
+        return http_ok(f"{self.extender.base}/readyz", timeout_s=1.0)
+
+    def serves(self) -> bool:
+        """Its extender answers a filter call 200 (a standby answers 503)."""
+        import urllib.error
+        import urllib.request
+
+        body = b'{"Pod": {"metadata": {"name": "probe", "namespace": "default", "uid": "probe"}}, "NodeNames": []}'
+        request = urllib.request.Request(f"{self.extender.base}/gpusched/filter", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=1.0) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL both containers: the node died, no shutdown hooks, no Lease released."""
+        self.scheduler.kill()
+        self.extender.component.kill()
+
+
+def start_pod(stack: Stack, hostname: str, *extra_args: str) -> Pod:
+    """The extender (standby until it leads; waited on for /healthz only) then its kube-scheduler,
+    both as ``hostname``, with the manifests' identities and config."""
+    cp = stack.cp
+    port, telemetry_port, webhook_port = free_port(), free_port(), free_port()
+    kubeconfig = stack.identity_kubeconfig(EXTENDER_SA)
+    argv = [PYTHON, "-m", "extender", "--leader-elect", "--port", str(port), "--kubeconfig", str(kubeconfig),
+            "--telemetry-address", f"127.0.0.1:{telemetry_port}",
+            "--telemetry-tls-cert", str(cp.pki / "telemetry.crt"), "--telemetry-tls-key", str(cp.pki / "telemetry.key"),
+            "--scheduling-address", f"unix://{cp.workdir / f'scheduling-{hostname}.sock'}",
+            "--webhook-port", str(webhook_port), "--webhook-host", "127.0.0.1",
+            "--webhook-tls-cert", str(cp.pki / "webhook.crt"), "--webhook-tls-key", str(cp.pki / "webhook.key"),
+            *extra_args]
+    c = Component(f"extender-{hostname}", with_hostname(hostname, argv), cp.workdir / "logs" / f"extender-{hostname}.log",
+                  env=python_component_env())
+    cp.components.append(c)
+    c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 60)
+    extender = Extender(c, port, "/gpusched")
+    scheduler = stack.start_scheduler(f"kube-scheduler-{hostname}", extender=extender, hostname=hostname)
+    stack.schedulers.remove(scheduler)  # this pod's, not the stack's: the test stops it
+    return Pod(hostname, extender, scheduler, telemetry_port)
+
+
+def telemetry_service(pods: list[Pod]) -> ReadyForwarder:
+    """The ``gpusched-telemetry`` Service over ``pods``: connections go to the ready extender."""
+    return ReadyForwarder([Backend(p.telemetry_port, p.leads) for p in pods]).start()

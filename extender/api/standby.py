@@ -1,0 +1,38 @@
+"""What a standby replica answers on the extender's HTTP port (issue 22): the verbs 503 with a
+message saying it is not the leader, /readyz 503 (so the Service's endpoints, and the agents with
+them, follow the leader), /healthz 200 (it is alive and campaigning), everything else 503."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from extender.api.bodies import OrjsonResponse
+
+STANDBY_STATUS = 503
+
+
+def not_the_leader(why: str) -> str:
+    """The sentence a standby answers with; ``why`` is the election's standing (who holds the Lease)."""
+    return (f"gpusched extender: this replica is a standby, not the leader ({why}); only the leading "
+            "kube-scheduler calls its extender, and agents reach the leader through the telemetry Service")
+
+
+def build_standby_router(why: Callable[[], str]) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
+    async def healthz() -> Response:
+        return OrjsonResponse({"status": "ok", "role": "standby"})
+
+    @router.get("/readyz")
+    async def readyz() -> Response:
+        return OrjsonResponse({"ready": False, "reason": f"standby: {why()}"}, status_code=STANDBY_STATUS)
+
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def anything(path: str, request: Request) -> Response:
+        return OrjsonResponse({"error": not_the_leader(why())}, status_code=STANDBY_STATUS)
+
+    return router
