@@ -179,24 +179,37 @@ def count_refused_holders(registry: CollectorRegistry, refused: Mapping[str, int
     """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
     state keeps (``ClusterState.holders_refused``: the core judges holders, wherever ingest runs),
     read at scrape time."""
-    registry.register(_HoldersRefused(refused))
+    registry.register(_ReasonCounts(
+        "gpusched_telemetry_holders_refused",
+        "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
+        "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
+        "another node's pod), share-not-on-node (a sharer the watch does not show bound to the node), "
+        "unit-not-in-inventory (a unit the node does not have). Ignored, never applied.",
+        ("pod-unknown", "pod-on-other-node", "share-not-on-node", "unit-not-in-inventory"), refused))
 
 
-class _HoldersRefused(Collector):
-    REASONS = ("pod-unknown", "pod-on-other-node", "unit-not-in-inventory")
+def count_clamped_claims(registry: CollectorRegistry, clamped: Mapping[str, int]) -> None:
+    """Export ``gpusched_telemetry_clamped_total{reason}`` from ``ClusterState.telemetry_clamped``
+    (what nodes claimed beyond their inventory), read at scrape time."""
+    registry.register(_ReasonCounts(
+        "gpusched_telemetry_clamped",
+        "Units in node reports claiming more than the node's gpusched.io/gpu-inventory, per judged change, by "
+        "reason: unit-not-in-inventory (a unit the node does not have: never judged), memory-over-inventory (more "
+        "free memory than the unit's size: judged at its size).",
+        ("unit-not-in-inventory", "memory-over-inventory"), clamped))
 
-    def __init__(self, refused: Mapping[str, int]) -> None:
-        self._refused = refused
+
+class _ReasonCounts(Collector):
+    """A counter family read at scrape time from a mapping reason -> count kept elsewhere; every
+    reason in ``reasons`` is exported, 0 until counted."""
+
+    def __init__(self, name: str, documentation: str, reasons: tuple[str, ...], counts: Mapping[str, int]) -> None:
+        self._name, self._documentation, self._reasons, self._counts = name, documentation, reasons, counts
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
-            "gpusched_telemetry_holders_refused",
-            "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
-            "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
-            "another node's pod), unit-not-in-inventory (a unit the node does not have). Ignored, never applied.",
-            labels=["reason"])
-        for reason in self.REASONS:
-            family.add_metric([reason], self._refused.get(reason, 0))
+        family = CounterMetricFamily(self._name, self._documentation, labels=["reason"])
+        for reason in self._reasons:
+            family.add_metric([reason], self._counts.get(reason, 0))
         yield family
 
 
