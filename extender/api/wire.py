@@ -6,9 +6,10 @@ Kubernetes camelCase JSON. These models mirror the wire exactly and are the sche
 publishes in its OpenAPI document (which the adversarial-body tests are generated from).
 
 Pods and Nodes are validated only as far as gpusched reads them (metadata; a pod's containers
-with their command, args and resources; a node's allocatable resources and unschedulable flag),
-so a value of the wrong type there is answered 422 naming its path instead of reaching the
-decision core; everything else is kept verbatim so a NodeList can be echoed back unchanged when
+with their command, args and resources; a node's spec and status as objects), so a value of the
+wrong type there is answered 422 naming its path instead of reaching the decision core (which
+reads a node's status defensively: a malformed one is the node's ``inventory_error``);
+everything else is kept verbatim so a NodeList can be echoed back unchanged when
 ``nodeCacheCapable`` is false. The plugin service validates ``Pod.json`` with the same model.
 """
 
@@ -62,19 +63,12 @@ class PodObject(_Open):
     status: dict[str, Any] | None = None
 
 
-class NodeSpec(_Open):
-    unschedulable: bool | None = None
-
-
-class NodeStatus(_Open):
-    allocatable: dict[str, Any] | None = None
-    capacity: dict[str, Any] | None = None
-
-
 class NodeObject(_Open):
+    # spec and status stay plain objects: typing them tripled the validation of a 5,000-node
+    # NodeList (26 -> 79 ms); what the core reads of them it reads defensively (node_info_from_k8s).
     metadata: ObjectMeta
-    spec: NodeSpec | None = None
-    status: NodeStatus | None = None
+    spec: dict[str, Any] | None = None
+    status: dict[str, Any] | None = None
 
 
 class NodeList(_Open):
