@@ -90,13 +90,14 @@ def guarded_protocol(base: type[Any], header_timeout_s: float) -> type[asyncio.P
 
 
 def http_config(app: Any, *, host: str, port: int, header_timeout_s: float, log_level: str = "info",
-                **extra: Any) -> Any:
+                base_protocol: type[Any] | None = None, **extra: Any) -> Any:
     """The ``uvicorn.Config`` of an extender listener: uvicorn's own HTTP/1.1 protocol (httptools
-    when installed, else h11) with the header deadline, idle kept-alive connections closed after
-    ``DEFAULT_KEEP_ALIVE_S``. ``extra``: further ``uvicorn.Config`` arguments (TLS, lifespan)."""
+    when installed, else h11; ``base_protocol`` to choose) with the header deadline, idle
+    kept-alive connections closed after ``DEFAULT_KEEP_ALIVE_S``. ``extra``: further
+    ``uvicorn.Config`` arguments (TLS, lifespan)."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
-                          http=guarded_protocol(AutoHTTPProtocol, header_timeout_s),
+                          http=guarded_protocol(base_protocol or AutoHTTPProtocol, header_timeout_s),
                           timeout_keep_alive=DEFAULT_KEEP_ALIVE_S, **extra)
