@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from extender.adapters.http_server import http_config
 from extender.app import create_app
 from extender.assembly import StartupError, assemble
 from extender.heap import settle_heap
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("gpusched.extender").warning("serving before the cluster view synced: %s", why)
     settle_heap()
     app = create_app(settings, assembled.collaborators)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=settings.log_level == "debug")
+    uvicorn.Server(http_config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                               header_timeout_s=settings.client_timeout_s)).run()
     return 0
 
 

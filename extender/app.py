@@ -62,10 +62,11 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
     return app
 
 
-def create_webhook_app(admission: ClaimAdmission) -> FastAPI:
-    """The admission webhook's app (served on its own HTTPS listener, ``--webhook-port``)."""
+def create_webhook_app(admission: ClaimAdmission, body_timeout_s: float = 10.0) -> FastAPI:
+    """The admission webhook's app (served on its own HTTPS listener, ``--webhook-port``);
+    ``body_timeout_s``: a review's body must arrive within it (``--client-timeout``)."""
     app = FastAPI(title="gpusched DRA-claims webhook", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None)
-    app.include_router(build_admission_router(admission))
+    app.include_router(build_admission_router(admission, body_timeout_s=body_timeout_s))
     app.state.admission = admission
     return app
 

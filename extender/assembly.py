@@ -277,8 +277,9 @@ def _start_webhook(settings: Settings, api: Any, decider: FrameworkDecider, prof
         if not Path(path).is_file():
             raise StartupError(f"--webhook-tls-cert/--webhook-tls-key: {path}: no such file")
     try:
-        return WebhookServer(create_webhook_app(admission), settings.webhook_host, settings.webhook_port,
-                             settings.webhook_tls_cert, settings.webhook_tls_key, settings.log_level).start()
+        return WebhookServer(create_webhook_app(admission, settings.client_timeout_s), settings.webhook_host,
+                             settings.webhook_port, settings.webhook_tls_cert, settings.webhook_tls_key,
+                             settings.log_level, header_timeout_s=settings.client_timeout_s).start()
     except RuntimeError as exc:
         raise StartupError(f"--webhook-port {settings.webhook_port}: {exc}") from None
 
@@ -391,7 +392,12 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
     whether that process serves. ``thread``: the server on a thread of this process, one report
     at a time into the store (the layout before issue 18)."""
     from extender.adapters.requeue import NodeNudger
-    from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, count_refused_holders
+    from extender.adapters.telemetry_server import (
+        StreamLimits,
+        TelemetryMetrics,
+        count_clamped_claims,
+        count_refused_holders,
+    )
 
     store = TelemetryStore(stale_after_periods=settings.stale_after_periods)
     state.attach_telemetry(store)
@@ -412,6 +418,7 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
             raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
     registry = collaborators.metrics.registry
     count_refused_holders(registry, state.holders_refused)
+    count_clamped_claims(registry, state.telemetry_clamped)
     pods = next(r for r in reflectors if r.kind == "pods")
     limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
     if settings.telemetry_ingest == "process":

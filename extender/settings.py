@@ -111,6 +111,11 @@ class Settings(BaseModel):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
     """largest request body accepted; larger ones get 413 before they are buffered (a full NodeList of
     5,000 nodes, nodeCacheCapable: false, is tens of MiB)"""
+    client_timeout_s: Annotated[float, Field(gt=0), duration_flag("--client-timeout")] = 10.0
+    """how long an HTTP client may take to send a request's headers (from connecting, or from the
+    previous response on a kept-alive connection) and, apart, its body, e.g. 10s; a slower client is
+    disconnected (headers) or answered 408 (body), so slow or idle connections cannot pile up while
+    kube-scheduler waits"""
     decision_capacity: Annotated[int, Field(ge=1)] = 2000
     """decision records kept in memory for /debug and `gpusched explain`"""
     no_annotation_requeue: bool = False

@@ -94,12 +94,16 @@ class WebhookServer:
     """uvicorn over TLS on a daemon thread; :meth:`start` returns once it listens, or raises
     ``RuntimeError`` saying why it could not."""
 
-    def __init__(self, app: Any, host: str, port: int, cert_file: str, key_file: str, log_level: str = "info"):
+    def __init__(self, app: Any, host: str, port: int, cert_file: str, key_file: str, log_level: str = "info", *,
+                 header_timeout_s: float = 10.0):
         import uvicorn
 
-        self._server = uvicorn.Server(uvicorn.Config(
-            app, host=host, port=port, ssl_certfile=cert_file, ssl_keyfile=key_file, log_level=log_level,
-            access_log=log_level == "debug", lifespan="off"))
+        from extender.adapters.http_server import http_config
+
+        # The apiserver dials this port from outside the pod: the header deadline matters most here.
+        self._server = uvicorn.Server(http_config(app, host=host, port=port, header_timeout_s=header_timeout_s,
+                                                  log_level=log_level, ssl_certfile=cert_file, ssl_keyfile=key_file,
+                                                  lifespan="off"))
         self._thread = threading.Thread(target=self._run, name="webhook-server", daemon=True)
         self._error: BaseException | None = None
         self.address = f"{host}:{port}"

@@ -24,7 +24,9 @@ from typing import Any, NoReturn
 
 import grpc
 import orjson
+from pydantic import ValidationError
 
+from extender.api.wire import PodObject
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, PluginService
 from extender.service.requeue_feed import RequeueFeed
@@ -137,6 +139,13 @@ def _pod_ref(pod: pb.Pod, context: grpc.ServicerContext) -> PodRef:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"pod.json is not JSON: {exc}")
     if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "pod.json must be a v1.Pod object with metadata")
+    try:  # what the core reads of it, typed as the extender's wire checks it
+        PodObject.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        where = ".".join(str(p) for p in errors[0]["loc"]) or "pod"
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"pod.json: {where}: {errors[0]['msg']}"
+               + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     meta = raw["metadata"]
     claimed = (meta.get("namespace") or "default", meta.get("name") or "", meta.get("uid") or "")
     if not pod.name or not pod.uid or claimed != (pod.namespace or "default", pod.name, pod.uid):

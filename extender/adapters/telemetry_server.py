@@ -20,7 +20,20 @@ What an agent sends is untrusted, so each stream is judged before it may cost mu
   engines and ``max_shares_per_gpu`` sharers on any one GPU (else the stream ends, ``bad-report``),
   failure reasons cut to 256 characters; the period it claims counts at most
   ``max_period_s`` (the agents' configured period), so a node cannot declare a period that never
-  goes stale.
+  goes stale;
+- one stream speaks for a node at a time: a newer authorized stream for the same node supersedes
+  the older one, which ends at its next report (ABORTED, ``superseded``), so two connections can
+  never interleave one node's reports;
+- within a stream a report must be new and timely, else it is dropped (never applied) and counted
+  in ``gpusched_telemetry_reports_rejected_total{reason}``: ``rate-limited`` beyond the stream's
+  allowance (``rate_slack`` reports per claimed period, the period clamped to
+  ``[min_period_s, max_period_s]``, bursts of ``report_burst``), so a flooding agent costs a read
+  per report and nothing more; ``replayed`` when its sequence is not above the stream's last
+  accepted one (replayed or reordered: every report is a complete picture, so an older one
+  would move the node back in time while looking fresh); ``clock-skew`` when it states a sample
+  time more than ``max_clock_skew_s`` from the receiver's wall clock (an hour-old report is old
+  data; an unset time, 0, is not judged). An honest agent never trips these, so the stream stays
+  open and the next good report lands.
 Refusals say what to fix and are counted in ``gpusched_telemetry_streams_refused_total{reason}``;
 streams ended later in ``gpusched_telemetry_streams_ended_total{reason}``.
 
@@ -60,6 +73,7 @@ log = logging.getLogger("gpusched.extender.telemetry")
 
 MAX_MESSAGE_BYTES = 256 * 1024  # a report of 64 MIG units with engines is a few KiB
 RECONNECT_TRAILER = "gpusched-reconnect"
+REJECTED_REASONS = ("rate-limited", "replayed", "clock-skew")
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,15 @@ class StreamLimits:
     max_engines: int = 512
     max_shares_per_gpu: int = 64  # sharers on one GPU (the device plugin's slots per GPU, 8 by default)
     recheck_s: float = 5.0
+    # The flood bound: a stream may send ``rate_slack`` reports per period it claims, that period
+    # taken within [min_period_s, max_period_s], with bursts of up to ``report_burst`` (a report
+    # delayed on the network arrives with the next one). Agents run at 0.1 s at the fastest.
+    min_period_s: float = 0.1
+    rate_slack: float = 2.0
+    report_burst: float = 5.0
+    # How far a stated sample time may be from the receiver's wall clock (NTP keeps nodes within
+    # milliseconds; minutes of slack for a node whose clock drifts before its time sync runs).
+    max_clock_skew_s: float = 300.0
 
 
 def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
@@ -126,9 +149,17 @@ class TelemetryMetrics:
         self.ended = Counter("gpusched_telemetry_streams_ended_total",
                              "Accepted telemetry streams the extender ended, by reason (token-expired: the token's exp "
                              "passed, the agent reconnects with its rotated token; pod-gone: the stream's pod no "
-                             "longer runs on its node).", ["reason"], registry=registry)
-        for reason in ("token-expired", "pod-gone"):
+                             "longer runs on its node; superseded: a newer stream speaks for the node).", ["reason"],
+                             registry=registry)
+        for reason in ("token-expired", "pod-gone", "superseded"):
             self.ended.labels(reason=reason)
+        self.rejected = Counter("gpusched_telemetry_reports_rejected_total",
+                                "Reports of accepted streams dropped without being applied, by reason (rate-limited: "
+                                "beyond the stream's allowance for its period; replayed: a sequence not above the "
+                                "stream's last accepted one, replayed or reordered; clock-skew: a sample time more "
+                                "than the allowed skew from the receiver's clock).", ["reason"], registry=registry)
+        for reason in REJECTED_REASONS:
+            self.rejected.labels(reason=reason)
         self.streams = Gauge("gpusched_telemetry_streams_open", "Authenticated telemetry streams open.",
                              registry=registry)
         self._registry = registry
@@ -148,24 +179,37 @@ def count_refused_holders(registry: CollectorRegistry, refused: Mapping[str, int
     """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
     state keeps (``ClusterState.holders_refused``: the core judges holders, wherever ingest runs),
     read at scrape time."""
-    registry.register(_HoldersRefused(refused))
+    registry.register(_ReasonCounts(
+        "gpusched_telemetry_holders_refused",
+        "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
+        "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
+        "another node's pod), share-not-on-node (a sharer the watch does not show bound to the node), "
+        "unit-not-in-inventory (a unit the node does not have). Ignored, never applied.",
+        ("pod-unknown", "pod-on-other-node", "share-not-on-node", "unit-not-in-inventory"), refused))
 
 
-class _HoldersRefused(Collector):
-    REASONS = ("pod-unknown", "pod-on-other-node", "unit-not-in-inventory")
+def count_clamped_claims(registry: CollectorRegistry, clamped: Mapping[str, int]) -> None:
+    """Export ``gpusched_telemetry_clamped_total{reason}`` from ``ClusterState.telemetry_clamped``
+    (what nodes claimed beyond their inventory), read at scrape time."""
+    registry.register(_ReasonCounts(
+        "gpusched_telemetry_clamped",
+        "Units in node reports claiming more than the node's gpusched.io/gpu-inventory, per judged change, by "
+        "reason: unit-not-in-inventory (a unit the node does not have: never judged), memory-over-inventory (more "
+        "free memory than the unit's size: judged at its size).",
+        ("unit-not-in-inventory", "memory-over-inventory"), clamped))
 
-    def __init__(self, refused: Mapping[str, int]) -> None:
-        self._refused = refused
+
+class _ReasonCounts(Collector):
+    """A counter family read at scrape time from a mapping reason -> count kept elsewhere; every
+    reason in ``reasons`` is exported, 0 until counted."""
+
+    def __init__(self, name: str, documentation: str, reasons: tuple[str, ...], counts: Mapping[str, int]) -> None:
+        self._name, self._documentation, self._reasons, self._counts = name, documentation, reasons, counts
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
-            "gpusched_telemetry_holders_refused",
-            "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
-            "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
-            "another node's pod), unit-not-in-inventory (a unit the node does not have). Ignored, never applied.",
-            labels=["reason"])
-        for reason in self.REASONS:
-            family.add_metric([reason], self._refused.get(reason, 0))
+        family = CounterMetricFamily(self._name, self._documentation, labels=["reason"])
+        for reason in self._reasons:
+            family.add_metric([reason], self._counts.get(reason, 0))
         yield family
 
 
@@ -189,11 +233,13 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                  ack_every: int = 10, ack_interval_s: float = 10.0, limits: StreamLimits = StreamLimits(),
                  pod_alive: Callable[[TokenIdentity], bool] = lambda identity: True,
                  on_stream: Callable[[TokenIdentity, bool], None] = lambda identity, opened: None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic):
         """``store``: where accepted reports go (the store itself, or the ingest process's
         coalescer). ``pod_alive(identity)``: whether the token's pod still runs on its node (the
         extender's pod watch); checked every ``limits.recheck_s`` per stream. ``on_stream(identity,
-        True)`` once a stream's node is authorized, ``(identity, False)`` when that stream ends."""
+        True)`` once a stream's node is authorized, ``(identity, False)`` when that stream ends.
+        ``clock``: monotonic seconds (``received_at``, the flood allowance); ``wall_clock``: Unix
+        time (token expiry, the reports' stated sample times)."""
         if ack_every < 1:
             raise ValueError(f"ack_every must be >= 1 (1 = every report), got {ack_every}")
         self._store = store
@@ -207,6 +253,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self._pod_alive = pod_alive
         self._on_stream = on_stream
         self._wall = wall_clock
+        self._clock = clock
+        self._newest: dict[str, object] = {}  # node -> the token of the stream that speaks for it now
         self._reviews = ThreadPoolExecutor(limits.review_workers, thread_name_prefix="token-review")
         self._pending_reviews = 0
         self._open = 0
@@ -271,17 +319,36 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         if refusal is not None:
             await self._refuse(context, refusal.reason, grpc.StatusCode.PERMISSION_DENIED, refusal.message)
             return
+        node, stream = first.node_name, object()
+        self._newest[node] = stream  # an older stream for the node ends at its next report
         self._on_stream(identity, True)
         try:
-            await self._stream(context, identity, first)
+            await self._stream(context, identity, first, stream)
         finally:
+            if self._newest.get(node) is stream:
+                del self._newest[node]
             self._on_stream(identity, False)
 
+    def _reject(self, reason: str, node: str, message: str, warned: set[str]) -> None:
+        """Count a dropped report; log the first of each reason per stream (a flood must not
+        flood the log too)."""
+        self._metrics.rejected.labels(reason=reason).inc()
+        if reason not in warned:
+            warned.add(reason)
+            log.warning("telemetry report of node %s dropped (%s): %s; further ones on this stream are only counted",
+                        node, reason, message)
+
     async def _stream(self, context: grpc.aio.ServicerContext, identity: TokenIdentity,
-                      first: telemetry_pb2.NodeReport) -> None:
+                      first: telemetry_pb2.NodeReport, stream: object) -> None:
         limits = self.limits
         node = first.node_name
-        ingest, clock, wall, read = self._store.ingest, time.monotonic, self._wall, context.read
+        ingest, clock, wall, read = self._store.ingest, self._clock, self._wall, context.read
+        newest = self._newest
+        min_period_s, slack, burst, max_skew_s = (limits.min_period_s, limits.rate_slack, limits.report_burst,
+                                                  limits.max_clock_skew_s)
+        allowance, filled_at = burst, clock()  # the flood bound: a bucket of reports, refilled per period
+        last_sequence = -1
+        warned: set[str] = set()
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
         expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
         max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
@@ -319,16 +386,38 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                     await self._end(context, "pod-gone", f"the token's pod {identity.namespace}/{identity.pod_name} "
                                     f"no longer runs on node {node}")
                     return
-            key = gpu_report_key(report)
-            telemetry = report_to_telemetry(report, now, gpus if key == last_key else None, max_period_s)
-            last_key, gpus = key, telemetry.gpus
-            ingest(telemetry)
-            if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
-                since_ack, last_ack_at = 0, now
-                await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
-                                                            period_millis=report.period_millis,
-                                                            ack_every=ack_every))
-            since_ack += 1
+            if newest.get(node) is not stream:
+                self._metrics.ended.labels(reason="superseded").inc()
+                log.info("telemetry stream of node %s ended: a newer stream speaks for the node", node)
+                await context.abort(grpc.StatusCode.ABORTED, f"a newer telemetry stream speaks for node {node}; "
+                                    "only one stream per node is served")
+                return
+            period_s = min(max(report.period_millis / 1000.0, min_period_s), max_period_s)
+            allowance = min(burst, allowance + (now - filled_at) * slack / period_s)
+            filled_at = now
+            stated_s = report.sampled_at_unix_nanos * 1e-9
+            if allowance < 1.0:
+                self._reject("rate-limited", node, f"more than {slack:g} reports per {period_s:g}s period", warned)
+            elif report.sequence <= last_sequence:
+                self._reject("replayed", node, f"sequence {report.sequence} after {last_sequence}: replayed or "
+                             "reordered", warned)
+            elif stated_s and abs(stated_s - wall()) > max_skew_s:
+                self._reject("clock-skew", node, f"sampled at {stated_s:.0f} (Unix time), {stated_s - wall():+.0f}s "
+                             f"from the extender's clock (at most {max_skew_s:g}s allowed): fix the node's time "
+                             "sync", warned)
+            else:
+                allowance -= 1.0
+                last_sequence = report.sequence
+                key = gpu_report_key(report)
+                telemetry = report_to_telemetry(report, now, gpus if key == last_key else None, max_period_s)
+                last_key, gpus = key, telemetry.gpus
+                ingest(telemetry)
+                if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
+                    since_ack, last_ack_at = 0, now
+                    await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
+                                                                period_millis=report.period_millis,
+                                                                ack_every=ack_every))
+                since_ack += 1
             report = await read()
             if report is _EOF:
                 return

@@ -24,13 +24,14 @@ MUTATE_PATH = "/mutate/dra-claims"
 MAX_REVIEW_BYTES = 4 * 1024 * 1024  # a pod is at most ~1.5 MiB (etcd's object limit); a review holds one
 
 
-def build_admission_router(admission: ClaimAdmission, max_body_bytes: int = MAX_REVIEW_BYTES) -> APIRouter:
+def build_admission_router(admission: ClaimAdmission, max_body_bytes: int = MAX_REVIEW_BYTES,
+                           body_timeout_s: float = 10.0) -> APIRouter:
     router = APIRouter()
 
     @router.post(MUTATE_PATH)
     async def mutate(request: Request) -> Response:
         try:
-            raw = await read_capped(request, max_body_bytes)
+            raw = await read_capped(request, max_body_bytes, body_timeout_s)
             try:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import anyio
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -18,7 +19,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class BadRequest(Exception):
-    """A client error: ``status`` is 400, 413 or 422; ``message`` is for the caller."""
+    """A client error: ``status`` is 400, 408, 413 or 422; ``message`` is for the caller."""
 
     def __init__(self, status: int, message: str, details: list[dict[str, Any]] | None = None):
         super().__init__(message)
@@ -46,10 +47,11 @@ class OrjsonResponse(Response):
         return orjson.dumps(content, default=_jsonable)
 
 
-async def read_capped(request: Request, limit_bytes: int) -> bytes:
+async def read_capped(request: Request, limit_bytes: int, timeout_s: float = float("inf")) -> bytes:
     """The request body, refusing (413) anything larger than ``limit_bytes`` — checked against
     Content-Length up front and again while streaming, so a lying or absent header cannot
-    make the server buffer more than the cap."""
+    make the server buffer more than the cap — and (408) a body still incomplete ``timeout_s``
+    after its headers, so a client trickling its body cannot hold the connection at will."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -60,11 +62,15 @@ async def read_capped(request: Request, limit_bytes: int) -> bytes:
             raise BadRequest(413, f"body of {size} bytes exceeds the limit of {limit_bytes} bytes")
     chunks: list[bytes] = []
     received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit_bytes:
-            raise BadRequest(413, f"body exceeds the limit of {limit_bytes} bytes")
-        chunks.append(chunk)
+    with anyio.move_on_after(timeout_s) as deadline:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit_bytes:
+                raise BadRequest(413, f"body exceeds the limit of {limit_bytes} bytes")
+            chunks.append(chunk)
+    if deadline.cancelled_caught:
+        raise BadRequest(408, f"body not received within {timeout_s:g}s of the request's headers ({received} bytes "
+                         "came); send it at once (--client-timeout)")
     return b"".join(chunks)
 
 

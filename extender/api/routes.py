@@ -37,8 +37,8 @@ from extender.settings import Settings
 log = logging.getLogger("gpusched.extender")
 
 
-# Every verb may answer with an ErrorBody: a malformed (400), oversized (413) or invalid (422) body.
-_ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for code in (400, 413, 422)})
+# Every verb may answer with an ErrorBody: a malformed (400), late (408), oversized (413) or invalid (422) body.
+_ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for code in (400, 408, 413, 422)})
 
 
 def _pod_ref(args: ExtenderArgs, raw: dict[str, Any]) -> PodRef:
@@ -69,18 +69,20 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     # sized past any sane gang, so waiting members can never starve other binds of threads.
     bind_limiter = anyio.CapacityLimiter(512)
     prefix = settings.verb_prefix
-    limit = settings.max_body_bytes
+    limit, body_timeout_s = settings.max_body_bytes, settings.client_timeout_s
 
     async def answer(verb: str, request: Request, handle: Callable[[bytes], Any]) -> Response:
         started = time.perf_counter()
         try:
-            body = await read_capped(request, limit)
+            body = await read_capped(request, limit, body_timeout_s)
             status, content = 200, await handle(body)
         except BadRequest as exc:
             status, content = exc.status, ErrorBody(error=exc.message, details=exc.details).model_dump(exclude_none=True)
         metrics.request_seconds.labels(verb=verb).observe(time.perf_counter() - started)
         metrics.requests.labels(verb=verb, code=str(status)).inc()
-        return OrjsonResponse(content, status_code=status)
+        # A body cut short (413 while streaming, 408) leaves the rest unread: close, don't keep alive.
+        headers = {"connection": "close"} if status in (408, 413) else None
+        return OrjsonResponse(content, status_code=status, headers=headers)
 
     def internal(verb: str, exc: Exception) -> str:
         internal_errors.labels(verb=verb).inc()

@@ -5,9 +5,12 @@ The Go structs carry no ``json`` tags, so the keys are the Go field names in Pas
 Kubernetes camelCase JSON. These models mirror the wire exactly and are the schema the app
 publishes in its OpenAPI document (which the adversarial-body tests are generated from).
 
-Pods and Nodes are validated only as far as gpusched reads them (metadata, and spec/status as
-objects); everything else is kept verbatim so a NodeList can be echoed back unchanged when
-``nodeCacheCapable`` is false.
+Pods and Nodes are validated only as far as gpusched reads them (metadata; a pod's containers
+with their command, args and resources; a node's spec and status as objects), so a value of the
+wrong type there is answered 422 naming its path instead of reaching the decision core (which
+reads a node's status defensively: a malformed one is the node's ``inventory_error``);
+everything else is kept verbatim so a NodeList can be echoed back unchanged when
+``nodeCacheCapable`` is false. The plugin service validates ``Pod.json`` with the same model.
 """
 
 from __future__ import annotations
@@ -33,13 +36,36 @@ class ObjectMeta(_Open):
     annotations: dict[str, str] | None = None
 
 
+class ResourceRequirements(_Open):
+    limits: dict[str, Any] | None = None
+    requests: dict[str, Any] | None = None
+
+
+class Container(_Open):
+    restartPolicy: str | None = None  # "Always" on an init container: a sidecar (its CPU runs beside the rest)
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[dict[str, Any]] | None = None
+    resources: ResourceRequirements | None = None
+
+
+class PodSpec(_Open):
+    resources: ResourceRequirements | None = None  # pod-level resources (Kubernetes 1.32+)
+    overhead: dict[str, Any] | None = None
+    containers: list[Container] | None = None
+    initContainers: list[Container] | None = None
+    resourceClaims: list[dict[str, Any]] | None = None
+
+
 class PodObject(_Open):
     metadata: ObjectMeta
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: PodSpec = Field(default_factory=PodSpec)
     status: dict[str, Any] | None = None
 
 
 class NodeObject(_Open):
+    # spec and status stay plain objects: typing them tripled the validation of a 5,000-node
+    # NodeList (26 -> 79 ms); what the core reads of them it reads defensively (node_info_from_k8s).
     metadata: ObjectMeta
     spec: dict[str, Any] | None = None
     status: dict[str, Any] | None = None

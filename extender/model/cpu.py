@@ -47,14 +47,24 @@ def pod_cpu_request_milli(pod: Mapping[str, Any]) -> int:
 
 
 def node_cpu_allocatable_milli(node: Mapping[str, Any]) -> int | None:
-    """``status.allocatable.cpu`` in millicores; None when absent. Raises ValueError when bad."""
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(CPU_RESOURCE)
+    """``status.allocatable.cpu`` in millicores; None when absent (or when ``status.allocatable``
+    is not an object: ``node_info_from_k8s`` says so). Raises ValueError when bad."""
+    allocatable = allocatable_of(node)
+    value = allocatable.get(CPU_RESOURCE) if allocatable is not None else None
     if value is None:
         return None
     try:
         return parse_cpu_milli(str(value))
     except ValueError as exc:
         raise ValueError(f"status.allocatable[{CPU_RESOURCE!r}] is not a CPU quantity: {value!r} ({exc})") from None
+
+
+def allocatable_of(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A Node's ``status.allocatable`` ({} when absent), None when it is not an object: Node objects
+    in an extender request are checked by the wire only as far as ``status`` being an object."""
+    status = node.get("status") or {}
+    allocatable = (status.get("allocatable") if isinstance(status, Mapping) else None) or {}
+    return allocatable if isinstance(allocatable, Mapping) else None
 
 
 def _container_milli(container: Mapping[str, Any]) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from extender.model.cpu import node_cpu_allocatable_milli
+from extender.model.cpu import allocatable_of, node_cpu_allocatable_milli
 from extender.model.inventory import (
     INVENTORY_ANNOTATION,
     InventoryError,
@@ -302,7 +302,11 @@ def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = Non
 
 
 def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    allocatable = allocatable_of(node)
+    if allocatable is None:
+        errors.append(f"status.allocatable is not an object: {(node.get('status') or {}).get('allocatable')!r:.80}")
+        return 0
+    value = allocatable.get(GPU_RESOURCE)
     if value is None:
         return 0
     text = str(value).strip()

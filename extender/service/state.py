@@ -126,6 +126,10 @@ class ClusterState:
         # Reported holders refused, by reason: pod-unknown (the watch shows it bound nowhere: may be
         # watch lag), pod-on-other-node (the watch shows it elsewhere), unit-not-in-inventory.
         self.holders_refused: Counter[str] = Counter()
+        # What nodes claim beyond their inventory, by reason (unit-not-in-inventory,
+        # memory-over-inventory): never applied (the snapshot judges only inventory units, each at
+        # most its size), counted per judged change of the node's report.
+        self.telemetry_clamped: Counter[str] = Counter()
         self._refusal_logged: dict[str, float] = {}  # node -> last warning (one a minute per node)
         self._unknown_holders: dict[str, set[str]] = {}  # node -> pods refused as unknown, re-judged when seen
         # gpusched's assignment per bound pod (its annotation), to tell when the kubelet gave others.
@@ -195,6 +199,7 @@ class ClusterState:
         store = self.telemetry
         report = store.get(node) if store is not None else None
         if store is not None and report is not None:
+            self._count_overclaims(node, report)
             self._reconcile_actual(node, store.actual_assignments(node))
             self._reconcile_shares(node, report)
         elif node in self._over_share:
@@ -215,6 +220,20 @@ class ClusterState:
         with self._lock:
             self._retelemetry.add(node)
             self._dirty = True
+
+    def _count_overclaims(self, node: str, report: NodeTelemetry) -> None:
+        """Count what ``node`` reports beyond its inventory: units it does not have, and units
+        with more free memory than their size. Nothing to refuse here: ``_effective_info`` lays
+        out the inventory's units only, each at most its size."""
+        info = self.node(node)
+        if info is None or info.inventory is None:
+            return
+        sizes = {u.id: u.memory_mib for u in info.units}
+        for uuid, sample in report.gpus.items():
+            if uuid not in sizes:
+                self.telemetry_clamped["unit-not-in-inventory"] += 1
+            elif (size := sizes[uuid]) is not None and sample.memory_free_bytes // MIB > size:
+                self.telemetry_clamped["memory-over-inventory"] += 1
 
     def foreign_nodes(self) -> frozenset[str]:
         """Nodes whose latest telemetry shows >= 1 GiB held by processes outside any pod, or a unit

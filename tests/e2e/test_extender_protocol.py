@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from kubernetes import client
 
 from devcluster.cluster import (
@@ -59,3 +61,38 @@ def test_full_node_objects_with_node_cache_capable_false(admin, namespace, stack
     assert record["filter"]["details"]["nodeCacheCapable"] is False
     assert node in record["filter"]["details"]["feasible"]
     assert (record["bind"]["node"], record["bind"]["result"]) == (bound_to, "bound")
+
+
+def test_kube_scheduler_is_answered_while_slow_clients_hold_the_extenders_port(admin, namespace, extender: Extender,
+                                                                               stack: Stack):
+    """The extender process's own listener (issue 22): 200 clients that say nothing, or send
+    headers or a body a byte at a time, hold connections while kube-scheduler binds a pod through
+    the extender; each is let go within --client-timeout (10 s by default; the body tricklers
+    answered 408)."""
+    from tests.contract.test_slow_clients import close_all, open_slow_clients
+
+    node = unique("gpu-node")
+    create_gpu_node(admin, node, gpus=1)
+    clients = [c for c in open_slow_clients(extender.port, per_kind=50) if c.kind != "idle-after-a-response"]
+    try:
+        pod = vllm_pod("engine", gpus=1)
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+        create_pod(admin, namespace, pod)
+
+        def bound() -> str | None:
+            for c in clients:
+                c.tick()
+            return pod_node(admin, namespace, "engine")
+        assert wait_until(bound, 60, "the pod bound through the extender", context=lambda: stack.schedulers[0].tail(20)) \
+            == node
+
+        def all_let_go() -> bool:
+            for c in clients:
+                c.tick()
+            return all(c.closed for c in clients)
+        wait_until(all_let_go, 60, "every slow client let go by the extender", interval_s=0.2,
+                   context=lambda: str(Counter(c.kind for c in clients if not c.closed)))
+        assert all(c.received.startswith(b"HTTP/1.1 408") for c in clients if c.kind == "body-byte-by-byte")
+    finally:
+        close_all(clients)
+        client.CoreV1Api(admin).delete_node(node)

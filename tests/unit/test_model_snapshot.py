@@ -75,3 +75,15 @@ def test_node_index_locate_matches_a_dict_lookup_at_scale():
     index = NodeIndex(names)
     request = [str(n) for n in reversed(names[::3])]  # other str objects, another order
     assert index.locate(request).tolist() == [index.position[n] for n in request]
+
+
+@pytest.mark.parametrize("allocatable", ["8", ["nvidia.com/gpu"], 8, True],
+                         ids=["string", "list", "number", "bool"])
+def test_a_node_whose_allocatable_is_not_an_object_is_an_inventory_error_not_a_crash(allocatable):
+    """Node objects in an extender request are typed by the wire only as far as ``status`` being
+    an object (found by tests/contract/test_mutated_bodies.py: a string raised in the core)."""
+    obj = make_k8s_node("n", h100_inventory("n"))
+    obj["status"]["allocatable"] = allocatable
+    node = node_info_from_k8s(obj)
+    assert node.allocatable_gpus == 0 and node.cpu_allocatable_milli is None
+    assert "status.allocatable is not an object" in (node.inventory_error or "")

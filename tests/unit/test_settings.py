@@ -14,7 +14,8 @@ from extender.settings import Settings, SettingsError, options, parse_seconds
 # The flags manifests/, the Helm chart, devcluster/ and the tests pass: renaming one breaks them.
 PUBLISHED_FLAGS = {
     "--host": "host", "--port": "port", "--url-prefix": "url_prefix", "--max-body-bytes": "max_body_bytes",
-    "--decision-capacity": "decision_capacity", "--no-annotation-requeue": "no_annotation_requeue",
+    "--decision-capacity": "decision_capacity", "--client-timeout": "client_timeout_s",
+    "--no-annotation-requeue": "no_annotation_requeue",
     "--no-kube": "no_kube", "--kubeconfig": "kubeconfig",
     "--token-file": "token_file", "--namespace": "namespace", "--profile": "profile",
     "--sync-timeout": "sync_timeout_s", "--log-level": "log_level", "--telemetry-address": "telemetry_address",

@@ -4,6 +4,8 @@ their GPUs for a second promise."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from extender.model.telemetry import GpuSample, NodeTelemetry
@@ -84,3 +86,55 @@ def test_a_container_given_other_devices_than_assigned_is_reported_once_and_the_
     cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",), "ns/other": ()}))  # same set again: once
     assert seen == [("ns/on-a", "a", ("GPU-a-0",), ("GPU-a-5",))] and cluster.assignment_mismatches == 1
     assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-5"})
+
+
+# ---- issue 22: a node claiming more than its inventory ----------------------------------------------
+H100_SIZE_MIB = h100_inventory("a").gpus[0].memory_mib
+
+
+def claim(units: dict[str, int]) -> NodeTelemetry:
+    """A fresh report of node a whose units (uuid -> free MiB) are all 80 GiB GPUs."""
+    gpus = {u: GpuSample(u, i, 80 << 30, free << 20) for i, (u, free) in enumerate(units.items())}
+    return NodeTelemetry("a", 1, time.monotonic(), 1.0, "fake", gpus, ())
+
+
+def honest(**overrides: int) -> dict[str, int]:
+    """Node a's eight GPUs with 40 GiB free each; ``overrides``: GPU index (as ``g<i>``) -> free MiB."""
+    return {f"GPU-a-{i}": overrides.get(f"g{i}", 40 * 1024) for i in range(8)}
+
+
+@pytest.mark.parametrize("units,counts,free_mib", [
+    pytest.param(honest(), {}, [40 * 1024] * 8, id="honest"),
+    pytest.param(honest() | {f"GPU-a-{i}": 80 * 1024 for i in range(8, 64)}, {"unit-not-in-inventory": 56},
+                 [40 * 1024] * 8, id="64-gpus-on-an-8-gpu-node"),
+    pytest.param(honest(g0=10 * H100_SIZE_MIB, g1=H100_SIZE_MIB), {"memory-over-inventory": 1},
+                 [H100_SIZE_MIB // 1024 * 1024] * 2 + [40 * 1024] * 6, id="ten-times-a-gpus-memory"),
+    pytest.param(honest() | {"GPU-b-0": 80 * 1024}, {"unit-not-in-inventory": 1}, [40 * 1024] * 8,
+                 id="another-nodes-gpu"),
+])
+def test_a_node_claiming_more_than_its_inventory_is_judged_on_its_inventory_and_counted(cluster, units, counts,
+                                                                                       free_mib):
+    cluster.telemetry.ingest(claim(units))
+    node = cluster.snapshot().nodes["a"]
+    assert [u.id for u in node.units] == [f"GPU-a-{i}" for i in range(8)], "units came from the report"
+    assert [u.memory_mib for u in node.units] == free_mib
+    assert dict(cluster.telemetry_clamped) == counts
+
+
+def test_every_reason_the_state_counts_is_exported():
+    """share-not-on-node was counted but missing from the exported reasons (found in issue 22)."""
+    from collections import Counter
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from extender.adapters.telemetry_server import count_clamped_claims, count_refused_holders
+
+    registry = CollectorRegistry()
+    count_refused_holders(registry, Counter({"share-not-on-node": 2, "pod-unknown": 1}))
+    count_clamped_claims(registry, Counter({"memory-over-inventory": 3}))
+    text = generate_latest(registry).decode()
+    for line in ('gpusched_telemetry_holders_refused_total{reason="share-not-on-node"} 2.0',
+                 'gpusched_telemetry_holders_refused_total{reason="pod-unknown"} 1.0',
+                 'gpusched_telemetry_clamped_total{reason="memory-over-inventory"} 3.0',
+                 'gpusched_telemetry_clamped_total{reason="unit-not-in-inventory"} 0.0'):
+        assert line in text, text

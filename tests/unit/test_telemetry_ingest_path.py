@@ -9,7 +9,13 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServicer, gpu_report_key, report_to_telemetry
+from extender.adapters.telemetry_server import (
+    StreamLimits,
+    TelemetryMetrics,
+    TelemetryServicer,
+    gpu_report_key,
+    report_to_telemetry,
+)
 from extender.model.telemetry import ShareSample, gpu_memory_key
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore, TokenIdentity
@@ -156,6 +162,9 @@ class FakeContext:
 
 
 def run_stream(reports: list[pb.NodeReport], **kwargs) -> tuple[FakeContext, TelemetryStore, TelemetryServicer]:
+    """``reports`` arrive back to back, faster than any period: the flood bound is lifted here
+    (tests/unit/test_telemetry_stream_rules.py holds it to its own account)."""
+    kwargs.setdefault("limits", StreamLimits(report_burst=1e9))
     store = TelemetryStore()
     servicer = TelemetryServicer(store, lambda token: TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1"),
                                  AGENT, TelemetryMetrics(CollectorRegistry()), **kwargs)

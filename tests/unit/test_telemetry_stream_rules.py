@@ -255,3 +255,112 @@ def test_an_accepted_token_is_cached_no_longer_than_its_exp_and_carries_its_pod(
     assert v.verify(token).authenticated and len(auth.calls) == 1
     now[0] = 1_021.0
     assert not v.verify(token).authenticated and len(auth.calls) == 2, "cached past the token's own exp"
+
+
+# ---- issue 22: replayed, reordered, mistimed and flooding reports -----------------------------------
+WALL = 1_800_000_000.0  # the receiver's Unix time in these cases
+
+
+class Sink:
+    """A ReportSink that keeps the sequences it was given, in order."""
+
+    def __init__(self) -> None:
+        self.reports = 0
+        self.sequences: list[int] = []
+
+    def ingest(self, report) -> None:
+        self.reports += 1
+        self.sequences.append(report.sequence)
+
+
+def at(t: float, seq: int, *, skew_s: float | None = 0.0, period_ms: int = 1000) -> tuple[float, pb.NodeReport]:
+    """Report ``seq`` read at monotonic second ``t``, sampled ``skew_s`` from the receiver's wall
+    clock (None: no sample time stated)."""
+    r = report(seq, period_ms=period_ms)
+    if skew_s is not None:
+        r.sampled_at_unix_nanos = int((WALL + t + skew_s) * 1e9)
+    return t, r
+
+
+def paced(n: int, every_s: float, *, first: int = 1, start: float = 0.0, **kw) -> list[tuple[float, pb.NodeReport]]:
+    return [at(start + i * every_s, first + i, **kw) for i in range(n)]
+
+
+def run_timed(timed: list[tuple[float, pb.NodeReport]], **limits: Any) -> tuple[Sink, TelemetryMetrics, Context]:
+    """One stream whose reports arrive at the given monotonic times (the wall clock moves with them)."""
+    now = [0.0]
+    sink = Sink()
+    metrics = TelemetryMetrics(CollectorRegistry())
+    s = TelemetryServicer(sink, lambda token: POD_BOUND, AGENT, metrics, limits=StreamLimits(**limits),
+                          wall_clock=lambda: WALL + now[0], clock=lambda: now[0])
+    times = [t for t, _ in timed]
+    context = Context([r for _, r in timed], on_read=lambda n: now.__setitem__(0, times[min(n, len(times)) - 1]))
+    asyncio.run(s.Stream(iter(()), context))
+    return sink, metrics, context
+
+
+def rejected(metrics: TelemetryMetrics) -> dict[str, float]:
+    return {reason: v for reason in ("rate-limited", "replayed", "clock-skew")
+            if (v := metrics.rejected.labels(reason=reason)._value.get())}
+
+
+@pytest.mark.parametrize("timed,accepted,counts", [
+    pytest.param(paced(20, 1.0), list(range(1, 21)), {}, id="honest-agent-at-its-period"),
+    pytest.param(paced(20, 0.5, period_ms=500), list(range(1, 21)), {}, id="honest-agent-faster-than-the-extender"),
+    pytest.param(paced(10, 1.0, period_ms=49 * 24 * 3600 * 1000), list(range(1, 11)), {},
+                 id="huge-claimed-period-counts-as-the-configured-one"),
+    pytest.param([at(0, 1), at(1, 2), at(2, 2), at(3, 1), at(4, 3)], [1, 2, 3], {"replayed": 2}, id="replayed"),
+    pytest.param([at(0, 1), at(1, 3), at(2, 2), at(3, 4)], [1, 3, 4], {"replayed": 1}, id="reordered"),
+    pytest.param([at(0, 7), at(1, 7)], [7], {"replayed": 1}, id="same-sequence-twice"),
+    pytest.param([at(0, 1), at(1, 2, skew_s=3600), at(2, 3)], [1, 3], {"clock-skew": 1}, id="an-hour-in-the-future"),
+    pytest.param([at(0, 1), at(1, 2, skew_s=-3600), at(2, 3)], [1, 3], {"clock-skew": 1}, id="an-hour-in-the-past"),
+    pytest.param([at(0, 1, skew_s=-3600)], [], {"clock-skew": 1}, id="first-report-an-hour-old"),
+    pytest.param([at(0, 1, skew_s=-250), at(1, 2, skew_s=250)], [1, 2], {}, id="minutes-of-skew-allowed"),
+    pytest.param([at(0, 1, skew_s=None), at(1, 2, skew_s=None)], [1, 2], {}, id="no-sample-time-stated"),
+    # 100 reports at once: the burst passes, the rest is dropped; a second later 2 more (2 per period).
+    pytest.param(paced(100, 0.0) + paced(10, 0.0, first=101, start=1.0), [1, 2, 3, 4, 5, 101, 102],
+                 {"rate-limited": 103}, id="flood-at-the-claimed-period"),
+    # Claiming a 1 ms period buys the 0.1 s floor: 0.1 s after the burst, 2 more, not 200.
+    pytest.param(paced(10, 0.0, period_ms=1) + paced(3, 0.0, first=11, start=0.1, period_ms=1),
+                 [1, 2, 3, 4, 5, 11, 12], {"rate-limited": 6}, id="flood-claiming-a-tiny-period"),
+])
+def test_each_report_must_be_new_timely_and_within_the_streams_allowance(timed, accepted, counts):
+    sink, metrics, context = run_timed(timed)
+    assert sink.sequences == accepted
+    assert rejected(metrics) == counts
+    assert context.aborted is None, "a dropped report must not end the stream"
+
+
+def test_a_newer_stream_for_the_same_node_supersedes_the_older_one():
+    """Two connections for one node never interleave its reports: the older stream ends at its next
+    report, the newer one carries on."""
+    sink = Sink()
+    metrics = TelemetryMetrics(CollectorRegistry())
+    s = TelemetryServicer(sink, lambda token: POD_BOUND, AGENT, metrics, limits=StreamLimits(report_burst=100))
+
+    class Gated(Context):
+        def __init__(self, reports, gate: asyncio.Event | None, after: asyncio.Event):
+            super().__init__(reports)
+            self.gate, self.after = gate, after
+
+        async def read(self):
+            if self.reads == 1 and self.gate is not None:
+                self.after.set()  # the first report is in
+                await self.gate.wait()
+            return await super().read()
+
+    async def both() -> tuple[Context, Context]:
+        a_in, b_in, release_a = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        old = Gated([report(1), report(2), report(3)], release_a, a_in)
+        new = Gated([report(1), report(2)], None, b_in)
+        task = asyncio.create_task(s.Stream(iter(()), old))
+        await a_in.wait()
+        await s.Stream(iter(()), new)  # the newer stream: opened while the old one is open
+        release_a.set()
+        await task
+        return old, new
+    old, new = asyncio.run(both())
+    assert old.aborted is not None and old.aborted[0] == grpc.StatusCode.ABORTED and "newer" in old.aborted[1]
+    assert new.aborted is None
+    assert sink.sequences == [1, 1, 2], "the old stream's later reports must not land"
+    assert metrics.ended.labels(reason="superseded")._value.get() == 1

@@ -1,0 +1,198 @@
+"""Slow clients cannot hold the extender's HTTP port (issue 22, item 3): the real uvicorn server
+the extender runs (``extender.adapters.http_server``), on loopback, with clients that connect and
+say nothing, send their headers or their body a byte at a time, or stay idle after a response.
+
+While hundreds of them hold connections, kube-scheduler's filter calls are answered as usual; and
+every one of them is disconnected within the client timeout (headers) or answered 408 naming it
+(body), idle kept-alive connections after uvicorn's keep-alive timeout — so their number is
+bounded by the rate they can be opened at, never by how long they last."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from devcluster.cluster import wait_until
+from extender.adapters.http_server import http_config
+from extender.app import create_app
+from extender.assembly import assemble
+from extender.settings import Settings
+from tests.unit.builders import FLEET_INVENTORIES, make_k8s_node
+
+NODE = make_k8s_node("h100-0", FLEET_INVENTORIES["h100"]("h100-0"))
+POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-p"}, "spec": {"containers": [
+    {"name": "vllm", "args": ["serve", "meta-llama/Llama-3.1-8B-Instruct"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+FILTER_BODY = json.dumps({"Pod": POD, "Nodes": {"items": [NODE]}}).encode()
+HEAD = b"POST /gpusched/filter HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+
+
+@dataclass
+class SlowClient:
+    """One hostile connection: ``opening`` is sent at once, then ``trickle`` a byte per tick."""
+
+    kind: str
+    sock: socket.socket
+    trickle: bytes = b""
+    received: bytes = b""
+    closed: bool = False
+    sent: int = field(default=0)
+
+    def tick(self) -> None:
+        """Send the next trickled byte and read what the server said; note when it closed."""
+        if self.closed:
+            return
+        if self.sent < len(self.trickle):
+            try:
+                self.sock.send(self.trickle[self.sent:self.sent + 1])
+                self.sent += 1
+            except OSError:
+                self.closed = True
+                return
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    self.closed = True
+                    return
+                self.received += data
+        except BlockingIOError:
+            return
+        except OSError:
+            self.closed = True
+
+
+def connect(port: int, opening: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if opening:
+        sock.sendall(opening)
+    sock.setblocking(False)
+    return sock
+
+
+def open_slow_clients(port: int, per_kind: int) -> list[SlowClient]:
+    body_head = HEAD + f"Content-Length: {len(FILTER_BODY)}\r\n\r\n".encode()
+    clients = []
+    for _ in range(per_kind):
+        clients += [
+            SlowClient("silent", connect(port, b"")),
+            SlowClient("headers-byte-by-byte", connect(port, b"P"), trickle=HEAD[1:] + b"X-Slow: " + b"s" * 10_000),
+            SlowClient("body-byte-by-byte", connect(port, body_head + FILTER_BODY[:10]), trickle=FILTER_BODY[10:-1]),
+            SlowClient("idle-after-a-response", connect(port, b"GET /healthz HTTP/1.1\r\nHost: extender\r\n\r\n")),
+        ]
+    return clients
+
+
+# uvicorn's two HTTP/1.1 parsers: httptools (a dependency of gpusched, so the one it runs) and h11.
+PROTOCOLS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
+
+
+@pytest.fixture(params=list(PROTOCOLS))
+def serve(request: pytest.FixtureRequest) -> Iterator:
+    """``serve(client_timeout_s)``: the standalone extender's app on the extender's real listener
+    (uvicorn with the header deadline, over each parser) on a loopback port; returns the port."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(client_timeout_s: float) -> int:
+        settings = Settings(no_kube=True, client_timeout_s=client_timeout_s)
+        app = create_app(settings, assemble(settings).collaborators)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(http_config(app, host="127.0.0.1", port=0, header_timeout_s=client_timeout_s,
+                                            log_level="warning", lifespan="off",
+                                            base_protocol=PROTOCOLS[request.param]))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 30, "the extender's listener to start")
+        servers.append((server, thread))
+        return sock.getsockname()[1]
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(10)
+
+
+def filter_call(port: int) -> list[str]:
+    """A kube-scheduler filter call on a fresh connection; the feasible node names."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/gpusched/filter", body=FILTER_BODY, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        return [n["metadata"]["name"] for n in json.loads(response.read())["Nodes"]["items"]]
+    finally:
+        conn.close()
+
+
+def close_all(clients: list[SlowClient]) -> None:
+    for c in clients:
+        c.sock.close()
+
+
+def test_filter_calls_are_answered_while_hundreds_of_slow_clients_hold_connections(serve):
+    port = serve(client_timeout_s=120.0)  # long enough that every slow client is still held below
+    clients = open_slow_clients(port, per_kind=100)
+    try:
+        for _ in range(20):
+            for c in clients:
+                c.tick()
+            assert filter_call(port) == ["h100-0"]
+        held = [c for c in clients if not c.closed and c.kind != "idle-after-a-response"]
+        assert len(held) == 300, "the slow clients were let go before the calls: the test proved nothing"
+    finally:
+        close_all(clients)
+
+
+def test_every_slow_client_is_let_go_within_the_client_timeout(serve):
+    port = serve(client_timeout_s=2.0)
+    clients = open_slow_clients(port, per_kind=25)
+    try:
+        def all_closed() -> bool:
+            for c in clients:
+                c.tick()
+            return all(c.closed for c in clients)
+        wait_until(all_closed, 60, "every slow client to be disconnected", interval_s=0.1,
+                   context=lambda: str(sorted({c.kind for c in clients if not c.closed})))
+        for c in clients:
+            if c.kind == "body-byte-by-byte":
+                status, _, rest = c.received.partition(b"\r\n")
+                assert status == b"HTTP/1.1 408 Request Timeout", c.received[:300]
+                assert b"body not received within 2s" in rest and b"--client-timeout" in rest, rest
+            elif c.kind == "idle-after-a-response":
+                assert c.received.startswith(b"HTTP/1.1 200"), c.received[:200]
+            else:
+                assert c.received == b"", f"{c.kind} got {c.received[:200]!r}"
+        assert filter_call(port) == ["h100-0"]
+    finally:
+        close_all(clients)
+
+
+def test_headers_beyond_the_bound_are_refused_and_the_connection_closed(serve, request):
+    """httptools (uvicorn's parser when installed) bounds no header size: before the bound, one
+    connection could make the server hold 100 MB of header lines (431 now). h11 has a bound of
+    its own (16 KiB: 400)."""
+    port = serve(client_timeout_s=60.0)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        # Past the bound, and small enough that the server has read it all when it closes (so the
+        # close is a FIN after the answer, not a reset that could discard it).
+        sock.sendall(HEAD + b"X-Pad: " + b"a" * 70_000 + b"\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        if request.node.callspec.params["serve"] == "httptools":
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+            assert b"request headers exceed 65536 bytes" in answer
+        else:
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    finally:
+        sock.close()
+    assert filter_call(port) == ["h100-0"]
