@@ -341,9 +341,20 @@ class ControlPlane:
         etcd compacted past them (:meth:`etcd_compact`), then the apiserver restarted, so its watch
         cache starts at the compacted revision. A reflector that resumes its watch from what it had
         is told ``410 Gone`` (too old resource version) and must relist. ``while_down`` as for
-        :meth:`restart_apiserver`. Returns the compacted revision."""
-        revision = self.etcd_compact()
-        self.restart_apiserver(while_down=while_down)
+        :meth:`restart_apiserver`. Returns the compacted revision.
+
+        The compaction happens while the apiserver is down: compacted before the kill, a busy
+        cluster's events could move a watch past the compacted revision in between, and that watch
+        would resume without a 410 (seen under load with a burst of pods in flight)."""
+        revision = 0
+
+        def compact_while_down() -> None:
+            nonlocal revision
+            revision = self.etcd_compact()
+            if while_down is not None:
+                while_down()
+
+        self.restart_apiserver(while_down=compact_while_down)
         return revision
 
     def _restart(self, old: Component, graceful: bool, while_down: Callable[[], None] | None = None) -> Component:
