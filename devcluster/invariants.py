@@ -95,8 +95,9 @@ def half_bound_gangs(pods: Iterable[Any], now: datetime | None = None, grace_s: 
         oldest = min(p.metadata.creation_timestamp for p in members)
         age = (now - oldest).total_seconds()
         if 0 < bound < size and age > timeout + grace_s:
-            out.append(f"group {ns}/{name}: {bound} of {size} members bound {age:.0f}s after its first "
-                       f"member was created (timeout {timeout:.0f}s)")
+            # The creation time, not the age: the same violation reads the same on every read.
+            out.append(f"group {ns}/{name}: {bound} of {size} members bound, its first member created at "
+                       f"{oldest.isoformat()} (timeout {timeout:.0f}s)")
     return out
 
 
@@ -152,15 +153,25 @@ def violations(admin: Any, extender: Any, nodes: Sequence[str] | None = None, ga
 
 def settled_violations(admin: Any, extender: Any, nodes: Sequence[str] | None = None, reads: int = 3,
                        gang_grace_s: float = 10.0) -> list[str]:
-    """Violations seen on ``reads`` consecutive reads (a second apart) — what is left once binds
-    in flight between reading the pods and the ledger have landed. Empty when any read is clean."""
+    """Violations seen on each of ``reads`` consecutive reads (a second apart) — what is left once
+    binds and deletions in flight between reading the pods and the ledger have landed. Under churn
+    every read may catch *some* pod in flight, so only a violation present on every read counts
+    (:func:`persistent`). Empty when any read is clean."""
     import time
 
-    seen: list[str] = []
+    history: list[list[str]] = []
     for i in range(reads):
-        seen = violations(admin, extender, nodes, gang_grace_s)
-        if not seen:
+        history.append(violations(admin, extender, nodes, gang_grace_s))
+        if not persistent(history):
             return []
         if i < reads - 1:
             time.sleep(1.0)
-    return seen
+    return persistent(history)
+
+
+def persistent(reads: Sequence[Sequence[str]]) -> list[str]:
+    """The violations of the first read that every later read also found, in its order."""
+    if not reads:
+        return []
+    later = [set(r) for r in reads[1:]]
+    return [v for v in reads[0] if all(v in r for r in later)]

@@ -74,3 +74,19 @@ def test_ledger_mismatches(pods, held, found):
 
 def test_ledger_mismatches_only_on_the_nodes_asked():
     assert invariants.ledger_mismatches([pod("a", node="n2", gpus="G1")], ledger(("n1", "G9", None)), ["n1"]) == []
+
+
+@pytest.mark.parametrize("reads, kept", [
+    ([["a", "b"], ["b", "c"], ["b"]], ["b"]),
+    ([["a"], ["b"], ["c"]], []),  # churn: each read caught another pod in flight
+    ([["a"], []], []),
+    ([["a", "b"], ["b", "a"]], ["a", "b"]),
+], ids=["one-persists", "each-read-another-race", "a-clean-read", "order-free"])
+def test_only_violations_on_every_read_are_settled(reads, kept):
+    assert invariants.persistent(reads) == kept
+
+
+def test_a_half_bound_gang_reads_the_same_later():
+    members = [pod("a", gpus="G1", gang=("g", 2), age_s=100), pod("b", node=None, gang=("g", 2), age_s=100)]
+    first = invariants.half_bound_gangs(members, now=NOW)
+    assert first and first == invariants.half_bound_gangs(members, now=NOW + timedelta(seconds=5))
