@@ -286,10 +286,67 @@ def openb_replay(results: Path, out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "openb_replay.png")
 
 
+def soak(results: Path, out_dir: Path) -> Path | None:
+    """The soak over time: extender RSS, open fds, decision-store and ledger size, verb p99 per
+    interval and invariant violations; the failover (red) and agent outages (grey) marked, each
+    process's warm-up shaded."""
+    data = _load(results, "soak")
+    samples = [s for s in (data or {}).get("samples", []) if isinstance(s, dict) and _num(s.get("rss_mib")) is not None]
+    if not samples:
+        if data is not None:
+            print("plots: skipped soak: no samples with rss_mib")
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(5, 1, figsize=(8, 11), sharex=True)
+    t = [s["t"] / 60 for s in samples]
+
+    def line(ax, key: str, label: str, style: str = "-") -> None:
+        pts = [(s["t"] / 60, float(s[key])) for s in samples if _num(s.get(key)) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=label, linewidth=1)
+    line(axes[0], "rss_mib", "extender process")
+    line(axes[0], "rss_children_mib", "telemetry-ingest child")
+    axes[0].plot(t, [s["rss_mib"] + (s.get("rss_children_mib") or 0) for s in samples], "-", label="both", linewidth=1.5)
+    axes[0].set_ylabel("RSS (MiB)")
+    line(axes[1], "fds", "extender process")
+    line(axes[1], "fds_children", "telemetry-ingest child")
+    axes[1].set_ylabel("open fds")
+    line(axes[2], "decisions_recent", "decision records (recent)")
+    line(axes[2], "decisions_pods", "decision records (per-pod index)")
+    line(axes[2], "extender_ledger_entries", "ledger entries", "--")
+    axes[2].set_ylabel("entries")
+    for i, verb in enumerate(("filter", "prioritize", "bind")):
+        pts = [(s["t"] / 60, float(v)) for s in samples
+               if _num(v := ((s.get("verbs") or {}).get(verb) or {}).get("p99_ms")) is not None]
+        if pts:
+            axes[3].plot(*zip(*pts, strict=True), "-o", color=f"C{i}", markersize=2, linewidth=1, label=f"{verb} p99")
+    axes[3].set(yscale="log", ylabel="p99 per interval (ms)")
+    checked = [s for s in data.get("samples", []) if isinstance(s, dict) and _num(s.get("violations")) is not None]
+    axes[4].bar([s["t"] / 60 for s in checked], [s["violations"] for s in checked], width=0.1, color="C3")
+    axes[4].set(ylabel="invariant violations", xlabel="minutes into the run")
+    axes[4].set_ylim(bottom=0, top=max(1, *(s["violations"] for s in checked)) if checked else 1)
+    warmup = _num((data.get("config") or {}).get("warmup_s")) or 0.0
+    starts = [0.0] + [e["t"] for e in data.get("events", []) if isinstance(e, dict) and e.get("event") == "failover"]
+    for ax in axes:
+        for st in starts:
+            ax.axvspan(st / 60, (st + warmup) / 60, color="grey", alpha=0.12)
+        for e in data.get("events", []):
+            if isinstance(e, dict) and e.get("event") in ("failover", "down", "restart"):
+                ax.axvline(e["t"] / 60, color="C3" if e["event"] == "failover" else "grey",
+                           linestyle="--" if e["event"] == "failover" else ":", linewidth=1)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    cfg = data.get("config") or {}
+    fig.suptitle(f"Soak: {cfg.get('nodes', '?')} nodes, {cfg.get('pods', '?')} pods, {cfg.get('minutes', '?')} min "
+                 "(red: extender failover; grey: agent restarts/outages; shaded: warm-up)", fontsize=9)
+    return _save(fig, out_dir / "soak.png")
+
+
 PLOTS: dict[str, Callable[[Path, Path], Path | None]] = {
     "extender_latency": extender_latency, "scheduler_throughput": scheduler_throughput,
     "telemetry_ingest": telemetry_ingest, "placement_quality": placement_quality, "engine_sidecar": engine_sidecar,
-    "gang_barrier": gang_barrier, "openb_replay": openb_replay,
+    "gang_barrier": gang_barrier, "openb_replay": openb_replay, "soak": soak,
 }
 
 

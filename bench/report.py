@@ -36,7 +36,7 @@ BEGIN = "<!-- bench-table:begin -->"
 END = "<!-- bench-table:end -->"
 # The order rows appear in (others follow alphabetically); also what `python -m bench` runs.
 BENCHMARKS = ("extender_latency", "telemetry_ingest", "placement_quality", "gang_barrier", "scheduler_throughput",
-              "engine_sidecar", "openb_replay")
+              "engine_sidecar", "openb_replay", "soak")
 # pyspy, agent_fleet: helpers.
 NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet"})
 HEADLINE_KEYS = {"metric": str, "measured": (int, float), "unit": str, "target": str, "met": (bool, type(None)),

@@ -6,7 +6,8 @@ and the soak (bench/soak.py) assert after every fault and every sample.
   UUID; an exclusive holder and a sharer may not);
 - **no gang left half bound**: no group (``gpusched.io/gang-name`` with ``gpusched.io/gang-size``)
   with some but not all members bound for longer than its timeout (``gang-timeout-seconds``) plus
-  ``grace_s``;
+  ``grace_s``; a prefill/decode group (``gpusched.io/min-role-replicas``, no gang size) only
+  needs its minimum, the sum of the role minimums;
 - **the ledger equals the pods**: every unit the extender's ``/debug/nodes`` says is held is held by
   the live pod whose annotation names it, and every live pod's assigned GPUs are held in the ledger
   by that pod.
@@ -30,6 +31,7 @@ GANG_NAME = "gpusched.io/gang-name"
 GANG_SIZE = "gpusched.io/gang-size"
 GANG_TIMEOUT = "gpusched.io/gang-timeout-seconds"
 SHARE_RESOURCE = "gpusched.io/gpu-share"
+MIN_ROLE_REPLICAS = "gpusched.io/min-role-replicas"  # a prefill/decode group: its minimum is their sum
 DEFAULT_GANG_TIMEOUT_S = 30.0  # the extender's default when a group names none
 
 
@@ -85,7 +87,7 @@ def half_bound_gangs(pods: Iterable[Any], now: datetime | None = None, grace_s: 
     for (ns, name), members in sorted(groups.items()):
         ann = members[0].metadata.annotations or {}
         try:
-            size = int(ann.get(GANG_SIZE, len(members)))
+            size = int(ann[GANG_SIZE]) if GANG_SIZE in ann else _minimum(ann.get(MIN_ROLE_REPLICAS), len(members))
             timeout = float(ann.get(GANG_TIMEOUT, DEFAULT_GANG_TIMEOUT_S))
         except ValueError:
             continue  # a malformed group is the extender's to refuse, not a broken promise
@@ -93,9 +95,18 @@ def half_bound_gangs(pods: Iterable[Any], now: datetime | None = None, grace_s: 
         oldest = min(p.metadata.creation_timestamp for p in members)
         age = (now - oldest).total_seconds()
         if 0 < bound < size and age > timeout + grace_s:
-            out.append(f"group {ns}/{name}: {bound} of {size} members bound {age:.0f}s after its first "
-                       f"member was created (timeout {timeout:.0f}s)")
+            # The creation time, not the age: the same violation reads the same on every read.
+            out.append(f"group {ns}/{name}: {bound} of {size} members bound, its first member created at "
+                       f"{oldest.isoformat()} (timeout {timeout:.0f}s)")
     return out
+
+
+def _minimum(roles: str | None, members: int) -> int:
+    """The pods a group needs bound together: the sum of ``prefill=1,decode=2``, else every member.
+    ValueError on a malformed list."""
+    if not roles:
+        return members
+    return sum(int(part.split("=", 1)[1]) for part in roles.split(",") if part.strip())
 
 
 def ledger_mismatches(pods: Iterable[Any], ledger: Mapping[str, Any], nodes: Sequence[str] | None = None) -> list[str]:
@@ -142,15 +153,25 @@ def violations(admin: Any, extender: Any, nodes: Sequence[str] | None = None, ga
 
 def settled_violations(admin: Any, extender: Any, nodes: Sequence[str] | None = None, reads: int = 3,
                        gang_grace_s: float = 10.0) -> list[str]:
-    """Violations seen on ``reads`` consecutive reads (a second apart) — what is left once binds
-    in flight between reading the pods and the ledger have landed. Empty when any read is clean."""
+    """Violations seen on each of ``reads`` consecutive reads (a second apart) — what is left once
+    binds and deletions in flight between reading the pods and the ledger have landed. Under churn
+    every read may catch *some* pod in flight, so only a violation present on every read counts
+    (:func:`persistent`). Empty when any read is clean."""
     import time
 
-    seen: list[str] = []
+    history: list[list[str]] = []
     for i in range(reads):
-        seen = violations(admin, extender, nodes, gang_grace_s)
-        if not seen:
+        history.append(violations(admin, extender, nodes, gang_grace_s))
+        if not persistent(history):
             return []
         if i < reads - 1:
             time.sleep(1.0)
-    return seen
+    return persistent(history)
+
+
+def persistent(reads: Sequence[Sequence[str]]) -> list[str]:
+    """The violations of the first read that every later read also found, in its order."""
+    if not reads:
+        return []
+    later = [set(r) for r in reads[1:]]
+    return [v for v in reads[0] if all(v in r for r in later)]

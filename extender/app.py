@@ -48,6 +48,9 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
     # "is None", not "or": an empty store is falsy (it has a length), and must still be shared.
     decisions = c.decisions if c.decisions is not None else DecisionStore(settings.decision_capacity)
     service = ExtenderService(c.decider, c.binder, decisions, c.metrics)
+    # Read at scrape time: a soak watches the store stay bounded (bench/soak.py).
+    c.metrics.decision_records.labels(index="recent").set_function(lambda: len(decisions))
+    c.metrics.decision_records.labels(index="pods").set_function(decisions.indexed_pods)
     internal_errors = Counter(
         "gpusched_extender_internal_errors_total",
         "Faults of gpusched's own while answering a verb (answered in the protocol's Error field).",

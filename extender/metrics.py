@@ -33,6 +33,11 @@ class ExtenderMetrics:
             "Nodes rejected in filter, by the plugin that rejected them and its status code "
             "(UNSCHEDULABLE: may fit later; UNSCHEDULABLE_AND_UNRESOLVABLE: never on that node).",
             ["plugin", "code"], registry=self.registry)
+        self.decision_records = Gauge(
+            "gpusched_extender_decision_records",
+            "Decision records held in memory for /debug and `gpusched explain`: the recent list (recent) and the "
+            "per-pod index (pods); each is bounded by --decision-capacity.",
+            ["index"], registry=self.registry)
         self.ledger_entries = Gauge(
             "gpusched_extender_ledger_entries",
             "Pods holding GPUs in gpusched's ledger (bound and assumed).", registry=self.registry)

@@ -126,3 +126,8 @@ class DecisionStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._recent)
+
+    def indexed_pods(self) -> int:
+        """Pods in the per-pod index (at most ``capacity``): with ``len``, what the store holds."""
+        with self._lock:
+            return len(self._by_pod)

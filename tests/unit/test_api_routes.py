@@ -143,6 +143,19 @@ def test_health_ready_metrics_and_openapi(client):
     assert {"ExtenderArgs", "ExtenderFilterResult", "HostPriority", "ExtenderBindingArgs"} <= set(schemas)
 
 
+def test_decision_store_size_is_a_gauge_bounded_by_its_capacity(binder, decider):
+    """The soak (bench/soak.py) watches this to see the store stay flat: both indexes, read at scrape."""
+    from extender.service import DecisionStore
+
+    c = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=binder, decisions=DecisionStore(2))))
+    assert 'gpusched_extender_decision_records{index="recent"} 0.0' in c.get("/metrics").text
+    for name in ("a", "b", "c"):
+        c.post("/gpusched/filter", json={"Pod": pod(name), "NodeNames": ["n"]})
+    metrics = c.get("/metrics").text
+    assert 'gpusched_extender_decision_records{index="recent"} 2.0' in metrics
+    assert 'gpusched_extender_decision_records{index="pods"} 2.0' in metrics
+
+
 def test_not_ready_until_the_collaborator_says_so(binder, decider):
     c = TestClient(create_app(Settings(), Collaborators(ready=lambda: (False, "ledger not rebuilt yet"))))
     r = c.get("/readyz")

@@ -13,10 +13,12 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 
 
 def pod(name: str, node: str | None = "n1", gpus: str = "", *, share: bool = False, phase: str = "Running",
-        gang: tuple[str, int] | None = None, age_s: float = 0.0) -> client.V1Pod:
+        gang: tuple[str, int] | None = None, age_s: float = 0.0, roles: str = "") -> client.V1Pod:
     ann = {invariants.ASSIGNED: gpus} if gpus else {}
     if gang:
         ann |= {invariants.GANG_NAME: gang[0], invariants.GANG_SIZE: str(gang[1]), invariants.GANG_TIMEOUT: "30"}
+    if roles:  # a prefill/decode group: no gang size, its minimum is the roles' sum
+        ann |= {invariants.GANG_NAME: "pd", invariants.MIN_ROLE_REPLICAS: roles, invariants.GANG_TIMEOUT: "30"}
     limits = {invariants.SHARE_RESOURCE: "1"} if share else {"nvidia.com/gpu": "1"}
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, namespace="ns", annotations=ann,
@@ -51,7 +53,11 @@ def test_double_booked(pods, found):
     ([pod("a", gpus="G1", gang=("g", 2), age_s=5), pod("b", node=None, gang=("g", 2), age_s=5)], 0),
     ([pod("a", gpus="G1", gang=("g", 2), age_s=100), pod("b", gpus="G2", gang=("g", 2), age_s=100)], 0),
     ([pod("a", node=None, gang=("g", 2), age_s=100), pod("b", node=None, gang=("g", 2), age_s=100)], 0),
-], ids=["half-past-timeout", "half-within-timeout", "whole", "none"])
+    ([pod(f"p{i}", gpus=f"G{i}" if i < 3 else "", node="n1" if i < 3 else None, roles="prefill=1,decode=2",
+          age_s=100) for i in range(5)], 0),
+    ([pod(f"p{i}", gpus=f"G{i}" if i < 2 else "", node="n1" if i < 2 else None, roles="prefill=1,decode=2",
+          age_s=100) for i in range(5)], 1),
+], ids=["half-past-timeout", "half-within-timeout", "whole", "none", "pd-at-its-minimum", "pd-below-its-minimum"])
 def test_half_bound_gangs(members, found):
     assert len(invariants.half_bound_gangs(members, now=NOW)) == found
 
@@ -68,3 +74,19 @@ def test_ledger_mismatches(pods, held, found):
 
 def test_ledger_mismatches_only_on_the_nodes_asked():
     assert invariants.ledger_mismatches([pod("a", node="n2", gpus="G1")], ledger(("n1", "G9", None)), ["n1"]) == []
+
+
+@pytest.mark.parametrize("reads, kept", [
+    ([["a", "b"], ["b", "c"], ["b"]], ["b"]),
+    ([["a"], ["b"], ["c"]], []),  # churn: each read caught another pod in flight
+    ([["a"], []], []),
+    ([["a", "b"], ["b", "a"]], ["a", "b"]),
+], ids=["one-persists", "each-read-another-race", "a-clean-read", "order-free"])
+def test_only_violations_on_every_read_are_settled(reads, kept):
+    assert invariants.persistent(reads) == kept
+
+
+def test_a_half_bound_gang_reads_the_same_later():
+    members = [pod("a", gpus="G1", gang=("g", 2), age_s=100), pod("b", node=None, gang=("g", 2), age_s=100)]
+    first = invariants.half_bound_gangs(members, now=NOW)
+    assert first and first == invariants.half_bound_gangs(members, now=NOW + timedelta(seconds=5))
