@@ -26,6 +26,7 @@ from typing import Any
 
 import uvicorn
 
+from extender.adapters.http_server import http_config
 from extender.app import ServingGate, create_app, create_standby_app
 from extender.assembly import StartupError, assemble
 from extender.heap import settle_heap
@@ -92,8 +93,9 @@ def run_replica(settings: Settings) -> int:
              settings.leader_elect_lease,
              f" while this pod's kube-scheduler holds {settings.leader_elect_follow}" if follow else "")
     campaign.start()
-    server = uvicorn.Server(uvicorn.Config(gate, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                           access_log=settings.log_level == "debug", lifespan="off"))
+    # The same listener as a single extender's: slow clients are let go after --client-timeout.
+    server = uvicorn.Server(http_config(gate, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                        header_timeout_s=settings.client_timeout_s, lifespan="off"))
     server.run()
     campaign.stop()  # graceful: release, so the standby takes over without waiting out the Lease
     return 0
