@@ -26,8 +26,9 @@ from tests.e2e.dra_support import SCHEDULER, slices
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
+def running_control_plane() -> Iterator[ControlPlane]:
+    """A started control plane, stopped afterwards: the body of every ``control_plane`` fixture
+    (the session's, and a module's own where its faults must not reach other modules)."""
     cp = ControlPlane(build_binaries())
     try:
         cp.start()
@@ -36,14 +37,24 @@ def control_plane() -> Iterator[ControlPlane]:
         cp.stop()
 
 
-@pytest.fixture(scope="session")
-def stack(control_plane: ControlPlane) -> Iterator[Stack]:
+def running_stack(control_plane: ControlPlane) -> Iterator[Stack]:
     """manifests/ installed; the extender and kube-scheduler (shipped config) running."""
     s = Stack(control_plane)
     s.install()
     s.start_extender()
     s.start_scheduler()
     yield s
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    yield from running_control_plane()
+
+
+@pytest.fixture(scope="session")
+def stack(control_plane: ControlPlane) -> Iterator[Stack]:
+    """manifests/ installed; the extender and kube-scheduler (shipped config) running."""
+    yield from running_stack(control_plane)
 
 
 @pytest.fixture(scope="session")

@@ -30,10 +30,11 @@ import urllib3
 from kubernetes import client
 
 from devcluster.cluster import vllm_pod, wait_until
-from devcluster.controlplane import ControlPlane, build_binaries
+from devcluster.controlplane import ControlPlane
 from devcluster.gangs import gang_pods
 from devcluster.invariants import settled_violations
 from devcluster.stack import Stack
+from tests.e2e.conftest import running_control_plane, running_stack
 
 CAPACITY = 12  # GPUs: an h100 node (8) and an a100 node (4)
 SINGLES = 12  # single-GPU pods in the burst
@@ -45,21 +46,12 @@ RELISTED = re.compile(r"pods watch: resourceVersion \S+ is gone \(410\); relisti
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[ControlPlane]:
-    cp = ControlPlane(build_binaries())
-    try:
-        cp.start()
-        yield cp
-    finally:
-        cp.stop()
+    yield from running_control_plane()
 
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane) -> Iterator[Stack]:
-    s = Stack(control_plane)
-    s.install()
-    s.start_extender()
-    s.start_scheduler()
-    yield s
+    yield from running_stack(control_plane)
 
 
 @pytest.fixture(scope="module")

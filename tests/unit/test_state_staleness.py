@@ -25,12 +25,18 @@ def usable_gib(state: ClusterState) -> int:
     return (state.snapshot().nodes["a"].units[0].memory_mib or 0) // 1024
 
 
-def test_a_node_reporting_again_after_going_stale_is_judged_fresh_by_the_next_decision():
-    now = [0.0]
+def watched_node_a(now: list[float]) -> tuple[ClusterState, TelemetryStore]:
+    """A state judging node ``a`` (8 H100s) with a telemetry store (3 periods), both on ``now[0]``."""
     state = ClusterState(clock=lambda: now[0])
     store = TelemetryStore(stale_after_periods=3.0, clock=lambda: now[0])
     state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
     state.attach_telemetry(store)
+    return state, store
+
+
+def test_a_node_reporting_again_after_going_stale_is_judged_fresh_by_the_next_decision():
+    now = [0.0]
+    state, store = watched_node_a(now)
     store.ingest(report(1, 0.0))
     assert usable_gib(state) == 79  # fresh: what NVML says is free, in whole GiB
 
@@ -52,10 +58,7 @@ def test_a_decisions_telemetry_note_says_what_its_verdicts_were_judged_on():
     the record's note must say so too, never STALE beside a verdict judged on fresh numbers (the
     partition test saw a 75 GiB pod judged to fit a node whose record said STALE)."""
     now = [0.0]
-    state = ClusterState(clock=lambda: now[0])
-    store = TelemetryStore(stale_after_periods=3.0, clock=lambda: now[0])
-    state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
-    state.attach_telemetry(store)
+    state, store = watched_node_a(now)
     store.ingest(report(1, 0.0))
     state.sweep_staleness()
 
