@@ -26,7 +26,7 @@ from extender.metrics import ExtenderMetrics, GangMetrics
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
-from extender.service.decisions import DecisionStore
+from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.requeue_feed import CapacityRequeue, RequeueFeed
@@ -134,6 +134,8 @@ def assemble(settings: Settings, leading: Callable[[], bool] | None = None) -> A
     events = EventWriter(api)
     gangs = GangIndex(on_pod_group_added=requeue, tier_labels=settings.tier_labels)
     state.add_pod_listener(gangs)
+    decisions = DecisionStore(settings.decision_capacity)
+    state.add_pod_listener(ForgetDeletedPods(decisions))  # before the pod reflector starts
     metrics = ExtenderMetrics()
 
     def on_partial(report: Any) -> None:
@@ -167,7 +169,6 @@ def assemble(settings: Settings, leading: Callable[[], bool] | None = None) -> A
     _every(1.0, decider.tick)
     from extender.service.describe import describe_nodes
 
-    decisions = DecisionStore(settings.decision_capacity)
     state.on_assignment_mismatch(_mismatch_recorder(decisions, metrics))
     if state.dra is not None:
         state.dra.on_conflict(_dra_conflict_recorder(decisions))

@@ -4,7 +4,10 @@ in plugin mode).
 The debug endpoint and ``gpusched explain`` read from here, so a platform engineer can see why a
 pod is where it is (or why it waits) without raising kube-scheduler's log level. Records are
 frozen values; the store keeps the most recent ``capacity`` records and, per pod, the newest
-record of each verb.
+record of each verb — per pod that exists: ``forget_pod`` (told of each deletion by the pod watch)
+drops a deleted pod's index entry, so the index follows the live pods instead of filling to its
+bound with pods long gone (the soak's RSS drift, issue 22). A forgotten pod's records stay in the
+recent list while it holds them, and ``for_pod`` still finds them there.
 """
 
 from __future__ import annotations
@@ -79,6 +82,21 @@ class DecisionStore:
             while len(self._by_pod) > self._capacity:
                 self._by_pod.popitem(last=False)
 
+    def forget_pod(self, namespace: str, pod: str, uid: str = "") -> None:
+        """The pod ``namespace/pod`` (incarnation ``uid``; "" = any) was deleted: its records leave
+        the per-pod index. Records of another incarnation under the same name stay: the watch may
+        report the old one's deletion after kube-scheduler already asked about the new one."""
+        key = (namespace, pod)
+        with self._lock:
+            verbs = self._by_pod.get(key)
+            if verbs is None:
+                return
+            kept = {verb: r for verb, r in verbs.items() if uid and r.uid and r.uid != uid}
+            if kept:
+                self._by_pod[key] = kept
+            else:
+                del self._by_pod[key]
+
     def recent(self, *, namespace: str | None = None, pod: str | None = None,
                result: str | None = None, limit: int = 100) -> list[DecisionRecord]:
         """Newest first, filtered by any of namespace, pod and result."""
@@ -98,9 +116,17 @@ class DecisionStore:
         return out
 
     def for_pod(self, namespace: str, pod: str) -> dict[str, DecisionRecord]:
-        """The newest record of each verb for one pod (empty if none is kept)."""
+        """The newest record of each verb for one pod (empty if none is kept): from the per-pod
+        index, or for a pod no longer indexed (deleted, or evicted by newer pods), from the recent list."""
         with self._lock:
-            return dict(self._by_pod.get((namespace, pod), {}))
+            indexed = self._by_pod.get((namespace, pod))
+            if indexed is not None:
+                return dict(indexed)
+            found: dict[str, DecisionRecord] = {}
+            for r in self._recent:  # oldest first: a newer record of a verb replaces an older one
+                if r.pod == pod and r.namespace == namespace:
+                    found[r.verb] = r
+            return found
 
     def waiting_pods(self) -> list[tuple[str, str]]:
         """The pods a capacity rise might help: their newest filter found no node for now
@@ -128,6 +154,28 @@ class DecisionStore:
             return len(self._recent)
 
     def indexed_pods(self) -> int:
-        """Pods in the per-pod index (at most ``capacity``): with ``len``, what the store holds."""
+        """Pods in the per-pod index (at most ``capacity``, and none deleted): with ``len``, what the
+        store holds."""
         with self._lock:
             return len(self._by_pod)
+
+
+class ForgetDeletedPods:
+    """A pod-watch listener (``ClusterState.add_pod_listener``): each pod the watch reports deleted
+    leaves ``store``'s per-pod index. A relist forgets nothing: a pod missing from it may be one
+    kube-scheduler asked about after the list was taken, and a pod deleted while the watch was down
+    ages out of the index as any other does."""
+
+    def __init__(self, store: DecisionStore):
+        self._store = store
+
+    def replace_pods(self, items: list[dict[str, Any]]) -> None:
+        return None
+
+    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        if event_type != "DELETED":
+            return
+        meta = pod.get("metadata") or {}
+        name = meta.get("name")
+        if isinstance(name, str):
+            self._store.forget_pod(meta.get("namespace") or "default", name, str(meta.get("uid") or ""))

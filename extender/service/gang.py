@@ -110,7 +110,8 @@ class GangCoordinator:
                  observer: GangObserver | None = None,
                  nudge: Callable[[list[str]], None] = lambda pods: None,
                  pod_group_status: Callable[[GangKey, str, int], None] = lambda key, phase, scheduled: None,
-                 on_partial: Callable[[PartialGang], None] = lambda partial: None):
+                 on_partial: Callable[[PartialGang], None] = lambda partial: None,
+                 forget_every_s: float = 60.0):
         """``inner`` judges pods without a gang and parses demands (``inner.demand``);
         ``framework``, ``snapshot`` and ``ledger`` are the ones ``inner`` judges with.
         ``nudge(pod keys)`` makes kube-scheduler retry those pods now: it does not requeue
@@ -118,7 +119,9 @@ class GangCoordinator:
         reason or reach bind only after their backoff. ``pod_group_status`` writes a PodGroup's
         phase and scheduled count; ``on_partial`` reports a partially bound group. The three
         callbacks are called with the coordinator's lock held: they must not block. ``timing``
-        defaults to ``BarrierTiming()``; without an ``observer`` nothing is reported."""
+        defaults to ``BarrierTiming()``; without an ``observer`` nothing is reported. Every
+        ``forget_every_s`` a tick forgets the groups none of whose pods is left (and none planned),
+        so what is kept per group follows the groups that exist."""
         self.inner = inner
         self.index = index
         self.default_timeout_s = DEFAULT_TIMEOUT_S
@@ -142,6 +145,8 @@ class GangCoordinator:
         self._written: dict[str, float] = {}
         # Commit records whose plan ended: a relist must not adopt or report them again.
         self._ended: set[EndedCommit] = set()
+        self._forget_every_s = forget_every_s
+        self._forgot_at = clock()
 
     # -- Decider ---------------------------------------------------------------------------
     def filter(self, pod: PodRef, candidates: Sequence[str], node_objects) -> FilterOutcome:
@@ -663,6 +668,22 @@ class GangCoordinator:
                     updates[key] = progress
         for key, progress in updates.items():
             self._pod_group_status(key, progress.phase, progress.scheduled)
+        if now - self._forgot_at >= self._forget_every_s:
+            self._forgot_at = now
+            self._forget_gone_groups()
+
+    def _forget_gone_groups(self) -> None:
+        """Drop what is kept about groups whose pods are all gone: their status (``/debug/gangs``),
+        PodGroup phase and ended commit records (no pod is left to carry such a record again)."""
+        with self._lock:  # the index read under it (as tick's is): no member is admitted between
+            alive = self.index.gangs_with_members()
+            gone = [key for key in self._status if key not in alive and key not in self._plans]
+            for key in gone:
+                del self._status[key]
+                self._phases.pop(key, None)
+            if gone:
+                forgotten = set(gone)
+                self._ended = {e for e in self._ended if e.gang not in forgotten}
 
     # -- visibility ----------------------------------------------------------------------------
     def _describe(self, key: GangKey) -> dict[str, Any]:

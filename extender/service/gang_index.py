@@ -32,6 +32,7 @@ from extender.model.gang import (
     POD_GROUP_LABEL,
     PODGANG_LABEL,
     GangCommit,
+    GangKey,
     GangProblem,
     GangSpec,
     PodGangInfo,
@@ -140,6 +141,9 @@ class GangIndex:
             if event_type == "DELETED" or phase in _TERMINAL:
                 self._pods.pop(member.key, None)
                 self._bury(member.key, member.uid)
+                if event_type == "DELETED":  # one waiting for a group object that never came
+                    _discard_waiting(self._awaiting_group, member.key)
+                    _discard_waiting(self._awaiting_gang, member.key)
             elif not declares_gang(pod):
                 self._pods.pop(member.key, None)
             else:
@@ -192,6 +196,15 @@ class GangIndex:
             groups, gangs = self.pod_groups, self.pod_gangs
         return [m for m in pods if isinstance(g := gang_of(m.raw, groups, tier_labels=self.tier_labels, pod_gangs=gangs),
                                               GangSpec) and g.key == spec.key]
+
+    def gangs_with_members(self) -> set[GangKey]:
+        """The groups at least one known pod belongs to (one pass over the index, for housekeeping)."""
+        with self._lock:
+            self._prune_requested()
+            pods = list(self._pods.values())
+            groups, gangs = self.pod_groups, self.pod_gangs
+        return {g.key for m in pods
+                if isinstance(g := gang_of(m.raw, groups, tier_labels=self.tier_labels, pod_gangs=gangs), GangSpec)}
 
     def deleted(self, key: str, uid: str) -> bool:
         """True when the watch reported this incarnation (``uid``; "" = any) deleted or terminal."""
@@ -262,6 +275,13 @@ class GangIndex:
             pending = sorted(awaiting.pop(key, set()))
         if pending:
             self._on_pod_group_added(pending)
+
+
+def _discard_waiting(awaiting: dict[tuple[str, str], set[str]], pod: str) -> None:
+    for group in [g for g, pods in awaiting.items() if pod in pods]:
+        awaiting[group].discard(pod)
+        if not awaiting[group]:
+            del awaiting[group]
 
 
 def _object_key(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -1,16 +1,17 @@
 """The decision store (issue 17, item 4): bounded in records and in pods, the newest record per
-verb, recent() newest first with filters, and which pods wait for capacity."""
+verb, recent() newest first with filters, and which pods wait for capacity; a deleted pod leaves the
+per-pod index (issue 22: the soak's RSS drift) and is still explained from the recent list."""
 
 from __future__ import annotations
 
 import pytest
 
-from extender.service.decisions import DecisionRecord, DecisionStore
+from extender.service.decisions import DecisionRecord, DecisionStore, ForgetDeletedPods
 
 
 def record(store: DecisionStore, pod: str, verb: str = "filter", result: str = "feasible", at: float = 0.0,
-           namespace: str = "ns") -> DecisionRecord:
-    r = DecisionRecord(id=store.new_id(), verb=verb, namespace=namespace, pod=pod, uid="", result=result,
+           namespace: str = "ns", uid: str = "") -> DecisionRecord:
+    r = DecisionRecord(id=store.new_id(), verb=verb, namespace=namespace, pod=pod, uid=uid, result=result,
                        at_unix=at, latency_ms=0.0, node="", summary="", details={})
     store.add(r)
     return r
@@ -79,3 +80,71 @@ def test_capacity_must_be_positive():
 def test_ids_are_unique():
     store = DecisionStore(1)
     assert len({store.new_id() for _ in range(1000)}) == 1000
+
+
+def pod_event(name: str, uid: str = "u1", namespace: str | None = "ns") -> dict:
+    meta = {"name": name, "uid": uid}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return {"metadata": meta}
+
+
+@pytest.mark.parametrize("event_type,event,indexed_after", [
+    pytest.param("DELETED", pod_event("a"), False, id="deleted-leaves-the-index"),
+    pytest.param("MODIFIED", pod_event("a"), True, id="modified-stays"),
+    pytest.param("ADDED", pod_event("a"), True, id="added-stays"),
+    pytest.param("DELETED", pod_event("b"), True, id="another-pod-deleted"),
+    pytest.param("DELETED", pod_event("a", namespace="other"), True, id="same-name-other-namespace"),
+    # The watch reports the old incarnation's deletion after the new one (same name) was filtered.
+    pytest.param("DELETED", pod_event("a", uid="u0"), True, id="older-incarnation-deleted"),
+    pytest.param("DELETED", pod_event("a", uid=""), False, id="deleted-without-uid"),
+])
+def test_the_pod_watch_makes_deleted_pods_leave_the_index(event_type, event, indexed_after):
+    store = DecisionStore(10)
+    record(store, "a", uid="u1"), record(store, "a", verb="bind", result="bound", uid="u1")
+    ForgetDeletedPods(store).apply_pod(event_type, event)
+    assert (store.indexed_pods() == 1) is indexed_after
+
+
+def test_an_unnamespaced_deleted_pod_is_the_default_namespaces():
+    store = DecisionStore(10)
+    record(store, "a", namespace="default", uid="u1")
+    ForgetDeletedPods(store).apply_pod("DELETED", pod_event("a", namespace=None))
+    assert store.indexed_pods() == 0
+
+
+def test_records_of_both_incarnations_keep_only_the_living_ones():
+    store = DecisionStore(10)
+    record(store, "a", uid="old")
+    newer = record(store, "a", verb="bind", result="bound", uid="new")
+    store.forget_pod("ns", "a", "old")
+    assert store.for_pod("ns", "a") == {"bind": newer} and store.indexed_pods() == 1
+
+
+def test_a_forgotten_pod_is_still_explained_from_the_recent_list():
+    store = DecisionStore(10)
+    record(store, "a", result="unschedulable", uid="u1")
+    newest_filter = record(store, "a", result="feasible", uid="u1")
+    bind = record(store, "a", verb="bind", result="bound", uid="u1")
+    store.forget_pod("ns", "a", "u1")
+    assert store.indexed_pods() == 0
+    assert store.for_pod("ns", "a") == {"filter": newest_filter, "bind": bind}
+    assert ("ns", "a") not in store.waiting_pods()
+
+
+def test_a_deleted_pods_records_age_out_of_the_recent_list_too():
+    store = DecisionStore(2)
+    record(store, "a", uid="u1")
+    store.forget_pod("ns", "a", "u1")
+    record(store, "b"), record(store, "c")
+    assert store.for_pod("ns", "a") == {}
+
+
+def test_the_index_follows_the_live_pods_under_churn():
+    store = DecisionStore(1000)
+    forget = ForgetDeletedPods(store)
+    for i in range(5000):  # each pod filtered, bound and deleted; 10 alive at any time
+        record(store, f"p{i}", uid=f"u{i}"), record(store, f"p{i}", verb="bind", result="bound", uid=f"u{i}")
+        if i >= 10:
+            forget.apply_pod("DELETED", pod_event(f"p{i - 10}", uid=f"u{i - 10}"))
+    assert store.indexed_pods() == 10

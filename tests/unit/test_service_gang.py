@@ -464,3 +464,38 @@ def test_a_bind_naming_another_uid_than_the_filtered_pod_is_refused(clocks):
     error = world.service.bind(PodRef(NS, "p", "uid-of-the-new-pod"), node)
     assert "was recreated" in error and world.binder.bound == {}
     assert world.bind(pod, node) == ""
+
+
+@pytest.mark.parametrize("deleted,remembered", [
+    pytest.param(("a", "b"), False, id="all-members-deleted-forgotten"),
+    pytest.param(("a",), True, id="one-member-left-remembered"),
+    pytest.param((), True, id="none-deleted-remembered"),
+])
+def test_a_group_whose_pods_are_all_gone_is_forgotten_at_the_next_sweep(clocks, deleted, remembered):
+    """Issue 22's soak: what the coordinator keeps per group must follow the groups that exist."""
+    world = World(*clocks)
+    a, b = member("a"), member("b")
+    for p in (a, b):
+        world.watch("ADDED", p)
+    bind_all(world, [a, b])
+    for p in (a, b):
+        world.watch("MODIFIED", bound_as(p, world.binder.bound[p["metadata"]["name"]][0],
+                                          world.binder.bound[p["metadata"]["name"]][1]))
+    world.gangs.tick()
+    for name in deleted:
+        world.watch("DELETED", {"a": a, "b": b}[name])
+    world.gangs.tick()
+    assert len(world.gangs.describe()["gangs"]) == 1, "forgotten before the sweep came"
+    clocks[0].now += 61
+    world.gangs.tick()
+    assert len(world.gangs.describe()["gangs"]) == int(remembered)
+
+
+def test_a_planned_group_is_never_forgotten_even_when_the_watch_shows_none_of_its_members(clocks):
+    world = World(*clocks, timing=BarrierTiming(http_timeout_s=615.0))
+    a, b = member("a", timeout=600), member("b", timeout=600)
+    assert world.filter(a).feasible == () and world.filter(b).feasible  # from requests only: planned
+    clocks[0].now += 61  # past the requests' TTL, so the index lists neither member
+    world.gangs.tick()
+    assert world.index.gangs_with_members() == set()
+    assert [g["phase"] for g in world.gangs.describe()["gangs"]] == ["gathering"]
