@@ -48,7 +48,7 @@ def facts_from_spec(spec: ModelSpec) -> ModelFacts:
     mla = spec.name.lower().startswith("deepseek-ai/deepseek-v3") or spec.name.lower().startswith("deepseek-ai/deepseek-r1")
     return ModelFacts(name=spec.name, num_layers=spec.layers, num_attention_heads=spec.attention_heads,
                       num_kv_heads=spec.kv_heads, head_dim=head_dim, hidden_size=spec.hidden_size,
-                      intermediate_size=4 * spec.hidden_size, vocab_size=152064, max_position_embeddings=None,
+                      intermediate_size=4 * spec.hidden_size, vocab_size=152064, max_position_embeddings=spec.context_length,
                       dtype=dtype, weight_bytes=int(spec.params_billion * 1e9 * DTYPE_BYTES[dtype]), weight_source="params",
                       attention="mla" if mla else "standard", kv_lora_rank=512 if mla else 0, qk_rope_head_dim=64 if mla else 0)
 

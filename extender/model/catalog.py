@@ -4,7 +4,9 @@ Whether a tensor-parallel size can serve a model depends on its attention heads 
 (vLLM splits both across the TP group). Pods rarely state them, so gpusched looks the model
 named in ``--model`` / ``vllm serve MODEL`` up here. The built-in entries are copied from each
 model's ``config.json`` (``num_attention_heads``, ``num_key_value_heads``, ``num_hidden_layers``,
-``hidden_size``, ``head_dim``); parameter counts are the published totals, in billions.
+``hidden_size``, ``head_dim``) and the context length vLLM derives from it as its default
+``max_model_len`` (``max_position_embeddings``, for YaRN models the original length times the
+factor); parameter counts are the published totals, in billions.
 
 Lookup is case-insensitive on the full repo id, on an alias, or on the last path component of a
 local path (``/models/Llama-3.1-70B-Instruct`` finds ``meta-llama/Llama-3.1-70B-Instruct``).
@@ -21,6 +23,7 @@ a mapping from model id to fields (camelCase)::
         headDim: 128              # optional int > 0
         paramsBillion: 70.6       # optional number > 0
         dtype: bfloat16           # optional string, default bfloat16
+        contextLength: 131072     # optional int > 0: the context vLLM serves by default
         aliases: [custom-70b]     # optional list of extra names
 
 An entry whose id matches a built-in (case-insensitively) replaces it.
@@ -54,42 +57,44 @@ class ModelSpec:
     params_billion: float | None = None
     dtype: str = "bfloat16"
     aliases: tuple[str, ...] = ()
+    context_length: int | None = None
 
 
 def _spec(name: str, heads: int, kv: int, layers: int, hidden: int, head_dim: int,
-          params: float, dtype: str = "bfloat16", aliases: tuple[str, ...] = ()) -> ModelSpec:
-    return ModelSpec(name, heads, kv, layers, hidden, head_dim, params, dtype, aliases)
+          params: float, dtype: str = "bfloat16", aliases: tuple[str, ...] = (), *,
+          context: int) -> ModelSpec:
+    return ModelSpec(name, heads, kv, layers, hidden, head_dim, params, dtype, aliases, context)
 
 
 # Values from each repo's config.json. DeepSeek-V3/R1 use MLA: config.json lists 128 KV heads,
 # head_dim here is the q/k head size (qk_nope 128 + qk_rope 64); weights ship in FP8.
 BUILTIN_MODELS: tuple[ModelSpec, ...] = (
     _spec("meta-llama/Llama-3.1-8B-Instruct", 32, 8, 32, 4096, 128, 8.03,
-          aliases=("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct")),
+          aliases=("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"), context=131072),
     _spec("meta-llama/Llama-3.1-70B-Instruct", 64, 8, 80, 8192, 128, 70.6,
-          aliases=("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct")),
-    _spec("meta-llama/Llama-3.3-70B-Instruct", 64, 8, 80, 8192, 128, 70.6),
+          aliases=("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct"), context=131072),
+    _spec("meta-llama/Llama-3.3-70B-Instruct", 64, 8, 80, 8192, 128, 70.6, context=131072),
     _spec("meta-llama/Llama-3.1-405B-Instruct", 128, 8, 126, 16384, 128, 405.0,
-          aliases=("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B-Instruct")),
-    _spec("Qwen/Qwen2.5-7B-Instruct", 28, 4, 28, 3584, 128, 7.61, aliases=("Qwen/Qwen2.5-7B",)),
-    _spec("Qwen/Qwen2.5-14B-Instruct", 40, 8, 48, 5120, 128, 14.7, aliases=("Qwen/Qwen2.5-14B",)),
-    _spec("Qwen/Qwen2.5-32B-Instruct", 40, 8, 64, 5120, 128, 32.5, aliases=("Qwen/Qwen2.5-32B",)),
-    _spec("Qwen/Qwen2.5-72B-Instruct", 64, 8, 80, 8192, 128, 72.7, aliases=("Qwen/Qwen2.5-72B",)),
-    _spec("Qwen/Qwen3-8B", 32, 8, 36, 4096, 128, 8.2),
-    _spec("Qwen/Qwen3-32B", 64, 8, 64, 5120, 128, 32.8),
-    _spec("Qwen/Qwen3-235B-A22B", 64, 4, 94, 4096, 128, 235.0),
+          aliases=("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B-Instruct"), context=131072),
+    _spec("Qwen/Qwen2.5-7B-Instruct", 28, 4, 28, 3584, 128, 7.61, aliases=("Qwen/Qwen2.5-7B",), context=32768),
+    _spec("Qwen/Qwen2.5-14B-Instruct", 40, 8, 48, 5120, 128, 14.7, aliases=("Qwen/Qwen2.5-14B",), context=32768),
+    _spec("Qwen/Qwen2.5-32B-Instruct", 40, 8, 64, 5120, 128, 32.5, aliases=("Qwen/Qwen2.5-32B",), context=32768),
+    _spec("Qwen/Qwen2.5-72B-Instruct", 64, 8, 80, 8192, 128, 72.7, aliases=("Qwen/Qwen2.5-72B",), context=32768),
+    _spec("Qwen/Qwen3-8B", 32, 8, 36, 4096, 128, 8.2, context=40960),
+    _spec("Qwen/Qwen3-32B", 64, 8, 64, 5120, 128, 32.8, context=40960),
+    _spec("Qwen/Qwen3-235B-A22B", 64, 4, 94, 4096, 128, 235.0, context=40960),
     _spec("mistralai/Mistral-7B-Instruct-v0.3", 32, 8, 32, 4096, 128, 7.25,
-          aliases=("mistralai/Mistral-7B-v0.3",)),
+          aliases=("mistralai/Mistral-7B-v0.3",), context=32768),
     _spec("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 8, 32, 4096, 128, 46.7,
-          aliases=("mistralai/Mixtral-8x7B-v0.1",)),
+          aliases=("mistralai/Mixtral-8x7B-v0.1",), context=32768),
     _spec("mistralai/Mixtral-8x22B-Instruct-v0.1", 48, 8, 56, 6144, 128, 141.0,
-          aliases=("mistralai/Mixtral-8x22B-v0.1",)),
+          aliases=("mistralai/Mixtral-8x22B-v0.1",), context=65536),
     _spec("deepseek-ai/DeepSeek-V3", 128, 128, 61, 7168, 192, 671.0, "float8_e4m3fn",
-          aliases=("deepseek-ai/DeepSeek-V3-Base",)),
-    _spec("deepseek-ai/DeepSeek-R1", 128, 128, 61, 7168, 192, 671.0, "float8_e4m3fn"),
-    _spec("google/gemma-2-9b-it", 16, 8, 42, 3584, 256, 9.24, aliases=("google/gemma-2-9b",)),
-    _spec("google/gemma-2-27b-it", 32, 16, 46, 4608, 128, 27.2, aliases=("google/gemma-2-27b",)),
-    _spec("google/gemma-3-27b-it", 32, 16, 62, 5376, 128, 27.4, aliases=("google/gemma-3-27b-pt",)),
+          aliases=("deepseek-ai/DeepSeek-V3-Base",), context=163840),
+    _spec("deepseek-ai/DeepSeek-R1", 128, 128, 61, 7168, 192, 671.0, "float8_e4m3fn", context=163840),
+    _spec("google/gemma-2-9b-it", 16, 8, 42, 3584, 256, 9.24, aliases=("google/gemma-2-9b",), context=8192),
+    _spec("google/gemma-2-27b-it", 32, 16, 46, 4608, 128, 27.2, aliases=("google/gemma-2-27b",), context=8192),
+    _spec("google/gemma-3-27b-it", 32, 16, 62, 5376, 128, 27.4, aliases=("google/gemma-3-27b-pt",), context=131072),
 )
 
 
@@ -156,7 +161,7 @@ def catalog_from_configmap_data(data: Mapping[str, str] | None) -> Catalog:
 
 
 _FIELDS = frozenset({"attentionHeads", "kvHeads", "layers", "hiddenSize", "headDim", "paramsBillion",
-                     "dtype", "aliases"})
+                     "dtype", "aliases", "contextLength"})
 
 
 def _parse_entry(name: str, fields: Any) -> ModelSpec:
@@ -188,6 +193,7 @@ def _parse_entry(name: str, fields: Any) -> ModelSpec:
         head_dim=_positive_int(fields, "headDim", where),
         params_billion=float(params) if params is not None else None,
         dtype=dtype, aliases=tuple(aliases),
+        context_length=_positive_int(fields, "contextLength", where),
     )
 
 

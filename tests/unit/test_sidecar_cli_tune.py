@@ -18,6 +18,18 @@ def test_tune_catalog_model_prints_table(capsys):
     assert "KV bytes/token/GPU   81,920" in out
 
 
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen3-8B", "Qwen/Qwen2.5-72B-Instruct"])
+def test_tune_knows_the_context_of_catalog_models(model, capsys):
+    assert main(["tune", "--model", model, "--gpu", "H100-80GB", "--gpus", "8", "--profile", "batch"]) == 0
+    assert "context length is unknown" not in capsys.readouterr().out
+
+
+def test_tune_refuses_a_context_beyond_the_catalog_models(capsys):
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-80GB", "--gpus", "8",
+                 "--set", "max_model_len=131073"]) == 1
+    assert "greater than the derived max_model_len (131072)" in capsys.readouterr().out
+
+
 def test_tune_refuses_tp3(capsys):
     assert main(["tune", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "L40S-48GB", "--gpus", "3"]) == 1
     assert "Total number of attention heads (64) must be divisible by tensor parallel size (3)." in capsys.readouterr().out
