@@ -28,6 +28,7 @@ from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, check_share_known,
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.share import SHARE_HEADROOM_BYTES
+from engine_sidecar.startup import StartupClock, own_start_time
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -92,6 +93,7 @@ def _gpu_backend(args: argparse.Namespace) -> GpuFacts:
 
 
 def _run(args: argparse.Namespace, extra: list[str]) -> int:
+    startup = StartupClock(own_start_time())  # first: the container's start, before any work
     # Tuned fields, plus fields the tuning reads (KV dtype and block size change the bytes per token).
     owned = frozenset(EngineParams.__dataclass_fields__) | {"dtype", "kv_cache_dtype", "block_size"}
     passthrough, overrides = split_passthrough(extra, owned)
@@ -134,27 +136,38 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     env = dict(os.environ)
     if tuning.params.kv_cache_memory_bytes is not None and "kv_cache_memory_bytes" not in {n.field for n in rendered.not_passed}:
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override the rendered flag
-    return supervise(args, engine_argv, env, served, report)
+    return supervise(args, engine_argv, env, served, report, startup)
 
 
-def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, str], served: str, report: dict[str, Any]) -> int:
+def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, str], served: str, report: dict[str, Any],
+              startup: StartupClock) -> int:
     import uvicorn
 
     from engine_sidecar.readiness import HttpModelsClient, Readiness
     from engine_sidecar.server import SidecarState, create_app
     from engine_sidecar.supervisor import SubprocessLauncher, Supervisor
 
-    sup = Supervisor(SubprocessLauncher(), args.grace_period, log=lambda m: print(f"[sidecar] {m}", flush=True))
+    def log(message: str) -> None:
+        print(f"[sidecar] {message}", flush=True)
+
+    def on_ready() -> None:
+        if "ready" not in startup.report().events:
+            startup.mark("ready")
+            log(startup.report().summary())
+
+    launcher = SubprocessLauncher(on_line=startup.observe_line, on_launch=lambda: startup.mark("engine_launched"))
+    sup = Supervisor(launcher, args.grace_period, log=log)
     sup.install_signal_handlers()
     probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
-    readiness = Readiness(HttpModelsClient(f"http://{probe_host}:{args.engine_port}"), served, lambda: sup.running)
+    readiness = Readiness(HttpModelsClient(f"http://{probe_host}:{args.engine_port}"), served, lambda: sup.running,
+                          on_ready=on_ready)
 
     def engine_state() -> str:
         if sup.process is None:
             return "starting"
         return "running" if sup.running else "exited"
 
-    server = uvicorn.Server(uvicorn.Config(create_app(SidecarState(readiness, engine_state, report)), host=args.host,
+    server = uvicorn.Server(uvicorn.Config(create_app(SidecarState(readiness, engine_state, report, startup)), host=args.host,
                                            port=args.port, log_level="warning", lifespan="off"))
     http = threading.Thread(target=server.run, name="sidecar-http", daemon=True)
     http.start()

@@ -35,7 +35,9 @@ class Readiness:
     when the engine stops answering or exits."""
 
     def __init__(self, client: ModelsClient, model: str, engine_alive: Callable[[], bool],
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5, on_ready: Callable[[], None] = lambda: None) -> None:
+        """``on_ready`` is called each time ``ready`` turns True (the probe's thread)."""
+        self.on_ready = on_ready
         self.client = client
         self.model = model
         self.engine_alive = engine_alive
@@ -54,7 +56,9 @@ class Readiness:
         except (OSError, ValueError, urllib.error.URLError) as exc:
             self.ready, self.reason = False, f"engine not answering /v1/models yet ({type(exc).__name__})"
             return False
-        self.ready = self.model in models
+        was_ready, self.ready = self.ready, self.model in models
+        if self.ready and not was_ready:
+            self.on_ready()
         self.reason = "model listed by /v1/models" if self.ready else f"/v1/models lists {models}, not {self.model!r}"
         return self.ready
 

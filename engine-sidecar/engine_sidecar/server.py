@@ -5,6 +5,8 @@
 | ``GET /live`` | the engine process is running (or not started yet) | ``{"status": ...}`` |
 | ``GET /ready`` | vLLM's ``/v1/models`` lists the served model (else 503) | ``{"ready": bool, "reason": str}`` |
 | ``GET /tuning`` | always | the parameters with reasons, what was not passed and why, the KV prediction, the metrics port |
+| ``GET /startup`` | always | the cold start in stages (``startup.StartupReport``); ``complete`` once ready |
+| ``GET /metrics`` | always | the same as Prometheus gauges (``gpusched_engine_startup_*``); vLLM's own are on its port |
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from engine_sidecar.readiness import Readiness
+from engine_sidecar.startup import StartupClock, StartupCollector
 
 
 @dataclass
@@ -24,6 +27,7 @@ class SidecarState:
     readiness: Readiness
     engine_state: Callable[[], str]  # "starting" | "running" | "exited"
     report: Mapping[str, Any]
+    startup: StartupClock
 
 
 def create_app(state: SidecarState) -> FastAPI:
@@ -43,5 +47,18 @@ def create_app(state: SidecarState) -> FastAPI:
     @app.get("/tuning")
     def tuning() -> JSONResponse:
         return JSONResponse(dict(state.report))
+
+    @app.get("/startup")
+    def startup() -> JSONResponse:
+        return JSONResponse(state.startup.report().as_dict())
+
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)  # this app's own: no process-global registry
+    registry.register(StartupCollector(state.startup))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

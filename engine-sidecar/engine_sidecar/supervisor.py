@@ -8,13 +8,15 @@ reaches the EngineCore and worker processes vLLM spawns. The process is behind `
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 
 class EngineProcess(Protocol):
@@ -49,10 +51,28 @@ class _Popen:
 
 
 class SubprocessLauncher:
-    """Starts the engine with inherited stdout/stderr (so ``kubectl logs`` shows vLLM's log)."""
+    """Starts the engine. Without ``on_line`` its stdout/stderr are the sidecar's; with it they
+    pass through the sidecar (``startup.pump``: copied to the sidecar's own stdout/stderr as they
+    come, so ``kubectl logs`` shows vLLM's log unchanged) and each line is handed to ``on_line``.
+    ``on_launch`` is called just before the process starts."""
+
+    def __init__(self, on_line: Callable[[str], None] | None = None,
+                 on_launch: Callable[[], None] = lambda: None) -> None:
+        self._on_line = on_line
+        self._on_launch = on_launch
 
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> EngineProcess:
-        return _Popen(subprocess.Popen(list(argv), env=dict(env), start_new_session=True))
+        self._on_launch()
+        if self._on_line is None:
+            return _Popen(subprocess.Popen(list(argv), env=dict(env), start_new_session=True))
+        from engine_sidecar.startup import start_pumps
+
+        proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # Popen's pipes (default buffering) are io.BufferedReader, which has read1; typeshed says IO[bytes].
+        out, err = cast(io.BufferedReader, proc.stdout), cast(io.BufferedReader, proc.stderr)
+        start_pumps([(out, sys.stdout.buffer), (err, sys.stderr.buffer)], self._on_line)
+        return _Popen(proc)
 
 
 def exit_code(returncode: int) -> int:

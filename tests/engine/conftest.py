@@ -94,6 +94,7 @@ class SidecarProcess:
         self.argv = [sys.executable, "-m", "engine_sidecar", "--engine-host", "127.0.0.1", "--engine-port", str(self.engine_port),
                      "--host", "127.0.0.1", "--port", str(self.port), *args]
         self._log = log_path.open("wb")
+        self.started = time.monotonic()  # the container's start, as far as the harness can tell
         self.proc = subprocess.Popen(self.argv, env={**env, "PYTHONPATH": f"{ROOT}:{ROOT / 'engine-sidecar'}"}, cwd=ROOT,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"

@@ -38,6 +38,8 @@ def sidecar(vllm_exe, tiny_model, engine_env, flags_cache, tmp_path_factory):
             ready = run.get("/ready", timeout=2).status_code
         except httpx.HTTPError:
             ready = 0
+        if ready == 200:
+            run.wall_to_ready_s = time.monotonic() - run.started
         try:
             listed = any(m["id"] == "tiny" for m in run.get("/v1/models", engine=True, timeout=2).json()["data"])
         except (httpx.HTTPError, ValueError, KeyError):
@@ -63,6 +65,21 @@ def test_ready_is_503_while_loading_then_200_once_models_lists_it(sidecar):
     assert all(listed for _, r, listed in sidecar.observations if r == 200)
     assert any(m["id"] == "tiny" for m in sidecar.get("/v1/models", engine=True).json()["data"])
     assert sidecar.observations[0][2] is False
+
+
+def test_cold_start_stages_add_up_to_the_wall_time_from_start_to_ready(sidecar):
+    body = sidecar.get("/startup").json()
+    assert body["complete"], body
+    assert body["missing"] == [], f"vLLM no longer logs these markers (engine_sidecar/startup.py LOG_MARKERS): {body}"
+    assert list(body["stages"]) == ["preflight", "load_weights", "profile_kv_cache", "start_server"]
+    assert all(seconds >= 0 for seconds in body["stages"].values()), body
+    # The harness's own clock, from starting the sidecar to its first /ready 200 (polled every 0.2 s)
+    assert abs(sum(body["stages"].values()) - sidecar.wall_to_ready_s) <= 1.0, (body, sidecar.wall_to_ready_s)
+    exposed = {m["stage"]: float(m["v"]) for m in re.finditer(
+        r'^gpusched_engine_startup_stage_seconds\{stage="(?P<stage>\w+)"\} (?P<v>\S+)$', sidecar.get("/metrics").text, re.M)}
+    assert exposed == pytest.approx(body["stages"], abs=1e-3)
+    assert re.search(r"\[sidecar\] cold start [\d.]+s: preflight [\d.]+s, load_weights", sidecar.log())
+    assert "Initializing model took" in sidecar.log()  # vLLM's log still reaches the container's output
 
 
 def test_engine_was_launched_with_tuned_args(sidecar):

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from engine_sidecar.__main__ import main
 from engine_sidecar.readiness import Readiness
 from engine_sidecar.server import SidecarState, create_app
+from engine_sidecar.startup import StartupClock
 from engine_sidecar.supervisor import Supervisor, exit_code
 
 
@@ -98,7 +99,8 @@ class FakeModels:
 def test_ready_only_once_model_is_listed():
     client, alive = FakeModels(), {"v": True}
     r = Readiness(client, "tiny", lambda: alive["v"])
-    app = TestClient(create_app(SidecarState(r, lambda: "running", {"parameters": [{"field": "max_num_seqs"}]})))
+    report = {"parameters": [{"field": "max_num_seqs"}]}
+    app = TestClient(create_app(SidecarState(r, lambda: "running", report, StartupClock(0.0))))
     assert not r.check_once() and app.get("/ready").status_code == 503
     client.models = ["other"]
     assert not r.check_once() and "not 'tiny'" in app.get("/ready").json()["reason"]
@@ -112,7 +114,7 @@ def test_ready_only_once_model_is_listed():
 
 def test_live_fails_once_engine_exited():
     r = Readiness(FakeModels(), "tiny", lambda: False)
-    app = TestClient(create_app(SidecarState(r, lambda: "exited", {})))
+    app = TestClient(create_app(SidecarState(r, lambda: "exited", {}, StartupClock(0.0))))
     assert app.get("/live").status_code == 503
 
 
