@@ -6,6 +6,13 @@ printed as a table — usable without a cluster or a GPU.
 
 ``--model`` looks the id up in the extender's model catalog (geometry and parameter count; the
 weight size is parameters x dtype bytes); ``--model-dir`` reads config.json and safetensors.
+
+Upgrade drift (``engine_sidecar.vllm_snapshot``): what changed between two vLLM installs, or
+between a stored snapshot and the installed vLLM, engine-argument default by default and flag by
+flag::
+
+    gpusched tune --snapshot /opt/vllm-0.31/bin/vllm > vllm-0.31.json    # before the upgrade
+    gpusched tune --diff vllm-0.31.json /opt/vllm-0.32/bin/vllm           # after
 """
 
 from __future__ import annotations
@@ -24,10 +31,15 @@ from gpusched_cli.render import table
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t = sub.add_parser("tune", help="tuned vLLM parameters for a model on given GPUs (no cluster needed)")
-    src = t.add_mutually_exclusive_group(required=True)
+    src = t.add_mutually_exclusive_group()
     src.add_argument("--model", help="Hugging Face id from the model catalog, e.g. meta-llama/Llama-3.1-8B-Instruct")
     src.add_argument("--model-dir", help="a model directory (config.json, safetensors)")
-    gpu = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--snapshot", metavar="VLLM", help="print the engine-argument defaults and flags of the vllm console "
+                     "script VLLM as a snapshot (JSON) to diff against later")
+    src.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="what changed between two vLLM installs: each a "
+                     "snapshot file (.json) or a vllm console script")
+    t.add_argument("--flags-cache", help="where vLLM flag lists are cached (default: ~/.cache/gpusched)")
+    gpu = t.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", help=f"GPU kind: {', '.join(PRESETS)}")
     gpu.add_argument("--gpu-file", help="JSON/YAML GPU description (the gpusched.io/v1 inventory format)")
     t.add_argument("--gpus", type=int, default=1, help="how many GPUs of --gpu (default: %(default)s)")
@@ -55,6 +67,20 @@ def facts_from_spec(spec: ModelSpec) -> ModelFacts:
 
 def run(args: argparse.Namespace) -> tuple[str, int]:
     """The text to print and the exit code (1 when the setup is refused)."""
+    if args.snapshot or args.diff:
+        import json
+
+        from engine_sidecar import vllm_snapshot
+
+        if args.snapshot:
+            return json.dumps(vllm_snapshot.read_installed(args.snapshot, args.flags_cache).to_json(), indent=1), 0
+        old, new = (vllm_snapshot.load(spec, args.flags_cache) for spec in args.diff)
+        return vllm_snapshot.render_diff(old, new, vllm_snapshot.diff(old, new)), 0
+    if not (args.model or args.model_dir):
+        raise SidecarError("one of --model, --model-dir, --snapshot or --diff is required",
+                           "e.g. gpusched tune --model meta-llama/Llama-3.1-8B-Instruct --gpu H100-80GB")
+    if not (args.gpu or args.gpu_file):
+        raise SidecarError("--gpu or --gpu-file is required with --model/--model-dir", "e.g. --gpu H100-80GB --gpus 4")
     if args.model:
         spec = builtin_catalog().lookup(args.model)
         if spec is None:
