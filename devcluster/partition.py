@@ -3,20 +3,23 @@ namespace of its own, linked to this machine by a veth pair, so "the network par
 real link going down — packets dropped, TCP connections left open and silent, nothing closed
 politely — not a signal to a process.
 
-Layout (all of it on this machine, in 198.19.200.0/24, inside the harness's 198.18.0.0/15 and
-clear of ``devcluster.nodenet``'s Services, pods and node address):
+Layout (all of it on this machine, in one /24 of 198.19.200.0–198.19.254.0 — inside the
+harness's 198.18.0.0/15 and clear of ``devcluster.nodenet``'s Services, pods and node address —
+the first one no other harness on the machine holds: ``create`` takes a lock per subnet, so two
+runs side by side get two subnets):
 
-- a host bridge ``gpsbr<tag>`` holding ``HOST_IP`` (198.19.200.1/24): what the agents dial. The
-  extender's telemetry port listens there (``Stack.start_extender(telemetry_host=HOST_IP)``), and a
+- a host bridge ``gpsbr<tag>`` holding :attr:`AgentNetwork.host_ip` (198.19.X.1/24): what the
+  agents dial. The extender's telemetry port listens there
+  (``Stack.start_extender(telemetry_host=network.host_ip)``), and a
   :class:`TcpRelay` there forwards to the apiserver, which binds loopback in the simulated-node
   control plane (a namespace has a loopback of its own, so an agent cannot reach the host's);
 - per agent (:meth:`AgentNetwork.add`): a namespace ``gpusched-<tag>-<n>`` whose veth end holds
-  198.19.200.<10+n>/24 (the connected route is its only route: nothing else is reachable), the
+  198.19.X.<10+n>/24 (the connected route is its only route: nothing else is reachable), the
   host end a port of the bridge;
 - :meth:`AgentNetwork.cut` / :meth:`heal` take the host end of one agent's veth down / up: that
   agent, and only it, is partitioned from everything on the host.
 
-One ``AgentNetwork`` at a time per machine (``HOST_IP`` is fixed: what the agents dial must be
+:attr:`AgentNetwork.host_ip` is known once :meth:`create` returned (what the agents dial must be
 known before the extender starts). :meth:`AgentNetwork.remove` undoes everything :meth:`create` and :meth:`add`
 did — namespaces (their veth ends, and so the pairs, go with them) and the bridge — and is safe to
 call after a partial create; a test fixture calls it in ``finally``.
@@ -25,18 +28,20 @@ call after a partial create; a test fixture calls it in ``finally``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import threading
 from dataclasses import dataclass
+from typing import IO
 
 from devcluster.nodenet import link_exists, run
 from devcluster.processes import ComponentFailed
 
-SUBNET = "198.19.200.0/24"
-HOST_IP = "198.19.200.1"
+SUBNET_THIRD_OCTETS = range(200, 255)  # 198.19.200.0/24 .. 198.19.254.0/24
 PREFIX_LEN = 24
-FIRST_AGENT_HOST = 10  # agents get 198.19.200.10, .11, ...
+FIRST_AGENT_HOST = 10  # agents get 198.19.X.10, .11, ...
 MAX_AGENTS = 200
+LOCK_DIR = "/run/lock"  # one lock file per subnet, held while a network uses it
 
 
 @dataclass(frozen=True)
@@ -58,25 +63,50 @@ class AgentNetwork:
         self.bridge = f"gpsbr{self.tag}"
         self.links: list[AgentLink] = []
         self._bridge_created = False
+        self._net = ""  # "198.19.X" once create() chose X
+        self._lock: IO[bytes] | None = None
+
+    @property
+    def host_ip(self) -> str:
+        """What the agents dial (the bridge's address); set by :meth:`create`."""
+        if not self._net:
+            raise ComponentFailed("AgentNetwork.host_ip before create(): no subnet chosen yet")
+        return f"{self._net}.1"
 
     def create(self) -> AgentNetwork:
-        """Make the bridge with ``HOST_IP``; fails naming what is in the way (a leftover of a run
-        that did not clean up, or another harness using the subnet)."""
-        holder = run("ip", "-o", "addr", "show", "to", f"{HOST_IP}/32", check=False).stdout.decode().split()
-        if holder:
-            raise ComponentFailed(f"{HOST_IP} is already on interface {holder[1]} (a partition harness that did not "
-                                  f"clean up?); remove it with 'ip link del {holder[1]}'")
+        """Take the first free subnet and make the bridge with :attr:`host_ip`; fails naming what is
+        in the way (every subnet taken, or this network's bridge name left over)."""
         if link_exists(self.bridge):
             raise ComponentFailed(f"interface {self.bridge} exists already; remove it with 'ip link del {self.bridge}'")
+        self._claim_subnet()
         try:
             run("ip", "link", "add", self.bridge, "type", "bridge")
             self._bridge_created = True
-            run("ip", "addr", "add", f"{HOST_IP}/{PREFIX_LEN}", "dev", self.bridge)
+            run("ip", "addr", "add", f"{self.host_ip}/{PREFIX_LEN}", "dev", self.bridge)
             run("ip", "link", "set", self.bridge, "up")
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _claim_subnet(self) -> None:
+        """The first 198.19.X.0/24 whose lock no one holds and whose .1 no interface carries (a
+        leftover of a run that did not clean up is stepped over, not fought)."""
+        os.makedirs(LOCK_DIR, exist_ok=True)
+        for octet in SUBNET_THIRD_OCTETS:
+            lock = open(os.path.join(LOCK_DIR, f"gpusched-partition-198.19.{octet}.lock"), "wb")  # noqa: SIM115 - held
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            if run("ip", "-o", "addr", "show", "to", f"198.19.{octet}.1/32", check=False).stdout.strip():
+                lock.close()
+                continue
+            self._net, self._lock = f"198.19.{octet}", lock
+            return
+        raise ComponentFailed(f"every partition subnet (198.19.{SUBNET_THIRD_OCTETS[0]}-{SUBNET_THIRD_OCTETS[-1]}.0/24) "
+                              "is in use; remove leftover gpsbr* interfaces with 'ip link del'")
 
     def add(self) -> AgentLink:
         """A new namespace linked to the bridge, its link up; returns where an agent runs."""
@@ -84,8 +114,8 @@ class AgentNetwork:
             raise ComponentFailed("AgentNetwork.add before create(): there is no bridge to link to")
         n = len(self.links)
         if n >= MAX_AGENTS:
-            raise ComponentFailed(f"at most {MAX_AGENTS} agents fit in {SUBNET}")
-        link = AgentLink(netns=f"gpusched-{self.tag}-{n}", address=f"198.19.200.{FIRST_AGENT_HOST + n}",
+            raise ComponentFailed(f"at most {MAX_AGENTS} agents fit in {self._net}.0/{PREFIX_LEN}")
+        link = AgentLink(netns=f"gpusched-{self.tag}-{n}", address=f"{self._net}.{FIRST_AGENT_HOST + n}",
                          host_end=f"gpsh{self.tag}{n}", ns_end=f"gpsn{self.tag}{n}")
         run("ip", "netns", "add", link.netns)
         self.links.append(link)  # from here on remove() deletes the namespace, whatever fails next
@@ -143,6 +173,9 @@ class AgentNetwork:
             if link_exists(self.bridge):
                 left.append(f"interface {self.bridge}")
             self._bridge_created = False
+        if self._lock is not None and not left:  # the subnet is free again only when all of it is gone
+            self._lock.close()
+            self._lock = None
         return left
 
 

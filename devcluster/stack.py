@@ -92,7 +92,7 @@ class Stack:
         return self.cp.kubeconfig(token, service_account)
 
     # Where the extender's telemetry port listens (start_extender's telemetry_host): loopback,
-    # or a host-side address agents in network namespaces reach (devcluster.partition.HOST_IP).
+    # or a host-side address agents in network namespaces reach (devcluster.partition's host_ip).
     telemetry_host: str = "127.0.0.1"
 
     def start_extender(self, *extra_args: str, port: int | None = None, telemetry_host: str | None = None) -> Extender:

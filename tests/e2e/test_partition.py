@@ -25,7 +25,7 @@ from kubernetes import client
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
 from devcluster.invariants import settled_violations
 from devcluster.modes import SchedulingMode
-from devcluster.partition import HOST_IP, AgentNetwork, TcpRelay
+from devcluster.partition import AgentNetwork, TcpRelay
 from devcluster.processes import Component
 from devcluster.stack import Stack
 from extender.model.telemetry import STALE_MEMORY_FRACTION
@@ -54,8 +54,8 @@ def partition(stack: Stack) -> Iterator[tuple[AgentNetwork, TcpRelay]]:
     relay: TcpRelay | None = None
     try:
         network.create()
-        relay = TcpRelay(HOST_IP, ("127.0.0.1", stack.cp.apiserver_port)).start()
-        restart_extender(stack, HOST_IP)
+        relay = TcpRelay(network.host_ip, ("127.0.0.1", stack.cp.apiserver_port)).start()
+        restart_extender(stack, network.host_ip)
         yield network, relay
     finally:
         try:
@@ -118,7 +118,7 @@ def partitioned_agent(admin, stack: Stack, partition, tmp_path) -> Iterator[tupl
         fleet.write_text(fleet_yaml())
         link = network.add()
         agent = started = stack.start_agent(node, fleet, period_s=PERIOD_S, netns=link.netns,
-                                            api_server=f"https://{HOST_IP}:{relay.port}")
+                                            api_server=f"https://{network.host_ip}:{relay.port}")
         # The inventory annotation went through the relay; the telemetry straight to the extender.
         wait_until(lambda: "gpusched.io/gpu-inventory" in (client.CoreV1Api(admin).read_node(node).metadata.annotations
                                                           or {}),
@@ -196,3 +196,18 @@ def test_a_partitioned_agent_goes_stale_is_judged_conservatively_and_recovers(ad
                       context=lambda: pod_scheduled_message(admin, namespace, "big") + "\n"
                       + str(extender.get_json(f"/debug/decisions/{namespace}/big"))) == node
     assert settled_violations(admin, extender, [node]) == []
+
+
+def test_two_harnesses_side_by_side_get_subnets_of_their_own(partition):
+    """A second AgentNetwork while the module's holds its subnet (as a second test run on the same
+    machine would): it takes the next free one, and its agents' addresses are in it."""
+    network, _ = partition
+    other = AgentNetwork()
+    try:
+        other.create()
+        assert other.host_ip != network.host_ip
+        link = other.add()
+        assert link.address.rsplit(".", 1)[0] == other.host_ip.rsplit(".", 1)[0]
+        assert not any(mine.address == link.address for mine in network.links)
+    finally:
+        assert other.remove() == []
