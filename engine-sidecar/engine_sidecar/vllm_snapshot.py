@@ -18,6 +18,7 @@ Snapshots are JSON files (``gpusched tune --snapshot VLLM > file``)::
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,6 +107,7 @@ def from_json(document: Any, where: str) -> VllmSnapshot:
 def read_installed(vllm: str, cache_dir: str | None = None, timeout_s: float = 300) -> VllmSnapshot:
     """The snapshot of the install whose console script is ``vllm``: its interpreter (the
     script's ``#!`` line) reads ``EngineArgs``; the flags come from ``VllmHelpFlags`` (cached)."""
+    vllm = shutil.which(vllm) or vllm  # "vllm" on PATH as well as a path
     try:
         shebang = Path(vllm).read_text(errors="replace").splitlines()[0]
     except (OSError, IndexError):

@@ -96,6 +96,12 @@ def test_reading_an_install_runs_its_own_interpreter(fake_install, tmp_path):
     assert found.flags == frozenset({"--model", "--max-num-seqs"})
 
 
+def test_a_bare_name_is_looked_up_on_path(fake_install, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{fake_install.parent}:/usr/bin:/bin")
+    found = read_installed("vllm", str(tmp_path / "cache"))
+    assert (found.version, found.source) == ("9.9.9", str(fake_install))
+
+
 def test_reading_something_that_is_not_a_console_script_says_so(tmp_path):
     (tmp_path / "vllm").write_bytes(b"\x7fELF")
     with pytest.raises(EngineError, match="not a Python console script"):
