@@ -31,9 +31,13 @@ class Launcher(Protocol):
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> EngineProcess: ...
 
 
+OUTPUT_DRAIN_S = 5.0  # how long kill_group waits for the engine's last output to be copied
+
+
 class _Popen:
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], pumps: Sequence[threading.Thread] = ()) -> None:
         self._proc = proc
+        self._pumps = tuple(pumps)
         self.pid = proc.pid
 
     def poll(self) -> int | None:
@@ -44,10 +48,16 @@ class _Popen:
             self._proc.send_signal(sig)
 
     def kill_group(self) -> None:
+        """Kill the engine's process group, then wait (at most ``OUTPUT_DRAIN_S``) for its output
+        to be copied: the last lines of an engine that died (its traceback) must reach the
+        container's log before the sidecar exits."""
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        deadline = time.monotonic() + OUTPUT_DRAIN_S
+        for pump in self._pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
 
 
 class SubprocessLauncher:
@@ -71,8 +81,8 @@ class SubprocessLauncher:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # Popen's pipes (default buffering) are io.BufferedReader, which has read1; typeshed says IO[bytes].
         out, err = cast(io.BufferedReader, proc.stdout), cast(io.BufferedReader, proc.stderr)
-        start_pumps([(out, sys.stdout.buffer), (err, sys.stderr.buffer)], self._on_line)
-        return _Popen(proc)
+        pumps = start_pumps([(out, sys.stdout.buffer), (err, sys.stderr.buffer)], self._on_line)
+        return _Popen(proc, pumps)
 
 
 def exit_code(returncode: int) -> int:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,7 +23,7 @@ from engine_sidecar.startup import (
     pump,
     report_of,
 )
-from engine_sidecar.supervisor import SubprocessLauncher
+from engine_sidecar.supervisor import SubprocessLauncher, Supervisor
 
 # Lines as vLLM 0.32's CPU engine prints them (the worker and EngineCore prefix theirs).
 WEIGHTS_LINE = ("(EngineCore_DP0 pid=812) INFO 12-03 18:02:11 [cpu_model_runner.py:112] Model loading took 0.0041 GiB "
@@ -189,6 +190,21 @@ def test_the_launcher_passes_the_engines_output_through_and_marks_the_launch(cap
     out, err = capfd.readouterr()
     assert WEIGHTS_LINE in out and "to stderr" in err
     assert sorted(seen) == sorted([WEIGHTS_LINE, "to stderr"])
+
+
+def test_an_engine_that_dies_has_its_last_output_copied_before_the_sidecar_returns(capfd):
+    """The traceback of a crashing engine is what its operator reads first: Supervisor.run must not
+    return (and the sidecar exit) while the pumps still hold it."""
+    lines = 8_000  # ~90 kB: more than a pipe buffer holds, written as the process exits
+    script = (f"import sys\nfor i in range({lines}): print(f'line {{i}}', file=sys.stderr)\n"
+              "print('Traceback: the last words', file=sys.stderr)\nsys.exit(3)")
+    # A line reader slower than the writer: when the engine exits, a pipe buffer's worth (~5,000
+    # lines, about a second here) is still to be copied.
+    sup = Supervisor(SubprocessLauncher(on_line=lambda line: time.sleep(0.0002)), grace_period_s=5,
+                     log=lambda m: None, poll_interval_s=0.01)
+    assert sup.run([sys.executable, "-c", script], dict(os.environ)) == 3
+    err = capfd.readouterr().err
+    assert err.count("\n") >= lines + 1 and err.rstrip().endswith("Traceback: the last words")
 
 
 class Models:
