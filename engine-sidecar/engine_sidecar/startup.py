@@ -154,11 +154,18 @@ def pump(source: ChunkSource, sink: IO[bytes], on_line: Callable[[str], None]) -
     """Copy ``source`` to ``sink`` as it arrives (byte for byte, flushed, so ``kubectl logs`` shows
     vLLM's log as before) and hand each complete line to ``on_line``. Lines longer than
     ``MAX_LINE_BYTES`` are passed on but not scanned, so a newline-less stream cannot grow memory.
-    Returns at end of stream; a failing ``on_line`` never stops the copy."""
+    Returns at end of stream; a failing ``on_line`` never stops the copy, and a sink that fails
+    (the container's log closed) is given up while ``source`` is still read to its end — a pipe
+    nobody reads would block the engine on its next write."""
     partial, overlong = b"", False  # overlong: the line in progress was dropped; skip to its end
+    sink_ok = True
     while chunk := source.read1(65536):
-        sink.write(chunk)
-        sink.flush()
+        if sink_ok:
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError):
+                sink_ok = False
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
             if not overlong and len(line) <= MAX_LINE_BYTES:

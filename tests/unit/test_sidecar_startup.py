@@ -174,6 +174,18 @@ def test_pump_keeps_copying_when_the_line_reader_fails():
     assert sink.getvalue() == b"a\nb\nc\n"
 
 
+class BrokenSink(io.BytesIO):
+    def write(self, data) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_broken_sink_is_given_up_but_the_source_is_still_read_to_its_end():
+    source, seen = io.BufferedReader(Chunks([b"a\n", b"b\n", KV_LINE.encode() + b"\n"])), []
+    pump(source, BrokenSink(), seen.append)
+    assert seen == ["a", "b", KV_LINE]
+    assert source.read() == b""
+
+
 def test_the_launcher_passes_the_engines_output_through_and_marks_the_launch(capfd):
     seen: list[str] = []
     launched = threading.Event()
