@@ -223,9 +223,13 @@ def test_an_agent_restarted_between_prepare_and_unprepare_leaves_nothing_behind(
     dra_node.start_agent()  # a new process: what it knows of the claim is the checkpoint
     wait_until(lambda: not dra_node.left_behind(uid), 90, "the kubelet to retry unprepare with the restarted agent",
                context=lambda: f"{dra_node.left_behind(uid)}\n{dra_node.kubelet_tail()}")
+    # The driver logs "unprepared" after removing the spec and saving the checkpoint: wait for the
+    # line rather than reading the log the moment the files are gone (that raced under CI load).
+    unprepared = f"unprepared ResourceClaim {NS}/{name} (uid {uid})"
+    wait_until(lambda: unprepared in dra_node.agent_log().rpartition(f"DRA driver {DRIVER} serving on")[2], 30,
+               "the restarted agent to log the unprepare", context=lambda: dra_node.agent_log()[-2000:])
     since_restart = dra_node.agent_log().rpartition(f"DRA driver {DRIVER} serving on")[2]
     assert f"NodeUnprepareResources: {NS}/{name} ({uid})" in since_restart
-    assert f"unprepared ResourceClaim {NS}/{name} (uid {uid})" in since_restart
     assert dra_node.agent_log().count(f"NodeUnprepareResources: {NS}/{name}") > unprepares_before
     wait_until(lambda: dra_node.gone(name), 60, f"pod {name} gone")
     assert dra_node.checkpointed() == set() and list(dra_node.cluster.cdi_dir.iterdir()) == []
