@@ -151,11 +151,13 @@ def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, s
         print(f"[sidecar] {message}", flush=True)
 
     def on_ready() -> None:
-        if "ready" not in startup.report().events:
-            startup.mark("ready")
+        if startup.mark("ready"):  # the first time only
             log(startup.report().summary())
 
-    launcher = SubprocessLauncher(on_line=startup.observe_line, on_launch=lambda: startup.mark("engine_launched"))
+    def on_launch() -> None:
+        startup.mark("engine_launched")
+
+    launcher = SubprocessLauncher(on_line=startup.observe_line, on_launch=on_launch)
     sup = Supervisor(launcher, args.grace_period, log=log)
     sup.install_signal_handlers()
     probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host

@@ -53,6 +53,8 @@ LOG_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights_loaded", re.compile(r"Model loading took \S+ GiB")),
     ("kv_cache_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took ")),
 )
+_MARKER_WORD = " took "  # in every marker: a substring test spares the regexes nearly every line
+_LAST_LOGGED = LOG_MARKERS[-1][0]  # after it (and "ready", marked by the probe) no line marks anything
 MAX_LINE_BYTES = 64 * 1024  # a longer "line" (a progress bar without newlines) is passed on, not scanned
 
 
@@ -85,16 +87,24 @@ class StartupClock:
         self._lock = threading.Lock()
         self._events: dict[str, float] = {"container_started": container_started}
 
-    def mark(self, event: str) -> None:
+    def mark(self, event: str) -> bool:
+        """Record ``event`` now unless it was already; True when this call recorded it."""
         if event not in EVENTS:
             raise ValueError(f"unknown start-up event {event!r}; known: {', '.join(EVENTS)}")
         now = self._clock()
         with self._lock:
-            self._events.setdefault(event, now)
+            if event in self._events:
+                return False
+            self._events[event] = now
+            return True
 
     def observe_line(self, line: str) -> None:
         """One line of vLLM's output: (re)marks the event whose marker it carries, if any, unless
-        a later event was already seen."""
+        a later event was already seen. Every line of the engine's life passes here (its access
+        log too): once the last log-marked event is in, or for a line without the word all
+        markers share, nothing is searched."""
+        if _MARKER_WORD not in line or _LAST_LOGGED in self._events:
+            return
         for event, marker in LOG_MARKERS:
             if marker.search(line):
                 now = self._clock()

@@ -16,6 +16,8 @@ from fastapi.testclient import TestClient
 from engine_sidecar.readiness import Readiness
 from engine_sidecar.server import SidecarState, create_app
 from engine_sidecar.startup import (
+    _MARKER_WORD,
+    LOG_MARKERS,
     MAX_LINE_BYTES,
     StartupClock,
     own_start_time,
@@ -99,6 +101,12 @@ def test_the_clock_keeps_each_events_first_time_and_reads_vllms_markers():
                                    "kv_cache_ready": 115.0, "ready": 118.0}
     assert report.summary() == ("cold start 18.0s: preflight 3.0s, load_weights 7.0s, profile_kv_cache 5.0s, "
                                 "start_server 3.0s")
+
+
+def test_every_marker_holds_the_word_the_fast_path_tests_for():
+    for line in (INIT_LINE, READ_LINE, WEIGHTS_LINE, KV_LINE):
+        assert _MARKER_WORD in line
+    assert all(_MARKER_WORD in marker.pattern.replace("\\", "") for _, marker in LOG_MARKERS)
 
 
 def test_an_unknown_event_names_the_known_ones():
