@@ -29,6 +29,7 @@ from engine_sidecar.errors import EngineError, InputError
 from engine_sidecar.flags import VllmHelpFlags
 
 KIND = "gpusched.io/vllm-snapshot"
+RECORD_KIND = "gpusched.io/tuning-record"  # engine_sidecar.records.KIND: a record carries its install's snapshot
 
 # Run by the install's own interpreter: JSON-safe defaults as values, others as their repr.
 _SNAPSHOT_SCRIPT = """
@@ -108,13 +109,7 @@ def read_installed(vllm: str, cache_dir: str | None = None, timeout_s: float = 3
     """The snapshot of the install whose console script is ``vllm``: its interpreter (the
     script's ``#!`` line) reads ``EngineArgs``; the flags come from ``VllmHelpFlags`` (cached)."""
     vllm = shutil.which(vllm) or vllm  # "vllm" on PATH as well as a path
-    try:
-        shebang = Path(vllm).read_text(errors="replace").splitlines()[0]
-    except (OSError, IndexError):
-        raise EngineError(f"vLLM executable {vllm!r} not found or empty", "pass the path of the vllm console script") from None
-    if not shebang.startswith("#!"):
-        raise EngineError(f"{vllm}: not a Python console script (no #! line)", "pass the vllm console script of the install")
-    python = shebang[2:].strip().split()[0]
+    python = interpreter(vllm)
     try:
         proc = subprocess.run([python, "-c", _SNAPSHOT_SCRIPT], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -131,8 +126,37 @@ def read_installed(vllm: str, cache_dir: str | None = None, timeout_s: float = 3
     return VllmSnapshot(str(found["version"]), dict(found["defaults"]), flags, vllm)
 
 
+def interpreter(vllm: str) -> str:
+    """The Python of the install whose console script is ``vllm`` (its ``#!`` line)."""
+    vllm = shutil.which(vllm) or vllm
+    try:
+        with open(vllm, "rb") as fh:
+            shebang = fh.readline(4096).decode(errors="replace").strip()
+    except OSError:
+        raise EngineError(f"vLLM executable {vllm!r} not found", "pass the path of the vllm console script") from None
+    if not shebang.startswith("#!") or not shebang[2:].strip():
+        raise EngineError(f"{vllm}: not a Python console script (no #! line)", "pass the vllm console script of the install")
+    return shebang[2:].strip().split()[0]
+
+
+def installed_version(vllm: str, timeout_s: float = 60) -> str:
+    """The version of the install whose console script is ``vllm``, from its package metadata
+    (fast: vLLM itself is not imported)."""
+    python = interpreter(vllm)
+    script = "import importlib.metadata as m; print(m.version('vllm'))"
+    try:
+        proc = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"{python}: could not read vLLM's version ({exc})", "check the install") from None
+    version = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
+    if not version:
+        raise EngineError(f"{python}: vLLM's package metadata is missing (exit {proc.returncode}): {proc.stderr[-300:]}",
+                          "check the install")
+    return version
+
+
 def load(spec: str, cache_dir: str | None = None) -> VllmSnapshot:
-    """``spec`` is a snapshot file (JSON) or a vllm console script."""
+    """``spec`` is a snapshot file (JSON), a tuning record (its ``vllm_snapshot``) or a vllm console script."""
     path = Path(spec)
     if path.suffix == ".json":
         try:
@@ -141,8 +165,21 @@ def load(spec: str, cache_dir: str | None = None) -> VllmSnapshot:
             raise InputError(f"{spec}: unreadable ({exc.strerror})", "pass a snapshot file or a vllm executable") from None
         except ValueError as exc:
             raise InputError(f"{spec}: not JSON ({exc})", "pass a snapshot file written by --snapshot") from None
+        if isinstance(document, dict) and document.get("kind") == RECORD_KIND:
+            return _from_record(document, spec)
         return from_json(document, spec)
     return read_installed(spec, cache_dir)
+
+
+def _from_record(document: dict[str, Any], where: str) -> VllmSnapshot:
+    """The snapshot a tuning record carries: the vLLM its values were measured on."""
+    snapshot = document.get("vllm_snapshot")
+    if not isinstance(snapshot, dict):
+        raise InputError(f"{where}: this tuning record carries no vLLM snapshot (measured without one)",
+                         "diff against a snapshot file written by gpusched tune --snapshot")
+    found = from_json(snapshot, where)
+    return VllmSnapshot(found.version, found.defaults, found.flags,
+                        f"record {where}, measured {document.get('measured_at', '?')}")
 
 
 def render_diff(old: VllmSnapshot, new: VllmSnapshot, changes: list[Change]) -> str:

@@ -1,0 +1,253 @@
+"""A measured tune's decisions, pure: which configurations to try around the heuristic's, and
+which measured one to keep (issue 23, item 1).
+
+The heuristic (``tuning.tune``) is the start point and the fallback. ``candidates`` lists it first,
+then its neighbours, one knob moved at a time before two, cut to a budget (each candidate costs
+the engine a cold start plus the workload):
+
+* ``max_num_seqs`` halved, at 100 % of the KV blocks (the heuristic fills ``KV_FILL``), doubled;
+* ``max_num_batched_tokens`` halved and doubled (never below ``max_num_seqs``: vLLM refuses it);
+* for a profile with a long-prefill threshold, the threshold off.
+
+Each candidate is a set of ``EngineArgs`` overrides; the sidecar re-runs ``tune`` with them, so the
+values derived from a moved knob (the threshold from the step budget) stay consistent and the
+preflight still refuses an impossible one.
+
+``choose`` keeps, among the candidates that served every request: those within the objective's
+latency limits (interactive: TTFT p99 and ITL p99 at most the stated limits, by default the
+heuristic's own measured p99s — a sweep never silently trades latency for throughput), then
+those without preemptions when any has none (a preemption recomputes a prefill: latency nobody
+asked for), then the highest output throughput. A candidate must beat the heuristic's
+throughput by ``NOISE_MARGIN`` to replace it: one run each on a shared machine varies by more
+than a few percent, and the heuristic's values need no measurement to explain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine_sidecar.profiles import WorkloadProfile
+from engine_sidecar.tuning import Tuning
+
+NOISE_MARGIN = 0.05  # a challenger needs > 5 % more throughput than the heuristic
+SWEPT = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold")
+DEFAULT_BUDGET = 6
+HEURISTIC_AGAIN = "heuristic (again)"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration to measure: ``overrides`` (EngineArgs field -> value) on top of the
+    heuristic; none for the heuristic itself."""
+
+    name: str
+    overrides: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def is_heuristic(self) -> bool:
+        return not self.overrides
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate's run of the workload."""
+
+    requests: int
+    completed: int  # requests that returned every asked-for token
+    output_tokens: int
+    wall_s: float
+    throughput_tok_s: float  # output tokens / wall
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p99_s: float  # inter-token latency, p99 over every gap of every request
+    latency_p50_s: float
+    preemptions: int | None  # vllm:num_preemptions_total during the run; None: not exported
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A candidate, the parameters it ran with, and its measurement (or why there is none)."""
+
+    candidate: Candidate
+    params: Mapping[str, object]  # the EngineArgs values the engine got
+    measurement: Measurement | None = None
+    error: str = ""  # the engine did not start, the preflight refused, requests failed
+
+    @property
+    def clean(self) -> bool:
+        m = self.measurement
+        return m is not None and not self.error and m.completed == m.requests
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.candidate.name, "overrides": dict(self.candidate.overrides), "params": dict(self.params),
+                "measurement": self.measurement.to_json() if self.measurement else None, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the sweep optimises: output throughput, within latency limits (seconds; None = the
+    heuristic's own measured p99 for ``latency`` profiles, no limit for ``throughput`` ones)."""
+
+    kind: str  # "throughput" (batch, long-context) | "latency" (interactive)
+    ttft_p99_limit_s: float | None = None
+    itl_p99_limit_s: float | None = None
+
+    @classmethod
+    def of(cls, prof: WorkloadProfile, ttft_p99_limit_s: float | None = None,
+           itl_p99_limit_s: float | None = None) -> Objective:
+        return cls("latency" if prof.name == "interactive" else "throughput", ttft_p99_limit_s, itl_p99_limit_s)
+
+    def limits(self, heuristic: Measurement | None) -> tuple[float | None, float | None]:
+        """The TTFT and ITL p99 limits in force: the stated ones, else (latency objective) the
+        heuristic's measured ones."""
+        if self.kind != "latency":
+            return self.ttft_p99_limit_s, self.itl_p99_limit_s
+        return (self.ttft_p99_limit_s if self.ttft_p99_limit_s is not None else (heuristic.ttft_p99_s if heuristic else None),
+                self.itl_p99_limit_s if self.itl_p99_limit_s is not None else (heuristic.itl_p99_s if heuristic else None))
+
+    def describe(self) -> str:
+        if self.kind == "throughput" and self.ttft_p99_limit_s is None and self.itl_p99_limit_s is None:
+            return "highest output throughput"
+        ttft = f"{self.ttft_p99_limit_s}s" if self.ttft_p99_limit_s is not None else "the heuristic's"
+        itl = f"{self.itl_p99_limit_s}s" if self.itl_p99_limit_s is not None else "the heuristic's"
+        return f"highest output throughput with TTFT p99 <= {ttft} and ITL p99 <= {itl}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    trial: Trial
+    reason: str
+    ranking: tuple[str, ...]  # candidate names, best first, of those that met the objective
+
+
+def candidates(heuristic: Tuning, prof: WorkloadProfile, budget: int = DEFAULT_BUDGET) -> list[Candidate]:
+    """The heuristic first, then its neighbours (module docstring), then — from a budget of 3 —
+    the heuristic again (``HEURISTIC_AGAIN``: its two runs' spread is the noise floor ``choose``
+    uses); at most ``budget`` in all, without duplicate neighbours (one equal to the start point,
+    or to another, is dropped)."""
+    rerun = budget >= 3
+    found = _neighbours(heuristic, prof, budget - 1 if rerun else budget)
+    return found + [Candidate(HEURISTIC_AGAIN)] if rerun and len(found) > 1 else found
+
+
+def _neighbours(heuristic: Tuning, prof: WorkloadProfile, budget: int) -> list[Candidate]:
+    p = heuristic.params
+    seqs, step = p.max_num_seqs or 1, p.max_num_batched_tokens or 1
+    seq_blocks_full = _seqs_at_full_kv(heuristic, prof)
+    moves: list[tuple[str, dict[str, int]]] = [
+        ("max_num_seqs x2", {"max_num_seqs": min(seqs * 2, prof.max_num_seqs_cap)}),
+        ("max_num_seqs at full KV", {"max_num_seqs": seq_blocks_full}),
+        ("max_num_seqs /2", {"max_num_seqs": max(seqs // 2, 1)}),
+        ("max_num_batched_tokens x2", {"max_num_batched_tokens": step * 2}),
+        ("max_num_batched_tokens /2", {"max_num_batched_tokens": max(step // 2, seqs)}),
+    ]
+    if p.long_prefill_token_threshold:
+        moves.append(("long prefill threshold off", {"long_prefill_token_threshold": 0}))
+    moves += [
+        ("max_num_seqs at full KV, max_num_batched_tokens x2", {"max_num_seqs": seq_blocks_full,
+                                                               "max_num_batched_tokens": step * 2}),
+        ("max_num_seqs x2, max_num_batched_tokens x2", {"max_num_seqs": min(seqs * 2, prof.max_num_seqs_cap),
+                                                       "max_num_batched_tokens": step * 2}),
+    ]
+    out = [Candidate("heuristic")]
+    seen = [_effective(p, {})]
+    for name, overrides in moves:
+        if len(out) >= max(budget, 1):
+            break
+        if overrides.get("max_num_batched_tokens", step) < overrides.get("max_num_seqs", seqs):
+            continue  # vLLM: max_num_batched_tokens must be >= max_num_seqs
+        eff = _effective(p, overrides)
+        if eff in seen:
+            continue
+        seen.append(eff)
+        out.append(Candidate(name, overrides))
+    return out
+
+
+def _seqs_at_full_kv(heuristic: Tuning, prof: WorkloadProfile) -> int:
+    """Sequences of the expected length that fit in every KV block (the heuristic leaves 10 %)."""
+    pred, mml = heuristic.prediction, heuristic.params.max_model_len or prof.expected_tokens
+    per_seq = max(min(prof.expected_tokens, mml), 1)
+    seq_blocks = -(-per_seq // max(pred.block_size, 1))
+    return max(1, min(prof.max_num_seqs_cap, pred.kv_blocks // max(seq_blocks, 1)))
+
+
+def _effective(p: Any, overrides: Mapping[str, int]) -> tuple[object, ...]:
+    return tuple(overrides.get(k, getattr(p, k)) for k in SWEPT)
+
+
+def choose(objective: Objective, trials: Sequence[Trial]) -> Choice:
+    """The trial to keep (module docstring). The heuristic's trial must be in ``trials``; when
+    no trial is clean, or none meets the limits, it is kept with the reason why. With two clean
+    heuristic runs, their mean is the baseline and their throughput spread, when above
+    ``NOISE_MARGIN``, the margin a challenger must beat."""
+    runs = [t for t in trials if t.candidate.is_heuristic]
+    if not runs:
+        raise ValueError("choose: the heuristic's trial is missing (candidates() always lists it first)")
+    heuristic = runs[0]
+    clean_runs = [t.measurement for t in runs if t.clean and t.measurement is not None]
+    base = _mean(clean_runs)
+    margin = NOISE_MARGIN
+    if len(clean_runs) > 1 and base is not None and base.throughput_tok_s > 0:
+        tputs = [m.throughput_tok_s for m in clean_runs]
+        margin = max(margin, (max(tputs) - min(tputs)) / base.throughput_tok_s)
+    ttft_limit, itl_limit = objective.limits(base)
+    clean = [t for t in trials if t.clean]
+    if not clean:
+        return Choice(heuristic, "no candidate served every request; keeping the heuristic's values", ())
+
+    def within(m: Measurement) -> bool:
+        return ((ttft_limit is None or m.ttft_p99_s <= ttft_limit) and (itl_limit is None or m.itl_p99_s <= itl_limit))
+
+    heuristic_ok = base is not None and within(base)
+    challengers = [t for t in clean if not t.candidate.is_heuristic and t.measurement and within(t.measurement)]
+    if not challengers and not heuristic_ok:
+        return Choice(heuristic, f"no candidate met {objective.describe()}; keeping the heuristic's values", ())
+    calm = [t for t in challengers if t.measurement and t.measurement.preemptions == 0]
+    heuristic_calm = heuristic_ok and base is not None and base.preemptions == 0
+    if calm or heuristic_calm:
+        challengers, heuristic_ok = calm, heuristic_calm
+    ranked = sorted(challengers, key=lambda t: -_tput(t))
+    names = tuple(t.candidate.name for t in ranked)
+    if heuristic_ok and base is not None:
+        names = tuple(sorted((*names, "heuristic"), key=lambda n: -(base.throughput_tok_s if n == "heuristic" else
+                                                                   _tput(next(t for t in ranked if t.candidate.name == n)))))
+        if not ranked or _tput(ranked[0]) <= base.throughput_tok_s:
+            return Choice(heuristic, f"the heuristic's values measured best ({objective.describe()})", names)
+        best = ranked[0]
+        if _tput(best) <= base.throughput_tok_s * (1 + margin):
+            return Choice(heuristic, f"{best.candidate.name} measured {_tput(best) / base.throughput_tok_s:.2f}x the "
+                          f"heuristic's throughput, within the {margin:.0%} noise margin; keeping the heuristic's values",
+                          names)
+        return Choice(best, f"{best.candidate.name}: {_tput(best):.1f} output tok/s, "
+                      f"{_tput(best) / base.throughput_tok_s:.2f}x the heuristic's (noise margin {margin:.0%}); "
+                      f"{objective.describe()}", names)
+    best = ranked[0]
+    why = "did not qualify" if base is None or not within(base) else "had preemptions"
+    return Choice(best, f"{best.candidate.name}: {_tput(best):.1f} output tok/s (the heuristic's run {why}); "
+                  f"{objective.describe()}", names)
+
+
+def _mean(runs: Sequence[Measurement]) -> Measurement | None:
+    """The heuristic's runs as one: figures averaged, preemptions the most of any run."""
+    if not runs:
+        return None
+    if len(runs) == 1:
+        return runs[0]
+
+    def avg(name: str) -> float:
+        return sum(float(getattr(m, name)) for m in runs) / len(runs)
+
+    pre = [m.preemptions for m in runs if m.preemptions is not None]
+    return Measurement(runs[0].requests, min(m.completed for m in runs), int(avg("output_tokens")), avg("wall_s"),
+                       avg("throughput_tok_s"), avg("ttft_p50_s"), avg("ttft_p99_s"), avg("itl_p99_s"),
+                       avg("latency_p50_s"), max(pre) if pre else None)
+
+
+def _tput(t: Trial) -> float:
+    return t.measurement.throughput_tok_s if t.measurement else 0.0

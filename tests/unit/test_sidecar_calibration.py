@@ -1,0 +1,131 @@
+"""The measured tune's decisions (``engine_sidecar.calibration``): the candidates around the
+heuristic, and which measured one is kept for each objective."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_sidecar.calibration import HEURISTIC_AGAIN, NOISE_MARGIN, Candidate, Measurement, Objective, Trial, candidates, choose
+from engine_sidecar.preflight import plan
+from engine_sidecar.profiles import PROFILES, profile
+from engine_sidecar.tuning import KV_FILL
+from tests.fixtures.sidecar_builders import cpu_gpus, make_inputs, make_tiny
+
+MIB = 1024 * 1024
+
+
+def heuristic(profile_name: str = "batch", kv_bytes: int = 2 * MIB, prompt: int = 100, output: int = 100):
+    inputs = make_inputs(make_tiny(), cpu_gpus(kv_bytes), profile_name)
+    inputs = type(inputs)(**{**inputs.__dict__, "profile": profile(profile_name, prompt, output)})
+    result = plan(inputs)
+    assert result.ok, result.problems
+    return inputs, result.tuning
+
+
+def m(tput: float, ttft: float = 0.5, itl: float = 0.05, preemptions: int | None = 0, completed: int = 32) -> Measurement:
+    return Measurement(requests=32, completed=completed, output_tokens=int(tput * 10), wall_s=10.0, throughput_tok_s=tput,
+                       ttft_p50_s=ttft / 2, ttft_p99_s=ttft, itl_p99_s=itl, latency_p50_s=1.0, preemptions=preemptions)
+
+
+def trial(name: str, measurement: Measurement | None, error: str = "") -> Trial:
+    cand = Candidate("heuristic") if name == "heuristic" else Candidate(name, {"max_num_seqs": len(name)})
+    return Trial(cand, {"max_num_seqs": 7}, measurement, error)
+
+
+def test_the_heuristic_comes_first_then_one_knob_at_a_time_within_the_budget():
+    inputs, tuning = heuristic()
+    p = tuning.params
+    found = candidates(tuning, inputs.profile, budget=20)
+    assert found[0] == Candidate("heuristic")
+    by_name = {c.name: c.overrides for c in found}
+    assert by_name["max_num_seqs x2"] == {"max_num_seqs": p.max_num_seqs * 2}
+    assert by_name["max_num_seqs /2"] == {"max_num_seqs": p.max_num_seqs // 2}
+    # a 200-token sequence takes 2 blocks of 128; the heuristic fills 90 % of the blocks, the neighbour all
+    blocks = tuning.prediction.kv_blocks
+    assert p.max_num_seqs == int(blocks * KV_FILL) // 2 < blocks // 2
+    assert by_name["max_num_seqs at full KV"] == {"max_num_seqs": blocks // 2}
+    assert by_name["max_num_batched_tokens x2"] == {"max_num_batched_tokens": p.max_num_batched_tokens * 2}
+    single = [c for c in found[1:] if len(c.overrides) == 1]
+    assert found[1:len(single) + 1] == single  # one-knob moves before two-knob ones
+    assert "long prefill threshold off" not in by_name  # batch has no threshold to turn off
+    assert found[-1] == Candidate(HEURISTIC_AGAIN)  # measured twice: its spread is the noise floor
+    assert [c.name for c in candidates(tuning, inputs.profile, budget=3)] == ["heuristic", "max_num_seqs x2",
+                                                                               HEURISTIC_AGAIN]
+    assert [c.name for c in candidates(tuning, inputs.profile, budget=2)] == ["heuristic", "max_num_seqs x2"]
+    assert candidates(tuning, inputs.profile, budget=0) == [Candidate("heuristic")]
+
+
+def test_an_interactive_profile_also_tries_the_long_prefill_threshold_off():
+    inputs, tuning = heuristic("interactive", kv_bytes=16 * MIB)
+    assert tuning.params.long_prefill_token_threshold
+    names = {c.name: c.overrides for c in candidates(tuning, inputs.profile, budget=20)}
+    assert names["long prefill threshold off"] == {"long_prefill_token_threshold": 0}
+
+
+def test_no_candidate_repeats_another_or_breaks_vllms_step_rule():
+    inputs, tuning = heuristic(kv_bytes=MIB // 4)  # 2 blocks: one sequence; halving and full-KV collapse onto it
+    found = [c for c in candidates(tuning, inputs.profile, budget=20) if c.name != HEURISTIC_AGAIN]
+    p = tuning.params
+    effective = [(c.overrides.get("max_num_seqs", p.max_num_seqs), c.overrides.get("max_num_batched_tokens",
+                  p.max_num_batched_tokens)) for c in found]
+    assert len(set(effective)) == len(effective), found
+    assert all(tokens >= seqs for seqs, tokens in effective)
+
+
+BATCH = Objective.of(PROFILES["batch"])
+INTERACTIVE = Objective.of(PROFILES["interactive"])
+
+
+@pytest.mark.parametrize(("objective", "trials", "kept", "why"), [
+    pytest.param(BATCH, [trial("heuristic", m(100)), trial("more", m(130))], "more", "1.30x the heuristic",
+                 id="batch-highest-throughput"),
+    pytest.param(BATCH, [trial("heuristic", m(100)), trial("more", m(100 * (1 + NOISE_MARGIN)))], "heuristic",
+                 "noise margin", id="within-the-noise-margin-keeps-the-heuristic"),
+    pytest.param(BATCH, [trial("heuristic", m(100)), trial("more", m(150, preemptions=3))], "heuristic", "measured best",
+                 id="preemptions-lose-to-a-preemption-free-run"),
+    pytest.param(BATCH, [trial("heuristic", m(100, preemptions=2)), trial("more", m(90, preemptions=0))], "more",
+                 "had preemptions", id="a-preemption-free-run-replaces-a-preempting-heuristic"),
+    pytest.param(BATCH, [trial("heuristic", m(100)), trial("more", m(200, completed=31))], "heuristic", "measured best",
+                 id="a-run-with-failed-requests-is-out"),
+    pytest.param(BATCH, [trial("heuristic", None, "exited"), trial("more", None, "exited")], "heuristic",
+                 "no candidate served", id="nothing-measured-falls-back"),
+    pytest.param(INTERACTIVE, [trial("heuristic", m(100, ttft=0.5)), trial("faster", m(140, ttft=0.6))], "heuristic",
+                 "measured best", id="interactive-never-trades-ttft-for-throughput"),
+    pytest.param(INTERACTIVE, [trial("heuristic", m(100, ttft=0.5)), trial("faster", m(140, ttft=0.4))], "faster",
+                 "TTFT p99 <= the heuristic's", id="interactive-within-the-heuristics-latency"),
+    pytest.param(INTERACTIVE, [trial("heuristic", m(100, itl=0.05)), trial("faster", m(140, itl=0.06))], "heuristic",
+                 "measured best", id="interactive-itl-limit-too"),
+    pytest.param(Objective("latency", ttft_p99_limit_s=0.3), [trial("heuristic", m(100, ttft=0.5)),
+                                                              trial("slow", m(80, ttft=0.2))], "slow", "TTFT p99 <= 0.3s",
+                 id="a-stated-limit-the-heuristic-misses"),
+    pytest.param(Objective("latency", ttft_p99_limit_s=0.1), [trial("heuristic", m(100, ttft=0.5)),
+                                                              trial("slow", m(80, ttft=0.2))], "heuristic", "no candidate met",
+                 id="nobody-meets-the-limit"),
+])
+def test_choose_keeps_what_the_objective_asks_for(objective, trials, kept, why):
+    choice = choose(objective, trials)
+    assert choice.trial.candidate.name == kept
+    assert why in choice.reason
+
+
+def test_two_heuristic_runs_set_the_baseline_and_the_noise_margin():
+    again = Trial(Candidate(HEURISTIC_AGAIN), {"max_num_seqs": 7}, m(120))
+    # mean 100, spread 40/100 = 40 %: 130 is within the noise, 160 is not
+    kept = choose(BATCH, [trial("heuristic", m(80)), trial("more", m(130)), again])
+    assert kept.trial.candidate.name == "heuristic" and "within the 40% noise margin" in kept.reason
+    won = choose(BATCH, [trial("heuristic", m(80)), trial("more", m(160)), again])
+    assert won.trial.candidate.name == "more" and "1.60x the heuristic's (noise margin 40%)" in won.reason
+    # interactive: the limits are the two runs' mean (0.5 s), not the first run's 0.4 s
+    assert choose(INTERACTIVE, [trial("heuristic", m(80, ttft=0.4)), trial("more", m(200, ttft=0.45)),
+                                Trial(Candidate(HEURISTIC_AGAIN), {}, m(80, ttft=0.6))]).trial.candidate.name == "more"
+
+
+def test_choose_needs_the_heuristic_trial():
+    with pytest.raises(ValueError, match="heuristic"):
+        choose(BATCH, [trial("more", m(1))])
+
+
+def test_the_default_interactive_limits_are_the_heuristics_own_measurement():
+    assert INTERACTIVE.limits(m(1, ttft=0.7, itl=0.03)) == (0.7, 0.03)
+    assert BATCH.limits(m(1, ttft=0.7)) == (None, None)
+    assert Objective.of(PROFILES["interactive"], 0.2).limits(m(1, ttft=0.7, itl=0.03)) == (0.2, 0.03)
