@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
 
     tune.add_parser(sub)
     claim.add_parser(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    measure_args = tune.split_measure(argv)
     args = p.parse_args(argv)
+    if args.command == "tune":
+        args.measure = measure_args
     if args.command == "claim":
         text, code = claim.run(args)
         print(text, file=sys.stdout if code == 0 else sys.stderr)
@@ -44,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         except SidecarError as exc:
             print(f"gpusched tune: {exc}" + (f" ({exc.fix})" if exc.fix else ""), file=sys.stderr)
             return 1
-        print(text)
+        if text:
+            print(text)
         return code
     try:
         if args.command == "explain":

@@ -20,16 +20,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engine_sidecar.errors import Problem, SidecarError
+from engine_sidecar.calibration import DEFAULT_BUDGET, Objective
+from engine_sidecar.errors import InputError, Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
 from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
+from engine_sidecar.measure import SweepResult
 from engine_sidecar.modelinfo import load_model_dir
 from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, check_share_known, read_pod_info
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
+from engine_sidecar.records import DirectoryRecords, RecordKey, TuningRecord, apply_record, from_json, profile_label, record_of
+from engine_sidecar.records import render as records_render
 from engine_sidecar.share import SHARE_HEADROOM_BYTES
 from engine_sidecar.startup import StartupClock, own_start_time
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
+from engine_sidecar.vllm_snapshot import installed_version
+from engine_sidecar.workload import Workload, load_trace
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 HTTP_STOP_TIMEOUT_S = 5.0
@@ -65,6 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-period", type=int, default=30, help="seconds the engine gets to drain after SIGTERM")
     p.add_argument("--flags-cache", help="where the installed vLLM's flag list is cached (default: ~/.cache/gpusched)")
     p.add_argument("--dry-run", action="store_true", help="print the tuning and the vllm command, start nothing")
+    m = p.add_argument_group("measured tuning", "records of measured sweeps (engine_sidecar.records); the heuristic "
+                             "is the start point and the fallback")
+    m.add_argument("--records", default=os.environ.get("GPUSCHED_TUNING_RECORDS"), metavar="DIR",
+                   help="directory of tuning records (a mounted ConfigMap): a record for this engine's shape is used "
+                   "instead of the heuristic's values (default: $GPUSCHED_TUNING_RECORDS)")
+    m.add_argument("--calibrate", action="store_true",
+                   help="no record for this shape: measure candidates on the real engine first, keep the best, write "
+                   "the record to --records when it is writable (opt-in: it costs one cold start per candidate)")
+    m.add_argument("--calibrate-only", action="store_true", help="measure, write the record, print it, exit (a Job)")
+    m.add_argument("--calibrate-budget", type=int, default=DEFAULT_BUDGET,
+                   help="candidates to measure, the heuristic's included (default: %(default)s)")
+    m.add_argument("--calibrate-requests", type=int, default=32, help="requests per candidate (default: %(default)s)")
+    m.add_argument("--calibrate-concurrency", type=int,
+                   help="clients sending them (default: all at once for batch, 8 otherwise)")
+    m.add_argument("--calibrate-trace", metavar="JSONL", help="a recorded request trace instead (engine_sidecar.workload)")
+    m.add_argument("--ttft-p99-limit", type=float, metavar="S", help="latency limit of the pick (interactive default: "
+                   "the heuristic's measured TTFT p99)")
+    m.add_argument("--itl-p99-limit", type=float, metavar="S", help="likewise for the inter-token latency p99")
+    m.add_argument("--calibrate-ready-timeout", type=float, default=300.0, help="seconds a candidate engine gets to start")
     return p
 
 
@@ -112,35 +137,193 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     result = plan(inputs)
     if not result.ok or result.tuning is None:
         return refuse(args.termination_log, list(result.problems))
-    tuning = result.tuning
+    heuristic = result.tuning
 
     accepted = VllmHelpFlags(args.vllm, args.flags_cache).flags()
-    rendered = render(((f, v) for f, v, _ in tuning.items()), accepted)
     served = args.served_model_name or Path(args.model_dir).name
-    engine_argv = [args.vllm, "serve", args.model or args.model_dir, "--host", args.engine_host,
-                   "--port", str(args.engine_port), "--served-model-name", served, *rendered.args, *passthrough]
-    notes = list(pod.notes) + list(tuning.notes)
+    prof = inputs.profile
+    notes = list(pod.notes) + list(heuristic.notes)
     if pod.metrics_port is None:
         notes.append(f"annotation {METRICS_PORT} is not set; set it to \"{args.engine_port}\" in the pod template "
                      "so the node agent scrapes the engine")
     elif pod.metrics_port != args.engine_port:
         notes.append(f"annotation {METRICS_PORT}={pod.metrics_port} but the engine serves /metrics on "
                      f"{args.engine_port}: fix one of them")
-    report = build_report(tuning, rendered, accepted, engine_argv, args, served, pod.metrics_port, notes, gpus.source)
-    if pod.memory_share is not None and gpus.kind == "gpu":
-        report["share"] = share_report(pod.memory_share, gpus, tuning)
+
+    def command(tuning: Tuning) -> tuple[list[str], Any, dict[str, str]]:
+        rendered = render(((f, v) for f, v, _ in tuning.items()), accepted)
+        argv = [args.vllm, "serve", args.model or args.model_dir, "--host", args.engine_host,
+                "--port", str(args.engine_port), "--served-model-name", served, *rendered.args, *passthrough]
+        env = dict(os.environ)
+        if tuning.params.kv_cache_memory_bytes is not None and "kv_cache_memory_bytes" not in {
+                n.field for n in rendered.not_passed}:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override the rendered flag
+        return argv, rendered, env
+
+    def reporting(tuning: Tuning, measured: dict[str, Any]) -> dict[str, Any]:
+        argv, rendered, _ = command(tuning)
+        report = build_report(tuning, rendered, accepted, argv, args, served, pod.metrics_port,
+                              notes + [n for n in tuning.notes if n not in notes], gpus.source)
+        if pod.memory_share is not None and gpus.kind == "gpu":
+            report["share"] = share_report(pod.memory_share, gpus, tuning)
+        report["measured"] = measured
+        return report
+
+    key = None
+    store = DirectoryRecords(args.records) if args.records else None
+    tuning, measured = heuristic, {"used": False, "reason": "no --records directory: the heuristic's values"}
+    if store is not None or args.calibrate or args.calibrate_only:
+        key = RecordKey(served, gpu_product(gpus), heuristic.params.tensor_parallel_size,
+                        heuristic.params.pipeline_parallel_size, installed_version(args.vllm),
+                        profile_label(prof.name, prof.prompt_tokens, prof.output_tokens,
+                                      PROFILES[prof.name].prompt_tokens, PROFILES[prof.name].output_tokens))
+        tuning, measured = use_record(store, key, inputs, heuristic, args.calibrate_only)
+    sweep_needed = key is not None and not measured["used"] and (args.calibrate or args.calibrate_only)
+    if sweep_needed:
+        measured = {**measured, "reason": measured["reason"] + "; calibrating"}
+    report = reporting(tuning, measured)
     print_summary(report)
     if args.dry_run:
-        print(json.dumps({"argv": engine_argv}, indent=None))
+        if sweep_needed:
+            print(f"[sidecar] would calibrate: {args.calibrate_budget} candidate(s) for record {key.name if key else ''}")
+        print(json.dumps({"argv": command(tuning)[0]}, indent=None))
         return 0
-    env = dict(os.environ)
-    if tuning.params.kv_cache_memory_bytes is not None and "kv_cache_memory_bytes" not in {n.field for n in rendered.not_passed}:
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override the rendered flag
-    return supervise(args, engine_argv, env, served, report, startup)
+    workload = (load_trace(args.calibrate_trace, args.calibrate_concurrency or 64) if args.calibrate_trace
+                else Workload.of(prof, args.calibrate_requests, args.calibrate_concurrency))
+    objective = Objective.of(prof, args.ttft_p99_limit, args.itl_p99_limit)
+
+    def calibrate(progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
+        """Sweep, keep the record; None when stopped (SIGTERM) before it ended."""
+        assert key is not None
+        result = run_sweep(args, inputs, heuristic, command, served, workload, objective, progress, should_stop)
+        if result.stopped:
+            return None
+        record = record_of(key, result.trials, result.choice, result.chosen, objective, workload,
+                           result.heuristic.prediction.kv_tokens, now_iso(), snapshot_or_none(args, progress))
+        where = store_record(store, record, progress)
+        applied = apply_record(inputs, heuristic, record) or heuristic
+        info = {"used": True, "record": record.to_json(), "key": key.name, "stored": where,
+                "reason": f"calibrated now ({result.wall_s:.0f}s, {len(result.trials)} candidates): {result.choice.reason}"}
+        return applied, info
+
+    if args.calibrate_only:
+        if not sweep_needed:
+            print(f"[sidecar] record {key.name if key else ''} exists; nothing to measure")
+            return 0
+        done = calibrate(lambda m: print(f"[sidecar] {m}", flush=True), lambda: False)
+        if done is None:
+            return 1
+        print(records_render(from_json(done[1]["record"], "calibration")), flush=True)
+        return 0
+    return supervise(args, command, served, report, startup, tuning,
+                     (lambda progress, stop: _calibrated(calibrate(progress, stop), reporting)) if sweep_needed else None)
 
 
-def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, str], served: str, report: dict[str, Any],
-              startup: StartupClock) -> int:
+def _calibrated(done: tuple[Tuning, dict[str, Any]] | None, reporting: Any) -> tuple[Tuning, dict[str, Any]] | None:
+    if done is None:
+        return None
+    tuning, info = done
+    return tuning, reporting(tuning, info)
+
+
+def gpu_product(gpus: GpuSet) -> str:
+    """The record key's GPU: the product name (tensor-parallel GPUs are alike), "cpu" for the CPU engine."""
+    if gpus.kind == "cpu" or not gpus.gpus:
+        return "cpu"
+    return sorted({g.name for g in gpus.gpus})[0]
+
+
+def use_record(store: DirectoryRecords | None, key: RecordKey, inputs: TuningInputs, heuristic: Tuning,
+               quiet: bool = False) -> tuple[Tuning, dict[str, Any]]:
+    """The record's tuning when one exists for ``key`` and still fits this engine, else the heuristic,
+    with the reason either way (a record that cannot be read is reported, never fatal)."""
+    if store is None:
+        return heuristic, {"used": False, "key": key.name, "reason": "no --records directory"}
+    try:
+        record = store.get(key)
+    except InputError as exc:
+        return heuristic, {"used": False, "key": key.name, "reason": f"record unreadable: {exc}"}
+    if record is None:
+        return heuristic, {"used": False, "key": key.name, "reason": f"no record {key.name} in {store.path}"}
+    if not record.fits(heuristic.prediction.kv_tokens):
+        return heuristic, {"used": False, "key": key.name,
+                           "reason": f"record {key.name} was measured with a {record.kv_tokens:,}-token KV cache, this "
+                           f"engine has {heuristic.prediction.kv_tokens:,}: another shape, not used"}
+    applied = apply_record(inputs, heuristic, record)
+    if applied is None:
+        return heuristic, {"used": False, "key": key.name,
+                           "reason": f"record {key.name}: its values are refused by the preflight now; not used"}
+    return applied, {"used": True, "key": key.name, "record": record.to_json(),
+                     "reason": f"record {key.name} (measured {record.measured_at}): {record.reason}"}
+
+
+def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning, command: Any, served: str,
+              workload: Workload, objective: Objective, progress: Any, should_stop: Any) -> SweepResult:
+    import tempfile
+
+    from engine_sidecar.loadgen import LoadGenerator
+    from engine_sidecar.measure import ProcessEngine, Sweep
+    from engine_sidecar.readiness import HttpModelsClient
+
+    probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
+    base = f"http://{probe_host}:{args.engine_port}"
+    models = HttpModelsClient(base)
+
+    def listed() -> bool:
+        try:
+            return served in models.served_models()
+        except (OSError, ValueError):
+            return False
+
+    logs = Path(tempfile.mkdtemp(prefix="gpusched-calibrate-"))
+
+    class Starter:
+        def start(self, tuning: Tuning, name: str) -> ProcessEngine:
+            argv, _, env = command(tuning)
+            progress(f"  starting {' '.join(redact_argv(argv[1:]))}")
+            return ProcessEngine(argv, env, logs / f"{len(list(logs.iterdir()))}.log", listed, args.grace_period)
+
+    sweep = Sweep(inputs, Starter(), LoadGenerator(base, served), workload, objective, args.calibrate_budget,
+                  args.calibrate_ready_timeout, progress, should_stop)
+    progress(f"calibrating {served}: {workload.name}; objective {objective.describe()}")
+    return sweep.run(heuristic)
+
+
+def snapshot_or_none(args: argparse.Namespace, progress: Any) -> dict[str, Any] | None:
+    """The install's vLLM snapshot for the record (what ``--diff`` compares); None if unreadable."""
+    from engine_sidecar import vllm_snapshot
+
+    try:
+        return vllm_snapshot.read_installed(args.vllm, args.flags_cache).to_json()
+    except SidecarError as exc:
+        progress(f"note: the record carries no vLLM snapshot ({exc})")
+        return None
+
+
+def store_record(store: DirectoryRecords | None, record: TuningRecord, progress: Any) -> str | None:
+    if store is None:
+        progress("note: no --records directory; the record is only served at GET /tuning/record")
+        return None
+    try:
+        where = store.put(record)
+    except OSError as exc:
+        progress(f"note: could not write the record to {store.path} ({exc.strerror}; a mounted ConfigMap is read-only): "
+                 f"it is served at GET /tuning/record; save it as {record.key.name}.json into the records ConfigMap")
+        return None
+    progress(f"record written: {where}")
+    return where
+
+
+def now_iso() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def supervise(args: argparse.Namespace, command: Any, served: str, report: dict[str, Any], startup: StartupClock,
+              tuning: Tuning, calibrate: Any = None) -> int:
+    """Serve the sidecar's endpoints, run ``calibrate`` first when given (it returns the measured
+    tuning and its report, or None when a signal stopped it), then start and supervise the engine."""
     import uvicorn
 
     from engine_sidecar.readiness import HttpModelsClient, Readiness
@@ -169,13 +352,28 @@ def supervise(args: argparse.Namespace, engine_argv: list[str], env: dict[str, s
             return "starting"
         return "running" if sup.running else "exited"
 
-    server = uvicorn.Server(uvicorn.Config(create_app(SidecarState(readiness, engine_state, report, startup)), host=args.host,
+    state = SidecarState(readiness, engine_state, report, startup)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host,
                                            port=args.port, log_level="warning", lifespan="off"))
     http = threading.Thread(target=server.run, name="sidecar-http", daemon=True)
     http.start()
-    readiness.start()
     try:
-        return sup.run(engine_argv, env)
+        if calibrate is not None:
+            def progress(message: str) -> None:
+                if message.startswith("calibrating"):
+                    readiness.reason = message
+                log(message)
+
+            done = calibrate(progress, sup.stopping)
+            if done is None:
+                log("stopped while calibrating; no engine started")
+                return 0
+            tuning, measured_report = done
+            state.report = measured_report
+            print_summary(measured_report)
+        argv, _, env = command(tuning)
+        readiness.start()
+        return sup.run(argv, env)
     finally:
         readiness.stop()
         server.should_exit = True
@@ -248,6 +446,9 @@ def print_summary(report: dict[str, Any]) -> None:
                      f"{sh['gpu_memory_utilization']} = vLLM budget {sh['vllm_budget_bytes'] / 2**30:.2f} GiB of "
                      f"{sh['gpu_total_bytes'] / 2**30:.2f} GiB ({sh['headroom_bytes'] / 2**30:.2f} GiB headroom "
                      "for the CUDA context)")
+    measured = report.get("measured") or {}
+    if measured.get("key"):
+        lines.append(f"[sidecar] {'measured values' if measured.get('used') else 'heuristic values'}: {measured['reason']}")
     lines += [f"[sidecar] note: {n}" for n in report["notes"]]
     print("\n".join(lines), flush=True)
 

@@ -5,6 +5,7 @@
 | ``GET /live`` | the engine process is running (or not started yet) | ``{"status": ...}`` |
 | ``GET /ready`` | vLLM's ``/v1/models`` lists the served model (else 503) | ``{"ready": bool, "reason": str}`` |
 | ``GET /tuning`` | always | the parameters with reasons, what was not passed and why, the KV prediction, the metrics port |
+| ``GET /tuning/record`` | a measured record is in use | the tuning record (``engine_sidecar.records``), 404 otherwise |
 | ``GET /startup`` | always | the cold start in stages (``startup.StartupReport``); ``complete`` once ready |
 | ``GET /metrics`` | always | the same as Prometheus gauges (``gpusched_engine_startup_*``); vLLM's own are on its port |
 """
@@ -26,7 +27,7 @@ from engine_sidecar.startup import StartupClock, StartupCollector
 class SidecarState:
     readiness: Readiness
     engine_state: Callable[[], str]  # "starting" | "running" | "exited"
-    report: Mapping[str, Any]
+    report: Mapping[str, Any]  # replaced once when a calibration ends
     startup: StartupClock
 
 
@@ -47,6 +48,14 @@ def create_app(state: SidecarState) -> FastAPI:
     @app.get("/tuning")
     def tuning() -> JSONResponse:
         return JSONResponse(dict(state.report))
+
+    @app.get("/tuning/record")
+    def tuning_record() -> JSONResponse:
+        record = (state.report.get("measured") or {}).get("record")
+        if record is None:
+            return JSONResponse({"error": "no measured record in use", "reason": (state.report.get("measured") or {})
+                                 .get("reason", "")}, status_code=404)
+        return JSONResponse(record)
 
     @app.get("/startup")
     def startup() -> JSONResponse:

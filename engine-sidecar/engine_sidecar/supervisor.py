@@ -107,6 +107,10 @@ class Supervisor:
         self._stop_signal = sig
         self._stop.set()
 
+    def stopping(self) -> bool:
+        """Whether a stop was requested (SIGTERM/SIGINT): work before the engine (a calibration) ends early."""
+        return self._stop.is_set()
+
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: self.request_stop(s))
