@@ -1,36 +1,37 @@
-"""Sidecar-tuned vLLM parameters vs vLLM's defaults on the real CPU engine (not a test).
+"""vLLM's defaults vs the sidecar's heuristic vs its measured tune, on the real CPU engine (not a test).
 
-Both runs serve the tiny random-weight model (tests/engine/make_tiny_model.py) with the SAME
-KV-cache budget — deliberately small, so KV pressure decides the outcome — and receive the same
-fixed request mix, all at once: ``REQUESTS`` completions of ``PROMPT_TOKENS`` token-id prompts
-generating exactly ``OUTPUT_TOKENS`` tokens (``ignore_eos``), streamed to time the first token.
+Every configuration serves the tiny random-weight model (tests/engine/make_tiny_model.py) with the
+SAME KV-cache budget — deliberately small, so KV pressure decides the outcome — and the same
+workload, sent by the sidecar's own load generator (``engine_sidecar.loadgen``, the one the
+measured tune uses): ``REQUESTS`` streamed completions of ``PROMPT_TOKENS`` token-id prompts
+generating exactly ``OUTPUT_TOKENS`` tokens (``ignore_eos``). Two profiles:
 
-* ``tuned``: ``python -m engine_sidecar --profile batch --prompt-tokens P --output-tokens O``
-  (max_num_seqs sized so the running sequences fit the KV cache at these lengths).
-* ``defaults``: ``vllm serve`` with only the KV budget and the CPU-engine flags.
+* ``batch``: all requests at once; the objective is output throughput.
+* ``interactive``: ``INTERACTIVE_CONCURRENCY`` clients; the objective is TTFT/ITL p99, then throughput.
 
-Reported per run: output-token throughput, TTFT p50/p99, request latency p50, and
-``vllm:num_preemptions_total`` scraped after the mix. Results: bench/results/engine_sidecar.json.
+Per profile, three configurations:
 
-One run of each says little on a shared machine: three runs of the same commit gave ratios of
-0.78, 1.27 and 1.04 (issue 23), and running tuned first and defaults second lets the machine's
-phase decide. So each configuration runs ``--repeats`` times (default 5), **interleaved** — round
-k runs tuned then defaults when k is even, defaults then tuned when odd — and the headline is the
-median of the per-round ratios with their min–max (:func:`summarize`).
+* ``defaults``: ``vllm serve`` with only the KV budget and the CPU-engine flags;
+* ``heuristic``: ``python -m engine_sidecar --profile P --prompt-tokens .. --output-tokens ..``;
+* ``measured``: the same sidecar with ``--records DIR`` holding the record of one measured tune,
+  run first (``--calibrate-only``, ``CALIBRATE_BUDGET`` engine runs, the benchmark's workload).
 
-    .venv/bin/python -m bench.engine_sidecar              # 5 rounds, ~12 minutes on 2 cores
-    .venv/bin/python -m bench.engine_sidecar --quick      # 1 round of 8 requests, prints only
+One run each says little on a shared machine (three runs of one commit gave ratios of 0.78, 1.27
+and 1.04, issue 23), so each configuration runs ``--repeats`` times (default 5) **interleaved**:
+round k runs the three in an order rotated by k, and the headline is the median of the per-round
+ratios (against that round's defaults) with their min–max (:func:`summarize`).
+
+    .venv/bin/python -m bench.engine_sidecar              # both profiles, 5 rounds: ~35 minutes on 2 cores
+    .venv/bin/python -m bench.engine_sidecar --quick      # batch only, 1 round, budget 2, prints only
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import os
 import platform
-import re
 import signal
 import socket
 import statistics
@@ -39,15 +40,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "engine-sidecar"))
+from engine_sidecar.loadgen import LoadGenerator  # noqa: E402 (the sidecar's package, not installed in .venv)
+from engine_sidecar.records import DirectoryRecords  # noqa: E402
+from engine_sidecar.workload import Request, Workload  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "engine_sidecar.json"
 KV_BYTES = 2 * 1024 * 1024  # 2,048 float32 tokens of the tiny model = 16 blocks of 128
 REQUESTS = 32
 PROMPT_TOKENS = 100
 OUTPUT_TOKENS = 100
+INTERACTIVE_CONCURRENCY = 8
+CALIBRATE_BUDGET = 6  # engine runs of the measured tune: the heuristic, 4 neighbours, the heuristic again
+CONFIGS = ("defaults", "heuristic", "measured")
+PROFILE_NAMES = ("batch", "interactive")
 EXTRA = ["--load-format", "dummy", "--enforce-eager", "--dtype", "float32"]  # float32: see make_tiny_model.py
 
 
@@ -71,43 +82,17 @@ def _setup(scratch: Path) -> tuple[Path, Path, dict[str, str]]:
     return python.parent / "vllm", model, env
 
 
-async def _one(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float, int]:
-    prompt = [(7 * i + j) % 900 + 10 for j in range(PROMPT_TOKENS)]
-    start = time.perf_counter()
-    ttft, tokens = None, 0
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and ttft is None:
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return ttft or float("nan"), time.perf_counter() - start, tokens
+def workload(profile: str, requests: int) -> Workload:
+    concurrency = requests if profile == "batch" else min(INTERACTIVE_CONCURRENCY, requests)
+    return Workload(f"{profile} {requests} x {PROMPT_TOKENS}/{OUTPUT_TOKENS} tokens, {concurrency} at once",
+                    (Request(PROMPT_TOKENS, OUTPUT_TOKENS),) * requests, concurrency)
 
 
-async def _mix(url: str, requests: int) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=600) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(_one(client, url, i) for i in range(requests)))
-        wall = time.perf_counter() - start
-    ttfts = sorted(r[0] for r in results)
-    tokens = sum(r[2] for r in results)
-    return {"wall_s": round(wall, 2), "output_tokens": tokens, "throughput_tok_s": round(tokens / wall, 1),
-            "ttft_p50_s": round(statistics.median(ttfts), 3),
-            "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3),
-            "latency_p50_s": round(statistics.median(r[1] for r in results), 3)}
-
-
-def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log: Path,
-         requests: int = REQUESTS) -> dict[str, object]:
+def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log: Path, load: Workload) -> dict[str, Any]:
+    """Start one configuration, wait for /v1/models, warm it up, measure ``load``, stop it."""
     url = f"http://127.0.0.1:{engine_port}"
     with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         try:
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
@@ -121,106 +106,172 @@ def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log:
                 time.sleep(0.5)
             else:
                 raise RuntimeError(f"{name}: not ready in 300 s\n{log.read_text()[-3000:]}")
-            result: dict[str, object] = asyncio.run(_mix(url, requests))
-            metrics = httpx.get(url + "/metrics", timeout=10).text
-            m = re.search(r"^vllm:num_preemptions_total\{[^}]*\} ([\d.e+]+)", metrics, re.M)
-            result["num_preemptions_total"] = int(float(m.group(1))) if m else None
-            args = re.search(r"non-default args: (\{.*\})", log.read_text())
-            result["engine_args"] = args.group(1) if args else None
+            gen = LoadGenerator(url, "tiny")
+            gen.run(Workload("warm-up", (Request(16, 2),), 1))  # the same warm-up the tune gives
+            m = gen.run(load)
+            if m.completed != m.requests:
+                raise RuntimeError(f"{name}: {m.requests - m.completed} of {m.requests} requests failed")
+            result: dict[str, Any] = {"throughput_tok_s": m.throughput_tok_s, "ttft_p50_s": m.ttft_p50_s,
+                                      "ttft_p99_s": m.ttft_p99_s, "itl_p99_s": m.itl_p99_s,
+                                      "latency_p50_s": m.latency_p50_s, "num_preemptions_total": m.preemptions,
+                                      "wall_s": m.wall_s, "output_tokens": m.output_tokens}
+            text = log.read_text(errors="replace")
+            marker = "non-default args: "
+            at = text.find(marker)
+            result["engine_args"] = text[at + len(marker):text.find("\n", at)].strip() if at >= 0 else None
+            result["calibrated_here"] = "calibrating" in text  # must be False: the measured config reuses its record
             return result
         finally:
-            proc.send_signal(signal.SIGTERM)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    pass
             try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _ratios(rounds: list[dict[str, dict]], config: str, key: str) -> list[float]:
+    return [r[config][key] / r["defaults"][key] for r in rounds if r["defaults"][key]]
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def summarize(rounds: list[dict[str, dict]]) -> dict[str, object]:
-    """Pure: per-round ratios (tuned / defaults, each round's pair run back to back) of throughput
-    and TTFT p99, their median and min–max, and each configuration's preemptions per round."""
-    tput = [r["tuned"]["throughput_tok_s"] / r["defaults"]["throughput_tok_s"] for r in rounds]
-    ttft = [r["tuned"]["ttft_p99_s"] / r["defaults"]["ttft_p99_s"] for r in rounds]
+    """Pure: per round, each configuration's throughput and TTFT p99 over that round's defaults;
+    their median and min–max per configuration; each configuration's preemptions per round."""
+    configs = [c for c in CONFIGS if c != "defaults" and all(c in r for r in rounds)]
+    out: dict[str, object] = {"rounds": len(rounds)}
+    for c in configs:
+        tput, ttft = _ratios(rounds, c, "throughput_tok_s"), _ratios(rounds, c, "ttft_p99_s")
+        out[c] = {"throughput_ratio": _spread(tput), "ttft_p99_ratio": _spread(ttft),
+                  "throughput_ratio_per_round": [round(v, 3) for v in tput],
+                  "ttft_p99_ratio_per_round": [round(v, 3) for v in ttft]}
+    out["preemptions"] = {c: [r[c]["num_preemptions_total"] for r in rounds] for c in ("defaults", *configs)}
+    return out
 
-    def spread(values: list[float]) -> dict[str, float]:
-        return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
-    return {"rounds": len(rounds), "throughput_ratio": spread(tput), "ttft_p99_ratio": spread(ttft),
-            "throughput_ratio_per_round": [round(v, 3) for v in tput],
-            "preemptions": {name: [r[name]["num_preemptions_total"] for r in rounds] for name in ("tuned", "defaults")}}
-
-
-def headline(summary: dict) -> list[dict[str, object]]:
-    """The figures bench.report puts in the README table. No target for the heuristic: the issue's
-    targets are the measured tune's (issue 23, item 1), which this benchmark does not run yet."""
-    n, t, f = summary["rounds"], summary["throughput_ratio"], summary["ttft_p99_ratio"]
-    pre = summary["preemptions"]
-    tuned_preemptions = [x for x in pre["tuned"] if x is not None]
-    rows: list[dict[str, object]] = [
-        {"metric": f"throughput, sidecar-tuned / vLLM defaults, median of {n} interleaved rounds (CPU engine, same KV cache)",
-         "measured": t["median"], "unit": "ratio", "target": "—", "met": None,
-         "anchor": f"min–max {t['min']}–{t['max']}; per round {summary['throughput_ratio_per_round']}"},
-        {"metric": f"TTFT p99, sidecar-tuned / vLLM defaults, median of {n} interleaved rounds",
-         "measured": f["median"], "unit": "ratio", "target": "—", "met": None, "anchor": f"min–max {f['min']}–{f['max']}"},
-    ]
-    if tuned_preemptions:  # vLLM exported the counter
-        rows.append({"metric": f"preemptions per run, sidecar-tuned, most of {n} runs", "measured": max(tuned_preemptions),
-                     "unit": "", "target": "—", "met": None,
-                     "anchor": f"per run: tuned {pre['tuned']}, defaults {pre['defaults']}"})
+def headline(summaries: dict[str, dict]) -> list[dict[str, object]]:
+    """The figures bench.report puts in the README table. The targets (issue 23) are the measured
+    tune's: batch throughput >= 1.2x defaults, interactive TTFT p99 <= defaults, 0 preemptions."""
+    rows: list[dict[str, object]] = []
+    for profile, summary in summaries.items():
+        n = summary["rounds"]
+        pre = summary["preemptions"]
+        for config in ("heuristic", "measured"):
+            if config not in summary:
+                continue
+            t, f = summary[config]["throughput_ratio"], summary[config]["ttft_p99_ratio"]
+            tput_target = profile == "batch" and config == "measured"
+            ttft_target = profile == "interactive" and config == "measured"
+            rows.append({"metric": f"{profile}: throughput, {config} / vLLM defaults, median of {n} interleaved rounds",
+                         "measured": t["median"], "unit": "ratio", "target": ">= 1.2" if tput_target else "—",
+                         "met": (t["median"] >= 1.2) if tput_target else None,
+                         "anchor": f"min–max {t['min']}–{t['max']}; per round {summary[config]['throughput_ratio_per_round']}"})
+            rows.append({"metric": f"{profile}: TTFT p99, {config} / vLLM defaults, median of {n} interleaved rounds",
+                         "measured": f["median"], "unit": "ratio", "target": "<= 1.0" if ttft_target else "—",
+                         "met": (f["median"] <= 1.0) if ttft_target else None,
+                         "anchor": f"min–max {f['min']}–{f['max']}; per round {summary[config]['ttft_p99_ratio_per_round']}"})
+        measured = [x for x in pre.get("measured", []) if x is not None]
+        if measured:  # vLLM exported the counter
+            rows.append({"metric": f"{profile}: preemptions per run, measured tune, most of {n} runs",
+                         "measured": max(measured), "unit": "", "target": "0", "met": max(measured) == 0,
+                         "anchor": "per run: " + ", ".join(f"{c} {pre[c]}" for c in pre)})
     return rows
+
+
+def why_not_met(rows: list[dict[str, object]], records: dict[str, dict]) -> str | None:
+    missed = [str(r["metric"]) for r in rows if r["met"] is False]
+    if not missed:
+        return None
+    picks = "; ".join(f"{p}: measured tune kept {rec.get('chosen')} ({rec.get('reason')})" for p, rec in records.items())
+    return f"not met: {', '.join(missed)}. {picks}"
+
+
+def _orders(k: int) -> tuple[str, ...]:
+    """Round k's order: CONFIGS rotated by k, so each configuration runs first, second and third."""
+    return tuple(CONFIGS[(i + k) % len(CONFIGS)] for i in range(len(CONFIGS)))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 round of 8 requests, print only (results file untouched)")
+    ap.add_argument("--quick", action="store_true", help="batch only, 1 round of 8 requests, budget 2, print only")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default: %(default)s)")
+    ap.add_argument("--profiles", default=",".join(PROFILE_NAMES), help="comma-separated (default: %(default)s)")
     args = ap.parse_args(argv)
     requests = 8 if args.quick else REQUESTS
     repeats = 1 if args.quick else args.repeats
-    if repeats < 1:
-        ap.error("--repeats must be at least 1")
-    rounds: list[dict[str, dict]] = []
+    budget = 2 if args.quick else CALIBRATE_BUDGET
+    profiles = ["batch"] if args.quick else [p for p in args.profiles.split(",") if p]
+    if repeats < 1 or any(p not in PROFILE_NAMES for p in profiles):
+        ap.error(f"--repeats must be at least 1 and --profiles among {PROFILE_NAMES}")
+    out: dict[str, Any] = {"benchmark": "engine_sidecar", "profiles": {}}
+    summaries: dict[str, dict] = {}
+    records: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
         scratch = Path(tmp)
         vllm, model, env = _setup(scratch)
+        for profile in profiles:
+            load = workload(profile, requests)
+            store = scratch / f"records-{profile}"
 
-        def tuned_argv(port: int) -> list[str]:
-            return [sys.executable, "-m", "engine_sidecar", "--model-dir", str(model), "--served-model-name", "tiny",
-                    "--gpu-backend", "cpu", "--cpu-kv-bytes", str(KV_BYTES), "--profile", "batch",
-                    "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
-                    "--vllm", str(vllm), "--engine-host", "127.0.0.1", "--engine-port", str(port),
-                    "--host", "127.0.0.1", "--port", str(_port()), "--termination-log", str(scratch / "term"),
-                    "--", *EXTRA]
+            def sidecar(port: int, *more: str, _profile: str = profile) -> list[str]:
+                return [sys.executable, "-m", "engine_sidecar", "--model-dir", str(model), "--served-model-name", "tiny",
+                        "--gpu-backend", "cpu", "--cpu-kv-bytes", str(KV_BYTES), "--profile", _profile,
+                        "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
+                        "--vllm", str(vllm), "--engine-host", "127.0.0.1", "--engine-port", str(port),
+                        "--host", "127.0.0.1", "--port", str(_port()), "--termination-log", str(scratch / "term"),
+                        "--flags-cache", str(scratch / "flags"), *more, "--", *EXTRA]
 
-        def defaults_argv(port: int) -> list[str]:
-            return [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
-                    "--served-model-name", "tiny", "--kv-cache-memory-bytes", str(KV_BYTES), *EXTRA]
-
-        builders = {"tuned": tuned_argv, "defaults": defaults_argv}
-        for k in range(repeats):
-            order = ("tuned", "defaults") if k % 2 == 0 else ("defaults", "tuned")
-            this: dict[str, dict] = {}
-            for name in order:
-                port = _port()
-                this[name] = _run(name, builders[name](port), env, port, scratch / f"{name}-{k}.log", requests)
-                r = this[name]
-                print(f"round {k} {name:9} throughput {r['throughput_tok_s']:>7} tok/s  "
-                      f"TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s  "
-                      f"preemptions {r['num_preemptions_total']}", flush=True)
-            rounds.append({"order": list(order), **this})
-    summary = summarize(rounds)
-    out = {"benchmark": "engine_sidecar", "headline": headline(summary),
+            started = time.monotonic()
+            tune = subprocess.run(sidecar(_port(), "--records", str(store), "--calibrate-only", "--calibrate-budget",
+                                          str(budget), "--calibrate-requests", str(requests),
+                                          "--calibrate-concurrency", str(load.concurrency)),
+                                  env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+            if tune.returncode != 0:
+                raise RuntimeError(f"{profile}: the measured tune failed:\n{(tune.stdout + tune.stderr)[-4000:]}")
+            record = DirectoryRecords(store).all()[0].to_json()
+            records[profile] = {"key": record["key"], "chosen": record["chosen"], "reason": record["reason"],
+                                "trials": record["trials"], "tune_wall_s": round(time.monotonic() - started, 1)}
+            print(f"{profile}: measured tune kept {record['chosen']} in {records[profile]['tune_wall_s']}s: "
+                  f"{record['reason']}", flush=True)
+            builders = {"defaults": lambda port: [str(vllm), "serve", str(model), "--host", "127.0.0.1", "--port",
+                                                  str(port), "--served-model-name", "tiny", "--kv-cache-memory-bytes",
+                                                  str(KV_BYTES), *EXTRA],
+                        "heuristic": lambda port: sidecar(port),
+                        "measured": lambda port, _s=store: sidecar(port, "--records", str(_s))}
+            rounds: list[dict[str, Any]] = []
+            for k in range(repeats):
+                this: dict[str, Any] = {"order": list(_orders(k))}
+                for name in _orders(k):
+                    port = _port()
+                    this[name] = r = _run(name, builders[name](port), env, port, scratch / f"{profile}-{name}-{k}.log",
+                                          load)
+                    print(f"{profile} round {k} {name:9} throughput {r['throughput_tok_s']:>7} tok/s  TTFT p50 "
+                          f"{r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s  ITL p99 {r['itl_p99_s']:.3f}s  "
+                          f"preemptions {r['num_preemptions_total']}", flush=True)
+                rounds.append(this)
+            summaries[profile] = summarize(rounds)
+            out["profiles"][profile] = {"workload": load.to_json(), "measured_tune": records[profile],
+                                        "summary": summaries[profile], "rounds": rounds}
+    rows = headline(summaries)
+    out = {"benchmark": "engine_sidecar", "headline": rows, "why_not_met": why_not_met(rows, records),
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, vLLM 0.32.0 CPU build",
-           "mix": {"requests": requests, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                   "arrival": "all at once", "kv_cache_bytes": KV_BYTES, "model": "tiny random Llama (2 layers, float32)"},
-           "summary": summary, "rounds": rounds}
+           "setup": {"requests": requests, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                     "kv_cache_bytes": KV_BYTES, "model": "tiny random Llama (2 layers, float32)",
+                     "calibrate_budget": budget, "interactive_concurrency": INTERACTIVE_CONCURRENCY},
+           "profiles": out["profiles"]}
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    t = summary["throughput_ratio"]
-    print(f"throughput tuned/defaults: median {t['median']} (min {t['min']}, max {t['max']}) over {repeats} rounds; "
-          f"preemptions {summary['preemptions']}")
+    for row in rows:
+        print(f"{row['metric']}: {row['measured']} (target {row['target']}, met {row['met']}; {row['anchor']})")
     if not args.quick:
         print(f"results: {RESULTS.relative_to(ROOT)}")
     return 0

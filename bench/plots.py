@@ -210,23 +210,33 @@ def placement_quality(results: Path, out_dir: Path) -> Path | None:
 
 
 def engine_sidecar(results: Path, out_dir: Path) -> Path | None:
-    """Throughput, TTFT and preemptions: sidecar-tuned vs vLLM defaults."""
+    """Per profile: each configuration's throughput, TTFT p99 and preemptions over the rounds
+    (median bar, min–max whisker): vLLM defaults, the sidecar's heuristic, its measured tune."""
     data = _load(results, "engine_sidecar")
-    runs = {k: data[k] for k in ("tuned", "defaults") if isinstance((data or {}).get(k), dict)}
-    fields = (("throughput_tok_s", "output tokens/s"), ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p99_s", "TTFT p99 (s)"),
-              ("num_preemptions_total", "preemptions"))
-    fields = tuple(f for f in fields if all(_num(r.get(f[0])) is not None for r in runs.values()))
-    if len(runs) < 2 or not fields:
+    profiles = (data or {}).get("profiles")
+    if not isinstance(profiles, dict) or not profiles:
         if data is not None:
-            print("plots: skipped engine_sidecar: needs 'tuned' and 'defaults' runs with numeric fields")
+            print("plots: skipped engine_sidecar: no per-profile rounds (an older results file)")
         return None
+    import statistics
+
+    fields = (("throughput_tok_s", "output tokens/s"), ("ttft_p99_s", "TTFT p99 (s)"), ("num_preemptions_total", "preemptions"))
+    configs = ("defaults", "heuristic", "measured")
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(fields), figsize=(3 * len(fields), 3.6), squeeze=False)
-    for ax, (key, title) in zip(axes[0], fields, strict=True):
-        ax.bar(["sidecar-tuned", "vLLM defaults"], [runs["tuned"][key], runs["defaults"][key]], color=["C0", "C1"])
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("Engine sidecar vs vLLM defaults (CPU engine, same KV cache)")
+    fig, axes = plt.subplots(len(profiles), len(fields), figsize=(3.2 * len(fields), 3.2 * len(profiles)), squeeze=False)
+    for row, (profile, body) in zip(axes, profiles.items(), strict=True):
+        rounds = body.get("rounds", [])
+        for ax, (key, title) in zip(row, fields, strict=True):
+            values = [[_num(r.get(c, {}).get(key)) for r in rounds] for c in configs]
+            values = [[v for v in vs if v is not None] for vs in values]
+            med = [statistics.median(v) if v else 0 for v in values]
+            lo = [m - min(v) if v else 0 for m, v in zip(med, values, strict=True)]
+            hi = [max(v) - m if v else 0 for m, v in zip(med, values, strict=True)]
+            ax.bar(configs, med, yerr=[lo, hi], capsize=3, color=["C1", "C0", "C2"])
+            ax.set_title(f"{profile}: {title}", fontsize=9)
+            ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"Engine sidecar: vLLM defaults / heuristic / measured tune (CPU engine, same KV cache; median and "
+                 f"min–max of {len(next(iter(profiles.values())).get('rounds', []))} rounds)", fontsize=9)
     return _save(fig, out_dir / "engine_sidecar.png")
 
 
