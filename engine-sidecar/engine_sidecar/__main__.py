@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     objective = Objective.of(prof, args.ttft_p99_limit, args.itl_p99_limit)
 
     def calibrate(progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
-        """Sweep, keep the record; None when stopped (SIGTERM) before it ended."""
+        """Sweep, keep the record; the measured tuning and its report, None when stopped (SIGTERM)."""
         assert key is not None
         result = run_sweep(args, inputs, heuristic, command, served, workload, objective, progress, should_stop)
         if result.stopped:
@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         applied = apply_record(inputs, heuristic, record) or heuristic
         info = {"used": True, "record": record.to_json(), "key": key.name, "stored": where,
                 "reason": f"calibrated now ({result.wall_s:.0f}s, {len(result.trials)} candidates): {result.choice.reason}"}
-        return applied, info
+        return applied, reporting(applied, info)
 
     if args.calibrate_only:
         if not sweep_needed:
@@ -213,17 +213,15 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         done = calibrate(lambda m: print(f"[sidecar] {m}", flush=True), lambda: False)
         if done is None:
             return 1
-        print(records_render(from_json(done[1]["record"], "calibration")), flush=True)
+        print(records_render(from_json(done[1]["measured"]["record"], "calibration")), flush=True)
         return 0
-    return supervise(args, command, served, report, startup, tuning,
-                     (lambda progress, stop: _calibrated(calibrate(progress, stop), reporting)) if sweep_needed else None)
+    return supervise(args, command, served, report, startup, tuning, calibrate if sweep_needed else None)
 
 
-def _calibrated(done: tuple[Tuning, dict[str, Any]] | None, reporting: Any) -> tuple[Tuning, dict[str, Any]] | None:
-    if done is None:
-        return None
-    tuning, info = done
-    return tuning, reporting(tuning, info)
+def probe_url(args: argparse.Namespace) -> str:
+    """Where the sidecar reaches the engine: loopback when vLLM listens on every address."""
+    host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
+    return f"http://{host}:{args.engine_port}"
 
 
 def gpu_product(gpus: GpuSet) -> str:
@@ -265,8 +263,7 @@ def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning,
     from engine_sidecar.measure import ProcessEngine, Sweep
     from engine_sidecar.readiness import HttpModelsClient
 
-    probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
-    base = f"http://{probe_host}:{args.engine_port}"
+    base = probe_url(args)
     models = HttpModelsClient(base)
 
     def listed() -> bool:
@@ -343,8 +340,7 @@ def supervise(args: argparse.Namespace, command: Any, served: str, report: dict[
     launcher = SubprocessLauncher(on_line=startup.observe_line, on_launch=on_launch)
     sup = Supervisor(launcher, args.grace_period, log=log)
     sup.install_signal_handlers()
-    probe_host = "127.0.0.1" if args.engine_host in ("0.0.0.0", "::", "") else args.engine_host
-    readiness = Readiness(HttpModelsClient(f"http://{probe_host}:{args.engine_port}"), served, lambda: sup.running,
+    readiness = Readiness(HttpModelsClient(probe_url(args)), served, lambda: sup.running,
                           on_ready=on_ready)
 
     def engine_state() -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from engine_sidecar.calibration import Candidate, Choice, Measurement, Objective, Trial, candidates, choose
+from engine_sidecar.calibration import SWEPT, Candidate, Choice, Measurement, Objective, Trial, candidates, choose
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import Tuning, TuningInputs
 from engine_sidecar.workload import Request, Workload
@@ -131,8 +131,6 @@ class Sweep:
 
 
 def _swept(tuning: Tuning) -> dict[str, object]:
-    from engine_sidecar.calibration import SWEPT
-
     return {k: getattr(tuning.params, k) for k in SWEPT if getattr(tuning.params, k) is not None}
 
 

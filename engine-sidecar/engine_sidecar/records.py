@@ -210,9 +210,10 @@ def render(record: TuningRecord) -> str:
              "  chosen: " + ", ".join(f"{f}={v}" for f, v in record.chosen.items()),
              f"  why: {record.reason}", "",
              f"  {'TRIAL':<52} {'TOK/S':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p99':>8} {'PREEMPT':>7}"]
+    chosen = record.chosen_trial()
     for t in record.trials:
         m = t.get("measurement")
-        mark = "*" if t is record.chosen_trial() else " "
+        mark = "*" if t is chosen else " "
         if not m:
             lines.append(f"{mark} {str(t.get('name')):<52} failed: {t.get('error', '')}")
             continue
