@@ -19,7 +19,8 @@ Per profile, three configurations:
   run first (``--calibrate-only``, ``CALIBRATE_BUDGET`` engine runs, the benchmark's workload).
 
 One run each says little on a shared machine (three runs of one commit gave ratios of 0.78, 1.27
-and 1.04, issue 23), so each configuration runs ``--repeats`` times (default 5) **interleaved**:
+and 1.04, issue 23), so each engine serves the workload ``RUNS_PER_ENGINE`` times (its figure is
+the median run, as in the tune) and each configuration runs ``--repeats`` times (default 5) **interleaved**:
 round k runs the three in an order rotated by k, and the headline is the median of the per-round
 ratios (against that round's defaults) with their min–max (:func:`summarize`).
 
@@ -48,7 +49,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "engine-sidecar"))
-from engine_sidecar.loadgen import LoadGenerator  # noqa: E402 (the sidecar's package, not installed in .venv)
+from engine_sidecar.calibration import DEFAULT_CONFIRM, DEFAULT_REPEATS, median_run  # noqa: E402 (the sidecar's package)
+from engine_sidecar.loadgen import LoadGenerator  # noqa: E402
 from engine_sidecar.records import DirectoryRecords  # noqa: E402
 from engine_sidecar.workload import Request, Workload  # noqa: E402
 
@@ -62,6 +64,9 @@ INTERACTIVE_CONCURRENCY = 8
 # one the limit is the heuristic's own measured p99, and nothing that beats it on latency alone wins.
 INTERACTIVE_TTFT_P99_LIMIT_S = 0.25
 CALIBRATE_BUDGET = 6  # engine runs of the measured tune: the heuristic, 4 neighbours, the heuristic again
+# (then DEFAULT_CONFIRM alternating pairs when a challenger leads). Each engine, in the tune and in
+# the rounds alike, serves the workload this many times and counts as its median run:
+RUNS_PER_ENGINE = DEFAULT_REPEATS
 CONFIGS = ("defaults", "heuristic", "measured")
 PROFILE_NAMES = ("batch", "interactive")
 EXTRA = ["--load-format", "dummy", "--enforce-eager", "--dtype", "float32"]  # float32: see make_tiny_model.py
@@ -113,13 +118,15 @@ def _run(name: str, argv: list[str], env: dict[str, str], engine_port: int, log:
                 raise RuntimeError(f"{name}: not ready in 300 s\n{log.read_text()[-3000:]}")
             gen = LoadGenerator(url, "tiny")
             gen.run(Workload("warm-up", (Request(16, 2),), 1))  # the same warm-up the tune gives
-            m = gen.run(load)
+            runs = [gen.run(load) for _ in range(RUNS_PER_ENGINE)]
+            m = median_run(runs)
             if m.completed != m.requests:
                 raise RuntimeError(f"{name}: {m.requests - m.completed} of {m.requests} requests failed")
             result: dict[str, Any] = {"throughput_tok_s": m.throughput_tok_s, "ttft_p50_s": m.ttft_p50_s,
                                       "ttft_p99_s": m.ttft_p99_s, "itl_p99_s": m.itl_p99_s,
                                       "latency_p50_s": m.latency_p50_s, "num_preemptions_total": m.preemptions,
-                                      "wall_s": m.wall_s, "output_tokens": m.output_tokens}
+                                      "wall_s": m.wall_s, "output_tokens": m.output_tokens,
+                                      "throughput_per_run": [r.throughput_tok_s for r in runs]}
             text = log.read_text(errors="replace")
             marker = "non-default args: "
             at = text.find(marker)
@@ -281,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, vLLM 0.32.0 CPU build",
            "setup": {"requests": requests, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                      "kv_cache_bytes": KV_BYTES, "model": "tiny random Llama (2 layers, float32)",
-                     "calibrate_budget": budget, "interactive_concurrency": INTERACTIVE_CONCURRENCY,
+                     "calibrate_budget": budget, "calibrate_confirm_pairs": DEFAULT_CONFIRM,
+                     "runs_per_engine": RUNS_PER_ENGINE, "interactive_concurrency": INTERACTIVE_CONCURRENCY,
                      "interactive_ttft_p99_limit_s": INTERACTIVE_TTFT_P99_LIMIT_S},
            "profiles": out["profiles"]}
     if not args.quick:

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engine_sidecar.calibration import DEFAULT_BUDGET, Objective
+from engine_sidecar.calibration import DEFAULT_BUDGET, DEFAULT_CONFIRM, DEFAULT_REPEATS, Objective
 from engine_sidecar.errors import InputError, Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
 from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
@@ -80,10 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no record for this shape: measure candidates on the real engine first, keep the best, write "
                    "the record to --records when it is writable (opt-in: it costs one cold start per candidate)")
     m.add_argument("--calibrate-only", action="store_true", help="measure, write the record, print it, exit (a Job)")
-    m.add_argument("--calibrate-budget", type=int, default=DEFAULT_BUDGET,
+    m.add_argument("--calibrate-budget", type=at_least(1), default=DEFAULT_BUDGET,
                    help="candidates to measure, the heuristic's included (default: %(default)s)")
-    m.add_argument("--calibrate-requests", type=int, default=32, help="requests per candidate (default: %(default)s)")
-    m.add_argument("--calibrate-concurrency", type=int,
+    m.add_argument("--calibrate-repeats", type=at_least(1), default=DEFAULT_REPEATS,
+                   help="workload runs per candidate engine; its figure is the median run (default: %(default)s)")
+    m.add_argument("--calibrate-confirm", type=at_least(0), default=DEFAULT_CONFIRM,
+                   help="pairs of engines, the sweep's winner and the heuristic alternating, the winner must also win "
+                   "before it replaces the heuristic; 0: keep the sweep's winner unconfirmed (default: %(default)s)")
+    m.add_argument("--calibrate-requests", type=at_least(1), default=32,
+                   help="requests per candidate (default: %(default)s)")
+    m.add_argument("--calibrate-concurrency", type=at_least(1),
                    help="clients sending them (default: all at once for batch, 8 otherwise)")
     m.add_argument("--calibrate-trace", metavar="JSONL", help="a recorded request trace instead (engine_sidecar.workload)")
     m.add_argument("--ttft-p99-limit", type=float, metavar="S", help="latency limit of the pick (interactive default: "
@@ -91,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--itl-p99-limit", type=float, metavar="S", help="likewise for the inter-token latency p99")
     m.add_argument("--calibrate-ready-timeout", type=float, default=300.0, help="seconds a candidate engine gets to start")
     return p
+
+
+def at_least(low: int) -> Any:
+    """An argparse type: a whole number >= ``low``, else an error that says so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {value}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +204,8 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     print_summary(report)
     if args.dry_run:
         if sweep_needed:
-            print(f"[sidecar] would calibrate: {args.calibrate_budget} candidate(s) for record {key.name if key else ''}")
+            print(f"[sidecar] would calibrate: {args.calibrate_budget} candidate(s) x {args.calibrate_repeats} run(s), "
+                  f"{args.calibrate_confirm} confirmation pair(s), for record {key.name if key else ''}")
         print(json.dumps({"argv": command(tuning)[0]}, indent=None))
         return 0
     workload = (load_trace(args.calibrate_trace, args.calibrate_concurrency or 64) if args.calibrate_trace
@@ -281,7 +301,8 @@ def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning,
             return ProcessEngine(argv, env, logs / f"{len(list(logs.iterdir()))}.log", listed, args.grace_period)
 
     sweep = Sweep(inputs, Starter(), LoadGenerator(base, served), workload, objective, args.calibrate_budget,
-                  args.calibrate_ready_timeout, progress, should_stop)
+                  args.calibrate_ready_timeout, progress, should_stop, repeats=args.calibrate_repeats,
+                  confirm=args.calibrate_confirm)
     progress(f"calibrating {served}: {workload.name}; objective {objective.describe()}")
     return sweep.run(heuristic)
 
@@ -360,6 +381,7 @@ def supervise(args: argparse.Namespace, command: Any, served: str, report: dict[
                     readiness.reason = message
                 log(message)
 
+            startup.mark("calibration_started")
             done = calibrate(progress, sup.stopping)
             if done is None:
                 log("stopped while calibrating; no engine started")

@@ -25,10 +25,19 @@ objective preemptions are reported, not ruled out: their recompute is already in
 on the CPU engine's tiny model, where a recomputed prefill is cheap). A candidate must beat the heuristic's
 throughput by ``NOISE_MARGIN`` to replace it: one run each on a shared machine varies by more
 than a few percent, and the heuristic's values need no measurement to explain.
+
+One sweep run per candidate is not evidence enough (the benchmark of issue 23 showed a challenger
+at 1.27x the heuristic in the sweep and 0.63x in five runs after it: a 1.5 s workload on a busy
+machine moves +-60 % run to run). So each engine serves the workload ``DEFAULT_REPEATS`` times
+and its figure is the median run (``median_run``), and a sweep's winner is only a nominee:
+``confirm`` keeps it when it also wins each of ``DEFAULT_CONFIRM`` pairs measured after the
+sweep, the challenger and the heuristic on fresh engines in alternating order (challenger first
+in odd pairs, the heuristic first in even ones, so a machine that drifts favours neither).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -39,6 +48,8 @@ from engine_sidecar.tuning import Tuning
 NOISE_MARGIN = 0.05  # a challenger needs > 5 % more throughput than the heuristic
 SWEPT = ("max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold")
 DEFAULT_BUDGET = 6
+DEFAULT_REPEATS = 3  # workload runs per engine; the candidate's figure is the median run
+DEFAULT_CONFIRM = 2  # alternating challenger/heuristic pairs a sweep's winner must also win
 HEURISTIC_AGAIN = "heuristic (again)"
 
 
@@ -69,6 +80,7 @@ class Measurement:
     itl_p99_s: float  # inter-token latency, p99 over every gap of every request
     latency_p50_s: float
     preemptions: int | None  # vllm:num_preemptions_total during the run; None: not exported
+    runs: int = 1  # workload runs these figures are the median of (``median_run``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,11 +188,15 @@ def _neighbours(heuristic: Tuning, prof: WorkloadProfile, budget: int) -> list[C
 
 
 def _seqs_at_full_kv(heuristic: Tuning, prof: WorkloadProfile) -> int:
-    """Sequences of the expected length that fit in every KV block (the heuristic leaves 10 %)."""
+    """Sequences of the expected length that fit in every usable KV block (the heuristic leaves
+    10 %). Usable: vLLM's block pool keeps one block back as its null block (``BlockPool.null_block``,
+    v1/core/block_pool.py), so 16 blocks of 128 tokens hold seven 200-token sequences, not eight —
+    the benchmark's "full KV" candidate preempted at eight."""
     pred, mml = heuristic.prediction, heuristic.params.max_model_len or prof.expected_tokens
     per_seq = max(min(prof.expected_tokens, mml), 1)
     seq_blocks = -(-per_seq // max(pred.block_size, 1))
-    return max(1, min(prof.max_num_seqs_cap, pred.kv_blocks // max(seq_blocks, 1)))
+    usable = max(pred.kv_blocks - 1, 1)
+    return max(1, min(prof.max_num_seqs_cap, usable // max(seq_blocks, 1)))
 
 
 def _effective(p: Any, overrides: Mapping[str, int]) -> tuple[object, ...]:
@@ -238,6 +254,84 @@ def choose(objective: Objective, trials: Sequence[Trial]) -> Choice:
     why = "did not qualify" if base is None or not within(base) else "had preemptions"
     return Choice(best, f"{best.candidate.name}: {_tput(best):.1f} output tok/s (the heuristic's run {why}); "
                   f"{objective.describe()}", names)
+
+
+def median_run(runs: Sequence[Measurement]) -> Measurement:
+    """Several runs of the workload on one engine as one: each figure the median of the runs,
+    ``completed`` the fewest (a run that failed a request fails the candidate) and
+    ``preemptions`` the most of any run (a candidate is preemption-free only if every run was)."""
+    if not runs:
+        raise ValueError("median_run: no runs")
+    if len(runs) == 1:
+        return runs[0]
+
+    def med(name: str) -> float:
+        return float(statistics.median(float(getattr(m, name)) for m in runs))
+
+    pre = [m.preemptions for m in runs if m.preemptions is not None]
+    return Measurement(runs[0].requests, min(m.completed for m in runs), int(med("output_tokens")), med("wall_s"),
+                       med("throughput_tok_s"), med("ttft_p50_s"), med("ttft_p99_s"), med("itl_p99_s"),
+                       med("latency_p50_s"), max(pre) if len(pre) == len(runs) else None, sum(m.runs for m in runs))
+
+
+def confirm_name(name: str, pair: int) -> str:
+    return f"{name} (confirm {pair})"
+
+
+def confirm_order(nominee: Candidate, heuristic: Candidate, pair: int) -> tuple[Candidate, Candidate]:
+    """Pair ``pair`` (from 1) of the confirmation: the nominee first in odd pairs, the heuristic
+    first in even ones, each renamed ``confirm_name`` so the record tells them from the sweep's."""
+    a = Candidate(confirm_name(nominee.name, pair), nominee.overrides)
+    b = Candidate(confirm_name(heuristic.name, pair), heuristic.overrides)
+    return (a, b) if pair % 2 else (b, a)
+
+
+def confirm(objective: Objective, nominee: Choice, heuristic: Trial, pairs: Sequence[tuple[Trial, Trial]],
+            expected: int) -> Choice:
+    """The sweep's winner ``nominee`` kept only when it wins every one of the ``expected``
+    confirmation ``pairs`` (its run, the heuristic's run); otherwise the heuristic's trial, with
+    the pairs' figures as the reason. A pair is won when the challenger's run is clean and within
+    the limits (the stated ones; for a latency objective without them, that pair's heuristic
+    p99s), and the heuristic's run is not (failed, or over the limits), or — for a latency
+    objective — the challenger did not preempt where the heuristic did not, and its throughput
+    beats the heuristic's by more than ``NOISE_MARGIN``. A nominee that is the heuristic needs
+    no confirmation."""
+    if nominee.trial.candidate.is_heuristic or expected <= 0:
+        return nominee
+    name = nominee.trial.candidate.name
+    if len(pairs) < expected:
+        return Choice(heuristic, f"{name} led the sweep but was not confirmed ({len(pairs)} of {expected} "
+                      "alternating runs before the sweep was stopped); keeping the heuristic's values", nominee.ranking)
+    verdicts = [_pair_verdict(objective, c, h) for c, h in pairs]
+    said = "; ".join(f"pair {n}: {why}" for n, (_, why) in enumerate(verdicts, 1))
+    won = sum(1 for ok, _ in verdicts if ok)
+    if won == len(verdicts):
+        return Choice(nominee.trial, f"{nominee.reason}; confirmed in {won} of {len(verdicts)} alternating runs "
+                      f"against the heuristic ({said})", nominee.ranking)
+    return Choice(heuristic, f"{name} led the sweep but won {won} of {len(verdicts)} alternating runs against the "
+                  f"heuristic ({said}); keeping the heuristic's values", nominee.ranking)
+
+
+def _pair_verdict(objective: Objective, challenger: Trial, heuristic: Trial) -> tuple[bool, str]:
+    c, h = challenger.measurement, heuristic.measurement
+    if not challenger.clean or c is None:
+        return False, f"the challenger failed ({challenger.error or 'no measurement'})"
+    h_ok = heuristic.clean and h is not None
+    ttft, itl = objective.limits(h if h_ok else None)
+
+    def within(m: Measurement) -> bool:
+        return (ttft is None or m.ttft_p99_s <= ttft) and (itl is None or m.itl_p99_s <= itl)
+
+    if not within(c):
+        return False, f"the challenger's TTFT p99 {c.ttft_p99_s:g}s / ITL p99 {c.itl_p99_s:g}s over the limits"
+    if not h_ok or h is None:
+        return True, f"the heuristic's run failed ({heuristic.error or 'no measurement'})"
+    if not within(h):
+        return True, f"the heuristic's TTFT p99 {h.ttft_p99_s:g}s / ITL p99 {h.itl_p99_s:g}s over the limits"
+    if objective.kind == "latency" and h.preemptions == 0 and (c.preemptions or 0) > 0:
+        return False, f"the challenger preempted {c.preemptions}x, the heuristic not"
+    ratio = c.throughput_tok_s / h.throughput_tok_s if h.throughput_tok_s > 0 else float("inf")
+    return ratio > 1 + NOISE_MARGIN, f"{ratio:.2f}x the heuristic's throughput"
 
 
 def _mean(runs: Sequence[Measurement]) -> Measurement | None:

@@ -4,10 +4,13 @@ workload against each, one engine at a time, then ``calibration.choose``.
 An engine per candidate, because the swept knobs are fixed when vLLM's scheduler is built:
 vLLM's own ``benchmarks/auto_tune`` restarts the server per combination too. Each candidate is
 started, waited for until ``/v1/models`` lists the model (bounded by ``ready_timeout_s``), sent
-one short warm-up request (the first request pays one-time costs no later one does), measured,
-and stopped (SIGTERM, then SIGKILL of its process group). A candidate that does not start, is
-refused by the preflight, or fails requests becomes a trial with the reason, never an abort.
+one short warm-up request (the first request pays one-time costs no later one does), measured
+``repeats`` times (the median run is its figure), and stopped (SIGTERM, then SIGKILL of its
+process group). A candidate that does not start, is refused by the preflight, or fails requests
+becomes a trial with the reason, never an abort.
 ``should_stop`` (the sidecar's SIGTERM) ends the sweep between and during candidates.
+When a challenger wins the sweep, ``confirm`` more pairs of engines — it and the heuristic,
+alternating (``calibration.confirm_order``) — decide whether it is kept (``calibration.confirm``).
 
 Engines are behind ``EngineStarter`` so the sequencing is tested without vLLM.
 """
@@ -23,7 +26,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from engine_sidecar.calibration import SWEPT, Candidate, Choice, Measurement, Objective, Trial, candidates, choose
+from engine_sidecar.calibration import (
+    DEFAULT_CONFIRM,
+    DEFAULT_REPEATS,
+    SWEPT,
+    Candidate,
+    Choice,
+    Measurement,
+    Objective,
+    Trial,
+    candidates,
+    choose,
+    confirm,
+    confirm_order,
+    median_run,
+)
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import Tuning, TuningInputs
 from engine_sidecar.workload import Request, Workload
@@ -60,7 +77,8 @@ class Sweep:
     def __init__(self, inputs: TuningInputs, starter: EngineStarter, load: LoadRunner, workload: Workload,
                  objective: Objective, budget: int, ready_timeout_s: float = 300.0,
                  progress: Callable[[str], None] = lambda _m: None, should_stop: Callable[[], bool] = lambda: False,
-                 clock: Callable[[], float] = time.monotonic, poll_s: float = 0.5) -> None:
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = 0.5,
+                 repeats: int = DEFAULT_REPEATS, confirm: int = DEFAULT_CONFIRM) -> None:
         self.inputs = inputs
         self.starter = starter
         self.load = load
@@ -72,6 +90,8 @@ class Sweep:
         self.should_stop = should_stop
         self.clock = clock
         self.poll_s = poll_s
+        self.repeats = max(repeats, 1)
+        self.confirm = max(confirm, 0)
 
     def run(self, heuristic: Tuning) -> SweepResult:
         start = self.clock()
@@ -83,17 +103,40 @@ class Sweep:
                 stopped = True
                 break
             self.progress(f"calibrating: candidate {n} of {len(todo)} ({cand.name})")
-            trials.append(self.trial(cand))
-            t = trials[-1]
-            m = t.measurement
-            self.progress(f"  {cand.name}: " + (f"{m.throughput_tok_s} tok/s, TTFT p99 {m.ttft_p99_s}s, ITL p99 "
-                                                f"{m.itl_p99_s}s, preemptions {m.preemptions}" if m else f"failed: {t.error}"))
+            trials.append(self.measured(cand))
         if not trials or not trials[0].candidate.is_heuristic:
             trials.insert(0, Trial(todo[0], _swept(heuristic), error="not measured: the sweep was stopped"))
         choice = choose(self.objective, trials)
+        if not choice.trial.candidate.is_heuristic and self.confirm:
+            pairs = self.confirmation(choice.trial.candidate, todo[0], trials)
+            choice = confirm(self.objective, choice, trials[0], pairs, self.confirm)
         chosen = self.tuning_for(choice.trial.candidate) if not choice.trial.candidate.is_heuristic else heuristic
         return SweepResult(tuple(trials), choice, heuristic, chosen or heuristic, self.clock() - start,
                            stopped or self.should_stop())
+
+    def measured(self, cand: Candidate) -> Trial:
+        t = self.trial(cand)
+        m = t.measurement
+        self.progress(f"  {cand.name}: " + (f"{m.throughput_tok_s:.1f} tok/s, TTFT p99 {m.ttft_p99_s}s, ITL p99 "
+                                            f"{m.itl_p99_s}s, preemptions {m.preemptions} (median of {m.runs})"
+                                            if m else f"failed: {t.error}"))
+        return t
+
+    def confirmation(self, nominee: Candidate, heuristic: Candidate, trials: list[Trial]) -> list[tuple[Trial, Trial]]:
+        """The ``confirm`` pairs (nominee's trial, heuristic's trial), appended to ``trials`` as
+        they run; fewer when ``should_stop`` ends them."""
+        pairs: list[tuple[Trial, Trial]] = []
+        for pair in range(1, self.confirm + 1):
+            ran: dict[bool, Trial] = {}
+            for n, cand in enumerate(confirm_order(nominee, heuristic, pair), 1):
+                if self.should_stop():
+                    return pairs
+                self.progress(f"calibrating: confirming {nominee.name}, run {2 * pair - 2 + n} of {2 * self.confirm} "
+                              f"({cand.name})")
+                trials.append(self.measured(cand))
+                ran[cand.is_heuristic] = trials[-1]
+            pairs.append((ran[False], ran[True]))
+        return pairs
 
     def tuning_for(self, cand: Candidate) -> Tuning | None:
         """The heuristic re-run with the candidate's values beneath the user's own overrides;
@@ -123,7 +166,12 @@ class Sweep:
                 time.sleep(self.poll_s)
             first = self.workload.requests[0]
             self.load.run(Workload("warm-up", (Request(min(first.prompt_tokens, 16), 2),), 1))
-            m = self.load.run(self.workload)
+            runs: list[Measurement] = []
+            for _ in range(self.repeats):
+                if self.should_stop():
+                    return Trial(cand, params, error="stopped")
+                runs.append(self.load.run(self.workload))
+            m = median_run(runs)
             error = "" if m.completed == m.requests else f"{m.requests - m.completed} of {m.requests} requests failed"
             return Trial(cand, params, m, error)
         finally:

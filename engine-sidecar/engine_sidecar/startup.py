@@ -1,10 +1,11 @@
 """Cold start in stages: where an engine's start went, not only that it was slow (issue 23, item 4).
 
-Five events, each recorded once, the first time it happens (wall clock, epoch seconds):
+Five events (six with a calibration), each recorded once, the first time it happens (wall clock, epoch seconds):
 
 | event | when | read from |
 |---|---|---|
 | ``container_started`` | the sidecar process began (it is the container's entrypoint) | ``/proc/self/stat`` start time |
+| ``calibration_started`` | only with ``--calibrate`` and no record: the sweep began (``measure.Sweep``) | the sidecar |
 | ``engine_launched`` | the sidecar started ``vllm serve`` (tuning, preflight and the flag probe done) | the sidecar |
 | ``weights_loaded`` | vLLM's last line about loading the model (below) | vLLM's log, as it passes through the sidecar |
 | ``kv_cache_ready`` | vLLM logged ``init engine (profile, create kv cache, warmup model) took ...`` | vLLM's log |
@@ -23,7 +24,10 @@ The stages are the intervals between them: ``preflight`` (container start to lau
 ``profile_kv_cache`` (memory profiling, KV-cache allocation and warm-up) and ``start_server``
 (the API server up and listing the model). A stage ends at its event; when an event never came
 (a vLLM whose log says it differently), its stage is folded into the next one and the event is
-listed as ``missing``: the stages always add up to ``ready - container_started``.
+listed as ``missing``: the stages always add up to ``ready - container_started``. A start that
+calibrated first has one stage more, ``calibrate`` (``calibration_started`` to the serving
+engine's launch: every candidate engine of the sweep), and its ``preflight`` ends where the sweep
+began; the sweep's minutes are never counted as preflight.
 
 Image pull and the wait between binding and container start happen before the container exists;
 the pod's status (``PodScheduled``'s transition time, the container's ``startedAt``) tells those.
@@ -39,9 +43,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-EVENTS = ("container_started", "engine_launched", "weights_loaded", "kv_cache_ready", "ready")
+EVENTS = ("container_started", "calibration_started", "engine_launched", "weights_loaded", "kv_cache_ready", "ready")
 STAGES = (("preflight", "engine_launched"), ("load_weights", "weights_loaded"),
           ("profile_kv_cache", "kv_cache_ready"), ("start_server", "ready"))  # (stage, the event ending it)
+CALIBRATED_STAGES = (("preflight", "calibration_started"), ("calibrate", "engine_launched"), *STAGES[1:])
 
 # vLLM's own log lines (0.32: model_loader/base_loader.py, model_loader/default_loader.py,
 # v1/worker/gpu_model_runner.py, v1/engine/core.py); the real-engine test fails when a release
@@ -124,7 +129,7 @@ def report_of(events: Mapping[str, float]) -> StartupReport:
     stages: dict[str, float] = {}
     missing: list[str] = []
     previous = events["container_started"]
-    for stage, event in STAGES:
+    for stage, event in CALIBRATED_STAGES if "calibration_started" in events else STAGES:
         at = events.get(event)
         if at is None:  # still to come, or (once ready) never logged: the next stage starts earlier
             if "ready" in events:

@@ -43,7 +43,8 @@ def measured(vllm_exe, tiny_model, engine_env, flags_cache, tmp_path_factory):
     records = scratch / "records"
     args = sidecar_args(tiny_model, vllm_exe, flags_cache, records, scratch)
     proc = gpusched(["tune", "--measure", *args, "--engine-port", str(free_port()), "--calibrate-budget", "2",
-                     "--calibrate-requests", "8", "--", *ENGINE_EXTRA_ARGS], engine_env, SWEEP_TIMEOUT_S)
+                     "--calibrate-requests", "8", "--calibrate-repeats", "2", "--calibrate-confirm", "1",
+                     "--", *ENGINE_EXTRA_ARGS], engine_env, SWEEP_TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(f"gpusched tune --measure exited {proc.returncode}:\n{tail(proc.stdout + proc.stderr, 80)}")
     return proc.stdout, records, scratch
@@ -58,11 +59,16 @@ def test_a_measured_tune_stores_a_record_with_the_evidence(measured, vllm_exe):
     installed = subprocess.run([str(vllm_exe.parent / "python"), "-c", "import importlib.metadata as m; "
                                 "print(m.version('vllm'))"], capture_output=True, text=True, check=True).stdout.strip()
     assert record.key.vllm_version == installed
-    assert [t["name"] for t in record.trials] == ["heuristic", "max_num_seqs x2"]
-    for t in record.trials:  # both ran on the real engine and served all 8 requests
+    names = [t["name"] for t in record.trials]
+    # the sweep; when its challenger led, one confirmation pair on fresh engines, the challenger first
+    assert names[:2] == ["heuristic", "max_num_seqs x2"], names
+    led = "led the sweep" in record.reason or "confirmed in" in record.reason
+    assert names[2:] == (["max_num_seqs x2 (confirm 1)", "heuristic (confirm 1)"] if led else []), record.reason
+    for t in record.trials:  # every one ran on the real engine, twice, and served all 8 requests
         m = t["measurement"]
         assert t["error"] == "" and m["completed"] == m["requests"] == 8, t
         assert m["output_tokens"] == 8 * 100 and m["throughput_tok_s"] > 0 and m["preemptions"] is not None
+        assert m["runs"] == 2, t
     assert record.chosen_trial() is not None
     assert record.kv_tokens == 2048  # vLLM's own figure for this budget (test_engine_sidecar checks the prediction)
     # the key has the distribution's version (the build variant too: "+cpu"), the snapshot vllm.__version__
@@ -142,3 +148,54 @@ def test_diff_measure_remeasures_the_stored_configuration_item_by_item(measured,
     assert ("regressions: " in out) == (proc.returncode == 1)
     # the re-measured engine ran the stored values
     assert f"--max-num-seqs {record.chosen['max_num_seqs']} " in out
+
+
+def test_a_first_start_with_calibrate_measures_while_unready_then_serves_the_pick(vllm_exe, tiny_model, engine_env,
+                                                                                  flags_cache, tmp_path):
+    """The path a Deployment with ``--calibrate`` takes on its first start: no record, so the
+    sidecar sweeps with its HTTP up (``/ready`` 503, saying so), writes the record to its
+    writable ``--records`` and then starts the serving engine with the pick; its cold start
+    shows the sweep as its own stage."""
+    records = tmp_path / "records"
+    run = SidecarProcess([*sidecar_args(tiny_model, vllm_exe, flags_cache, records, tmp_path), "--calibrate",
+                          "--calibrate-budget", "2", "--calibrate-requests", "8", "--calibrate-repeats", "1",
+                          "--calibrate-confirm", "0", "--", *ENGINE_EXTRA_ARGS], engine_env, tmp_path / "sidecar.log")
+    reasons: list[str] = []
+    try:
+        deadline = time.monotonic() + SWEEP_TIMEOUT_S
+        while True:
+            if run.proc.poll() is not None:
+                run.fail(f"the sidecar exited with {run.proc.returncode}")
+            try:
+                r = run.get("/ready", timeout=2)
+                if r.status_code == 200:
+                    ready_after = time.monotonic() - run.started
+                    break
+                reasons.append(r.json()["reason"])
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                run.fail(f"/ready not 200 within {SWEEP_TIMEOUT_S}s")
+            time.sleep(0.5)
+        log = run.log()
+        assert any(x.startswith("calibrating: candidate 1 of 2") for x in reasons), reasons
+        assert any(x.startswith("calibrating: candidate 2 of 2") for x in reasons), reasons
+        # two candidate engines, then the serving one
+        assert log.count("  starting ") == 2 and log.count("engine started (pid") == 1, tail(log)
+        stored = DirectoryRecords(records).all()
+        assert len(stored) == 1, tail(log)
+        record = stored[0]
+        assert [t["name"] for t in record.trials] == ["heuristic", "max_num_seqs x2"]
+        tuning = run.get("/tuning").json()
+        assert tuning["measured"]["used"] is True and tuning["measured"]["reason"].startswith("calibrated now ")
+        assert tuning["measured"]["stored"] == str(records / f"{record.key.name}.json")
+        assert run.get("/tuning/record").json() == record.to_json()
+        args = re.search(r"non-default args: (\{.*\})", log.split("engine started (pid")[1])
+        assert args and f"'max_num_seqs': {record.chosen['max_num_seqs']}" in args.group(1), tail(log)
+        startup = run.get("/startup").json()
+        assert list(startup["stages"]) == ["preflight", "calibrate", "load_weights", "profile_kv_cache",
+                                           "start_server"], startup
+        assert startup["stages"]["calibrate"] > startup["stages"]["load_weights"], startup  # two engines' worth
+        assert abs(sum(startup["stages"].values()) - ready_after) <= 1.5, (startup, ready_after)  # polled every 0.5 s
+    finally:
+        run.stop()

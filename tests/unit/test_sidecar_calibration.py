@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from engine_sidecar.calibration import HEURISTIC_AGAIN, NOISE_MARGIN, Candidate, Measurement, Objective, Trial, candidates, choose
+from engine_sidecar.calibration import (
+    HEURISTIC_AGAIN,
+    NOISE_MARGIN,
+    Candidate,
+    Choice,
+    Measurement,
+    Objective,
+    Trial,
+    candidates,
+    choose,
+    confirm,
+    confirm_order,
+    median_run,
+)
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.tuning import KV_FILL
@@ -40,10 +53,11 @@ def test_the_heuristic_comes_first_then_one_knob_at_a_time_within_the_budget():
     by_name = {c.name: c.overrides for c in found}
     assert by_name["max_num_seqs x2"] == {"max_num_seqs": p.max_num_seqs * 2}
     assert by_name["max_num_seqs /2"] == {"max_num_seqs": p.max_num_seqs // 2}
-    # a 200-token sequence takes 2 blocks of 128; the heuristic fills 90 % of the blocks, the neighbour all
+    # a 200-token sequence takes 2 blocks of 128; the heuristic fills 90 % of the blocks, the neighbour
+    # all but vLLM's null block
     blocks = tuning.prediction.kv_blocks
     assert p.max_num_seqs == int(blocks * KV_FILL) // 2 < blocks // 2
-    assert by_name["max_num_seqs at full KV"] == {"max_num_seqs": blocks // 2}
+    assert by_name["max_num_seqs at full KV"] == {"max_num_seqs": (blocks - 1) // 2}
     assert by_name["max_num_batched_tokens x2"] == {"max_num_batched_tokens": p.max_num_batched_tokens * 2}
     single = [c for c in found[1:] if len(c.overrides) == 1]
     assert found[1:len(single) + 1] == single  # one-knob moves before two-knob ones
@@ -133,3 +147,69 @@ def test_the_default_interactive_limits_are_the_heuristics_own_measurement():
     assert INTERACTIVE.limits(m(1, ttft=0.7, itl=0.03)) == (0.7, 0.03)
     assert BATCH.limits(m(1, ttft=0.7)) == (None, None)
     assert Objective.of(PROFILES["interactive"], 0.2).limits(m(1, ttft=0.7, itl=0.03)) == (0.2, 0.03)
+
+
+# ---- repeats and confirmation -------------------------------------------------------------------
+
+def test_the_median_run_stands_for_an_engine_and_keeps_its_worst_failures_and_preemptions():
+    runs = [m(100, ttft=0.3, preemptions=0), m(300, ttft=0.9, preemptions=2, completed=31), m(200, ttft=0.5, preemptions=0)]
+    med = median_run(runs)
+    assert (med.throughput_tok_s, med.ttft_p99_s, med.itl_p99_s) == (200, 0.5, 0.05)
+    assert (med.completed, med.preemptions, med.runs) == (31, 2, 3)
+    assert median_run([m(5)]) == m(5)
+    assert median_run([m(5), m(6, preemptions=None)]).preemptions is None  # one run unknown: unknown
+    with pytest.raises(ValueError):
+        median_run([])
+
+
+def test_confirmation_alternates_who_runs_first_and_renames_the_runs():
+    nominee, h = Candidate("more", {"max_num_seqs": 14}), Candidate("heuristic")
+    first, second = confirm_order(nominee, h, 1)
+    assert (first.name, second.name) == ("more (confirm 1)", "heuristic (confirm 1)")
+    assert first.overrides == {"max_num_seqs": 14} and second.is_heuristic
+    assert [c.name for c in confirm_order(nominee, h, 2)] == ["heuristic (confirm 2)", "more (confirm 2)"]
+
+
+def pair(challenger: Measurement | None, heuristic_run: Measurement | None, error: str = "") -> tuple[Trial, Trial]:
+    return (Trial(Candidate("more (confirm)", {"max_num_seqs": 14}), {}, challenger, error if challenger is None else ""),
+            Trial(Candidate("heuristic (confirm)"), {}, heuristic_run, error if heuristic_run is None else ""))
+
+
+NOMINEE = Choice(trial("more", m(130)), "more: 130.0 output tok/s", ("more", "heuristic"))
+
+
+@pytest.mark.parametrize(("objective", "pairs", "kept", "why"), [
+    pytest.param(BATCH, [pair(m(130), m(100)), pair(m(125), m(100))], "more", "confirmed in 2 of 2",
+                 id="wins-every-pair"),
+    pytest.param(BATCH, [pair(m(130), m(100)), pair(m(60), m(100))], "heuristic", "won 1 of 2",
+                 id="a-lucky-sweep-run-does-not-hold"),
+    pytest.param(BATCH, [pair(m(104), m(100)), pair(m(104), m(100))], "heuristic", "1.04x",
+                 id="within-the-noise-margin-is-no-win"),
+    pytest.param(BATCH, [pair(None, m(100), "exited"), pair(m(130), m(100))], "heuristic", "challenger failed (exited)",
+                 id="a-failed-challenger-run-loses"),
+    pytest.param(BATCH, [pair(m(130), None, "exited"), pair(m(130), m(100))], "more", "heuristic's run failed",
+                 id="a-failed-heuristic-run-is-a-win"),
+    pytest.param(Objective("latency", ttft_p99_limit_s=0.25), [pair(m(90, ttft=0.1), m(100, ttft=0.9)),
+                                                               pair(m(90, ttft=0.1), m(100, ttft=0.8))],
+                 "more", "over the limits", id="the-heuristic-misses-a-stated-limit"),
+    pytest.param(Objective("latency", ttft_p99_limit_s=0.25), [pair(m(200, ttft=0.3), m(100, ttft=0.9)),
+                                                               pair(m(200, ttft=0.1), m(100, ttft=0.9))],
+                 "heuristic", "won 1 of 2", id="the-challenger-misses-it-once"),
+    pytest.param(INTERACTIVE, [pair(m(200, ttft=0.6), m(100, ttft=0.5)), pair(m(200, ttft=0.4), m(100, ttft=0.5))],
+                 "heuristic", "over the limits", id="default-limits-are-the-pairs-heuristic-run"),
+    pytest.param(INTERACTIVE, [pair(m(200, ttft=0.4, preemptions=2), m(100)), pair(m(200, ttft=0.4), m(100))],
+                 "heuristic", "preempted 2x", id="interactive-a-preempting-challenger-loses-to-a-calm-heuristic"),
+    pytest.param(BATCH, [pair(m(130), m(100))], "heuristic", "not confirmed (1 of 2",
+                 id="stopped-before-all-pairs-ran"),
+])
+def test_a_sweeps_winner_is_kept_only_if_it_wins_every_alternating_pair(objective, pairs, kept, why):
+    choice = confirm(objective, NOMINEE, trial("heuristic", m(100)), pairs, expected=2)
+    assert choice.trial.candidate.name == kept
+    assert why in choice.reason
+    assert choice.ranking == NOMINEE.ranking
+
+
+def test_a_heuristic_nominee_or_no_confirmation_asked_is_kept_as_it_is():
+    kept = Choice(trial("heuristic", m(100)), "the heuristic's values measured best", ("heuristic",))
+    assert confirm(BATCH, kept, kept.trial, [], expected=2) is kept
+    assert confirm(BATCH, NOMINEE, kept.trial, [], expected=0) is NOMINEE

@@ -169,19 +169,24 @@ class FakeStarter:
 
 
 class FakeLoad:
-    """Throughput = 10 x max_num_seqs of the engine last started; the warm-up is recorded apart."""
+    """Throughput = 10 x max_num_seqs of the engine last started, times ``luck`` for an engine
+    named there (a lucky sweep run); the warm-up is recorded apart."""
 
-    def __init__(self, starter: FakeStarter) -> None:
+    def __init__(self, starter: FakeStarter, luck: dict[str, float] | None = None) -> None:
         self.starter = starter
+        self.luck = luck or {}
         self.runs: list[str] = []
 
     def run(self, workload: Workload) -> Measurement:
         self.runs.append(workload.name)
         seqs = self.starter.seqs[-1] or 1
-        return Measurement(len(workload.requests), len(workload.requests), 10, 1.0, 10.0 * seqs, 0.1, 0.2, 0.01, 0.5, 0)
+        engine = self.starter.log[-1].removeprefix("start ")
+        tput = 10.0 * seqs * self.luck.get(engine, 1.0)
+        return Measurement(len(workload.requests), len(workload.requests), 10, 1.0, tput, 0.1, 0.2, 0.01, 0.5, 0)
 
 
-def sweep_for(starter: FakeStarter, budget: int = 3, stop_after: int | None = None) -> tuple[Sweep, object]:
+def sweep_for(starter: FakeStarter, budget: int = 3, stop_after: int | None = None, repeats: int = 1,
+              confirm: int = 0, luck: dict[str, float] | None = None) -> tuple[Sweep, object]:
     inputs = make_inputs(make_tiny(), cpu_gpus(2 * MIB), "batch")
     inputs = type(inputs)(**{**inputs.__dict__, "profile": profile("batch", 100, 100)})
     heuristic = plan(inputs).tuning
@@ -191,8 +196,8 @@ def sweep_for(starter: FakeStarter, budget: int = 3, stop_after: int | None = No
         calls["n"] += 1
         return stop_after is not None and len(starter.log) >= stop_after
 
-    sweep = Sweep(inputs, starter, FakeLoad(starter), Workload.of(inputs.profile, 4), Objective("throughput"), budget,
-                  ready_timeout_s=5, should_stop=should_stop, poll_s=0)
+    sweep = Sweep(inputs, starter, FakeLoad(starter, luck), Workload.of(inputs.profile, 4), Objective("throughput"),
+                  budget, ready_timeout_s=5, should_stop=should_stop, poll_s=0, repeats=repeats, confirm=confirm)
     return sweep, heuristic
 
 
@@ -227,3 +232,37 @@ def test_a_stop_request_ends_the_sweep_and_keeps_the_heuristic():
     assert result.stopped
     assert starter.log == ["start heuristic", "stop heuristic"]
     assert result.chosen is heuristic
+
+
+def test_each_engine_serves_the_workload_repeatedly_and_a_winner_is_confirmed_in_alternating_pairs():
+    starter = FakeStarter()
+    sweep, heuristic = sweep_for(starter, budget=2, repeats=3, confirm=2)
+    result = sweep.run(heuristic)
+    started = [line.removeprefix("start ") for line in starter.log if line.startswith("start ")]
+    assert started == ["heuristic", "max_num_seqs x2", "max_num_seqs x2 (confirm 1)", "heuristic (confirm 1)",
+                       "heuristic (confirm 2)", "max_num_seqs x2 (confirm 2)"]
+    assert sweep.load.runs == (["warm-up"] + [sweep.workload.name] * 3) * 6  # type: ignore[attr-defined]
+    assert all(t.measurement and t.measurement.runs == 3 for t in result.trials)
+    assert result.choice.trial.candidate.name == "max_num_seqs x2"
+    assert "confirmed in 2 of 2 alternating runs" in result.choice.reason
+    assert result.chosen.params.max_num_seqs == 2 * heuristic.params.max_num_seqs
+
+
+def test_a_challenger_lucky_only_in_the_sweep_is_not_kept():
+    starter = FakeStarter()
+    # x2 seqs is 2x the throughput; its sweep engine is 1.5x luckier still, its confirmation engines 0.25x
+    luck = {"max_num_seqs x2": 1.5, "max_num_seqs x2 (confirm 1)": 0.25, "max_num_seqs x2 (confirm 2)": 0.25}
+    sweep, heuristic = sweep_for(starter, budget=2, confirm=2, luck=luck)
+    result = sweep.run(heuristic)
+    assert result.choice.trial.candidate.is_heuristic and result.chosen is heuristic
+    assert "won 0 of 2 alternating runs" in result.choice.reason and "0.50x the heuristic's throughput" in result.choice.reason
+    assert [t.candidate.name for t in result.trials][-4:] == ["max_num_seqs x2 (confirm 1)", "heuristic (confirm 1)",
+                                                              "heuristic (confirm 2)", "max_num_seqs x2 (confirm 2)"]
+
+
+def test_a_stop_during_confirmation_keeps_the_heuristic():
+    starter = FakeStarter()
+    sweep, heuristic = sweep_for(starter, budget=2, confirm=2, stop_after=8)  # stops once confirmation pair 1 has run
+    result = sweep.run(heuristic)
+    assert result.stopped and result.chosen is heuristic
+    assert "not confirmed (1 of 2 alternating runs" in result.choice.reason

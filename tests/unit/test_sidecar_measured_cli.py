@@ -98,3 +98,22 @@ def test_an_unreadable_trace_is_an_input_error_not_a_crash(tmp_path):
 
     with pytest.raises(SidecarError):
         load_trace(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--calibrate-budget", "0", "must be a whole number >= 1, got 0"),
+    ("--calibrate-repeats", "two", "must be a whole number >= 1, got 'two'"),
+    ("--calibrate-confirm", "-1", "must be a whole number >= 0, got -1"),
+    ("--calibrate-requests", "0", "must be a whole number >= 1, got 0"),
+])
+def test_calibration_counts_are_checked_with_an_error_that_says_what_to_give(flag, value, said, capsys):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--model", "m", flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {said}" in capsys.readouterr().err
+
+
+def test_no_confirmation_is_a_choice_a_user_can_make():
+    args = build_parser().parse_args(["--model", "m", "--model-dir", "/models/m", "--calibrate-confirm", "0",
+                                     "--calibrate-repeats", "1"])
+    assert (args.calibrate_confirm, args.calibrate_repeats) == (0, 1)

@@ -58,6 +58,12 @@ class Ticks:
                   "kv_cache_ready": 115.0, "ready": 118.0},
                  {"preflight": 3.0, "load_weights": 0.0, "profile_kv_cache": 12.0, "start_server": 3.0}, (), 18.0,
                  id="an-event-before-the-previous-counts-as-at-it"),
+    pytest.param({"container_started": 100.0, "calibration_started": 102.0, "engine_launched": 402.0,
+                  "weights_loaded": 410.0, "kv_cache_ready": 415.0, "ready": 418.0},
+                 {"preflight": 2.0, "calibrate": 300.0, "load_weights": 8.0, "profile_kv_cache": 5.0,
+                  "start_server": 3.0}, (), 318.0, id="a-calibrated-start-has-the-sweep-as-its-own-stage"),
+    pytest.param({"container_started": 100.0, "calibration_started": 102.0},
+                 {"preflight": 2.0}, (), None, id="still-calibrating"),
 ])
 def test_stages_are_the_intervals_between_events_and_add_up_to_the_total(events, stages, missing, total):
     report = report_of(events)
@@ -110,7 +116,8 @@ def test_every_marker_holds_the_word_the_fast_path_tests_for():
 
 
 def test_an_unknown_event_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown start-up event 'loaded'; known: container_started, engine_launched"):
+    with pytest.raises(ValueError, match="unknown start-up event 'loaded'; known: container_started, "
+                                         "calibration_started, engine_launched"):
         StartupClock(0.0).mark("loaded")
 
 
