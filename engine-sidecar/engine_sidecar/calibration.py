@@ -203,11 +203,14 @@ def _effective(p: Any, overrides: Mapping[str, int]) -> tuple[object, ...]:
     return tuple(overrides.get(k, getattr(p, k)) for k in SWEPT)
 
 
-def choose(objective: Objective, trials: Sequence[Trial]) -> Choice:
+def choose(objective: Objective, trials: Sequence[Trial], confirming: bool = False) -> Choice:
     """The trial to keep (module docstring). The heuristic's trial must be in ``trials``; when
     no trial is clean, or none meets the limits, it is kept with the reason why. With two clean
     heuristic runs, their mean is the baseline and their throughput spread, when above
-    ``NOISE_MARGIN``, the margin a challenger must beat."""
+    ``NOISE_MARGIN``, the margin a challenger must beat — unless ``confirming``: the pick is then
+    only a nominee for ``confirm``, whose alternating pairs answer the doubt the spread raises
+    (a sweep whose two heuristic engines differ by 50 % cannot tell, so it measures more rather
+    than keep the heuristic unexamined)."""
     runs = [t for t in trials if t.candidate.is_heuristic]
     if not runs:
         raise ValueError("choose: the heuristic's trial is missing (candidates() always lists it first)")
@@ -215,7 +218,7 @@ def choose(objective: Objective, trials: Sequence[Trial]) -> Choice:
     clean_runs = [t.measurement for t in runs if t.clean and t.measurement is not None]
     base = _mean(clean_runs)
     margin = NOISE_MARGIN
-    if len(clean_runs) > 1 and base is not None and base.throughput_tok_s > 0:
+    if len(clean_runs) > 1 and base is not None and base.throughput_tok_s > 0 and not confirming:
         tputs = [m.throughput_tok_s for m in clean_runs]
         margin = max(margin, (max(tputs) - min(tputs)) / base.throughput_tok_s)
     ttft_limit, itl_limit = objective.limits(base)

@@ -106,7 +106,7 @@ class Sweep:
             trials.append(self.measured(cand))
         if not trials or not trials[0].candidate.is_heuristic:
             trials.insert(0, Trial(todo[0], _swept(heuristic), error="not measured: the sweep was stopped"))
-        choice = choose(self.objective, trials)
+        choice = choose(self.objective, trials, confirming=self.confirm > 0)
         if not choice.trial.candidate.is_heuristic and self.confirm:
             pairs = self.confirmation(choice.trial.candidate, todo[0], trials)
             choice = confirm(self.objective, choice, trials[0], pairs, self.confirm)

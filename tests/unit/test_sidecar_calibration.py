@@ -133,6 +133,9 @@ def test_two_heuristic_runs_set_the_baseline_and_the_noise_margin():
     assert kept.trial.candidate.name == "heuristic" and "within the 40% noise margin" in kept.reason
     won = choose(BATCH, [trial("heuristic", m(80)), trial("more", m(160)), again])
     assert won.trial.candidate.name == "more" and "1.60x the heuristic's (noise margin 40%)" in won.reason
+    # a pick that will be confirmed is only a nominee: the spread does not veto it, the pairs decide
+    nominee = choose(BATCH, [trial("heuristic", m(80)), trial("more", m(130)), again], confirming=True)
+    assert nominee.trial.candidate.name == "more" and "1.30x the heuristic's (noise margin 5%)" in nominee.reason
     # interactive: the limits are the two runs' mean (0.5 s), not the first run's 0.4 s
     assert choose(INTERACTIVE, [trial("heuristic", m(80, ttft=0.4)), trial("more", m(200, ttft=0.45)),
                                 Trial(Candidate(HEURISTIC_AGAIN), {}, m(80, ttft=0.6))]).trial.candidate.name == "more"
