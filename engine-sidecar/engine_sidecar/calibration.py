@@ -225,9 +225,7 @@ def choose(objective: Objective, trials: Sequence[Trial], confirming: bool = Fal
     # Unstated limits are the heuristic's own p99s, at the worst of its runs: two runs of one
     # configuration differ by more than the ITL a challenger adds (the benchmark: 4.9 and 7.8 ms),
     # and a limit at their mean ruled out candidates that met the stated TTFT limit by 10x.
-    worst = (replace(base, ttft_p99_s=max(m.ttft_p99_s for m in clean_runs),
-                     itl_p99_s=max(m.itl_p99_s for m in clean_runs)) if base is not None else None)
-    ttft_limit, itl_limit = objective.limits(worst)
+    ttft_limit, itl_limit = objective.limits(_worst(clean_runs))
     clean = [t for t in trials if t.clean]
     if not clean:
         return Choice(heuristic, "no candidate served every request; keeping the heuristic's values", ())
@@ -296,12 +294,13 @@ def confirm_order(nominee: Candidate, heuristic: Candidate, pair: int) -> tuple[
 
 
 def confirm(objective: Objective, nominee: Choice, heuristic: Trial, pairs: Sequence[tuple[Trial, Trial]],
-            expected: int) -> Choice:
+            expected: int, heuristic_runs: Sequence[Trial] = ()) -> Choice:
     """The sweep's winner ``nominee`` kept only when it wins every one of the ``expected``
     confirmation ``pairs`` (its run, the heuristic's run); otherwise the heuristic's trial, with
     the pairs' figures as the reason. A pair is won when the challenger's run is clean and within
-    the limits (the stated ones; for a latency objective without them, that pair's heuristic
-    p99s), and the heuristic's run is not (failed, or over the limits), or — for a latency
+    the limits (the stated ones; for a latency objective without them, the heuristic's p99s at the
+    worst of all its runs: ``heuristic_runs`` of the sweep and those of the pairs, as ``choose``
+    sets them), and the heuristic's run is not (failed, or over the limits), or — for a latency
     objective — the challenger did not preempt where the heuristic did not, and its throughput
     beats the heuristic's by more than ``NOISE_MARGIN``. A nominee that is the heuristic needs
     no confirmation."""
@@ -311,7 +310,10 @@ def confirm(objective: Objective, nominee: Choice, heuristic: Trial, pairs: Sequ
     if len(pairs) < expected:
         return Choice(heuristic, f"{name} led the sweep but was not confirmed ({len(pairs)} of {expected} "
                       "alternating runs before the sweep was stopped); keeping the heuristic's values", nominee.ranking)
-    verdicts = [_pair_verdict(objective, c, h) for c, h in pairs]
+    runs = [t.measurement for t in (heuristic, *heuristic_runs, *(h for _, h in pairs))
+            if t.clean and t.measurement is not None]
+    limits = objective.limits(_worst(runs))
+    verdicts = [_pair_verdict(objective, limits, c, h) for c, h in pairs]
     said = "; ".join(f"pair {n}: {why}" for n, (_, why) in enumerate(verdicts, 1))
     won = sum(1 for ok, _ in verdicts if ok)
     if won == len(verdicts):
@@ -321,12 +323,13 @@ def confirm(objective: Objective, nominee: Choice, heuristic: Trial, pairs: Sequ
                   f"heuristic ({said}); keeping the heuristic's values", nominee.ranking)
 
 
-def _pair_verdict(objective: Objective, challenger: Trial, heuristic: Trial) -> tuple[bool, str]:
+def _pair_verdict(objective: Objective, limits: tuple[float | None, float | None], challenger: Trial,
+                  heuristic: Trial) -> tuple[bool, str]:
     c, h = challenger.measurement, heuristic.measurement
     if not challenger.clean or c is None:
         return False, f"the challenger failed ({challenger.error or 'no measurement'})"
     h_ok = heuristic.clean and h is not None
-    ttft, itl = objective.limits(h if h_ok else None)
+    ttft, itl = limits
 
     def within(m: Measurement) -> bool:
         return (ttft is None or m.ttft_p99_s <= ttft) and (itl is None or m.itl_p99_s <= itl)
@@ -341,6 +344,13 @@ def _pair_verdict(objective: Objective, challenger: Trial, heuristic: Trial) -> 
         return False, f"the challenger preempted {c.preemptions}x, the heuristic not"
     ratio = c.throughput_tok_s / h.throughput_tok_s if h.throughput_tok_s > 0 else float("inf")
     return ratio > 1 + NOISE_MARGIN, f"{ratio:.2f}x the heuristic's throughput"
+
+
+def _worst(runs: Sequence[Measurement]) -> Measurement | None:
+    """The heuristic's runs as the limits they set: the highest TTFT and ITL p99 of any run."""
+    if not runs:
+        return None
+    return replace(runs[0], ttft_p99_s=max(m.ttft_p99_s for m in runs), itl_p99_s=max(m.itl_p99_s for m in runs))
 
 
 def _mean(runs: Sequence[Measurement]) -> Measurement | None:

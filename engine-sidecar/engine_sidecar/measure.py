@@ -108,8 +108,9 @@ class Sweep:
             trials.insert(0, Trial(todo[0], _swept(heuristic), error="not measured: the sweep was stopped"))
         choice = choose(self.objective, trials, confirming=self.confirm > 0)
         if not choice.trial.candidate.is_heuristic and self.confirm:
+            again = [t for t in trials[1:] if t.candidate.is_heuristic]  # HEURISTIC_AGAIN
             pairs = self.confirmation(choice.trial.candidate, todo[0], trials)
-            choice = confirm(self.objective, choice, trials[0], pairs, self.confirm)
+            choice = confirm(self.objective, choice, trials[0], pairs, self.confirm, again)
         chosen = self.tuning_for(choice.trial.candidate) if not choice.trial.candidate.is_heuristic else heuristic
         return SweepResult(tuple(trials), choice, heuristic, chosen or heuristic, self.clock() - start,
                            stopped or self.should_stop())
