@@ -162,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
             def republish_slice() -> None:
                 writer.relist()
                 slice_publisher.rewrite()
+
+            from nodeagent.dra.slices import DRIVER
+            from nodeagent.kube import SliceWatch
+
+            # the kubelet's start-up wipe may land after the re-publish on registration: see SliceWatch
+            Reflector("resourceslices", client.ResourceV1Api().list_resource_slice,
+                      SliceWatch(lambda: writer.held_name, republish_slice),
+                      list_kwargs={"field_selector": f"spec.nodeName={args.node_name},spec.driver={DRIVER}"}).start()
         if args.dra_kubelet_plugin:
             from nodeagent.kube import claim_reader
 

@@ -152,6 +152,12 @@ class ResourceSliceWriter:
         """Forget the stored slice: the next call lists again (and re-creates a slice that was deleted)."""
         self._listed = False
 
+    @property
+    def held_name(self) -> str | None:
+        """The name of the slice this writer last wrote or adopted; None before the first write."""
+        current = self._current
+        return str(current["metadata"]["name"]) if current else None
+
     def __call__(self, devices: Sequence[SliceDevice]) -> None:
         if not self._listed:
             self._current = self._adopt()
@@ -193,6 +199,40 @@ class ResourceSliceWriter:
             log.info("adopted ResourceSlice %s (pool generation %s)", slices[0]["metadata"]["name"],
                      slices[0]["spec"]["pool"].get("generation"))
         return slices[0] if slices else None
+
+
+class SliceWatch:
+    """The watch handler (``extender.adapters.reflector.Handler``) of this node's gpusched
+    ResourceSlices: when the slice the writer holds (``held()``) is deleted by someone else,
+    ``republish()`` runs, so the node is not left without devices.
+
+    Why a watch and not the registration alone: the kubelet deletes its node's slices when it
+    starts in a background goroutine that retries with backoff (``wipeResourceSlices`` in
+    pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go, 1.37), while the plugin registers on its
+    own schedule; on a busy node the wipe can land after the agent's re-publish on registration,
+    and nothing would write the slice again until the next kubelet restart. The agent's own
+    writes (ADDED, MODIFIED) and its deletions of extra slices (other names) change nothing here.
+    """
+
+    def __init__(self, held: Callable[[], str | None], republish: Callable[[], None]) -> None:
+        self._held = held
+        self._republish = republish
+        self.republished = 0
+
+    def replace(self, items: list[dict[str, Any]], /) -> None:
+        name = self._held()
+        if name and name not in {(i.get("metadata") or {}).get("name") for i in items}:
+            self._gone(name)
+
+    def apply(self, event_type: str, obj: dict[str, Any], /) -> None:
+        name = self._held()
+        if event_type == "DELETED" and name and (obj.get("metadata") or {}).get("name") == name:
+            self._gone(name)
+
+    def _gone(self, name: str) -> None:
+        log.info("ResourceSlice %s was deleted (a starting kubelet wipes its node's slices); writing it again", name)
+        self.republished += 1
+        self._republish()
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -16,7 +16,10 @@ agent's ResourceSlice. Checked:
   retries once the restarted agent registers again, which unprepares from its checkpoint —
   nothing is left;
 - a restarted kubelet deletes the node's ResourceSlices and registers the plugin again: the agent
-  writes its slice anew, and a claim is allocated and prepared as before.
+  writes its slice anew, and a claim is allocated and prepared as before;
+- a slice deleted behind the agent's back, with no registration at all (what the kubelet's
+  start-up wipe does when it lands after the registration), is written again from the agent's
+  watch.
 """
 
 from __future__ import annotations
@@ -242,9 +245,14 @@ def test_a_restarted_kubelet_wipes_the_slice_and_the_agent_writes_it_again(dra_n
     dra_node.cluster.node.restart_kubelet()
     wait_until(lambda: dra_node.registrations() > registrations, 60, "the restarted kubelet to register the plugin",
                context=dra_node.kubelet_tail)
-    after = wait_until(lambda: (s := dra_node.slices()) and len(s[0]["spec"]["devices"]) == 4 and s, 30,
-                       "the agent to write its slice again", context=lambda: dra_node.agent_log()[-2000:])
-    assert after[0]["metadata"]["uid"] != before["metadata"]["uid"]  # the kubelet deleted it; the agent re-created it
+    # The kubelet deletes the slice in the background, possibly after the re-registration (its wipe
+    # retries with backoff): the agent's watch writes it again whenever that lands. Until then the
+    # old slice may still be listed, so wait for a new one, not for any.
+    after = wait_until(lambda: (s := dra_node.slices()) and s[0]["metadata"]["uid"] != before["metadata"]["uid"]
+                       and len(s[0]["spec"]["devices"]) == 4 and s, 60,
+                       "the kubelet to delete the slice and the agent to write it again",
+                       context=lambda: f"{dra_node.slices()}\n{dra_node.agent_log()[-2000:]}")
+    assert len(after) == 1
     name = dra_node.create(count=2)
     dra_node.running(name)
     _, uuids = dra_node.allocated_uuids(name)
@@ -256,3 +264,15 @@ def test_a_restarted_kubelet_wipes_the_slice_and_the_agent_writes_it_again(dra_n
                context=lambda: f"{dra_node.left_behind(uid)}\n{dra_node.kubelet_tail()}")
     wait_until(lambda: dra_node.gone(name), 30, f"pod {name} gone")
     dra_node.resource.delete_namespaced_resource_claim(name, NS)
+
+
+def test_a_slice_deleted_behind_the_agents_back_is_written_again(dra_node: DraNode):
+    (before,) = dra_node.slices()
+    registrations = dra_node.registrations()
+    dra_node.resource.delete_resource_slice(before["metadata"]["name"])  # as the kubelet's late wipe does
+    after = wait_until(lambda: (s := dra_node.slices()) and s[0]["metadata"]["uid"] != before["metadata"]["uid"]
+                       and s, 30, "the agent to write its deleted slice again",
+                       context=lambda: dra_node.agent_log()[-2000:])
+    assert len(after) == 1 and len(after[0]["spec"]["devices"]) == 4
+    assert dra_node.registrations() == registrations  # the watch did it, not a registration
+    assert "was deleted (a starting kubelet wipes its node's slices); writing it again" in dra_node.agent_log()

@@ -400,3 +400,36 @@ def test_after_the_kubelet_deletes_the_slice_a_registration_writes_it_again() ->
     assert writes(api) == [f"create n1-{DRIVER}-0 gen 1", f"create n1-{DRIVER}-1 gen 1"]
     time.sleep(0.05)
     assert len(writes(api)) == 2  # once per registration, not a loop
+
+
+def _slice_named(name: str) -> dict:
+    return {"metadata": {"name": name}, "spec": {}}
+
+
+@pytest.mark.parametrize(("held", "events", "republished"), [
+    pytest.param("s1", [("DELETED", "s1")], 1, id="the-kubelets-wipe-after-registration"),
+    pytest.param("s1", [("ADDED", "s1"), ("MODIFIED", "s1")], 0, id="our-own-writes"),
+    pytest.param("s1", [("DELETED", "s0")], 0, id="an-extra-slice-the-agent-deleted-itself"),
+    pytest.param(None, [("DELETED", "s1")], 0, id="nothing-written-yet"),
+    pytest.param("s1", [("replace", "s1")], 0, id="a-relist-that-still-has-it"),
+    pytest.param("s1", [("replace", None)], 1, id="a-relist-after-the-watch-missed-the-delete"),
+])
+def test_a_slice_deleted_by_someone_else_is_written_again(held, events, republished) -> None:
+    from nodeagent.kube import SliceWatch
+
+    calls: list[str] = []
+    watch = SliceWatch(lambda: held, lambda: calls.append("republish"))
+    for event, name in events:
+        if event == "replace":
+            watch.replace([_slice_named(name)] if name else [])
+        else:
+            watch.apply(event, _slice_named(name))
+    assert len(calls) == republished == watch.republished
+
+
+def test_the_writer_says_which_slice_it_holds() -> None:
+    api, state = FakeApi(), preset("a100")
+    writer = ResourceSliceWriter(api, api, "n1")
+    assert writer.held_name is None
+    writer(devices_of(state))
+    assert writer.held_name == f"n1-{DRIVER}-0"
