@@ -36,6 +36,26 @@ def gpusched(args: list[str], env: dict[str, str], timeout: float) -> subprocess
                           cwd=ROOT, env={**env, "PYTHONPATH": f"{ROOT}:{ROOT / 'engine-sidecar'}"})
 
 
+def wait_ready(run: SidecarProcess, timeout_s: float, reasons: list[str] | None = None) -> float:
+    """Poll the sidecar's ``/ready`` every 0.5 s until 200 (failing with its log when it exits or
+    the time is up); each 503's reason goes to ``reasons``. Seconds from its start to ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if run.proc.poll() is not None:
+            run.fail(f"the sidecar exited with {run.proc.returncode}")
+        try:
+            r = run.get("/ready", timeout=2)
+            if r.status_code == 200:
+                return time.monotonic() - run.started
+            if reasons is not None:
+                reasons.append(r.json()["reason"])
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            run.fail(f"/ready not 200 within {timeout_s:g}s")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def measured(vllm_exe, tiny_model, engine_env, flags_cache, tmp_path_factory):
     """``gpusched tune --measure``: the sweep's output and the directory it stored the record in."""
@@ -83,18 +103,7 @@ def test_a_second_start_reuses_the_record_without_measuring(measured, vllm_exe, 
     run = SidecarProcess([*sidecar_args(tiny_model, vllm_exe, flags_cache, records, scratch), "--calibrate",
                           "--", *ENGINE_EXTRA_ARGS], engine_env, scratch / "second-start.log")
     try:
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-        while True:
-            if run.proc.poll() is not None:
-                run.fail(f"the sidecar exited with {run.proc.returncode}")
-            try:
-                if run.get("/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                run.fail(f"/ready not 200 within {ENGINE_START_TIMEOUT_S}s")
-            time.sleep(0.5)
+        wait_ready(run, ENGINE_START_TIMEOUT_S)
         log = run.log()
         assert "calibrating" not in log, tail(log)
         assert log.count("engine started (pid") == 1  # the serving engine only: no candidate engines
@@ -162,21 +171,7 @@ def test_a_first_start_with_calibrate_measures_while_unready_then_serves_the_pic
                           "--calibrate-confirm", "0", "--", *ENGINE_EXTRA_ARGS], engine_env, tmp_path / "sidecar.log")
     reasons: list[str] = []
     try:
-        deadline = time.monotonic() + SWEEP_TIMEOUT_S
-        while True:
-            if run.proc.poll() is not None:
-                run.fail(f"the sidecar exited with {run.proc.returncode}")
-            try:
-                r = run.get("/ready", timeout=2)
-                if r.status_code == 200:
-                    ready_after = time.monotonic() - run.started
-                    break
-                reasons.append(r.json()["reason"])
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                run.fail(f"/ready not 200 within {SWEEP_TIMEOUT_S}s")
-            time.sleep(0.5)
+        ready_after = wait_ready(run, SWEEP_TIMEOUT_S, reasons)
         log = run.log()
         assert any(x.startswith("calibrating: candidate 1 of 2") for x in reasons), reasons
         assert any(x.startswith("calibrating: candidate 2 of 2") for x in reasons), reasons
