@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dra:
             from nodeagent.kube import ResourceSliceWriter
 
-            writer = ResourceSliceWriter(client.ResourceV1Api(), core, args.node_name)
+            slices_api = client.ResourceV1Api()
+            writer = ResourceSliceWriter(slices_api, core, args.node_name)
             slice_publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice")
             publish_slice = slice_publisher.publish
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             from nodeagent.kube import SliceWatch
 
             # the kubelet's start-up wipe may land after the re-publish on registration: see SliceWatch
-            Reflector("resourceslices", client.ResourceV1Api().list_resource_slice,
+            Reflector("resourceslices", slices_api.list_resource_slice,
                       SliceWatch(lambda: writer.held_name, republish_slice),
                       list_kwargs={"field_selector": f"spec.nodeName={args.node_name},spec.driver={DRIVER}"}).start()
         if args.dra_kubelet_plugin:

@@ -39,7 +39,7 @@ in odd pairs, the heuristic first in even ones, so a machine that drifts favours
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -266,19 +266,11 @@ def choose(objective: Objective, trials: Sequence[Trial], confirming: bool = Fal
 def median_run(runs: Sequence[Measurement]) -> Measurement:
     """Several runs of the workload on one engine as one: each figure the median of the runs,
     ``completed`` the fewest (a run that failed a request fails the candidate) and
-    ``preemptions`` the most of any run (a candidate is preemption-free only if every run was)."""
+    ``preemptions`` the most of any run (a candidate is preemption-free only if every run was;
+    unknown if any run's count is)."""
     if not runs:
         raise ValueError("median_run: no runs")
-    if len(runs) == 1:
-        return runs[0]
-
-    def med(name: str) -> float:
-        return float(statistics.median(float(getattr(m, name)) for m in runs))
-
-    pre = [m.preemptions for m in runs if m.preemptions is not None]
-    return Measurement(runs[0].requests, min(m.completed for m in runs), int(med("output_tokens")), med("wall_s"),
-                       med("throughput_tok_s"), med("ttft_p50_s"), med("ttft_p99_s"), med("itl_p99_s"),
-                       med("latency_p50_s"), max(pre) if len(pre) == len(runs) else None, sum(m.runs for m in runs))
+    return _combine(runs, statistics.median, every_count=True)
 
 
 def confirm_name(name: str, pair: int) -> str:
@@ -354,19 +346,25 @@ def _worst(runs: Sequence[Measurement]) -> Measurement | None:
 
 
 def _mean(runs: Sequence[Measurement]) -> Measurement | None:
-    """The heuristic's runs as one: figures averaged, preemptions the most of any run."""
-    if not runs:
-        return None
+    """The heuristic's runs as one: figures averaged, preemptions the most of any run that has a count."""
+    return _combine(runs, statistics.fmean, every_count=False) if runs else None
+
+
+def _combine(runs: Sequence[Measurement], center: Callable[[list[float]], float], every_count: bool) -> Measurement:
+    """``runs`` (at least one) as one Measurement: each figure ``center`` of the runs, ``completed``
+    the fewest, ``preemptions`` the most (None when no run, or with ``every_count`` not every run,
+    has a count), ``runs`` their total."""
     if len(runs) == 1:
         return runs[0]
 
-    def avg(name: str) -> float:
-        return sum(float(getattr(m, name)) for m in runs) / len(runs)
+    def of(name: str) -> float:
+        return float(center([float(getattr(m, name)) for m in runs]))
 
     pre = [m.preemptions for m in runs if m.preemptions is not None]
-    return Measurement(runs[0].requests, min(m.completed for m in runs), int(avg("output_tokens")), avg("wall_s"),
-                       avg("throughput_tok_s"), avg("ttft_p50_s"), avg("ttft_p99_s"), avg("itl_p99_s"),
-                       avg("latency_p50_s"), max(pre) if pre else None)
+    counted = bool(pre) and (len(pre) == len(runs) or not every_count)
+    return Measurement(runs[0].requests, min(m.completed for m in runs), int(of("output_tokens")), of("wall_s"),
+                       of("throughput_tok_s"), of("ttft_p50_s"), of("ttft_p99_s"), of("itl_p99_s"),
+                       of("latency_p50_s"), max(pre) if counted else None, sum(m.runs for m in runs))
 
 
 def _tput(t: Trial) -> float:
