@@ -14,7 +14,8 @@ overriding earlier ones:
   too; the last occurrence wins) and ``--enable-expert-parallel``/``-ep`` (or
   ``--no-enable-expert-parallel``). A value ``$(VAR)``/``$VAR`` is read from the container's
   ``env`` values. In a shell string (``sh -c "ulimit -n 65536 && vllm serve …"``) only the
-  command that runs vLLM is read;
+  command that runs vLLM is read (``extender.model.shellwords``: linear in the text; a string
+  longer than Linux takes for one argument, 128 KiB, is refused: the container could never start);
 * pod annotations ``gpusched.io/model``, ``gpusched.io/tensor-parallel-size``,
   ``gpusched.io/pipeline-parallel-size``, ``gpusched.io/model-attention-heads``,
   ``gpusched.io/model-kv-heads``, ``gpusched.io/gpu-memory-per-gpu`` (a quantity) and
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -71,6 +71,8 @@ from extender.model.dra import DRA_MARKER_RESOURCE, GPU_CLASS, DraDemand
 from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.quantity import format_gib, parse_quantity_bytes
 from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from extender.model.shellwords import MAX_ARG_BYTES, split_shell_words
+from extender.model.untrusted import shown
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ANN_MODEL = "gpusched.io/model"
@@ -97,7 +99,8 @@ _EP_OFF = ("--no-enable-expert-parallel",)
 _SETTING_OF: Mapping[str, str] = MappingProxyType({flag: key for key, flags in _VALUE_FLAGS.items() for flag in flags})
 # Flags that mark a container as the engine; -n and -r are too common elsewhere (head -n, nice -n).
 _ENGINE_FLAGS = frozenset(_SETTING_OF) - {"-n", "-r"} | frozenset(_EP_ON + _EP_OFF)
-_INTEGER = re.compile(r"^[+]?\d+$")
+# Nine digits: every real count or size, and int() never meets a number long enough to be slow.
+_INTEGER = re.compile(r"^[+]?[0-9]{1,9}$")
 _ENV_REFERENCE = re.compile(r"^\$(?:\((\w+)\)|\{(\w+)\}|(\w+))$")
 
 
@@ -242,7 +245,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         kv_heads = spec.kv_heads
     if heads is None and layout.stated and tp > 1:
         raise _Invalid(
-            f"model {model!r} is not in the gpusched model catalog, so its attention heads are "
+            f"model {shown(model)} is not in the gpusched model catalog, so its attention heads are "
             f"unknown and tensor-parallel-size {tp} cannot be checked; add annotations "
             f"{ANN_HEADS} and {ANN_KV_HEADS} (from the model's config.json "
             "num_attention_heads and num_key_value_heads) or a catalog entry"
@@ -404,8 +407,8 @@ def _container_gpus(container: Mapping[str, Any], resource: str = GPU_RESOURCE) 
             if not _INTEGER.match(text):
                 what = {GPU_RESOURCE: "GPUs", SHARE_RESOURCE: "shares"}.get(resource, "units")
                 raise _Invalid(
-                    f"container {container.get('name', '?')!r} resources.{section}"
-                    f"[{resource!r}] must be a whole number of {what}, got {value!r}"
+                    f"container {shown(container.get('name', '?'))} resources.{section}"
+                    f"[{resource!r}] must be a whole number of {what}, got {shown(value)}"
                 )
             return int(text)
     return 0
@@ -436,7 +439,7 @@ def _share(annotations: Mapping[str, Any], containers: Sequence[Mapping[str, Any
         raise _Invalid(f"annotation {SHARE_MEMORY_ANNOTATION}: {exc}") from exc
     if num_bytes < MIN_SHARE_BYTES:
         raise _Invalid(f"annotation {SHARE_MEMORY_ANNOTATION}: a share must be at least "
-                       f"{format_gib(MIN_SHARE_BYTES)}, got {value!r}")
+                       f"{format_gib(MIN_SHARE_BYTES)}, got {shown(value)}")
     return num_bytes
 
 
@@ -461,25 +464,24 @@ _SHELL_PUNCTUATION = frozenset("();<>|&")
 
 def _segments(container: Mapping[str, Any]) -> list[list[str]]:
     """command + args as shell commands: strings with spaces (``sh -c "… && vllm serve …"``) are
-    shell-split, and ``;``, ``&&``, ``|``, redirections and the like end a command."""
+    shell-split, and ``;``, ``&&``, ``|``, redirections and the like end a command. A string longer
+    than one argument may be (``MAX_ARG_BYTES``) is refused unread: the container could never start."""
     segments: list[list[str]] = [[]]
-    for raw in list(container.get("command") or []) + list(container.get("args") or []):
-        text = str(raw)
-        for token in _shell_split(text) if _HAS_SPACE(text) else [text]:
-            if token and set(token) <= _SHELL_PUNCTUATION:
-                segments.append([])
-            else:
-                segments[-1].append(token)
+    for field_name in ("command", "args"):
+        for at, raw in enumerate(container.get(field_name) or []):
+            text = str(raw)
+            if len(text) > MAX_ARG_BYTES // 4 and len(text.encode()) > MAX_ARG_BYTES:
+                raise _Invalid(
+                    f"container {shown(container.get('name', '?'))} {field_name}[{at}] is {len(text.encode())} bytes, "
+                    f"longer than Linux lets one argument be ({MAX_ARG_BYTES} bytes): the container could never "
+                    "start; put long text in a file (a ConfigMap volume) and pass its path"
+                )
+            for token in split_shell_words(text) if _HAS_SPACE(text) else [text]:
+                if token and set(token) <= _SHELL_PUNCTUATION:
+                    segments.append([])
+                else:
+                    segments[-1].append(token)
     return [s for s in segments if s]
-
-
-def _shell_split(text: str) -> list[str]:
-    try:
-        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        return list(lexer)
-    except ValueError:
-        return text.split()
 
 
 def _engine_tokens(container: Mapping[str, Any]) -> list[str]:
@@ -525,7 +527,7 @@ class _EngineArgs:
 
     @classmethod
     def parse(cls, container: Mapping[str, Any]) -> _EngineArgs:
-        where = f"container {container.get('name', '?')!r}"
+        where = f"container {shown(container.get('name', '?'))}"
         env = {str(e.get("name")): str(e["value"]) for e in container.get("env") or []
                if isinstance(e, Mapping) and e.get("value") is not None}
         found = cls(where=where, env=env)
@@ -591,7 +593,7 @@ class _EngineArgs:
         if not _INTEGER.match(text) or not 0 <= int(text) < nnodes:
             raise _Invalid(
                 f"{self.where} arg {flag} must be between 0 and {nnodes - 1} with --nnodes {nnodes}, "
-                f"got {text!r}; set it to this pod's zero-based index among the engine's pods"
+                f"got {shown(text)}; set it to this pod's zero-based index among the engine's pods"
             )
         return int(text)
 
@@ -603,7 +605,7 @@ def _positive(annotations: Mapping[str, Any], key: str, what: str) -> int | None
 
 def _positive_text(text: str, source: str, what: str) -> int:
     if not _INTEGER.match(text.strip()) or int(text) <= 0:
-        raise _Invalid(f"{source}: {what} must be a positive whole number, got {text!r}")
+        raise _Invalid(f"{source}: {what} must be a positive whole number, got {shown(text)}")
     return int(text)
 
 
@@ -616,7 +618,7 @@ def _memory(annotations: Mapping[str, Any]) -> int | None:
     except ValueError as exc:
         raise _Invalid(f"annotation {ANN_MEMORY}: {exc}") from exc
     if num_bytes <= 0:
-        raise _Invalid(f"annotation {ANN_MEMORY}: must be more than 0, got {value!r}")
+        raise _Invalid(f"annotation {ANN_MEMORY}: must be more than 0, got {shown(value)}")
     return num_bytes
 
 
@@ -626,5 +628,5 @@ def _require_nvlink(annotations: Mapping[str, Any]) -> bool | None:
         return None
     text = str(value).strip().lower()
     if text not in ("true", "false"):
-        raise _Invalid(f"annotation {ANN_REQUIRE_NVLINK}: must be \"true\" or \"false\", got {value!r}")
+        raise _Invalid(f"annotation {ANN_REQUIRE_NVLINK}: must be \"true\" or \"false\", got {shown(value)}")
     return text == "true"

@@ -12,6 +12,8 @@ import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from types import MappingProxyType
 
+from extender.model.untrusted import shown
+
 _BINARY = MappingProxyType({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
 _DECIMAL = MappingProxyType({"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18})
 # A number, then either a suffix or a decimal exponent (never both), as in apimachinery.
@@ -22,6 +24,18 @@ _QUANTITY = re.compile(
 
 MIB = 2**20
 GIB = 2**30
+# apimachinery prints no quantity longer than a few dozen characters: the bound keeps Decimal
+# arithmetic on an author's megabyte-long number from ever starting.
+MAX_QUANTITY_CHARS = 64
+
+
+def _match(pattern: re.Pattern[str], text: object, what: str) -> re.Match[str] | None:
+    """``text`` matched against ``pattern``; ValueError for a non-string or one past the bound."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {shown(text)}")
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ValueError(f"{shown(text, 24)} is longer than any {what} ({MAX_QUANTITY_CHARS} characters at most)")
+    return pattern.match(text.strip())
 
 
 def parse_quantity_bytes(text: str) -> int:
@@ -31,23 +45,21 @@ def parse_quantity_bytes(text: str) -> int:
     offending text and an example for anything else: empty strings, negative values, unknown or
     wrongly cased suffixes (``"40GB"``, ``"40gi"``), milli-units (``"500m"`` of a byte).
     """
-    if not isinstance(text, str):
-        raise ValueError(f"quantity must be a string such as '40Gi', got {text!r}")
-    match = _QUANTITY.match(text.strip())
+    match = _match(_QUANTITY, text, "quantity")
     if match is None:
         raise ValueError(
-            f"{text!r} is not a Kubernetes quantity; use a number with an optional suffix "
+            f"{shown(text)} is not a Kubernetes quantity; use a number with an optional suffix "
             "Ki, Mi, Gi, Ti (powers of 1024) or k, M, G, T (powers of 1000), e.g. '40Gi'"
         )
     try:
         number = Decimal(match["num"])
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from exc
+        raise ValueError(f"{shown(text)} is not a Kubernetes quantity") from exc
     suffix = match["suffix"] or ""
     if match["exp"] is not None:
         exponent = int(match["exp"])
         if exponent > 30:
-            raise ValueError(f"{text!r} is too large to be a byte count")
+            raise ValueError(f"{shown(text)} is too large to be a byte count")
         value = number * (Decimal(10) ** exponent)
     else:
         value = number * (_BINARY.get(suffix) or _DECIMAL[suffix])
@@ -73,17 +85,15 @@ def parse_cpu_milli(text: str) -> int:
     Fractions of a millicore round up, as apimachinery's ``MilliValue`` does. Raises ``ValueError``
     naming the text and an example for anything else (empty, negative, ``"2 cores"``, ``"500M m"``).
     """
-    if not isinstance(text, str):
-        raise ValueError(f"CPU quantity must be a string such as '4' or '500m', got {text!r}")
-    match = _CPU_QUANTITY.match(text.strip())
+    match = _match(_CPU_QUANTITY, text, "CPU quantity")
     if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes CPU quantity; use cores ('4', '0.5') or millicores ('500m')")
+        raise ValueError(f"{shown(text)} is not a Kubernetes CPU quantity; use cores ('4', '0.5') or millicores ('500m')")
     number = Decimal(match["num"])
     suffix = match["suffix"] or ""
     if match["exp"] is not None:
         exponent = int(match["exp"])
         if exponent > 18:
-            raise ValueError(f"{text!r} is too large to be a CPU quantity")
+            raise ValueError(f"{shown(text)} is too large to be a CPU quantity")
         value = number * (Decimal(10) ** exponent)
     else:
         value = number * (_SMALL.get(suffix) or _BINARY.get(suffix) or _DECIMAL[suffix])
