@@ -68,14 +68,24 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
     bind_limiter = anyio.CapacityLimiter(512)
+    # Filter and prioritize judge a pod its author wrote: parsing and judging run in one worker
+    # thread, one call at a time (kube-scheduler asks one pod at a time anyway), so however long a
+    # judgement takes, the event loop goes on answering /healthz, /readyz and binds.
+    judge_limiter = anyio.CapacityLimiter(1)
     prefix = settings.verb_prefix
     limit, body_timeout_s = settings.max_body_bytes, settings.client_timeout_s
 
-    async def answer(verb: str, request: Request, handle: Callable[[bytes], Any]) -> Response:
+    async def answer(verb: str, request: Request, handle: Callable[[bytes], Any],
+                     limiter: anyio.CapacityLimiter | None = None) -> Response:
+        """Read the capped body and answer ``handle(body)``: run in a worker thread under
+        ``limiter`` when given, else on the event loop (``handle`` must then not block)."""
         started = time.perf_counter()
         try:
             body = await read_capped(request, limit, body_timeout_s)
-            status, content = 200, await handle(body)
+            if limiter is None:
+                status, content = 200, handle(body)
+            else:
+                status, content = 200, await anyio.to_thread.run_sync(handle, body, limiter=limiter)
         except BadRequest as exc:
             status, content = exc.status, ErrorBody(error=exc.message, details=exc.details).model_dump(exclude_none=True)
         metrics.request_seconds.labels(verb=verb).observe(time.perf_counter() - started)
@@ -92,7 +102,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     @router.post(f"{prefix}/filter", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": ExtenderFilterResult}, **_ERRORS})
     async def filter_(request: Request) -> Response:
-        async def handle(body: bytes) -> bytes | dict[str, Any]:
+        def handle(body: bytes) -> bytes | dict[str, Any]:
             args, raw = parse_body(body, ExtenderArgs)
             names, objects = _candidates(args, raw)
             try:
@@ -104,12 +114,12 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
                                             outcome.error)
             nodes = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
             return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
-        return await answer("filter", request, handle)
+        return await answer("filter", request, handle, judge_limiter)
 
     @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": list[HostPriority]}, **_ERRORS})
     async def prioritize(request: Request) -> Response:
-        async def handle(body: bytes) -> bytes:
+        def handle(body: bytes) -> bytes:
             args, raw = parse_body(body, ExtenderArgs)
             names, objects = _candidates(args, raw)
             try:
@@ -118,22 +128,22 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
                 internal("prioritize", exc)
                 return b"[]"
             return encode_host_priorities(names, outcome.scores)
-        return await answer("prioritize", request, handle)
+        return await answer("prioritize", request, handle, judge_limiter)
 
     @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
                  responses={200: {"model": ExtenderBindingResult}, **_ERRORS})
     async def bind(request: Request) -> Response:
-        async def handle(body: bytes) -> dict[str, str]:
+        def handle(body: bytes) -> dict[str, str]:
             args, _ = parse_body(body, ExtenderBindingArgs)
             pod = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=args.PodUID)
             try:
-                # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the
-                # apiserver: run them off the event loop so filter calls are never stuck behind them.
-                error = await anyio.to_thread.run_sync(service.bind, pod, args.Node, limiter=bind_limiter)
+                error = service.bind(pod, args.Node)
             except Exception as exc:
                 error = internal("bind", exc)
             return {"Error": error}
-        return await answer("bind", request, handle)
+        # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the apiserver:
+        # each runs in a worker thread of its own pool, never behind a filter or another bind.
+        return await answer("bind", request, handle, bind_limiter)
 
     @router.get("/healthz")
     async def healthz() -> Response:
