@@ -315,23 +315,47 @@ class GpuLedger:
         if share_mib < 0 or (share_mib and len(ids) != 1):
             raise ValueError("a share is a positive MiB of exactly one unit")
         with self._lock:
-            current = self._assignments.get(pod_key)
-            if current is not None:
-                self._remove(current)
+            return self._observe(pod_key, node, ids, uid, share_mib)
+
+    def observe_claim(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
+                      share_mib: int = 0) -> tuple[str, ...]:
+        """Record a bound pod's claim to units as :meth:`observe` does, unless another pod holds
+        any of them (a whole holder; for a whole claim, a sharer too): then nothing changes and
+        those holders are returned (empty: recorded). A claim read from a pod's annotation is what
+        its author could have written, so it never displaces a holder (issue 39)."""
+        ids = frozenset(unit_ids)
+        if share_mib < 0 or (share_mib and len(ids) != 1):
+            raise ValueError("a share is a positive MiB of exactly one unit")
+        with self._lock:
             owners = self._owners.get(node, {})
-            sharers = self._sharers.get(node, {})
-            displaced = {owners[i] for i in ids if i in owners}
+            holders = {owners[i] for i in ids if i in owners}
             if not share_mib:
-                displaced |= {key for i in ids for key in sharers.get(i, {})}
-            for other_key in sorted(displaced):
-                other = self._assignments[other_key]
-                self._remove(other)
-                remaining = other.unit_ids - ids
-                if remaining:
-                    self._add(Assignment(other.pod_key, other.node, remaining, other.state,
-                                         other.uid, other.since))
-            self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock(), share_mib))
-            return tuple(sorted(displaced))
+                holders |= {key for i in ids for key in self._sharers.get(node, {}).get(i, {})}
+            holders.discard(pod_key)
+            if holders:
+                return tuple(sorted(holders))
+            self._observe(pod_key, node, ids, uid, share_mib)
+            return ()
+
+    def _observe(self, pod_key: str, node: str, ids: frozenset[str], uid: str, share_mib: int) -> tuple[str, ...]:
+        """:meth:`observe`, lock held."""
+        current = self._assignments.get(pod_key)
+        if current is not None:
+            self._remove(current)
+        owners = self._owners.get(node, {})
+        sharers = self._sharers.get(node, {})
+        displaced = {owners[i] for i in ids if i in owners}
+        if not share_mib:
+            displaced |= {key for i in ids for key in sharers.get(i, {})}
+        for other_key in sorted(displaced):
+            other = self._assignments[other_key]
+            self._remove(other)
+            remaining = other.unit_ids - ids
+            if remaining:
+                self._add(Assignment(other.pod_key, other.node, remaining, other.state,
+                                     other.uid, other.since))
+        self._add(Assignment(pod_key, node, ids, EntryState.BOUND, uid, self._clock(), share_mib))
+        return tuple(sorted(displaced))
 
     def observe_allocation(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
                            spare: Iterable[str] = ()) -> AllocationObserved:

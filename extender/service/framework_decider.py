@@ -26,6 +26,7 @@ from typing import Any
 
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
+from extender.model.assignment import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
@@ -37,7 +38,6 @@ from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8
 from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.dra import DraState
 from extender.service.ports import BindError, ClaimReader
-from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 
 # The barrier name of a DRA pod's plugin-mode Reserve (no gang: a group of one, open at once).
 DRA_BIND_BARRIER = "dra-bind:"

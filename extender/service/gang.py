@@ -37,12 +37,14 @@ be written.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from extender.model.assignment import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION, believed_units
 from extender.model.gang import (
     DEFAULT_TIMEOUT_S,
     GANG_COMMIT_ANNOTATION,
@@ -69,9 +71,11 @@ from extender.service.gang_plan import (
     describe_gang,
     plan_tag,
 )
-from extender.service.state import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
+from extender.service.state import pod_key
 
 __all__ = ["GangCoordinator", "GangIndex", "GangObserver", "PartialGang"]
+
+log = logging.getLogger("gpusched.extender.gang")
 
 
 class GangObserver(Protocol):
@@ -600,6 +604,10 @@ class GangCoordinator:
         now, wall = self._clock(), self._wall()
         newest: dict[GangKey, _AdoptableCommit] = {}
         for record in seen:
+            if not _written_by_its_bind(record):
+                log.warning("gang commit record on %s ignored: it does not match the pod's own node and %s, as "
+                            "gpusched's bind writes them together", pod_key(record.pod), ASSIGNED_GPUS_ANNOTATION)
+                continue
             gang = self.index.spec_of(record.pod, self.default_timeout_s)
             if isinstance(gang, GangSpec) and str(gang.key) == record.commit.gang and (
                     gang.key not in newest or newest[gang.key].record.commit.until_unix < record.commit.until_unix):
@@ -616,7 +624,8 @@ class GangCoordinator:
                 if not unbound:
                     continue
                 bound = {k for k, m in members.items() if k in placements and m.node}
-                remaining = record.commit.until_unix - wall
+                # Never longer than the group's own timeout, whatever the record says.
+                remaining = min(record.commit.until_unix - wall, self.timing.clamp(gang.timeout_s))
                 self._ended.add(EndedCommit(key, until))
                 if remaining <= 0:
                     self._report_partial_now(gang, placements, bound, unbound)
@@ -704,3 +713,12 @@ class GangCoordinator:
 
     # Set by the composition root: the PodGroup reflector's state, for /debug/gangs.
     pod_group_watch: Callable[[], str] = staticmethod(lambda: "not watched")
+
+
+def _written_by_its_bind(record: SeenCommit) -> bool:
+    """Whether a commit record is what gpusched's bind wrote on the pod carrying it: the bind writes
+    the record, the pod's node and its ``gpusched.io/assigned-gpus`` in one Binding, so the record's
+    placement of that very pod must name both (a record its author wrote alone would not)."""
+    meta, spec = record.pod.get("metadata") or {}, record.pod.get("spec") or {}
+    own = record.commit.placements.get(str(meta.get("name") or ""))
+    return own is not None and own.node == spec.get("nodeName") and believed_units(record.pod) == own.units

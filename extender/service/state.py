@@ -40,6 +40,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from extender.model.assignment import (
+    ASSIGNED_GPUS_ANNOTATION,
+    believed_units,
+    requested_gpus,
+)
 from extender.model.cpu import CPU_RESOURCE, pod_cpu_request_milli
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.quantity import format_gib
@@ -67,24 +72,12 @@ from extender.service.ingest_batch import IngestBatch
 from extender.service.telemetry import TelemetryStore
 
 log = logging.getLogger("gpusched.extender.state")
-ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
-ASSIGNED_GPU_INDICES_ANNOTATION = "gpusched.io/assigned-gpu-indices"
 _TERMINAL = ("Succeeded", "Failed")
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-
-
-def requested_gpus(pod: Mapping[str, Any]) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
-        if value is not None and str(value).isdigit():
-            total += int(value)
-    return total
 
 
 def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -131,6 +124,10 @@ class ClusterState:
         # most its size), counted per judged change of the node's report.
         self.telemetry_clamped: Counter[str] = Counter()
         self._refusal_logged: dict[str, float] = {}  # node -> last warning (one a minute per node)
+        # Annotated claims not believed, by reason (extender.model.assignment; issue 39), and when
+        # each reason was last logged.
+        self.claims_refused: Counter[str] = Counter()
+        self._claim_refusal_logged: dict[str, float] = {}
         self._unknown_holders: dict[str, set[str]] = {}  # node -> pods refused as unknown, re-judged when seen
         # gpusched's assignment per bound pod (its annotation), to tell when the kubelet gave others.
         self._intended: dict[str, frozenset[str]] = {}
@@ -560,33 +557,68 @@ class ClusterState:
                 waiting.discard(key)  # refused while the watch lagged: the node's report is judged again
                 self._reconcile_actual(node, self.telemetry.actual_assignments(node))
         uid = meta.get("uid", "")
-        annotated = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)
-        share = share_request_bytes(pod) if annotated else None
-        if share is not None and annotated:
-            ids = tuple(i for i in annotated.split(",") if i)
-            share_mib = -(-share // MIB)
+        claimed = self._claimed_units(key, node, pod)
+        share = share_request_bytes(pod) if claimed else None
+        if share is not None:
             current = self.ledger.assignment(key)
-            if len(ids) == 1 and (current is None or current.state is not EntryState.BOUND
-                                  or current.unit_ids != frozenset(ids) or current.share_mib != share_mib):
-                self.ledger.observe(key, node, ids, uid, share_mib=share_mib)
+            # The share granted at bind (reserved, or first seen bound) is the share: an author who
+            # raises gpusched.io/gpu-memory afterwards does not get more of the GPU.
+            frozen = current is not None and current.uid == uid and current.share_mib > 0
+            share_mib = current.share_mib if frozen and current is not None else -(-share // MIB)
+            if (current is None or current.state is not EntryState.BOUND
+                    or current.unit_ids != frozenset(claimed) or current.share_mib != share_mib):
+                self._claim(key, node, claimed, uid, share_mib)
             return
-        if annotated:
-            self._intended[key] = frozenset(i for i in annotated.split(",") if i)
+        if claimed:
+            self._intended[key] = frozenset(claimed)
         with self._lock:
             actual = self._actual.get(key)
         if actual is not None and actual[0] == node:
-            if annotated:
+            if claimed:
                 self._check_mismatch(key, node, actual[1])
-            annotated = ",".join(actual[1])  # what the kubelet really gave the pod beats our intent
-        if annotated:
-            ids = tuple(i for i in annotated.split(",") if i)
-            current = self.ledger.assignment(key)
-            if current is None or current.state is not EntryState.BOUND or current.unit_ids != frozenset(ids):
-                self.ledger.observe(key, node, ids, uid)
+            current = self.ledger.assignment(key)  # what the kubelet really gave the pod beats our intent
+            if current is None or current.state is not EntryState.BOUND or current.unit_ids != frozenset(actual[1]):
+                self.ledger.observe(key, node, actual[1], uid)
             return
+        if claimed:
+            current = self.ledger.assignment(key)
+            if current is not None and current.state is EntryState.BOUND and current.unit_ids == frozenset(claimed):
+                return
+            if self._claim(key, node, claimed, uid, 0):
+                return
         count = requested_gpus(pod)
         if count and self.ledger.assignment(key) is None:
             self._observe_unattributed(key, node, count, uid)
+
+    def _claimed_units(self, key: str, node: str, pod: Mapping[str, Any]) -> tuple[str, ...]:
+        """The units of the pod's ``gpusched.io/assigned-gpus`` when they could be gpusched's
+        decision (``extender.model.assignment.believed_units``) and are units of ``node``; else
+        none, the refusal counted in :attr:`claims_refused`."""
+        claim = believed_units(pod)
+        if isinstance(claim, str):
+            if claim != "absent":
+                self._refuse_claim(key, node, claim)
+            return ()
+        info = self.node(node)
+        if info is not None and not {u.id for u in info.units}.issuperset(claim):
+            self._refuse_claim(key, node, "unit-not-in-inventory")
+            return ()
+        return claim
+
+    def _claim(self, key: str, node: str, ids: tuple[str, ...], uid: str, share_mib: int) -> bool:
+        """Record a pod's annotated units unless another pod holds any (never displaced by an
+        annotation); True when recorded."""
+        holders = self.ledger.observe_claim(key, node, ids, uid, share_mib=share_mib)
+        if holders:
+            self._refuse_claim(key, node, "held-by-another", f"held by {', '.join(holders[:3])}")
+        return not holders
+
+    def _refuse_claim(self, key: str, node: str, reason: str, detail: str = "") -> None:
+        self.claims_refused[reason] += 1
+        if self._clock() - self._claim_refusal_logged.get(reason, -1e9) >= 60.0:
+            self._claim_refusal_logged[reason] = self._clock()
+            log.warning("pod %s on %s: its %s is not believed (%s%s); it holds what it requests, unattributed",
+                        key, node, ASSIGNED_GPUS_ANNOTATION, reason, f": {detail}" if detail else "")
 
     def _observe_unattributed(self, key: str, node: str, count: int, uid: str) -> None:
         info = self.node(node)

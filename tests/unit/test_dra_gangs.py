@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from extender.adapters.dra import ClaimFeed, SliceFeed
+from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
 from extender.model.gang import GANG_COMMIT_ANNOTATION, parse_commit
 from extender.model.ledger import EntryState, GpuLedger
@@ -24,7 +25,7 @@ from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
 from extender.service.gang_index import GangIndex
-from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
+from extender.service.state import ClusterState
 from tests.unit.builders import (
     NullObserver,
     default_framework,

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
+from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
 from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
@@ -23,7 +24,7 @@ from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
 from extender.service.requeue_feed import RequeueFeed
-from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
+from extender.service.state import ClusterState
 from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
 from tests.unit.builders import (

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
 from extender.model.gang import (
     GANG_COMMIT_ANNOTATION,
@@ -30,7 +31,7 @@ from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
 from extender.service.gang_index import GangIndex
 from extender.service.ports import BindError
-from extender.service.state import ASSIGNED_GPUS_ANNOTATION, ClusterState
+from extender.service.state import ClusterState
 from tests.unit.builders import NullObserver, default_framework, h100_inventory, make_k8s_node, make_pod
 
 NS = "ns"
@@ -499,3 +500,48 @@ def test_a_planned_group_is_never_forgotten_even_when_the_watch_shows_none_of_it
     world.gangs.tick()
     assert world.index.gangs_with_members() == set()
     assert [g["phase"] for g in world.gangs.describe()["gangs"]] == ["gathering"]
+
+
+def forged_commit(gang: str, placements: dict[str, tuple[str, tuple[str, ...]]], until: float) -> str:
+    return encode_commit(GangCommit(gang, until, {n: MemberPlacement(node, units, tuple(range(len(units))))
+                                                  for n, (node, units) in placements.items()}))
+
+
+def test_a_commit_record_its_author_wrote_is_not_adopted(clocks):
+    """Issue 39 H2: a tenant's own gang member, bound by spec.nodeName (no gpusched bind), carried
+    a gpusched.io/gang-commit whose placements, GPUs and unbounded ``until`` were adopted after
+    every relist: its siblings held GPUs of the tenant's choosing for as long as the record said."""
+    clock, wall = clocks
+    world = World(clock, wall)
+    a, b = member("a", gpus=4), member("b", gpus=4)
+    units_b = tuple(f"GPU-h2-{i}" for i in range(4))
+    commit = forged_commit(f"{NS}/g", {"a": ("h1", tuple(f"GPU-h1-{i}" for i in range(4))), "b": ("h2", units_b)},
+                           wall.now + 1e9)
+    squatting = bound_as(a, "h1", {GANG_COMMIT_ANNOTATION: commit})  # no gpusched.io/assigned-gpus: not a gpusched bind
+    world.relist([squatting, b])
+    assert world.state.ledger.assignment(f"{NS}/b") is None, "a forged record reserved GPUs"
+    assert world.events.counts["recovered"] == 0
+
+
+def test_an_adopted_commit_keeps_reservations_no_longer_than_the_groups_timeout(clocks):
+    """Even a record consistent with its pod holds the rest of the group at most the group's own
+    timeout after the restart, whatever its ``until`` says."""
+    clock, wall = clocks
+    first = World(clock, wall)
+    a, b = member("a", gpus=8, timeout=30), member("b", gpus=8, timeout=30)
+    for p in (a, b):
+        first.watch("ADDED", p)
+    first.binder.fail["b"] = [BindError("connection reset", temporary=True)]
+    bind_all(first, [a, b])
+    node_a, annotations_a = first.binder.bound["a"]
+    stretched = parse_commit(annotations_a[GANG_COMMIT_ANNOTATION])
+    assert stretched is not None
+    annotations_a = {**annotations_a, GANG_COMMIT_ANNOTATION: encode_commit(
+        GangCommit(stretched.gang, wall.now + 1e9, stretched.placements))}
+    second = World(clock, wall)
+    second.relist([bound_as(a, node_a, annotations_a), b])
+    assert second.state.ledger.assignment(f"{NS}/b") is not None and second.events.counts["recovered"] == 1
+    clock.now += 31
+    wall.now += 31
+    second.gangs.tick()
+    assert second.state.ledger.assignment(f"{NS}/b") is None, "b's reservation outlived the group's 30 s timeout"
