@@ -4,7 +4,7 @@ The kubelet asks ``GetPreferredAllocation(available, must_include, size)`` while
 without saying which pod. The match rule (documented in the README and tested):
 
 1. **gpusched's choice.** Candidates are the pods bound to this node whose
-   ``gpusched.io/assigned-gpus`` names exactly ``size`` units, all of them available (or must be
+   ``gpusched.io/assigned-gpus`` names as many units as the pod requests GPUs, exactly ``size``, all of them available (or must be
    included) and including every ``must_include``, that are not terminal, not being deleted, and
    not yet given devices by the kubelet. The oldest candidate (creation time, then name) is
    answered. When several match, each one's set was judged valid by the extender, and the kubelet
@@ -26,9 +26,9 @@ from itertools import combinations
 from math import comb
 from typing import Any
 
+from extender.model.assignment import believed_units
 from nodeagent.gpu.model import GIB, GpuState
 
-ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
 FOREIGN_THRESHOLD_BYTES = GIB  # as the extender: less is jitter, not a tenant
 MAX_EXHAUSTIVE = 20_000  # subsets scored exhaustively; beyond, a greedy choice
 
@@ -82,17 +82,21 @@ class Candidate:
 
 def candidates(pods: Iterable[Mapping[str, Any]], node: str, allocated: set[str]) -> list[Candidate]:
     """Pods bound to ``node`` with gpusched's assignment, alive, and not in ``allocated`` (pod keys
-    the kubelet already gave devices), oldest first."""
+    the kubelet already gave devices), oldest first. An assignment counts only where gpusched could
+    have written it (``extender.model.assignment.believed_units``: the pod asks for exactly that
+    many GPUs, or a share and one GPU): a pod's annotation alone must not steer the devices the
+    kubelet gives another pod (issue 39)."""
     out = []
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        assigned = (meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION, "")
         phase = (pod.get("status") or {}).get("phase")
-        if (spec.get("nodeName") != node or not assigned or meta.get("deletionTimestamp")
+        if (spec.get("nodeName") != node or meta.get("deletionTimestamp")
                 or phase in ("Succeeded", "Failed") or key in allocated):
             continue
-        out.append(Candidate(key, str(meta.get("creationTimestamp") or ""), tuple(u for u in assigned.split(",") if u)))
+        units = believed_units(pod)
+        if isinstance(units, tuple):
+            out.append(Candidate(key, str(meta.get("creationTimestamp") or ""), units))
     return sorted(out, key=lambda c: (c.created, c.pod))
 
 

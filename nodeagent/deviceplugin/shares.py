@@ -38,8 +38,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.share import SHARE_RESOURCE, gpu_of_slot, slot_id
-from nodeagent.deviceplugin.allocation import ASSIGNED_GPUS_ANNOTATION, Candidate, Preference, Unit, candidates
+from nodeagent.deviceplugin.allocation import Candidate, Preference, Unit, candidates
 
 SHARED_REASON = "shared: {n} container(s) hold gpusched.io/gpu-share slots of this GPU"
 HELD_WHOLE_REASON = "held whole (nvidia.com/gpu) by a container: not shared while it is"

@@ -70,12 +70,15 @@ def test_must_include_devices_are_always_in_the_answer():
 
 
 def pod(name: str, *, node: str = "n", gpus: str = "GPU-0", created: str = "2026-12-01T00:00:00Z",
-        phase: str = "Running", deleting: bool = False) -> dict:
+        phase: str = "Running", deleting: bool = False, requests: int | None = None) -> dict:
+    """A bound pod annotated with ``gpus``, asking for ``requests`` GPUs (default: as many as named)."""
     meta = {"namespace": "ns", "name": name, "creationTimestamp": created,
             "annotations": {"gpusched.io/assigned-gpus": gpus} if gpus else {}}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-01T00:00:05Z"
-    return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+    count = len(gpus.split(",")) if requests is None and gpus else requests or 0
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(count)}} if count else {}}
+    return {"metadata": meta, "spec": {"nodeName": node, "containers": [container]}, "status": {"phase": phase}}
 
 
 def test_candidates_are_live_gpusched_pods_of_this_node_not_yet_given_devices():
@@ -84,6 +87,20 @@ def test_candidates_are_live_gpusched_pods_of_this_node_not_yet_given_devices():
             pod("leaving", deleting=True), pod("admitted")]
     found = candidates(pods, "n", allocated={"ns/admitted"})
     assert [c.pod for c in found] == ["ns/a", "ns/b"]
+
+
+@pytest.mark.parametrize("squatter", [
+    pytest.param(pod("squat", gpus="GPU-5,GPU-6", requests=0, created="2026-11-01T00:00:00Z"), id="cpu-only"),
+    pytest.param(pod("squat", gpus="GPU-5,GPU-6", requests=1, created="2026-11-01T00:00:00Z"), id="asks-fewer"),
+])
+def test_an_annotation_alone_never_steers_anothers_devices(squatter):
+    """Issue 39 H2: GetPreferredAllocation does not say which pod asks, so an older pod carrying
+    GPU UUIDs it does not request would have been answered for the real pod's container."""
+    victim = pod("victim", gpus="GPU-0,GPU-1", created="2026-12-01T00:00:00Z")
+    found = candidates([squatter, victim], "n", allocated=set())
+    assert [c.pod for c in found] == ["ns/victim"]
+    answer = prefer([f"GPU-{i}" for i in range(8)], [], 2, found, [])
+    assert answer.units == ("GPU-0", "GPU-1") and answer.pod == "ns/victim"
 
 
 def test_units_follow_the_fleet_with_health_and_mig():
