@@ -3,7 +3,9 @@
 with, the node agent cannot touch another node or any field but its inventory annotation (nor, in
 DRA mode, any ResourceSlice but its own node's of its own driver), and the extender cannot change
 anything on a pod or node but gpusched.io/ annotations — not a pod's image — nor, with the DRA-claims
-webhook's grant, write a ResourceClaimTemplate that is not gpusched's own (its name prefix and label)."""
+webhook's grant, write a ResourceClaimTemplate that is not gpusched's own (its name prefix and label).
+A tenant (issue 39) cannot write gpusched's decisions on a pod (assigned GPUs, decision id, gang
+commit), and nobody can change a bound pod's GPU share."""
 
 from __future__ import annotations
 
@@ -176,6 +178,101 @@ def test_the_plugin_mode_scheduler_cannot_patch_a_pod(plugin_scheduler_api, pod,
     identity keeps system:kube-scheduler's rights, which do not include patching pods."""
     body = refused(lambda: plugin_scheduler_api.patch_namespaced_pod(pod, namespace, patch))
     assert "cannot patch resource" in body, body
+
+
+# -- A tenant and gpusched's decisions (issue 39 H2, M4) -------------------------------------------
+
+DECISIONS = ("gpusched.io/assigned-gpus", "gpusched.io/assigned-gpu-indices", "gpusched.io/decision-id",
+             "gpusched.io/gang-commit")
+
+
+@pytest.fixture
+def tenant(admin, control_plane: ControlPlane, namespace) -> client.CoreV1Api:
+    """An ordinary tenant: a service account that may create, update and patch pods in its
+    namespace, and nothing else. Returned once its grant is in force (a plain pod is created)."""
+    rbac = client.RbacAuthorizationV1Api(admin)
+    client.CoreV1Api(admin).create_namespaced_service_account(namespace, {"metadata": {"name": "tenant"}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "tenant"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "tenant"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
+    api = client.CoreV1Api(control_plane.api_client(control_plane.service_account_token(namespace, "tenant")))
+    # Admission runs after authorization: refused by the policy, the grant is in force too.
+    in_force(lambda: api.create_namespaced_pod(namespace, tenant_pod(unique("probe"), {
+        "gpusched.io/decision-id": "probe"})), "gpusched-decisions")
+    return api
+
+
+def in_force(write, policy: str) -> None:
+    """Wait until ``write`` is refused by ``policy``: the apiserver loads policies (and RBAC
+    grants) asynchronously, and a write let through before then proves nothing."""
+    def refused_by_policy() -> bool:
+        try:
+            write()
+        except client.ApiException as exc:
+            if exc.status != 403:
+                raise
+            return policy in (exc.body or "")
+        return False
+    wait_until(refused_by_policy, 30, f"admission policy {policy} in force")
+
+
+def tenant_pod(name: str, annotations: dict[str, str] | None = None, node: str | None = None,
+               share: bool = False) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c", "image": "registry.local/app:1"}
+    if share:
+        container["resources"] = {"limits": {"gpusched.io/gpu-share": "1"}}
+    spec: dict[str, Any] = {"schedulerName": "nobody", "containers": [container]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+
+
+@pytest.mark.parametrize("annotation", DECISIONS)
+def test_a_tenant_cannot_create_a_pod_carrying_gpuscheds_decision(tenant, namespace, nodes, annotation):
+    """The squatter of issue 39: a CPU-only pod bound by spec.nodeName carrying a node's GPU UUIDs
+    made the ledger hold them. The apiserver now refuses it (and the ledger would not believe it)."""
+    pod = tenant_pod(unique("squat"), {annotation: "GPU-vap-a-0,GPU-vap-a-1"}, node=nodes[0])
+    body = refused(lambda: tenant.create_namespaced_pod(namespace, pod))
+    assert "gpusched-decisions" in body and annotation in body and "only gpusched writes" in body, body
+
+
+@pytest.mark.parametrize("patch", [
+    pytest.param({"metadata": {"annotations": {"gpusched.io/gang-commit": '{"v":1}'}}}, id="add-gang-commit"),
+    pytest.param({"metadata": {"annotations": {"gpusched.io/assigned-gpus": "GPU-x"}}}, id="change-assigned-gpus"),
+    pytest.param({"metadata": {"annotations": {"gpusched.io/decision-id": None}}}, id="remove-decision-id"),
+])
+def test_a_tenant_cannot_change_gpuscheds_decision_on_its_own_pod(tenant, admin, namespace, patch):
+    name = unique("own")
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, tenant_pod(name, {
+        "gpusched.io/assigned-gpus": "GPU-a", "gpusched.io/decision-id": "d1"}))  # as gpusched would have bound it
+    body = refused(lambda: tenant.patch_namespaced_pod(name, namespace, patch))
+    assert "gpusched-decisions" in body, body
+
+
+def test_a_tenant_still_writes_its_own_requests(tenant, namespace):
+    """What a pod's author says about its demand stays the author's to say."""
+    tenant.create_namespaced_pod(namespace, tenant_pod(unique("asks"), {
+        "gpusched.io/model": "meta-llama/Llama-3.1-8B-Instruct", "gpusched.io/gpu-memory": "20Gi"}, share=True))
+
+
+@pytest.mark.parametrize("who", ["tenant", "admin"])
+def test_a_bound_pods_share_cannot_be_raised(tenant, admin, namespace, nodes, who):
+    """M4: a sharer raised gpusched.io/gpu-memory after placement and the ledger promised more of the
+    GPU than it has. Once bound, nobody changes the share (a pending pod's author still may)."""
+    name = unique("sharer")
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, tenant_pod(name, {"gpusched.io/gpu-memory": "30Gi"},
+                                                                        node=nodes[0], share=True))
+    api = tenant if who == "tenant" else client.CoreV1Api(admin)
+    raise_it = {"metadata": {"annotations": {"gpusched.io/gpu-memory": "119Gi"}}}
+    in_force(lambda: api.patch_namespaced_pod(name, namespace, raise_it), "gpusched-granted-share")
+    body = refused(lambda: api.patch_namespaced_pod(name, namespace, raise_it))
+    assert "gpusched-granted-share" in body and "fixed once the pod is placed" in body, body
+    pending = unique("pending")
+    tenant.create_namespaced_pod(namespace, tenant_pod(pending, {"gpusched.io/gpu-memory": "30Gi"}, share=True))
+    tenant.patch_namespaced_pod(pending, namespace, {"metadata": {"annotations": {"gpusched.io/gpu-memory": "40Gi"}}})
 
 
 # -- DRA mode (issue 21): the agent's ResourceSlices ---------------------------------------------
