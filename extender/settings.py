@@ -11,6 +11,7 @@ startup with a :class:`SettingsError` whose message starts with the field's name
 
 from __future__ import annotations
 
+import ipaddress
 import types
 import typing
 from collections.abc import Callable
@@ -242,6 +243,11 @@ class Settings(BaseModel):
                                             or self.scheduling_address.rsplit(":", 1)[-1].isdigit()):
             raise SettingsError(f"scheduling_address: write unix:///path/to.sock or host:port, got "
                                 f"{self.scheduling_address!r}")
+        if self.scheduling_address and not self.scheduling_address.startswith("unix:") \
+                and not _is_loopback(self.scheduling_address.rsplit(":", 1)[0]):
+            raise SettingsError(f"scheduling_address: {self.scheduling_address!r} would serve PreFilter and Reserve, "
+                                "which authenticate nobody, beyond this pod; use a unix:///path/to.sock in a volume "
+                                "only the scheduler container shares, or a loopback host:port (127.0.0.1:PORT)")
         if self.webhook_port and not (self.webhook_tls_cert and self.webhook_tls_key):
             raise SettingsError("webhook_port: the apiserver calls admission webhooks over HTTPS only; give "
                                 "--webhook-tls-cert and --webhook-tls-key (hack/webhook-certs.sh makes them)")
@@ -363,3 +369,14 @@ def _describe(error: Any) -> str:
         what = str(error["msg"]).replace("Input should be", "must be", 1)
     flag = f" ({_flag_name(field)})" if field in Settings.model_fields else ""
     return f"{field}{flag}: {what}, got {error['input']!r}"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (as written before ``:port``) names only this machine's loopback."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
