@@ -399,3 +399,14 @@ def test_the_extender_cannot_delete_a_template(extender_templates, admin):
                                                                           _preload_content=False)
     body = refused(lambda: api.delete_namespaced_resource_claim_template(name, namespace))
     assert "cannot delete resource" in body, body
+
+
+@pytest.mark.parametrize("namespace,allowed", [(NAMESPACE, True), ("default", False), ("kube-system", False)])
+def test_the_extender_reads_the_model_catalog_of_its_own_namespace_only(stack, extender_api, namespace, allowed):
+    """The catalog rule is a Role in gpusched's namespace (issue 39, Low): a ClusterRole's rule let
+    the extender read a ConfigMap named gpusched-model-catalog in every namespace."""
+    review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+        resource_attributes=client.V1ResourceAttributes(verb="list", resource="configmaps", namespace=namespace,
+                                                        name="gpusched-model-catalog")))
+    answer = client.AuthorizationV1Api(extender_api.api_client).create_self_subject_access_review(review)
+    assert answer.status.allowed is allowed, answer.status
