@@ -10,6 +10,7 @@ commit), and nobody can change a bound pod's GPU share."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -410,3 +411,50 @@ def test_the_extender_reads_the_model_catalog_of_its_own_namespace_only(stack, e
                                                         name="gpusched-model-catalog")))
     answer = client.AuthorizationV1Api(extender_api.api_client).create_self_subject_access_review(review)
     assert answer.status.allowed is allowed, answer.status
+
+
+def extender_event(namespace: str, pod: str, **overrides: Any) -> dict[str, Any]:
+    event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": unique("ev"), "namespace": namespace},
+             "eventTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+             "reportingController": "gpusched.io/extender", "reportingInstance": "test", "action": "Binding",
+             "reason": "PartialGang", "type": "Warning", "note": "gang g partially bound",
+             "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod}}
+    return {**event, **overrides}
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    pytest.param({"reportingController": "kubelet"}, "its own (reportingController gpusched.io/extender)",
+                 id="posing-as-another-controller"),
+    pytest.param({"type": "Normal"}, "Warning events", id="normal-event"),
+    pytest.param({"regarding": {"apiVersion": "v1", "kind": "Secret", "namespace": "NS", "name": "s"}},
+                 "about a Pod or PodGroup", id="about-a-secret"),
+])
+def test_the_extenders_events_are_its_own_warnings_about_pods(stack, control_plane, extender_api, pod, namespace,
+                                                              overrides, needle):
+    """Issue 39 (Low): the extender's "events create" was held by no policy; its token could write
+    any event about anything, posing as any controller."""
+    events = client.EventsV1Api(extender_api.api_client)
+    in_force(lambda: events.create_namespaced_event(namespace, extender_event(namespace, pod, type="Normal")),
+             "gpusched-extender-reports")
+    events.create_namespaced_event(namespace, extender_event(namespace, pod))
+    if "regarding" in overrides:
+        overrides = {"regarding": {**overrides["regarding"], "namespace": namespace}}
+    body = refused(lambda: events.create_namespaced_event(namespace, extender_event(namespace, pod, **overrides)))
+    assert "gpusched-extender-reports" in body and needle in body, body
+
+
+def test_the_extender_sets_only_a_podgroups_phase(stack, control_plane, extender_api, admin, namespace):
+    custom = client.CustomObjectsApi(admin)
+    name = unique("pg")
+    custom.create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": name},
+        "spec": {"minMember": 2}})
+    as_extender = client.CustomObjectsApi(extender_api.api_client)
+
+    def set_status(status: dict[str, Any]) -> Any:
+        return as_extender.patch_namespaced_custom_object_status("scheduling.x-k8s.io", "v1alpha1", namespace,
+                                                                 "podgroups", name, {"status": status})
+    in_force(lambda: set_status({"phase": "Running"}), "gpusched-extender-reports")
+    set_status({"phase": "Scheduling", "scheduled": 1})
+    body = refused(lambda: set_status({"phase": "Finished"}))
+    assert "status.phase (Pending, Scheduling or Scheduled)" in body, body
