@@ -48,6 +48,7 @@ from extender.model.catalog import Catalog
 from extender.model.demand import ANN_MEMORY, ANN_REQUIRE_NVLINK, ANN_TP, GPU_RESOURCE, DemandProblem, parse_pod_demand
 from extender.model.dra import DRA_MARKER_RESOURCE
 from extender.model.heads import tp_problem
+from extender.model.untrusted import whole_number
 
 DRIVER = "gpu.gpusched.io"
 GPU_CLASS = "gpu.gpusched.io"
@@ -277,8 +278,8 @@ def _raw(container: Mapping[str, Any], resource: str) -> Any:
 
 
 def _count(container: Mapping[str, Any], resource: str) -> int | None:
-    text = str(_raw(container, resource)).strip()
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    number = whole_number(_raw(container, resource))
+    return number if number is not None and number > 0 else None
 
 
 def _cel(expression: str) -> dict[str, Any]:

@@ -55,6 +55,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from extender.model.untrusted import shown, whole_number
+
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
@@ -391,19 +393,20 @@ def _role_minimums(value: Any) -> tuple[tuple[str, int], ...] | GangProblem:
     for part in str(value).split(","):
         role, sep, count = part.strip().partition("=")
         role, count = role.strip(), count.strip()
-        if not sep or not _ROLE_NAME.match(role) or not count.isdigit() or int(count) < 1 or role in minimums:
+        minimum = whole_number(count)
+        if not sep or not _ROLE_NAME.match(role) or minimum is None or minimum < 1 or role in minimums:
             return GangProblem(f"annotation {MIN_ROLE_REPLICAS_ANNOTATION} must list role=minimum pairs, each role "
-                               f"once with a minimum >= 1 (e.g. prefill=1,decode=2), got {value!r}")
-        minimums[role] = int(count)
+                               f"once with a minimum >= 1 (e.g. prefill=1,decode=2), got {shown(value)}")
+        minimums[role] = minimum
     return tuple(sorted(minimums.items()))
 
 
 def _positive(value: Any, where: str) -> int | GangProblem:
-    text = "" if value is None else str(value).strip()
-    if not text.isdigit() or int(text) < 1:
+    number = whole_number(value)
+    if number is None or number < 1:
         return GangProblem(f"annotation {where} must be a positive integer (the number of pods in the gang), got "
-                         f"{value!r}")
-    return int(text)
+                           f"{shown(value)}")
+    return number
 
 
 def _timeout(annotations: Mapping[str, Any], default: float) -> float | GangProblem:

@@ -35,6 +35,7 @@ from extender.model.inventory import (
 )
 from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
+from extender.model.untrusted import shown, whole_number
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CPU_QUANTUM_MILLI = 1000  # a node's free CPU is known to whole cores (floor): it keys the shape
@@ -309,11 +310,11 @@ def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:
     value = allocatable.get(GPU_RESOURCE)
     if value is None:
         return 0
-    text = str(value).strip()
-    if not text.isdigit():
-        errors.append(f"status.allocatable[{GPU_RESOURCE!r}] is not a whole number: {value!r}")
+    number = whole_number(value)
+    if number is None:
+        errors.append(f"status.allocatable[{GPU_RESOURCE!r}] is not a whole number: {shown(value)}")
         return 0
-    return int(text)
+    return number
 
 
 def _canonical(node: NodeInfo, shapes: dict[Shape, Shape]) -> NodeInfo:

@@ -9,6 +9,7 @@ format characters escaped), cut to a bound with the full length stated.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Any
 
@@ -25,3 +26,17 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     if any(unicodedata.category(c) == "Cf" for c in cut):  # repr leaves bidi overrides (U+202E) as they are
         quoted = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c for c in quoted)
     return quoted if len(text) <= limit else f"{quoted}… ({len(text)} characters)"
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+def whole_number(value: Any, max_digits: int = 9) -> int | None:
+    """``value`` (surrounding blanks ignored) as a non-negative whole number of at most
+    ``max_digits`` ASCII digits; None for anything else. ``str.isdigit`` would take other scripts'
+    digits, and ``int()`` of a 5,000-digit string raises (Python's digit limit) or, below it, costs
+    quadratic time: a count or port a tenant or node writes never needs more than nine digits."""
+    text = (value if isinstance(value, str) else str(value)).strip() if value is not None else ""
+    if len(text) > max_digits or not _DIGITS.fullmatch(text):
+        return None
+    return int(text)

@@ -284,4 +284,6 @@ class DraState:
 
 
 def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
+    # Digit runs compare as numbers, bounded: a node names its devices, and int() of a 5,000-digit run raises.
+    return tuple((0, int(part)) if part.isdigit() and len(part) <= 18 else (1, part)
+                 for part in re.split(r"([0-9]+)", name) if part)

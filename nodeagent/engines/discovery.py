@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.model.untrusted import shown, whole_number
+
 METRICS_PORT_ANNOTATION = "gpusched.io/metrics-port"
 
 
@@ -65,16 +67,16 @@ def discover_engines(pods: Iterable[Mapping[str, Any]], *, node_name: str | None
             continue
         targets.append(EngineTarget(namespace=meta.get("namespace", ""), pod=meta.get("name", ""),
                                     uid=meta.get("uid", ""), ip=status["podIP"],
-                                    port=int(str(annotations[METRICS_PORT_ANNOTATION]).strip())))
+                                    port=whole_number(annotations[METRICS_PORT_ANNOTATION]) or 0))
     targets.sort(key=lambda t: (t.namespace, t.pod))
     return Discovery(tuple(targets), tuple(sorted(skipped)))
 
 
 def _unscrapable(port: Any, meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mapping[str, Any],
                  node_name: str | None) -> str:
-    text = str(port).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        return f"{METRICS_PORT_ANNOTATION} must be a port number 1-65535, got {port!r}"
+    number = whole_number(port, 5)
+    if number is None or not 1 <= number <= 65535:
+        return f"{METRICS_PORT_ANNOTATION} must be a port number 1-65535, got {shown(port)}"
     if node_name is not None and spec.get("nodeName") != node_name:
         return f"runs on node {spec.get('nodeName')!r}, not {node_name!r}"
     if meta.get("deletionTimestamp"):
