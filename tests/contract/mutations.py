@@ -23,6 +23,12 @@ HOSTILE: tuple[Any, ...] = (
     "\u0000", "\ud800", "\ud7ff\ue000", "ünïcødé", "../../etc/passwd", "$(reboot)", "40Gi", "-5Gi", "99999999999Ti",
     "nvidia.com/gpu", "h100-0", "ghost", "ns/p", "GPU-h100-0-0", [], [None], [1, "a"], {}, {"": None},
     {"nvidia.com/gpu": "1"}, [[[[[]]]]], {"metadata": {}}, {"items": None},
+    # Issue 39's shapes: one shell token past Linux's one-argument limit (shlex took seconds on less),
+    # a number past Python's int() digit limit, terminal escapes and a bidi override, broken quoting,
+    # a shell command line, gpusched's own decisions as a tenant would forge them.
+    "sh -c 'vllm serve m " + "y" * 200_000 + "'", "9" * 5000, "\x1b[2J\x1b]0;pwned\x07", "\u202egpt", "'unterminated",
+    "ulimit -n 1 && vllm serve m -tp 3 # -tp 8", "GPU-h100-0-0,GPU-h100-0-1,GPU-h100-0-2,GPU-h100-0-3",
+    '{"v":1,"gang":"ns/g","until":1e300,"members":{}}',
 )
 # Keys worth adding where they are not: those gpusched and the wire models read.
 KEYS: tuple[str, ...] = (
@@ -31,6 +37,7 @@ KEYS: tuple[str, ...] = (
     "command", "nvidia.com/gpu", "gpusched.io/gang-name", "gpusched.io/gang-size", "gpusched.io/tensor-parallel-size",
     "gpusched.io/gpu-share", "gpusched.io/gpu-memory", "gpusched.io/model", "gpusched.io/assigned-gpus",
     "resourceClaims", "nodeName", "items", "status", "allocatable", "gpusched.io/gpu-inventory", "",
+    "gpusched.io/gang-commit", "gpusched.io/decision-id", "gpusched.io/assigned-gpu-indices",
 )
 GARBAGE: tuple[bytes, ...] = (b"\x00", b"\xff\xfe", b"{", b"}", b"[", b"]", b'"', b",", b":", b"\\", b"\\u",
                               b"NaN", b"-", b"1e999999", b"\xc3\x28", b"\xed\xa0\x80", b" " * 64)
