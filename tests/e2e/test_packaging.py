@@ -382,9 +382,9 @@ def _deployment_spec(objects) -> dict:
 
 
 def test_plugin_mode_changes_the_scheduler_pod_its_config_and_the_schedulers_rbac_only():
-    """The plugin-mode overlay is the base with the scheduler's image, config and socket changed
-    and an admission policy on the scheduler's Bindings added; the node agents, the extender's
-    identity and the rest stay."""
+    """The plugin-mode overlay is the base with the scheduler's image, config and socket changed,
+    an admission policy on the scheduler's Bindings added and the extender's ClusterRole narrowed
+    (see the next test); the node agents and the rest stay."""
     base = normalised(kustomize_build(MANIFESTS / "base"))
     plugin = normalised(kustomize_build(MANIFESTS / "overlays/plugin-mode"))
     assert plugin.keys() - base.keys() == {
@@ -393,7 +393,7 @@ def test_plugin_mode_changes_the_scheduler_pod_its_config_and_the_schedulers_rba
         ("ValidatingAdmissionPolicyBinding", "", "gpusched-scheduler-bindings")}
     assert base.keys() - plugin.keys() == {("ConfigMap", "gpusched-system", "gpusched-scheduler-config")}
     assert {k for k in base.keys() & plugin.keys() if base[k] != plugin[k]} == {
-        ("Deployment", "gpusched-system", "gpusched-scheduler")}
+        ("Deployment", "gpusched-system", "gpusched-scheduler"), ("ClusterRole", "", "gpusched-extender")}
 
     before = _deployment_spec(base.values())
     after = _deployment_spec(plugin.values())
@@ -443,6 +443,12 @@ def test_the_cores_socket_is_shared_by_the_scheduler_and_the_extender_only(rende
                                                                                       "sizeLimit": "1Mi"}}
 
 
+def _verbs(rules: list) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every rule, names aside."""
+    return {(g, r, v) for rule in rules for g in rule.get("apiGroups", []) for r in rule.get("resources", [])
+            for v in rule.get("verbs", [])}
+
+
 def _grants(objects, namespace: str, account: str) -> dict[str, list]:
     """Role or ClusterRole name -> its rules, for every binding whose subjects name ``account``
     (stock roles, which the chart does not ship, as their name alone)."""
@@ -465,12 +471,23 @@ def test_plugin_modes_scheduler_identity_gains_nothing_its_bindings_held_to_gpus
     """Plugin mode's kube-scheduler does what the stock one does: GpuSched's Bind creates the
     Binding the default binder would, with the annotations in it (scheduler-plugin/pkg/gpusched/
     plugin.go), so its identity gains no grant, and an admission policy bound to its username
-    holds its Bindings' annotations to gpusched.io/ ones."""
+    holds its Bindings' annotations to gpusched.io/ ones; the extender, which binds nothing there,
+    loses its Binding and patch grants."""
     extender_mode, plugin_mode = render()
     scheduler = ("gpusched-system", "gpusched-scheduler")
     assert _grants(plugin_mode, *scheduler) == _grants(extender_mode, *scheduler)
-    for account in ("gpusched-extender", "gpusched-node-agent", "gpusched-metrics-proxy"):
+    for account in ("gpusched-node-agent", "gpusched-metrics-proxy"):
         assert _grants(plugin_mode, "gpusched-system", account) == _grants(extender_mode, "gpusched-system", account)
+    # The extender loses what only extender mode uses (issue 39): Bindings, and the requeue patches
+    # of pods and nodes (plugin mode requeues through the core's stream); everything else is kept.
+    extender_rules = _grants(extender_mode, "gpusched-system", "gpusched-extender")
+    plugin_rules = _grants(plugin_mode, "gpusched-system", "gpusched-extender")
+    assert {k: v for k, v in plugin_rules.items() if k != "ClusterRole/gpusched-extender"} == \
+        {k: v for k, v in extender_rules.items() if k != "ClusterRole/gpusched-extender"}
+    verbs = _verbs(plugin_rules["ClusterRole/gpusched-extender"])
+    assert verbs - _verbs(extender_rules["ClusterRole/gpusched-extender"]) == set()
+    assert _verbs(extender_rules["ClusterRole/gpusched-extender"]) - verbs == {
+        ("", "pods/binding", "create"), ("", "pods", "patch"), ("", "nodes", "patch")}
     policy = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicy"
                   and o["metadata"]["name"] == "gpusched-scheduler-bindings")
     assert policy["spec"]["matchConstraints"]["resourceRules"] == [
