@@ -16,11 +16,12 @@ What an agent sends is untrusted, so each stream is judged before it may cost mu
   (UNAUTHENTICATED with trailing metadata ``gpusched-reconnect: token-expired``, so the agent
   reconnects at once with the kubelet's rotated token), and every ``recheck_s`` the stream's pod
   must still run on its node (``pod_alive``), or the stream ends;
-- a report is bounded: messages up to 256 KiB, at most ``max_units`` units, ``max_engines``
-  engines and ``max_shares_per_gpu`` sharers on any one GPU (else the stream ends, ``bad-report``),
-  failure reasons cut to 256 characters; the period it claims counts at most
-  ``max_period_s`` (the agents' configured period), so a node cannot declare a period that never
-  goes stale;
+- a report is bounded (``gpusched_wire.telemetry.v1.bounds``, which the agents trim to): messages
+  up to 256 KiB, at most ``max_units`` units, ``max_engines`` engines, ``max_shares_per_gpu``
+  sharers and ``max_holders_per_unit`` holders on any one unit (else the stream ends,
+  ``bad-report``), free text (failure reasons, model names) cut to 256 characters; the period it
+  claims counts at most ``max_period_s`` (the agents' configured period), so a node cannot
+  declare a period that never goes stale;
 - one stream speaks for a node at a time: a newer authorized stream for the same node supersedes
   the older one, which ends at its next report (ABORTED, ``superseded``), so two connections can
   never interleave one node's reports;
@@ -62,7 +63,7 @@ from prometheus_client.registry import Collector
 
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
-from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+from gpusched_wire.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
 
 # What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
 # core at runtime; the type stubs do not declare it.
@@ -71,7 +72,7 @@ _EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]
 log = logging.getLogger("gpusched.extender.telemetry")
 
 
-MAX_MESSAGE_BYTES = 256 * 1024  # a report of 64 MIG units with engines is a few KiB
+MAX_MESSAGE_BYTES = bounds.MAX_MESSAGE_BYTES
 RECONNECT_TRAILER = "gpusched-reconnect"
 REJECTED_REASONS = ("rate-limited", "replayed", "clock-skew")
 
@@ -82,9 +83,11 @@ class StreamLimits:
     max_pending_reviews: int = 256
     review_workers: int = 8
     max_period_s: float = 1.0
-    max_units: int = 512
-    max_engines: int = 512
-    max_shares_per_gpu: int = 64  # sharers on one GPU (the device plugin's slots per GPU, 8 by default)
+    # What one report may carry (gpusched_wire.telemetry.v1.bounds: the agents trim to the same).
+    max_units: int = bounds.MAX_UNITS
+    max_engines: int = bounds.MAX_ENGINES
+    max_shares_per_gpu: int = bounds.MAX_SHARES_PER_GPU
+    max_holders_per_unit: int = bounds.MAX_HOLDERS_PER_UNIT
     recheck_s: float = 5.0
     # The flood bound: a stream may send ``rate_slack`` reports per period it claims, that period
     # taken within [min_period_s, max_period_s], with bursts of up to ``report_burst`` (a report
@@ -104,15 +107,17 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
     ``gpus``: the mapping converted from an earlier report of the same stream whose
     :func:`gpu_report_key` was equal — reused as is, so an unchanged report skips the per-unit
     conversion and the store reuses what it derived from that mapping."""
+    cut = bounds.MAX_TEXT_CHARS  # free text is kept no longer than this (an engine's model name is a tenant's)
     if gpus is None:
         gpus = MappingProxyType({
             g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
-                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:256],
+                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:cut],
                               _shares(g) if g.shares else ())
             for g in report.gpus})
-    engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model, e.kv_cache_usage, e.requests_running,
-                                  e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens, tuple(e.gpu_uuids),
-                                  e.stale, e.stale_reason) for e in report.engines]) if report.engines else ()
+    engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model[:cut], e.kv_cache_usage,
+                                  e.requests_running, e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens,
+                                  tuple(e.gpu_uuids), e.stale, e.stale_reason[:cut])
+                     for e in report.engines]) if report.engines else ()
     period_s = min(max(report.period_millis, 1) / 1000.0, max_period_s)
     return NodeTelemetry(report.node_name, report.sequence, received_at, period_s, report.gpu_backend, gpus, engines,
                          report.sampled_at_unix_nanos * 1e-9)
@@ -352,7 +357,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
         expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
         max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
-        max_shares = limits.max_shares_per_gpu
+        max_shares, max_holders = limits.max_shares_per_gpu, limits.max_holders_per_unit
         last_key: list | None = None
         gpus = None
         since_ack = ack_every  # the first report is acknowledged at once
@@ -369,11 +374,12 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                                    f"a report may carry at most {max_units} GPU units and {max_engines} engines; "
                                    f"this one has {len(report.gpus)} and {len(report.engines)}")
                 return
-            crowded = next((g for g in report.gpus if len(g.shares) > max_shares), None)
+            crowded = next((g for g in report.gpus if len(g.shares) > max_shares
+                            or len(g.assigned_pods) > max_holders), None)
             if crowded is not None:
                 await self._refuse(context, "bad-report", grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"a GPU may carry at most {max_shares} sharers; {crowded.uuid[:64]!r} has "
-                                   f"{len(crowded.shares)}")
+                                   f"a GPU unit may carry at most {max_shares} sharers and {max_holders} holders; "
+                                   f"{crowded.uuid[:64]!r} has {len(crowded.shares)} and {len(crowded.assigned_pods)}")
                 return
             if wall() >= expires_at:
                 await self._end(context, "token-expired", f"the stream's token expired at {expires_at:.0f} (Unix "

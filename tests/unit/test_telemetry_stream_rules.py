@@ -136,8 +136,17 @@ def crowded_gpu(sharers: int) -> pb.NodeReport:
     return r
 
 
+def held_unit(holders: int) -> pb.NodeReport:
+    """A report whose first unit names ``holders`` holder pods (issue 39, M3: they were unbounded)."""
+    r = report()
+    for i in range(holders):
+        r.gpus[0].assigned_pods.add(namespace="ns", name=f"h{i}")
+    return r
+
+
 @pytest.mark.parametrize("bad", [report(units=513), pytest.param(None, id="engines"),
-                                 pytest.param(crowded_gpu(65), id="sharers-on-one-gpu")])
+                                 pytest.param(crowded_gpu(65), id="sharers-on-one-gpu"),
+                                 pytest.param(held_unit(65), id="holders-of-one-unit")])
 def test_an_oversized_report_ends_the_stream(bad):
     if bad is None:
         bad = report()
@@ -149,11 +158,25 @@ def test_an_oversized_report_ends_the_stream(bad):
     assert store.view()["n1"].sequence == 1
 
 
-def test_a_gpu_with_as_many_sharers_as_allowed_is_accepted():
+@pytest.mark.parametrize("full,count", [
+    pytest.param(crowded_gpu(StreamLimits().max_shares_per_gpu), lambda g: len(g.shares), id="sharers"),
+    pytest.param(held_unit(StreamLimits().max_holders_per_unit), lambda g: len(g.assigned_pods), id="holders"),
+])
+def test_a_unit_with_as_many_sharers_or_holders_as_allowed_is_accepted(full, count):
     s, store, metrics = servicer()
-    context = run(s, Context([crowded_gpu(StreamLimits().max_shares_per_gpu)]))
+    context = run(s, Context([full]))
     assert context.aborted is None and refused(metrics, "bad-report") == 0
-    assert len(store.view()["n1"].gpus["GPU-0"].shares) == 64
+    assert count(store.view()["n1"].gpus["GPU-0"]) == 64
+
+
+def test_free_text_is_kept_no_longer_than_the_bound():
+    """An engine's model name comes from a tenant's /metrics page (issue 39)."""
+    r = report()
+    r.gpus[0].failure = "x" * 10_000
+    r.engines.add(pod=pb.PodRef(namespace="ns", name="e"), model="m" * 10_000, stale_reason="r" * 10_000)
+    converted = report_to_telemetry(r, 0.0)
+    engine = converted.engines[0]
+    assert [len(converted.gpus["GPU-0"].failure), len(engine.model), len(engine.stale_reason)] == [256] * 3
 
 
 def test_a_huge_declared_period_counts_as_the_configured_one():
