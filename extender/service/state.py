@@ -128,7 +128,8 @@ class ClusterState:
         # each reason was last logged.
         self.claims_refused: Counter[str] = Counter()
         self._claim_refusal_logged: dict[str, float] = {}
-        self._unknown_holders: dict[str, set[str]] = {}  # node -> pods refused as unknown, re-judged when seen
+        # node -> the pods its latest report named that the watch shows nowhere (re-judged when seen)
+        self._unknown_holders: dict[str, set[str]] = {}
         # gpusched's assignment per bound pod (its annotation), to tell when the kubelet gave others.
         self._intended: dict[str, frozenset[str]] = {}
         self._mismatch_seen: dict[str, frozenset[str]] = {}  # pod -> the kubelet's set last reported as a mismatch
@@ -305,8 +306,11 @@ class ClusterState:
     def _accepted_holders(self, node: str, reported: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
         """The reported holders a node may speak for: pods the watch shows bound to ``node``,
         holding units of ``node``'s inventory. The rest is counted and (at most once a minute per
-        node) logged."""
+        node) logged. The pods refused as unknown become the node's ``_unknown_holders``, replacing
+        the last report's: only what the node claims now is judged again when the watch shows it,
+        so a node naming fresh pods in every report cannot grow the core's memory."""
         if not reported:
+            self._unknown_holders.pop(node, None)
             return {}
         info = self.node(node)
         units = {u.id for u in info.units} if info is not None else set()
@@ -314,16 +318,21 @@ class ClusterState:
             where = {key: self._pod_nodes.get(key) for key in reported}
         accepted: dict[str, tuple[str, ...]] = {}
         refused: list[str] = []
+        unknown: set[str] = set()
         for key, ids in reported.items():
             reason = ("pod-unknown" if where[key] is None else "pod-on-other-node" if where[key] != node else
                       "unit-not-in-inventory" if not units.issuperset(ids) else "")
             if reason == "pod-unknown":
-                self._unknown_holders.setdefault(node, set()).add(key)
+                unknown.add(key)
             if reason:
                 self.holders_refused[reason] += 1
                 refused.append(f"{key} ({reason}{f': on {where[key]}' if reason == 'pod-on-other-node' else ''})")
             else:
                 accepted[key] = tuple(ids)
+        if unknown:
+            self._unknown_holders[node] = unknown  # a whole-value swap: the watch thread may read the old set
+        else:
+            self._unknown_holders.pop(node, None)
         if refused and self._clock() - self._refusal_logged.get(node, -1e9) >= 60.0:
             self._refusal_logged[node] = self._clock()
             log.warning("node %s reported device holders it may not speak for; ignored: %s", node,

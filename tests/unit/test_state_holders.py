@@ -5,6 +5,7 @@ their GPUs for a second promise."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import pytest
 
@@ -86,6 +87,32 @@ def test_a_container_given_other_devices_than_assigned_is_reported_once_and_the_
     cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",), "ns/other": ()}))  # same set again: once
     assert seen == [("ns/on-a", "a", ("GPU-a-0",), ("GPU-a-5",))] and cluster.assignment_mismatches == 1
     assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-5"})
+
+
+def ghosts(n: int, per_unit: int = 8) -> NodeTelemetry:
+    """Report ``n`` of node a: each of its 8 GPUs held by ``per_unit`` pods named nowhere before."""
+    gpus = {f"GPU-a-{i}": GpuSample(f"GPU-a-{i}", i, 80 << 30, 40 << 30, 0, False,
+                                    tuple(f"ns/ghost-{n}-{i}-{k}" for k in range(per_unit))) for i in range(8)}
+    return NodeTelemetry("a", n, 0.0, 1.0, "fake", gpus, ())
+
+
+def test_reports_naming_fresh_holders_leave_the_cores_memory_flat(cluster):
+    """Issue 39, M3: every unknown holder name was remembered forever (40 reports kept 30 MiB). Only
+    the latest report's unknown holders are kept, so 1,000 reports of fresh names cost what one does."""
+    tracemalloc.start()
+    try:
+        for n in range(1, 101):
+            cluster.telemetry.ingest(ghosts(n))
+        warm, _ = tracemalloc.get_traced_memory()
+        for n in range(101, 1_001):
+            cluster.telemetry.ingest(ghosts(n))
+        grown = tracemalloc.get_traced_memory()[0] - warm
+    finally:
+        tracemalloc.stop()
+    assert cluster.holders_refused["pod-unknown"] == 1_000 * 64, "every report's ghosts were judged"
+    # Kept for good, the 57,600 names of the last 900 reports are ~6 MiB.
+    assert grown < 256 * 1024, f"900 more reports of fresh holder names kept {grown / 1024:.0f} KiB"
+    assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-0"})
 
 
 # ---- issue 22: a node claiming more than its inventory ----------------------------------------------
