@@ -7,6 +7,8 @@ Every period the publisher asks :meth:`Agent.report` for the node's current stat
 - foreign usage: memory in use on devices no pod holds;
 - each GPU sharer's share and actual use (``nodeagent.shares``: the ``shares`` callable);
 - engine samples, scraped on a thread of their own so a slow engine never delays a report.
+Each report is trimmed to the bounds the extender enforces (``nodeagent.stream.bounds``), with a
+warning saying what was left out: a report beyond them would leave the whole node stale.
 The static inventory (GPUs, MIG layout, NVLink islands) is published as the node's
 ``gpusched.io/gpu-inventory`` annotation at start and when it changes — never every period, and
 never on the report's own path (``publish_inventory`` must not block: see ``nodeagent.kube``).
@@ -33,6 +35,7 @@ from nodeagent.engines.scrape import scrape_engine
 from nodeagent.gpu.model import GpuReader, GpuState, to_inventory
 from nodeagent.podresources.foreign import ForeignTracker
 from nodeagent.shares.usage import ShareUse
+from nodeagent.stream.bounds import fit_report
 
 log = logging.getLogger("gpusched.nodeagent")
 VERSION = "0.1.0"
@@ -72,6 +75,7 @@ class Agent:
         self._held: frozenset[str] = frozenset()  # device ids the kubelet had allocated at the last read
         self._foreign = ForeignTracker()
         self._unit_listeners: list[Callable[[], None]] = []
+        self._cuts: list[str] = []  # what the last report left out to fit the extender's bounds
 
     def start_engine_scraper(self, stop: threading.Event) -> None:
         if self._list_node_pods is None:
@@ -218,7 +222,20 @@ class Agent:
                     foreign_used_bytes=foreign.get(gpu.uuid, 0), assigned_pods=holders.get(gpu.uuid, []),
                     failure=gpu.failure, shares=[_share_usage(u) for u in shares.get(gpu.uuid, ())]))
         report.engines.extend(self._engines)
+        self._fit(report)
         return report
+
+    def _fit(self, report: telemetry_pb2.NodeReport) -> None:
+        """Trim the report to what the extender accepts (a refused report leaves the whole node
+        stale); say so when what was left out changes, not every period."""
+        cuts = fit_report(report)
+        if cuts != self._cuts:
+            if cuts:
+                log.warning("this node's report exceeds what the extender accepts; sending what fits: %s",
+                            "; ".join(cuts))
+            else:
+                log.info("this node's report fits the extender's bounds again")
+        self._cuts = cuts
 
 
 def _share_usage(use: ShareUse) -> telemetry_pb2.ShareUsage:
