@@ -165,10 +165,12 @@ class Settings(BaseModel):
     """telemetry older than this many agent periods is stale: the node is judged on its static
     inventory and the ledger with a conservative memory assumption"""
     telemetry_period_s: Annotated[float, Field(gt=0), duration_flag("--telemetry-period")] = 1.0
-    """the node agents' --period (e.g. 1s): staleness is judged against it, and a report claiming a
-    longer period counts as this one, so no node can declare a period that keeps it fresh for days"""
+    """the node agents' --period (e.g. 1s): staleness is judged against it, a report claiming a
+    longer period counts as this one, so no node can declare a period that keeps it fresh for days,
+    and a stream silent for 10 periods (at least 30 s) is ended"""
     telemetry_max_streams: Annotated[int, Field(ge=1)] = 10_000
-    """telemetry streams served at once, one per GPU node; more are refused and retried"""
+    """telemetry streams served at once; more are refused and retried. A node holds one: its newest
+    stream ends its previous one"""
     topology_tiers: Annotated[str, AfterValidator(_tier_labels)] = (
         "clique=nvidia.com/gpu.clique,rack=topology.kubernetes.io/rack,zone=topology.kubernetes.io/zone")
     """the network tiers a group may ask to share (gpusched.io/topology-tier: NAME), as name=node-label

@@ -8,23 +8,25 @@ kube-scheduler's filter calls on the HTTP loop — and, in a process, never take
 
 What an agent sends is untrusted, so each stream is judged before it may cost much:
 - at most ``StreamLimits.max_streams`` open streams and ``max_pending_reviews`` TokenReviews in
-  flight (RESOURCE_EXHAUSTED beyond: the agent backs off and retries);
+  flight (RESOURCE_EXHAUSTED beyond: the agent backs off and retries), and one stream per node
+  (``telemetry_streams``): a node's newly authorized stream ends its previous one at once
+  (ABORTED, ``superseded``), so one node's token, however many streams it opens, holds one slot
+  and two connections never interleave a node's reports;
 - bearer token from metadata → TokenReview (off the loop, on a small pool of its own) →
   :func:`authorize_identity` — *before* any message is read; then the first report's node →
   :func:`authorize_node`; every later report must claim the same node;
-- a stream lives no longer than its token: a report after the token's ``exp`` ends it
-  (UNAUTHENTICATED with trailing metadata ``gpusched-reconnect: token-expired``, so the agent
-  reconnects at once with the kubelet's rotated token), and every ``recheck_s`` the stream's pod
-  must still run on its node (``pod_alive``), or the stream ends;
+- a stream lives no longer than its token: a report after the token's ``exp`` ends it, and so
+  does the timer that looks at every open stream each ``recheck_s`` (UNAUTHENTICATED with trailing
+  metadata ``gpusched-reconnect: token-expired``, so the agent reconnects at once with the
+  kubelet's rotated token); at the same ticks a stream whose pod no longer runs on its node
+  (``pod_alive``) ends (``pod-gone``), and so does one that sent no report, its first included,
+  for ``StreamLimits.idle_s`` (DEADLINE_EXCEEDED, ``idle``) — a silent stream is ended too;
 - a report is bounded (``gpusched_wire.telemetry.v1.bounds``, which the agents trim to): messages
   up to 256 KiB, at most ``max_units`` units, ``max_engines`` engines, ``max_shares_per_gpu``
   sharers and ``max_holders_per_unit`` holders on any one unit (else the stream ends,
   ``bad-report``), free text (failure reasons, model names) cut to 256 characters; the period it
   claims counts at most ``max_period_s`` (the agents' configured period), so a node cannot
   declare a period that never goes stale;
-- one stream speaks for a node at a time: a newer authorized stream for the same node supersedes
-  the older one, which ends at its next report (ABORTED, ``superseded``), so two connections can
-  never interleave one node's reports;
 - within a stream a report must be new and timely, else it is dropped (never applied) and counted
   in ``gpusched_telemetry_reports_rejected_total{reason}``: ``rate-limited`` beyond the stream's
   allowance (``rate_slack`` reports per claimed period, the period clamped to
@@ -61,6 +63,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.adapters.telemetry_streams import ENDED_REASONS, OpenStream, OpenStreams
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
@@ -88,7 +91,13 @@ class StreamLimits:
     max_engines: int = bounds.MAX_ENGINES
     max_shares_per_gpu: int = bounds.MAX_SHARES_PER_GPU
     max_holders_per_unit: int = bounds.MAX_HOLDERS_PER_UNIT
+    # The timer (``telemetry_streams``) looks at every open stream each ``recheck_s``: token expiry,
+    # the pod, and silence — a stream that sent no report (the first included) for ``idle_s`` ends.
     recheck_s: float = 5.0
+    idle_periods: float = 10.0
+    # Agents' sends block while the extender lags (a small receive window per stream), and a report
+    # may wait behind a slow NVML read: silence this long is a vanished agent or a squatter.
+    min_idle_s: float = 30.0
     # The flood bound: a stream may send ``rate_slack`` reports per period it claims, that period
     # taken within [min_period_s, max_period_s], with bursts of up to ``report_burst`` (a report
     # delayed on the network arrives with the next one). Agents run at 0.1 s at the fastest.
@@ -98,6 +107,12 @@ class StreamLimits:
     # How far a stated sample time may be from the receiver's wall clock (NTP keeps nodes within
     # milliseconds; minutes of slack for a node whose clock drifts before its time sync runs).
     max_clock_skew_s: float = 300.0
+
+    @property
+    def idle_s(self) -> float:
+        """How long a stream may go without a report: ``idle_periods`` of ``max_period_s``, at
+        least ``min_idle_s``."""
+        return max(self.min_idle_s, self.idle_periods * self.max_period_s)
 
 
 def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
@@ -154,9 +169,9 @@ class TelemetryMetrics:
         self.ended = Counter("gpusched_telemetry_streams_ended_total",
                              "Accepted telemetry streams the extender ended, by reason (token-expired: the token's exp "
                              "passed, the agent reconnects with its rotated token; pod-gone: the stream's pod no "
-                             "longer runs on its node; superseded: a newer stream speaks for the node).", ["reason"],
-                             registry=registry)
-        for reason in ("token-expired", "pod-gone", "superseded"):
+                             "longer runs on its node; superseded: a newer stream speaks for the node; idle: no "
+                             "report for the idle deadline).", ["reason"], registry=registry)
+        for reason in ENDED_REASONS:
             self.ended.labels(reason=reason)
         self.rejected = Counter("gpusched_telemetry_reports_rejected_total",
                                 "Reports of accepted streams dropped without being applied, by reason (rate-limited: "
@@ -234,14 +249,14 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     completion of its own, and agents only need it as a sign of life, not per report."""
 
     def __init__(self, store: ReportSink, verify: Callable[[str], TokenIdentity], agent_username: str,
-                 metrics: TelemetryMetrics, first_report_timeout_s: float = 30.0, *,
+                 metrics: TelemetryMetrics, *,
                  ack_every: int = 10, ack_interval_s: float = 10.0, limits: StreamLimits = StreamLimits(),
                  pod_alive: Callable[[TokenIdentity], bool] = lambda identity: True,
                  on_stream: Callable[[TokenIdentity, bool], None] = lambda identity, opened: None,
                  wall_clock: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic):
         """``store``: where accepted reports go (the store itself, or the ingest process's
         coalescer). ``pod_alive(identity)``: whether the token's pod still runs on its node (the
-        extender's pod watch); checked every ``limits.recheck_s`` per stream. ``on_stream(identity,
+        extender's pod watch); checked every ``limits.recheck_s`` per open stream. ``on_stream(identity,
         True)`` once a stream's node is authorized, ``(identity, False)`` when that stream ends.
         ``clock``: monotonic seconds (``received_at``, the flood allowance); ``wall_clock``: Unix
         time (token expiry, the reports' stated sample times)."""
@@ -251,18 +266,16 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self._verify = verify
         self._agent_username = agent_username
         self._metrics = metrics
-        self._first_timeout = first_report_timeout_s
         self.ack_every = ack_every
         self.ack_interval_s = ack_interval_s
         self.limits = limits
-        self._pod_alive = pod_alive
         self._on_stream = on_stream
         self._wall = wall_clock
         self._clock = clock
-        self._newest: dict[str, object] = {}  # node -> the token of the stream that speaks for it now
+        self._streams = OpenStreams(idle_s=limits.idle_s, recheck_s=limits.recheck_s, pod_alive=pod_alive,
+                                    clock=clock, wall_clock=wall_clock)
         self._reviews = ThreadPoolExecutor(limits.review_workers, thread_name_prefix="token-review")
         self._pending_reviews = 0
-        self._open = 0
         metrics.count_reports_of(store)
 
     async def _refuse(self, context: grpc.aio.ServicerContext, reason: str, code: grpc.StatusCode, message: str):
@@ -275,6 +288,25 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         log.info("telemetry stream ended (%s): %s", reason, message)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=((RECONNECT_TRAILER, reason),))
 
+    async def _ended(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
+        """Answer a stream ended from outside (``OpenStreams.end``) with its reason's status."""
+        reason, node, identity = stream.ending, stream.node, stream.identity
+        if reason == "token-expired":
+            await self._end(context, reason, f"the stream's token expired at {stream.expires_at:.0f} (Unix time); "
+                            "reconnect with the refreshed projected token")
+        elif reason == "pod-gone":
+            await self._end(context, reason, f"the token's pod {identity.namespace}/{identity.pod_name} no longer "
+                            f"runs on node {node}")
+        else:
+            self._metrics.ended.labels(reason=reason).inc()
+            log.info("telemetry stream of node %s ended (%s)", node, reason)
+            if reason == "superseded":
+                await context.abort(grpc.StatusCode.ABORTED, f"a newer telemetry stream speaks for node {node}; "
+                                    "only one stream per node is served")
+            else:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no report for {self._streams.idle_s:g}s: "
+                                    "the extender ends silent telemetry streams")
+
     async def _review(self, token: str) -> TokenIdentity | None:
         self._pending_reviews += 1  # only touched on the event loop: no lock needed
         try:
@@ -286,7 +318,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         # A coroutine reading with context.read() (not an async generator over request_iterator):
         # one layer of async iteration less per report, and writes only when acking.
         limits = self.limits
-        if self._open >= limits.max_streams:
+        if len(self._streams) >= limits.max_streams:
             await self._refuse(context, "too-many-streams", grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"the extender serves at most {limits.max_streams} telemetry streams; retry later")
             return
@@ -305,33 +337,35 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             await self._refuse(context, refusal.reason, code, refusal.message)
             return
         assert identity is not None
-        self._open += 1
+        task = asyncio.current_task()
+        assert task is not None, "grpc.aio serves each RPC in a task"
+        # The node's previous stream, if any, ends now: one stream per node, however many its token opens.
+        stream = self._streams.admit(identity, task)
         self._metrics.streams.inc()
         try:
-            await self._serve(context, identity)
+            await self._serve(context, stream)
+        except asyncio.CancelledError:
+            if not stream.ending:
+                raise  # the agent went away, or the server is stopping
+            task.uncancel()  # ended by OpenStreams: answer with the reason's status
+            await self._ended(context, stream)
         finally:
-            self._open -= 1
+            self._streams.close(stream)
             self._metrics.streams.dec()
 
-    async def _serve(self, context: grpc.aio.ServicerContext, identity: TokenIdentity) -> None:
-        try:
-            first = await asyncio.wait_for(context.read(), self._first_timeout)
-        except asyncio.TimeoutError:
-            return
+    async def _serve(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
+        first = await context.read()  # however long: the idle deadline ends a stream that never reports
         if first is _EOF:
             return
+        identity = stream.identity
         refusal = authorize_node(identity, first.node_name)
         if refusal is not None:
             await self._refuse(context, refusal.reason, grpc.StatusCode.PERMISSION_DENIED, refusal.message)
             return
-        node, stream = first.node_name, object()
-        self._newest[node] = stream  # an older stream for the node ends at its next report
         self._on_stream(identity, True)
         try:
-            await self._stream(context, identity, first, stream)
+            await self._stream(context, stream, first)
         finally:
-            if self._newest.get(node) is stream:
-                del self._newest[node]
             self._on_stream(identity, False)
 
     def _reject(self, reason: str, node: str, message: str, warned: set[str]) -> None:
@@ -343,26 +377,24 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             log.warning("telemetry report of node %s dropped (%s): %s; further ones on this stream are only counted",
                         node, reason, message)
 
-    async def _stream(self, context: grpc.aio.ServicerContext, identity: TokenIdentity,
-                      first: telemetry_pb2.NodeReport, stream: object) -> None:
+    async def _stream(self, context: grpc.aio.ServicerContext, stream: OpenStream,
+                      first: telemetry_pb2.NodeReport) -> None:
         limits = self.limits
         node = first.node_name
         ingest, clock, wall, read = self._store.ingest, self._clock, self._wall, context.read
-        newest = self._newest
         min_period_s, slack, burst, max_skew_s = (limits.min_period_s, limits.rate_slack, limits.report_burst,
                                                   limits.max_clock_skew_s)
         allowance, filled_at = burst, clock()  # the flood bound: a bucket of reports, refilled per period
         last_sequence = -1
         warned: set[str] = set()
         ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
-        expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
+        expires_at = stream.expires_at
         max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
         max_shares, max_holders = limits.max_shares_per_gpu, limits.max_holders_per_unit
         last_key: list | None = None
         gpus = None
         since_ack = ack_every  # the first report is acknowledged at once
         last_ack_at = 0.0
-        next_check = clock() + limits.recheck_s
         report = first
         while True:
             if report.node_name != node:
@@ -381,23 +413,11 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                                    f"a GPU unit may carry at most {max_shares} sharers and {max_holders} holders; "
                                    f"{crowded.uuid[:64]!r} has {len(crowded.shares)} and {len(crowded.assigned_pods)}")
                 return
-            if wall() >= expires_at:
-                await self._end(context, "token-expired", f"the stream's token expired at {expires_at:.0f} (Unix "
-                                "time); reconnect with the refreshed projected token")
+            if wall() >= expires_at:  # exact for a stream that reports; the timer ends a silent one
+                stream.ending = "token-expired"
+                await self._ended(context, stream)
                 return
-            now = clock()
-            if now >= next_check:
-                next_check = now + limits.recheck_s
-                if not self._pod_alive(identity):
-                    await self._end(context, "pod-gone", f"the token's pod {identity.namespace}/{identity.pod_name} "
-                                    f"no longer runs on node {node}")
-                    return
-            if newest.get(node) is not stream:
-                self._metrics.ended.labels(reason="superseded").inc()
-                log.info("telemetry stream of node %s ended: a newer stream speaks for the node", node)
-                await context.abort(grpc.StatusCode.ABORTED, f"a newer telemetry stream speaks for node {node}; "
-                                    "only one stream per node is served")
-                return
+            now = stream.heard_at = clock()  # the idle deadline counts from here
             period_s = min(max(report.period_millis / 1000.0, min_period_s), max_period_s)
             allowance = min(burst, allowance + (now - filled_at) * slack / period_s)
             filled_at = now

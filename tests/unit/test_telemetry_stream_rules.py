@@ -62,6 +62,19 @@ class Context:
         self.trailers = dict(trailing_metadata)
 
 
+class Silent(Context):
+    """An agent that sends ``reports`` and then nothing, keeping its stream open."""
+
+    async def read(self):
+        if self._reports:
+            return await super().read()
+        self.reads += 1
+        await asyncio.Event().wait()  # until the servicer's task is cancelled
+
+
+N2 = TokenIdentity(True, AGENT, node_name="n2", pod_name="agent-n2", pod_uid="u2")
+
+
 def servicer(identity: TokenIdentity | None = POD_BOUND, *, wall: list[float] | None = None, alive=lambda i: True,
              **limits: Any) -> tuple[TelemetryServicer, TelemetryStore, TelemetryMetrics]:
     store = TelemetryStore()
@@ -114,18 +127,6 @@ def test_a_report_after_the_tokens_expiry_ends_the_stream_with_a_reconnect_trail
     assert context.trailers == {RECONNECT_TRAILER: "token-expired"}
     assert metrics.ended.labels(reason="token-expired")._value.get() == 1
 
-
-def test_a_stream_whose_pod_is_gone_ends_at_the_next_check():
-    alive = {"yes": True}
-    s, store, metrics = servicer(alive=lambda identity: alive["yes"], recheck_s=0.0)
-
-    def on_read(n: int) -> None:
-        if n == 2:
-            alive["yes"] = False  # the agent pod is deleted while the second report is on its way
-    context = run(s, Context([report(i) for i in range(1, 6)], on_read=on_read))
-    assert context.aborted and "no longer runs" in context.aborted[1]
-    assert metrics.ended.labels(reason="pod-gone")._value.get() == 1
-    assert store.view()["n1"].sequence == 1, "nothing is accepted from a stream whose pod is gone"
 
 
 def crowded_gpu(sharers: int) -> pb.NodeReport:
@@ -189,9 +190,21 @@ def test_a_huge_declared_period_counts_as_the_configured_one():
 
 
 def test_streams_and_reviews_are_bounded():
-    s, _, metrics = servicer(max_streams=1)
-    s._open = 1
-    context = run(s, Context([report()]))
+    metrics = TelemetryMetrics(CollectorRegistry())
+    identities = {"n1": POD_BOUND, "n2": N2}
+    s = TelemetryServicer(TelemetryStore(), identities.__getitem__, AGENT, metrics, limits=StreamLimits(max_streams=1))
+
+    async def second_node_while_the_first_streams() -> Context:
+        first = Silent([report()], token="n1")
+        task = asyncio.create_task(s.Stream(iter(()), first))
+        while first.reads < 2:
+            await asyncio.sleep(0.001)
+        context = Context([report(node="n2")], token="n2")
+        await s.Stream(iter(()), context)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return context
+    context = asyncio.run(second_node_while_the_first_streams())
     assert context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and refused(metrics, "too-many-streams") == 1
     s, _, metrics = servicer(max_pending_reviews=2)
     s._pending_reviews = 2
@@ -354,36 +367,111 @@ def test_each_report_must_be_new_timely_and_within_the_streams_allowance(timed, 
     assert context.aborted is None, "a dropped report must not end the stream"
 
 
-def test_a_newer_stream_for_the_same_node_supersedes_the_older_one():
-    """Two connections for one node never interleave its reports: the older stream ends at its next
-    report, the newer one carries on."""
+# ---- issue 39, M2: one node's token cannot take the stream slots; silent streams end ---------------
+def test_a_newer_stream_for_the_same_node_ends_the_older_one_at_once():
+    """Two connections for one node never interleave its reports, and a silent older stream does
+    not wait for a next report that never comes: it ends when the newer one is admitted."""
     sink = Sink()
     metrics = TelemetryMetrics(CollectorRegistry())
     s = TelemetryServicer(sink, lambda token: POD_BOUND, AGENT, metrics, limits=StreamLimits(report_burst=100))
 
-    class Gated(Context):
-        def __init__(self, reports, gate: asyncio.Event | None, after: asyncio.Event):
-            super().__init__(reports)
-            self.gate, self.after = gate, after
-
-        async def read(self):
-            if self.reads == 1 and self.gate is not None:
-                self.after.set()  # the first report is in
-                await self.gate.wait()
-            return await super().read()
-
-    async def both() -> tuple[Context, Context]:
-        a_in, b_in, release_a = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        old = Gated([report(1), report(2), report(3)], release_a, a_in)
-        new = Gated([report(1), report(2)], None, b_in)
+    async def both() -> tuple[Silent, Context]:
+        old, new = Silent([report(1)]), Context([report(1), report(2)])
         task = asyncio.create_task(s.Stream(iter(()), old))
-        await a_in.wait()
-        await s.Stream(iter(()), new)  # the newer stream: opened while the old one is open
-        release_a.set()
-        await task
+        while old.reads < 2:  # its first report is in; it waits for a second one
+            await asyncio.sleep(0.001)
+        await s.Stream(iter(()), new)
+        await asyncio.wait_for(task, 10)  # generous: it ends as soon as the loop runs it
         return old, new
     old, new = asyncio.run(both())
     assert old.aborted is not None and old.aborted[0] == grpc.StatusCode.ABORTED and "newer" in old.aborted[1]
     assert new.aborted is None
-    assert sink.sequences == [1, 1, 2], "the old stream's later reports must not land"
+    assert sink.sequences == [1, 1, 2]
     assert metrics.ended.labels(reason="superseded")._value.get() == 1
+
+
+def test_ten_thousand_silent_streams_of_one_node_do_not_keep_another_node_out():
+    """The issue's done-when, through the servicer's own seam (each stream a real ``Stream`` call on
+    the loop, reviewed on the review pool; only the transport is a fake): node n1's token opens
+    10,000 streams that never send a report, as many as ``max_streams``; n2 must still get in."""
+    sink = Sink()
+    metrics = TelemetryMetrics(CollectorRegistry())
+    identities = {"n1": POD_BOUND, "n2": N2}
+    s = TelemetryServicer(sink, identities.__getitem__, AGENT, metrics, limits=StreamLimits(max_streams=10_000))
+
+    async def flood_then_other_node() -> tuple[list[Silent], Context, float]:
+        squatters: list[Silent] = []
+        tasks = []
+        for _ in range(50):  # in waves below max_pending_reviews, so no stream is refused for the backlog
+            wave = [Silent([], token="n1") for _ in range(200)]
+            tasks += [asyncio.create_task(s.Stream(iter(()), c)) for c in wave]
+            while not all(c.reads or c.aborted for c in wave):
+                await asyncio.sleep(0.001)
+            squatters += wave
+        other = Context([report(1, node="n2"), report(2, node="n2")], token="n2")
+        await s.Stream(iter(()), other)
+        open_after = metrics.streams._value.get()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return squatters, other, open_after
+    squatters, other, open_after = asyncio.run(flood_then_other_node())
+    assert refused(metrics, "too-many-streams") == 0 and other.aborted is None
+    assert sink.sequences == [1, 2], "node n2's reports did not land"
+    assert open_after == 1, "node n1 holds more than one stream slot"
+    assert sum(c.aborted is not None and c.aborted[0] == grpc.StatusCode.ABORTED for c in squatters) == 9_999
+    assert metrics.ended.labels(reason="superseded")._value.get() == 9_999
+
+
+EXPIRES_AT = 1_000.0 + 3_600
+
+
+def idle(clock: list[float], wall: list[float], alive: dict[str, bool]) -> None:
+    clock[0] += StreamLimits().idle_s + 1
+
+
+def expire(clock: list[float], wall: list[float], alive: dict[str, bool]) -> None:
+    wall[0] = EXPIRES_AT
+
+
+def delete_pod(clock: list[float], wall: list[float], alive: dict[str, bool]) -> None:
+    alive["n1"] = False
+
+
+@pytest.mark.parametrize("sent,change,code,reason,trailer", [
+    pytest.param([report(1)], idle, grpc.StatusCode.DEADLINE_EXCEEDED, "idle", None, id="silent-after-a-report"),
+    pytest.param([], idle, grpc.StatusCode.DEADLINE_EXCEEDED, "idle", None, id="silent-from-the-start"),
+    pytest.param([report(1)], expire, grpc.StatusCode.UNAUTHENTICATED, "token-expired", "token-expired",
+                 id="token-expired-while-silent"),
+    pytest.param([report(1)], delete_pod, grpc.StatusCode.UNAUTHENTICATED, "pod-gone", "pod-gone",
+                 id="pod-gone-while-silent"),
+])
+def test_a_silent_stream_is_ended_by_the_timer(sent, change, code, reason, trailer):
+    """Token expiry and the pod were checked only at a report, and a stream that never reported
+    lived on (issue 39, M2): the timer judges every open stream each ``recheck_s``."""
+    clock, wall, alive = [0.0], [1_000.0], {"n1": True}
+    metrics = TelemetryMetrics(CollectorRegistry())
+    identity = TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1", expires_at=EXPIRES_AT)
+    s = TelemetryServicer(Sink(), lambda token: identity, AGENT, metrics, limits=StreamLimits(recheck_s=0.01),
+                          pod_alive=lambda i: alive[i.node_name], wall_clock=lambda: wall[0], clock=lambda: clock[0])
+
+    async def silent_then(change) -> tuple[Silent, bool]:
+        context = Silent(sent)
+        task = asyncio.create_task(s.Stream(iter(()), context))
+        while context.reads <= len(sent):  # sent what it had; waits for more
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.1)  # ten ticks with nothing overdue
+        open_before = not task.done()
+        change(clock, wall, alive)
+        await asyncio.wait_for(task, 10)  # generous: the next tick ends it
+        return context, open_before
+    context, open_before = asyncio.run(silent_then(change))
+    assert open_before, "the stream ended before anything made it overdue"
+    assert context.aborted is not None and context.aborted[0] == code, context.aborted
+    assert metrics.ended.labels(reason=reason)._value.get() == 1
+    assert context.trailers.get(RECONNECT_TRAILER) == trailer
+
+
+def test_the_idle_deadline_follows_the_period_and_is_never_below_its_floor():
+    assert StreamLimits(max_period_s=1.0).idle_s == 30.0
+    assert StreamLimits(max_period_s=10.0).idle_s == 100.0
