@@ -22,7 +22,7 @@ import yaml
 from extender.app import Collaborators
 from extender.framework.profile import ProfileConfig, ProfileError, load_profile
 from extender.framework.runtime import Framework
-from extender.metrics import ExtenderMetrics, GangMetrics
+from extender.metrics import ExtenderMetrics, GangMetrics, count_refused_claims
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
 from extender.model.ledger import GpuLedger
 from extender.plugins import default_profile, default_registry
@@ -164,6 +164,7 @@ def assemble(settings: Settings, leading: Callable[[], bool] | None = None) -> A
     decider.pod_group_watch = lambda: ("synced" if pod_groups.synced.is_set() else "not synced") + \
         (f"; last error: {pod_groups.last_error}" if pod_groups.last_error else "")
     count_relists(metrics.registry, reflectors + [pod_groups, pod_gangs])
+    count_refused_claims(metrics.registry, state.claims_refused)
     for r in reflectors + [pod_groups, pod_gangs]:
         r.start()
     _every(1.0, decider.tick)
@@ -419,6 +420,7 @@ def _start_telemetry(settings: Settings, api: Any, state: ClusterState, decision
             raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
     registry = collaborators.metrics.registry
     count_refused_holders(registry, state.holders_refused)
+
     count_clamped_claims(registry, state.telemetry_clamped)
     pods = next(r for r in reflectors if r.kind == "pods")
     limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)

@@ -3,9 +3,11 @@ live in one test process). Names are documented in the README's metrics table.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 # Filter/prioritize sit on kube-scheduler's serial critical path: buckets resolve 0.1 ms–1 s.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -87,3 +89,28 @@ class GangMetrics:
 
     def gathered(self, seconds: float) -> None:
         self._metrics.gang_gather_seconds.observe(seconds)
+
+
+class ReasonCounts(Collector):
+    """A counter family read at scrape time from a mapping reason -> count kept elsewhere; every
+    reason in ``reasons`` is exported, 0 until counted."""
+
+    def __init__(self, name: str, documentation: str, reasons: tuple[str, ...], counts: Mapping[str, int]) -> None:
+        self._name, self._documentation, self._reasons, self._counts = name, documentation, reasons, counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=["reason"])
+        for reason in self._reasons:
+            family.add_metric([reason], self._counts.get(reason, 0))
+        yield family
+
+
+def count_refused_claims(registry: CollectorRegistry, refused: Mapping[str, int]) -> None:
+    """Export ``gpusched_pod_claims_refused_total{reason}`` from ``ClusterState.claims_refused``
+    (pods whose gpusched.io/assigned-gpus gpusched could not have written), read at scrape time."""
+    registry.register(ReasonCounts(
+        "gpusched_pod_claims_refused",
+        "Bound pods whose gpusched.io/assigned-gpus is not believed, by reason: count-mismatch (the pod does not "
+        "ask for that many GPUs), malformed, unit-not-in-inventory (not its node's GPU), held-by-another (another "
+        "pod holds a named GPU: a claim never displaces it). Such a pod holds what it requests, unattributed.",
+        ("count-mismatch", "malformed", "unit-not-in-inventory", "held-by-another"), refused))

@@ -64,6 +64,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.adapters.telemetry_streams import ENDED_REASONS, OpenStream, OpenStreams
+from extender.metrics import ReasonCounts
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
 from gpusched_wire.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
@@ -199,7 +200,7 @@ def count_refused_holders(registry: CollectorRegistry, refused: Mapping[str, int
     """Export ``gpusched_telemetry_holders_refused_total{reason}`` from a counter the cluster
     state keeps (``ClusterState.holders_refused``: the core judges holders, wherever ingest runs),
     read at scrape time."""
-    registry.register(_ReasonCounts(
+    registry.register(ReasonCounts(
         "gpusched_telemetry_holders_refused",
         "Device holders in node reports that the node may not speak for, by reason: pod-unknown (no bound pod "
         "of that name; also while the watch lags), pod-on-other-node (the pod runs elsewhere: a node claiming "
@@ -211,26 +212,12 @@ def count_refused_holders(registry: CollectorRegistry, refused: Mapping[str, int
 def count_clamped_claims(registry: CollectorRegistry, clamped: Mapping[str, int]) -> None:
     """Export ``gpusched_telemetry_clamped_total{reason}`` from ``ClusterState.telemetry_clamped``
     (what nodes claimed beyond their inventory), read at scrape time."""
-    registry.register(_ReasonCounts(
+    registry.register(ReasonCounts(
         "gpusched_telemetry_clamped",
         "Units in node reports claiming more than the node's gpusched.io/gpu-inventory, per judged change, by "
         "reason: unit-not-in-inventory (a unit the node does not have: never judged), memory-over-inventory (more "
         "free memory than the unit's size: judged at its size).",
         ("unit-not-in-inventory", "memory-over-inventory"), clamped))
-
-
-class _ReasonCounts(Collector):
-    """A counter family read at scrape time from a mapping reason -> count kept elsewhere; every
-    reason in ``reasons`` is exported, 0 until counted."""
-
-    def __init__(self, name: str, documentation: str, reasons: tuple[str, ...], counts: Mapping[str, int]) -> None:
-        self._name, self._documentation, self._reasons, self._counts = name, documentation, reasons, counts
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self._name, self._documentation, labels=["reason"])
-        for reason in self._reasons:
-            family.add_metric([reason], self._counts.get(reason, 0))
-        yield family
 
 
 class _ReportsIngested(Collector):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from extender.metrics import count_refused_claims
 from extender.model.assignment import believed_units
 from extender.model.ledger import EntryState
 from extender.service.state import ClusterState
@@ -119,3 +121,11 @@ def test_the_reserved_share_is_the_granted_one(cluster):
     cluster.pods.apply("ADDED", bound(make_share_pod("sharer", "tenant", memory="70Gi", assigned="GPU-a-7")))
     held = cluster.ledger.assignment("tenant/sharer")
     assert (held.state, held.share_mib) == (EntryState.BOUND, 30 * 1024)
+
+
+def test_refused_claims_are_exported_by_reason(cluster):
+    registry = CollectorRegistry()
+    count_refused_claims(registry, cluster.claims_refused)
+    cluster.pods.apply("ADDED", bound(make_pod("squat", "tenant", gpus=0, annotations={"gpusched.io/assigned-gpus": ALL_OF_A})))
+    assert registry.get_sample_value("gpusched_pod_claims_refused_total", {"reason": "count-mismatch"}) == 1
+    assert registry.get_sample_value("gpusched_pod_claims_refused_total", {"reason": "held-by-another"}) == 0
