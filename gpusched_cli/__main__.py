@@ -11,10 +11,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TextIO
 
 from gpusched_cli.explain import ExplainError, fetch_json, pod_status_lines, render_explain, render_nodes
+from gpusched_cli.render import terminal_safe
 
 DEFAULT_URL = os.environ.get("GPUSCHED_URL", "http://127.0.0.1:8888")
+
+
+def emit(text: str, stream: TextIO | None = None) -> None:
+    """Print one of the CLI's answers (stdout unless ``stream``): the only way this package writes,
+    so every string from a pod, a node or the extender reaches the terminal escaped."""
+    print(terminal_safe(text), file=stream or sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         args.measure = measure_args
     if args.command == "claim":
         text, code = claim.run(args)
-        print(text, file=sys.stdout if code == 0 else sys.stderr)
+        emit(text, sys.stdout if code == 0 else sys.stderr)
         return code
     if args.command == "tune":
         from engine_sidecar.errors import SidecarError
@@ -46,28 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         try:
             text, code = tune.run(args)
         except SidecarError as exc:
-            print(f"gpusched tune: {exc}" + (f" ({exc.fix})" if exc.fix else ""), file=sys.stderr)
+            emit(f"gpusched tune: {exc}" + (f" ({exc.fix})" if exc.fix else ""), sys.stderr)
             return 1
         if text:
-            print(text)
+            emit(text)
         return code
     try:
         if args.command == "explain":
             namespace, sep, name = args.pod.partition("/")
             if not sep or not namespace or not name:
-                print(f"gpusched explain: expected NAMESPACE/POD, got {args.pod!r}", file=sys.stderr)
+                emit(f"gpusched explain: expected NAMESPACE/POD, got {args.pod!r}", sys.stderr)
                 return 2
             records = fetch_json(args.url, f"/debug/decisions/{namespace}/{name}")
             if args.json:
                 import json
 
-                print(json.dumps(records, indent=2))
+                emit(json.dumps(records, indent=2))  # escapes its own (ensure_ascii); emit is the rule
                 return 0
-            print(render_explain(namespace, name, records, pod_status_lines(namespace, name, args.kubeconfig)))
+            emit(render_explain(namespace, name, records, pod_status_lines(namespace, name, args.kubeconfig)))
         else:
-            print(render_nodes(fetch_json(args.url, "/debug/nodes") or {}))
+            emit(render_nodes(fetch_json(args.url, "/debug/nodes") or {}))
     except ExplainError as exc:
-        print(f"gpusched: {exc}", file=sys.stderr)
+        emit(f"gpusched: {exc}", sys.stderr)
         return 1
     return 0
 

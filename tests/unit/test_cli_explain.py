@@ -70,3 +70,72 @@ LEADER = ["serve", "meta-llama/Llama-3.1-405B-Instruct", "-tp", "8", "-pp", "2",
 def test_the_demand_line_speaks_of_the_engine(pod, expected):
     text = render_explain("ns", "pod", demand_record(**pod), [])
     assert expected in text, text
+
+
+# Issue 39: what the CLI prints was written by pod authors, node agents and the extender; a
+# terminal obeys the control characters in it (colour, cursor moves, title/clipboard sequences,
+# bidi overrides that reorder what is read). Every one reaches the terminal escaped.
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\r\x9b31m\x7f\u202eevil\u200b\u2028"
+HOSTILE_ESCAPED = "\\x1b]0;owned\\x07\\x1b[2J\\x0d\\x9b31m\\x7f\\u202eevil\\u200b\\u2028"
+
+
+@pytest.mark.parametrize("text,expected", [
+    pytest.param("plain → text, GPUs [0,1] (… 4×2)", "plain → text, GPUs [0,1] (… 4×2)", id="printable-unchanged"),
+    pytest.param("two\nlines", "two\nlines", id="newline-kept"),
+    pytest.param(HOSTILE, HOSTILE_ESCAPED, id="c0-c1-del-bidi-format-separator"),
+    pytest.param("lone \ud800", "lone \\ud800", id="lone-surrogate-printable-not-a-crash"),
+    pytest.param("tab\there", "tab\\x09here", id="tab"),
+    pytest.param("\u00a0\U000e0041", "\\xa0\\U000e0041", id="odd-space-and-tag-character"),
+])
+def test_terminal_safe_escapes_what_a_terminal_would_act_on(text, expected):
+    from gpusched_cli.render import terminal_safe
+
+    assert terminal_safe(text) == expected
+
+
+def _explain_records(*_: object) -> dict:
+    record = demand_record(gpus=1, args=["serve", f"org/{HOSTILE}", "-tp", "1"])
+    record["decisions"]["filter"]["details"]["verdicts"] = {
+        f"node-{HOSTILE}": [{"plugin": "GpuFit", "code": "UNSCHEDULABLE", "reason": f"held by pod {HOSTILE}\nfake-row"}]}
+    return record
+
+
+def _nodes(*_: object) -> dict:
+    unit = {"gpu": 0, "profile": None, "memoryMiB": 81920, "id": "GPU-0", "heldBy": f"ns/{HOSTILE}", "state": "bound"}
+    return {"nodes": [{"name": "n1", "free": 0, "units": [unit], "nvlinkIslands": [], "inventorySource": "nvml"}]}
+
+
+def _unreachable(*_: object, **__: object) -> dict:
+    from gpusched_cli.explain import ExplainError
+
+    raise ExplainError(f"http://x/debug: HTTP 500 {HOSTILE}")
+
+
+@pytest.mark.parametrize("argv,fetched,pod_lines", [
+    pytest.param(["explain", "ns/pod"], _explain_records, [], id="explain-demand-from-pod-args-node-and-reason"),
+    pytest.param(["explain", "ns/pod"], lambda *a, **k: None, [f"PodScheduled=False (Unschedulable): {HOSTILE}"],
+                 id="explain-pod-condition"),
+    pytest.param(["nodes"], _nodes, [], id="nodes-holder"),
+    pytest.param(["explain", "ns/pod"], _unreachable, [], id="explain-error-on-stderr"),
+])
+def test_every_cli_answer_reaches_the_terminal_escaped(monkeypatch, capsys, argv, fetched, pod_lines):
+    from gpusched_cli import __main__ as cli
+
+    monkeypatch.setattr(cli, "fetch_json", fetched)
+    monkeypatch.setattr(cli, "pod_status_lines", lambda *a: pod_lines)
+    cli.main(argv)
+    out = capsys.readouterr()
+    printed = out.out + out.err
+    assert "\\x1b]0;owned\\x07" in printed, printed  # the value is shown, visibly
+    assert all(c == "\n" or c.isprintable() for c in printed), repr(printed)
+    assert "\nfake-row" not in printed  # a value cannot forge a table row either
+
+
+def test_claim_problems_reach_the_terminal_escaped(tmp_path, capsys):
+    from gpusched_cli.__main__ import main
+
+    path = tmp_path / "pod.yaml"
+    path.write_text('kind: "\\e]52;c;ZWNobyBvd25lZA==\\a\\u202e"\n')  # YAML escapes: an OSC 52 clipboard write
+    assert main(["claim", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a \\x1b]52;c;ZWNobyBvd25lZA==\\x07\\u202e, not a Pod" in err, err
