@@ -51,7 +51,8 @@ class GpuUnit:
     such a unit only when no clean one will do. ``share_capacity_mib``: the memory all sharers of
     this whole GPU may be promised together — its size less what foreign processes hold (from
     telemetry), None for a MIG instance or unknown memory (never shared); ``share_closed`` says why
-    the GPU takes no new shares now ("" open): a sharer uses more than its share."""
+    the GPU takes no new shares now ("" open): which sharers use more than their shares, and how
+    much — for the admin's ``/debug/nodes``, never copied into a reason another tenant reads."""
 
     id: str
     position: int

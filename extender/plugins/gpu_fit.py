@@ -13,6 +13,12 @@ A share (``UnitRequest.share_mib``) needs one whole GPU with that much room for 
 a node whose whole GPUs are all smaller (or of unknown memory); not now where each GPU is held
 whole, out of service, closed to shares, or has too little room left after foreign memory and the
 shares already promised — the reason gives each GPU's figures.
+
+Every reason here reaches the pod's author (kube-scheduler's FailedScheduling event, the pod's
+PodScheduled condition), who may be any tenant: it gives figures per GPU — sizes, what foreign
+processes and the shares together leave — never another pod's name or its usage. Which sharer
+closed a GPU, and what each uses, is the cluster admin's to read in ``/debug/nodes``
+(``GpuUnit.share_closed``, the shares listed per GPU) and ``gpusched nodes``.
 """
 
 from __future__ import annotations
@@ -104,8 +110,8 @@ def _fit_share(node: NodeInfo, free: FreeUnits, share_mib: int) -> Status:
             parts.append(f"{label} out of service ({unit.failure})")
         elif unit.position not in promised and unit.position not in free_whole:
             parts.append(f"{label} held whole by a pod")
-        elif unit.share_closed:
-            parts.append(f"{label} closed to new shares ({unit.share_closed})")
+        elif unit.share_closed:  # names the sharers and their usage: the admin's, not this pod's author's
+            parts.append(f"{label} closed to new shares while a sharer uses more than its share")
         else:
             taken = promised.get(unit.position, 0)
             usable = format_gib((unit.share_capacity_mib or 0) * MIB)

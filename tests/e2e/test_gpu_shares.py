@@ -144,7 +144,8 @@ def test_a_sharer_over_its_share_is_seen_within_3_periods_and_closes_the_gpu_to_
     create_pod(admin, namespace, share_pod("embed", "4Gi", fleet_id, mode))  # would fit: 16 GiB are unpromised
     message = wait_until(lambda: (m := pod_scheduled_message(admin, namespace, "embed")) and "share" in m and m, 30,
                          "the new share to wait on the closed GPU")
-    assert "closed to new shares" in message and a in message, message
+    # The waiting pod's author may be another tenant: told why, never who nor how much (issue 39).
+    assert "closed to new shares" in message and a not in message and "34.0 GiB" not in message, message
     notes = wait_until(lambda: events_on(admin, namespace, "chat-a", "GpuShareExceeded"), 30,
                        "a GpuShareExceeded event on the sharer")
     assert "more than its 30.0 GiB share" in notes[0], notes

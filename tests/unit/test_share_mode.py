@@ -198,3 +198,29 @@ def test_a_pod_leaving_the_ledger_is_heard_on_its_node_after_the_release():
     state.pods.apply("DELETED", sharer)
     state.pods.apply("DELETED", make_share_pod("never-held", "ns", node="n"))
     assert heard == [("n", True)], "once, for the node, with the share already released"
+
+
+# -- what a pod's author reads (issue 39) -------------------------------------------------------------
+def test_a_rejected_share_hears_aggregates_never_another_tenants_pods_or_their_memory():
+    """A FailedScheduling reason (and the PodScheduled condition, and the extender's failed-node
+    reason it comes from) is read by the pod's author: tenant A learns why the GPU takes no share
+    and how much room is left, but not that tenant B runs ``secret-model`` nor how much it uses.
+    The per-pod detail stays in /debug/nodes, the admin's."""
+    from extender.service.core import PodRef
+    from extender.service.framework_decider import FrameworkDecider
+
+    state, store = cluster()
+    state.pods.replace([make_share_pod("secret-model", "tenant-b", node="n", assigned=GPU0),
+                        make_share_pod("quiet-embedder", "tenant-b", memory="10Gi", node="n", assigned=GPU0)])
+    store.ingest(report(shares=[ShareSample("tenant-b/secret-model", 30 * GIB, 37 * GIB),
+                                ShareSample("tenant-b/quiet-embedder", 10 * GIB, 9 * GIB)]))
+    assert "tenant-b/secret-model uses 37.0 GiB" in state.snapshot().nodes["n"].units[0].share_closed, "admin detail"
+    decider = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
+    decider.telemetry = state
+    pod = make_share_pod("chat", "tenant-a", memory="4Gi")
+    outcome = decider.filter(PodRef("tenant-a", "chat", "uid-chat", pod), ["n"], None)
+    reason = outcome.failed["n"]
+    assert "GPU 0 closed to new shares" in reason, reason
+    told = " ".join([reason, outcome.summary, *(s.reason for s in filter_share(state.snapshot(), pod).statuses)])
+    for secret in ("tenant-b", "secret-model", "quiet-embedder", "37.0 GiB", "30.0 GiB", "10.0 GiB", "9.0 GiB"):
+        assert secret not in told, (secret, told)
