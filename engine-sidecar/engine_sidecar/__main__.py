@@ -31,6 +31,7 @@ from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.records import DirectoryRecords, RecordKey, TuningRecord, apply_record, from_json, profile_label, record_of
 from engine_sidecar.records import render as records_render
+from engine_sidecar.redaction import Redactor
 from engine_sidecar.share import SHARE_HEADROOM_BYTES
 from engine_sidecar.startup import StartupClock, own_start_time
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
@@ -146,6 +147,9 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         if not eq or not name:
             raise SidecarError(f"--set {item!r}: expected FIELD=VALUE", "e.g. --set max_num_seqs=64")
         overrides[name.strip()] = value.strip()
+    # What the sidecar shows of its configuration (/tuning, its log, the records it stores) hides
+    # the credentials it was given; vLLM gets them as they are.
+    redact = Redactor.of(extra, overrides, os.environ)
     model = load_model_dir(args.model_dir)
     pod = read_pod_info(args.annotations_file)
     check_share_known(pod, os.environ)
@@ -186,7 +190,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         if pod.memory_share is not None and gpus.kind == "gpu":
             report["share"] = share_report(pod.memory_share, gpus, tuning)
         report["measured"] = measured
-        return report
+        return redact(report)  # served at /tuning and printed
 
     key = None
     store = DirectoryRecords(args.records) if args.records else None
@@ -206,7 +210,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
         if sweep_needed:
             print(f"[sidecar] would calibrate: {args.calibrate_budget} candidate(s) x {args.calibrate_repeats} run(s), "
                   f"{args.calibrate_confirm} confirmation pair(s), for record {key.name if key else ''}")
-        print(json.dumps({"argv": command(tuning)[0]}, indent=None))
+        print(json.dumps({"argv": redact(command(tuning)[0])}, indent=None))
         return 0
     workload = (load_trace(args.calibrate_trace, args.calibrate_concurrency or 64) if args.calibrate_trace
                 else Workload.of(prof, args.calibrate_requests, args.calibrate_concurrency))
@@ -215,12 +219,18 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     def calibrate(progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
         """Sweep, keep the record; the measured tuning and its report, None when stopped (SIGTERM)."""
         assert key is not None
-        result = run_sweep(args, inputs, heuristic, command, served, workload, objective, progress, should_stop)
+        def said(message: str) -> None:  # a candidate's error quotes the engine's log, where vLLM prints its args
+            progress(redact(message))
+
+        result = run_sweep(args, inputs, heuristic, command, served, workload, objective, said, should_stop, redact)
         if result.stopped:
             return None
-        record = record_of(key, result.trials, result.choice, result.chosen, objective, workload,
-                           result.heuristic.prediction.kv_tokens, now_iso(), snapshot_or_none(args, progress))
-        where = store_record(store, record, progress)
+        measured_record = record_of(key, result.trials, result.choice, result.chosen, objective, workload,
+                                    result.heuristic.prediction.kv_tokens, now_iso(), snapshot_or_none(args, said))
+        # Stored in a ConfigMap others read and served at /tuning/record: a failed trial's error
+        # holds the engine's log tail, where vLLM prints its non-default arguments.
+        record = from_json(redact(measured_record.to_json()), "calibration")
+        where = store_record(store, record, said)
         applied = apply_record(inputs, heuristic, record) or heuristic
         info = {"used": True, "record": record.to_json(), "key": key.name, "stored": where,
                 "reason": f"calibrated now ({result.wall_s:.0f}s, {len(result.trials)} candidates): {result.choice.reason}"}
@@ -276,7 +286,7 @@ def use_record(store: DirectoryRecords | None, key: RecordKey, inputs: TuningInp
 
 
 def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning, command: Any, served: str,
-              workload: Workload, objective: Objective, progress: Any, should_stop: Any) -> SweepResult:
+              workload: Workload, objective: Objective, progress: Any, should_stop: Any, redact: Redactor) -> SweepResult:
     import tempfile
 
     from engine_sidecar.loadgen import LoadGenerator
@@ -297,7 +307,7 @@ def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning,
     class Starter:
         def start(self, tuning: Tuning, name: str) -> ProcessEngine:
             argv, _, env = command(tuning)
-            progress(f"  starting {' '.join(redact_argv(argv[1:]))}")
+            progress(f"  starting {' '.join(redact(argv[1:]))}")
             return ProcessEngine(argv, env, logs / f"{len(list(logs.iterdir()))}.log", listed, args.grace_period)
 
     sweep = Sweep(inputs, Starter(), LoadGenerator(base, served), workload, objective, args.calibrate_budget,
@@ -411,7 +421,7 @@ def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine
         "overridden": dict(tuning.overridden),
         "prediction": asdict(tuning.prediction),
         "notes": notes,
-        "engine": {"argv": redact_argv(engine_argv), "port": args.engine_port},
+        "engine": {"argv": list(engine_argv), "port": args.engine_port},  # redacted with the rest by the caller
         "metrics": {"port": args.engine_port, "path": "/metrics", "annotation": METRICS_PORT, "announced": announced},
         "vllm_flags_known": len(accepted),
     }
@@ -424,29 +434,6 @@ def share_report(share: MemoryShare, gpus: GpuSet, tuning: Tuning) -> dict[str, 
     return {"annotation": share.annotation, "value": share.text, "bytes": share.per_gpu(total),
             "gpu_total_bytes": total, "headroom_bytes": SHARE_HEADROOM_BYTES,
             "gpu_memory_utilization": util, "vllm_budget_bytes": int(total * util)}
-
-
-# vLLM flags whose value is a credential; /tuning (served to anyone who reaches the pod) shows them
-# as "<redacted>". The engine itself gets them unchanged.
-SECRET_FLAGS = ("--api-key", "--ssl-keyfile-password", "--hf-token")
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """``argv`` with the values of ``SECRET_FLAGS`` replaced (``--api-key X`` and ``--api-key=X``)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("<redacted>")
-            hide_next = False
-        elif arg in SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif arg.split("=", 1)[0] in SECRET_FLAGS and "=" in arg:
-            out.append(arg.split("=", 1)[0] + "=<redacted>")
-        else:
-            out.append(arg)
-    return out
 
 
 def print_summary(report: dict[str, Any]) -> None:
