@@ -317,6 +317,9 @@ def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = 
         lambda: publisher.status.reconnects)
     Gauge("gpusched_agent_engines", "Engines scraped on this node.", registry=registry).set_function(
         lambda: agent.status.engines)
+    Gauge("gpusched_agent_engine_pages_oversized", "Engine /metrics pages refused at the scraper's byte cap since "
+          "start (the engine is reported stale for that round).", registry=registry).set_function(
+        lambda: agent.status.oversized_pages)
     if plugin is not None:
         Gauge("gpusched_agent_device_plugin_registrations", "Times the device plugin registered with the kubelet "
               "(again after each kubelet restart).", registry=registry).set_function(lambda: plugin.status.registrations)

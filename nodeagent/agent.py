@@ -47,6 +47,8 @@ class AgentStatus:
     last_assignment_error: str = ""
     inventory_published: str = ""
     engines: int = 0
+    oversized_pages: int = 0  # engine /metrics pages refused at the scraper's byte cap, since start
+    oversized_engines: tuple[str, ...] = ()  # the engines whose page the last round refused so
 
 
 class Agent:
@@ -93,6 +95,7 @@ class Agent:
         pods = self._list_node_pods() if self._list_node_pods is not None else []
         discovery = discover_engines(pods, node_name=self.node)
         out = []
+        oversized: list[str] = []
         for target in discovery.targets:
             s = scrape_engine(target, timeout_s=min(2.0, self.period_s))
             out.append(telemetry_pb2.EngineTelemetry(
@@ -100,8 +103,22 @@ class Agent:
                 kv_cache_usage=s.kv_cache_usage or 0.0, requests_running=int(s.running or 0),
                 requests_waiting=int(s.waiting or 0), preemptions_total=int(s.preemptions_total or 0),
                 kv_capacity_tokens=int(s.kv_capacity_tokens or 0), stale=s.stale, stale_reason=s.reason or ""))
+            if s.oversized:
+                oversized.append(target.name)
+        self._note_oversized(tuple(oversized))
         self.status.engines = len(out)
         return out
+
+    def _note_oversized(self, engines: tuple[str, ...]) -> None:
+        """Count the engines whose /metrics page was refused as too large; log when that set
+        changes (a page that stays too large would otherwise say so every period)."""
+        self.status.oversized_pages += len(engines)
+        if engines != self.status.oversized_engines:
+            if engines:
+                log.warning("engine /metrics pages over the scraper's byte cap, reported stale: %s", ", ".join(engines))
+            else:
+                log.info("no engine /metrics page is over the scraper's byte cap any more")
+        self.status.oversized_engines = engines
 
     # -- units, for the device plugin ----------------------------------------------------------
     def units(self) -> list[Unit]:

@@ -9,15 +9,18 @@ counter's samples with ``_total``, so samples are matched by *sample* name, whic
 whether or not the exposition has TYPE lines. A server with several engines (data parallel,
 label ``engine``) is summed (requests, preemptions, KV capacity) and its KV usage is the fullest
 engine's, because the next request may land on that one.
+
+The page is its engine's author's to write: it is read in time linear in its size
+(``nodeagent.engines.exposition``), and its size is bounded by the scraper
+(``nodeagent.engines.scrape``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from prometheus_client.parser import text_string_to_metric_families
+from nodeagent.engines.exposition import samples as exposition_samples
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
@@ -25,6 +28,7 @@ WAITING = "vllm:num_requests_waiting"
 PREEMPTIONS = "vllm:num_preemptions_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 REQUIRED = (KV_USAGE, RUNNING, WAITING)
+READ = frozenset((KV_USAGE, RUNNING, WAITING, PREEMPTIONS, CACHE_CONFIG))
 
 # vLLM rounds usage as a float; anything beyond this slack is a broken exporter, not rounding.
 _USAGE_SLACK = 1e-3
@@ -50,6 +54,7 @@ class EngineSample:
     waiting: int | None = None                # requests queued
     preemptions_total: int | None = None      # cumulative preemptions since the server started
     kv_capacity_tokens: int | None = None     # KV cache size in tokens (all engines)
+    oversized: bool = False                   # stale because the page passed the scraper's byte cap
 
 
 def stale_sample(engine: str, url: str, scraped_at: float, reason: str) -> EngineSample:
@@ -77,8 +82,8 @@ def parse_engine_metrics(text: str | bytes, *, engine: str = "", url: str = "",
     if not text.endswith("\n"):
         return stale("truncated exposition (does not end with a newline)")
     try:
-        samples = list(_samples(text))
-    except Exception as exc:  # noqa: BLE001 — the parser raises assorted types on garbage
+        samples = list(exposition_samples(text, READ))
+    except Exception as exc:  # noqa: BLE001 — ValueError by contract; anything else must not stop the scrape either
         return stale(f"unparseable exposition: {type(exc).__name__}: {exc}"[:300])
     try:
         values = _extract(samples)
@@ -96,12 +101,6 @@ class _Values:
     present: set[str]
 
 
-def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            yield s.name, s.labels, s.value
-
-
 def _extract(samples: list[tuple[str, dict[str, str], float]]) -> _Values:
     present: set[str] = set()
     usage: list[float] = []
@@ -109,8 +108,6 @@ def _extract(samples: list[tuple[str, dict[str, str], float]]) -> _Values:
     capacity: int | None = None
     model: str | None = None
     for name, labels, value in samples:
-        if name not in (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, CACHE_CONFIG):
-            continue
         present.add(name)
         if model is None and labels.get("model_name"):
             model = labels["model_name"]

@@ -2,8 +2,10 @@
 
 Every failure (refused, timeout, HTTP error, oversized body) is a stale sample with the reason:
 one sick engine must never stop the agent from reporting the others. Plain ``urllib`` keeps the
-agent free of an HTTP client dependency; the body size is capped because a misbehaving endpoint
-must not make the agent buffer gigabytes.
+agent free of an HTTP client dependency. The page is its engine's author's to write, so the agent
+reads at most ``MAX_BODY_BYTES`` of it: a page that announces more (Content-Length) is refused
+unread, one that runs past the cap is refused at the cap (``EngineSample.oversized``), and the
+parse of what was read is linear (``nodeagent.engines.exposition``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 
 from nodeagent.engines.discovery import EngineTarget
 from nodeagent.engines.metrics import EngineSample, parse_engine_metrics, stale_sample
 
 DEFAULT_TIMEOUT_S = 2.0
-MAX_BODY_BYTES = 8 * 1024 * 1024  # a vLLM exposition is ~100 KB; histograms with many labels a few MB
+# A vLLM page is ~40 KB per engine its server fronts (tests/fixtures/vllm_metrics_0.32.txt: 50 KB
+# for one); a data-parallel server shows all of them, 64 engines ~2.5 MB.
+MAX_BODY_BYTES = 4 * 1024 * 1024
 _CHUNK_BYTES = 64 * 1024
 # Ask for the classic text format: the parser reads it, and OpenMetrics would change counter names.
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
@@ -41,6 +46,9 @@ def scrape_url(url: str, *, engine: str = "", timeout_s: float = DEFAULT_TIMEOUT
     request = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
         with _NO_REDIRECTS.open(request, timeout=timeout_s) as response:
+            if response.length is not None and response.length > max_bytes:
+                return replace(stale_sample(engine, url, now, f"/metrics page of {response.length} bytes (Content-Length) "
+                                            f"is over the {max_bytes}-byte cap; not read"), oversized=True)
             body = _read_body(response, max_bytes, deadline)
     except _Overdue:
         return stale_sample(engine, url, now, f"no complete answer within {timeout_s}s")
@@ -53,7 +61,8 @@ def scrape_url(url: str, *, engine: str = "", timeout_s: float = DEFAULT_TIMEOUT
     except (OSError, ValueError, http.client.HTTPException) as exc:  # reset or cut mid-body, bad status…
         return stale_sample(engine, url, now, f"scrape failed: {type(exc).__name__}: {exc}")
     if len(body) > max_bytes:
-        return stale_sample(engine, url, now, f"response larger than {max_bytes} bytes")
+        return replace(stale_sample(engine, url, now, f"/metrics page larger than the {max_bytes}-byte cap; not read "
+                                    "past it"), oversized=True)
     return parse_engine_metrics(body, engine=engine, url=url, scraped_at=now)
 
 

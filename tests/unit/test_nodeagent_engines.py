@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.engines import EngineSample, EngineTarget, discover_engines, parse_engine_metrics, scrape_engine
-from nodeagent.engines.scrape import scrape_url
+from nodeagent.engines.scrape import MAX_BODY_BYTES, scrape_url
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DOCUMENTED = FIXTURES / "vllm_metrics_documented.txt"
@@ -237,7 +237,8 @@ def test_scrape_a_live_engine(http_server) -> None:
     pytest.param(None, "HTTP 404", {}, id="no-metrics-endpoint"),
     pytest.param((200, b"garbage {\n", 0.0), "unparseable", {}, id="garbage-body"),
     pytest.param((200, b"", 0.0), "empty exposition", {}, id="empty-body"),
-    pytest.param((200, b"x" * 5000, 0.0), "larger than 1000 bytes", {"max_bytes": 1000}, id="oversized"),
+    pytest.param((200, b"x" * 5000, 0.0), "5000 bytes (Content-Length) is over the 1000-byte cap; not read",
+                 {"max_bytes": 1000}, id="oversized"),
     pytest.param((302, b"http://169.254.169.254/latest/meta-data/", 0.0), "redirect to http://169.254.169.254",
                  {}, id="redirect-refused"),
     pytest.param((200, b"", 1.5), "no answer within 0.3s", {"timeout_s": 0.3}, id="slow"),
@@ -262,3 +263,184 @@ def test_scrape_refused() -> None:
     # Port 1 on loopback: nothing listens there in a test environment.
     sample = scrape_url("http://127.0.0.1:1/metrics", timeout_s=1)
     assert sample.stale and "cannot connect" in sample.reason
+
+
+# -- a hostile page (issue 39): bounded reading, linear parsing ----------------------------------
+
+MIB = 1 << 20
+CAPTURED = FIXTURES / "vllm_metrics_0.32.txt"
+BUCKET = 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="2.5",model_name="deepseek-ai/DeepSeek-V3"} 12.0\n'
+# Generous for CPU time under load: a bounded read and a linear parse of a page at the cap take
+# tens of ms; before, parsing the 8 MiB page took seconds (3.4 s in the report) and one 1 MB line
+# of escaped quotes 6 s.
+CPU_BOUND_S = 0.5
+
+
+def padded(size: int, line: str = BUCKET, head: str = CAPTURED.read_text()) -> bytes:
+    """A valid exposition of ``size`` bytes: a real page, then ``line`` again and again."""
+    body = head + line * ((size - len(head)) // len(line))
+    return (body + "#" * (size - len(body) - 1) + "\n").encode()
+
+
+EIGHT_MIB = padded(8 * MIB)
+
+
+class _Unannounced(BaseHTTPRequestHandler):
+    """Answers without Content-Length (the body ends when the connection closes): ``pages`` maps
+    a path to a body, or to None for a page that never ends."""
+
+    protocol_version = "HTTP/1.0"
+    pages: dict[str, bytes | None] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 — http.server's naming
+        body = self.pages[self.path]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        try:
+            if body is not None:
+                self.wfile.write(body)
+            else:
+                chunk = BUCKET.encode() * 1000
+                while True:
+                    self.wfile.write(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the agent stopped reading: what the test wants
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def unannounced_server() -> Iterator[tuple[str, dict]]:
+    pages: dict[str, bytes | None] = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Unannounced,), {"pages": pages}))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", pages
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def bytes_read(monkeypatch) -> list[int]:
+    """Every body byte the scraper takes off the socket (a spy on ``HTTPResponse.read1``)."""
+    import http.client
+
+    taken: list[int] = []
+    read1 = http.client.HTTPResponse.read1
+
+    def counted(self, n=-1):
+        chunk = read1(self, n)
+        taken.append(len(chunk))
+        return chunk
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", counted)
+    return taken
+
+
+@pytest.mark.parametrize("announced,page,reason", [
+    pytest.param(True, EIGHT_MIB, f"{8 * MIB} bytes (Content-Length) is over the {MAX_BODY_BYTES}-byte cap; not read",
+                 id="8MiB-announced-refused-unread"),
+    pytest.param(False, EIGHT_MIB, f"larger than the {MAX_BODY_BYTES}-byte cap; not read past it",
+                 id="8MiB-unannounced-read-to-the-cap"),
+    pytest.param(False, None, f"larger than the {MAX_BODY_BYTES}-byte cap; not read past it",
+                 id="endless-read-to-the-cap-not-the-deadline"),
+])
+def test_an_oversized_page_is_refused_at_the_cap_cheaply(http_server, unannounced_server, bytes_read, announced, page,
+                                                         reason) -> None:
+    if announced:
+        base, routes = http_server
+        routes["/metrics"] = (200, page, 0.0)
+    else:
+        base, routes = unannounced_server
+        routes["/metrics"] = page
+    started = time.process_time()
+    sample = scrape_url(f"{base}/metrics", engine="ml/huge", timeout_s=30)
+    cpu = time.process_time() - started
+    assert sample.stale and sample.oversized and reason in sample.reason, sample.reason
+    assert sum(bytes_read) <= MAX_BODY_BYTES + 1, f"read {sum(bytes_read)} bytes"
+    assert cpu < CPU_BOUND_S, f"{cpu:.2f} CPU s"
+
+
+def data_parallel_page(engines: int) -> bytes:
+    """The captured vLLM 0.32 page as a server fronting ``engines`` engines shows it: each
+    engine's samples once per engine label (the real shape of a data-parallel server's page)."""
+    lines = CAPTURED.read_text().splitlines()
+    shared = [line for line in lines if 'engine="0"' not in line]
+    per_engine = [line for line in lines if 'engine="0"' in line]
+    body = shared + [line.replace('engine="0"', f'engine="{i}"').replace('model_name="tiny"',
+                                                                       'model_name="deepseek-ai/DeepSeek-V3-0324"')
+                     for i in range(engines) for line in per_engine]
+    return ("\n".join(body) + "\n").encode()
+
+
+def test_a_real_page_at_scale_still_parses(http_server) -> None:
+    """The cap leaves room: 64 data-parallel engines behind one server (~2.5 MB) read fresh."""
+    page = data_parallel_page(64)
+    assert 2 * MIB < len(page) < MAX_BODY_BYTES, len(page)
+    base, routes = http_server
+    routes["/metrics"] = (200, page, 0.0)
+    sample = scrape_url(f"{base}/metrics", engine="ml/dp64", timeout_s=30)
+    assert not sample.stale, sample.reason
+    assert sample.kv_capacity_tokens == 64 * parse_engine_metrics(CAPTURED.read_bytes()).kv_capacity_tokens
+
+
+L = 16 * 1024 - 64  # a line just within the parser's bound
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(CAPTURED.read_text() + 'vllm:num_requests_running{a="' + '\\"' * (MIB // 2) + '"} 1\n',
+                 id="one-1MB-line-of-escaped-quotes"),
+    pytest.param(CAPTURED.read_text() + "vllm:num_requests_running{" + ",".join(f'l{i}="v"' for i in range(MIB // 9))
+                 + "} 1\n", id="one-1MB-line-of-labels"),
+    pytest.param(CAPTURED.read_text() + 'x{a="' + "y" * (4 * MIB) + '"} 1\n', id="one-4MB-line-of-another-metric"),
+    pytest.param(padded(MAX_BODY_BYTES, 'vllm:num_requests_running{a="' + '\\"' * (L // 2) + '"} 1\n').decode(),
+                 id="a-cap-of-long-escaped-lines"),
+    pytest.param(padded(MAX_BODY_BYTES, "vllm:num_requests_running 1\n").decode(), id="a-cap-of-short-samples"),
+    pytest.param(padded(MAX_BODY_BYTES, "a 1\n").decode(), id="a-cap-of-tiny-lines"),
+    pytest.param(padded(MAX_BODY_BYTES, "#\n").decode(), id="a-cap-of-comments"),
+    pytest.param(padded(MAX_BODY_BYTES).decode(), id="a-cap-of-histogram-buckets"),
+])
+def test_the_parse_is_linear_in_the_page(page: str) -> None:
+    started = time.process_time()
+    sample = parse_engine_metrics(page)
+    cpu = time.process_time() - started
+    _check_contract(sample)
+    assert cpu < CPU_BOUND_S, f"{cpu:.2f} CPU s for {len(page)} characters ({sample.reason or 'fresh'})"
+
+
+@pytest.mark.parametrize("line,reason", [
+    pytest.param('vllm:num_requests_running{a="' + "y" * (2 * L) + '"} 1\n', "longer than 16384 characters",
+                 id="a-read-line-past-the-line-bound"),
+    pytest.param('vllm:num_requests_running{a="1" b="2"} 1\n', "labels are not name=", id="labels-without-a-comma"),
+    pytest.param('vllm:num_requests_running{a="1"} one\n', "not a sample", id="value-not-a-number"),
+])
+def test_a_read_line_out_of_shape_is_refused_with_its_line(line: str, reason: str) -> None:
+    sample = parse_engine_metrics(CAPTURED.read_text() + line)
+    assert sample.stale and reason in sample.reason and f"line {CAPTURED.read_text().count(chr(10)) + 1}" in sample.reason, \
+        sample.reason
+
+
+def test_the_agent_counts_oversized_pages_and_says_so_once(http_server, tmp_path, caplog) -> None:
+    from nodeagent.agent import Agent
+    from nodeagent.gpu.fake import FakeFleetReader, preset_path
+
+    base, routes = http_server
+    routes["/metrics"] = (200, EIGHT_MIB, 0.0)
+    host, port = base.removeprefix("http://").split(":")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(preset_path("a100").read_text())
+    agent = Agent("n1", FakeFleetReader(fleet, node_name="n1"), "fake", 1.0, assignments=dict,
+                  list_node_pods=lambda: [make_pod("huge", port=port, ip=host)])
+    with caplog.at_level("INFO", logger="gpusched.nodeagent"):
+        for _ in range(3):
+            (engine,) = agent._scrape()
+            assert engine.stale and "cap" in engine.stale_reason
+        routes["/metrics"] = (200, DOCUMENTED.read_bytes(), 0.0)
+        (engine,) = agent._scrape()
+    assert not engine.stale
+    assert agent.status.oversized_pages == 3 and agent.status.oversized_engines == ()
+    said = [r.getMessage() for r in caplog.records if "byte cap" in r.getMessage()]
+    assert said == ["engine /metrics pages over the scraper's byte cap, reported stale: ml/huge",
+                    "no engine /metrics page is over the scraper's byte cap any more"], said
