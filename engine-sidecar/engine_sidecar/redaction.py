@@ -20,9 +20,11 @@ REDACTED = "<redacted>"
 # hf_token, --ssl-keyfile-password, AWS_SECRET_ACCESS_KEY; not max_num_batched_tokens ("tokens"
 # counts), tokenizer or allow_credentials (a CORS switch).
 SECRET_WORDS = frozenset({"key", "token", "password", "passwd", "secret"})
-# A credential this short is hidden where it stands (a flag's value, a field's value) but not
-# searched for in free text, where "1" or "abc" would blank unrelated numbers and words.
+# A credential this short, a number or a switch word is hidden where it stands (a flag's value, a
+# field's value) but not searched for in free text, where "1", "abc" or "true" (SOME_TOKEN=true
+# in the environment) would blank unrelated numbers and words.
 MIN_SEARCHED_CHARS = 4
+_NOT_SEARCHED = frozenset({"true", "false", "yes", "none", "null"})
 
 
 def is_secret_name(name: str) -> bool:
@@ -78,7 +80,7 @@ class Redactor:
     def _text(self, text: str) -> str:
         # Longest first, so a credential that contains another is hidden whole.
         for secret in sorted(self.values, key=len, reverse=True):
-            if len(secret) >= MIN_SEARCHED_CHARS and secret in text:
+            if _searched(secret) and secret in text:
                 text = text.replace(secret, REDACTED)
         return text
 
@@ -100,3 +102,14 @@ def _argv_redacted(items: list[Any] | tuple[Any, ...]) -> list[Any]:
         else:
             out.append(item)
     return out
+
+
+def _searched(secret: str) -> bool:
+    """Whether free text is searched for ``secret`` (see ``MIN_SEARCHED_CHARS``)."""
+    if len(secret) < MIN_SEARCHED_CHARS or secret.lower() in _NOT_SEARCHED:
+        return False
+    try:
+        float(secret)
+    except ValueError:
+        return True
+    return False

@@ -33,7 +33,7 @@ def test_secret_names(name, secret):
 
 
 REDACT = Redactor.of(["--hf-token", HF_TOKEN, "--enforce-eager"], {"api_key": API_KEY, "max_num_seqs": "64"},
-                     {"HF_TOKEN": ENV_TOKEN, "HOME": "/home/vllm"})
+                     {"HF_TOKEN": ENV_TOKEN, "HOME": "/home/vllm", "USE_TOKEN_CACHE": "true", "KEY_ROUNDS": "10000"})
 
 
 @pytest.mark.parametrize("value,shown", [
@@ -50,6 +50,8 @@ REDACT = Redactor.of(["--hf-token", HF_TOKEN, "--enforce-eager"], {"api_key": AP
                  id="environment-value-nested"),
     pytest.param({"field": "max_num_seqs", "value": "64"}, {"field": "max_num_seqs", "value": "64"}, id="not-a-secret"),
     pytest.param("/home/vllm 64 max_num_batched_tokens", "/home/vllm 64 max_num_batched_tokens", id="others-untouched"),
+    pytest.param("enable_chunked_prefill true, 10000 tokens", "enable_chunked_prefill true, 10000 tokens",
+                 id="switch-and-number-values-not-searched"),
 ])
 def test_one_redaction_for_every_shape_the_sidecar_reports(value, shown):
     assert REDACT(value) == shown
