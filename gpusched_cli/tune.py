@@ -35,6 +35,7 @@ from engine_sidecar.gpus import PRESETS, FileGpus, GpuSet, preset
 from engine_sidecar.modelinfo import DTYPE_BYTES, ModelFacts, load_model_dir
 from engine_sidecar.preflight import Plan, plan
 from engine_sidecar.profiles import PROFILES, profile
+from engine_sidecar.redaction import Redactor
 from engine_sidecar.tuning import TuningInputs
 from extender.model.catalog import ModelSpec, builtin_catalog
 from gpusched_cli.render import table
@@ -123,7 +124,9 @@ def run(args: argparse.Namespace) -> tuple[str, int]:
         overrides[name.strip()] = value.strip()
     result = plan(TuningInputs(model=model, gpus=gpus, profile=profile(args.profile, args.prompt_tokens, args.output_tokens),
                                tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp, overrides=overrides))
-    return render_plan(model, gpus, args.profile, result), 0 if result.ok else 1
+    # The sidecar's own rule for what it shows (engine_sidecar.redaction): a credential given as
+    # an override (--set api_key=...) is not printed back.
+    return Redactor.of((), overrides)(render_plan(model, gpus, args.profile, result)), 0 if result.ok else 1
 
 
 def render_plan(model: ModelFacts, gpus: GpuSet, profile_name: str, result: Plan) -> str:

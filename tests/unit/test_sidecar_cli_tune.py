@@ -48,3 +48,11 @@ def test_tune_model_dir(tmp_path, capsys):
 def test_tune_input_errors(args, needle, capsys):
     assert main(["tune", *args]) == 1
     assert needle in capsys.readouterr().err
+
+
+def test_tune_does_not_print_a_credential_given_as_an_override(capsys):
+    """Issue 39: the sidecar's redaction rule holds for its tuning printed by the CLI too."""
+    assert main(["tune", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB",
+                 "--set", "api_key=sk-live-4f9a2c7e"]) == 0
+    out = capsys.readouterr().out
+    assert "api_key" in out and "<redacted>" in out and "sk-live-4f9a2c7e" not in out, out
