@@ -48,7 +48,7 @@ class AgentStatus:
     inventory_published: str = ""
     engines: int = 0
     oversized_pages: int = 0  # engine /metrics pages refused at the scraper's byte cap, since start
-    oversized_engines: tuple[str, ...] = ()  # the engines whose page the last round refused so
+    oversized_engines: tuple[str, ...] = ()  # the engines whose page the last round refused as too large
 
 
 class Agent:

@@ -219,6 +219,7 @@ def _run(args: argparse.Namespace, extra: list[str]) -> int:
     def calibrate(progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
         """Sweep, keep the record; the measured tuning and its report, None when stopped (SIGTERM)."""
         assert key is not None
+
         def said(message: str) -> None:  # a candidate's error quotes the engine's log, where vLLM prints its args
             progress(redact(message))
 
