@@ -26,13 +26,17 @@ The pod: the GPU resource removed from that container's limits and requests, the
 ``gpusched.io/dra: 1`` added to its limits (what makes kube-scheduler ask the extender about it), ``spec.resourceClaims``
 ``[{name: gpus, resourceClaimTemplateName: <template>}]`` and the container's ``resources.claims``
 ``[{name: gpus}]`` added — as a JSON Patch (:attr:`PodClaim.patch`, what the webhook answers) and
-applied (:func:`apply_patch`, what the CLI prints). The template's name is ``gpusched-`` and a hash
-of its spec, so equal pods share one template and a template's name says what it holds.
+applied (:func:`apply_patch`, what the CLI prints). The template's name is ``gpusched-`` and the
+full SHA-256 of its spec (64 hex digits, 73 characters: within a name's 253), so equal pods share one
+template and a template's name says what it holds — no one can make another spec of the same name
+by searching for a collision, as they could against a shortened hash.
 
 What cannot be translated comes back as a ``DemandProblem`` naming what to fix: demand parsing's
 own problems (a TP size that does not fit the GPU count, a bad annotation), a TP size that does
 not split the model's heads (vLLM's wording, ``extender.model.heads``), a pod already using
-resourceClaims, GPUs in several containers or in an init container, a MIG group.
+resourceClaims, GPUs in several containers or in an init container, a MIG group, a MIG resource
+whose profile is not a MIG profile name (:data:`MIG_PROFILE`: the profile goes into a CEL string,
+and the apiserver validates resource names only after mutating webhooks have run).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +65,10 @@ API_VERSION = "resource.k8s.io/v1"
 TEMPLATE_PREFIX = "gpusched-"
 MANAGED_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_VALUE = "gpusched"
+# NVIDIA's MIG profile names as the device plugin spells them in nvidia.com/mig-<profile>
+# (nodeagent.gpu.model.mig_profile_name): <g>g.<gb>gb, or <c>c.<g>g.<gb>gb for a compute instance
+# smaller than its GPU instance. Digits and dots only, so the profile can stand inside a CEL string.
+MIG_PROFILE = re.compile(r"(?:[1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb")
 
 JsonPatch = tuple[Mapping[str, Any], ...]
 
@@ -181,6 +190,9 @@ def _mig_claim(pod: Mapping[str, Any], catalog: Catalog, namespace: str, name: s
         return problem(f"annotation {ANN_MEMORY} beside a MIG instance ({resource}): the profile fixes its memory; "
                        "drop the annotation")
     profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
+    if not MIG_PROFILE.fullmatch(profile):
+        return problem(f"{where}: {profile!r} is not a MIG profile name (<g>g.<gb>gb or <c>c.<g>g.<gb>gb, e.g. "
+                       f"{MIG_RESOURCE_PREFIX}3g.40gb); ask a profile your GPUs offer")
     selectors = [_cel(f"device.attributes['{DRIVER}'].migProfile == '{profile}'")]
     return _claim(pod, namespace, name, index, container, resource, MIG_CLASS, 1, False, None,
                   _template_spec(MIG_CLASS, 1, selectors, False))
@@ -300,5 +312,6 @@ def _pointer(key: str) -> str:
 
 
 def _digest(spec: Mapping[str, Any]) -> str:
-    """10 hex digits of the SHA-256 of the spec's canonical JSON: equal specs, equal names."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:10]
+    """The SHA-256 of the spec's canonical JSON, all 64 hex digits: equal specs, equal names, and
+    no feasible search for another spec of the same name (10 digits, 40 bits, were within reach)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

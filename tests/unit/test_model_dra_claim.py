@@ -4,6 +4,8 @@ the ResourceClaimTemplate's devices, the template's name, the pod's patch — an
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -113,11 +115,20 @@ def test_the_template_name_follows_its_content_only():
     two = claim(make_pod("d", gpus=2, model=MODEL, tp=2, annotations=NVLINK))
     assert a.template_name == b.template_name
     assert len({a.template_name, loose.template_name, two.template_name}) == 3
-    assert a.template_name.startswith("gpusched-") and len(a.template_name) == len("gpusched-") + 10
+    assert a.template_name.startswith("gpusched-")
     template = a.template("ns1")
     assert template["metadata"] == {"name": a.template_name, "namespace": "ns1", "labels": {MANAGED_LABEL: "gpusched"}}
     assert template["apiVersion"] == "resource.k8s.io/v1" and template["kind"] == "ResourceClaimTemplate"
     assert template["spec"] == a.template_spec
+
+
+def test_the_template_name_carries_the_whole_sha256_of_its_spec():
+    """A shortened hash (10 hex digits were 40 bits) lets someone search for another spec of the
+    same name and plant it; the whole digest does not, and still fits a name (253 characters)."""
+    c = claim(make_pod(gpus=4, model=MODEL, tp=4, annotations=NVLINK))
+    canonical = json.dumps(c.template_spec, sort_keys=True, separators=(",", ":")).encode()
+    assert c.template_name == "gpusched-" + hashlib.sha256(canonical).hexdigest()
+    assert len(c.template_name) <= 253
 
 
 def _with_claims(pod):
@@ -139,6 +150,34 @@ def _mig(count: str, annotations: dict[str, str] | None = None, args: list[str] 
     pod = make_pod(gpus=0, annotations=annotations, args=args)
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": count}}
     return pod
+
+
+def _mig_named(profile: str):
+    pod = make_pod(gpus=0)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {f"nvidia.com/mig-{profile}": "1"}}
+    return pod
+
+
+@pytest.mark.parametrize("profile", ["3g.40gb", "1g.5gb", "2g.20gb", "1c.3g.40gb", "7g.80gb", "1g.141gb"])
+def test_a_mig_profile_name_as_the_device_plugin_spells_it_is_translated(profile):
+    (selector,) = claim(_mig_named(profile)).template_spec["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert selector["cel"]["expression"] == f"device.attributes['gpu.gpusched.io'].migProfile == '{profile}'"
+
+
+@pytest.mark.parametrize("profile", [
+    pytest.param("x' || true || '", id="cel-injection"),
+    pytest.param("3g.40gb' || device.attributes['gpu.gpusched.io'].type == 'gpu", id="cel-widening"),
+    pytest.param("3g.40gb\\", id="backslash"),
+    pytest.param("", id="empty"),
+    pytest.param("3g.40gb.me", id="unknown-suffix"),
+    pytest.param("0g.40gb", id="zero-slices"),
+    pytest.param("3g.40gb\n", id="newline"),
+    pytest.param("1" * 300 + "g.40gb", id="long"),
+])
+def test_a_mig_resource_whose_profile_is_no_profile_name_is_refused_before_it_reaches_cel(profile):
+    out = claim_for_pod(_mig_named(profile), builtin_catalog())
+    assert isinstance(out, DemandProblem), out
+    assert f"{profile!r} is not a MIG profile name" in out.message, out.message
 
 
 def _gpu_and_mig(pod):
