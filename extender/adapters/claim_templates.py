@@ -4,8 +4,10 @@ listener.
 :class:`KubeTemplateCreator` gets the template by name and creates it when absent (``get`` and
 ``create`` on resourceclaimtemplates: manifests/overlays/dra/rbac-claims.yaml; the
 ValidatingAdmissionPolicy gpusched-extender-claim-templates holds those writes to gpusched's own
-label and name prefix). A template of that name that gpusched did not make is refused rather than
-used: its content is not what the name promises.
+label and name). A template of that name is used only when it holds what the name promises: one
+that gpusched did not make, or whose spec is not the one gpusched would create (the label alone
+proves nothing — anyone who may create templates in the namespace can write it), is refused, with
+what to delete. The extender never replaces it: it may not update or delete templates.
 
 :class:`WebhookServer` serves the webhook's app with uvicorn over TLS on a thread of the extender
 process, beside the verbs' listener.
@@ -35,6 +37,18 @@ def _message(exc: ApiException) -> str:
         return json.loads(exc.body or "").get("message") or str(exc.reason)
     except (TypeError, ValueError):
         return str(exc.reason)
+
+
+def _claim_spec(stored: Any) -> Any:
+    """A stored template's ``spec`` as gpusched writes it: without an empty ``metadata`` (the
+    claims' labels and annotations), which the apiserver may write back as ``{}`` or with null
+    fields. Anything else is compared as it is."""
+    if not isinstance(stored, Mapping):
+        return stored
+    metadata = stored.get("metadata")
+    if isinstance(metadata, Mapping) and not any(metadata.values()):
+        return {k: v for k, v in stored.items() if k != "metadata"}
+    return dict(stored)
 
 
 class KubeTemplateCreator:
@@ -70,6 +84,9 @@ class KubeTemplateCreator:
         if labels.get(MANAGED_LABEL) != MANAGED_VALUE:
             raise TemplateError(f"{where} exists but gpusched did not make it (no label {MANAGED_LABEL}={MANAGED_VALUE}); "
                                 "delete or rename it: the gpusched- names are gpusched's")
+        if _claim_spec((existing or {}).get("spec")) != template["spec"]:
+            raise TemplateError(f"{where} exists with a spec other than the one its name stands for (someone wrote it, "
+                                "not gpusched); delete it, and the next pod's admission creates it as it should be")
 
     def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -34,7 +34,8 @@ class TemplateError(Exception):
 class TemplateCreator(Protocol):
     def ensure(self, namespace: str, template: Mapping[str, Any]) -> None:
         """Make ``template`` (a ResourceClaimTemplate object) exist in ``namespace``: create it,
-        or accept an existing one of the same name that gpusched made. Raises TemplateError."""
+        or accept an existing one of the same name that gpusched made with the same spec (anything
+        else of that name is not what the name promises). Raises TemplateError."""
         ...
 
 

@@ -4,6 +4,7 @@ the webhook app over TLS on loopback."""
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import ssl
@@ -19,8 +20,27 @@ from extender.app import create_webhook_app
 from extender.model.catalog import builtin_catalog
 from extender.service.claim_admission import ClaimAdmission, TemplateError
 
-OURS = {"metadata": {"name": "gpusched-abc", "labels": {"app.kubernetes.io/managed-by": "gpusched"}}}
-THEIRS = {"metadata": {"name": "gpusched-abc", "labels": {}}}
+SPEC = {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+    "deviceClassName": "gpu.gpusched.io", "allocationMode": "ExactCount", "count": 4}}]}}}
+OURS = {"metadata": {"name": "gpusched-abc", "labels": {"app.kubernetes.io/managed-by": "gpusched"}}, "spec": SPEC}
+THEIRS = {"metadata": {"name": "gpusched-abc", "labels": {}}, "spec": SPEC}
+
+
+def stored(spec: Any) -> dict[str, Any]:
+    """A template of OURS's name and label, holding ``spec``."""
+    return {**OURS, "spec": spec}
+
+
+def _selector(expression: str) -> dict[str, Any]:
+    out = copy.deepcopy(SPEC)
+    out["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    return out
+
+
+def _count(n: int) -> dict[str, Any]:
+    out = copy.deepcopy(SPEC)
+    out["spec"]["devices"]["requests"][0]["exactly"]["count"] = n
+    return out
 
 
 class Response:
@@ -76,6 +96,32 @@ def test_get_or_create(resource, created, error):
     else:
         creator.ensure("ml", OURS)
     assert len(resource.created) == created
+
+
+@pytest.mark.parametrize("spec", [
+    pytest.param({"metadata": {}, **SPEC}, id="empty-claim-metadata"),
+    pytest.param({"metadata": {"labels": None, "annotations": None}, **SPEC}, id="null-claim-metadata"),
+])
+def test_our_template_is_kept_however_the_apiserver_writes_an_empty_claim_metadata(spec):
+    resource = FakeResource(stored(spec))
+    KubeTemplateCreator(None, resource=resource).ensure("ml", OURS)
+    assert resource.created == []
+
+
+@pytest.mark.parametrize("spec", [
+    pytest.param(_count(8), id="another-count"),
+    pytest.param(_selector("true"), id="a-selector-added"),
+    pytest.param({"metadata": {"labels": {"team": "x"}}, **SPEC}, id="claim-labels"),
+    pytest.param({}, id="no-spec"),
+])
+@pytest.mark.parametrize("race", [False, True], ids=["found", "after-a-create-race"])
+def test_a_labelled_template_with_another_spec_is_refused(spec, race):
+    """Anyone who may create templates in the namespace can write gpusched's label on a template
+    of gpusched's name: the label proves nothing, the spec must be the one the name stands for."""
+    resource = FakeResource(None, api_error(409), stored(spec)) if race else FakeResource(stored(spec))
+    with pytest.raises(TemplateError, match="exists with a spec other than the one its name stands for.*delete it"):
+        KubeTemplateCreator(None, resource=resource).ensure("ml", OURS)
+    assert resource.created == []
 
 
 def test_the_listener_serves_the_webhook_over_tls(tmp_path):
