@@ -2,7 +2,11 @@
 
 The apiserver sends a pod CREATE in a namespace opted in with the label
 ``gpusched.io/dra-claims: enabled`` (the MutatingWebhookConfiguration's namespaceSelector,
-manifests/overlays/dra/claims-webhook.yaml). A pod that asks ``nvidia.com/gpu`` (or a MIG
+manifests/overlays/dra/claims-webhook.yaml); only the apiserver can send one (the listener asks for
+its client certificate, ``extender.adapters.claim_templates``), and the template goes into the
+namespace the review names (``request.namespace``), which the pod's own ``metadata.namespace``, when
+given, must match. Whether that namespace opted in is the apiserver's to enforce on the template's
+create (the ValidatingAdmissionPolicy gpusched-extender-claim-templates). A pod that asks ``nvidia.com/gpu`` (or a MIG
 instance) is translated by ``extender.model.dra_claim``: its ResourceClaimTemplate is made to
 exist in the pod's namespace (get-or-create through a :class:`TemplateCreator`; nothing on a dry
 run, hence ``sideEffects: NoneOnDryRun``) and the answer carries the pod's JSON Patch. Any other
@@ -16,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -24,6 +29,7 @@ from extender.model.demand import DemandProblem
 from extender.model.dra_claim import asks_gpus, claim_for_pod
 
 log = logging.getLogger("gpusched.claims")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as namespace names are
 ADMISSION_API = "admission.k8s.io/v1"
 
 
@@ -62,7 +68,10 @@ class ClaimAdmission:
         if (kind.get("kind") != "Pod" or kind.get("group", "") != "" or request.get("operation") != "CREATE"
                 or request.get("subResource") or not isinstance(pod, dict) or not asks_gpus(pod)):
             return _answer(uid, allowed=True)
-        namespace = str(request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default")
+        if problem := _namespace_problem(request, pod):
+            log.warning("denied a pod create: %s", problem)
+            return _answer(uid, allowed=False, code=400, message=f"gpusched: {problem}")
+        namespace = str(request["namespace"])
         pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": namespace}}
         out = claim_for_pod(pod, self._catalog(), require_nvlink=self._require_nvlink)
         who = f"pod {namespace}/{(pod['metadata'].get('name') or pod['metadata'].get('generateName') or '')}"
@@ -78,6 +87,20 @@ class ClaimAdmission:
         note = (f"gpusched: {out.resource}: {out.count} became ResourceClaimTemplate {out.template_name} "
                 f"({out.device_class}{', one NVLink island' if out.nvlink else ''}) and claim 'gpus'")
         return _answer(uid, allowed=True, patch=list(out.patch), warnings=[note])
+
+
+def _namespace_problem(request: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
+    """Why the review does not say for sure where the pod is created, or None. The template goes
+    into ``request.namespace``, the apiserver's own word on where the pod is created (a pod's
+    ``metadata.namespace`` may be absent, and is the author's); it must be there, a namespace name,
+    and the same as the pod's when the pod states one — else the template could land elsewhere."""
+    namespace = request.get("namespace")
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        return f"the review's request.namespace {namespace!r} is not a namespace name; the apiserver always sends one"
+    stated = (pod.get("metadata") or {}).get("namespace")
+    if stated not in (None, "", namespace):
+        return f"the pod's metadata.namespace {stated!r} is not the namespace it is created in ({namespace!r})"
+    return None
 
 
 def _request(body: Any) -> Mapping[str, Any]:

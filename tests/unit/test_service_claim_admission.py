@@ -32,11 +32,14 @@ class FakeCreator:
         self.made.append((namespace, dict(template)))
 
 
-def review(pod: Any, *, operation: str = "CREATE", kind: str = "Pod", namespace: str = "ml", dry_run: bool = False,
+def review(pod: Any, *, operation: str = "CREATE", kind: str = "Pod", namespace: Any = "ml", dry_run: bool = False,
            sub_resource: str = "") -> dict[str, Any]:
+    """An AdmissionReview as the apiserver sends it; ``namespace=None`` leaves request.namespace out."""
     request: dict[str, Any] = {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": kind},
                                "resource": {"group": "", "version": "v1", "resource": "pods"},
                                "namespace": namespace, "operation": operation, "object": pod, "dryRun": dry_run}
+    if namespace is None:
+        del request["namespace"]
     if sub_resource:
         request["subResource"] = sub_resource
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
@@ -75,6 +78,37 @@ def test_a_gpu_pod_is_patched_and_its_template_created_in_its_namespace():
     assert patched["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}]
     assert "nvidia.com/gpu" not in patched["spec"]["containers"][0]["resources"]["limits"]
     assert template["metadata"]["name"] in response["warnings"][0]
+
+
+def in_namespace(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
+    return {**pod, "metadata": {**pod["metadata"], "namespace": namespace}}
+
+
+def test_a_pod_that_states_its_namespace_gets_its_template_there():
+    creator = FakeCreator()
+    assert answer(ClaimAdmission(creator, builtin_catalog), review(in_namespace(vllm(), "ml")))["allowed"] is True
+    assert [namespace for namespace, _ in creator.made] == ["ml"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    pytest.param(review(in_namespace(vllm(), "kube-system"), namespace=None),
+                 "request.namespace None is not a namespace name", id="only-the-pod-names-kube-system"),
+    pytest.param(review(in_namespace(vllm(), "kube-system"), namespace="ml"),
+                 "metadata.namespace 'kube-system' is not the namespace it is created in ('ml')", id="pod-says-another"),
+    pytest.param(review(vllm(), namespace=""), "request.namespace '' is not", id="empty"),
+    pytest.param(review(vllm(), namespace="../kube-system"), "request.namespace '../kube-system' is not",
+                 id="not-a-name"),
+    pytest.param(review(vllm(), namespace=["kube-system"]), "request.namespace ['kube-system'] is not",
+                 id="not-a-string"),
+])
+def test_a_review_that_does_not_say_for_sure_where_the_pod_goes_creates_nothing(body, needle):
+    """The template goes where the apiserver says the pod is created; a review that leaves it to
+    the pod's own metadata, or contradicts it, is denied before any template is made."""
+    creator = FakeCreator()
+    response = answer(ClaimAdmission(creator, builtin_catalog), body)
+    assert response["allowed"] is False and "patch" not in response
+    assert response["status"]["code"] == 400 and needle in response["status"]["message"], response
+    assert creator.made == []
 
 
 def test_a_dry_run_is_patched_but_creates_nothing():
@@ -116,7 +150,7 @@ def test_a_pod_that_cannot_be_translated_is_denied_with_what_to_fix(pod, creator
 def test_the_default_for_pods_that_do_not_say_is_the_profiles():
     pod = make_pod("engine", gpus=2, model=MODEL, tp=2)
     creator = FakeCreator()
-    answer(ClaimAdmission(creator, builtin_catalog, require_nvlink=True), review(pod))
+    answer(ClaimAdmission(creator, builtin_catalog, require_nvlink=True), review(pod, namespace="default"))
     assert "constraints" in creator.made[0][1]["spec"]["spec"]["devices"]
 
 
