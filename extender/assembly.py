@@ -278,10 +278,13 @@ def _start_webhook(settings: Settings, api: Any, decider: FrameworkDecider, prof
     for path in (settings.webhook_tls_cert, settings.webhook_tls_key):
         if not Path(path).is_file():
             raise StartupError(f"--webhook-tls-cert/--webhook-tls-key: {path}: no such file")
+    if settings.webhook_client_ca and not Path(settings.webhook_client_ca).is_file():
+        raise StartupError(f"--webhook-client-ca: {settings.webhook_client_ca}: no such file")
     try:
         return WebhookServer(create_webhook_app(admission, settings.client_timeout_s), settings.webhook_host,
                              settings.webhook_port, settings.webhook_tls_cert, settings.webhook_tls_key,
-                             settings.log_level, header_timeout_s=settings.client_timeout_s).start()
+                             settings.log_level, client_ca_file=settings.webhook_client_ca,
+                             header_timeout_s=settings.client_timeout_s).start()
     except RuntimeError as exc:
         raise StartupError(f"--webhook-port {settings.webhook_port}: {exc}") from None
 

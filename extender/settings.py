@@ -200,6 +200,18 @@ class Settings(BaseModel):
     the MutatingWebhookConfiguration's caBundle); required with --webhook-port"""
     webhook_tls_key: str | None = None
     """PEM private key of the admission webhook (tls.key)"""
+    webhook_client_ca: str | None = None
+    """PEM CA bundle that the caller's client certificate must chain to (ca.crt of the Secret
+    gpusched-webhook-tls; the apiserver presents the certificate its admission configuration's
+    kubeConfigFile names for the webhook, hack/webhook-certs.sh makes both): every other caller is
+    refused in the TLS handshake, so no pod can send a forged review; required with --webhook-port
+    unless --webhook-allow-unauthenticated"""
+    webhook_allow_unauthenticated: bool = False
+    """serve the webhook to any caller that reaches its port, for control planes whose apiserver
+    cannot be given a client certificate (managed clusters): then a pod that reaches the port can
+    send reviews, and only the NetworkPolicy and the ValidatingAdmissionPolicy
+    gpusched-extender-claim-templates (opted-in namespaces, gpusched's template shape) bound what
+    its reviews make the extender create"""
 
     leader_elect: bool = False
     """run as one of several replicas: serve only while holding the Lease --leader-elect-lease (and,
@@ -257,6 +269,12 @@ class Settings(BaseModel):
             raise SettingsError("webhook_tls_cert/webhook_tls_key: give both (a Secret's tls.crt and tls.key) or neither")
         if self.no_kube and self.webhook_port:
             raise SettingsError("webhook_port: the standalone mode (--no-kube) cannot create ResourceClaimTemplates")
+        if self.webhook_port and not self.webhook_client_ca and not self.webhook_allow_unauthenticated:
+            raise SettingsError("webhook_port: without a client CA any pod that reaches the port can send a forged "
+                                "review; give --webhook-client-ca (the CA of the apiserver's client certificate for "
+                                "the webhook: hack/webhook-certs.sh) or choose --webhook-allow-unauthenticated")
+        if self.webhook_client_ca and self.webhook_allow_unauthenticated:
+            raise SettingsError("webhook_allow_unauthenticated: contradicts webhook_client_ca; drop one")
         if self.no_kube and self.telemetry_address:
             raise SettingsError("telemetry_address: the standalone mode (--no-kube) cannot verify agent tokens")
         if self.leader_elect and self.no_kube:

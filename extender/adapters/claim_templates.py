@@ -10,13 +10,18 @@ proves nothing — anyone who may create templates in the namespace can write it
 what to delete. The extender never replaces it: it may not update or delete templates.
 
 :class:`WebhookServer` serves the webhook's app with uvicorn over TLS on a thread of the extender
-process, beside the verbs' listener.
+process, beside the verbs' listener. Given a client CA it is mutual TLS: the port answers only a
+caller whose certificate chains to that CA — the apiserver, with the certificate its admission
+configuration names for the webhook — and every pod that reaches the port is refused in the
+handshake, before a byte of a review is read (anyone else's review could make the extender create
+templates with its own identity).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -109,18 +114,22 @@ class KubeTemplateCreator:
 
 class WebhookServer:
     """uvicorn over TLS on a daemon thread; :meth:`start` returns once it listens, or raises
-    ``RuntimeError`` saying why it could not."""
+    ``RuntimeError`` saying why it could not. ``client_ca_file``: a PEM CA bundle every caller's
+    client certificate must chain to (None: any caller, ``--webhook-allow-unauthenticated``)."""
 
     def __init__(self, app: Any, host: str, port: int, cert_file: str, key_file: str, log_level: str = "info", *,
-                 header_timeout_s: float = 10.0):
+                 client_ca_file: str | None, header_timeout_s: float = 10.0):
         import uvicorn
 
         from extender.adapters.http_server import http_config
 
+        client_auth: dict[str, Any] = ({"ssl_ca_certs": client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+                                       if client_ca_file else {})
         # The apiserver dials this port from outside the pod: the header deadline matters most here.
         self._server = uvicorn.Server(http_config(app, host=host, port=port, header_timeout_s=header_timeout_s,
                                                   log_level=log_level, ssl_certfile=cert_file, ssl_keyfile=key_file,
-                                                  lifespan="off"))
+                                                  lifespan="off", **client_auth))
+        self.authenticates = client_ca_file is not None
         self._thread = threading.Thread(target=self._run, name="webhook-server", daemon=True)
         self._error: BaseException | None = None
         self.address = f"{host}:{port}"
@@ -139,7 +148,9 @@ class WebhookServer:
                 why = repr(self._error) if self._error else "see the log above"
                 raise RuntimeError(f"the admission webhook did not start on {self.address}: {why}")
             time.sleep(0.05)
-        log.info("DRA-claims admission webhook serving on https://%s", self.address)
+        log.info("DRA-claims admission webhook serving on https://%s (%s)", self.address,
+                 "callers with a client certificate of the given CA only" if self.authenticates
+                 else "any caller: --webhook-allow-unauthenticated")
         return self
 
     def stop(self) -> None:

@@ -27,6 +27,7 @@ PUBLISHED_FLAGS = {
     "--scheduling-address": "scheduling_address", "--telemetry-ingest": "telemetry_ingest",
     "--topology-tiers": "topology_tiers", "--dra": "dra", "--webhook-port": "webhook_port",
     "--webhook-host": "webhook_host", "--webhook-tls-cert": "webhook_tls_cert", "--webhook-tls-key": "webhook_tls_key",
+    "--webhook-client-ca": "webhook_client_ca", "--webhook-allow-unauthenticated": "webhook_allow_unauthenticated",
     "--leader-elect": "leader_elect", "--leader-elect-lease": "leader_elect_lease",
     "--leader-elect-follow": "leader_elect_follow", "--leader-elect-lease-duration": "leader_elect_lease_duration_s",
     "--leader-elect-renew-deadline": "leader_elect_renew_deadline_s",
@@ -63,7 +64,7 @@ def test_every_flag_reaches_its_field():
             "--bind-write-timeout=15s", "--scheduling-address=unix:///run/gpusched/scheduling.sock",
             "--telemetry-ingest=thread", "--topology-tiers=rack=example.com/rack", "--webhook-port=9444",
             "--webhook-host=10.0.0.1", "--webhook-tls-cert=/wc", "--webhook-tls-key=/wk",
-            "--leader-elect-lease=l", "--leader-elect-follow=", "--leader-elect-lease-duration=15s",
+            "--webhook-client-ca=/wca", "--leader-elect-lease=l", "--leader-elect-follow=", "--leader-elect-lease-duration=15s",
             "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s"]
     s = settings_from(parse_args(argv))
     assert s == Settings(host="0.0.0.0", port=9000, url_prefix="/", max_body_bytes=2048, decision_capacity=5,
@@ -74,7 +75,8 @@ def test_every_flag_reaches_its_field():
                          scheduler_http_timeout_s=90.0, scheduler_max_backoff_s=20.0, bind_write_timeout_s=15.0,
                          scheduling_address="unix:///run/gpusched/scheduling.sock", telemetry_ingest="thread",
                          topology_tiers="rack=example.com/rack", webhook_port=9444, webhook_host="10.0.0.1",
-                         webhook_tls_cert="/wc", webhook_tls_key="/wk", leader_elect_lease="l", leader_elect_follow="",
+                         webhook_tls_cert="/wc", webhook_tls_key="/wk", webhook_client_ca="/wca",
+                         leader_elect_lease="l", leader_elect_follow="",
                          leader_elect_lease_duration_s=15.0, leader_elect_renew_deadline_s=10.0,
                          leader_elect_retry_period_s=2.0)
     assert s.verb_prefix == "" and s.barrier_timing.max_wait_s == 90 - 15 - 5
@@ -138,6 +140,12 @@ def test_durations_read_like_kube_schedulers_config(text, seconds):
     pytest.param({"webhook_tls_key": "/k"}, "webhook_tls_cert/webhook_tls_key: give both", id="webhook-key-only"),
     pytest.param({"no_kube": True, "webhook_port": 9444, "webhook_tls_cert": "/c", "webhook_tls_key": "/k"},
                  "webhook_port: the standalone mode", id="standalone-webhook"),
+    pytest.param({"webhook_port": 9444, "webhook_tls_cert": "/c", "webhook_tls_key": "/k"},
+                 "webhook_port: without a client CA any pod that reaches the port can send a forged review; give "
+                 "--webhook-client-ca", id="webhook-without-client-ca"),
+    pytest.param({"webhook_port": 9444, "webhook_tls_cert": "/c", "webhook_tls_key": "/k", "webhook_client_ca": "/ca",
+                  "webhook_allow_unauthenticated": True}, "webhook_allow_unauthenticated: contradicts",
+                 id="webhook-client-ca-and-anyone"),
     pytest.param({"leader_elect": True, "no_kube": True}, "leader_elect: the standalone mode", id="standalone-replica"),
     pytest.param({"leader_elect": True, "leader_elect_renew_deadline_s": 6.0},
                  "leader_elect_renew_deadline_s: need 0 < retry period (1s) < renew deadline (6s) < lease duration",
