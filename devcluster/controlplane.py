@@ -80,7 +80,9 @@ WEBHOOK_HOST = "gpusched-webhook.gpusched-system.svc"
 def make_pki(d: Path) -> None:
     """A throwaway CA, serving certs for the apiserver (127.0.0.1/localhost), the extender's
     telemetry port (127.0.0.1 and the gpusched-telemetry Service name) and its admission webhook
-    (127.0.0.1 and the gpusched-webhook Service name), and an SA signing key."""
+    (127.0.0.1 and the gpusched-webhook Service name), the apiserver's client certificate for that
+    webhook (webhook-client.crt, of a CA of its own, webhook-client-ca.crt, as hack/webhook-certs.sh
+    makes them), and an SA signing key."""
     d.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "3", "-subj", "/CN=gpusched-test-ca", cwd=d)
@@ -105,8 +107,37 @@ def make_pki(d: Path) -> None:
     (d / "webhook.ext").write_text(f"subjectAltName=IP:127.0.0.1,DNS:{WEBHOOK_HOST}\nextendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", "webhook.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "webhook.crt", "-days", "3", "-extfile", "webhook.ext", cwd=d)
+    # The apiserver's client certificate for the webhook (write_webhook_admission): the extender's
+    # --webhook-client-ca trusts only this CA, so a certificate of the cluster's CA is refused too.
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "webhook-client-ca.key", "-out",
+             "webhook-client-ca.crt", "-days", "3", "-subj", "/CN=gpusched-webhook-client-ca", cwd=d)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "webhook-client.key", "-out", "webhook-client.csr",
+             "-subj", "/CN=kube-apiserver-webhook-client", cwd=d)
+    (d / "webhook-client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", "webhook-client.csr", "-CA", "webhook-client-ca.crt", "-CAkey",
+             "webhook-client-ca.key", "-CAcreateserial", "-out", "webhook-client.crt", "-days", "3", "-extfile",
+             "webhook-client.ext", cwd=d)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+def write_webhook_admission(d: Path, webhook_port: int) -> Path:
+    """The apiserver's admission configuration (``--admission-control-config-file``) that has it
+    present ``webhook-client.crt`` to gpusched's claims webhook: a WebhookAdmission kubeConfigFile
+    whose user is named for the webhook's address — ``127.0.0.1:<webhook_port>``, the ``url`` the
+    stack registers, and the in-cluster Service name (``<service>.<namespace>.svc:443``, as
+    hack/webhook-certs.sh writes it). Returns the configuration's path."""
+    user = {"client-certificate": str(d / "webhook-client.crt"), "client-key": str(d / "webhook-client.key")}
+    kubeconfig = {"apiVersion": "v1", "kind": "Config",
+                  "users": [{"name": name, "user": user} for name in (f"127.0.0.1:{webhook_port}", f"{WEBHOOK_HOST}:443")]}
+    (d / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(d / "webhook-kubeconfig.yaml")}
+    config = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+              "plugins": [{"name": name, "configuration": dict(plugin)}
+                          for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}
+    (d / "admission.yaml").write_text(yaml.safe_dump(config))
+    return d / "admission.yaml"
 
 
 # What the stack installs: the base and the CRDs. manifests/observability (needs the base, and
@@ -182,6 +213,9 @@ class ControlPlane:
         self.apiserver_port = free_port()
         self.address = NODE_IP if with_nodes else "127.0.0.1"
         self.url = f"https://{self.address}:{self.apiserver_port}"
+        # Where the stack's extender serves the claims webhook: chosen now, since the apiserver
+        # reads which client certificate to present to which address once, at its start.
+        self.webhook_port = free_port()
         self._node_address = NodeAddress()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -235,6 +269,7 @@ class ControlPlane:
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-", "--requestheader-allowed-names=front-proxy-client",
             f"--token-auth-file={self.pki / 'tokens.csv'}",
+            f"--admission-control-config-file={write_webhook_admission(self.pki, self.webhook_port)}",
             *nodes,
             f"--service-account-issuer={API_AUDIENCE}",
             f"--service-account-key-file={self.pki / 'sa.pub'}",

@@ -58,6 +58,7 @@ def start_pod(stack: Stack, hostname: str, *extra_args: str) -> Pod:
             "--scheduling-address", f"unix://{cp.workdir / f'scheduling-{hostname}.sock'}",
             "--webhook-port", str(webhook_port), "--webhook-host", "127.0.0.1",
             "--webhook-tls-cert", str(cp.pki / "webhook.crt"), "--webhook-tls-key", str(cp.pki / "webhook.key"),
+            "--webhook-client-ca", str(cp.pki / "webhook-client-ca.crt"),
             *extra_args]
     c = Component(f"extender-{hostname}", with_hostname(hostname, argv), cp.workdir / "logs" / f"extender-{hostname}.log",
                   env=python_component_env())

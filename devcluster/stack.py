@@ -102,7 +102,7 @@ class Stack:
         port = port or free_port()
         self.telemetry_host = telemetry_host or self.telemetry_host
         self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
-        self.webhook_port = getattr(self, "webhook_port", None) or free_port()
+        self.webhook_port = self.cp.webhook_port  # the apiserver presents its client certificate there
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         # The DRA-claims webhook listens always; only a test that registers its configuration
         # (enable_dra_claims) sends it reviews.
@@ -113,7 +113,8 @@ class Stack:
                                    "--scheduling-address", f"unix://{self.scheduling_socket}",
                                    "--webhook-port", str(self.webhook_port), "--webhook-host", "127.0.0.1",
                                    "--webhook-tls-cert", str(self.cp.pki / "webhook.crt"),
-                                   "--webhook-tls-key", str(self.cp.pki / "webhook.key"), *extra_args],
+                                   "--webhook-tls-key", str(self.cp.pki / "webhook.key"),
+                                   "--webhook-client-ca", str(self.cp.pki / "webhook-client-ca.crt"), *extra_args],
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)

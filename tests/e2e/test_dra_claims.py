@@ -195,3 +195,49 @@ def test_the_clis_output_applied_by_hand_gives_the_webhooks_template(admin, webh
     assert by_hand["metadata"]["labels"] == by_webhook["metadata"]["labels"]
     assert by_hand["spec"] == by_webhook["spec"]
     assert read_pod(admin, namespace, pod["metadata"]["name"])["spec"]["resourceClaims"] == [webhook_ref]
+
+
+def test_a_second_pod_of_the_same_shape_uses_the_template_the_first_one_made(admin, webhook, opted_in):
+    """The stored template, as the apiserver returns it, is recognised as the one its name stands for."""
+    refs = []
+    for _ in range(2):
+        pod = vllm_pod(unique("twin"), gpus=2, scheduler="nobody", model=MODEL, args=["-tp", "2"], annotations=NVLINK)
+        client.CoreV1Api(admin).create_namespaced_pod(opted_in, pod)
+        refs.append(read_pod(admin, opted_in, pod["metadata"]["name"])["spec"]["resourceClaims"])
+    assert refs[0] == refs[1] and len(templates(admin, opted_in)) == 1
+
+
+def test_a_labelled_template_of_gpuscheds_name_with_another_spec_denies_the_pod(admin, webhook, opted_in):
+    """Someone who may create templates in the namespace plants one of the name a TP=2 pod's
+    template gets, with gpusched's label and a spec of their own: the pod is denied, naming it."""
+    pod = vllm_pod(unique("squat"), gpus=2, scheduler="nobody", model=MODEL, args=["-tp", "2"], annotations=NVLINK)
+    planted = client.CoreV1Api(admin).create_namespaced_pod(opted_in, pod, dry_run="All")
+    name = planted.spec.resource_claims[0].resource_claim_template_name
+    client.ResourceV1Api(admin).create_namespaced_resource_claim_template(opted_in, {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpusched"}},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": "gpu.gpusched.io", "allocationMode": "ExactCount", "count": 1}}]}}}})
+    with pytest.raises(client.ApiException) as caught:
+        client.CoreV1Api(admin).create_namespaced_pod(opted_in, pod)
+    message = json.loads(caught.value.body)["message"]
+    assert f"{opted_in}/{name} exists with a spec other than the one its name stands for" in message, message
+
+
+def test_a_forged_review_sent_to_the_webhook_port_is_refused_in_the_handshake(admin, stack: Stack, webhook):
+    """A pod's forged review (a GPU pod's create in kube-system) straight to the port, trusting the
+    webhook's certificate but with no client certificate of its own: refused before it is read;
+    the apiserver's own calls (the tests above) present the certificate its admission config names."""
+    import http.client
+    import ssl
+
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "forged", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "kube-system",
+        "operation": "CREATE", "object": vllm_pod("forged", gpus=1, scheduler="nobody")}}
+    context = ssl.create_default_context(cafile=str(stack.cp.pki / "ca.crt"))
+    connection = http.client.HTTPSConnection("127.0.0.1", stack.webhook_port, context=context, timeout=10)
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        connection.request("POST", "/mutate/dra-claims", body=json.dumps(review),
+                           headers={"content-type": "application/json"})
+        connection.getresponse()
+    connection.close()
+    assert templates(admin, "kube-system") == []

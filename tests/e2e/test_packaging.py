@@ -90,8 +90,12 @@ def test_dra_overlay_serves_the_claims_webhook_on_opted_in_namespaces_only():
     extender = _container(objects, "Deployment", "extender")
     assert f"--webhook-port={port['targetPort']}" in extender["args"]
     assert "--webhook-tls-cert=/etc/gpusched/webhook-tls/tls.crt" in extender["args"]
+    # Only the apiserver may call it: a client certificate of the Secret's CA (hack/webhook-certs.sh).
+    assert "--webhook-client-ca=/etc/gpusched/webhook-tls/ca.crt" in extender["args"]
+    assert "--webhook-allow-unauthenticated" not in extender["args"]
     volumes = {v["name"]: v for v in _deployment_spec(objects)["volumes"]}
     assert volumes["webhook-tls"]["secret"]["secretName"] == "gpusched-webhook-tls"
+    assert {"key": "ca.crt", "path": "ca.crt"} in volumes["webhook-tls"]["secret"]["items"]
     policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
     assert any({"port": port["targetPort"], "protocol": "TCP"} in rule["ports"] and "from" not in rule
                for rule in policy["spec"]["ingress"])
@@ -137,6 +141,17 @@ def test_the_webhook_cert_script_makes_the_secret_and_injects_the_ca(control_pla
             verify = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname",
                                      f"gpusched-webhook.{ns}.svc", "tls.crt"], cwd=tmp_path, capture_output=True,
                                     text=True)
+            assert verify.returncode == 0, verify.stdout + verify.stderr
+            # The client CA the extender trusts (--webhook-client-ca) signs the apiserver's certificate,
+            # which the admission configuration hands the apiserver for the webhook's Service name.
+            (tmp_path / "client-ca.crt").write_bytes(base64.b64decode(secret.data["ca.crt"]))
+            admission_config = yaml.safe_load((tmp_path / "pki" / "admission-config.yaml").read_text())
+            assert {p["name"] for p in admission_config["plugins"]} == {"MutatingAdmissionWebhook", "ValidatingAdmissionWebhook"}
+            (user,) = yaml.safe_load((tmp_path / "pki" / "webhook-kubeconfig.yaml").read_text())["users"]
+            assert user["name"] == f"gpusched-webhook.{ns}.svc:443"
+            (tmp_path / "client.crt").write_bytes(base64.b64decode(user["user"]["client-certificate-data"]))
+            verify = subprocess.run(["openssl", "verify", "-CAfile", "client-ca.crt", "-purpose", "sslclient",
+                                     "client.crt"], cwd=tmp_path, capture_output=True, text=True)
             assert verify.returncode == 0, verify.stdout + verify.stderr
         assert bundles[0] == bundles[1], "a rerun replaced the CA the apiserver trusts"
         control_plane.apply([config])
