@@ -3,13 +3,15 @@
 with, the node agent cannot touch another node or any field but its inventory annotation (nor, in
 DRA mode, any ResourceSlice but its own node's of its own driver), and the extender cannot change
 anything on a pod or node but gpusched.io/ annotations — not a pod's image — nor, with the DRA-claims
-webhook's grant, write a ResourceClaimTemplate that is not gpusched's own (its name prefix and label).
+webhook's grant, write a ResourceClaimTemplate that is not gpusched's own (its hash name, label and
+DeviceClasses) or in a namespace that did not opt in to the webhook.
 A tenant (issue 39) cannot write gpusched's decisions on a pod (assigned GPUs, decision id, gang
 commit), and nobody can change a bound pod's GPU share."""
 
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from typing import Any
 
@@ -340,27 +342,34 @@ def test_the_agent_cannot_change_or_delete_another_nodes_slice(admin, agent_slic
 # -- DRA claims (issue 21, item 2): the extender's ResourceClaimTemplates -------------------------
 
 MANAGED = {"app.kubernetes.io/managed-by": "gpusched"}
+OPT_IN = {"gpusched.io/dra-claims": "enabled"}
 
 
-def claim_template(name: str, labels: dict[str, str]) -> Any:
+def template_name() -> str:
+    """A fresh name of gpusched's form: gpusched- and 64 hex digits (a SHA-256)."""
+    return "gpusched-" + os.urandom(32).hex()
+
+
+def claim_template(name: str, labels: dict[str, str], device_class: str = "gpu.gpusched.io") -> Any:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "labels": labels},
             "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpus", "exactly": {"deviceClassName": "gpu.gpusched.io", "count": 1}}]}}}}
+                {"name": "gpus", "exactly": {"deviceClassName": device_class, "count": 1}}]}}}}
 
 
 @pytest.fixture(scope="module")
 def extender_templates(stack: Stack, control_plane: ControlPlane, admin) -> Any:
     """(api, namespace): the extender's identity for resource.k8s.io with manifests/overlays/dra's
     grant (rbac-claims.yaml) and its policy applied, once the apiserver enforces the policy (it
-    loads asynchronously: a template without the label is refused each try, else removed)."""
+    loads asynchronously: a template without the label is refused each try, else removed), and a
+    namespace opted in to the claims webhook."""
     control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "overlays/dra/rbac-claims.yaml"]))
     namespace = unique("vap-claims")
-    client.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace}})
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace, "labels": OPT_IN}})
     api = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
 
     def in_force() -> bool:
-        probe = unique("gpusched-probe")
+        probe = template_name()
         try:
             api.create_namespaced_resource_claim_template(namespace, claim_template(probe, {}), _preload_content=False)
         except client.ApiException as exc:
@@ -373,29 +382,56 @@ def extender_templates(stack: Stack, control_plane: ControlPlane, admin) -> Any:
     client.CoreV1Api(admin).delete_namespace(namespace)
 
 
-def test_the_extender_may_create_and_get_gpusched_templates(extender_templates):
+@pytest.mark.parametrize("device_class", ["gpu.gpusched.io", "mig.gpusched.io"])
+def test_the_extender_may_create_and_get_gpusched_templates(extender_templates, device_class):
     api, namespace = extender_templates
-    name = unique("gpusched-ok")
-    api.create_namespaced_resource_claim_template(namespace, claim_template(name, MANAGED), _preload_content=False)
+    name = template_name()
+    api.create_namespaced_resource_claim_template(namespace, claim_template(name, MANAGED, device_class),
+                                                  _preload_content=False)
     api.read_namespaced_resource_claim_template(name, namespace, _preload_content=False)
 
 
-@pytest.mark.parametrize("name, labels, needle", [
-    pytest.param("shared-gpus", MANAGED, "named gpusched-<hash>, not shared-gpus", id="other-name"),
-    pytest.param("gpusched-unlabelled", {}, "has no such label", id="no-label"),
-    pytest.param("gpusched-helm", {"app.kubernetes.io/managed-by": "Helm"}, "is labelled Helm", id="other-manager"),
+@pytest.mark.parametrize("name, labels, device_class, needle", [
+    pytest.param("shared-gpus", MANAGED, "gpu.gpusched.io", "named gpusched-<sha256 of the spec>, not shared-gpus",
+                 id="other-name"),
+    pytest.param("gpusched-0123456789", MANAGED, "gpu.gpusched.io", "named gpusched-<sha256 of the spec>",
+                 id="short-hash"),
+    pytest.param("", {}, "gpu.gpusched.io", "has no such label", id="no-label"),
+    pytest.param("", {"app.kubernetes.io/managed-by": "Helm"}, "gpu.gpusched.io", "is labelled Helm",
+                 id="other-manager"),
+    pytest.param("", MANAGED, "gpu.nvidia.com", "of one request of the DeviceClass gpu.gpusched.io or mig.gpusched.io",
+                 id="another-drivers-class"),
 ])
-def test_the_extender_cannot_create_templates_that_are_not_gpuscheds(extender_templates, name, labels, needle):
+def test_the_extender_cannot_create_templates_that_are_not_gpuscheds(extender_templates, name, labels, device_class,
+                                                                     needle):
     api, namespace = extender_templates
     body = refused(lambda: api.create_namespaced_resource_claim_template(
-        namespace, claim_template(unique(name) if name.startswith("gpusched-") else name, labels), _preload_content=False))
+        namespace, claim_template(name or template_name(), labels, device_class), _preload_content=False))
     message = json.loads(body)["message"]
     assert "gpusched-extender-claim-templates" in message and needle in message, message
 
 
+@pytest.mark.parametrize("where", ["kube-system", "not-opted-in"])
+def test_the_extender_cannot_create_a_template_in_a_namespace_that_did_not_opt_in(extender_templates, admin, where):
+    """What a forged review made it do (issue 39, M1): a template in kube-system. Whoever sent the
+    review, the apiserver holds the extender's creates to opted-in namespaces."""
+    api, _ = extender_templates
+    namespace = where if where == "kube-system" else unique("vap-plain")
+    if namespace != "kube-system":
+        client.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace}})
+    try:
+        body = refused(lambda: api.create_namespaced_resource_claim_template(
+            namespace, claim_template(template_name(), MANAGED), _preload_content=False))
+    finally:
+        if namespace != "kube-system":
+            client.CoreV1Api(admin).delete_namespace(namespace)
+    message = json.loads(body)["message"]
+    assert f"only in namespaces labelled gpusched.io/dra-claims=enabled; {namespace} is not" in message, message
+
+
 def test_the_extender_cannot_delete_a_template(extender_templates, admin):
     api, namespace = extender_templates
-    name = unique("gpusched-keep")
+    name = template_name()
     client.ResourceV1Api(admin).create_namespaced_resource_claim_template(namespace, claim_template(name, MANAGED),
                                                                           _preload_content=False)
     body = refused(lambda: api.delete_namespaced_resource_claim_template(name, namespace))
