@@ -213,7 +213,8 @@ def post(pki: Any, port: int, client: str | None, namespace: str) -> int | Excep
 
 def test_with_a_client_ca_only_the_apiservers_certificate_gets_a_review_answered(pki):
     """A forged review (a pod's create in kube-system) is refused in the TLS handshake without a
-    client certificate, or with one of another CA, and no template is created; the apiserver's
+    client certificate, with one of another CA, or with the webhook's own serving certificate
+    (the trusted CA's, but for serverAuth only), and no template is created; the apiserver's
     certificate gets its review answered and the template made."""
     resource = FakeResource(None)
     app = create_webhook_app(ClaimAdmission(KubeTemplateCreator(None, resource=resource), builtin_catalog))
@@ -221,7 +222,7 @@ def test_with_a_client_ca_only_the_apiservers_certificate_gets_a_review_answered
     server = WebhookServer(app, "127.0.0.1", port, str(pki / "serving.crt"), str(pki / "serving.key"),
                            client_ca_file=str(pki / "ca.crt")).start()
     try:
-        for client in (None, "forger"):
+        for client in (None, "forger", "serving"):
             outcome = post(pki, port, client, "kube-system")
             assert isinstance(outcome, (ssl.SSLError, ConnectionError)), f"{client or 'no certificate'}: {outcome!r}"
             assert resource.created == [], client
