@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 from nodeagent.dra.cdi import cdi_ids, claim_spec, nvidia_device_names, spec_file_name
-from nodeagent.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, write_atomically
+from nodeagent.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, trusted, write_atomically
 from nodeagent.dra.claims import ClaimPlan, ClaimRef, PlannedDevice, claim_ref, plan_claim
 from nodeagent.dra.generated.drav1 import api_pb2, api_pb2_grpc
 from nodeagent.dra.slices import DRIVER
@@ -69,9 +69,30 @@ class DraPlugin(api_pb2_grpc.DRAPluginServicer):
         self.node = node
         self.cdi_dir = Path(cdi_dir)
         self._checkpoint = checkpoint
-        self._claims = checkpoint.load()  # a corrupt checkpoint stops the agent here, saying so
+        self._claims = self._load_trusted()
         self._lock = threading.Lock()
         self.status = DraStatus()
+
+    def _load_trusted(self) -> dict[str, PreparedClaim]:
+        """The checkpoint's entries this plugin could have written (``checkpoint.trusted``): each
+        other one is logged with its reason and dropped from the file. A file that is no checkpoint
+        stops the agent here, saying so; so does an inventory that cannot be read while entries
+        wait to be judged against it (nothing is believed blind)."""
+        claims, malformed = self._checkpoint.read()
+        if not claims and not malformed:
+            return {}
+        try:
+            inventory = dict(self._inventory())
+        except Exception as exc:
+            raise RuntimeError(f"cannot check the checkpoint's claims against this node's GPUs: {exc}") from exc
+        kept, untrusted = trusted(claims, node=self.node, inventory=inventory)
+        dropped = {**malformed, **untrusted}
+        for uid, why in sorted(dropped.items()):
+            log.warning("checkpoint %s: dropped the entry of claim uid %s: %s; the kubelet's next prepare of "
+                        "that claim plans it afresh from the API", self._checkpoint.path, uid[:64], why)
+        if dropped:
+            self._checkpoint.save(kept)
+        return kept
 
     def prepared(self) -> dict[str, PreparedClaim]:
         with self._lock:

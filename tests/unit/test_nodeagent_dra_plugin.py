@@ -141,6 +141,103 @@ def test_a_checkpoint_that_is_not_one_is_an_error_never_an_empty_record(tmp_path
         DraPlugin(FakeClaims(), dict, node=NODE, cdi_dir=tmp_path, checkpoint=Checkpoint(path))
 
 
+# A checkpoint entry is believed only as this plugin writes it (issue 39, Low): each tampering below
+# is applied to claim A's entry of a real checkpoint beside an untouched claim B.
+def _spec_outside(entry: dict[str, Any], tmp_path: Path) -> None:
+    entry["specFile"] = str(tmp_path / "elsewhere.json")
+
+
+def _first_device(**change: Any):
+    def tamper(entry: dict[str, Any], tmp_path: Path) -> None:
+        entry["devices"][0].update(change)
+    return tamper
+
+
+def _set(**change: Any):
+    def tamper(entry: dict[str, Any], tmp_path: Path) -> None:
+        entry.update(change)
+    return tamper
+
+
+@pytest.mark.parametrize("tamper, needle", [
+    pytest.param(_set(specFile="../escape.json"), "spec file '../escape.json'", id="spec-file-dotdot"),
+    pytest.param(_spec_outside, "elsewhere.json", id="spec-file-absolute"),
+    pytest.param(_set(specFile=spec_file_name(UID_B)), f"spec file '{spec_file_name(UID_B)}'", id="spec-file-of-b"),
+    pytest.param(_first_device(uuid="all"), "uuid 'all'", id="uuid-all"),
+    pytest.param(_first_device(uuid="GPU-n1-3"), "uuid 'GPU-n1-3'", id="uuid-of-another-gpu"),
+    pytest.param(_first_device(name="gpu-9"), "device 'gpu-9'", id="device-not-in-inventory"),
+    pytest.param(_first_device(cdiDeviceIds=["nvidia.com/gpu=all"]), "CDI ids", id="cdi-id-all"),
+    pytest.param(_first_device(requests=["../x"]), "request", id="request-not-a-name"),
+    pytest.param(_set(pool="n2"), "pool 'n2'", id="other-pool"),
+    pytest.param(_set(devices=[]), "no device", id="no-devices"),
+    pytest.param(_set(devices="gpu-0"), "malformed", id="devices-not-a-list"),
+    pytest.param(_first_device(uuid=None), "malformed", id="uuid-not-a-string"),
+])
+def test_a_tampered_checkpoint_entry_is_dropped_with_its_reason_and_the_rest_kept(tmp_path, caplog, tamper,
+                                                                                 needle) -> None:
+    claims = FakeClaims(make_claim(UID_A), make_claim(UID_B, result("gpu-2"), name="d"))
+    kept = make_plugin(tmp_path, claims).prepare([("ns", "c", UID_A), ("ns", "d", UID_B)])[UID_B]
+    path = tmp_path / "plugin" / "checkpoint.json"
+    data = json.loads(path.read_text())
+    tamper(data["claims"][UID_A], tmp_path)
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="gpusched.nodeagent.dra"):
+        restarted = make_plugin(tmp_path, claims)
+    assert restarted.prepared() == {UID_B: kept}
+    assert any(UID_A in r.getMessage() and needle in r.getMessage() for r in caplog.records), caplog.text
+    assert set(Checkpoint(path).load()) == {UID_B}  # written back without it: dropped once, said once
+    # The kubelet's repeat prepare plans the claim afresh from the API: the spec in the CDI folder,
+    # named after the claim, with the inventory's uuids; nothing written anywhere else.
+    (tmp_path / "cdi" / spec_file_name(UID_A)).unlink()
+    again = restarted.prepare([("ns", "c", UID_A)])[UID_A]
+    assert not isinstance(again, str) and again.spec_file == spec_file_name(UID_A)
+    assert cdi_env(tmp_path, UID_A)["NVIDIA_VISIBLE_DEVICES"] == "GPU-n1-0,GPU-n1-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdi", "plugin"]
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == sorted([spec_file_name(UID_A),
+                                                                           spec_file_name(UID_B)])
+
+
+def test_two_checkpoint_entries_holding_one_gpu_are_both_dropped_and_the_api_decides(tmp_path, caplog) -> None:
+    claims = FakeClaims(make_claim(UID_A), make_claim(UID_B, result("gpu-2"), name="d"))
+    make_plugin(tmp_path, claims).prepare([("ns", "c", UID_A), ("ns", "d", UID_B)])
+    path = tmp_path / "plugin" / "checkpoint.json"
+    data = json.loads(path.read_text())
+    data["claims"][UID_A]["devices"].append({"name": "gpu-2", "uuid": "GPU-n1-2", "requests": ["gpus"],
+                                             "cdiDeviceIds": [f"{CDI_KIND}={UID_A}", f"{CDI_KIND}={UID_A}-gpu-2"]})
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="gpusched.nodeagent.dra"):
+        restarted = make_plugin(tmp_path, claims)
+    assert restarted.prepared() == {}
+    assert f"device gpu-2 is also in the entry of claim uid {UID_B}" in caplog.text
+    assert f"device gpu-2 is also in the entry of claim uid {UID_A}" in caplog.text
+    out = restarted.prepare([("ns", "c", UID_A), ("ns", "d", UID_B)])
+    assert {uid: [d.name for d in r.devices] for uid, r in out.items() if not isinstance(r, str)} == {
+        UID_A: ["gpu-0", "gpu-1"], UID_B: ["gpu-2"]}
+
+
+def test_a_checkpoint_entry_under_a_uid_that_is_no_uid_is_dropped(tmp_path, caplog) -> None:
+    path = tmp_path / "plugin" / "checkpoint.json"
+    path.parent.mkdir()
+    entry = {"namespace": "ns", "name": "c", "pool": NODE, "specFile": "../../x.json",
+             "devices": [{"name": "gpu-0", "uuid": "GPU-n1-0", "requests": ["gpus"], "cdiDeviceIds": []}]}
+    path.write_text(json.dumps({"version": 1, "claims": {"../../x": entry}}))
+    with caplog.at_level("WARNING", logger="gpusched.nodeagent.dra"):
+        assert make_plugin(tmp_path, FakeClaims()).prepared() == {}
+    assert "not a Kubernetes uid" in caplog.text
+
+
+def test_a_checkpoint_is_judged_against_the_inventory_only_when_it_holds_claims(tmp_path) -> None:
+    def broken() -> dict[str, str]:
+        raise RuntimeError("NVML_ERROR_UNKNOWN")
+
+    path = tmp_path / "checkpoint.json"
+    assert DraPlugin(FakeClaims(), broken, node=NODE, cdi_dir=tmp_path, checkpoint=Checkpoint(path)).prepared() == {}
+    make_plugin(tmp_path, FakeClaims(make_claim())).prepare([("ns", "c", UID_A)])
+    with pytest.raises(RuntimeError, match="cannot check the checkpoint's claims against this node's GPUs"):
+        DraPlugin(FakeClaims(), broken, node=NODE, cdi_dir=tmp_path / "cdi",
+                  checkpoint=Checkpoint(tmp_path / "plugin" / "checkpoint.json"))
+
+
 # -- the servicer ----------------------------------------------------------------------------------
 
 def test_prepare_writes_the_spec_and_the_checkpoint_and_answers_each_device(tmp_path) -> None:
