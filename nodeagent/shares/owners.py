@@ -5,8 +5,11 @@ every container in a cgroup under ``kubepods``, named by the pod's UID, and ``/p
 shows it — in the cgroupfs driver's form (``/kubepods/burstable/pod<uid>/<container>``) or the
 systemd driver's (``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with
 underscores>.slice/cri-containerd-<id>.scope``), on cgroup v1 and v2 alike. The PIDs are the
-host's, so the agent reads the host's ``/proc``: it runs with ``hostPID: true``, or mounts the
-host's ``/proc`` and names it with ``--proc-root``.
+host's (the driver knows no PID namespace), so the agent reads the host's ``/proc``, mounted
+read-only and named with ``--proc-root`` (the DaemonSet's way), or its own with ``hostPID: true``.
+The mount is the narrower: ``cgroup.procs`` under ``/sys/fs/cgroup`` lists PIDs in the reader's
+namespace, so walking it instead would need ``hostPID`` — the same ``/proc`` view, and signals to
+every root process (manifests/base/node-agent-daemonset.yaml).
 
 An answer is one of three: the process is a pod's (:meth:`ProcessOwner.of_pod`), it is no pod's
 (:data:`NO_POD`: a host process, a leftover), or nobody can tell (:data:`UNKNOWN`: the process

@@ -171,8 +171,10 @@ def test_dra_overlay_publishes_slices_and_its_classes_select_whole_gpus_or_mig_i
                if "hostPath" in v}
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     for name, path in (("plugins-registry", "/var/lib/kubelet/plugins_registry"),
-                       ("plugins", "/var/lib/kubelet/plugins"), ("cdi", "/var/run/cdi")):
+                       ("dra-plugin", "/var/lib/kubelet/plugins/gpu.gpusched.io"), ("cdi", "/var/run/cdi")):
         assert volumes[name] == path and mounts[path]["name"] == name and not mounts[path].get("readOnly")
+    # Of the kubelet's plugins folder, only the driver's own (issue 39): not other drivers' sockets.
+    assert "/var/lib/kubelet/plugins" not in volumes.values()
     # NVIDIA's CDI spec (nvidia-ctk's), read only.
     assert volumes["nvidia-cdi"] == "/etc/cdi" and mounts["/etc/cdi"]["readOnly"] is True
     grant = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpusched-node-agent-dra")
@@ -216,6 +218,53 @@ def test_device_plugin_overlay_serves_the_kubelets_plugin_folder_on_opted_in_nod
     assert mount["mountPath"] == "/var/lib/kubelet/device-plugins" and not mount.get("readOnly")
     volume = next(v for v in spec["volumes"] if v["name"] == "device-plugins")
     assert volume["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+
+
+# What the node agent may touch on its node (issue 39, M5), in every render that ships it: the
+# host paths each mode needs (read-write only where the agent serves or writes), nothing else.
+_AGENT_WRITES = {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry",
+                 "/var/lib/kubelet/plugins/gpu.gpusched.io", "/var/run/cdi"}
+_AGENT_READS = {"/var/lib/kubelet/pod-resources", "/proc", "/etc/cdi"}
+
+
+_AGENT_RENDERS = [
+    *[pytest.param(lambda f=f: kustomize_build(MANIFESTS / f), id=f)
+      for f in ("base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin", "overlays/dra")],
+    *[pytest.param(lambda v=v: helm_template(v), id=f"helm-{i}")
+      for i, v in (("defaults", {}), ("fake-gpus", FAKE_GPUS), ("device-plugin", DEVICE_PLUGIN))],
+]
+
+
+@pytest.mark.parametrize("render", _AGENT_RENDERS)
+def test_the_node_agent_is_root_without_capabilities_outside_roots_group_and_the_hosts_pid_namespace(render):
+    objects = render()
+    spec = _daemonset(objects)["spec"]["template"]["spec"]
+    assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
+    context = _container(objects, "DaemonSet", "agent")["securityContext"]
+    # uid 0 for the kubelet's root-only sockets; a group other than root's, so ptrace-guarded
+    # /proc entries of other root processes stay closed; no capability to lift either.
+    assert context.get("runAsUser") == 0 and context.get("runAsGroup", 0) != 0, context
+    assert context["capabilities"] == {"drop": ["ALL"]} and not context.get("privileged")
+    assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+    for init in spec.get("initContainers", []):  # nothing to serve: not root at all
+        assert init["securityContext"].get("runAsNonRoot") is True and init["securityContext"]["runAsUser"] != 0
+
+
+@pytest.mark.parametrize("render", _AGENT_RENDERS)
+def test_the_node_agent_mounts_only_the_host_paths_its_mode_needs(render):
+    objects = render()
+    spec = _daemonset(objects)["spec"]["template"]["spec"]
+    agent = _container(objects, "DaemonSet", "agent")
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    for mount in agent["volumeMounts"]:
+        path = host.get(mount["name"])
+        if path is None:
+            continue
+        assert path in (_AGENT_WRITES | _AGENT_READS), f"{path}: not a host path the agent needs"
+        assert mount.get("readOnly") is (True if path in _AGENT_READS else None), (path, mount)
+    fake = "--gpu-backend=fake" in agent["args"]
+    # The host's /proc only for NVML's host PIDs, and then named to the agent; the fake fleet names its pods.
+    assert ("/proc" in host.values()) is (not fake) and ("--proc-root=/host/proc" in agent["args"]) is (not fake)
 
 
 @pytest.mark.parametrize("values,folder", [
