@@ -11,11 +11,31 @@ from pathlib import Path
 
 import yaml
 
-from devcluster.controlplane import ControlPlane, build_binaries, build_containerd
+from devcluster.controlplane import MANIFESTS, ControlPlane, build_binaries, build_containerd
 from devcluster.images import ENVDUMP_IMAGE
 from devcluster.processes import Component, free_port, http_ok
 from devcluster.realnode import RealNode
 from devcluster.stack import Stack
+
+AGENT_DAEMONSET = MANIFESTS / "base" / "node-agent-daemonset.yaml"
+
+
+def agent_identity(manifest: Path = AGENT_DAEMONSET) -> tuple[int, int]:
+    """(uid, gid) the node-agent DaemonSet runs its agent container as (the image's root:root
+    where the manifest says nothing)."""
+    spec = yaml.safe_load(manifest.read_text())["spec"]["template"]["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    context = {**(spec.get("securityContext") or {}), **(agent.get("securityContext") or {})}
+    return int(context.get("runAsUser", 0)), int(context.get("runAsGroup", 0))
+
+
+def as_agent_identity(manifest: Path = AGENT_DAEMONSET) -> tuple[str, ...]:
+    """The ``setpriv`` prefix that runs a host process as the DaemonSet runs the agent: its uid and
+    gid, no supplementary groups, no capability (``drop: [ALL]``), no new privileges
+    (``allowPrivilegeEscalation: false``)."""
+    uid, gid = agent_identity(manifest)
+    return ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--bounding-set=-all",
+            "--inh-caps=-all", "--no-new-privs")
 
 
 class RealCluster:
@@ -95,8 +115,9 @@ class RealCluster:
 
     def start_agent(self, fleet: Path, *, period_s: float = 0.5, metrics_port: int = 0,
                     device_plugin: bool = True, share_slots: int = 0, dra: bool = False) -> Component:
-        """The node agent for the real node, as the DaemonSet runs it in device-plugin mode: the
-        fake GPU backend (this machine has no GPUs), the kubelet's own PodResources socket;
+        """The node agent for the real node, as the DaemonSet runs it in device-plugin mode (its
+        uid, gid and no capabilities: :func:`as_agent_identity`): the fake GPU backend (this
+        machine has no GPUs), the kubelet's own PodResources socket;
         ``share_slots``: also serve gpusched.io/gpu-share (``--share-slots-per-gpu``); ``dra``: as
         the dra overlay runs it, the ResourceSlice and the kubelet DRA plugin (this kubelet's root,
         CDI specs in ``cdi_dir``)."""
@@ -108,7 +129,10 @@ class RealCluster:
             extra += ["--device-plugin"]
         if share_slots:
             extra += [f"--share-slots-per-gpu={share_slots}"]
-        agent = self.stack.start_agent(self.node.name, fleet, period_s, metrics_port, tuple(extra))
+        # As the DaemonSet's identity (no capability, its uid and gid): the real kubelet's sockets,
+        # folders and the CDI folder must serve it as they serve the shipped agent.
+        agent = self.stack.start_agent(self.node.name, fleet, period_s, metrics_port, tuple(extra),
+                                       argv_prefix=as_agent_identity())
         self.agents.append(agent)
         return agent
 

@@ -177,7 +177,8 @@ class Stack:
 
     def start_agent(self, node: str, fleet: Path, period_s: float = 0.5, metrics_port: int = 0,
                     extra_args: tuple[str, ...] = (), *, netns: str | None = None,
-                    api_server: str | None = None, telemetry_port: int | None = None) -> Component:
+                    api_server: str | None = None, telemetry_port: int | None = None,
+                    argv_prefix: tuple[str, ...] = ()) -> Component:
         """A node agent process for ``node`` on the fake GPU backend, with the identities the
         DaemonSet gives it: an API token and a gpusched-audience token, both bound to its pod.
         ``metrics_port``: serve /metrics and /healthz there (0: off); ``extra_args`` (e.g. the
@@ -185,12 +186,13 @@ class Stack:
         (``ip netns exec``; ``devcluster.partition``), where it dials the telemetry port at
         ``telemetry_host`` and the apiserver at ``api_server`` (a URL reachable from there).
         ``telemetry_port``: where it streams (default: this stack's extender; the HA test's
-        telemetry Service)."""
+        telemetry Service). ``argv_prefix``: run it through that command (e.g. ``setpriv`` to the
+        DaemonSet's identity; inside ``netns`` when both are given)."""
         api_token = self.agent_token(node, audience="https://kubernetes.default.svc.cluster.local")
         kubeconfig = self.cp.kubeconfig(api_token, f"agent-{node}", server=api_server)
         token_file = self.cp.workdir / f"agent-{node}.token"
         token_file.write_text(self.agent_token(node))
-        inside = ["ip", "netns", "exec", netns] if netns else []
+        inside = [*(["ip", "netns", "exec", netns] if netns else []), *argv_prefix]
         c = Component(f"agent-{node}", [*inside, PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
                                         "--fleet", str(fleet),
                                         "--extender", f"{self.telemetry_host}:{telemetry_port or self.telemetry_port}",
