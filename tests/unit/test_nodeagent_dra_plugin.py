@@ -11,6 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeagent.dra.cdi import CDI_KIND, claim_spec, spec_file_name
 from nodeagent.dra.checkpoint import Checkpoint, CheckpointError
@@ -224,6 +226,47 @@ def test_a_checkpoint_entry_under_a_uid_that_is_no_uid_is_dropped(tmp_path, capl
     with caplog.at_level("WARNING", logger="gpusched.nodeagent.dra"):
         assert make_plugin(tmp_path, FakeClaims()).prepared() == {}
     assert "not a Kubernetes uid" in caplog.text
+
+
+_HOSTILE = st.one_of(st.text(alphabet=st.sampled_from("gpu-0123GPUn/.al\\x00"), max_size=12), st.none(),
+                    st.integers(), st.lists(st.text(max_size=4), max_size=2), st.sampled_from(
+                        ["all", "../x.json", "/etc/x.json", "GPU-n1-3", "gpu-9", "nvidia.com/gpu=all", "n2", UID_B]))
+_FIELDS = ["namespace", "name", "pool", "specFile", "devices", "device.name", "device.uuid", "device.requests",
+           "device.cdiDeviceIds"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([UID_A, UID_B, "../u", ""]), st.sampled_from(_FIELDS), _HOSTILE),
+                max_size=4))
+def test_any_tampering_leaves_only_entries_the_plugin_could_have_written(edits) -> None:
+    """Hostile values in any field of any entry: decoding never fails on an entry, and what is
+    trusted names its own spec file, this node's pool and inventory devices by their uuids, each
+    device in one entry only."""
+    from nodeagent.dra.checkpoint import decode, trusted
+
+    device = {"name": "gpu-0", "uuid": "GPU-n1-0", "requests": ["gpus"],
+              "cdiDeviceIds": [f"{CDI_KIND}={UID_A}", f"{CDI_KIND}={UID_A}-gpu-0"]}
+    entries: dict[str, Any] = {UID_A: {"namespace": "ns", "name": "c", "pool": NODE, "specFile": spec_file_name(UID_A),
+                                       "devices": [device]},
+                               UID_B: {"namespace": "ns", "name": "d", "pool": NODE, "specFile": spec_file_name(UID_B),
+                                       "devices": [{**device, "name": "gpu-1", "uuid": "GPU-n1-1", "cdiDeviceIds": [
+                                           f"{CDI_KIND}={UID_B}", f"{CDI_KIND}={UID_B}-gpu-1"]}]}}
+    for uid, field, value in edits:
+        entry = entries.setdefault(uid, json.loads(json.dumps(entries[UID_A])))
+        if field.startswith("device.") and isinstance(entry.get("devices"), list) and entry["devices"] \
+                and isinstance(entry["devices"][0], dict):
+            entry["devices"][0][field.removeprefix("device.")] = value
+        elif not field.startswith("device."):
+            entry[field] = value
+    claims, malformed = decode(json.dumps({"version": 1, "claims": entries}))
+    kept, dropped = trusted(claims, node=NODE, inventory=INVENTORY)
+    assert set(kept) | set(dropped) | set(malformed) == set(entries)
+    names = [d.name for c in kept.values() for d in c.devices]
+    assert len(names) == len(set(names))
+    for uid, c in kept.items():
+        assert c.spec_file == spec_file_name(uid) and c.pool == NODE and c.devices
+        assert all(INVENTORY.get(d.name) == d.uuid and d.cdi_ids[:2] == (f"{CDI_KIND}={uid}", f"{CDI_KIND}={uid}-{d.name}")
+                   for d in c.devices)
 
 
 def test_a_checkpoint_is_judged_against_the_inventory_only_when_it_holds_claims(tmp_path) -> None:
