@@ -209,17 +209,21 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def http_server() -> Iterator[tuple[str, dict]]:
-    routes: dict[str, tuple[int, bytes, float]] = {}
-    handler = type("Handler", (_Handler,), {"routes": routes})
+def _serving(handler: type, table: dict) -> Iterator[tuple[str, dict]]:
+    """A loopback HTTP server of ``handler``, its URL and the ``table`` the handler answers from."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", routes
+    yield f"http://127.0.0.1:{server.server_address[1]}", table
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, dict]]:
+    routes: dict[str, tuple[int, bytes, float]] = {}
+    yield from _serving(type("Handler", (_Handler,), {"routes": routes}), routes)
 
 
 def test_scrape_a_live_engine(http_server) -> None:
@@ -314,13 +318,7 @@ class _Unannounced(BaseHTTPRequestHandler):
 @pytest.fixture
 def unannounced_server() -> Iterator[tuple[str, dict]]:
     pages: dict[str, bytes | None] = {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Unannounced,), {"pages": pages}))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", pages
-    server.shutdown()
-    server.server_close()
+    yield from _serving(type("Handler", (_Unannounced,), {"pages": pages}), pages)
 
 
 @pytest.fixture

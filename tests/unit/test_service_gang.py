@@ -347,15 +347,22 @@ def test_an_extender_restarted_between_two_binds_rebuilds_the_reservation_before
     assert_never_double_booked(second)
 
 
-def test_a_restart_after_the_commit_ran_out_reports_the_partial_group_and_plans_the_remainder(clocks):
-    clock, wall = clocks
-    first = World(clock, wall)
-    a, b = member("a", gpus=8, timeout=10), member("b", gpus=8, timeout=10)
+def bound_before_a_restart(clocks, timeout: float) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, str]]:
+    """Gang members a and b (8 GPUs each, ``timeout``): a bound, b's bind failed (the extender went
+    away between the two). Returns a, b, a's node and the annotations of a's Binding."""
+    first = World(*clocks)
+    a, b = member("a", gpus=8, timeout=timeout), member("b", gpus=8, timeout=timeout)
     for p in (a, b):
         first.watch("ADDED", p)
     first.binder.fail["b"] = [BindError("connection reset", temporary=True)]
     bind_all(first, [a, b])
     node_a, annotations_a = first.binder.bound["a"]
+    return a, b, node_a, annotations_a
+
+
+def test_a_restart_after_the_commit_ran_out_reports_the_partial_group_and_plans_the_remainder(clocks):
+    clock, wall = clocks
+    a, b, node_a, annotations_a = bound_before_a_restart(clocks, 10)
     wall.now += 60  # the extender was away longer than the commit's reservation
     second = World(clock, wall)
     second.relist([bound_as(a, node_a, annotations_a), b])
@@ -527,13 +534,7 @@ def test_an_adopted_commit_keeps_reservations_no_longer_than_the_groups_timeout(
     """Even a record consistent with its pod holds the rest of the group at most the group's own
     timeout after the restart, whatever its ``until`` says."""
     clock, wall = clocks
-    first = World(clock, wall)
-    a, b = member("a", gpus=8, timeout=30), member("b", gpus=8, timeout=30)
-    for p in (a, b):
-        first.watch("ADDED", p)
-    first.binder.fail["b"] = [BindError("connection reset", temporary=True)]
-    bind_all(first, [a, b])
-    node_a, annotations_a = first.binder.bound["a"]
+    a, b, node_a, annotations_a = bound_before_a_restart(clocks, 30)
     stretched = parse_commit(annotations_a[GANG_COMMIT_ANNOTATION])
     assert stretched is not None
     annotations_a = {**annotations_a, GANG_COMMIT_ANNOTATION: encode_commit(
