@@ -114,7 +114,10 @@ def test_core_sigkilled_while_a_gang_waits_at_the_barrier_leaves_nothing_behind(
             if g["gang"] == f"{namespace}/stuck" and len(g["atBarrier"]) >= 2:
                 return g
         return None
-    wait_until(at_barrier, 45, "two members waiting at the barrier")
+    wait_until(at_barrier, 45, "two members waiting at the barrier", context=lambda: "\n".join(
+        [f"stuck-{i}: {pod_scheduled_message(admin, namespace, f'stuck-{i}')}" for i in range(3)]
+        + [str(g) for g in stack.extender.get_json("/debug/gangs")["gangs"] if g["gang"] == f"{namespace}/stuck"]
+        + [stack.extender.component.tail(30)]))
     port = stack.extender.port
     stack.kill_extender()
     stack.start_extender(port=port)
