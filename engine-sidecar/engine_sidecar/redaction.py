@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 REDACTED = "<redacted>"
-# A name is a credential's when one of its words (split at - _ .) is one of these: api_key,
-# hf_token, --ssl-keyfile-password, AWS_SECRET_ACCESS_KEY; not max_num_batched_tokens ("tokens"
-# counts), tokenizer or allow_credentials (a CORS switch).
+# A name is a credential's when its last word (split at - _ .) is one of SECRET_WORDS (api_key,
+# hf_token, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY) or any word is one of ALWAYS_SECRET_WORDS
+# (--ssl-keyfile-password); not max_num_batched_tokens ("tokens" counts), tokenizer, allow_credentials
+# (a CORS switch) nor long_prefill_token_threshold (a number of tokens: a tuned value, shown).
 SECRET_WORDS = frozenset({"key", "token", "password", "passwd", "secret"})
+ALWAYS_SECRET_WORDS = frozenset({"password", "passwd", "secret"})
 # A credential this short, a number or a switch word is hidden where it stands (a flag's value, a
 # field's value) but not searched for in free text, where "1", "abc" or "true" (SOME_TOKEN=true
 # in the environment) would blank unrelated numbers and words.
@@ -30,7 +32,8 @@ _NOT_SEARCHED = frozenset({"true", "false", "yes", "none", "null"})
 def is_secret_name(name: str) -> bool:
     """Whether a flag (``--api-key``), EngineArgs field (``hf_token``) or environment variable
     (``VLLM_API_KEY``) carries a credential (``SECRET_WORDS``)."""
-    return not SECRET_WORDS.isdisjoint(re.split(r"[-_.]+", name.lstrip("-").lower()))
+    words = [w for w in re.split(r"[-_.]+", name.lstrip("-").lower()) if w]
+    return bool(words) and (words[-1] in SECRET_WORDS or not ALWAYS_SECRET_WORDS.isdisjoint(words))
 
 
 @dataclass(frozen=True)

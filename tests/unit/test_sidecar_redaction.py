@@ -26,7 +26,10 @@ API_KEY, HF_TOKEN, ENV_TOKEN = "sk-live-4f9a2c7e", "hf_QpZx81mmWq", "hf_from_the
     ("--api-key", True), ("api_key", True), ("--hf-token", True), ("HF_TOKEN", True), ("VLLM_API_KEY", True),
     ("--ssl-keyfile-password", True), ("AWS_SECRET_ACCESS_KEY", True),
     ("max_num_batched_tokens", False), ("--tokenizer", False), ("--ssl-keyfile", False),
-    ("--allow-credentials", False), ("--long-prefill-token-threshold", True),  # a word "token": hidden, harmlessly
+    ("--allow-credentials", False), ("AWS_ACCESS_KEY_ID", False),
+    # A number of tokens the measured tune picks: hiding it broke /tuning and the real-engine test.
+    ("--long-prefill-token-threshold", False), ("long_prefill_token_threshold", False),
+    ("num_speculative_tokens", False), ("--secret-file", True),
 ])
 def test_secret_names(name, secret):
     assert is_secret_name(name) is secret
@@ -49,6 +52,8 @@ REDACT = Redactor.of(["--hf-token", HF_TOKEN, "--enforce-eager"], {"api_key": AP
     pytest.param({"notes": [f"HF_TOKEN={ENV_TOKEN}"], "n": 3}, {"notes": [f"HF_TOKEN={REDACTED}"], "n": 3},
                  id="environment-value-nested"),
     pytest.param({"field": "max_num_seqs", "value": "64"}, {"field": "max_num_seqs", "value": "64"}, id="not-a-secret"),
+    pytest.param({"field": "long_prefill_token_threshold", "value": 0}, {"field": "long_prefill_token_threshold", "value": 0},
+                 id="a-tuned-token-count"),
     pytest.param("/home/vllm 64 max_num_batched_tokens", "/home/vllm 64 max_num_batched_tokens", id="others-untouched"),
     pytest.param("enable_chunked_prefill true, 10000 tokens", "enable_chunked_prefill true, 10000 tokens",
                  id="switch-and-number-values-not-searched"),
