@@ -89,11 +89,13 @@ class Redactor:
 
 
 def _argv_redacted(items: list[Any] | tuple[Any, ...]) -> list[Any]:
-    """``items`` with the value after each secret-named flag, or after its ``=``, replaced."""
+    """``items`` with the value after each secret-named flag, or after its ``=``, replaced. An item
+    after the flag that is itself an option (``-…``) is no value of it — argparse reads it as the
+    next option too — and stays: a list of flag names (a vLLM snapshot's ``flags``) is not an argv."""
     out: list[Any] = []
     hide_next = False
     for item in items:
-        if hide_next and isinstance(item, str):
+        if hide_next and isinstance(item, str) and not item.startswith("-"):
             out.append(REDACTED)
             hide_next = False
             continue

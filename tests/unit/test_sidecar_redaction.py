@@ -54,6 +54,11 @@ REDACT = Redactor.of(["--hf-token", HF_TOKEN, "--enforce-eager"], {"api_key": AP
     pytest.param({"field": "max_num_seqs", "value": "64"}, {"field": "max_num_seqs", "value": "64"}, id="not-a-secret"),
     pytest.param({"field": "long_prefill_token_threshold", "value": 0}, {"field": "long_prefill_token_threshold", "value": 0},
                  id="a-tuned-token-count"),
+    # A stored record carries the install's vLLM snapshot, whose flags list names --api-key beside
+    # other flags: hiding the name after it made the record unreadable (gpusched tune --diff).
+    pytest.param({"flags": ["--allowed-origins", "--api-key", "--port", "--hf-token", "--ssl-keyfile"]},
+                 {"flags": ["--allowed-origins", "--api-key", "--port", "--hf-token", "--ssl-keyfile"]},
+                 id="a-snapshots-flag-list"),
     pytest.param("/home/vllm 64 max_num_batched_tokens", "/home/vllm 64 max_num_batched_tokens", id="others-untouched"),
     pytest.param("enable_chunked_prefill true, 10000 tokens", "enable_chunked_prefill true, 10000 tokens",
                  id="switch-and-number-values-not-searched"),
