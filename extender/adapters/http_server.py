@@ -11,6 +11,13 @@ on the headers' size: one connection could make the server hold 100 MB of header
 ``MAX_HEADER_BYTES``, or it is closed (431 for the size). The body has a deadline of its own, in the app
 (``extender.api.bodies.read_capped``: 408, and the connection closes), since the protocol cannot
 tell a slow body from a slow app.
+
+And it closes in stages. uvicorn closes a connection the moment it has written a ``connection:
+close`` answer (the 408 above, a 413, a 400): the client is often still sending the body it was
+answered for, and a socket closed with received bytes unread is reset (RST), not ended (FIN) —
+the client's next send fails, and a client that stops there never reads the answer in its buffer.
+So a close half-closes (the answer, then FIN), goes on reading and discarding what the client
+sends, and closes when the client does, or ``LINGER_S`` later (RFC 9112 section 9.6).
 """
 
 from __future__ import annotations
@@ -25,25 +32,77 @@ _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: clos
               b"content-length: 36\r\n\r\nrequest headers exceed 65536 bytes\r\n")
 
 
-def guarded_protocol(base: type[Any], header_timeout_s: float) -> type[asyncio.Protocol]:
+# How long a connection we closed goes on reading after its FIN: time for the client to read our
+# last answer, many round trips; a client that closes on our FIN ends it sooner.
+LINGER_S = 2.0
+
+
+class StagedClose:
+    """The transport as a uvicorn protocol sees it, whose ``close`` ends the connection in stages:
+    the writes so far, a half-close, and the full close once the client closes or after
+    ``linger_s`` — meanwhile the socket is read (``lingering``: the protocol discards the data),
+    so closing never finds the client's bytes unread, which would reset the connection. A
+    transport that cannot half-close (TLS) closes at once. Everything else is ``transport``'s."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, linger_s: float) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._linger_s = linger_s
+        self._timer: asyncio.TimerHandle | None = None
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if not self.lingering:  # the answer is complete: nothing more may follow our FIN
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self.is_closing():
+            return
+        if not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # sent once what was written before it is
+        self._transport.resume_reading()  # uvicorn's flow control may have paused it
+        self._timer = self._loop.call_later(self._linger_s, self._transport.close)
+
+    def stop_lingering(self) -> None:
+        """The connection is gone (the client closed, or it broke): stop the linger's timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def guarded_protocol(base: type[Any], header_timeout_s: float,
+                     linger_s: float = LINGER_S) -> type[asyncio.Protocol]:
     """``base`` (a uvicorn HTTP/1.1 protocol class: httptools' or h11's) with a header deadline.
 
     The deadline runs whenever no request is in progress on the connection — from the moment it
     is made, and again from each response's end — and stops once a request's headers are in
     (uvicorn then has a request cycle for it); the bytes received meanwhile count against
-    ``MAX_HEADER_BYTES``. Relies on what both uvicorn protocols share:
-    ``loop``, ``transport``, ``cycle`` (``response_complete``) and the ``connection_made``,
-    ``data_received``, ``on_response_complete`` and ``connection_lost`` hooks."""
+    ``MAX_HEADER_BYTES``. Every close, uvicorn's and the deadline's, is a :class:`StagedClose`
+    lingering ``linger_s``. Relies on what both uvicorn protocols share:
+    ``loop``, ``transport`` (and that the request cycles use it), ``cycle``
+    (``response_complete``) and the ``connection_made``, ``data_received``,
+    ``on_response_complete`` and ``connection_lost`` hooks."""
 
     class HeaderDeadline(base):  # type: ignore[misc, valid-type]
         _header_timer: asyncio.TimerHandle | None = None
         _header_bytes = 0  # received since the last request's headers were in (or the connection opened)
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+            super().connection_made(StagedClose(transport, self.loop, linger_s))
             self._watch_headers()
 
         def data_received(self, data: bytes) -> None:
+            if self.transport.lingering:
+                return  # the rest of what we answered and closed on: read only so the close is no reset
             super().data_received(data)
             if self._in_request():
                 self._header_bytes = 0
@@ -63,6 +122,7 @@ def guarded_protocol(base: type[Any], header_timeout_s: float) -> type[asyncio.P
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_header_timer()
+            self.transport.stop_lingering()
             super().connection_lost(exc)
 
         def _in_request(self) -> bool:

@@ -9,12 +9,16 @@ bounded by the rate they can be opened at, never by how long they last."""
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import socket
+import struct
+import termios
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import uvicorn
@@ -97,13 +101,15 @@ PROTOCOLS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
 
 @pytest.fixture(params=list(PROTOCOLS))
 def serve(request: pytest.FixtureRequest) -> Iterator:
-    """``serve(client_timeout_s)``: the standalone extender's app on the extender's real listener
-    (uvicorn with the header deadline, over each parser) on a loopback port; returns the port."""
+    """``serve(client_timeout_s, wrap=None)``: the standalone extender's app (``wrap(app)`` when
+    given) on the extender's real listener (uvicorn with the header deadline, over each parser) on
+    a loopback port; returns the port."""
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
-    def start(client_timeout_s: float) -> int:
+    def start(client_timeout_s: float, wrap: Callable[[Any], Any] | None = None) -> int:
         settings = Settings(no_kube=True, client_timeout_s=client_timeout_s)
         app = create_app(settings, assemble(settings).collaborators)
+        app = wrap(app) if wrap else app
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         server = uvicorn.Server(http_config(app, host="127.0.0.1", port=0, header_timeout_s=client_timeout_s,
@@ -196,3 +202,61 @@ def test_headers_beyond_the_bound_are_refused_and_the_connection_closed(serve, r
     finally:
         sock.close()
     assert filter_call(port) == ["h100-0"]
+
+
+def unacknowledged_bytes(sock: socket.socket) -> int:
+    """What ``sock`` has sent that the peer's kernel has not acknowledged (Linux's SIOCOUTQ): 0
+    once every byte sent lies in the peer's receive buffer."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+TCP_ESTABLISHED, TCP_CLOSE_WAIT = 1, 8  # Linux's tcp_states.h
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """Linux's TCP state of ``sock`` (``tcpi_state``): closed after the peer's reset, close-wait
+    after its FIN."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+def holding_the_408(app: Any, answering: threading.Event, release: threading.Event) -> Any:
+    """``app``, but a 408 waits for ``release`` before it starts (``answering`` says it waits),
+    blocking the server's event loop: whatever a client sends meanwhile is still unread in the
+    server's receive buffer when uvicorn writes the 408 and closes (in one step of the loop)."""
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        async def send_held(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 408:
+                answering.set()
+                release.wait(30)
+            await send(message)
+        await app(scope, receive, send_held)
+    return held
+
+
+def test_a_client_still_sending_its_body_reads_the_408_and_no_reset(serve):
+    """The fresh-clone run's failure (issue 40), its interleaving arranged: a body-byte-by-byte
+    client's next byte reaches the server after uvicorn last read the socket and before it closes
+    it. Closed at once, a socket with unread bytes is reset (RST), not ended (FIN), and the client's next send
+    fails: the slow client above gave up with ``received == b''``, the 408 unread in its buffer.
+    The server must end the connection in stages (RFC 9112 section 9.6): its answer, then a
+    half-close, reading and discarding what the client still sends, then the close."""
+    answering, release = threading.Event(), threading.Event()
+    port = serve(client_timeout_s=0.5, wrap=lambda app: holding_the_408(app, answering, release))
+    head = HEAD + f"Content-Length: {len(FILTER_BODY)}\r\n\r\n".encode()
+    client = SlowClient("body-byte-by-byte", connect(port, head + FILTER_BODY[:10]), trickle=FILTER_BODY[10:-1])
+    try:
+        assert answering.wait(30), "the body deadline never answered 408"
+        client.tick()  # a byte the server's event loop, held inside the 408, cannot read
+        wait_until(lambda: unacknowledged_bytes(client.sock) == 0, 10, "the byte to reach the server's buffer")
+        assert client.received == b""
+        release.set()
+        ended = wait_until(lambda: tcp_state(client.sock) != TCP_ESTABLISHED and tcp_state(client.sock), 10,
+                           "the server to end the connection")
+        wait_until(lambda: client.tick() or client.closed, 10, "the client to read the end of the connection")
+        status, _, rest = client.received.partition(b"\r\n")
+        assert status == b"HTTP/1.1 408 Request Timeout", client.received[:300]
+        assert b"body not received within 0.5s" in rest, rest
+        assert ended == TCP_CLOSE_WAIT, f"the server reset the connection (TCP state {ended}) instead of ending it"
+    finally:
+        release.set()
+        client.sock.close()
