@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -401,11 +401,25 @@ L = 16 * 1024 - 64  # a line just within the parser's bound
     pytest.param(padded(MAX_BODY_BYTES).decode(), id="a-cap-of-histogram-buckets"),
 ])
 def test_the_parse_is_linear_in_the_page(page: str) -> None:
-    started = time.process_time()
+    """The page costs at most ~8 times its first eighth (cut at a line end), as a linear parse does; a
+    quadratic one costs 64 times. A ratio of two parses measured side by side, each the least of three,
+    so a busy machine slows both alike (an absolute CPU bound failed under load at 0.53 s of 0.5)."""
+    eighth = page[:page.index("\n", len(page) // 8) + 1]
     sample = parse_engine_metrics(page)
-    cpu = time.process_time() - started
     _check_contract(sample)
-    assert cpu < CPU_BOUND_S, f"{cpu:.2f} CPU s for {len(page)} characters ({sample.reason or 'fresh'})"
+    whole, part = least_cpu_s(parse_engine_metrics, page), least_cpu_s(parse_engine_metrics, eighth)
+    assert whole <= 16 * part + 0.02, (f"{whole:.3f} CPU s for {len(page)} characters, {part:.3f} for its first "
+                                       f"{len(eighth)} ({sample.reason or 'fresh'})")
+
+
+def least_cpu_s(parse: Callable[[str], object], page: str, tries: int = 3) -> float:
+    """The least process CPU time of ``tries`` parses of ``page``."""
+    spent = []
+    for _ in range(tries):
+        started = time.process_time()
+        parse(page)
+        spent.append(time.process_time() - started)
+    return min(spent)
 
 
 @pytest.mark.parametrize("line,reason", [
