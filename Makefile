@@ -22,11 +22,15 @@ SUBMAKE := $(MAKE) --no-print-directory
 # GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
 MODE ?= extender
 
+# pytest-xdist workers for `make test`: tests/conftest.py groups the e2e, real-node and engine modules
+# so each group runs on one worker beside the spread unit and contract tests.
+TEST_WORKERS ?= 2
+
 demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
 	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
 test: prepare  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
-	$(STEP) pytest $(VENV)/bin/pytest tests -p no:cacheprovider --durations=25; status=$$?; \
+	$(STEP) pytest $(VENV)/bin/pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25; status=$$?; \
 	  $(PYTHON) hack/steps_report.py "$(GPUSCHED_RUN_ID)" $$status; exit $$status
 
 # Everything `make test` needs before its tests, in two lanes side by side: the Go builds one after

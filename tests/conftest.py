@@ -1,9 +1,39 @@
-"""Shared pytest setup: the repository root on sys.path so ``devcluster`` imports."""
+"""Shared pytest setup: the repository root on sys.path so ``devcluster`` imports, and the groups
+that keep tests sharing one expensive thing on one pytest-xdist worker (``make test`` runs
+``-n 2 --dist loadgroup``)."""
 
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "engine-sidecar"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+# Modules that run the real node (devcluster.realcluster): one node address, bridge and CNI
+# folders per machine, so they run one after another on one worker.
+REAL_NODE_MODULES = frozenset({
+    "test_device_plugin.py", "test_install.py", "test_node_agent_identity.py", "test_project_images.py",
+    "test_real_node.py", "test_real_node_dra.py", "test_real_node_lifecycle.py", "test_real_node_shares.py",
+})
+
+
+def worker_group(test_file: Path) -> str | None:
+    """The xdist group of a test file under tests/, or None where any worker may run it: e2e modules
+    share their worker's session control plane and stack, real-node modules the node, engine tests the
+    vLLM venv and tiny model their session builds; unit and contract tests are spread."""
+    suite = test_file.relative_to(ROOT / "tests").parts[0]
+    if suite == "e2e":
+        return "real-node" if test_file.name in REAL_NODE_MODULES else "control-plane"
+    if suite == "engine":
+        return "engine"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = worker_group(item.path)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -1,0 +1,31 @@
+"""The xdist groups of tests/conftest.py: every e2e module that starts the real node is in the
+real-node group (two at once would fight over the node's address and bridge), and each suite lands
+where its shared fixtures live."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REAL_NODE_MODULES, ROOT, worker_group
+
+STARTS_THE_REAL_NODE = re.compile(r"^\s*(from|import) devcluster\.(realcluster|realnode)\b", re.MULTILINE)
+
+
+def test_every_module_that_starts_the_real_node_is_in_the_real_node_group():
+    starts = {p.name for p in (ROOT / "tests" / "e2e").glob("test_*.py")
+              if STARTS_THE_REAL_NODE.search(p.read_text(encoding="utf-8"))}
+    assert starts == REAL_NODE_MODULES
+
+
+@pytest.mark.parametrize(("path", "group"), [
+    ("tests/e2e/test_real_node.py", "real-node"),
+    ("tests/e2e/test_gangs.py", "control-plane"),
+    ("tests/engine/test_measured_tune.py", "engine"),
+    ("tests/unit/test_placement.py", None),
+    ("tests/contract/test_slow_clients.py", None),
+])
+def test_each_suite_lands_in_its_group(path: str, group: str | None):
+    assert worker_group(ROOT / path) == group
