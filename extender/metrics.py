@@ -107,10 +107,14 @@ class ReasonCounts(Collector):
 
 def count_refused_claims(registry: CollectorRegistry, refused: Mapping[str, int]) -> None:
     """Export ``gpusched_pod_claims_refused_total{reason}`` from ``ClusterState.claims_refused``
-    (pods whose gpusched.io/assigned-gpus gpusched could not have written), read at scrape time."""
+    (refusals of a gpusched.io/assigned-gpus gpusched could not have written), read at scrape time.
+    One refusal per observed pod event, not per pod: the ledger keeps no set of refused pods (a
+    tenant could grow it), so a squatter is counted again at each of its events."""
     registry.register(ReasonCounts(
         "gpusched_pod_claims_refused",
-        "Bound pods whose gpusched.io/assigned-gpus is not believed, by reason: count-mismatch (the pod does not "
-        "ask for that many GPUs), malformed, unit-not-in-inventory (not its node's GPU), held-by-another (another "
-        "pod holds a named GPU: a claim never displaces it). Such a pod holds what it requests, unattributed.",
+        "Observations of a bound pod whose gpusched.io/assigned-gpus is not believed, by reason: count-mismatch "
+        "(the pod does not ask for that many GPUs), malformed, unit-not-in-inventory (not its node's GPU), "
+        "held-by-another (another pod holds a named GPU: a claim never displaces it). Counts refusals, not "
+        "distinct pods: a squatter pod is counted again at each of its events (updates, relists). Such a pod "
+        "holds what it requests, unattributed.",
         ("count-mismatch", "malformed", "unit-not-in-inventory", "held-by-another"), refused))

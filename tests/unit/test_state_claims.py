@@ -129,3 +129,17 @@ def test_refused_claims_are_exported_by_reason(cluster):
     cluster.pods.apply("ADDED", bound(make_pod("squat", "tenant", gpus=0, annotations={"gpusched.io/assigned-gpus": ALL_OF_A})))
     assert registry.get_sample_value("gpusched_pod_claims_refused_total", {"reason": "count-mismatch"}) == 1
     assert registry.get_sample_value("gpusched_pod_claims_refused_total", {"reason": "held-by-another"}) == 0
+
+
+def test_refused_claims_count_observations_and_their_help_says_so(cluster):
+    """A squatter is refused again at each of its events (a relist, a label change): the counter
+    counts refusals, not pods, and its HELP must not make an operator read it as a pod count."""
+    registry = CollectorRegistry()
+    count_refused_claims(registry, cluster.claims_refused)
+    squatter = bound(make_pod("squat", "tenant", gpus=0, annotations={"gpusched.io/assigned-gpus": ALL_OF_A}))
+    for event in ("ADDED", "MODIFIED", "MODIFIED"):
+        cluster.pods.apply(event, copy.deepcopy(squatter))
+    assert registry.get_sample_value("gpusched_pod_claims_refused_total", {"reason": "count-mismatch"}) == 3
+    (family,) = [m for m in registry.collect() if m.name == "gpusched_pod_claims_refused"]
+    assert "each of its events" in family.documentation and not family.documentation.startswith("Bound pods"), \
+        family.documentation
