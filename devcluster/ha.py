@@ -55,7 +55,7 @@ def start_pod(stack: Stack, hostname: str, *extra_args: str) -> Pod:
     argv = [PYTHON, "-m", "extender", "--leader-elect", "--port", str(port), "--kubeconfig", str(kubeconfig),
             "--telemetry-address", f"127.0.0.1:{telemetry_port}",
             "--telemetry-tls-cert", str(cp.pki / "telemetry.crt"), "--telemetry-tls-key", str(cp.pki / "telemetry.key"),
-            "--scheduling-address", f"unix://{cp.workdir / f'scheduling-{hostname}.sock'}",
+            "--scheduling-address", f"unix://{cp.workdir / f'scheduling-{hostname}.sock'}", "--http-bind-in-plugin-mode",
             "--webhook-port", str(webhook_port), "--webhook-host", "127.0.0.1",
             "--webhook-tls-cert", str(cp.pki / "webhook.crt"), "--webhook-tls-key", str(cp.pki / "webhook.key"),
             "--webhook-client-ca", str(cp.pki / "webhook-client-ca.crt"),

@@ -111,6 +111,8 @@ class Stack:
                                    "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
                                    "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"),
                                    "--scheduling-address", f"unix://{self.scheduling_socket}",
+                                   # One process for both modes' kube-schedulers: keep the HTTP bind.
+                                   "--http-bind-in-plugin-mode",
                                    "--webhook-port", str(self.webhook_port), "--webhook-host", "127.0.0.1",
                                    "--webhook-tls-cert", str(self.cp.pki / "webhook.crt"),
                                    "--webhook-tls-key", str(self.cp.pki / "webhook.key"),

@@ -148,6 +148,11 @@ class Settings(BaseModel):
     """where the GpuSched kube-scheduler plugin asks the core (plugin mode, gpusched.scheduling.v1 over
     gRPC): unix:///run/gpusched/scheduling.sock in a volume shared with the scheduler container, or
     host:port (default: disabled; extender mode needs none)"""
+    http_bind_in_plugin_mode: bool = False
+    """with --scheduling-address, still serve the HTTP bind verb, for one process that answers an
+    extender-mode kube-scheduler too (the dev cluster's stack); without it a plugin-mode process has
+    no bind route (404): the GpuSched kube-scheduler binds its pods itself, so nothing should write
+    a Binding through this process"""
     telemetry_tls_cert: str | None = None
     """PEM certificate chain for the telemetry port (tls.crt of a Secret); with --telemetry-tls-key"""
     telemetry_tls_key: str | None = None
@@ -262,6 +267,9 @@ class Settings(BaseModel):
             raise SettingsError(f"scheduling_address: {self.scheduling_address!r} would serve PreFilter and Reserve, "
                                 "which authenticate nobody, beyond this pod; use a unix:///path/to.sock in a volume "
                                 "only the scheduler container shares, or a loopback host:port (127.0.0.1:PORT)")
+        if self.http_bind_in_plugin_mode and not self.scheduling_address:
+            raise SettingsError("http_bind_in_plugin_mode: applies only with scheduling_address (plugin mode); "
+                                "extender mode always serves bind, so drop the flag")
         if self.webhook_port and not (self.webhook_tls_cert and self.webhook_tls_key):
             raise SettingsError("webhook_port: the apiserver calls admission webhooks over HTTPS only; give "
                                 "--webhook-tls-cert and --webhook-tls-key (hack/webhook-certs.sh makes them)")
@@ -299,6 +307,11 @@ class Settings(BaseModel):
     @property
     def tier_labels(self) -> dict[str, str]:
         return parse_tier_labels(self.topology_tiers)
+
+    @property
+    def serves_http_bind(self) -> bool:
+        """Whether the HTTP app has the bind verb: extender mode, or plugin mode asked to keep it."""
+        return not self.scheduling_address or self.http_bind_in_plugin_mode
 
     @property
     def verb_prefix(self) -> str:

@@ -130,8 +130,6 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             return encode_host_priorities(names, outcome.scores)
         return await answer("prioritize", request, handle, judge_limiter)
 
-    @router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
-                 responses={200: {"model": ExtenderBindingResult}, **_ERRORS})
     async def bind(request: Request) -> Response:
         def handle(body: bytes) -> dict[str, str]:
             args, _ = parse_body(body, ExtenderBindingArgs)
@@ -144,6 +142,12 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the apiserver:
         # each runs in a worker thread of its own pool, never behind a filter or another bind.
         return await answer("bind", request, handle, bind_limiter)
+
+    # Plugin mode: the GpuSched kube-scheduler binds its pods itself, so this process offers no way
+    # to write a Binding (issue 39); a call finds no route (404).
+    if settings.serves_http_bind:
+        router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
+                    responses={200: {"model": ExtenderBindingResult}, **_ERRORS})(bind)
 
     @router.get("/healthz")
     async def healthz() -> Response:

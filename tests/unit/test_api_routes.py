@@ -107,6 +107,27 @@ def test_failed_bind_releases_the_reservation(decider):
     assert decider.unreserved == ["ns/p"]
 
 
+PLUGIN_SOCKET = "unix:///run/gpusched/scheduling.sock"
+
+
+@pytest.mark.parametrize("settings,status", [
+    pytest.param(Settings(), 200, id="extender-mode"),
+    pytest.param(Settings(scheduling_address=PLUGIN_SOCKET), 404, id="plugin-mode"),
+    pytest.param(Settings(scheduling_address=PLUGIN_SOCKET, http_bind_in_plugin_mode=True), 200,
+                 id="plugin-mode-serving-both"),
+])
+def test_plugin_mode_has_no_bind_route(settings, status, decider, binder):
+    """Issue 39: in plugin mode the GpuSched kube-scheduler binds itself; a bind call to the
+    extender process must find no route, and no Binding is written."""
+    c = TestClient(create_app(settings, Collaborators(decider=decider, binder=binder)))
+    r = c.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "good"})
+    assert r.status_code == status, r.text
+    assert len(binder.bound) == (status == 200)
+    assert ("/gpusched/bind" in c.get("/openapi.json").json()["paths"]) is (status == 200)
+    # The judging verbs stay (plugin mode's core is asked over gRPC; these are harmless reads).
+    assert c.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["good"]}).status_code == 200
+
+
 @pytest.mark.parametrize("path,body,status,needle", [
     pytest.param("/gpusched/filter", b"", 400, "empty body", id="empty"),
     pytest.param("/gpusched/filter", b"{nope", 400, "not valid JSON", id="not-json"),
