@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Make the telemetry port's TLS material for a kustomize install (Helm users may set
-# telemetry.tls.generate instead; cert-manager users issue the Secret themselves):
+# Make the scheduler pod's TLS material for a kustomize install (Helm users may set
+# telemetry.tls.generate instead; cert-manager users issue the Secrets themselves):
 #   - a CA (kept in DIR, default ./telemetry-pki; keep ca.key safe or delete it after use),
 #   - a serving certificate for gpusched-telemetry.<namespace>.svc signed by it,
 #   - Secret <namespace>/gpusched-telemetry-tls (tls.crt, tls.key), read by the extender only,
-#   - ConfigMap <namespace>/gpusched-telemetry-ca (ca.crt), read by the node agents.
+#   - ConfigMap <namespace>/gpusched-telemetry-ca (ca.crt), read by the node agents,
+#   - the metrics proxy's serving certificate for gpusched-extender-metrics.<namespace>.svc (the
+#     Service of manifests/observability), signed by the same CA, in Secret
+#     <namespace>/gpusched-metrics-tls (tls.crt, tls.key, and ca.crt: the CA the ServiceMonitor
+#     gives Prometheus to verify the proxy with), mounted by the metrics proxy only.
 # Idempotent: an existing CA in DIR is reused (so agents keep trusting it) and the objects are
 # applied, not created. Needs openssl and kubectl (current context, or KUBECTL="kubectl --context X").
 #
@@ -17,6 +21,7 @@ dir="${2:-./telemetry-pki}"
 days="${DAYS:-365}"
 read -r -a kubectl <<< "${KUBECTL:-kubectl}"
 host="gpusched-telemetry.${ns}.svc"
+metrics_host="gpusched-extender-metrics.${ns}.svc"
 
 for cmd in openssl "${kubectl[0]}"; do
   command -v "$cmd" >/dev/null || { echo "telemetry-certs: $cmd is needed and was not found on PATH" >&2; exit 2; }
@@ -24,10 +29,15 @@ done
 mkdir -p "$dir"
 cd "$dir"
 serving_cert telemetry "$host" "$days"
+serving_cert telemetry "$metrics_host" "$days" metrics-tls
 
 "${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
 "${kubectl[@]}" -n "$ns" create secret tls gpusched-telemetry-tls --cert=tls.crt --key=tls.key \
   --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
 "${kubectl[@]}" -n "$ns" create configmap gpusched-telemetry-ca --from-file=ca.crt=ca.crt \
   --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
+"${kubectl[@]}" -n "$ns" create secret generic gpusched-metrics-tls --type=kubernetes.io/tls \
+  --from-file=tls.crt=metrics-tls.crt --from-file=tls.key=metrics-tls.key --from-file=ca.crt=ca.crt \
+  --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
 echo "telemetry TLS for ${host}: Secret ${ns}/gpusched-telemetry-tls, ConfigMap ${ns}/gpusched-telemetry-ca (CA in ${dir}; valid ${days} days)"
+echo "metrics proxy TLS for ${metrics_host}: Secret ${ns}/gpusched-metrics-tls (same CA)"

@@ -7,7 +7,7 @@ the node, so not even an image reference changes):
 1. the node labelled as a GPU node with a preset, its simulated GPUs advertised as
    ``nvidia.com/gpu`` (no device plugin in this install: the fake-gpus overlay);
 2. the PodGroup CRD, the namespace, the fleet presets ConfigMap, the telemetry TLS Secret and CA
-   ConfigMap from ``hack/telemetry-certs.sh``;
+   ConfigMap and the metrics proxy's TLS Secret from ``hack/telemetry-certs.sh``;
 3. ``kubectl apply -k manifests/overlays/fake-gpus`` — or ``helm install`` of the chart with
    ``nodeAgent.fakeGpus.enabled=true`` (the chart's spelling of that overlay; its plain defaults
    run the NVML backend, which needs a GPU this machine does not have).
@@ -16,7 +16,8 @@ Then: the scheduler pod (kube-scheduler, the extender, the token minter, kube-rb
 Ready with its probes, the node-agent DaemonSet pod runs on the real node, publishes its inventory
 and streams telemetry through the ``gpusched-telemetry`` Service, a ``schedulerName: gpusched``
 pod is bound by the extender in that pod and runs, ``gpusched explain`` answers in the extender
-container, and ``/metrics`` is readable only through kube-rbac-proxy by an identity RBAC allows.
+container, and ``/metrics`` is readable only through kube-rbac-proxy by an identity RBAC allows,
+over TLS verified as Prometheus verifies it (the Secret's CA, the metrics Service's name).
 
 Plugin mode (issue 18) the same way: ``manifests/overlays/plugin-mode`` with the fake-gpus
 overlay's two files beside it (the node has no NVML), and ``helm install --set mode=plugin``; the
@@ -27,16 +28,17 @@ the core, bound by the plugin's Binding carrying its annotations, and run.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import urllib3
 from kubernetes import client
 
 from devcluster.cluster import wait_until
@@ -52,6 +54,8 @@ PRESET_UNITS = 8  # h100: what a device plugin would advertise
 # Per mode: the profile's schedulerName and the decision record that placed the pod.
 EXTENDER_MODE = ("gpusched", "bind")
 PLUGIN_MODE = ("gpusched-plugin", "reserve")
+# The metrics Service's name (manifests/observability), which the proxy's certificate is issued for.
+METRICS_SERVICE_NAME = f"gpusched-extender-metrics.{NS}.svc"
 
 
 @pytest.fixture(scope="module")
@@ -184,25 +188,29 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
         cluster.kubectl("-n", namespace, "create", "serviceaccount", account, check=False)
     allowed = cluster.kubectl("-n", "monitoring", "create", "token", "prometheus-k8s").stdout.strip()
     refused = cluster.kubectl("-n", WORKLOAD_NS, "create", "token", "nosy").stdout.strip()
-    insecure = ssl.create_default_context()
-    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # the proxy's self-signed serving cert
+    # As the ServiceMonitor has Prometheus do (issue 39: it skipped verification): trust only the CA
+    # of the Secret gpusched-metrics-tls and check the Service's name while dialling the pod's IP.
+    secret = client.CoreV1Api(cluster.cp.api_client()).read_namespaced_secret("gpusched-metrics-tls", NS)
+    verified = urllib3.HTTPSConnectionPool(pod_ip, 8443, ca_cert_data=base64.b64decode(secret.data["ca.crt"]).decode(),
+                                           server_hostname=METRICS_SERVICE_NAME, retries=False, timeout=5)
 
-    def get(token: str | None, port: int = 8443, scheme: str = "https") -> int:
-        request = urllib.request.Request(f"{scheme}://{pod_ip}:{port}/metrics",
-                                         headers={"Authorization": f"Bearer {token}"} if token else {})
-        try:
-            with urllib.request.urlopen(request, timeout=5, context=insecure if scheme == "https" else None) as r:
-                body = r.read().decode()
-                assert "gpusched_extender_decisions_total" in body
-                return r.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
+    def get(token: str | None) -> int:
+        r = verified.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+        if r.status == 200:
+            assert "gpusched_extender_decisions_total" in r.data.decode()
+        return r.status
 
-    wait_until(lambda: get(allowed) == 200, 30, "the reader's token accepted by kube-rbac-proxy")
+    wait_until(lambda: get(allowed) == 200, 30, "the reader's token accepted by kube-rbac-proxy over verified TLS",
+               context=lambda: pod_report(cluster))
     assert get(refused) == 403, "an identity without gpusched-metrics-reader must be refused"
     assert get(None) == 401
+    # Verification is real: the same CA does not vouch for the certificate under another name.
+    other_name = urllib3.HTTPSConnectionPool(pod_ip, 8443, ca_cert_data=base64.b64decode(secret.data["ca.crt"]).decode(),
+                                             server_hostname=f"gpusched-telemetry.{NS}.svc", retries=False, timeout=5)
+    with pytest.raises(urllib3.exceptions.SSLError, match="match|mismatch"):
+        other_name.request("GET", "/metrics")
     with pytest.raises(urllib.error.URLError):  # the extender's own port is on the pod's loopback only
-        get(None, port=8888, scheme="http")
+        urllib.request.urlopen(f"http://{pod_ip}:8888/metrics", timeout=5)
 
 
 def test_the_kustomize_overlay_installs_runs_and_places_a_pod(cluster: RealCluster):

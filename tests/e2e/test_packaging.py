@@ -425,8 +425,122 @@ def test_the_cert_script_makes_the_secret_and_ca_with_the_real_kubectl(control_p
                                  f"gpusched-telemetry.{ns}.svc", "tls.crt"], cwd=tmp_path, capture_output=True, text=True)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert secret.type == "kubernetes.io/tls"
+        # The metrics proxy's certificate, from the same CA, for its Service's name (issue 39).
+        metrics = core.read_namespaced_secret("gpusched-metrics-tls", ns)
+        assert metrics.type == "kubernetes.io/tls" and base64.b64decode(metrics.data["ca.crt"]).decode() == cas[-1]
+        assert_serves_verified(base64.b64decode(metrics.data["tls.crt"]), base64.b64decode(metrics.data["tls.key"]),
+                               cas[-1].encode(), f"gpusched-extender-metrics.{ns}.svc", tmp_path)
     assert cas[0] == cas[1], "a rerun replaced the CA the agents trust"
     core.delete_namespace(ns)
+
+
+def assert_serves_verified(cert: bytes, key: bytes, ca: bytes, server_name: str, folder) -> None:
+    """A TLS server with ``cert``/``key`` completes a handshake with a client that trusts only
+    ``ca`` and checks ``server_name`` (as Prometheus with the ServiceMonitor's tlsConfig does),
+    and fails one that checks another name."""
+    import socket
+    import ssl
+    import threading
+
+    (folder / "serving.crt").write_bytes(cert)
+    (folder / "serving.key").write_bytes(key)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(folder / "serving.crt", folder / "serving.key")
+    client_side = ssl.create_default_context(cadata=ca.decode())
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def serve(attempts: int) -> None:
+            for _ in range(attempts):
+                conn, _ = listener.accept()
+                try:
+                    with server_side.wrap_socket(conn, server_side=True) as tls:
+                        tls.sendall(b"ok")
+                except (ssl.SSLError, OSError):
+                    pass  # the client refused the certificate
+        thread = threading.Thread(target=serve, args=(2,), daemon=True)
+        thread.start()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                client_side.wrap_socket(raw, server_hostname=server_name) as tls:
+            assert tls.recv(2) == b"ok"
+        with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"), \
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            client_side.wrap_socket(raw, server_hostname="gpusched-telemetry.elsewhere.svc")
+        thread.join(10)
+
+
+# Every render users install from, the observability objects included (issue 39: the ServiceMonitor
+# skipped verification of the metrics proxy's certificate).
+_ALL_RENDERS = [
+    *[pytest.param(lambda f=f: kustomize_build(MANIFESTS / f), id=f)
+      for f in ("base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
+                "overlays/plugin-mode", "overlays/dra", "overlays/ha", "observability")],
+    *[pytest.param(lambda v=v: helm_template(v), id=f"helm-{i}")
+      for i, v in (("defaults", {}), ("generated-tls", GENERATE), ("insecure-telemetry", INSECURE),
+                   ("plugin", {**PLUGIN, **FAKE_GPUS}), ("ha", HA))],
+]
+
+
+def _walk(value, path=""):
+    """Every (path, key, value) of a nested object."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield path, k, v
+            yield from _walk(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("render", _ALL_RENDERS)
+def test_no_rendered_object_skips_tls_verification(render):
+    for obj in render():
+        for path, key, value in _walk(obj):
+            name = f"{obj['kind']}/{obj['metadata']['name']}{path}.{key}"
+            assert key.lower() not in ("insecureskipverify", "insecure_skip_tls_verify", "insecure-skip-tls-verify"), name
+            assert not (isinstance(value, str) and "insecure-skip" in value), f"{name}: {value}"
+
+
+def test_no_manifest_file_skips_tls_verification():
+    """The files themselves too, templates and patches that no render above reaches included."""
+    for path in MANIFESTS.rglob("*.yaml"):
+        text = path.read_text().lower()
+        assert "insecureskipverify" not in text and "insecure-skip" not in text, path
+
+
+def test_the_servicemonitor_verifies_the_metrics_proxy_by_its_service_name():
+    """Prometheus verifies the proxy against the CA of the Secret the proxy serves its certificate
+    from, for the name of the Service it scrapes; the proxy serves that Secret's tls.crt/tls.key."""
+    observability = kustomize_build(MANIFESTS / "observability")
+    monitor = next(o for o in observability if o["kind"] == "ServiceMonitor"
+                   and o["metadata"]["name"] == "gpusched-extender")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    service = next(o for o in observability if o["kind"] == "Service"
+                   and o["metadata"]["labels"].items() >= monitor["spec"]["selector"]["matchLabels"].items())
+    assert endpoint["scheme"] == "https" and endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    tls = endpoint["tlsConfig"]
+    assert tls["serverName"] == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert tls["ca"] == {"secret": {"name": "gpusched-metrics-tls", "key": "ca.crt"}}
+    for objects in (kustomize_build(MANIFESTS / "base"), helm_template({})):
+        proxy = _container(objects, "Deployment", "metrics-proxy")
+        volume = next(v for v in _deployment_spec(objects)["volumes"] if v["name"] == "metrics-tls")
+        assert volume["secret"]["secretName"] == tls["ca"]["secret"]["name"]
+        mount = next(m for m in proxy["volumeMounts"] if m["name"] == "metrics-tls")
+        assert mount["readOnly"] is True
+        assert {f"--tls-cert-file={mount['mountPath']}/tls.crt",
+                f"--tls-private-key-file={mount['mountPath']}/tls.key"} <= set(proxy["args"])
+
+
+def test_the_generated_metrics_certificate_verifies_for_the_service_name(tmp_path):
+    """Helm's telemetry.tls.generate: the metrics proxy's Secret carries a certificate for
+    gpusched-extender-metrics.<namespace>.svc and the CA that verifies it, in a real handshake."""
+    import base64
+
+    objects = helm_template({**GENERATE, "namespace": "inference-system", "createNamespace": False})
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "gpusched-metrics-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    assert_serves_verified(data["tls.crt"], data["tls.key"], data["ca.crt"],
+                           "gpusched-extender-metrics.inference-system.svc", tmp_path)
 
 
 @pytest.mark.parametrize("render", RENDERS)
