@@ -5,7 +5,6 @@ where its shared fixtures live."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
