@@ -1,11 +1,12 @@
 """Shared pytest setup: the repository root on sys.path so ``devcluster`` imports, and the groups
 that keep tests sharing one expensive thing on one pytest-xdist worker (``make test`` runs
-``-n 2 --dist loadgroup``)."""
+``-n 2 --dist loadgroup``, scheduled by ``WorkerGroupScheduling``)."""
 
 import sys
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "engine-sidecar"):
@@ -32,8 +33,23 @@ def worker_group(test_file: Path) -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = worker_group(item.path)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+class WorkerGroupScheduling(LoadScopeScheduling):
+    """``--dist loadgroup`` by ``worker_group``: each group is one unit of work, run whole by one
+    worker in collection order; every other test is a unit of its own, sent to whichever worker is
+    free. (pytest-xdist's own loadgroup writes ``xdist_group`` marks into the node ids, which pytest
+    9.2's node ids no longer take: its groups came apart and two real nodes started at once.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under ``WorkerGroupScheduling``: its group, else itself."""
+    group = worker_group(ROOT / nodeid.split("::", 1)[0])
+    return nodeid if group is None else group
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return WorkerGroupScheduling(config, log)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import REAL_NODE_MODULES, ROOT, worker_group
+from tests.conftest import REAL_NODE_MODULES, ROOT, work_unit, worker_group
 
 STARTS_THE_REAL_NODE = re.compile(r"^\s*(from|import) devcluster\.(realcluster|realnode)\b", re.MULTILINE)
 
@@ -28,3 +28,14 @@ def test_every_module_that_starts_the_real_node_is_in_the_real_node_group():
 ])
 def test_each_suite_lands_in_its_group(path: str, group: str | None):
     assert worker_group(ROOT / path) == group
+
+
+@pytest.mark.parametrize(("nodeid", "unit"), [
+    ("tests/e2e/test_install.py::test_the_helm_chart_installs_runs_and_places_a_pod", "real-node"),
+    ("tests/e2e/test_placement.py::test_tp2_takes_an_a100_nvlink_pair_not_the_idle_nvswitch_island[extender]",
+     "control-plane"),
+    ("tests/engine/test_share_args.py::test_x", "engine"),
+    ("tests/unit/test_placement.py::test_y[a::b]", "tests/unit/test_placement.py::test_y[a::b]"),
+])
+def test_a_group_is_one_unit_of_work_and_any_other_test_its_own(nodeid: str, unit: str):
+    assert work_unit(nodeid) == unit
