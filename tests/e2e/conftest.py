@@ -108,8 +108,9 @@ def fleet(admin: client.ApiClient):
 
     def add(preset: str = "h100", name: str | None = None) -> str:
         node = name or unique(preset)
-        create_preset_node(admin, node, preset)
-        client.CoreV1Api(admin).patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet_id}}})
+        # Labelled as it is created: a label patched on afterwards could reach kube-scheduler's cache
+        # after the test's pod did, which then saw only the fleet's earlier nodes (once, under load).
+        create_preset_node(admin, node, preset, labels={"gpusched.io/test-fleet": fleet_id})
         created.append(node)
         return node
 
