@@ -134,14 +134,23 @@ def test_a_sharer_over_its_share_is_seen_within_3_periods_and_closes_the_gpu_to_
 
     fleet.write_text(fleet_yaml(sharers=((a, 34 * 1024), (b, 20 * 1024))))  # chat-a's engine grows past 30 GiB
     grown = time.monotonic()
-    # It timed out once (both modes) in a full run on an overloaded machine and passed alone under four
-    # busy loops: the next occurrence shows what the extender believed about the node meanwhile.
-    closed = wait_until(lambda: node_view(stack, node)["units"][0]["shareClosed"], 30, "the GPU to close to new shares",
-                        context=lambda: json.dumps(node_view(stack, node), indent=1)[:4000])
+    # In two full runs it took 24 s once and over 30 s twice (closing within 0.5 s alone, also under
+    # four busy loops): each poll's view is kept so that the next occurrence says what the extender saw.
+    seen: list[str] = []
+
+    def share_closed() -> str | None:
+        view = node_view(stack, node)
+        unit = view["units"][0]
+        seen.append(f"{time.monotonic() - grown:6.2f}s {view.get('telemetry')!r} closed={unit['shareClosed']!r} "
+                    f"shares={json.dumps(unit.get('shares'))}")
+        return unit["shareClosed"]
+
+    closed = wait_until(share_closed, 30, "the GPU to close to new shares", context=lambda: "\n".join(seen[-60:]))
     took = time.monotonic() - grown
     assert f"{a} uses 34.0 GiB > its 30.0 GiB share" in closed, closed
     # Seen by the extender within 3 telemetry periods of the growth (plus the poll's own 0.2 s).
-    assert took <= 3 * PERIOD_S + 0.2, f"closed {took:.2f}s after the growth"
+    timeline = "\n".join(seen[:20] + ["..."] + seen[-20:] if len(seen) > 40 else seen)
+    assert took <= 3 * PERIOD_S + 0.2, f"closed {took:.2f}s after the growth; the extender's view at each poll:\n{timeline}"
     over = [s for s in node_view(stack, node)["units"][0]["shares"] if s.get("overShare")]
     assert [s["pod"] for s in over] == [a], over
 
