@@ -319,10 +319,13 @@ class GpuLedger:
 
     def observe_claim(self, pod_key: str, node: str, unit_ids: Iterable[str], uid: str = "", *,
                       share_mib: int = 0) -> tuple[str, ...]:
-        """Record a bound pod's claim to units as :meth:`observe` does, unless another pod holds
-        any of them (a whole holder; for a whole claim, a sharer too): then nothing changes and
+        """Record a bound pod's claim to units as :meth:`observe` does, unless another *bound* pod
+        holds any of them (a whole holder; for a whole claim, a sharer too): then nothing changes and
         those holders are returned (empty: recorded). A claim read from a pod's annotation is what
-        its author could have written, so it never displaces a holder (issue 39)."""
+        its author could have written, so it never displaces a bound holder (issue 39); it does
+        displace an assumption, as :meth:`observe` does — a pod bound to the units is a fact, a
+        reservation is a plan (a Binding written while the apiserver restarted can succeed although
+        its writer saw an error and released the units, which were then reserved for another pod)."""
         ids = frozenset(unit_ids)
         if share_mib < 0 or (share_mib and len(ids) != 1):
             raise ValueError("a share is a positive MiB of exactly one unit")
@@ -332,8 +335,9 @@ class GpuLedger:
             if not share_mib:
                 holders |= {key for i in ids for key in self._sharers.get(node, {}).get(i, {})}
             holders.discard(pod_key)
-            if holders:
-                return tuple(sorted(holders))
+            bound = {key for key in holders if self._assignments[key].state is EntryState.BOUND}
+            if bound:
+                return tuple(sorted(bound))
             self._observe(pod_key, node, ids, uid, share_mib)
             return ()
 

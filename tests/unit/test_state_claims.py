@@ -87,6 +87,23 @@ def test_gpuscheds_own_reservation_is_confirmed_by_its_bound_pod(cluster):
     assert not cluster.claims_refused
 
 
+def test_a_bound_claim_displaces_another_pods_reservation_but_never_a_bound_holder(cluster):
+    """The fresh-clone run's double promise (test_faults, apiserver restarted mid-burst): pod 06's
+    Binding landed although its writer saw an error and released GPU-a-6, which was then reserved for
+    pod 11; 06's bound claim was refused as held by 11, so the ledger promised GPU-a-6 to both."""
+    assert cluster.ledger.assume("t/single-11", "a", ("GPU-a-6",), "uid-11")
+    cluster.pods.apply("ADDED", bound(make_pod("single-06", "t", gpus=1, annotations={"gpusched.io/assigned-gpus": "GPU-a-6"})))
+    held = holdings(cluster)
+    assert held["t/single-06"] == frozenset({"GPU-a-6"}), held
+    assert cluster.ledger.assignment("t/single-06").state is EntryState.BOUND
+    assert "t/single-11" not in held, held
+    assert not cluster.claims_refused
+    # A second bound claim to the same unit is refused: the bound holder is never displaced.
+    cluster.pods.apply("ADDED", bound(make_pod("single-11", "t", gpus=1, annotations={"gpusched.io/assigned-gpus": "GPU-a-6"})))
+    assert holdings(cluster)["t/single-06"] == frozenset({"GPU-a-6"})
+    assert cluster.claims_refused["held-by-another"] == 1
+
+
 @pytest.mark.parametrize("pod,expected", [
     pytest.param(make_pod(gpus=2, annotations={"gpusched.io/assigned-gpus": "A,B"}), ("A", "B"), id="two-of-two"),
     pytest.param(make_pod(gpus=2), "absent", id="no-annotation"),
