@@ -82,9 +82,10 @@ class KubeBinder:
                         "and not yet loaded its RBAC rules (kube-scheduler's retry then succeeds)")
             raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
                             f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}",
-                            temporary=exc.status in _TEMPORARY) from None
+                            temporary=exc.status in _TEMPORARY, may_have_landed=exc.status is None or exc.status >= 500) from None
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
-            raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True) from None
+            raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True,
+                            may_have_landed=True) from None
 
 
 class KubeClaimReader:

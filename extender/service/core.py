@@ -222,7 +222,11 @@ class ExtenderService:
         try:
             self.binder.bind(pod.namespace, pod.name, pod.uid, node, annotations)
         except BindError as exc:
-            self.decider.unreserve(pod, exc.message)
+            # A write that may have landed keeps its reservation: the watch then shows the pod bound
+            # to these GPUs, or the assumption expires. Released at once, the GPUs were promised to
+            # another pod while this one ran on them (an apiserver restarted mid-burst, test_faults).
+            if not exc.may_have_landed:
+                self.decider.unreserve(pod, exc.message)
             self._record("bind", pod, "bind-failed", started, node=node, summary=exc.message,
                          details={"temporary": exc.temporary, **reserved.details}, record_id=decision_id)
             return f"gpusched could not bind {pod.key} to {node}: {exc.message}"

@@ -11,12 +11,15 @@ from extender.model.dra import DraClaim
 
 class BindError(Exception):
     """Binding failed. ``temporary`` errors (conflicts, timeouts, apiserver unavailable) may
-    succeed on kube-scheduler's retry; permanent ones (forbidden, pod gone) will not."""
+    succeed on kube-scheduler's retry; permanent ones (forbidden, pod gone) will not.
+    ``may_have_landed``: no answer says the write did not happen (the connection broke, the request
+    timed out, the apiserver answered 5xx while restarting), so the pod may be bound after all."""
 
-    def __init__(self, message: str, *, temporary: bool):
+    def __init__(self, message: str, *, temporary: bool, may_have_landed: bool = False):
         super().__init__(message)
         self.message = message
         self.temporary = temporary
+        self.may_have_landed = may_have_landed
 
 
 class Binder(Protocol):

@@ -28,6 +28,7 @@ class RefusingCore:
     pytest.param(403, False, ("ClusterRole", "pods/binding: create", "apiserver has just started"), id="forbidden"),
     pytest.param(409, True, (), id="conflict"),
     pytest.param(503, True, (), id="unavailable"),
+    pytest.param(504, True, (), id="timeout"),
 ])
 def test_a_refused_binding_says_why_and_whether_a_retry_may_pass(status, temporary, hints):
     binder = KubeBinder(client.ApiClient())
@@ -38,3 +39,17 @@ def test_a_refused_binding_says_why_and_whether_a_retry_may_pass(status, tempora
     assert f"HTTP {status}" in message and 'pods "p" is refused' in message and "ns/p" in message
     assert all(h in message for h in hints), message
     assert caught.value.temporary is temporary
+    assert caught.value.may_have_landed is (status >= 500)  # a 5xx does not say the write did not happen
+
+
+class BrokenConnectionCore:
+    def create_namespaced_pod_binding(self, *args, **kwargs):
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_a_binding_with_no_answer_may_have_landed():
+    binder = KubeBinder(client.ApiClient())
+    binder._core = BrokenConnectionCore()
+    with pytest.raises(BindError) as caught:
+        binder.bind("ns", "p", "uid-p", "n1", {})
+    assert caught.value.temporary and caught.value.may_have_landed

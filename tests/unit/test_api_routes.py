@@ -99,12 +99,18 @@ def test_bind_refused_by_the_decider_answers_error_and_binds_nothing(client, bin
     assert binder.bound == []
 
 
-def test_failed_bind_releases_the_reservation(decider):
-    failing = RecordingBinder(fail_with=BindError("HTTP 403: forbidden", temporary=False))
+@pytest.mark.parametrize(("error", "released"), [
+    pytest.param(BindError("HTTP 403: forbidden", temporary=False), True, id="refused"),
+    pytest.param(BindError("HTTP 409: conflict", temporary=True), True, id="conflict"),
+    pytest.param(BindError("HTTP 503: unavailable", temporary=True, may_have_landed=True), False, id="5xx"),
+    pytest.param(BindError("connection reset", temporary=True, may_have_landed=True), False, id="no-answer"),
+])
+def test_a_failed_bind_releases_the_reservation_unless_the_write_may_have_landed(decider, error, released):
+    failing = RecordingBinder(fail_with=error)
     c = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=failing)))
     r = c.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "good"})
-    assert "HTTP 403: forbidden" in r.json()["Error"]
-    assert decider.unreserved == ["ns/p"]
+    assert error.message in r.json()["Error"]
+    assert decider.unreserved == (["ns/p"] if released else [])
 
 
 PLUGIN_SOCKET = "unix:///run/gpusched/scheduling.sock"
