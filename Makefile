@@ -35,9 +35,9 @@ test: prepare  ## Run every test (unit, contract, e2e on the real control plane 
 
 # Everything `make test` needs before its tests, in two lanes side by side: the Go builds one after
 # another (each keeps every core busy; scheduler-plugin after the control plane finds most of
-# kube-scheduler's packages compiled; the plugin's go vet and go test last), and beside them the steps that mostly wait on the network or
-# the disk (pip, apt, debootstrap, pip inside the image builds) with lint last. Then the
-# scheduler-plugin image, which reuses the binary the Go lane built.
+# kube-scheduler's packages compiled; the plugin's go vet and go test last), and beside them the
+# steps that mostly wait on the network or the disk (pip, apt, debootstrap, pip inside the image
+# builds) with lint last. Then the scheduler-plugin image, which reuses the binary the Go lane built.
 prepare:
 	$(SUBMAKE) -j2 prepare-go-builds prepare-installs
 	$(SUBMAKE) images
@@ -89,8 +89,8 @@ node-deps:
 	$(STEP) node-deps bash hack/real-node-deps.sh
 
 # The extender, node-agent and scheduler-plugin images from their Dockerfiles, unchanged (buildah on
-# local stand-ins for the Python and Go base images; needs root and node-deps; the plugin's ~5-15
-# minutes cold). Cached by content in ~/.cache/gpusched/images:
+# local stand-ins for the Python and Go base images; needs root and node-deps; the plugin image
+# reuses the binary of `make scheduler-plugin`, seconds instead of ~5 minutes). Cached by content in ~/.cache/gpusched/images:
 # a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
 images: node-deps
 	$(STEP) images bash hack/build-images.sh >/dev/null
