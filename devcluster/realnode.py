@@ -89,14 +89,16 @@ def host_state() -> dict[str, Any]:
 class RealNode:
     def __init__(self, cp: ControlPlane, name: str = "gpusched-real-node", *, labels: dict[str, str] | None = None,
                  kubelet_overrides: dict[str, Any] | None = None, containerd_bin: Path | None = None,
-                 cdi_dirs: tuple[Path, ...] = ()):
+                 cdi_dirs: tuple[Path, ...] = (), host_folders: tuple[Path, ...] = HOST_FOLDERS):
         """``kubelet_overrides``: KubeletConfiguration fields to change (tests of failure paths);
         ``containerd_bin``: run containerd 2 from that folder (see the module docstring), reading
-        CDI specs from ``cdi_dirs`` (needs ``containerd_bin``: containerd 1.6 has no CDI)."""
+        CDI specs from ``cdi_dirs`` (needs ``containerd_bin``: containerd 1.6 has no CDI);
+        ``host_folders``: the host folders whose additions stop() removes (tests of the cleanup)."""
         if cdi_dirs and containerd_bin is None:
             raise ValueError("cdi_dirs needs containerd_bin: Debian's containerd 1.6 applies no CDI spec")
         self.containerd_bin = containerd_bin
         self.cdi_dirs = tuple(cdi_dirs)
+        self.host_folders = tuple(host_folders)
         self.cp = cp
         self.name = name
         self.labels = dict(labels or {})
@@ -175,7 +177,7 @@ class RealNode:
             path = Path("/proc/sys") / key
             if path.exists():
                 self._sysctls[key] = path.read_text().strip()
-        for folder in HOST_FOLDERS:
+        for folder in self.host_folders:
             self._folders_before[folder] = set(os.listdir(folder)) if folder.is_dir() else None
         self._mounts_before = _mount_targets()
 
@@ -453,21 +455,38 @@ state = "{self.containerd_dir / 'state'}"
                     _run(tool, "-t", table, "-X", chain, check=False)
 
     def _remove_files(self) -> None:
+        """Remove what start() and the node's programs added to the host folders, then check that it
+        is gone: a file left behind (a removal refused, or something still writing) fails stop()
+        with its path instead of surfacing as a stray in a later run's host-state comparison."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        refused: list[str] = []
+
+        def note(_function: object, path: str, exc_info: Any) -> None:
+            refused.append(f"{path}: {exc_info[1]}")
+
         # Deepest first, so a folder that did not exist before is removed after its entries.
         for folder in sorted(self._folders_before, key=lambda f: len(f.parts), reverse=True):
-            before = self._folders_before[folder]
-            if not folder.is_dir():
-                continue
-            if before is None:
-                shutil.rmtree(folder, ignore_errors=True)
-                continue
-            for name in set(os.listdir(folder)) - before:
-                path = folder / name
+            for path in self._added_to(folder):
                 if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(path, onerror=note)
                 else:
                     path.unlink(missing_ok=True)
+        left = sorted(str(path) for folder in self._folders_before for path in self._added_to(folder))
+        if left:
+            raise ComponentFailed(f"left on the host after stop: {', '.join(left[:10])}"
+                                  + (f" (and {len(left) - 10} more)" if len(left) > 10 else "")
+                                  + ("; removals refused: " + "; ".join(refused[:5]) if refused else "")
+                                  + ". Remove them by hand (as root) before the next real-node run")
+
+    def _added_to(self, folder: Path) -> list[Path]:
+        """What is in a host folder now that was not before start(): the folder itself where it
+        did not exist, else its new entries."""
+        if not folder.is_dir():
+            return []
+        before = self._folders_before[folder]
+        if before is None:
+            return [folder]
+        return [folder / name for name in sorted(set(os.listdir(folder)) - before)]
 
     def _stop_pod_network(self) -> None:
         errors = self.podnet.stop()

@@ -6,7 +6,10 @@ halfway. The node address belongs to the control plane and outlives its nodes.""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kubernetes import client
@@ -61,3 +64,26 @@ def test_a_node_stopped_with_a_pod_running_leaves_nothing_behind(control_plane_w
     for name in ("lifecycle", "lifecycle-podnet"):
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
     time.sleep(0.1)
+
+
+def test_a_file_that_cannot_be_removed_fails_stop_with_its_path(tmp_path: Path):
+    """A host folder's addition that stop() cannot remove (here a mount still held on a pod's
+    folder, as a container's volume would be) fails the stop with the path, instead of surfacing
+    as a stray in a later run's host-state comparison."""
+    kubelet_root = tmp_path / "kubelet"
+    node = RealNode(SimpleNamespace(workdir=tmp_path / "work"), "cleanup-check",  # type: ignore[arg-type]
+                    host_folders=(kubelet_root,))
+    node._remember_host_state()
+    held = kubelet_root / "pods" / "uid-1" / "volumes"
+    held.mkdir(parents=True)
+    (kubelet_root / "pods" / "uid-2").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(held)], check=True)
+    try:
+        with pytest.raises(ComponentFailed) as failed:
+            node._remove_files()
+        assert str(kubelet_root) in str(failed.value) and "Device or resource busy" in str(failed.value), failed.value
+        assert not (kubelet_root / "pods" / "uid-2").exists()
+    finally:
+        subprocess.run(["umount", str(held)], check=True)
+    node._remove_files()
+    assert not kubelet_root.exists()
