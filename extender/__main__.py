@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import uvicorn
 
@@ -18,37 +16,17 @@ from extender.adapters.http_server import http_config
 from extender.app import create_app
 from extender.assembly import StartupError, assemble
 from extender.heap import settle_heap
-from extender.settings import Settings, SettingsError, options
+from extender.settings import Settings
+from gpusched_runtime import settings as runtime_settings
+from gpusched_runtime.settings import SettingsError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line, generated from :class:`Settings`: one flag per field (see ``extender.settings``),
+    """The command line, generated from :class:`Settings`: one flag per field (``gpusched_runtime.settings``),
     whose ``dest`` is the field's name, so :func:`settings_from` is a plain mapping."""
-    p = argparse.ArgumentParser(
-        prog="python -m extender",
+    return runtime_settings.build_parser(
+        Settings, prog="python -m extender",
         description="gpusched: a GPU-aware kube-scheduler extender (filter, prioritize, bind) with a debug endpoint.")
-    for option in options():
-        text = option.help.replace("%", "%%") + (f" (default: {option.shown_default})" if option.shown_default else "")
-        if option.parse is None:
-            p.add_argument(option.flag, dest=option.field, action="store_true", help=text)
-        else:
-            p.add_argument(option.flag, dest=option.field, type=_argparse_type(option.parse), default=option.default,
-                           choices=option.choices, metavar=None if option.choices else option.metavar or None, help=text)
-    return p
-
-
-def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` as argparse wants it: a builtin type as is (argparse names it in its message), any
-    other parser's ``ValueError`` as its own message."""
-    if isinstance(parse, type):
-        return parse
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return convert
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings the parsed flags name; raises :class:`SettingsError` naming the first bad one."""
-    return Settings(**vars(args))
+    return runtime_settings.settings_from(Settings, args)
 
 
 def main(argv: list[str] | None = None) -> int:

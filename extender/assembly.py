@@ -109,7 +109,7 @@ def assemble(settings: Settings, leading: Callable[[], bool] | None = None) -> A
     from kubernetes import client
 
     from extender.adapters.kube import KubeBinder, api_client
-    from extender.adapters.reflector import Reflector, count_relists
+    from gpusched_runtime.reflector import Reflector, count_relists
 
     api = api_client(settings.kubeconfig, settings.token_file)
     core = client.CoreV1Api(api)
@@ -224,8 +224,8 @@ def _dra_reflectors(api: Any, state: ClusterState, decider: FrameworkDecider) ->
 
     from extender.adapters.dra import ClaimFeed, SliceFeed, TemplateFeed
     from extender.adapters.kube import KubeClaimReader
-    from extender.adapters.reflector import Reflector
     from extender.model.dra import DRIVER
+    from gpusched_runtime.reflector import Reflector
 
     dra = state.attach_dra()
     resource = client.ResourceV1Api(api)

@@ -106,7 +106,7 @@ def _warm_imports() -> None:
     alone take seconds on a busy node), so the takeover spends its time relisting, not importing."""
     import importlib
 
-    for module in ("kubernetes.client", "extender.adapters.reflector", "extender.adapters.events",
+    for module in ("kubernetes.client", "gpusched_runtime.reflector", "extender.adapters.events",
                    "extender.adapters.requeue", "extender.adapters.ingest_process", "extender.adapters.telemetry_server",
                    "extender.adapters.token_review", "extender.adapters.scheduling_server",
                    "extender.adapters.claim_templates", "extender.adapters.dra", "extender.service.plugin",

@@ -1,70 +1,28 @@
 """Typed, validated settings of the extender process, and the one definition its command line is
-generated from (as vLLM derives its CLI from its config classes).
+generated from (``gpusched_runtime.settings``, as vLLM derives its CLI from its config classes).
 
 Each field of :class:`Settings` carries everything about one setting: its type and default, its
 help text (the docstring under it), its bounds (pydantic ``Field``), and, where the defaults don't
-fit, a :class:`Flag` (the flag's name, its parser, e.g. durations). ``__main__`` builds its
-argparse parser from :func:`options` and the settings from the parsed flags, so a setting cannot
-exist in one place and be forgotten in the other. Built once at startup; a bad value fails
-startup with a :class:`SettingsError` whose message starts with the field's name.
+fit, a :class:`~gpusched_runtime.settings.Flag` (the flag's name, its parser, e.g. durations).
+``__main__`` builds its argparse parser from the fields and the settings from the parsed flags, so
+a setting cannot exist in one place and be forgotten in the other. Built once at startup; a bad
+value fails startup with a :class:`~gpusched_runtime.settings.SettingsError` whose message starts
+with the field's name.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import types
-import typing
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
+from pydantic import Field, model_validator
 from pydantic.functional_validators import AfterValidator
 
 from extender.model.gang import BarrierTiming
 from extender.service.leadership import ElectionTiming
+from gpusched_runtime.settings import SettingsError, SettingsModel, duration_flag
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
-
-
-class SettingsError(Exception):
-    """A setting is invalid; the message starts with the field's name and says what to fix.
-
-    Not a ``ValueError``: pydantic would wrap one raised from a validator into its own error."""
-
-
-def parse_seconds(text: str) -> float:
-    """A duration as kube-scheduler's config writes it ("60s", "1m", "1500ms") or plain seconds.
-    Raises ``ValueError`` naming the text; the range is checked by the field, not here."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
-    number, unit = text.strip(), "s"
-    for suffix in ("ms", "s", "m"):
-        if number.endswith(suffix):
-            number, unit = number[: -len(suffix)], suffix
-            break
-    try:
-        return float(number) * units[unit]
-    except ValueError:
-        raise ValueError(f"{text!r} is not a duration; write e.g. 60s, 1m or 1500ms") from None
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How a :class:`Settings` field appears on the command line where the defaults don't fit.
-
-    ``name``: the flag (default ``--`` + the field name, dashed); ``parse``: text to value, raising
-    ``ValueError`` with a readable message (default: from the field's type); ``metavar``: the
-    placeholder in ``--help``; ``duration``: the value is seconds and ``--help`` shows it as ``60s``."""
-
-    name: str = ""
-    parse: Callable[[str], Any] | None = None
-    metavar: str = ""
-    duration: bool = False
-
-
-def duration_flag(name: str) -> Flag:
-    """The flag of a seconds field that accepts kube-scheduler's durations (:func:`parse_seconds`)."""
-    return Flag(name=name, parse=parse_seconds, metavar="DURATION", duration=True)
 
 
 def _url_prefix(value: str) -> str:
@@ -93,14 +51,11 @@ def _tier_labels(value: str) -> str:
     return value
 
 
-class Settings(BaseModel):
+class Settings(SettingsModel):
     """The extender's settings: one field per command-line flag (see the module docstring).
 
     Frozen; construction validates every field's bounds and the rules between fields, and raises
     :class:`SettingsError` (never pydantic's ``ValidationError``) naming the first bad field."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
     """address to listen on (the shipped Deployment runs kube-scheduler in the same pod and uses loopback)"""
@@ -238,14 +193,6 @@ class Settings(BaseModel):
     leader_elect_retry_period_s: Annotated[float, Field(gt=0), duration_flag("--leader-elect-retry-period")] = 1.0
     """how often every replica renews, campaigns or looks at the Lease (e.g. 1s)"""
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _name_the_field(cls, data: Any, handler: ModelWrapValidatorHandler[Settings]) -> Settings:
-        try:
-            return handler(data)
-        except ValidationError as exc:
-            raise SettingsError("; ".join(_describe(error) for error in exc.errors())) from None
-
     @model_validator(mode="after")
     def _check_rules_between_fields(self) -> Settings:
         if self.no_kube and (self.kubeconfig or self.token_file):
@@ -316,92 +263,6 @@ class Settings(BaseModel):
     @property
     def verb_prefix(self) -> str:
         return "" if self.url_prefix == "/" else self.url_prefix
-
-
-@dataclass(frozen=True)
-class Option:
-    """One command-line flag, derived from one :class:`Settings` field by :func:`options`.
-
-    ``parse`` is None for a switch (a bool field, False unless the flag is given); ``shown_default``
-    is the default as ``--help`` writes it ("" when there is none worth showing)."""
-
-    field: str
-    flag: str
-    help: str
-    default: Any
-    parse: Callable[[str], Any] | None
-    choices: tuple[str, ...] | None
-    metavar: str
-    shown_default: str
-
-
-def options() -> tuple[Option, ...]:
-    """Every :class:`Settings` field as a flag, in field order. Raises ``TypeError`` for a field whose
-    flag cannot be derived (no help text, a bool that defaults to True, a type without a parser)."""
-    return tuple(_option(name) for name in Settings.model_fields)
-
-
-def _option(name: str) -> Option:
-    info = Settings.model_fields[name]
-    if not info.description:
-        raise TypeError(f"Settings.{name}: give it a docstring; it is the flag's --help")
-    flag = _flag(name)
-    annotation = _without_none(info.annotation)
-    choices = tuple(typing.get_args(annotation)) if typing.get_origin(annotation) is Literal else None
-    parse = flag.parse
-    if annotation is bool:
-        if info.default is not False:
-            raise TypeError(f"Settings.{name}: a switch must default to False")
-    elif parse is None:
-        parse = _parser_of(annotation, choices)
-        if parse is None:
-            raise TypeError(f"Settings.{name}: no parser for {annotation!r}; give it a Flag(parse=...)")
-    default = info.default
-    unshown = default is None or default is False or default == ""
-    shown = "" if unshown else f"{default:g}s" if flag.duration else str(default)
-    return Option(field=name, flag=_flag_name(name), help=info.description, default=default, parse=parse,
-                  choices=choices, metavar=flag.metavar, shown_default=shown)
-
-
-def _flag(name: str) -> Flag:
-    return next((m for m in Settings.model_fields[name].metadata if isinstance(m, Flag)), Flag())
-
-
-def _flag_name(name: str) -> str:
-    return _flag(name).name or "--" + name.replace("_", "-")
-
-
-def _parser_of(annotation: Any, choices: tuple[str, ...] | None) -> Callable[[str], Any] | None:
-    """The parser a field's type implies: int, float and str (choices are strings); None for any other."""
-    if choices is not None or annotation is str:
-        return str
-    if annotation is int:
-        return int
-    if annotation is float:
-        return float
-    return None
-
-
-def _without_none(annotation: Any) -> Any:
-    """``str | None`` -> ``str``: an optional setting is parsed as its type (the default is None)."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0]
-    return annotation
-
-
-def _describe(error: Any) -> str:
-    """One pydantic error as ``field (--flag): must be ..., got VALUE``."""
-    field = ".".join(str(part) for part in error["loc"]) or "settings"
-    if error["type"] == "extra_forbidden":
-        return f"{field}: not a setting"
-    if error["type"] == "value_error":
-        what = str(error["ctx"]["error"])
-    else:
-        what = str(error["msg"]).replace("Input should be", "must be", 1)
-    flag = f" ({_flag_name(field)})" if field in Settings.model_fields else ""
-    return f"{field}{flag}: {what}, got {error['input']!r}"
 
 
 def _is_loopback(host: str) -> bool:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpusched_runtime.backoff import Backoff
+
 log = logging.getLogger("gpusched.token-minter")
 
 
@@ -68,16 +70,16 @@ def run(request: Callable[[], tuple[str, float]], out: Path, stop: threading.Eve
         clock: Callable[[], float] = time.monotonic, also: dict[str, str] | None = None) -> None:
     """Mint, write ``out`` (and ``also``: file name -> text, beside it), sleep until ``renew_at``
     of the lifetime, repeat, until ``stop``."""
-    backoff = backoff_initial_s
+    backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=0.0)  # one token, one client: no herd to spread
     while not stop.is_set():
         try:
             token, lifetime = request()
         except Exception as exc:  # the apiserver may be away; the current token is still valid
-            log.warning("minting a token failed (retrying in %.0fs): %s", backoff, exc)
-            stop.wait(backoff)
-            backoff = min(backoff * 2, backoff_max_s)
+            wait_s = backoff.next_s()
+            log.warning("minting a token failed (retrying in %.0fs): %s", wait_s, exc)
+            stop.wait(wait_s)
             continue
-        backoff = backoff_initial_s
+        backoff.reset()
         for name, text in (also or {}).items():
             write_atomically(out.parent / name, text)
         write_atomically(out, token)

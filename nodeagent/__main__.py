@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             config.load_kube_config(config_file=args.kubeconfig)
         else:
             config.load_incluster_config()
-        from extender.adapters.reflector import Reflector
+        from gpusched_runtime.reflector import Reflector
         from nodeagent.kube import InventoryPublisher, NodePods, inventory_patcher
 
         core = client.CoreV1Api()

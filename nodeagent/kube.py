@@ -2,7 +2,7 @@
 in DRA mode, its ResourceSlice.
 
 - :class:`NodePods` keeps the pods bound to this node, fed by a list+watch with the field selector
-  ``spec.nodeName=<node>`` (the extender's reflector): one LIST at start and on ``410 Gone``, then
+  ``spec.nodeName=<node>`` (``gpusched_runtime.reflector``): one LIST at start and on ``410 Gone``, then
   events — not a LIST every period (5,000 agents at 1 s were 5,000 LISTs a second).
 - :class:`InventoryPublisher` writes the ``gpusched.io/gpu-inventory`` annotation from a thread of
   its own, newest value first, each call with a timeout: a hung apiserver delays the annotation,
@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from extender.model.inventory import INVENTORY_ANNOTATION
+from gpusched_runtime.backoff import Backoff
 from nodeagent.dra.slices import DRIVER, SliceDevice, next_slice, slice_object
 
 log = logging.getLogger("gpusched.nodeagent.kube")
@@ -77,7 +78,8 @@ class InventoryPublisher(Generic[T]):
         self._written: T = initial
         self._force = False  # write the wanted value again though it was written (rewrite())
         self._what = what
-        self._backoff = (backoff_initial_s, backoff_max_s)
+        # One writer per node for its own object: the next try's time is logged exactly.
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s, jitter=0.0)
         self.last_error = ""
         self.published_at = ""
         threading.Thread(target=self._run, name=f"publisher {what}", daemon=True).start()
@@ -97,7 +99,7 @@ class InventoryPublisher(Generic[T]):
                 self._cond.notify()
 
     def _run(self) -> None:
-        delay = self._backoff[0]
+        backoff = self._backoff
         while True:
             with self._cond:
                 while self._wanted == self._written and not self._force:
@@ -107,11 +109,11 @@ class InventoryPublisher(Generic[T]):
                 self._patch(text)
             except Exception as exc:  # retried with backoff; reports go on meanwhile
                 self.last_error = str(exc)
-                log.warning("publishing %s failed (retrying in %.0fs): %s", self._what, delay, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, self._backoff[1])
+                wait_s = backoff.next_s()
+                log.warning("publishing %s failed (retrying in %.0fs): %s", self._what, wait_s, exc)
+                time.sleep(wait_s)
                 continue
-            delay = self._backoff[0]
+            backoff.reset()
             self.last_error = ""
             self.published_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with self._cond:
@@ -202,7 +204,7 @@ class ResourceSliceWriter:
 
 
 class SliceWatch:
-    """The watch handler (``extender.adapters.reflector.Handler``) of this node's gpusched
+    """The watch handler (``gpusched_runtime.reflector.Handler``) of this node's gpusched
     ResourceSlices: when the slice the writer holds (``held()``) is deleted by someone else,
     ``republish()`` runs, so the node is not left without devices.
 

@@ -53,6 +53,7 @@ from prometheus_client.registry import Collector
 from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer, start_grpc_server
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
 from extender.service.telemetry import TokenIdentity
+from gpusched_runtime.backoff import Backoff
 
 log = logging.getLogger("gpusched.extender.ingest")
 
@@ -303,7 +304,8 @@ class IngestProcess:
         self._pods_gone = pods_gone
         self._spawn = spawn
         self._start_timeout_s = start_timeout_s
-        self._backoff_s = backoff_s
+        # One child to restart, by one parent: no herd to spread, and the log says when it comes back.
+        self._backoff = Backoff(*backoff_s, jitter=0.0)
         self._check_every_s = check_pods_every_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -354,7 +356,7 @@ class IngestProcess:
 
     # -- the link thread ------------------------------------------------------------------------
     def _supervise(self) -> None:
-        backoff = self._backoff_s[0]
+        backoff = self._backoff
         first = True
         while not self._stopping.is_set():
             child, problem = self._launch()
@@ -363,7 +365,7 @@ class IngestProcess:
                     self._start_error = problem
                     self._started.set()
                     return
-                self._down(f"{problem}; retrying in {backoff:g}s (restart {self.restarts})")
+                self._down(f"{problem}; retrying in {backoff.delay_s:g}s (restart {self.restarts})")
             else:
                 first = False
                 self._started.set()
@@ -382,13 +384,12 @@ class IngestProcess:
                     return
                 uptime = self._clock() - began
                 if uptime > 60.0:
-                    backoff = self._backoff_s[0]
+                    backoff.reset()
                 self._down(f"the telemetry ingest process (pid {child.pid}) exited with {describe_exit(code)} after "
-                           f"{uptime:.0f}s; its log is above in this process's output; restarting in {backoff:g}s "
+                           f"{uptime:.0f}s; its log is above in this process's output; restarting in {backoff.delay_s:g}s "
                            f"(restart {self.restarts + 1})")
-            if self._stopping.wait(backoff):
+            if self._stopping.wait(backoff.next_s()):
                 return
-            backoff = min(backoff * 2, self._backoff_s[1])
             self.restarts += 1
 
     def _down(self, reason: str) -> None:

@@ -1,6 +1,6 @@
 """The cluster as gpusched sees it: nodes and GPU-holding pods from the watch, and the ledger.
 
-The reflectors (``extender.adapters.reflector``) feed :attr:`ClusterState.nodes` and
+The reflectors (``gpusched_runtime.reflector``) feed :attr:`ClusterState.nodes` and
 :attr:`ClusterState.pods`; requests call :meth:`ClusterState.snapshot` and get a frozen
 :class:`~extender.model.snapshot.ClusterSnapshot` — rebuilt only when a node changed in a way
 that matters, paired with the ledger's current view.

@@ -24,7 +24,6 @@ Contract:
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import grpc
 
+from gpusched_runtime.backoff import Backoff
 from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 # A ping every 5 s on an open stream, the connection dropped when one goes unanswered for 5 s.
@@ -74,8 +74,7 @@ class Publisher:
         self._token_file = token_file
         self._tls_ca = tls_ca_pem
         self._server_name = tls_server_name
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self.status = PublisherStatus()
         self._stop = threading.Event()
         self._sequence = 0
@@ -112,7 +111,7 @@ class Publisher:
 
     def run(self) -> None:
         """Blocks until ``stop()``; never raises for network or auth trouble."""
-        backoff = self._backoff_initial_s
+        backoff = self._backoff
         while not self._stop.is_set():
             channel = None
             try:
@@ -124,7 +123,7 @@ class Publisher:
                     self.status.acks += 1
                     self.status.ack_every = ack.ack_every
                     self.status.last_ack_at = time.monotonic()
-                    backoff = self._backoff_initial_s
+                    backoff.reset()
                     if self._stop.is_set():
                         responses.cancel()
                         break
@@ -137,11 +136,11 @@ class Publisher:
                     self.status.rotations += 1
                     log.info("the extender ended the stream (%s); reconnecting with the current token",
                              trailers["gpusched-reconnect"])
-                    backoff = 0.0  # at once: the token file already holds the rotated token
+                    backoff.immediately()  # the token file already holds the rotated token
                 elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     self.status.last_refusal = message
                     log.error("extender refused the telemetry stream: %s", message)
-                    backoff = max(backoff, 5.0)
+                    backoff.at_least(5.0)
                 elif code != grpc.StatusCode.CANCELLED:
                     log.warning("telemetry stream to %s failed: %s", self.target, message)
                 self.status.last_error = message
@@ -155,6 +154,5 @@ class Publisher:
             if self._stop.is_set():
                 return
             self.status.reconnects += 1
-            if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
+            if self._stop.wait(backoff.next_s()):
                 return
-            backoff = min(max(backoff * 2, self._backoff_initial_s), self._backoff_max_s)

@@ -1,13 +1,17 @@
 """Issue 17: the pure decision core keeps no mutable state at module level. A module-level cache
 is shared by every decider in the process (tests, benchmarks, the coming plugin service), and
 answers leak between them; state with a lifetime belongs to an object (the framework, the
-decider, the snapshot). Constant tables are frozen (frozenset, MappingProxyType, tuples)."""
+decider, the snapshot). Constant tables are frozen (frozenset, MappingProxyType, tuples).
+
+Issue 41: the same holds for the runtime package every program imports (``gpusched_runtime``): a
+module-level value there would be shared by the extender's and the agent's objects alike."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import importlib
+import logging
 import pkgutil
 import re
 import struct
@@ -20,6 +24,7 @@ import pytest
 import extender.framework
 import extender.model
 import extender.plugins
+import gpusched_runtime
 
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range, types.MappingProxyType,
              enum.Enum, re.Pattern, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type,
@@ -49,6 +54,24 @@ def test_the_module_holds_no_mutable_value(module):
     found = {name: type(value).__name__ for name, value in vars(importlib.import_module(module)).items()
              if not name.startswith("__") and mutable(value)}
     assert not found, f"{module} holds mutable module-level state {found}: move it onto the object that owns its lifetime"
+
+
+def runtime_modules():
+    for info in pkgutil.walk_packages(gpusched_runtime.__path__, gpusched_runtime.__name__ + "."):
+        yield info.name
+
+
+@pytest.mark.parametrize("module", sorted(runtime_modules()))
+def test_the_runtime_module_holds_no_mutable_value(module):
+    # A module's logger is allowed: it is an entry of the logging module's registry, configured by
+    # the program (its level, its handlers), not state this module keeps.
+    found = {name: type(value).__name__ for name, value in vars(importlib.import_module(module)).items()
+             if not name.startswith("__") and mutable(value) and not isinstance(value, logging.Logger)}
+    assert not found, f"{module} holds mutable module-level state {found}: move it onto the object that owns its lifetime"
+
+
+def test_the_runtime_package_is_checked():
+    assert {"gpusched_runtime.backoff", "gpusched_runtime.reflector", "gpusched_runtime.settings"} <= set(runtime_modules())
 
 
 def test_the_check_catches_a_module_level_cache():

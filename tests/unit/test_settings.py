@@ -9,7 +9,8 @@ import argparse
 import pytest
 
 from extender.__main__ import build_parser, main, parse_args, settings_from
-from extender.settings import Settings, SettingsError, options, parse_seconds
+from extender.settings import Settings
+from gpusched_runtime.settings import SettingsError, options, parse_seconds
 
 # The flags manifests/, the Helm chart, devcluster/ and the tests pass: renaming one breaks them.
 PUBLISHED_FLAGS = {
@@ -185,7 +186,7 @@ def test_malformed_flags_are_usage_errors(argv, needle, capsys):
 
 
 def test_each_option_knows_its_field():
-    by_field = {o.field: o for o in options()}
+    by_field = {o.field: o for o in options(Settings)}
     assert by_field["telemetry_period_s"].shown_default == "1s" and by_field["telemetry_period_s"].metavar == "DURATION"
     assert by_field["log_level"].choices == ("critical", "error", "warning", "info", "debug")
     assert by_field["no_kube"].parse is None and by_field["kubeconfig"].shown_default == ""

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from kubernetes.client.rest import ApiException
 
-from extender.adapters.reflector import Reflector
+from gpusched_runtime.reflector import Reflector
 
 
 @dataclass
@@ -134,7 +134,7 @@ def test_backoff_grows_and_is_capped():
 def test_relists_are_counted_by_reason_and_exported(steps, relists):
     from prometheus_client import CollectorRegistry
 
-    from extender.adapters.reflector import count_relists
+    from gpusched_runtime.reflector import count_relists
 
     done = threading.Event()
     reflector = Reflector("pods", Script(steps, done), Recorder(), backoff_initial_s=0.001, backoff_max_s=0.002)

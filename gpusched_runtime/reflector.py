@@ -6,17 +6,20 @@ Contract (what client-go's reflector guarantees, and what the ledger relies on):
 - ``handler.apply(event_type, obj)`` for each ADDED / MODIFIED / DELETED event after that list;
 - a watch that ends is resumed from the last seen resourceVersion (bookmarks keep it fresh);
   ``410 Gone`` (the version is compacted away) means relist; any other failure is retried with
-  jittered exponential backoff, so a flapping apiserver is not hammered.
+  jittered exponential backoff (:class:`gpusched_runtime.backoff.Backoff`), so a flapping apiserver
+  is not hammered.
 Each successful list is counted by why it ran (``relists``: ``start``, the first; ``gone``, after a
 410), and :func:`count_relists` exports the counts, so a forced expiry can be seen to have happened.
 Objects are plain dicts of the resource's JSON (parsed with orjson): the decision core reads
 dicts and nothing here pays for the generated client models.
+
+Shared by the extender (nodes, pods, gangs, DRA objects) and the node agent (its node's pods and
+ResourceSlice), so it lives in the runtime package both import, not in either program.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,7 +32,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-log = logging.getLogger("gpusched.extender.reflector")
+from gpusched_runtime.backoff import Backoff
+
+log = logging.getLogger("gpusched.runtime.reflector")
 
 
 class Handler(Protocol):
@@ -52,8 +57,7 @@ class Reflector:
         self._list_call = list_call
         self._handler = handler
         self._watch_timeout_s = watch_timeout_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)  # here, so bad bounds fail the caller
         self._list_kwargs = dict(list_kwargs or {})
         self.synced = threading.Event()
         self.last_error: str = ""
@@ -70,7 +74,7 @@ class Reflector:
         self._stop.set()
 
     def _run(self) -> None:
-        backoff = self._backoff_initial_s
+        backoff = self._backoff
         resource_version: str | None = None
         reason = "start"  # why the next list runs
         while not self._stop.is_set():
@@ -79,17 +83,17 @@ class Reflector:
                     resource_version = self._list(reason)
                 for event_version in self._watch(resource_version):
                     resource_version = event_version
-                    backoff = self._backoff_initial_s  # events flowing: the connection is healthy
+                    backoff.reset()  # events flowing: the connection is healthy
             except _Gone:
                 log.info("%s watch: resourceVersion %s is gone (410); relisting", self.kind, resource_version)
                 resource_version, reason = None, "gone"
                 continue
             except Exception as exc:  # apiserver down, network, bad JSON: retry, never die
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("%s list/watch failed (%s); retrying in about %.1fs", self.kind, self.last_error, backoff)
-                if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
+                log.warning("%s list/watch failed (%s); retrying in about %.1fs", self.kind, self.last_error,
+                            backoff.delay_s)
+                if self._stop.wait(backoff.next_s()):
                     return
-                backoff = min(backoff * 2, self._backoff_max_s)
 
     def _list(self, reason: str) -> str:
         resp = self._list_call(_preload_content=False, _request_timeout=60, **self._list_kwargs)
