@@ -1,4 +1,11 @@
-"""``python -m nodeagent``: the gpusched node agent (one per GPU node, as a DaemonSet)."""
+"""``python -m nodeagent``: the gpusched node agent (one per GPU node, as a DaemonSet).
+
+``main`` composes the agent: its settings (``nodeagent.settings``, the command line generated from
+them), the GPU reader, the node's Kubernetes edge (unless ``--no-kube``), the agent, the kubelet
+plugins it was asked to serve, the telemetry publisher and the metrics port; then it streams until
+SIGTERM. Exit codes: 2 for a bad setting (the message names the flag), 1 when the GPUs cannot be
+read or the DRA kubelet plugin cannot be served, 0 after SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -9,209 +16,81 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from gpusched_runtime import settings as runtime_settings
+from gpusched_runtime.settings import SettingsError
 from nodeagent.agent import Agent
 from nodeagent.gpu import FakeFleetReader, GpuReader, GpuReaderError, open_reader
+from nodeagent.settings import Settings
 from nodeagent.shares import CgroupOwners, ShareReporter, list_share_holders
 from nodeagent.stream.publisher import Publisher
 
-
-def parse_duration(text: str) -> float:
-    text = text.strip()
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0}
-    for suffix in ("ms", "s", "m"):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * scale[suffix]
-    return float(text)
+PodRef = tuple[str, str, str]  # (namespace, pod, container)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m nodeagent", description="gpusched node agent: GPU truth from NVML, "
-                                "the kubelet and the engines, streamed to the extender.")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="this node (default: $NODE_NAME)")
-    p.add_argument("--gpu-backend", required=True, choices=["nvml", "fake"],
-                   help="nvml: the real GPUs; fake: a fleet file (simulated GPUs, for kind demos and tests). "
-                        "Chosen explicitly: a failing NVML is reported, never replaced by the fake")
-    p.add_argument("--fleet", help="fleet YAML for --gpu-backend fake (see nodeagent/gpu/fleet.py); edits are followed")
-    p.add_argument("--extender", required=True, help="host:port of the extender's telemetry endpoint")
-    p.add_argument("--token-file", help="projected service-account token (audience gpusched); re-read on reconnect")
-    p.add_argument("--tls-ca", help="CA bundle to verify the extender's telemetry certificate (enables TLS)")
-    p.add_argument("--tls-server-name", help="name to verify in the extender's certificate")
-    p.add_argument("--insecure-telemetry", action="store_true",
-                   help="stream without TLS, sending the token in cleartext (loopback tests, a mesh that encrypts); "
-                        "without it, --tls-ca is required whenever --token-file is given")
-    p.add_argument("--period", default="1s", help="reporting period, e.g. 1s, 500ms (default: %(default)s)")
-    p.add_argument("--podresources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
-                   help="the kubelet's PodResources socket (default: %(default)s)")
-    p.add_argument("--proc-root", default="/proc",
-                   help="the host's /proc, to tell GPU processes' pods by their cgroup (run with hostPID, or mount "
-                        "the host's /proc here) (default: %(default)s)")
-    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster) for the inventory annotation and engine discovery")
-    p.add_argument("--no-kube", action="store_true", help="do not publish the inventory or discover engines")
-    p.add_argument("--device-plugin", action="store_true",
-                   help="also serve the kubelet's device plugin API for nvidia.com/gpu: containers get exactly the "
-                        "GPUs gpusched chose (keep NVIDIA's device plugin off this node)")
-    p.add_argument("--device-list-strategy", default="envvar", choices=["envvar", "cdi-cri", "cdi-annotations"],
-                   help="how Allocate names the devices: NVIDIA_VISIBLE_DEVICES (the NVIDIA container runtime), or "
-                        "CDI names nvidia.com/gpu=<uuid> in the CRI field or an annotation (default: %(default)s)")
-    p.add_argument("--share-slots-per-gpu", type=int, default=0, metavar="K",
-                   help="with --device-plugin, also serve gpusched.io/gpu-share: K share slots per whole non-MIG "
-                        "GPU, for engines that share one GPU within their gpusched.io/gpu-memory (a GPU is never "
-                        "handed out whole and shared at once); 0: off (default: %(default)s)")
-    p.add_argument("--dra", action="store_true",
-                   help="DRA mode (first step): publish this node's ResourceSlice for the gpu.gpusched.io driver "
-                        "(one device per GPU and per MIG instance, with NVLink islands and foreign-memory taints), "
-                        "so kube-scheduler allocates ResourceClaims from it; needs the Kubernetes API (not --no-kube)")
-    p.add_argument("--dra-taint-free-below", type=float, default=0.9, metavar="SHARE",
-                   help="with --dra, taint a device gpu.gpusched.io/foreign-memory (NoSchedule) while memory no pod "
-                        "holds leaves less than this share of it free; 0: never (default: %(default)s)")
-    p.add_argument("--dra-kubelet-plugin", action="store_true",
-                   help="with --dra, also serve the kubelet's DRA plugin API v1 for gpu.gpusched.io: register under "
-                        "<kubelet-root>/plugins_registry, prepare exactly the devices kube-scheduler allocated to a "
-                        "claim (a CDI spec in --cdi-dir per claim; the runtime must apply CDI) and unprepare them "
-                        "when its pods are gone; needs get on resourceclaims")
-    p.add_argument("--kubelet-root", default="/var/lib/kubelet",
-                   help="the kubelet's root folder (its --root-dir), holding plugins_registry and plugins "
-                        "(default: %(default)s)")
-    p.add_argument("--cdi-dir", default="/var/run/cdi",
-                   help="where --dra-kubelet-plugin writes CDI specs; one of the runtime's cdi_spec_dirs "
-                        "(default: %(default)s)")
-    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
-                   help="the kubelet's device plugin folder (default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=9400, help="port for /metrics and /healthz (0: off)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p.parse_args(argv)
+class StartupError(Exception):
+    """The agent cannot start; the message says what failed (exit 1)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, generated from :class:`Settings` (one flag per field, ``dest`` its name)."""
+    return runtime_settings.build_parser(
+        Settings, prog="python -m nodeagent",
+        description="gpusched node agent: GPU truth from NVML, the kubelet and the engines, streamed to the extender.")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags in ``argv`` (default: ``sys.argv``); exits 2 with the usage on a malformed one."""
+    return build_parser().parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings the parsed flags name; raises ``SettingsError`` naming the first bad one."""
+    return runtime_settings.settings_from(Settings, args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.node_name:
-        print("gpusched node agent: --node-name (or $NODE_NAME from the downward API) is required", file=sys.stderr)
-        return 2
-    if args.gpu_backend == "fake" and not args.fleet:
-        print("gpusched node agent: --gpu-backend fake needs --fleet FILE", file=sys.stderr)
-        return 2
     try:
-        period = parse_duration(args.period)
-        if period <= 0:
-            raise ValueError
-    except ValueError:
-        print(f"gpusched node agent: --period {args.period!r} is not a positive duration (e.g. 1s, 500ms)", file=sys.stderr)
+        settings = settings_from(parse_args(argv))
+    except SettingsError as exc:
+        print(f"gpusched node agent: invalid setting: {exc}", file=sys.stderr)
         return 2
-    if args.share_slots_per_gpu < 0 or (args.share_slots_per_gpu and not args.device_plugin):
-        print(f"gpusched node agent: --share-slots-per-gpu {args.share_slots_per_gpu}: must be >= 0, and needs "
-              "--device-plugin (the same plugin must hand out whole GPUs, or one GPU could go whole and shared)",
-              file=sys.stderr)
-        return 2
-    if args.dra and args.no_kube:
-        print("gpusched node agent: --dra publishes a ResourceSlice through the Kubernetes API; drop --no-kube",
-              file=sys.stderr)
-        return 2
-    if args.dra_kubelet_plugin and not args.dra:
-        print("gpusched node agent: --dra-kubelet-plugin prepares the devices of the --dra driver's ResourceSlice; "
-              "add --dra", file=sys.stderr)
-        return 2
-    if not 0.0 <= args.dra_taint_free_below <= 1.0:
-        print(f"gpusched node agent: --dra-taint-free-below {args.dra_taint_free_below}: must be a share within 0..1 "
-              "(0.9: taint while less than 90 % of a device is free)", file=sys.stderr)
-        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        reader = open_reader(args.gpu_backend, args.fleet, node_name=args.node_name)
-        reader.read()
-    except (GpuReaderError, OSError, ValueError) as exc:
-        print(f"gpusched node agent: cannot read GPUs with the {args.gpu_backend} backend: {exc}", file=sys.stderr)
+        return _run(settings)
+    except StartupError as exc:
+        print(f"gpusched node agent: {exc}", file=sys.stderr)
         return 1
 
-    def assignments() -> dict[str, tuple[str, str, str]]:
-        if os.path.exists(args.podresources_socket):
-            from nodeagent.podresources import list_assignments
 
-            return dict(list_assignments(args.podresources_socket))  # a PodRef is a (ns, pod, container) tuple
-        if isinstance(reader, FakeFleetReader):
-            # The fleet's pod processes stand in for the kubelet, share slots included as it lists them.
-            return {**reader.assignments(), **reader.share_holders()}
-        raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
-
-    publish = list_pods = publish_slice = read_claim = None
-    republish_slice = lambda: None  # noqa: E731  # after the kubelet (re)registers the DRA plugin
-    fresh_pods = lambda: []  # noqa: E731  # the node's pods from a new list (device plugin mode)
-    if not args.no_kube:
-        from kubernetes import client, config
-
-        if args.kubeconfig:
-            config.load_kube_config(config_file=args.kubeconfig)
-        else:
-            config.load_incluster_config()
-        from gpusched_runtime.reflector import Reflector
-        from nodeagent.kube import InventoryPublisher, NodePods, inventory_patcher
-
-        core = client.CoreV1Api()
-        publish = InventoryPublisher(inventory_patcher(core, args.node_name)).publish
-        if args.dra:
-            from nodeagent.kube import ResourceSliceWriter
-
-            slices_api = client.ResourceV1Api()
-            writer = ResourceSliceWriter(slices_api, core, args.node_name)
-            slice_publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice")
-            publish_slice = slice_publisher.publish
-
-            def republish_slice() -> None:
-                writer.relist()
-                slice_publisher.rewrite()
-
-            from nodeagent.dra.slices import DRIVER
-            from nodeagent.kube import SliceWatch
-
-            # the kubelet's start-up wipe may land after the re-publish on registration: see SliceWatch
-            Reflector("resourceslices", slices_api.list_resource_slice,
-                      SliceWatch(lambda: writer.held_name, republish_slice),
-                      list_kwargs={"field_selector": f"spec.nodeName={args.node_name},spec.driver={DRIVER}"}).start()
-        if args.dra_kubelet_plugin:
-            from nodeagent.kube import claim_reader
-
-            read_claim = claim_reader(client.ResourceV1Api())
-        node_pods = NodePods()
-        Reflector("pods", core.list_pod_for_all_namespaces, node_pods,
-                  list_kwargs={"field_selector": f"spec.nodeName={args.node_name}"}).start()
-        list_pods = node_pods.pods
-
-        def fresh_pods() -> list:
-            listed = core.api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={args.node_name}", _request_timeout=5))
-            return cast(dict[str, Any], listed)["items"]  # a V1PodList serializes to a mapping
-
-    agent = Agent(args.node_name, reader, args.gpu_backend, period, assignments=assignments,
-                  publish_inventory=publish, list_node_pods=list_pods,
-                  shares=_share_reporter(args, reader, list_pods).usage, publish_slice=publish_slice,
-                  taint_free_below=args.dra_taint_free_below)
-    runners = _start_device_plugins(args, agent, assignments, list_pods, fresh_pods) if args.device_plugin else []
-    if args.dra and not args.device_plugin:  # the slice follows the GPUs whether or not the extender is up
+def _run(settings: Settings) -> int:
+    """Build every collaborator from ``settings``, then stream until SIGTERM."""
+    reader = _open_gpus(settings)
+    assignments = _assignments(settings, reader)
+    kube = _connect_kube(settings) if not settings.no_kube else KubeEdge()
+    agent = Agent(settings.node_name, reader, settings.gpu_backend, settings.period_s, assignments=assignments,
+                  publish_inventory=kube.publish_inventory, list_node_pods=kube.list_pods,
+                  shares=_share_reporter(settings, reader, kube.list_pods).usage, publish_slice=kube.publish_slice,
+                  taint_free_below=settings.dra_taint_free_below)
+    runners = _start_device_plugins(settings, agent, assignments, kube) if settings.device_plugin else []
+    if settings.dra and not settings.device_plugin:  # the slice follows the GPUs whether or not the extender is up
         agent.refresh_units()
         agent.start_unit_refresher(threading.Event())
-    dra_runner = None
-    if read_claim is not None:
-        try:
-            dra_runner = _start_dra_plugin(args, agent, read_claim, republish_slice)
-        except Exception as exc:  # a corrupt checkpoint, a folder it cannot write: say so, do not serve
-            print(f"gpusched node agent: cannot serve the DRA kubelet plugin: {exc}", file=sys.stderr)
-            return 1
-    plugin_runner = runners[0] if runners else None
-    ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
-    try:
-        publisher = Publisher(args.extender, agent.report, period_s=period, token_file=args.token_file, tls_ca_pem=ca,
-                              tls_server_name=args.tls_server_name, insecure=args.insecure_telemetry)
-    except ValueError as exc:
-        print(f"gpusched node agent: {exc}", file=sys.stderr)
-        return 2
+    dra_runner = (_start_dra_plugin(settings, agent, kube.read_claim, kube.republish_slice)
+                  if kube.read_claim is not None else None)
+    ca = open(settings.tls_ca, "rb").read() if settings.tls_ca else None
+    publisher = Publisher(settings.extender, agent.report, period_s=settings.period_s, token_file=settings.token_file,
+                          tls_ca_pem=ca, tls_server_name=settings.tls_server_name,
+                          insecure=settings.insecure_telemetry)
     stop = threading.Event()
     agent.start_engine_scraper(stop)
-    if args.metrics_port:
-        _serve_metrics(args.metrics_port, agent, publisher, plugin_runner.plugin if plugin_runner else None,
+    if settings.metrics_port:
+        _serve_metrics(settings.metrics_port, agent, publisher, runners[0].plugin if runners else None,
                        runners[1].plugin if len(runners) > 1 else None)
 
     def shutdown(*_):
@@ -228,22 +107,119 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _share_reporter(args: argparse.Namespace, reader: GpuReader,
+def _open_gpus(settings: Settings) -> GpuReader:
+    """The chosen GPU backend, read once: a backend that cannot read fails startup, never later."""
+    try:
+        reader = open_reader(settings.gpu_backend, settings.fleet, node_name=settings.node_name)
+        reader.read()
+    except (GpuReaderError, OSError, ValueError) as exc:
+        raise StartupError(f"cannot read GPUs with the {settings.gpu_backend} backend: {exc}") from None
+    return reader
+
+
+def _assignments(settings: Settings, reader: GpuReader) -> Callable[[], dict[str, PodRef]]:
+    """Which pod's container holds each device: the kubelet's PodResources answer; without its
+    socket, the fake fleet's pod processes stand in for it (share slots included, as it lists them)."""
+    def assignments() -> dict[str, PodRef]:
+        if os.path.exists(settings.podresources_socket):
+            from nodeagent.podresources import list_assignments
+
+            return dict(list_assignments(settings.podresources_socket))
+        if isinstance(reader, FakeFleetReader):
+            return {**reader.assignments(), **reader.share_holders()}
+        raise RuntimeError(f"no PodResources socket at {settings.podresources_socket}")
+    return assignments
+
+
+def _no_pods() -> list[dict[str, Any]]:
+    return []
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class KubeEdge:
+    """What the agent reads and writes through the Kubernetes API (``nodeagent.kube``); with
+    ``--no-kube`` none of it: no inventory, no pod list, no slice, no claims."""
+
+    publish_inventory: Callable[[str], None] | None = None
+    list_pods: Callable[[], list[dict[str, Any]]] | None = None  # this node's pods, from the watch
+    fresh_pods: Callable[[], list[dict[str, Any]]] = _no_pods  # from a new list (device plugin mode)
+    publish_slice: Callable[[Any], None] | None = None  # --dra
+    republish_slice: Callable[[], None] = _nothing  # after the kubelet (re)registers the DRA plugin
+    read_claim: Callable[..., Any] | None = None  # --dra-kubelet-plugin
+
+
+def _connect_kube(settings: Settings) -> KubeEdge:
+    """The node's Kubernetes edge: the inventory publisher, the watch of this node's pods and, with
+    ``--dra``, the ResourceSlice writer (rewritten whenever the kubelet wipes it) and the claim reader."""
+    from kubernetes import client, config
+
+    from gpusched_runtime.reflector import Reflector
+    from nodeagent.kube import InventoryPublisher, NodePods, inventory_patcher
+
+    if settings.kubeconfig:
+        config.load_kube_config(config_file=settings.kubeconfig)
+    else:
+        config.load_incluster_config()
+    node = settings.node_name
+    core = client.CoreV1Api()
+    publish_slice = read_claim = None
+    republish_slice = _nothing
+    if settings.dra:
+        from nodeagent.dra.slices import DRIVER
+        from nodeagent.kube import ResourceSliceWriter, SliceWatch
+
+        slices_api = client.ResourceV1Api()
+        writer = ResourceSliceWriter(slices_api, core, node)
+        slice_publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice")
+        publish_slice = slice_publisher.publish
+
+        def republish_slice() -> None:
+            writer.relist()
+            slice_publisher.rewrite()
+
+        # the kubelet's start-up wipe may land after the re-publish on registration: see SliceWatch
+        Reflector("resourceslices", slices_api.list_resource_slice,
+                  SliceWatch(lambda: writer.held_name, republish_slice),
+                  list_kwargs={"field_selector": f"spec.nodeName={node},spec.driver={DRIVER}"}).start()
+    if settings.dra_kubelet_plugin:
+        from nodeagent.kube import claim_reader
+
+        read_claim = claim_reader(client.ResourceV1Api())
+    node_pods = NodePods()
+    Reflector("pods", core.list_pod_for_all_namespaces, node_pods,
+              list_kwargs={"field_selector": f"spec.nodeName={node}"}).start()
+
+    def fresh_pods() -> list[dict[str, Any]]:
+        listed = core.api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _request_timeout=5))
+        return cast(dict[str, Any], listed)["items"]  # a V1PodList serializes to a mapping
+
+    return KubeEdge(publish_inventory=InventoryPublisher(inventory_patcher(core, node)).publish,
+                    list_pods=node_pods.pods, fresh_pods=fresh_pods, publish_slice=publish_slice,
+                    republish_slice=republish_slice, read_claim=read_claim)
+
+
+def _share_reporter(settings: Settings, reader: GpuReader,
                     list_pods: Callable[[], list[dict[str, Any]]] | None) -> ShareReporter:
     """Each GPU sharer's use: slot holders from the kubelet (the fleet file's stand-in without
     one), owners from the host's cgroups (the fleet file's word for the fake backend's PIDs)."""
     def holders() -> dict[str, tuple[str, str, str]]:
-        if os.path.exists(args.podresources_socket):
-            return dict(list_share_holders(args.podresources_socket))
+        if os.path.exists(settings.podresources_socket):
+            return dict(list_share_holders(settings.podresources_socket))
         if isinstance(reader, FakeFleetReader):
             return reader.share_holders()
-        raise RuntimeError(f"no PodResources socket at {args.podresources_socket}")
+        raise RuntimeError(f"no PodResources socket at {settings.podresources_socket}")
 
-    owners = reader if isinstance(reader, FakeFleetReader) else CgroupOwners(args.proc_root)
+    owners = reader if isinstance(reader, FakeFleetReader) else CgroupOwners(settings.proc_root)
     return ShareReporter(holders, owners, list_pods)
 
 
-def _start_device_plugins(args: argparse.Namespace, agent: Agent, assignments, list_pods, fresh_pods) -> list:
+def _start_device_plugins(settings: Settings, agent: Agent, assignments: Callable[[], dict[str, PodRef]],
+                          kube: KubeEdge) -> list:
     """Serve the device plugin (and, with ``--share-slots-per-gpu``, the share plugin): units from
     the agent's own GPU reads (every period, whether or not the extender is reachable), closed
     where the other resource holds the GPU; candidates from the node's pods minus those the
@@ -261,30 +237,32 @@ def _start_device_plugins(args: argparse.Namespace, agent: Agent, assignments, l
                 logging.getLogger("gpusched.nodeagent").warning("PodResources for the device plugin: %s", exc)
                 allocated = set()
             try:
-                pods = fresh_pods() if fresh else (list_pods() if list_pods else [])
+                pods = kube.fresh_pods() if fresh else (kube.list_pods() if kube.list_pods else [])
             except Exception as exc:
                 logging.getLogger("gpusched.nodeagent").warning("listing the node's pods: %s", exc)
                 pods = []
-            return select(pods, args.node_name, allocated)
+            return select(pods, settings.node_name, allocated)
         return pods_waiting
 
-    slots = args.share_slots_per_gpu
+    slots = settings.share_slots_per_gpu
     plugins = [GpuDevicePlugin(lambda: whole_units(agent.units(), agent.held()), waiting(whole_candidates),
-                               strategy=args.device_list_strategy, refresh=agent.refresh_units)]
+                               strategy=settings.device_list_strategy, refresh=agent.refresh_units)]
     if slots:
         plugins.append(SharePlugin(lambda: share_units(agent.units(), slots, agent.held()), waiting(share_candidates),
-                                   strategy=args.device_list_strategy, refresh=agent.refresh_units))
+                                   strategy=settings.device_list_strategy, refresh=agent.refresh_units))
     for plugin in plugins:
         agent.on_units_changed(plugin.changed)
     agent.refresh_units()
     agent.start_unit_refresher(threading.Event())
-    return [PluginRunner(plugin, Path(args.device_plugin_dir)).start() for plugin in plugins]
+    return [PluginRunner(plugin, Path(settings.device_plugin_dir)).start() for plugin in plugins]
 
 
-def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republish_slice) -> Any:
+def _start_dra_plugin(settings: Settings, agent: Agent, read_claim: Callable[..., Any],
+                      republish_slice: Callable[[], None]) -> Any:
     """The kubelet DRA plugin (``nodeagent.dra.server``): the inventory it prepares from is the
     slice's devices at a fresh read, so a device the slice no longer has is never prepared; each
-    registration with the kubelet writes the slice again (a starting kubelet deletes it)."""
+    registration with the kubelet writes the slice again (a starting kubelet deletes it). Raises
+    :class:`StartupError` when it cannot serve (a corrupt checkpoint, a folder it cannot write)."""
     from pathlib import Path
 
     from nodeagent.dra.checkpoint import FILE_NAME, Checkpoint
@@ -299,12 +277,16 @@ def _start_dra_plugin(args: argparse.Namespace, agent: Agent, read_claim, republ
         return {d.name: str(d.attribute("uuid")) for d in devices_of(state)}
 
     def nvidia_names() -> frozenset[str]:  # NVIDIA's CDI devices: only real GPUs have them
-        return read_nvidia_names([Path("/etc/cdi"), Path(args.cdi_dir)]) if args.gpu_backend == "nvml" else frozenset()
+        return (read_nvidia_names([Path("/etc/cdi"), Path(settings.cdi_dir)]) if settings.gpu_backend == "nvml"
+                else frozenset())
 
-    paths = PluginPaths.under(Path(args.kubelet_root))
-    plugin = DraPlugin(read_claim, inventory, node=args.node_name, cdi_dir=Path(args.cdi_dir),
-                       checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME), nvidia_names=nvidia_names)
-    return DraRunner(plugin, paths, on_registered=republish_slice).start()
+    try:
+        paths = PluginPaths.under(Path(settings.kubelet_root))
+        plugin = DraPlugin(read_claim, inventory, node=settings.node_name, cdi_dir=Path(settings.cdi_dir),
+                           checkpoint=Checkpoint(paths.plugin_dir / FILE_NAME), nvidia_names=nvidia_names)
+        return DraRunner(plugin, paths, on_registered=republish_slice).start()
+    except Exception as exc:  # say so, do not serve
+        raise StartupError(f"cannot serve the DRA kubelet plugin: {exc}") from exc
 
 
 def _serve_metrics(port: int, agent: Agent, publisher: Publisher, plugin: Any = None, share_plugin: Any = None) -> None:

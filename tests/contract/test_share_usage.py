@@ -22,7 +22,7 @@ from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServer
 from extender.model.share import SHARE_RESOURCE, slot_id
 from extender.model.telemetry import ShareSample
 from extender.service.telemetry import TelemetryStore, TokenIdentity
-from nodeagent.__main__ import _share_reporter, parse_args
+from nodeagent.__main__ import _share_reporter, parse_args, settings_from
 from nodeagent.agent import Agent
 from nodeagent.gpu import FakeFleetReader
 from nodeagent.podresources import list_assignments
@@ -78,10 +78,10 @@ def running(socket_dir: Path, tmp_path: Path):
     kubelet = PodResourcesTestServer(sock, response_for(
         {slot_id(uuid, 0): ("ml", "a", "vllm"), slot_id(uuid, 1): ("ml", "b", "vllm")}, SHARE_RESOURCE)).start()
     pods = [pod("a", "30Gi"), pod("b", "20Gi")]
-    args = parse_args(["--node-name=n1", "--gpu-backend=fake", f"--fleet={fleet}", "--extender=unused:1",
-                       f"--podresources-socket={sock}", "--no-kube"])
+    settings = settings_from(parse_args(["--node-name=n1", "--gpu-backend=fake", f"--fleet={fleet}",
+                                         "--extender=unused:1", f"--podresources-socket={sock}", "--no-kube"]))
     agent = Agent("n1", reader, "fake", PERIOD_S, assignments=lambda: dict(list_assignments(sock)),
-                  list_node_pods=lambda: pods, shares=_share_reporter(args, reader, lambda: pods).usage)
+                  list_node_pods=lambda: pods, shares=_share_reporter(settings, reader, lambda: pods).usage)
     token = tmp_path / "token"
     token.write_text("pod-bound-token")
     publisher = Publisher(f"127.0.0.1:{server.port}", agent.report, period_s=PERIOD_S, token_file=str(token),
