@@ -2,7 +2,7 @@
 
 Every configuration serves the tiny random-weight model (tests/engine/make_tiny_model.py) with the
 SAME KV-cache budget — deliberately small, so KV pressure decides the outcome — and the same
-workload, sent by the sidecar's own load generator (``engine_sidecar.loadgen``, the one the
+workload, sent by the sidecar's own load generator (``engine_sidecar.calibration.loadgen``, the one the
 measured tune uses): ``REQUESTS`` streamed completions of ``PROMPT_TOKENS`` token-id prompts
 generating exactly ``OUTPUT_TOKENS`` tokens (``ignore_eos``). Two profiles:
 
@@ -49,10 +49,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "engine-sidecar"))
-from engine_sidecar.calibration import DEFAULT_CONFIRM, DEFAULT_REPEATS, median_run  # noqa: E402 (the sidecar's package)
-from engine_sidecar.loadgen import LoadGenerator  # noqa: E402
+from engine_sidecar.calibration.choice import DEFAULT_CONFIRM, DEFAULT_REPEATS, median_run  # noqa: E402 (the sidecar's package)
+from engine_sidecar.calibration.loadgen import LoadGenerator  # noqa: E402
+from engine_sidecar.calibration.workload import Request, Workload  # noqa: E402
 from engine_sidecar.records import DirectoryRecords  # noqa: E402
-from engine_sidecar.workload import Request, Workload  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "engine_sidecar.json"
 KV_BYTES = 2 * 1024 * 1024  # 2,048 float32 tokens of the tiny model = 16 blocks of 128

@@ -14,7 +14,7 @@ flag::
     gpusched tune --snapshot /opt/vllm-0.31/bin/vllm > vllm-0.31.json    # before the upgrade
     gpusched tune --diff vllm-0.31.json /opt/vllm-0.32/bin/vllm           # after
 
-Measured tuning (``engine_sidecar.calibration``, ``engine_sidecar.records``): ``--measure`` runs the
+Measured tuning (``engine_sidecar.calibration.choice``, ``engine_sidecar.records``): ``--measure`` runs the
 sidecar's sweep on the real engine where this runs (the sidecar's own arguments follow it), writes
 the record to ``--records DIR`` and prints it; ``--show`` prints stored records; a record is also a
 ``--diff`` side (the vLLM it was measured on), and ``--diff RECORD NEW --measure ...`` re-measures
@@ -203,8 +203,8 @@ def remeasure(record_file: str, new_vllm: str, sidecar_argv: list[str]) -> tuple
     from pathlib import Path
 
     from engine_sidecar import vllm_snapshot
+    from engine_sidecar.calibration.workload import from_json, to_trace
     from engine_sidecar.records import DirectoryRecords, compare, parse
-    from engine_sidecar.workload import from_json, to_trace
 
     old = parse(Path(record_file).read_bytes(), record_file)
     evidence = old.chosen_trial()

@@ -20,11 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engine_sidecar.calibration import DEFAULT_BUDGET, DEFAULT_CONFIRM, DEFAULT_REPEATS, Objective
+from engine_sidecar.calibration.choice import DEFAULT_BUDGET, DEFAULT_CONFIRM, DEFAULT_REPEATS, Objective
+from engine_sidecar.calibration.measure import SweepResult
+from engine_sidecar.calibration.workload import Workload, load_trace
 from engine_sidecar.errors import InputError, Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
 from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
-from engine_sidecar.measure import SweepResult
 from engine_sidecar.modelinfo import load_model_dir
 from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, check_share_known, read_pod_info
 from engine_sidecar.preflight import plan
@@ -36,7 +37,6 @@ from engine_sidecar.share import SHARE_HEADROOM_BYTES
 from engine_sidecar.startup import StartupClock, own_start_time
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
 from engine_sidecar.vllm_snapshot import installed_version
-from engine_sidecar.workload import Workload, load_trace
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 HTTP_STOP_TIMEOUT_S = 5.0
@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per candidate (default: %(default)s)")
     m.add_argument("--calibrate-concurrency", type=at_least(1),
                    help="clients sending them (default: all at once for batch, 8 otherwise)")
-    m.add_argument("--calibrate-trace", metavar="JSONL", help="a recorded request trace instead (engine_sidecar.workload)")
+    m.add_argument("--calibrate-trace", metavar="JSONL",
+                   help="a recorded request trace instead (engine_sidecar.calibration.workload)")
     m.add_argument("--ttft-p99-limit", type=float, metavar="S", help="latency limit of the pick (interactive default: "
                    "the heuristic's measured TTFT p99)")
     m.add_argument("--itl-p99-limit", type=float, metavar="S", help="likewise for the inter-token latency p99")
@@ -290,8 +291,8 @@ def run_sweep(args: argparse.Namespace, inputs: TuningInputs, heuristic: Tuning,
               workload: Workload, objective: Objective, progress: Any, should_stop: Any, redact: Redactor) -> SweepResult:
     import tempfile
 
-    from engine_sidecar.loadgen import LoadGenerator
-    from engine_sidecar.measure import ProcessEngine, Sweep
+    from engine_sidecar.calibration.loadgen import LoadGenerator
+    from engine_sidecar.calibration.measure import ProcessEngine, Sweep
     from engine_sidecar.readiness import HttpModelsClient
 
     base = probe_url(args)

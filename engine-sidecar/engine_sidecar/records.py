@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine_sidecar.calibration import SWEPT, Choice, Objective, Trial
+from engine_sidecar.calibration.choice import SWEPT, Choice, Objective, Trial
+from engine_sidecar.calibration.workload import Workload
 from engine_sidecar.errors import InputError
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import Tuning, TuningInputs
 from engine_sidecar.vllm_snapshot import RECORD_KIND
-from engine_sidecar.workload import Workload
 
 KIND = RECORD_KIND
 REGRESSION_MARGIN = 0.10  # a figure 10 % worse on the new version is flagged (one run each: smaller is noise)
@@ -75,11 +75,11 @@ def profile_label(name: str, prompt_tokens: int, output_tokens: int, default_pro
 class TuningRecord:
     key: RecordKey
     chosen: Mapping[str, object]  # EngineArgs field -> the measured pick's value (the swept fields)
-    reason: str  # why this one (calibration.choose)
+    reason: str  # why this one (calibration.choice.choose)
     objective: str
     workload: Mapping[str, Any]
     kv_tokens: int  # the KV cache the trials ran with (tuning prediction)
-    trials: tuple[Mapping[str, Any], ...]  # calibration.Trial.to_json() each
+    trials: tuple[Mapping[str, Any], ...]  # calibration.choice.Trial.to_json() each
     measured_at: str  # ISO 8601, UTC
     vllm_snapshot: Mapping[str, Any] | None = None  # vllm_snapshot.VllmSnapshot.to_json()
     extra: Mapping[str, Any] = field(default_factory=dict)

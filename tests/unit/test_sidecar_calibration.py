@@ -1,11 +1,11 @@
-"""The measured tune's decisions (``engine_sidecar.calibration``): the candidates around the
+"""The measured tune's decisions (``engine_sidecar.calibration.choice``): the candidates around the
 heuristic, and which measured one is kept for each objective."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine_sidecar.calibration import (
+from engine_sidecar.calibration.choice import (
     HEURISTIC_AGAIN,
     NOISE_MARGIN,
     Candidate,

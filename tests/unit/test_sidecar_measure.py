@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine_sidecar.calibration import Measurement, Objective
-from engine_sidecar.loadgen import LoadGenerator, RequestResult, prompt_ids, summarize
-from engine_sidecar.measure import Sweep
+from engine_sidecar.calibration.choice import Measurement, Objective
+from engine_sidecar.calibration.loadgen import LoadGenerator, RequestResult, prompt_ids, summarize
+from engine_sidecar.calibration.measure import Sweep
+from engine_sidecar.calibration.workload import Request, Workload
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import profile
-from engine_sidecar.workload import Request, Workload
 from tests.fixtures.sidecar_builders import cpu_gpus, make_inputs, make_tiny
 
 MIB = 1024 * 1024

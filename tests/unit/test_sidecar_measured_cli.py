@@ -94,7 +94,7 @@ def test_the_examples_probe_the_port_the_sidecar_listens_on(example):
 
 
 def test_an_unreadable_trace_is_an_input_error_not_a_crash(tmp_path):
-    from engine_sidecar.workload import load_trace
+    from engine_sidecar.calibration.workload import load_trace
 
     with pytest.raises(SidecarError):
         load_trace(tmp_path / "missing.jsonl")

@@ -1,4 +1,4 @@
-"""Tuning records (``engine_sidecar.records``) and workloads (``engine_sidecar.workload``): keys,
+"""Tuning records (``engine_sidecar.records``) and workloads (``engine_sidecar.calibration.workload``): keys,
 round trips, the directory store a mounted ConfigMap looks like, applying a record beneath the
 user's overrides, and refusing malformed records and traces with the line to fix."""
 
@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from engine_sidecar.calibration import Candidate, Choice, Measurement, Objective, Trial
+from engine_sidecar.calibration.choice import Candidate, Choice, Measurement, Objective, Trial
+from engine_sidecar.calibration.workload import Request, Workload, load_trace
 from engine_sidecar.errors import InputError
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
@@ -25,7 +26,6 @@ from engine_sidecar.records import (
     record_of,
     render,
 )
-from engine_sidecar.workload import Request, Workload, load_trace
 from tests.fixtures.sidecar_builders import cpu_gpus, make_inputs, make_tiny
 
 MIB = 1024 * 1024

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import engine_sidecar.__main__ as sidecar
-from engine_sidecar.calibration import Candidate, Choice, Trial
-from engine_sidecar.measure import SweepResult
+from engine_sidecar.calibration.choice import Candidate, Choice, Trial
+from engine_sidecar.calibration.measure import SweepResult
 from engine_sidecar.readiness import Readiness
 from engine_sidecar.redaction import REDACTED, Redactor, is_secret_name
 from engine_sidecar.server import SidecarState, create_app

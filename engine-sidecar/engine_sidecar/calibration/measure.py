@@ -1,5 +1,5 @@
-"""Runs a measured tune: each candidate (``calibration.candidates``) as a real engine, the same
-workload against each, one engine at a time, then ``calibration.choose``.
+"""Runs a measured tune: each candidate (``choice.candidates``) as a real engine, the same
+workload against each, one engine at a time, then ``choice.choose``.
 
 An engine per candidate, because the swept knobs are fixed when vLLM's scheduler is built:
 vLLM's own ``benchmarks/auto_tune`` restarts the server per combination too. Each candidate is
@@ -10,7 +10,7 @@ process group). A candidate that does not start, is refused by the preflight, or
 becomes a trial with the reason, never an abort.
 ``should_stop`` (the sidecar's SIGTERM) ends the sweep between and during candidates.
 When a challenger wins the sweep, ``confirm`` more pairs of engines — it and the heuristic,
-alternating (``calibration.confirm_order``) — decide whether it is kept (``calibration.confirm``).
+alternating (``choice.confirm_order``) — decide whether it is kept (``choice.confirm``).
 
 Engines are behind ``EngineStarter`` so the sequencing is tested without vLLM.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from engine_sidecar.calibration import (
+from engine_sidecar.calibration.choice import (
     DEFAULT_CONFIRM,
     DEFAULT_REPEATS,
     SWEPT,
@@ -41,9 +41,9 @@ from engine_sidecar.calibration import (
     confirm_order,
     median_run,
 )
+from engine_sidecar.calibration.workload import Request, Workload
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import Tuning, TuningInputs
-from engine_sidecar.workload import Request, Workload
 
 LOG_TAIL_BYTES = 4000
 

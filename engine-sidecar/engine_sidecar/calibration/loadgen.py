@@ -1,4 +1,4 @@
-"""Sends a ``Workload`` to a running engine and measures it (``calibration.Measurement``).
+"""Sends a ``Workload`` to a running engine and measures it (``choice.Measurement``).
 
 Each request is a streamed ``/v1/completions`` call with a token-id prompt of the request's
 length and ``max_tokens`` = its output length with ``ignore_eos`` (vLLM's extension), so every
@@ -22,8 +22,8 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_sidecar.calibration import Measurement
-from engine_sidecar.workload import Request, Workload
+from engine_sidecar.calibration.choice import Measurement
+from engine_sidecar.calibration.workload import Request, Workload
 
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})? ([0-9.eE+]+)\s*$", re.M)
 PROMPT_TOKEN_RANGE = (10, 1000)  # token ids sent as prompts: below any real model's vocabulary size
