@@ -16,28 +16,20 @@
 set -euo pipefail
 # shellcheck source=hack/lib/serving-cert.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/serving-cert.sh"
-ns="${1:-gpusched-system}"
 dir="${2:-./telemetry-pki}"
-days="${DAYS:-365}"
-read -r -a kubectl <<< "${KUBECTL:-kubectl}"
 host="gpusched-telemetry.${ns}.svc"
 metrics_host="gpusched-extender-metrics.${ns}.svc"
 
-for cmd in openssl "${kubectl[0]}"; do
-  command -v "$cmd" >/dev/null || { echo "telemetry-certs: $cmd is needed and was not found on PATH" >&2; exit 2; }
-done
+need_tools telemetry-certs openssl "${kubectl[0]}"
 mkdir -p "$dir"
 cd "$dir"
 serving_cert telemetry "$host" "$days"
 serving_cert telemetry "$metrics_host" "$days" metrics-tls
 
-"${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
-"${kubectl[@]}" -n "$ns" create secret tls gpusched-telemetry-tls --cert=tls.crt --key=tls.key \
-  --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
-"${kubectl[@]}" -n "$ns" create configmap gpusched-telemetry-ca --from-file=ca.crt=ca.crt \
-  --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
-"${kubectl[@]}" -n "$ns" create secret generic gpusched-metrics-tls --type=kubernetes.io/tls \
-  --from-file=tls.crt=metrics-tls.crt --from-file=tls.key=metrics-tls.key --from-file=ca.crt=ca.crt \
-  --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
+apply_generated create namespace "$ns" >/dev/null
+apply_generated -n "$ns" create secret tls gpusched-telemetry-tls --cert=tls.crt --key=tls.key
+apply_generated -n "$ns" create configmap gpusched-telemetry-ca --from-file=ca.crt=ca.crt
+apply_generated -n "$ns" create secret generic gpusched-metrics-tls --type=kubernetes.io/tls \
+  --from-file=tls.crt=metrics-tls.crt --from-file=tls.key=metrics-tls.key --from-file=ca.crt=ca.crt
 echo "telemetry TLS for ${host}: Secret ${ns}/gpusched-telemetry-tls, ConfigMap ${ns}/gpusched-telemetry-ca (CA in ${dir}; valid ${days} days)"
 echo "metrics proxy TLS for ${metrics_host}: Secret ${ns}/gpusched-metrics-tls (same CA)"

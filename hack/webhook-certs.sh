@@ -22,17 +22,12 @@
 set -euo pipefail
 # shellcheck source=hack/lib/serving-cert.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/serving-cert.sh"
-ns="${1:-gpusched-system}"
 dir="${2:-./webhook-pki}"
-days="${DAYS:-365}"
 admission_dir="${ADMISSION_DIR:-/etc/kubernetes/gpusched}"
-read -r -a kubectl <<< "${KUBECTL:-kubectl}"
 host="gpusched-webhook.${ns}.svc"
 config="gpusched-dra-claims"
 
-for cmd in openssl base64 "${kubectl[0]}"; do
-  command -v "$cmd" >/dev/null || { echo "webhook-certs: $cmd is needed and was not found on PATH" >&2; exit 2; }
-done
+need_tools webhook-certs openssl base64 "${kubectl[0]}"
 mkdir -p "$dir"
 cd "$dir"
 serving_cert webhook "$host" "$days"
@@ -73,9 +68,9 @@ plugins:
     kubeConfigFile: ${admission_dir}/webhook-kubeconfig.yaml
 EOF
 
-"${kubectl[@]}" create namespace "$ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f - >/dev/null
-"${kubectl[@]}" -n "$ns" create secret generic gpusched-webhook-tls --type=kubernetes.io/tls \
-  --from-file=tls.crt --from-file=tls.key --from-file=ca.crt --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
+apply_generated create namespace "$ns" >/dev/null
+apply_generated -n "$ns" create secret generic gpusched-webhook-tls --type=kubernetes.io/tls \
+  --from-file=tls.crt --from-file=tls.key --from-file=ca.crt
 echo "kube-apiserver: copy ${dir}/admission-config.yaml and webhook-kubeconfig.yaml to ${admission_dir}/ on every" \
      "control-plane host and start it with --admission-control-config-file=${admission_dir}/admission-config.yaml"
 if "${kubectl[@]}" get mutatingwebhookconfiguration "$config" >/dev/null 2>&1; then
