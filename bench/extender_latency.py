@@ -347,6 +347,15 @@ def machine() -> dict[str, Any]:
             "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--", "extender"))}
 
 
+def write_results(output: Path | None, result: dict[str, Any]) -> None:
+    """A benchmark's results as ``output`` (indented JSON, its folder made) and a line saying so;
+    nothing when there is no ``output`` (``--quick`` without ``--output``)."""
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {output}")
+
+
 def pin_one_core() -> None:
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

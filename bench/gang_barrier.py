@@ -18,7 +18,6 @@ violations (target 0).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -27,11 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.extender_latency import machine
-from devcluster.controlplane import ControlPlane, build_binaries
+from bench.extender_latency import machine, write_results
 from devcluster.mix_runner import run_mix
 from devcluster.mixes import draw_mix
-from devcluster.stack import Stack
+from devcluster.stack import Stack, running_stack
 
 RESULTS = Path(__file__).parent / "results" / "gang_barrier.json"
 GANG_TIMEOUT_S = 40
@@ -109,19 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, commit {info['git_commit'][:12]}; {args.mixes} mixes, "
           f"{args.parallel} at a time, CPU hogs per pass {args.hogs}", flush=True)
 
-    cp = ControlPlane(build_binaries())
-    try:
-        cp.start()
-        stack = Stack(cp)
-        stack.install()
+    with running_stack() as stack:
         extender = stack.start_extender()
         stack.start_scheduler()
         # The same mixes (seeds 1000.., as the property test) in every pass, each in its own namespaces.
         passes = [run_pass(stack, extender, n, range(1000, 1000 + args.mixes), args.parallel, f"mix{i}")
                   for i, n in enumerate(args.hogs)]
         log = extender.component.log_path.read_text(errors="replace")
-    finally:
-        cp.stop()
 
     main_pass = passes[0]
     headline = []
@@ -156,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for h in headline:
         print(f"  {h['metric']}: {h['measured']} {h['unit']} (target {h['target']}; met {h['met']})")
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {output}")
+    write_results(output, result)
     return 0
 
 

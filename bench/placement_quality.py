@@ -44,13 +44,12 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.extender_latency import machine
+from bench.extender_latency import machine, write_results
 from bench.scheduler_throughput import BindWatch, count_only, gpusched
 from devcluster.cluster import create_namespace, create_pod, wait_until
-from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.fleet import create_preset_node
 from devcluster.placement_judge import NodeTruth, PodShape, Verdict, judge
-from devcluster.stack import Stack
+from devcluster.stack import Stack, running_stack
 from devcluster.workloads import (
     RACK_LABEL,
     Engine,
@@ -272,16 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fleet: {fleet_info['nodes']} nodes {fleet_info['nodes_per_preset']}, {fleet_info['schedulable_units']} "
           f"GPU units, foreign memory on {fleet_info['gpus_with_foreign_memory']} of {fleet_info['physical_gpus']} GPUs; "
           f"workload: {len(engines)} engines, {len(shapes)} pods, {sum(e.gpus for e in engines)} GPUs", flush=True)
-    cp = ControlPlane(build_binaries())
     runs: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, Verdict] = {}
-    try:
-        cp.start()
-        api = cp.api_client()
-        stack = Stack(cp)
-        stack.install()
+    with running_stack() as stack:
+        api = stack.cp.api_client()
         stack.start_extender()
-        visibility = build_fleet(api, stack, fleet, cp.workdir)
+        visibility = build_fleet(api, stack, fleet, stack.cp.workdir)
         print(f"agents on {len(visibility['agents'])} nodes; foreign memory visible to gpusched: "
               f"{visibility['all_foreign_visible']}", flush=True)
         for label, _ in CONFIGS:
@@ -296,8 +291,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{runs[label]['settle_s']}s)", flush=True)
             if args.quick:
                 print(json.dumps({k: d for k, d in v.details.items()}, indent=1), runs[label]["pending_reasons"])
-    finally:
-        cp.stop()
 
     heads = headline(verdicts["count-only"], verdicts["gpusched"])
     for h in heads:
@@ -335,10 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                             "pending_reasons": runs[label]["pending_reasons"]}
                     for label, desc in CONFIGS},
     }
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {output}")
+    write_results(output, result)
     return 0
 
 

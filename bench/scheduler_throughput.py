@@ -79,7 +79,7 @@ import orjson
 from kubernetes import client
 
 from bench import agent_fleet
-from bench.extender_latency import machine
+from bench.extender_latency import machine, write_results
 from bench.pyspy import finish_profile, start_profile, write_profile
 from devcluster.cluster import create_namespace, vllm_pod, wait_until
 from devcluster.controlplane import (
@@ -1003,10 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, prof in profiles.items():
         top = ", ".join(f"{t['function']} {t['share']:.0%}" for t in prof.get("top_own", [])[:5])
         print(f"profile ({key}, {prof.get('samples', 0)} samples), top own time: {top}", flush=True)
+    write_results(output, result)
     if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {output}")
         for key, out in (("b", profile_out), ("d", profile_plugin_out)):
             if key in profiles and out:
                 write_profile(profiles[key], out)

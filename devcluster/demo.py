@@ -27,12 +27,10 @@ from devcluster.cluster import create_gpu_node, create_namespace, create_pod, vl
 from devcluster.controlplane import (
     PLUGIN_SCHEDULER_CONFIG,
     SCHEDULER_CONFIG,
-    ControlPlane,
-    build_binaries,
     scheduler_config_from_manifests,
 )
 from devcluster.fleet import create_preset_node
-from devcluster.stack import Stack
+from devcluster.stack import Stack, running_stack
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import parse_pod_demand
@@ -237,105 +235,101 @@ def start_gpusched(stack: Stack, mode: Mode) -> None:
 
 def run(keep: bool, mode: Mode) -> int:
     print("Building/locating the control plane (first run compiles Kubernetes from the Go module proxy) ...", flush=True)
-    cp = ControlPlane(build_binaries())
     try:
-        cp.start()
-        stack = Stack(cp)
-        stack.install()
-        extender = stack.start_extender()
-        start_gpusched(stack, mode)
-        stack.start_scheduler("kube-scheduler-count-only", adjust=count_only_config)
-        api = cp.api_client()
-        for label in (COUNT_ONLY, "gpusched"):
-            for preset, name in FLEET:
-                node = f"{label}-{name}"
-                create_preset_node(api, node, preset)
-                client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {"gpusched.io/demo-fleet": label}}})
-            create_namespace(api, f"demo-{label}")
-        print(f"gpusched in {mode.name} mode: {mode.description} (profile {mode.scheduler}).")
-        print(f"Control plane at {cp.url}; extender at {extender.base}; simulated nodes: "
-              + ", ".join(f"{p} ({n})" for p, n in FLEET) + " — one fleet per scheduler.\n", flush=True)
+        with running_stack() as stack:
+            cp = stack.cp
+            extender = stack.start_extender()
+            start_gpusched(stack, mode)
+            stack.start_scheduler("kube-scheduler-count-only", adjust=count_only_config)
+            api = cp.api_client()
+            for label in (COUNT_ONLY, "gpusched"):
+                for preset, name in FLEET:
+                    node = f"{label}-{name}"
+                    create_preset_node(api, node, preset)
+                    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {"gpusched.io/demo-fleet": label}}})
+                create_namespace(api, f"demo-{label}")
+            print(f"gpusched in {mode.name} mode: {mode.description} (profile {mode.scheduler}).")
+            print(f"Control plane at {cp.url}; extender at {extender.base}; simulated nodes: "
+                  + ", ".join(f"{p} ({n})" for p, n in FLEET) + " — one fleet per scheduler.\n", flush=True)
 
-        rows, notes, count_failures, gpusched_failures = [], [], 0, 0
-        for engine in WORKLOAD:
-            counted_node, counted_info = place(api, f"demo-{COUNT_ONLY}", COUNT_ONLY, COUNT_ONLY, engine)
-            gs_node, gs_info = place(api, "demo-gpusched", mode.scheduler, "gpusched", engine)
-            failure = judge_on_empty_node(api, counted_node, f"demo-{COUNT_ONLY}", engine) if counted_node else ""
-            gs_failure = judge_on_empty_node(api, gs_node, "demo-gpusched", engine) if gs_node else ""
+            rows, notes, count_failures, gpusched_failures = [], [], 0, 0
+            for engine in WORKLOAD:
+                counted_node, counted_info = place(api, f"demo-{COUNT_ONLY}", COUNT_ONLY, COUNT_ONLY, engine)
+                gs_node, gs_info = place(api, "demo-gpusched", mode.scheduler, "gpusched", engine)
+                failure = judge_on_empty_node(api, counted_node, f"demo-{COUNT_ONLY}", engine) if counted_node else ""
+                gs_failure = judge_on_empty_node(api, gs_node, "demo-gpusched", engine) if gs_node else ""
+                count_failures += bool(failure)
+                gpusched_failures += bool(gs_failure)
+                if failure:
+                    notes.append(f"[{len(notes) + 1}] {engine.name} on count-only's {counted_node}: {failure}")
+                verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
+                if gs_node:
+                    gs_where = f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]"
+                    decisions = extender.get_json(f"/debug/decisions/demo-gpusched/{engine.name}")["decisions"]
+                    gs_why = decisions[mode.placed_by]["summary"]
+                    gs_why = gs_why.split(" (", 1)[-1].rstrip(")") if " (" in gs_why else gs_why
+                else:
+                    notes.append(f"[{len(notes) + 1}] {engine.name} kept Pending by gpusched: {gs_info}")
+                    gs_where, gs_why = "Pending", f"refused before costing a GPU [{len(notes)}]"
+                counted_where = counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending"
+                rows.append((engine.name, engine.what, counted_where, verdict,
+                             gs_where + (" WOULD FAIL" if gs_failure else ""), gs_why))
+
+            # Leftover GPU memory that only a node agent can see.
+            leftover = leftover_row(api, stack, cp.workdir, extender, mode)
+            (counted_node, _), counted_fleet = leftover[COUNT_ONLY]
+            (gs_node, gs_info), gs_fleet = leftover["gpusched"]
+            failure = (judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet)
+                       if counted_node else "")
+            gs_failure = judge_with_fleet(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE, gs_fleet) \
+                if gs_node and "leftover" in gs_node \
+                else (judge_on_empty_node(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE) if gs_node else "")
             count_failures += bool(failure)
             gpusched_failures += bool(gs_failure)
             if failure:
-                notes.append(f"[{len(notes) + 1}] {engine.name} on count-only's {counted_node}: {failure}")
-            verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
-            if gs_node:
-                gs_where = f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]"
-                decisions = extender.get_json(f"/debug/decisions/demo-gpusched/{engine.name}")["decisions"]
-                gs_why = decisions[mode.placed_by]["summary"]
-                gs_why = gs_why.split(" (", 1)[-1].rstrip(")") if " (" in gs_why else gs_why
-            else:
-                notes.append(f"[{len(notes) + 1}] {engine.name} kept Pending by gpusched: {gs_info}")
-                gs_where, gs_why = "Pending", f"refused before costing a GPU [{len(notes)}]"
-            counted_where = counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending"
-            rows.append((engine.name, engine.what, counted_where, verdict,
-                         gs_where + (" WOULD FAIL" if gs_failure else ""), gs_why))
+                notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name} on count-only's {counted_node}: {failure}")
+            counted_verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
+            record = extender.get_json(f"/debug/decisions/demo-gpusched/{LEFTOVER_ENGINE.name}").get("decisions", {})
+            gs_rejected = (record.get("filter") or {}).get("details", {}).get("failed", {}).get("gpusched-leftover-0", "")
+            gs_why = gs_info
+            if gs_rejected:
+                notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name}: gpusched rejected gpusched-leftover-0: {gs_rejected}")
+                gs_why = f"leftover memory seen by the node agent [{len(notes)}]"
+            rows.append((LEFTOVER_ENGINE.name, LEFTOVER_ENGINE.what,
+                         counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending", counted_verdict,
+                         (f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]" if gs_node else "Pending")
+                         + (" WOULD FAIL" if gs_failure else ""),
+                         gs_why))
 
-        # Leftover GPU memory that only a node agent can see.
-        leftover = leftover_row(api, stack, cp.workdir, extender, mode)
-        (counted_node, _), counted_fleet = leftover[COUNT_ONLY]
-        (gs_node, gs_info), gs_fleet = leftover["gpusched"]
-        failure = (judge_with_fleet(api, counted_node, f"demo-{COUNT_ONLY}", LEFTOVER_ENGINE, counted_fleet)
-                   if counted_node else "")
-        gs_failure = judge_with_fleet(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE, gs_fleet) \
-            if gs_node and "leftover" in gs_node \
-            else (judge_on_empty_node(api, gs_node, "demo-gpusched", LEFTOVER_ENGINE) if gs_node else "")
-        count_failures += bool(failure)
-        gpusched_failures += bool(gs_failure)
-        if failure:
-            notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name} on count-only's {counted_node}: {failure}")
-        counted_verdict = f"WOULD FAIL [{len(notes)}]" if failure else ("ok" if counted_node else "Pending")
-        record = extender.get_json(f"/debug/decisions/demo-gpusched/{LEFTOVER_ENGINE.name}").get("decisions", {})
-        gs_rejected = (record.get("filter") or {}).get("details", {}).get("failed", {}).get("gpusched-leftover-0", "")
-        gs_why = gs_info
-        if gs_rejected:
-            notes.append(f"[{len(notes) + 1}] {LEFTOVER_ENGINE.name}: gpusched rejected gpusched-leftover-0: {gs_rejected}")
-            gs_why = f"leftover memory seen by the node agent [{len(notes)}]"
-        rows.append((LEFTOVER_ENGINE.name, LEFTOVER_ENGINE.what,
-                     counted_node.removeprefix(f"{COUNT_ONLY}-") if counted_node else "Pending", counted_verdict,
-                     (f"{gs_node.removeprefix('gpusched-')} GPUs [{gs_info}]" if gs_node else "Pending")
-                     + (" WOULD FAIL" if gs_failure else ""),
-                     gs_why))
-
-        # A gang that cannot fit whole.
-        gangs = gang_row(api, extender, mode)
-        name, size, gpus = GANG
-        counted_bound, _ = gangs[COUNT_ONLY]
-        gs_bound, gs_reason = gangs["gpusched"]
-        partial = 0 < len(counted_bound) < size
-        count_failures += partial
-        gpusched_failures += 0 < len(gs_bound) < size
-        if partial:
-            notes.append(f"[{len(notes) + 1}] {name}: count-only bound {len(counted_bound)} of {size} members; the "
-                         f"engine cannot start without the rest, and those {len(counted_bound) * gpus} GPUs sit idle")
-        counted_verdict = f"WOULD FAIL [{len(notes)}]" if partial else ("ok" if len(counted_bound) == size else "Pending")
-        notes.append(f"[{len(notes) + 1}] {name} kept whole by gpusched: {gs_reason}")
-        rows.append((f"{name} (gang)", f"405B as {size} pipeline stages x {gpus} GPUs, one 8-GPU node free",
-                     f"{len(counted_bound)} of {size} bound", counted_verdict,
-                     f"{len(gs_bound)} of {size} bound", f"all or nothing [{len(notes)}]"))
-        print(table(["ENGINE", "WHAT", "COUNT-ONLY", "AT LOAD TIME", "GPUSCHED", "WHY"], rows))
-        print("\n" + "\n".join(notes))
-        print(f"\nPlacements that would fail at load time: count-only {count_failures}, gpusched {gpusched_failures}."
-              f"\nExplain any decision: gpusched explain demo-gpusched/<engine> --url {extender.base}")
-        if keep:
-            admin = cp.kubeconfig(cp.admin_token, "admin")
-            print(f"\n--keep: running. Debug: {extender.base}/debug/decisions  {extender.base}/debug/nodes\n"
-                  f"kubectl --kubeconfig {admin} get pods -A -o wide\nPress Ctrl-C to stop.", flush=True)
-            while True:
-                time.sleep(3600)
-        return 0 if gpusched_failures == 0 else 1
+            # A gang that cannot fit whole.
+            gangs = gang_row(api, extender, mode)
+            name, size, gpus = GANG
+            counted_bound, _ = gangs[COUNT_ONLY]
+            gs_bound, gs_reason = gangs["gpusched"]
+            partial = 0 < len(counted_bound) < size
+            count_failures += partial
+            gpusched_failures += 0 < len(gs_bound) < size
+            if partial:
+                notes.append(f"[{len(notes) + 1}] {name}: count-only bound {len(counted_bound)} of {size} members; the "
+                             f"engine cannot start without the rest, and those {len(counted_bound) * gpus} GPUs sit idle")
+            counted_verdict = f"WOULD FAIL [{len(notes)}]" if partial else ("ok" if len(counted_bound) == size else "Pending")
+            notes.append(f"[{len(notes) + 1}] {name} kept whole by gpusched: {gs_reason}")
+            rows.append((f"{name} (gang)", f"405B as {size} pipeline stages x {gpus} GPUs, one 8-GPU node free",
+                         f"{len(counted_bound)} of {size} bound", counted_verdict,
+                         f"{len(gs_bound)} of {size} bound", f"all or nothing [{len(notes)}]"))
+            print(table(["ENGINE", "WHAT", "COUNT-ONLY", "AT LOAD TIME", "GPUSCHED", "WHY"], rows))
+            print("\n" + "\n".join(notes))
+            print(f"\nPlacements that would fail at load time: count-only {count_failures}, gpusched {gpusched_failures}."
+                  f"\nExplain any decision: gpusched explain demo-gpusched/<engine> --url {extender.base}")
+            if keep:
+                admin = cp.kubeconfig(cp.admin_token, "admin")
+                print(f"\n--keep: running. Debug: {extender.base}/debug/decisions  {extender.base}/debug/nodes\n"
+                      f"kubectl --kubeconfig {admin} get pods -A -o wide\nPress Ctrl-C to stop.", flush=True)
+                while True:
+                    time.sleep(3600)
+            return 0 if gpusched_failures == 0 else 1
     except KeyboardInterrupt:
         return 0
-    finally:
-        cp.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

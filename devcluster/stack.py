@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from devcluster.controlplane import (
     SCHEDULER_SA,
     TELEMETRY_HOST,
     ControlPlane,
+    build_binaries,
     build_scheduler_plugin,
     manifest_documents,
     python_component_env,
@@ -328,3 +330,19 @@ class Stack:
         self.cp.apply(doc for _, doc in manifest_documents([PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"]))
         return self.start_scheduler(name, adjust, binary=binary, manifest=PLUGIN_SCHEDULER_CONFIG,
                                     extra_args=extra_args)
+
+
+@contextmanager
+def running_stack() -> Iterator[Stack]:
+    """A started control plane (``build_binaries``: compiled on first use) with gpusched's manifests
+    installed, as the demo and the benchmarks boot it; the control plane is stopped on the way out,
+    whatever happened inside. gpusched's own processes are the caller's to start (``stack.cp`` is
+    the control plane)."""
+    cp = ControlPlane(build_binaries())
+    try:
+        cp.start()
+        stack = Stack(cp)
+        stack.install()
+        yield stack
+    finally:
+        cp.stop()
