@@ -142,10 +142,70 @@ def metrics_port_notes(settings: Settings, announced: int | None) -> list[str]:
     return []
 
 
+@dataclass(frozen=True)
+class Reporter:
+    """The report of a tuning, as ``/tuning`` serves it and the log prints it: the parameters and
+    why, the prediction, the notes, the pod's GPU share, what was measured; credentials redacted."""
+
+    settings: Settings
+    command: EngineCommand
+    given: Inputs
+    notes: tuple[str, ...]
+
+    def __call__(self, tuning: Tuning, measured: dict[str, Any]) -> dict[str, Any]:
+        pod, gpus = self.given.pod, self.given.gpus
+        argv, rendered, _ = self.command(tuning)
+        report = build_report(tuning, rendered, self.command.accepted, argv, self.settings, self.command.served,
+                              pod.metrics_port, [*self.notes, *(n for n in tuning.notes if n not in self.notes)],
+                              gpus.source)
+        if pod.memory_share is not None and gpus.kind == "gpu":
+            report["share"] = share_report(pod.memory_share, gpus, tuning)
+        report["measured"] = measured
+        return self.given.redact(report)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The sweep for the record ``key`` (``--calibrate``, ``--calibrate-only``). Called with
+    ``(progress, should_stop)``: sweeps, keeps the record (``store`` when writable), returns the
+    measured tuning and its report, or None when ``should_stop`` ended it (SIGTERM)."""
+
+    settings: Settings
+    key: RecordKey
+    store: DirectoryRecords | None
+    heuristic: Tuning
+    given: Inputs
+    command: EngineCommand
+    report: Reporter
+    workload: Workload
+    objective: Objective
+
+    def __call__(self, progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
+        inputs, redact, key = self.given.tuning, self.given.redact, self.key
+
+        def said(message: str) -> None:  # a candidate's error quotes the engine's log, where vLLM prints its args
+            progress(redact(message))
+
+        result = run_sweep(self.settings, inputs, self.heuristic, self.command, self.command.served, self.workload,
+                           self.objective, said, should_stop, redact)
+        if result.stopped:
+            return None
+        measured_record = record_of(key, result.trials, result.choice, result.chosen, self.objective, self.workload,
+                                    result.heuristic.prediction.kv_tokens, now_iso(), snapshot_or_none(self.settings, said))
+        # Stored in a ConfigMap others read and served at /tuning/record: a failed trial's error
+        # holds the engine's log tail, where vLLM prints its non-default arguments.
+        record = from_json(redact(measured_record.to_json()), "calibration")
+        where = store_record(self.store, record, said)
+        applied = apply_record(inputs, self.heuristic, record) or self.heuristic
+        info = {"used": True, "record": record.to_json(), "key": key.name, "stored": where,
+                "reason": f"calibrated now ({result.wall_s:.0f}s, {len(result.trials)} candidates): {result.choice.reason}"}
+        return applied, self.report(applied, info)
+
+
 def _run(settings: Settings, extra: list[str]) -> int:
     startup = StartupClock(own_start_time())  # first: the container's start, before any work
     given = read_inputs(settings, extra)
-    inputs, pod, gpus, redact = given.tuning, given.pod, given.gpus, given.redact
+    inputs = given.tuning
     result = plan(inputs)
     if not result.ok or result.tuning is None:
         return refuse(settings.termination_log, list(result.problems))
@@ -154,22 +214,14 @@ def _run(settings: Settings, extra: list[str]) -> int:
     command = EngineCommand(settings, served, VllmHelpFlags(settings.vllm, settings.flags_cache).flags(),
                             given.passthrough)
     prof = inputs.profile
-    notes = list(pod.notes) + list(heuristic.notes) + metrics_port_notes(settings, pod.metrics_port)
-
-    def reporting(tuning: Tuning, measured: dict[str, Any]) -> dict[str, Any]:
-        argv, rendered, _ = command(tuning)
-        report = build_report(tuning, rendered, command.accepted, argv, settings, served, pod.metrics_port,
-                              notes + [n for n in tuning.notes if n not in notes], gpus.source)
-        if pod.memory_share is not None and gpus.kind == "gpu":
-            report["share"] = share_report(pod.memory_share, gpus, tuning)
-        report["measured"] = measured
-        return redact(report)  # served at /tuning and printed
+    reporting = Reporter(settings, command, given, (*given.pod.notes, *heuristic.notes,
+                                                    *metrics_port_notes(settings, given.pod.metrics_port)))
 
     key = None
     store = DirectoryRecords(settings.records) if settings.records else None
     tuning, measured = heuristic, {"used": False, "reason": "no --records directory: the heuristic's values"}
     if store is not None or settings.calibrate or settings.calibrate_only:
-        key = record_key(settings, served, gpus, heuristic, prof)
+        key = record_key(settings, served, given.gpus, heuristic, prof)
         tuning, measured = use_record(store, key, inputs, heuristic, settings.calibrate_only)
     sweep_needed = key is not None and not measured["used"] and (settings.calibrate or settings.calibrate_only)
     if sweep_needed:
@@ -181,43 +233,23 @@ def _run(settings: Settings, extra: list[str]) -> int:
             print(f"[sidecar] would calibrate: {settings.calibrate_budget} candidate(s) x "
                   f"{settings.calibrate_repeats} run(s), "
                   f"{settings.calibrate_confirm} confirmation pair(s), for record {key.name if key else ''}")
-        print(json.dumps({"argv": redact(command(tuning)[0])}, indent=None))
+        print(json.dumps({"argv": given.redact(command(tuning)[0])}, indent=None))
         return 0
     workload = (load_trace(settings.calibrate_trace, settings.calibrate_concurrency or 64) if settings.calibrate_trace
                 else Workload.of(prof, settings.calibrate_requests, settings.calibrate_concurrency))
     objective = Objective.of(prof, settings.ttft_p99_limit, settings.itl_p99_limit)
-
-    def calibrate(progress: Any, should_stop: Any) -> tuple[Tuning, dict[str, Any]] | None:
-        """Sweep, keep the record; the measured tuning and its report, None when stopped (SIGTERM)."""
-        assert key is not None
-
-        def said(message: str) -> None:  # a candidate's error quotes the engine's log, where vLLM prints its args
-            progress(redact(message))
-
-        result = run_sweep(settings, inputs, heuristic, command, served, workload, objective, said, should_stop, redact)
-        if result.stopped:
-            return None
-        measured_record = record_of(key, result.trials, result.choice, result.chosen, objective, workload,
-                                    result.heuristic.prediction.kv_tokens, now_iso(), snapshot_or_none(settings, said))
-        # Stored in a ConfigMap others read and served at /tuning/record: a failed trial's error
-        # holds the engine's log tail, where vLLM prints its non-default arguments.
-        record = from_json(redact(measured_record.to_json()), "calibration")
-        where = store_record(store, record, said)
-        applied = apply_record(inputs, heuristic, record) or heuristic
-        info = {"used": True, "record": record.to_json(), "key": key.name, "stored": where,
-                "reason": f"calibrated now ({result.wall_s:.0f}s, {len(result.trials)} candidates): {result.choice.reason}"}
-        return applied, reporting(applied, info)
-
-    if settings.calibrate_only:
-        if not sweep_needed:
-            print(f"[sidecar] record {key.name if key else ''} exists; nothing to measure")
-            return 0
+    if settings.calibrate_only and not sweep_needed:
+        print(f"[sidecar] record {key.name if key else ''} exists; nothing to measure")
+        return 0
+    calibrate = (Calibration(settings, key, store, heuristic, given, command, reporting, workload, objective)
+                 if key is not None and sweep_needed else None)
+    if calibrate is not None and settings.calibrate_only:
         done = calibrate(lambda m: print(f"[sidecar] {m}", flush=True), lambda: False)
         if done is None:
             return 1
         print(records_render(from_json(done[1]["measured"]["record"], "calibration")), flush=True)
         return 0
-    return supervise(settings, command, served, report, startup, tuning, calibrate if sweep_needed else None)
+    return supervise(settings, command, served, report, startup, tuning, calibrate)
 
 
 def record_key(settings: Settings, served: str, gpus: GpuSet, heuristic: Tuning, prof: WorkloadProfile) -> RecordKey:
