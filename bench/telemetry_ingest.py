@@ -551,7 +551,7 @@ class Agent:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+        from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
         held = {u: pod for pod, ids in self.pods for u in ids}
         self.variants = []
         for _ in range(self.VARIANTS):
@@ -597,7 +597,7 @@ class Agent:
         return True
 
     def body(self, seq: int) -> bytes:
-        from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+        from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
         tail = pb.NodeReport(sequence=seq, sampled_at_unix_nanos=time.time_ns()).SerializeToString()
         return self.variants[seq % self.VARIANTS] + tail  # protobuf: later scalar fields win
 

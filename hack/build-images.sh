@@ -36,8 +36,8 @@ declare -A tags=([extender]="ghcr.io/gpusched/extender:0.1.0" [node-agent]="ghcr
                  [scheduler-plugin]="ghcr.io/gpusched/scheduler-plugin:0.1.0")
 # What each Dockerfile can copy from the context (.dockerignore lets in no more): its cache key.
 declare -A inputs=(
-  [extender]="pyproject.toml images/requirements-build.lock images/requirements-runtime.lock README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire gpusched_runtime images/extender"
-  [node-agent]="pyproject.toml images/requirements-build.lock images/requirements-runtime.lock README.md extender nodeagent engine-sidecar gpusched_cli gpusched_wire gpusched_runtime images/node-agent"
+  [extender]="pyproject.toml images/requirements-build.lock images/requirements-runtime.lock README.md extender nodeagent engine-sidecar gpusched_cli gpusched_api gpusched_runtime images/extender"
+  [node-agent]="pyproject.toml images/requirements-build.lock images/requirements-runtime.lock README.md extender nodeagent engine-sidecar gpusched_cli gpusched_api gpusched_runtime images/node-agent"
   [scheduler-plugin]="hack/build-scheduler-plugin.sh hack/versions.env scheduler-plugin images/scheduler-plugin")
 images=("$@")
 ((${#images[@]})) || images=(extender node-agent scheduler-plugin)

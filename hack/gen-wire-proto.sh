@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the code of gpusched's own wire contracts from every proto under gpusched_wire/ (the
+# Regenerates the code of gpusched's own wire contracts from every proto under gpusched_api/ (the
 # node-agent -> extender telemetry stream, the kube-scheduler plugin <-> core service): Python for
 # all of them, Go for the protos the GpuSched kube-scheduler plugin speaks (GO_PROTOS, written into
 # the scheduler-plugin/ module at their go_package path). The generated files are committed (marked
@@ -13,7 +13,7 @@ cd "$repo"
 # shellcheck source=versions.env
 source hack/versions.env
 py="${PYTHON:-$repo/.venv/bin/python}"
-for proto in gpusched_wire/*/v1/*.proto; do
+for proto in gpusched_api/*/v1/*.proto; do
   "$py" -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. "$proto"
   stem="${proto%.proto}"
   for f in "${stem}"_pb2*.py "${stem}"_pb2*.pyi; do
@@ -23,7 +23,7 @@ for proto in gpusched_wire/*/v1/*.proto; do
 done
 
 # --- Go (scheduler-plugin/) ------------------------------------------------------------------
-GO_PROTOS=(gpusched_wire/scheduling/v1/scheduling.proto)
+GO_PROTOS=(gpusched_api/scheduling/v1/scheduling.proto)
 go_module="github.com/gpusched/gpusched/scheduler-plugin"
 command -v go >/dev/null || { echo "error: Go is required to generate the plugin's Go code (install Go >= 1.26)" >&2; exit 1; }
 gen_bin="${XDG_CACHE_HOME:-$HOME/.cache}/gpusched/protoc-gen/go-${PROTOC_GEN_GO_VERSION}-grpc-${PROTOC_GEN_GO_GRPC_VERSION}"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.model.inventory import encode_inventory
-from gpusched_wire.telemetry.v1 import telemetry_pb2
+from gpusched_api.telemetry.v1 import telemetry_pb2
 from nodeagent.deviceplugin.allocation import Unit, units_of
 from nodeagent.dra.slices import DEFAULT_MIN_FREE_FRACTION, SliceDevice, devices_of
 from nodeagent.engines.discovery import discover_engines

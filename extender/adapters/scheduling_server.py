@@ -30,8 +30,8 @@ from extender.api.wire import PodObject
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, PluginService
 from extender.service.requeue_feed import RequeueFeed
-from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
+from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 
 log = logging.getLogger("gpusched.extender.scheduling")
 

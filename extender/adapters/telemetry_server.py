@@ -21,7 +21,7 @@ What an agent sends is untrusted, so each stream is judged before it may cost mu
   kubelet's rotated token); at the same ticks a stream whose pod no longer runs on its node
   (``pod_alive``) ends (``pod-gone``), and so does one that sent no report, its first included,
   for ``StreamLimits.idle_s`` (DEADLINE_EXCEEDED, ``idle``) — a silent stream is ended too;
-- a report is bounded (``gpusched_wire.telemetry.v1.bounds``, which the agents trim to): messages
+- a report is bounded (``gpusched_api.telemetry.v1.bounds``, which the agents trim to): messages
   up to 256 KiB, at most ``max_units`` units, ``max_engines`` engines, ``max_shares_per_gpu``
   sharers and ``max_holders_per_unit`` holders on any one unit (else the stream ends,
   ``bad-report``), free text (failure reasons, model names) cut to 256 characters; the period it
@@ -67,7 +67,7 @@ from extender.adapters.telemetry_streams import ENDED_REASONS, OpenStream, OpenS
 from extender.metrics import ReasonCounts
 from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
-from gpusched_wire.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
+from gpusched_api.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
 
 # What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
 # core at runtime; the type stubs do not declare it.
@@ -87,7 +87,7 @@ class StreamLimits:
     max_pending_reviews: int = 256
     review_workers: int = 8
     max_period_s: float = 1.0
-    # What one report may carry (gpusched_wire.telemetry.v1.bounds: the agents trim to the same).
+    # What one report may carry (gpusched_api.telemetry.v1.bounds: the agents trim to the same).
     max_units: int = bounds.MAX_UNITS
     max_engines: int = bounds.MAX_ENGINES
     max_shares_per_gpu: int = bounds.MAX_SHARES_PER_GPU

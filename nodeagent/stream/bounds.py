@@ -1,4 +1,4 @@
-"""A node report trimmed to what the extender accepts (``gpusched_wire.telemetry.v1.bounds``).
+"""A node report trimmed to what the extender accepts (``gpusched_api.telemetry.v1.bounds``).
 
 The extender ends a stream whose report is beyond a bound, so an agent that sent a crowded
 node's whole picture (70 sharers on one GPU, 600 engine pods) would leave the whole node stale,
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpusched_wire.telemetry.v1 import telemetry_pb2
-from gpusched_wire.telemetry.v1.bounds import (
+from gpusched_api.telemetry.v1 import telemetry_pb2
+from gpusched_api.telemetry.v1.bounds import (
     MAX_ENGINES,
     MAX_HOLDERS_PER_UNIT,
     MAX_MESSAGE_BYTES,

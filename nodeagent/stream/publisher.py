@@ -32,8 +32,8 @@ from pathlib import Path
 
 import grpc
 
+from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from gpusched_runtime.backoff import Backoff
-from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 # A ping every 5 s on an open stream, the connection dropped when one goes unanswered for 5 s.
 KEEPALIVE_TIME_MS = 5_000

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.adapters.ingest_process import IngestConfig, IngestMetrics, IngestProcess
 from extender.service.telemetry import TelemetryStore, TokenIdentity
-from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ import pytest
 
 from extender.adapters.scheduling_server import MAX_MESSAGE_BYTES
 from extender.service.plugin import API_VERSION, FITS
-from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 from tests.contract.mutations import HOSTILE, Mutator
 from tests.contract.test_mutated_bodies import seed_pods
 from tests.unit.builders import a100_inventory, h100_inventory, make_k8s_node, make_pod, mig_inventory

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from devcluster.processes import free_port
 from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServer, TelemetryServicer
 from extender.service.telemetry import TelemetryStore, TokenIdentity
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
-from gpusched_wire.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
+from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
 STREAMS, WAVE = 1_000, 100

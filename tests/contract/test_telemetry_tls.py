@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from devcluster.processes import free_port
 from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServer, TelemetryServicer
 from extender.service.telemetry import TelemetryStore, TokenIdentity
-from gpusched_wire.telemetry.v1 import telemetry_pb2
+from gpusched_api.telemetry.v1 import telemetry_pb2
 from nodeagent.stream.publisher import Publisher
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"

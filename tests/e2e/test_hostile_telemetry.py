@@ -28,7 +28,7 @@ from devcluster.cluster import wait_until
 from devcluster.controlplane import AGENT_SA, NAMESPACE, TELEMETRY_HOST
 from devcluster.fleet import PRESETS
 from devcluster.stack import Stack
-from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from nodeagent.stream.publisher import Publisher
 
 GIB_MIB = 1024

@@ -14,8 +14,8 @@ from kubernetes import client
 from devcluster.cluster import create_gpu_node, create_pod, unique, vllm_pod, wait_until
 from devcluster.stack import Extender, Stack
 from extender.service.plugin import API_VERSION, FITS, NEVER
-from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
+from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 
 
 def holders(extender: Extender, node: str) -> list[Any]:

@@ -156,7 +156,7 @@ def test_a_dockerfile_that_does_not_build_fails_with_buildahs_message(tmp_path: 
     shutil.copytree(REPO / "hack", work / "hack")
     for name in ("pyproject.toml", "constraints.txt", "README.md", ".dockerignore"):
         shutil.copy(REPO / name, work / name)
-    for folder in ("extender", "nodeagent", "engine-sidecar", "gpusched_cli", "gpusched_wire", "gpusched_runtime", "images"):
+    for folder in ("extender", "nodeagent", "engine-sidecar", "gpusched_cli", "gpusched_api", "gpusched_runtime", "images"):
         shutil.copytree(REPO / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     dockerfile = work / "images" / "extender" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace("COPY extender/ extender/", "COPY extendr/ extender/"))

@@ -15,7 +15,7 @@ from devcluster.cluster import create_gpu_node, unique, wait_until
 from devcluster.controlplane import EXTENDER_SA, TELEMETRY_HOST
 from devcluster.jwt import expired_copy
 from devcluster.stack import Stack
-from gpusched_wire.telemetry.v1 import telemetry_pb2
+from gpusched_api.telemetry.v1 import telemetry_pb2
 from nodeagent.stream.publisher import Publisher
 
 

@@ -21,7 +21,7 @@ from devcluster.controlplane import TELEMETRY_HOST
 from devcluster.fleet import create_preset_node
 from devcluster.jwt import copy_expiring_in
 from devcluster.stack import Stack
-from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from nodeagent.stream.publisher import Publisher
 
 NS = "trust"

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from devcluster.processes import free_port
 from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServicer
 from extender.service.telemetry import TelemetryStore
-from gpusched_wire.telemetry.v1 import bounds
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import bounds
+from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from nodeagent.agent import Agent
 from nodeagent.gpu.fake import FakeFleetReader
 from nodeagent.shares.usage import ShareUse

@@ -25,8 +25,8 @@ from extender.service.gang import GangCoordinator, GangIndex
 from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState
-from gpusched_wire.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_wire.scheduling.v1 import scheduling_pb2_grpc
+from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
+from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 from tests.unit.builders import (
     NullObserver,
     a100_inventory,

@@ -78,8 +78,8 @@ def test_a_standby_grpc_listener_answers_every_call_unavailable_not_the_leader(s
 
     from devcluster.processes import free_port
     from extender.adapters.standby_grpc import StandbyServer
-    from gpusched_wire.scheduling.v1 import scheduling_pb2, scheduling_pb2_grpc
-    from gpusched_wire.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
+    from gpusched_api.scheduling.v1 import scheduling_pb2, scheduling_pb2_grpc
+    from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
     address = f"127.0.0.1:{free_port()}"
     server = StandbyServer(address, lambda: "gpusched extender: this replica is a standby, not the leader").start()

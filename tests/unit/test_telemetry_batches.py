@@ -13,7 +13,7 @@ from extender.adapters.telemetry_server import report_to_telemetry
 from extender.service.ingest_batch import Coalescer, IngestBatch
 from extender.service.state import ClusterState
 from extender.service.telemetry import Heard, TelemetryStore
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from tests.unit.builders import h100_inventory, make_k8s_node
 
 GIB, MIB = 1 << 30, 1 << 20

@@ -19,7 +19,7 @@ from extender.adapters.telemetry_server import (
 from extender.model.telemetry import ShareSample, gpu_memory_key
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore, TokenIdentity
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"

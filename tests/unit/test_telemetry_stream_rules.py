@@ -22,7 +22,7 @@ from extender.adapters.telemetry_server import (
 )
 from extender.adapters.token_review import TokenReviewVerifier, jwt_expiry
 from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
 POD_BOUND = TokenIdentity(True, AGENT, node_name="n1", pod_name="agent-n1", pod_uid="u1")

@@ -1,5 +1,5 @@
 // Package gpusched is the GpuSched scheduling-framework plugin: kube-scheduler's way into the
-// gpusched core over gRPC (gpusched.scheduling.v1, gpusched_wire/scheduling/v1/scheduling.proto).
+// gpusched core over gRPC (gpusched.scheduling.v1, gpusched_api/scheduling/v1/scheduling.proto).
 //
 // It translates and decides nothing. PreFilter makes the one round trip of a scheduling cycle and
 // keeps the answer (per-node verdicts, reasons and scores, indexed by the node table both sides

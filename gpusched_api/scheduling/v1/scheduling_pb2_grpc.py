@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from gpusched_wire.scheduling.v1 import scheduling_pb2 as gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2
+from gpusched_api.scheduling.v1 import scheduling_pb2 as gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in gpusched_wire/scheduling/v1/scheduling_pb2_grpc.py depends on'
+        + ' but the generated code in gpusched_api/scheduling/v1/scheduling_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,33 +37,33 @@ class SchedulingStub:
         """
         self.Hello = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/Hello',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.FromString,
                 _registered_method=True)
         self.PreFilter = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/PreFilter',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
                 _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/Reserve',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.FromString,
                 _registered_method=True)
         self.Unreserve = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/Unreserve',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
                 _registered_method=True)
         self.Permitted = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/Permitted',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
                 _registered_method=True)
         self.WatchRequeue = channel.unary_stream(
                 '/gpusched.scheduling.v1.Scheduling/WatchRequeue',
-                request_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
-                response_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
                 _registered_method=True)
 
 
@@ -122,33 +122,33 @@ def add_SchedulingServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Hello': grpc.unary_unary_rpc_method_handler(
                     servicer.Hello,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.SerializeToString,
             ),
             'PreFilter': grpc.unary_unary_rpc_method_handler(
                     servicer.PreFilter,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.SerializeToString,
             ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.SerializeToString,
             ),
             'Unreserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Unreserve,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.SerializeToString,
             ),
             'Permitted': grpc.unary_unary_rpc_method_handler(
                     servicer.Permitted,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.SerializeToString,
             ),
             'WatchRequeue': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRequeue,
-                    request_deserializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.FromString,
-                    response_serializer=gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.SerializeToString,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,8 +176,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/Hello',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.HelloReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -203,8 +203,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/PreFilter',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -230,8 +230,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/Reserve',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -257,8 +257,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/Unreserve',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.UnreserveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -284,8 +284,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/Permitted',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PermittedReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -311,8 +311,8 @@ class Scheduling:
             request,
             target,
             '/gpusched.scheduling.v1.Scheduling/WatchRequeue',
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
-            gpusched__wire_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.WatchRequeueRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.RequeueBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from gpusched_wire.telemetry.v1 import telemetry_pb2 as gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2
+from gpusched_api.telemetry.v1 import telemetry_pb2 as gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in gpusched_wire/telemetry/v1/telemetry_pb2_grpc.py depends on'
+        + ' but the generated code in gpusched_api/telemetry/v1/telemetry_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,8 +37,8 @@ class TelemetryStub:
         """
         self.Stream = channel.stream_stream(
                 '/gpusched.telemetry.v1.Telemetry/Stream',
-                request_serializer=gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.SerializeToString,
-                response_deserializer=gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.FromString,
+                request_serializer=gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.SerializeToString,
+                response_deserializer=gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_TelemetryServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.FromString,
-                    response_serializer=gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.SerializeToString,
+                    request_deserializer=gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.FromString,
+                    response_serializer=gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class Telemetry:
             request_iterator,
             target,
             '/gpusched.telemetry.v1.Telemetry/Stream',
-            gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.SerializeToString,
-            gpusched__wire_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.FromString,
+            gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.NodeReport.SerializeToString,
+            gpusched__api_dot_telemetry_dot_v1_dot_telemetry__pb2.StreamAck.FromString,
             options,
             channel_credentials,
             insecure,
