@@ -14,7 +14,7 @@
 // versions:
 // 	protoc-gen-go v1.36.11
 // 	protoc        v7.35.1
-// source: gpusched_wire/scheduling/v1/scheduling.proto
+// source: gpusched_api/scheduling/v1/scheduling.proto
 
 package schedulingv1
 
@@ -67,11 +67,11 @@ func (x Verdict) String() string {
 }
 
 func (Verdict) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes[0].Descriptor()
+	return file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes[0].Descriptor()
 }
 
 func (Verdict) Type() protoreflect.EnumType {
-	return &file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes[0]
+	return &file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes[0]
 }
 
 func (x Verdict) Number() protoreflect.EnumNumber {
@@ -80,7 +80,7 @@ func (x Verdict) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Verdict.Descriptor instead.
 func (Verdict) EnumDescriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{0}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{0}
 }
 
 type HelloRequest struct {
@@ -93,7 +93,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[0]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +105,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[0]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +118,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{0}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *HelloRequest) GetApiVersion() uint32 {
@@ -147,7 +147,7 @@ type HelloReply struct {
 
 func (x *HelloReply) Reset() {
 	*x = HelloReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[1]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +159,7 @@ func (x *HelloReply) String() string {
 func (*HelloReply) ProtoMessage() {}
 
 func (x *HelloReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[1]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +172,7 @@ func (x *HelloReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloReply.ProtoReflect.Descriptor instead.
 func (*HelloReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{1}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *HelloReply) GetApiVersion() uint32 {
@@ -217,7 +217,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[2]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -229,7 +229,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[2]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -242,7 +242,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{2}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Pod) GetNamespace() string {
@@ -286,7 +286,7 @@ type NodeTable struct {
 
 func (x *NodeTable) Reset() {
 	*x = NodeTable{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[3]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +298,7 @@ func (x *NodeTable) String() string {
 func (*NodeTable) ProtoMessage() {}
 
 func (x *NodeTable) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[3]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +311,7 @@ func (x *NodeTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTable.ProtoReflect.Descriptor instead.
 func (*NodeTable) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{3}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeTable) GetGeneration() uint64 {
@@ -339,7 +339,7 @@ type PreFilterRequest struct {
 
 func (x *PreFilterRequest) Reset() {
 	*x = PreFilterRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[4]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +351,7 @@ func (x *PreFilterRequest) String() string {
 func (*PreFilterRequest) ProtoMessage() {}
 
 func (x *PreFilterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[4]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +364,7 @@ func (x *PreFilterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreFilterRequest.ProtoReflect.Descriptor instead.
 func (*PreFilterRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{4}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PreFilterRequest) GetApiVersion() uint32 {
@@ -413,7 +413,7 @@ type PreFilterReply struct {
 
 func (x *PreFilterReply) Reset() {
 	*x = PreFilterReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[5]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +425,7 @@ func (x *PreFilterReply) String() string {
 func (*PreFilterReply) ProtoMessage() {}
 
 func (x *PreFilterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[5]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +438,7 @@ func (x *PreFilterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreFilterReply.ProtoReflect.Descriptor instead.
 func (*PreFilterReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{5}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PreFilterReply) GetSkip() bool {
@@ -529,7 +529,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +541,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +554,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReserveRequest) GetApiVersion() uint32 {
@@ -593,7 +593,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +605,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +618,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReserveReply) GetReserved() bool {
@@ -670,7 +670,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +682,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +695,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Barrier) GetGang() string {
@@ -730,7 +730,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +742,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +755,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -791,7 +791,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +803,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +816,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -859,7 +859,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +871,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +884,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -923,7 +923,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +935,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +948,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 type WatchRequeueRequest struct {
@@ -961,7 +961,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +973,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +986,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1013,7 +1013,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1025,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1038,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1055,11 +1055,11 @@ func (x *RequeueBatch) GetReason() string {
 	return ""
 }
 
-var File_gpusched_wire_scheduling_v1_scheduling_proto protoreflect.FileDescriptor
+var File_gpusched_api_scheduling_v1_scheduling_proto protoreflect.FileDescriptor
 
-const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
+const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\n" +
-	",gpusched_wire/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\"V\n" +
+	"+gpusched_api/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\"V\n" +
 	"\fHelloRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12%\n" +
@@ -1159,20 +1159,20 @@ const file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\fWatchRequeue\x12+.gpusched.scheduling.v1.WatchRequeueRequest\x1a$.gpusched.scheduling.v1.RequeueBatch0\x01BNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
 
 var (
-	file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescOnce sync.Once
-	file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescData []byte
+	file_gpusched_api_scheduling_v1_scheduling_proto_rawDescOnce sync.Once
+	file_gpusched_api_scheduling_v1_scheduling_proto_rawDescData []byte
 )
 
-func file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
-	file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescOnce.Do(func() {
-		file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc)))
+func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
+	file_gpusched_api_scheduling_v1_scheduling_proto_rawDescOnce.Do(func() {
+		file_gpusched_api_scheduling_v1_scheduling_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)))
 	})
-	return file_gpusched_wire_scheduling_v1_scheduling_proto_rawDescData
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescData
 }
 
-var file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
-var file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = []any{
+var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Verdict)(0),                // 0: gpusched.scheduling.v1.Verdict
 	(*HelloRequest)(nil),        // 1: gpusched.scheduling.v1.HelloRequest
 	(*HelloReply)(nil),          // 2: gpusched.scheduling.v1.HelloReply
@@ -1192,7 +1192,7 @@ var file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = []any{
 	nil,                         // 16: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
 	nil,                         // 17: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
-var file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs = []int32{
+var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	4,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
 	3,  // 2: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
@@ -1220,27 +1220,27 @@ var file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	0,  // [0:8] is the sub-list for field type_name
 }
 
-func init() { file_gpusched_wire_scheduling_v1_scheduling_proto_init() }
-func file_gpusched_wire_scheduling_v1_scheduling_proto_init() {
-	if File_gpusched_wire_scheduling_v1_scheduling_proto != nil {
+func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
+func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
+	if File_gpusched_api_scheduling_v1_scheduling_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_wire_scheduling_v1_scheduling_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
 			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
-		GoTypes:           file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes,
-		DependencyIndexes: file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs,
-		EnumInfos:         file_gpusched_wire_scheduling_v1_scheduling_proto_enumTypes,
-		MessageInfos:      file_gpusched_wire_scheduling_v1_scheduling_proto_msgTypes,
+		GoTypes:           file_gpusched_api_scheduling_v1_scheduling_proto_goTypes,
+		DependencyIndexes: file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs,
+		EnumInfos:         file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes,
+		MessageInfos:      file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes,
 	}.Build()
-	File_gpusched_wire_scheduling_v1_scheduling_proto = out.File
-	file_gpusched_wire_scheduling_v1_scheduling_proto_goTypes = nil
-	file_gpusched_wire_scheduling_v1_scheduling_proto_depIdxs = nil
+	File_gpusched_api_scheduling_v1_scheduling_proto = out.File
+	file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = nil
+	file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = nil
 }

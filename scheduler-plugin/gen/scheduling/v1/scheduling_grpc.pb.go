@@ -14,7 +14,7 @@
 // versions:
 // - protoc-gen-go-grpc v1.6.2
 // - protoc             v7.35.1
-// source: gpusched_wire/scheduling/v1/scheduling.proto
+// source: gpusched_api/scheduling/v1/scheduling.proto
 
 package schedulingv1
 
@@ -345,5 +345,5 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 			ServerStreams: true,
 		},
 	},
-	Metadata: "gpusched_wire/scheduling/v1/scheduling.proto",
+	Metadata: "gpusched_api/scheduling/v1/scheduling.proto",
 }
