@@ -60,12 +60,13 @@ from extender.app import Collaborators, create_app
 from extender.framework.runtime import Framework
 from extender.heap import settle_heap
 from extender.model.catalog import builtin_catalog
-from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
 from extender.plugins import default_profile, default_registry
 from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.state import ClusterState
 from extender.settings import Settings
+from gpusched_api.inventory import encode_inventory
+from gpusched_api.names import INVENTORY_ANNOTATION, MEMORY_PER_GPU_ANNOTATION, PRESET_NODE_LABEL, REQUIRE_NVLINK_ANNOTATION
 
 RESULTS = Path(__file__).parent / "results" / "extender_latency.json"
 MIX = (("h100", 0.30), ("a100", 0.30), ("l40s", 0.25), ("mig", 0.15))  # share of the fleet
@@ -79,7 +80,7 @@ def node_object(name: str, preset: str) -> dict[str, Any]:
     inventory = PRESETS[preset](name)
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "resourceVersion": "1",
-                         "labels": {**gfd_labels(inventory), "gpusched.io/preset": preset},
+                         "labels": {**gfd_labels(inventory), PRESET_NODE_LABEL: preset},
                          "annotations": {INVENTORY_ANNOTATION: encode_inventory(inventory)}},
             "status": {"allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": str(units(inventory))}}}
 
@@ -128,9 +129,9 @@ class PodShape:
 
 
 SHAPES = (
-    PodShape("tp1-15gi", 1, "meta-llama/Llama-3.1-8B-Instruct", 1, {"gpusched.io/gpu-memory-per-gpu": "15Gi"}),
+    PodShape("tp1-15gi", 1, "meta-llama/Llama-3.1-8B-Instruct", 1, {MEMORY_PER_GPU_ANNOTATION: "15Gi"}),
     PodShape("tp2", 2, "meta-llama/Llama-3.1-8B-Instruct", 2),
-    PodShape("tp4-nvlink", 4, "Qwen/Qwen2.5-32B-Instruct", 4, {"gpusched.io/require-nvlink": "true"}),
+    PodShape("tp4-nvlink", 4, "Qwen/Qwen2.5-32B-Instruct", 4, {REQUIRE_NVLINK_ANNOTATION: "true"}),
     PodShape("tp8-70b", 8, "meta-llama/Llama-3.1-70B-Instruct", 8),
     PodShape("tp3-impossible", 3, "meta-llama/Llama-3.1-70B-Instruct", 3),
 )

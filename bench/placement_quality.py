@@ -60,9 +60,9 @@ from devcluster.workloads import (
     engine_pods,
 )
 from extender.model.catalog import builtin_catalog
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION as ASSIGNED
 
 RESULTS = Path(__file__).parent / "results" / "placement_quality.json"
-ASSIGNED = "gpusched.io/assigned-gpus"
 QUIET_S = 10.0
 CONFIGS = (("count-only", "stock profile, no extender, nvidia.com/gpu bin-packed (MostAllocated)"),
            ("gpusched", "shipped gpusched profile with the extender (nodeCacheCapable: true)"))

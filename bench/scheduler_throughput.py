@@ -92,10 +92,11 @@ from devcluster.controlplane import (
     manifest_documents,
     scheduler_config_from_manifests,
 )
-from devcluster.dra import DRA_MARKER_RESOURCE, allocation_check, gpu_claim, preset_slice, with_claim
+from devcluster.dra import allocation_check, gpu_claim, preset_slice, with_claim
 from devcluster.fleet import create_preset_node, units
 from devcluster.processes import Component
 from devcluster.stack import Stack
+from gpusched_api.names import DRA_MARKER_RESOURCE
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_throughput.json"
 PROFILE = RESULTS.with_name("scheduler_throughput_profile.json")

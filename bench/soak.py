@@ -60,6 +60,7 @@ from devcluster.controlplane import ControlPlane, build_binaries
 from devcluster.fleet import create_preset_node
 from devcluster.stack import Extender, Stack
 from devcluster.workloads import Engine, SimNode, draw_fleet, draw_workload, engine_pods
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"
 NAMESPACE = "soak"
@@ -120,7 +121,7 @@ def share_pod(name: str, gib: int, scheduler: str = SCHEDULER) -> dict[str, Any]
     """An engine asking one share of a GPU: ``gib`` of its memory (``gpusched.io/gpu-memory``) and
     one ``gpusched.io/gpu-share`` slot instead of a whole ``nvidia.com/gpu``."""
     pod = vllm_pod(name, gpus=0, model=SHARE_MODEL, scheduler=scheduler,
-                   annotations={"gpusched.io/gpu-memory": f"{gib}Gi"})
+                   annotations={SHARE_MEMORY_ANNOTATION: f"{gib}Gi"})
     pod["spec"]["containers"][0]["resources"] = {"limits": {invariants.SHARE_RESOURCE: "1"},
                                                  "requests": {invariants.SHARE_RESOURCE: "1"}}
     return pod

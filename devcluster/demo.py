@@ -36,6 +36,12 @@ from extender.model.catalog import builtin_catalog
 from extender.model.demand import parse_pod_demand
 from extender.model.snapshot import ClusterSnapshot, make_node_info, node_info_from_k8s
 from extender.plugins import default_profile, default_registry
+from gpusched_api.names import (
+    ASSIGNED_GPU_INDICES_ANNOTATION,
+    DEMO_FLEET_LABEL,
+    MEMORY_PER_GPU_ANNOTATION,
+    REQUIRE_NVLINK_ANNOTATION,
+)
 from gpusched_cli.render import table
 
 FLEET = [("h100", "h100-0"), ("a100", "a100-0"), ("l40s", "l40s-0"), ("mig", "mig-0")]
@@ -75,15 +81,15 @@ class Engine:
 
 WORKLOAD = [
     Engine("llama70b-tp4", "meta-llama/Llama-3.1-70B-Instruct", 4, ("--tensor-parallel-size", "4"),
-           {"gpusched.io/require-nvlink": "true", "gpusched.io/gpu-memory-per-gpu": "38Gi"},
+           {REQUIRE_NVLINK_ANNOTATION: "true", MEMORY_PER_GPU_ANNOTATION: "38Gi"},
            "70B, TP=4, must share one NVLink island"),
     Engine("qwen7b-tp2", "Qwen/Qwen2.5-7B-Instruct", 2, ("-tp", "2"), {}, "7B, TP=2"),
-    Engine("llama8b-small", "meta-llama/Llama-3.1-8B-Instruct", 1, (), {"gpusched.io/gpu-memory-per-gpu": "15Gi"},
+    Engine("llama8b-small", "meta-llama/Llama-3.1-8B-Instruct", 1, (), {MEMORY_PER_GPU_ANNOTATION: "15Gi"},
            "8B on one GPU, 15 GiB is enough"),
     Engine("llama70b-tp3", "meta-llama/Llama-3.1-70B-Instruct", 3, ("--tensor-parallel-size", "3"), {},
            "70B, TP=3 (64 heads): impossible"),
     Engine("llama70b-tp2", "meta-llama/Llama-3.1-70B-Instruct", 2, ("-tp", "2"),
-           {"gpusched.io/gpu-memory-per-gpu": "72Gi"}, "70B, TP=2: ~70 GiB of weights per GPU"),
+           {MEMORY_PER_GPU_ANNOTATION: "72Gi"}, "70B, TP=2: ~70 GiB of weights per GPU"),
 ]
 
 
@@ -99,14 +105,14 @@ def place(api: client.ApiClient, namespace: str, scheduler: str, fleet_label: st
     """Submit one engine and wait until it is bound or judged unschedulable."""
     pod = vllm_pod(engine.name, gpus=engine.gpus, scheduler=scheduler, model=engine.model, args=engine.args,
                    annotations=engine.annotations)
-    pod["spec"]["nodeSelector"] = {"gpusched.io/demo-fleet": fleet_label}
+    pod["spec"]["nodeSelector"] = {DEMO_FLEET_LABEL: fleet_label}
     create_pod(api, namespace, pod)
     core = client.CoreV1Api(api)
 
     def settled():
         p = core.read_namespaced_pod(engine.name, namespace)
         if p.spec.node_name:
-            return (p.spec.node_name, (p.metadata.annotations or {}).get("gpusched.io/assigned-gpu-indices", ""))
+            return (p.spec.node_name, (p.metadata.annotations or {}).get(ASSIGNED_GPU_INDICES_ANNOTATION, ""))
         for c in p.status.conditions or []:
             if c.type == "PodScheduled" and c.status == "False":
                 return (None, c.message or c.reason)
@@ -135,7 +141,7 @@ gpus:
   - {pid: 41235, gpu: 1, usedMiB: 61440}
 """
 LEFTOVER_ENGINE = Engine("llama70b-leftover", "meta-llama/Llama-3.1-70B-Instruct", 4, ("--tensor-parallel-size", "4"),
-                         {"gpusched.io/gpu-memory-per-gpu": "38Gi"}, "70B, TP=4; a 4-GPU node has leftover processes")
+                         {MEMORY_PER_GPU_ANNOTATION: "38Gi"}, "70B, TP=4; a 4-GPU node has leftover processes")
 
 
 def judge_with_fleet(api: client.ApiClient, node_name: str, namespace: str, engine: Engine, fleet: Path) -> str:
@@ -166,9 +172,9 @@ def leftover_row(api: client.ApiClient, stack: Stack, workdir: Path, extender, m
         node = f"{label}-leftover-0"
         fleet = workdir / f"{node}.yaml"
         fleet.write_text(LEFTOVER_FLEET)
-        create_gpu_node(api, node, 4, labels={"gpusched.io/demo-fleet": fleet_label})
+        create_gpu_node(api, node, 4, labels={DEMO_FLEET_LABEL: fleet_label})
         create_preset_node(api, f"{label}-clean-0", "h100")
-        client.CoreV1Api(api).patch_node(f"{label}-clean-0", {"metadata": {"labels": {"gpusched.io/demo-fleet": fleet_label}}})
+        client.CoreV1Api(api).patch_node(f"{label}-clean-0", {"metadata": {"labels": {DEMO_FLEET_LABEL: fleet_label}}})
         if label == "gpusched":  # only gpusched listens to node agents
             stack.start_agent(node, fleet)
             wait_until(lambda: any(n["name"] == node and n.get("telemetry", "").startswith("fresh")
@@ -193,8 +199,8 @@ def gang_row(api: client.ApiClient, extender: Any, mode: Mode) -> dict[str, tupl
     for label in (COUNT_ONLY, "gpusched"):
         fleet_label, namespace = f"{label}-gang", f"demo-{label}"
         create_preset_node(api, f"{label}-gang-0", "h100")
-        client.CoreV1Api(api).patch_node(f"{label}-gang-0", {"metadata": {"labels": {"gpusched.io/demo-fleet": fleet_label}}})
-        for pod in gang_pods(api, namespace, "annotations", name, size, gpus, {"gpusched.io/demo-fleet": fleet_label}):
+        client.CoreV1Api(api).patch_node(f"{label}-gang-0", {"metadata": {"labels": {DEMO_FLEET_LABEL: fleet_label}}})
+        for pod in gang_pods(api, namespace, "annotations", name, size, gpus, {DEMO_FLEET_LABEL: fleet_label}):
             pod["spec"]["schedulerName"] = COUNT_ONLY if label == COUNT_ONLY else mode.scheduler
             create_pod(api, namespace, pod)
         core = client.CoreV1Api(api)
@@ -246,7 +252,7 @@ def run(keep: bool, mode: Mode) -> int:
                 for preset, name in FLEET:
                     node = f"{label}-{name}"
                     create_preset_node(api, node, preset)
-                    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {"gpusched.io/demo-fleet": label}}})
+                    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": {DEMO_FLEET_LABEL: label}}})
                 create_namespace(api, f"demo-{label}")
             print(f"gpusched in {mode.name} mode: {mode.description} (profile {mode.scheduler}).")
             print(f"Control plane at {cp.url}; extender at {extender.base}; simulated nodes: "

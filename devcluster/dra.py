@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extender.model.dra import DRA_MARKER_RESOURCE
-from nodeagent.dra.slices import API_VERSION, DRIVER, devices_of, next_slice, slice_object
+from gpusched_api.names import DRA_DRIVER, DRA_MARKER_RESOURCE
+from gpusched_api.names import DRA_GPU_CLASS as GPU_CLASS
+from gpusched_api.thirdparty import GPU_RESOURCE
+from nodeagent.dra.slices import API_VERSION, devices_of, next_slice, slice_object
 from nodeagent.gpu.fake import preset_path
 from nodeagent.gpu.fleet import parse_fleet
 from nodeagent.gpu.model import GpuState
 
-GPU_CLASS = "gpu.gpusched.io"  # manifests/overlays/dra/deviceclasses.yaml: whole GPUs, never MIG
 CLAIM_REQUEST = "gpu"  # the request's name in the claim, and the pod's claim entry's name
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def preset_state(node: str, preset: str) -> GpuState:
@@ -106,7 +106,7 @@ def allocation_check(claims: Mapping[str, Mapping[str, Any]], bound: Mapping[str
     double = sorted(f"{pool}/{device}" for (_, pool, device), names in owners.items() if len(names) > 1)
     return {"claims": len(claims), "allocated": sum(1 for c in claims.values() if allocated_devices(c)),
             "bound_pods": len(bound), "bound_unallocated": len(unallocated), "elsewhere": len(elsewhere),
-            "driver_elsewhere": sum(1 for d in owners if d[0] != DRIVER), "double_allocated": len(double),
+            "driver_elsewhere": sum(1 for d in owners if d[0] != DRA_DRIVER), "double_allocated": len(double),
             **({"bound_unallocated_sample": unallocated[:5]} if unallocated else {}),
             **({"elsewhere_sample": elsewhere[:5]} if elsewhere else {}),
             **({"double_allocated_sample": double[:5]} if double else {})}

@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node
-from extender.model.inventory import INVENTORY_ANNOTATION, GpuDevice, MigInstance, NodeGpuInventory, encode_inventory
+from gpusched_api.inventory import GpuDevice, MigInstance, NodeGpuInventory, encode_inventory
+from gpusched_api.names import INVENTORY_ANNOTATION, PRESET_NODE_LABEL
+from gpusched_api.thirdparty import GFD_COUNT, GFD_MEMORY, GFD_PRESENT, GFD_PRODUCT
 
 
 def _uuid(kind: str, *parts: object) -> str:
@@ -61,8 +63,8 @@ def units(inventory: NodeGpuInventory) -> int:
 
 def gfd_labels(inventory: NodeGpuInventory) -> dict[str, str]:
     first = inventory.gpus[0]
-    return {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": first.product.replace(" ", "-"),
-            "nvidia.com/gpu.memory": str(first.memory_mib), "nvidia.com/gpu.count": str(len(inventory.gpus))}
+    return {GFD_PRESENT: "true", GFD_PRODUCT: first.product.replace(" ", "-"),
+            GFD_MEMORY: str(first.memory_mib), GFD_COUNT: str(len(inventory.gpus))}
 
 
 def create_preset_node(api: client.ApiClient, name: str, preset: str, *, labels: Mapping[str, str] | None = None,
@@ -71,6 +73,6 @@ def create_preset_node(api: client.ApiClient, name: str, preset: str, *, labels:
     ``labels`` are added to the GFD ones (e.g. the node's rack)."""
     inventory = PRESETS[preset](name)
     create_gpu_node(api, name, units(inventory),
-                    labels={**gfd_labels(inventory), "gpusched.io/preset": preset, **(labels or {})},
+                    labels={**gfd_labels(inventory), PRESET_NODE_LABEL: preset, **(labels or {})},
                     annotations={INVENTORY_ANNOTATION: encode_inventory(inventory)}, **kwargs)
     return inventory

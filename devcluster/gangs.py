@@ -7,6 +7,7 @@ from typing import Any
 from kubernetes import client
 
 from devcluster.cluster import vllm_pod
+from gpusched_api.names import GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, GANG_TIMEOUT_ANNOTATION
 
 KINDS = ("podgroup", "leaderworkerset", "annotations", "podgang")
 
@@ -39,15 +40,15 @@ def gang_pods(api: client.ApiClient, namespace: str, kind: str, name: str, size:
             labels["scheduling.x-k8s.io/pod-group"] = name
         elif kind == "podgang":
             labels.update({"grove.io/podgang": name, "grove.io/podclique": f"{name}-worker"})
-            annotations["gpusched.io/gang-timeout-seconds"] = str(timeout_s)
+            annotations[GANG_TIMEOUT_ANNOTATION] = str(timeout_s)
         elif kind == "leaderworkerset":
             labels.update({"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": "0",
                            "leaderworkerset.sigs.k8s.io/worker-index": str(i)})
             annotations.update({"leaderworkerset.sigs.k8s.io/size": str(size),
-                                "gpusched.io/gang-timeout-seconds": str(timeout_s)})
+                                GANG_TIMEOUT_ANNOTATION: str(timeout_s)})
         else:
-            annotations.update({"gpusched.io/gang-name": name, "gpusched.io/gang-size": str(size),
-                                "gpusched.io/gang-timeout-seconds": str(timeout_s)})
+            annotations.update({GANG_NAME_ANNOTATION: name, GANG_SIZE_ANNOTATION: str(size),
+                                GANG_TIMEOUT_ANNOTATION: str(timeout_s)})
         pod = vllm_pod(f"{name}-{i}", gpus=gpus, model="meta-llama/Llama-3.1-405B-Instruct", scheduler=scheduler,
                        args=["--tensor-parallel-size", str(gpus), "--pipeline-parallel-size", str(size),
                              "--nnodes", str(size), "--node-rank", str(i)],

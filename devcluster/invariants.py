@@ -26,12 +26,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-ASSIGNED = "gpusched.io/assigned-gpus"
-GANG_NAME = "gpusched.io/gang-name"
-GANG_SIZE = "gpusched.io/gang-size"
-GANG_TIMEOUT = "gpusched.io/gang-timeout-seconds"
-SHARE_RESOURCE = "gpusched.io/gpu-share"
-MIN_ROLE_REPLICAS = "gpusched.io/min-role-replicas"  # a prefill/decode group: its minimum is their sum
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION as ASSIGNED
+from gpusched_api.names import GANG_NAME_ANNOTATION as GANG_NAME
+from gpusched_api.names import GANG_SIZE_ANNOTATION as GANG_SIZE
+from gpusched_api.names import GANG_TIMEOUT_ANNOTATION as GANG_TIMEOUT
+from gpusched_api.names import MIN_ROLE_REPLICAS_ANNOTATION as MIN_ROLE_REPLICAS
+from gpusched_api.names import SHARE_RESOURCE
+
 DEFAULT_GANG_TIMEOUT_S = 30.0  # the extender's default when a group names none
 
 

@@ -18,6 +18,7 @@ from devcluster.fleet import create_preset_node
 from devcluster.gangs import gang_pods
 from devcluster.mixes import Mix, fits_alone
 from devcluster.stack import Stack
+from gpusched_api.names import GANG_NAME_ANNOTATION, TEST_FLEET_LABEL
 
 QUIET_S = 6.0  # a round is settled when the bound set has not changed for this long
 ROUND_TIMEOUT_S = 60.0
@@ -42,9 +43,9 @@ def run_mix(stack: Stack, mix: Mix, *, gang_timeout_s: int = 40, prefix: str = "
     for i, preset in enumerate(mix.nodes):
         node = f"{prefix}-{mix.seed}-{preset}-{i}"
         create_preset_node(api, node, preset)
-        core.patch_node(node, {"metadata": {"labels": {"gpusched.io/test-fleet": fleet}}})
+        core.patch_node(node, {"metadata": {"labels": {TEST_FLEET_LABEL: fleet}}})
         nodes.append(node)
-    selector = {"gpusched.io/test-fleet": fleet}
+    selector = {TEST_FLEET_LABEL: fleet}
     for gang in mix.gangs:
         for pod in gang_pods(api, namespace, "annotations", gang.name, gang.size, gang.gpus, selector,
                              timeout_s=gang_timeout_s):
@@ -64,7 +65,7 @@ def run_mix(stack: Stack, mix: Mix, *, gang_timeout_s: int = 40, prefix: str = "
             pods = settle(core, namespace)
             per_gang: Counter[str] = Counter()
             for p in pods:
-                gang = (p.metadata.annotations or {}).get("gpusched.io/gang-name")
+                gang = (p.metadata.annotations or {}).get(GANG_NAME_ANNOTATION)
                 if gang and p.spec.node_name:
                     per_gang[gang] += 1
             for gang, n in per_gang.items():

@@ -30,6 +30,7 @@ from devcluster.controlplane import (
     scheduler_config_from_manifests,
 )
 from devcluster.processes import Component, free_port, http_ok, with_hostname
+from gpusched_api.names import TEST_AGENT_POD_LABEL
 
 AGENT_POD_IMAGE = "ghcr.io/gpusched/node-agent:0.1.0"
 
@@ -40,7 +41,7 @@ def agent_pod_manifest(node: str, account: str = AGENT_SA, image: str = AGENT_PO
     controller-manager runs, the DaemonSet would adopt it and delete it (its node is not the
     DaemonSet's)."""
     return {"metadata": {"name": f"{account}-{node}", "namespace": NAMESPACE,
-                         "labels": {"gpusched.io/test-agent-pod": "true"}},
+                         "labels": {TEST_AGENT_POD_LABEL: "true"}},
             "spec": {"nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
                      "hostNetwork": True, "automountServiceAccountToken": False,
                      "containers": [{"name": "agent", "image": image, "imagePullPolicy": "IfNotPresent"}]}}

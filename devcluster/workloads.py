@@ -46,6 +46,19 @@ from devcluster.cluster import vllm_pod
 from engine_sidecar.modelinfo import DTYPE_BYTES, ModelFacts, kv_bytes_per_token_per_gpu
 from engine_sidecar.tuning import NON_TORCH_BYTES
 from extender.model.catalog import ModelSpec, builtin_catalog
+from gpusched_api.names import (
+    ENGINE_LABEL,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    GANG_TIMEOUT_ANNOTATION,
+    MEMORY_PER_GPU_ANNOTATION,
+    ROLE_LABEL,
+)
+from gpusched_api.names import GANG_NAME_ANNOTATION as GANG_NAME
+from gpusched_api.names import GANG_SIZE_ANNOTATION as GANG_SIZE
+from gpusched_api.names import GANG_TIMEOUT_ANNOTATION as GANG_TIMEOUT
+from gpusched_api.names import MIN_ROLE_REPLICAS_ANNOTATION as MIN_ROLE_REPLICAS
+from gpusched_api.names import TIER_ANNOTATION as TOPOLOGY_TIER
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -56,9 +69,6 @@ IMPOSSIBLE_MODEL, IMPOSSIBLE_TP = "meta-llama/Llama-3.1-70B-Instruct", 3  # 64 h
 LARGEST_GPU_MIB = 81559  # H100 80 GB: an engine needing more per GPU fits nowhere, so is never drawn
 RACK_LABEL = "topology.kubernetes.io/rack"  # the network tier "rack" as gpusched reads it (issue 19)
 RACK_NODES = 6  # nodes per rack, about (racks of 4-8 for fleets of 12 nodes or more)
-ROLE_LABEL = "gpusched.io/role"
-GANG_NAME, GANG_SIZE, GANG_TIMEOUT = "gpusched.io/gang-name", "gpusched.io/gang-size", "gpusched.io/gang-timeout-seconds"
-MIN_ROLE_REPLICAS, TOPOLOGY_TIER = "gpusched.io/min-role-replicas", "gpusched.io/topology-tier"
 
 
 # ---- fleet --------------------------------------------------------------------------------------
@@ -426,18 +436,18 @@ def engine_pods(engine: Engine, scheduler: str, gang_timeout_s: int = 30) -> lis
     pods = []
     for rank, name in enumerate(engine.pod_names):
         args = ["--tensor-parallel-size", str(engine.tp)]
-        annotations = {"gpusched.io/gpu-memory-per-gpu": f"{engine.memory_mib // 1024}Gi"}
+        annotations = {MEMORY_PER_GPU_ANNOTATION: f"{engine.memory_mib // 1024}Gi"}
         if engine.gang:
             args += ["--pipeline-parallel-size", str(engine.pp), "--nnodes", str(engine.pp), "--node-rank", str(rank)]
-            annotations.update({"gpusched.io/gang-name": engine.name, "gpusched.io/gang-size": str(engine.pp),
-                                "gpusched.io/gang-timeout-seconds": str(gang_timeout_s)})
+            annotations.update({GANG_NAME_ANNOTATION: engine.name, GANG_SIZE_ANNOTATION: str(engine.pp),
+                                GANG_TIMEOUT_ANNOTATION: str(gang_timeout_s)})
         pods.append(vllm_pod(name, gpus=engine.tp, scheduler=scheduler, model=engine.model, args=args,
-                             annotations=annotations, labels={"gpusched.io/engine": engine.name}))
+                             annotations=annotations, labels={ENGINE_LABEL: engine.name}))
     return pods
 
 
 def _group_annotations(engine: Engine, member: Member, gang_timeout_s: int) -> dict[str, str]:
-    out = {"gpusched.io/gpu-memory-per-gpu": f"{member.memory_mib // 1024}Gi", GANG_NAME: engine.name,
+    out = {MEMORY_PER_GPU_ANNOTATION: f"{member.memory_mib // 1024}Gi", GANG_NAME: engine.name,
            GANG_TIMEOUT: str(gang_timeout_s)}
     if engine.tier:
         out[TOPOLOGY_TIER] = engine.tier
@@ -455,7 +465,7 @@ def multi_node_pods(engine: Engine, scheduler: str, gang_timeout_s: int = 30) ->
                 "--nnodes", str(engine.nnodes), "--node-rank", str(m.rank)]
         annotations = {**_group_annotations(engine, m, gang_timeout_s), GANG_SIZE: str(engine.nnodes)}
         pods.append(vllm_pod(m.pod, gpus=m.gpus, scheduler=scheduler, model=engine.model, args=args,
-                             annotations=annotations, labels={"gpusched.io/engine": engine.name}))
+                             annotations=annotations, labels={ENGINE_LABEL: engine.name}))
     return pods
 
 
@@ -470,5 +480,5 @@ def pd_pods(engine: Engine, scheduler: str, gang_timeout_s: int = 30) -> list[di
         annotations = {**_group_annotations(engine, m, gang_timeout_s), MIN_ROLE_REPLICAS: minimums}
         pods.append(vllm_pod(m.pod, gpus=m.gpus, scheduler=scheduler, model=engine.model,
                              args=["--tensor-parallel-size", str(m.tp)], annotations=annotations,
-                             labels={"gpusched.io/engine": engine.name, ROLE_LABEL: m.role}))
+                             labels={ENGINE_LABEL: engine.name, ROLE_LABEL: m.role}))
     return pods

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from extender.app import Collaborators
-from extender.framework.profile import ProfileConfig, ProfileError, load_profile
+from extender.framework.profile import ProfileConfig, load_profile
 from extender.framework.runtime import Framework
 from extender.metrics import ExtenderMetrics, GangMetrics, count_refused_claims
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
@@ -33,6 +33,7 @@ from extender.service.requeue_feed import CapacityRequeue, RequeueFeed
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
 from extender.settings import Settings
+from gpusched_api.errors import FieldError
 
 log = logging.getLogger("gpusched.extender")
 CATALOG_CONFIGMAP = "gpusched-model-catalog"
@@ -54,7 +55,7 @@ def load_profile_file(path: str | None) -> ProfileConfig:
         raise StartupError(f"--profile {path}: not valid YAML: {exc}") from None
     try:
         return load_profile(raw, registry, base=default_profile())
-    except ProfileError as exc:
+    except FieldError as exc:
         raise StartupError(f"--profile {path}: {exc}") from None
 
 
@@ -224,7 +225,7 @@ def _dra_reflectors(api: Any, state: ClusterState, decider: FrameworkDecider) ->
 
     from extender.adapters.dra import ClaimFeed, SliceFeed, TemplateFeed
     from extender.adapters.kube import KubeClaimReader
-    from extender.model.dra import DRIVER
+    from gpusched_api.names import DRA_DRIVER
     from gpusched_runtime.reflector import Reflector
 
     dra = state.attach_dra()
@@ -232,7 +233,7 @@ def _dra_reflectors(api: Any, state: ClusterState, decider: FrameworkDecider) ->
     decider.dra = dra
     decider.claim_reader = KubeClaimReader(api)
     return [Reflector("resourceslices", resource.list_resource_slice, SliceFeed(dra),
-                      list_kwargs={"field_selector": f"spec.driver={DRIVER}"}),
+                      list_kwargs={"field_selector": f"spec.driver={DRA_DRIVER}"}),
             Reflector("resourceclaims", resource.list_resource_claim_for_all_namespaces, ClaimFeed(dra)),
             Reflector("resourceclaimtemplates", resource.list_resource_claim_template_for_all_namespaces,
                       TemplateFeed(dra))]
@@ -347,8 +348,8 @@ def _mismatch_recorder(decisions: DecisionStore, metrics: ExtenderMetrics) -> An
 def _over_share_recorder(decisions: DecisionStore, metrics: ExtenderMetrics, events: Any) -> Any:
     """A sharer over its share: count it, say so in the pod's decision record and as an Event on
     the pod (``kubectl describe pod``)."""
-    from extender.model.quantity import format_gib
     from extender.service.decisions import DecisionRecord
+    from gpusched_api.quantity import format_gib
 
     def record(key: str, node: str, gpu: str, used: int, share: int) -> None:
         namespace, _, name = key.partition("/")

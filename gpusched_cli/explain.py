@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
 from gpusched_cli.render import table
 
 
@@ -69,7 +70,7 @@ def pod_status_lines(namespace: str, name: str, kubeconfig: str | None) -> list[
         return ["(the apiserver answered with a pod lacking its status, spec or metadata)"]
     lines = [f"phase {status.phase}; node {spec.node_name or '(none)'}"]
     ann = meta.annotations or {}
-    if spec.node_name and ann.get("gpusched.io/assigned-gpus"):
+    if spec.node_name and ann.get(ASSIGNED_GPUS_ANNOTATION):
         # Durable: written on the pod at bind, so it survives an extender restart.
         lines.append(f"BOUND to {spec.node_name}: GPUs [{ann.get('gpusched.io/assigned-gpu-indices', '?')}] "
                      f"= {ann['gpusched.io/assigned-gpus']} (decision {ann.get('gpusched.io/decision-id', '?')}, "

@@ -169,7 +169,7 @@ def _connect_kube(settings: Settings) -> KubeEdge:
     publish_slice = read_claim = None
     republish_slice = _nothing
     if settings.dra:
-        from nodeagent.dra.slices import DRIVER
+        from gpusched_api.names import DRA_DRIVER
         from nodeagent.kube import ResourceSliceWriter, SliceWatch
 
         slices_api = client.ResourceV1Api()
@@ -184,7 +184,7 @@ def _connect_kube(settings: Settings) -> KubeEdge:
         # the kubelet's start-up wipe may land after the re-publish on registration: see SliceWatch
         Reflector("resourceslices", slices_api.list_resource_slice,
                   SliceWatch(lambda: writer.held_name, republish_slice),
-                  list_kwargs={"field_selector": f"spec.nodeName={node},spec.driver={DRIVER}"}).start()
+                  list_kwargs={"field_selector": f"spec.nodeName={node},spec.driver={DRA_DRIVER}"}).start()
     if settings.dra_kubelet_plugin:
         from nodeagent.kube import claim_reader
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.model.inventory import encode_inventory
+from gpusched_api.inventory import encode_inventory
 from gpusched_api.telemetry.v1 import telemetry_pb2
 from nodeagent.deviceplugin.allocation import Unit, units_of
 from nodeagent.dra.slices import DEFAULT_MIN_FREE_FRACTION, SliceDevice, devices_of

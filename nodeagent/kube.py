@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from extender.model.inventory import INVENTORY_ANNOTATION
+from gpusched_api.names import DRA_DRIVER, INVENTORY_ANNOTATION
 from gpusched_runtime.backoff import Backoff
-from nodeagent.dra.slices import DRIVER, SliceDevice, next_slice, slice_object
+from nodeagent.dra.slices import SliceDevice, next_slice, slice_object
 
 log = logging.getLogger("gpusched.nodeagent.kube")
 
@@ -190,7 +190,7 @@ class ResourceSliceWriter:
 
     def _adopt(self) -> dict[str, Any] | None:
         listed = _json(self._resource.list_resource_slice(
-            field_selector=f"spec.nodeName={self._node},spec.driver={DRIVER}", _request_timeout=self._timeout,
+            field_selector=f"spec.nodeName={self._node},spec.driver={DRA_DRIVER}", _request_timeout=self._timeout,
             _preload_content=False))
         slices = sorted(listed.get("items") or [], key=lambda s: int(s["spec"]["pool"].get("generation", 0)),
                         reverse=True)

@@ -49,11 +49,12 @@ from extender.framework.profile import ProfileConfig, load_profile
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
-from extender.model.inventory import GpuDevice, NodeGpuInventory
 from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info, with_cpu_free
 from extender.plugins import default_profile, default_registry
 from extender.plugins.fragmentation_score import NAME as FRAGMENTATION_SCORE
+from gpusched_api.inventory import GpuDevice, NodeGpuInventory
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 
 MIB_PER_MILLI = 100  # one GPU milli of the trace, in MiB of a replayed GPU
 GPU_MIB = GPU_MILLI * MIB_PER_MILLI  # every replayed GPU: 100,000 MiB
@@ -83,8 +84,8 @@ def pod_json(pod: TracePod, key: str) -> dict[str, Any]:
         raise ValueError(f"pod {pod.name} asks for no GPU: the core does not judge it")
     annotations: dict[str, str] = {}
     if pod.sharing:
-        annotations["gpusched.io/gpu-memory"] = f"{pod.gpu_milli * MIB_PER_MILLI}Mi"
-        limits = {"gpusched.io/gpu-share": "1"}
+        annotations[SHARE_MEMORY_ANNOTATION] = f"{pod.gpu_milli * MIB_PER_MILLI}Mi"
+        limits = {SHARE_RESOURCE: "1"}
     else:
         limits = {"nvidia.com/gpu": str(pod.num_gpu)}
     container = {"name": "main", "image": "openb",
@@ -105,7 +106,7 @@ def workload_args(pods: Sequence[TracePod]) -> list[dict[str, Any]]:
 
 def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None) -> ProfileConfig:
     """The default profile with FragmentationScore's workload from ``pods`` and ``wholeGpuPods:
-    true``; ``overrides`` are merged into its args. Raises ProfileError for bad args."""
+    true``; ``overrides`` are merged into its args. Raises FieldError (gpusched_api.errors) for bad args."""
     args = {"workload": workload_args(pods), "wholeGpuPods": True, **(overrides or {})}
     return load_profile({"pluginArgs": {FRAGMENTATION_SCORE: args}}, default_registry(), base=default_profile())
 

@@ -26,7 +26,7 @@ from engine_sidecar.errors import InputError, Problem, SidecarError
 from engine_sidecar.flags import VllmHelpFlags, flag_for, render, split_passthrough
 from engine_sidecar.gpus import CpuGpus, FileGpus, GpuFacts, GpuSet
 from engine_sidecar.modelinfo import load_model_dir
-from engine_sidecar.podinfo import METRICS_PORT, MemoryShare, PodInfo, check_share_known, read_pod_info
+from engine_sidecar.podinfo import MemoryShare, PodInfo, check_share_known, read_pod_info
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, WorkloadProfile, profile
 from engine_sidecar.records import DirectoryRecords, RecordKey, TuningRecord, apply_record, from_json, profile_label, record_of
@@ -37,6 +37,7 @@ from engine_sidecar.share import SHARE_HEADROOM_BYTES
 from engine_sidecar.startup import StartupClock, own_start_time
 from engine_sidecar.tuning import EngineParams, Tuning, TuningInputs
 from engine_sidecar.vllm_snapshot import installed_version
+from gpusched_api.names import METRICS_PORT_ANNOTATION
 from gpusched_runtime import settings as runtime_settings
 from gpusched_runtime.settings import SettingsError
 
@@ -134,10 +135,10 @@ class EngineCommand:
 def metrics_port_notes(settings: Settings, announced: int | None) -> list[str]:
     """What the pod's metrics-port annotation should say and does not."""
     if announced is None:
-        return [f"annotation {METRICS_PORT} is not set; set it to \"{settings.engine_port}\" in the pod template "
+        return [f"annotation {METRICS_PORT_ANNOTATION} is not set; set it to \"{settings.engine_port}\" in the pod template "
                 "so the node agent scrapes the engine"]
     if announced != settings.engine_port:
-        return [f"annotation {METRICS_PORT}={announced} but the engine serves /metrics on "
+        return [f"annotation {METRICS_PORT_ANNOTATION}={announced} but the engine serves /metrics on "
                 f"{settings.engine_port}: fix one of them"]
     return []
 
@@ -434,7 +435,8 @@ def build_report(tuning: Tuning, rendered: Any, accepted: frozenset[str], engine
         "prediction": asdict(tuning.prediction),
         "notes": notes,
         "engine": {"argv": list(engine_argv), "port": settings.engine_port},  # redacted with the rest by the caller
-        "metrics": {"port": settings.engine_port, "path": "/metrics", "annotation": METRICS_PORT, "announced": announced},
+        "metrics": {"port": settings.engine_port, "path": "/metrics", "annotation": METRICS_PORT_ANNOTATION,
+                    "announced": announced},
         "vllm_flags_known": len(accepted),
     }
 

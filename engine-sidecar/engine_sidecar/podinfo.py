@@ -10,9 +10,8 @@ The kubelet writes one ``key="value"`` line per annotation (values quoted like G
 | ``gpusched.io/gpu-memory-share`` | the older, sidecar-only spelling: a fraction (``0.5``) or a quantity; read as the share, with a note to rename it |
 | ``gpusched.io/metrics-port`` | the port the engine serves ``/metrics`` on; checked against ``--engine-port`` |
 
-The share annotation's name is the one ``extender/model/share.py`` defines (the sidecar is its own
-package and repeats it; a unit test keeps the two equal), and quantities follow the API server's
-rules as ``extender/model/quantity.py`` does, so the extender and the sidecar read the same bytes.
+The names are ``gpusched_api.names``' and quantities are read by ``gpusched_api.quantity``, as the
+extender reads them: the extender and the sidecar read the same annotation as the same bytes.
 
 The sidecar cannot annotate its own pod (that would need RBAC to patch pods); the port is meant
 to be declared in the pod template next to the container port, and the sidecar verifies it.
@@ -24,24 +23,20 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from engine_sidecar.errors import InputError
-
-ASSIGNED_GPUS = "gpusched.io/assigned-gpus"
-SHARE_MEMORY = "gpusched.io/gpu-memory"  # = extender.model.share.SHARE_MEMORY_ANNOTATION
-SHARE_RESOURCE = "gpusched.io/gpu-share"  # = extender.model.share.SHARE_RESOURCE
-MEMORY_SHARE = "gpusched.io/gpu-memory-share"  # the older spelling, still read
-METRICS_PORT = "gpusched.io/metrics-port"
+from gpusched_api.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    LEGACY_SHARE_ANNOTATION,
+    METRICS_PORT_ANNOTATION,
+    SHARE_MEMORY_ANNOTATION,
+    SHARE_RESOURCE,
+)
+from gpusched_api.quantity import parse_quantity_bytes
 
 _LINE = re.compile(r'^([^=\s]+)=(".*")\s*$')
-# A Kubernetes quantity: a number, then a suffix or a decimal exponent (never both), as in apimachinery.
-_QUANTITY = re.compile(r"^(?P<num>\+?(?:\d+(?:\.\d*)?|\.\d+))"
-                       r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?$")
 _MIN_SHARE_BYTES = 2**20  # below a MiB, "0.5" was surely meant as a fraction
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class MemoryShare:
 
     fraction: float | None = None  # 0 < f <= 1 of the GPU's total (older annotation only)
     bytes: int | None = None
-    annotation: str = SHARE_MEMORY
+    annotation: str = SHARE_MEMORY_ANNOTATION
     text: str = ""  # the annotation's value, for messages
 
     def per_gpu(self, total_bytes: int) -> int:
@@ -88,36 +83,35 @@ def parse_annotations_text(text: str, where: str = "annotations") -> dict[str, s
 
 def pod_info(annotations: dict[str, str], where: str = "annotations") -> PodInfo:
     """Pure: the sidecar's view of its annotations; malformed values raise ``InputError``."""
-    uuids = tuple(u.strip() for u in annotations.get(ASSIGNED_GPUS, "").split(",") if u.strip())
+    uuids = tuple(u.strip() for u in annotations.get(ASSIGNED_GPUS_ANNOTATION, "").split(",") if u.strip())
     share = None
     notes: tuple[str, ...] = ()
-    if SHARE_MEMORY in annotations and MEMORY_SHARE in annotations:
-        raise InputError(f"{where}: both {SHARE_MEMORY} and {MEMORY_SHARE} are set",
-                         f"keep only {SHARE_MEMORY} (a quantity such as 30Gi)")
-    if SHARE_MEMORY in annotations:
-        share = parse_share_quantity(annotations[SHARE_MEMORY], f"{where}: {SHARE_MEMORY}")
-    elif MEMORY_SHARE in annotations:
-        share = parse_share(annotations[MEMORY_SHARE], f"{where}: {MEMORY_SHARE}")
-        notes = (f"annotation {MEMORY_SHARE} is the older name of {SHARE_MEMORY}; rename it (a quantity, e.g. 30Gi) "
+    if SHARE_MEMORY_ANNOTATION in annotations and LEGACY_SHARE_ANNOTATION in annotations:
+        raise InputError(f"{where}: both {SHARE_MEMORY_ANNOTATION} and {LEGACY_SHARE_ANNOTATION} are set",
+                         f"keep only {SHARE_MEMORY_ANNOTATION} (a quantity such as 30Gi)")
+    if SHARE_MEMORY_ANNOTATION in annotations:
+        share = parse_share_quantity(annotations[SHARE_MEMORY_ANNOTATION], f"{where}: {SHARE_MEMORY_ANNOTATION}")
+    elif LEGACY_SHARE_ANNOTATION in annotations:
+        share = parse_share(annotations[LEGACY_SHARE_ANNOTATION], f"{where}: {LEGACY_SHARE_ANNOTATION}")
+        notes = (f"annotation {LEGACY_SHARE_ANNOTATION} is the older name of {SHARE_MEMORY_ANNOTATION}; "
+                 "rename it (a quantity, e.g. 30Gi) "
                  f"and request {SHARE_RESOURCE}: 1 so gpusched places the pod as a share",)
     port = None
-    if METRICS_PORT in annotations:
-        raw = annotations[METRICS_PORT]
+    if METRICS_PORT_ANNOTATION in annotations:
+        raw = annotations[METRICS_PORT_ANNOTATION]
         if not raw.isdigit() or not 0 < int(raw) < 65536:
-            raise InputError(f"{where}: {METRICS_PORT}={raw!r} is not a port", "set it to the engine's port number")
+            raise InputError(f"{where}: {METRICS_PORT_ANNOTATION}={raw!r} is not a port", "set it to the engine's port number")
         port = int(raw)
     return PodInfo(uuids, share, port, notes)
 
 
 def quantity_bytes(text: str) -> int | None:
-    """A Kubernetes quantity as whole bytes (fractions of a byte round up, as the extender's
-    ``parse_quantity_bytes`` does), or None when ``text`` is not one."""
-    m = _QUANTITY.match(text.strip())
-    if not m or (m["exp"] is not None and int(m["exp"]) > 30):
+    """A Kubernetes quantity as whole bytes (fractions of a byte round up), read exactly as the
+    extender reads it (``gpusched_api.quantity``), or None when ``text`` is not one."""
+    try:
+        return parse_quantity_bytes(text)
+    except ValueError:
         return None
-    number = Decimal(m["num"])
-    value = number * (Decimal(10) ** int(m["exp"]) if m["exp"] is not None else _UNITS[m["suffix"] or ""])
-    return int(value.to_integral_value(rounding=ROUND_CEILING))
 
 
 def parse_share_quantity(text: str, where: str) -> MemoryShare:
@@ -129,7 +123,7 @@ def parse_share_quantity(text: str, where: str) -> MemoryShare:
     if size < _MIN_SHARE_BYTES:
         raise InputError(f"{where}={text!r}: {size} bytes; the share is a byte quantity, not a fraction of the GPU",
                          "give the GPU memory the engine may use with a suffix, e.g. 30Gi")
-    return MemoryShare(bytes=size, annotation=SHARE_MEMORY, text=text.strip())
+    return MemoryShare(bytes=size, annotation=SHARE_MEMORY_ANNOTATION, text=text.strip())
 
 
 def parse_share(text: str, where: str) -> MemoryShare:
@@ -141,10 +135,10 @@ def parse_share(text: str, where: str) -> MemoryShare:
         size = quantity_bytes(value)
         if size is None or size <= 0:
             raise InputError(f"{where}={text!r}: neither a fraction nor a quantity", "use e.g. 0.5 or 20Gi") from None
-        return MemoryShare(bytes=size, annotation=MEMORY_SHARE, text=value)
+        return MemoryShare(bytes=size, annotation=LEGACY_SHARE_ANNOTATION, text=value)
     if not 0 < f <= 1:
         raise InputError(f"{where}={text!r}: a fraction must be in (0, 1]", "use e.g. 0.5 or a quantity like 20Gi")
-    return MemoryShare(fraction=f, annotation=MEMORY_SHARE, text=value)
+    return MemoryShare(fraction=f, annotation=LEGACY_SHARE_ANNOTATION, text=value)
 
 
 SHARE_SLOT_ENV = "GPUSCHED_GPU_SHARE_SLOT"  # set by gpusched's device plugin on a sharer's container
@@ -157,9 +151,9 @@ def check_share_known(pod: PodInfo, environ: Mapping[str, str]) -> None:
     if slot and pod.memory_share is None:
         raise InputError(
             f"this container holds GPU share slot {slot} ({SHARE_RESOURCE}), but the sidecar does not know the "
-            f"share: no {SHARE_MEMORY} in its annotations file",
+            f"share: no {SHARE_MEMORY_ANNOTATION} in its annotations file",
             f"mount the pod's annotations with the downward API and pass --annotations-file (see "
-            f"manifests/examples/vllm-share.yaml), and give the pod annotation {SHARE_MEMORY}")
+            f"manifests/examples/vllm-share.yaml), and give the pod annotation {SHARE_MEMORY_ANNOTATION}")
 
 
 def read_pod_info(path: str | None) -> PodInfo:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from engine_sidecar.errors import Problem
 from engine_sidecar.modelinfo import ModelFacts
-from engine_sidecar.podinfo import SHARE_MEMORY, SHARE_RESOURCE
 from engine_sidecar.tuning import (
     EngineParams,
     Tuning,
@@ -28,6 +27,7 @@ from engine_sidecar.tuning import (
     tensor_parallel_size,
     tune,
 )
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,11 @@ def structural(inputs: TuningInputs, tp: int, pp: int) -> list[Problem]:
                                 "request nvidia.com/gpu in the pod, or use --gpu-backend cpu"))
         return problems
     share = inputs.memory_share
-    if share is not None and share.annotation == SHARE_MEMORY and (len(g.gpus) != 1 or tp * pp != 1):
+    if share is not None and share.annotation == SHARE_MEMORY_ANNOTATION and (len(g.gpus) != 1 or tp * pp != 1):
         problems.append(Problem("share", f"the share {share.describe()} is part of one GPU for one engine at TP=1 PP=1, "
                                 f"but {len(g.gpus)} GPU(s) are visible and TP x PP = {tp * pp}.",
-                                f"request one {SHARE_RESOURCE} and no nvidia.com/gpu with TP=1, or drop {SHARE_MEMORY} "
-                                "and request whole GPUs"))
+                                f"request one {SHARE_RESOURCE} and no nvidia.com/gpu with TP=1, or drop "
+                                f"{SHARE_MEMORY_ANNOTATION} and request whole GPUs"))
         return problems
     if tp * pp != len(g.gpus):
         problems.append(Problem("gpus", f"tensor parallel size ({tp}) x pipeline parallel size ({pp}) = {tp * pp}, "

@@ -29,9 +29,8 @@ from engine_sidecar.calibration.workload import Workload
 from engine_sidecar.errors import InputError
 from engine_sidecar.preflight import plan
 from engine_sidecar.tuning import Tuning, TuningInputs
-from engine_sidecar.vllm_snapshot import RECORD_KIND
+from gpusched_api.names import TUNING_RECORD_KIND
 
-KIND = RECORD_KIND
 REGRESSION_MARGIN = 0.10  # a figure 10 % worse on the new version is flagged (one run each: smaller is noise)
 MAX_RECORD_BYTES = 256 * 1024  # a ConfigMap holds 1 MiB in all; a record is a few KiB
 _KEY_CHARS = re.compile(r"[^-._a-zA-Z0-9]+")
@@ -85,7 +84,7 @@ class TuningRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": KIND, "key": self.key.to_json(), "chosen": dict(self.chosen), "reason": self.reason,
+        return {"kind": TUNING_RECORD_KIND, "key": self.key.to_json(), "chosen": dict(self.chosen), "reason": self.reason,
                 "objective": self.objective, "workload": dict(self.workload), "kv_tokens": self.kv_tokens,
                 "trials": [dict(t) for t in self.trials], "measured_at": self.measured_at,
                 "vllm_snapshot": dict(self.vllm_snapshot) if self.vllm_snapshot else None, **dict(self.extra)}
@@ -105,8 +104,8 @@ class TuningRecord:
 
 def from_json(document: Any, where: str) -> TuningRecord:
     """A record from its JSON form; ``InputError`` naming the source and field otherwise."""
-    if not isinstance(document, dict) or document.get("kind") != KIND:
-        raise InputError(f"{where}: not a tuning record (\"kind\": {KIND!r} missing)",
+    if not isinstance(document, dict) or document.get("kind") != TUNING_RECORD_KIND:
+        raise InputError(f"{where}: not a tuning record (\"kind\": {TUNING_RECORD_KIND!r} missing)",
                          "write records with gpusched tune --measure or the sidecar's --calibrate")
     k = document.get("key")
     if not isinstance(k, dict):

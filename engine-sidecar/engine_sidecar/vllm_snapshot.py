@@ -11,7 +11,7 @@ that resolution is not a change of the dataclass default, and is not seen here.
 
 Snapshots are JSON files (``gpusched tune --snapshot VLLM > file``)::
 
-    {"kind": "gpusched.io/vllm-snapshot", "version": "0.32.0",
+    {"kind": VLLM_SNAPSHOT_KIND, "version": "0.32.0",      # gpusched_api.names: gpusched.io/vllm-snapshot
      "defaults": {"max_num_seqs": null, "block_size": null, ...}, "flags": ["--block-size", ...]}
 """
 
@@ -27,9 +27,7 @@ from typing import Any
 
 from engine_sidecar.errors import EngineError, InputError
 from engine_sidecar.flags import VllmHelpFlags
-
-KIND = "gpusched.io/vllm-snapshot"
-RECORD_KIND = "gpusched.io/tuning-record"  # engine_sidecar.records.KIND: a record carries its install's snapshot
+from gpusched_api.names import TUNING_RECORD_KIND, VLLM_SNAPSHOT_KIND
 
 # Run by the install's own interpreter: JSON-safe defaults as values, others as their repr.
 _SNAPSHOT_SCRIPT = """
@@ -58,7 +56,7 @@ class VllmSnapshot:
     source: str = ""  # where it was read from, for headings
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": KIND, "version": self.version, "defaults": dict(sorted(self.defaults.items())),
+        return {"kind": VLLM_SNAPSHOT_KIND, "version": self.version, "defaults": dict(sorted(self.defaults.items())),
                 "flags": sorted(self.flags)}
 
 
@@ -92,8 +90,8 @@ def _show(value: Any) -> str:
 
 def from_json(document: Any, where: str) -> VllmSnapshot:
     """A snapshot from its JSON form; ``InputError`` naming the file and field otherwise."""
-    if not isinstance(document, dict) or document.get("kind") != KIND:
-        raise InputError(f"{where}: not a vLLM snapshot (\"kind\": {KIND!r} missing)",
+    if not isinstance(document, dict) or document.get("kind") != VLLM_SNAPSHOT_KIND:
+        raise InputError(f"{where}: not a vLLM snapshot (\"kind\": {VLLM_SNAPSHOT_KIND!r} missing)",
                          "write one with gpusched tune --snapshot VLLM")
     version, defaults, flags = document.get("version"), document.get("defaults"), document.get("flags")
     if not isinstance(version, str) or not version:
@@ -165,7 +163,7 @@ def load(spec: str, cache_dir: str | None = None) -> VllmSnapshot:
             raise InputError(f"{spec}: unreadable ({exc.strerror})", "pass a snapshot file or a vllm executable") from None
         except ValueError as exc:
             raise InputError(f"{spec}: not JSON ({exc})", "pass a snapshot file written by --snapshot") from None
-        if isinstance(document, dict) and document.get("kind") == RECORD_KIND:
+        if isinstance(document, dict) and document.get("kind") == TUNING_RECORD_KIND:
             return _from_record(document, spec)
         return from_json(document, spec)
     return read_installed(spec, cache_dir)

@@ -14,23 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extender.model.dra import (
-    DRIVER,
-    AllocatedDevice,
-    ClaimRequest,
-    DraClaim,
-    DraSlice,
-    DraTemplate,
-    SliceDevice,
-)
+from extender.model.dra import AllocatedDevice, ClaimRequest, DraClaim, DraSlice, DraTemplate, SliceDevice
 from extender.service.dra import DraState
+from gpusched_api.names import DRA_DRIVER
 
 
 def decode_slice(obj: Mapping[str, Any]) -> DraSlice | None:
     """A gpu.gpusched.io ResourceSlice, or None for another driver's or one bound to no node."""
     spec = obj.get("spec") or {}
     node = spec.get("nodeName")
-    if spec.get("driver") != DRIVER or not node:
+    if spec.get("driver") != DRA_DRIVER or not node:
         return None
     pool = spec.get("pool") or {}
     devices = []
@@ -48,7 +41,7 @@ def decode_slice(obj: Mapping[str, Any]) -> DraSlice | None:
 
 def _attribute(attributes: Mapping[str, Any], name: str, kind: str) -> Any:
     """An attribute's value by its name, bare or qualified with the driver's domain."""
-    value = attributes.get(name) or attributes.get(f"{DRIVER}/{name}") or {}
+    value = attributes.get(name) or attributes.get(f"{DRA_DRIVER}/{name}") or {}
     return value.get(kind) if isinstance(value, Mapping) else None
 
 

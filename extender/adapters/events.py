@@ -20,9 +20,9 @@ from typing import Any, cast
 from kubernetes import client
 
 from extender.service.gang import PartialGang
+from gpusched_api.names import EVENTS_CONTROLLER
 
 log = logging.getLogger("gpusched.extender.events")
-CONTROLLER = "gpusched.io/extender"
 _NOTE_MAX = 1024  # events.k8s.io/v1 rejects a longer note
 
 
@@ -58,7 +58,7 @@ class EventWriter:
                 # ending in "." is refused: the apiserver validates the prefix as a DNS subdomain).
                 "metadata": {"name": f"{regarding['name']}.{time.time_ns():x}", "namespace": namespace},
                 "eventTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                "reportingController": CONTROLLER, "reportingInstance": self._instance,
+                "reportingController": EVENTS_CONTROLLER, "reportingInstance": self._instance,
                 "action": action, "reason": reason, "type": "Warning", "regarding": regarding,
                 "note": note if len(note) <= _NOTE_MAX else note[: _NOTE_MAX - 1] + "…"}
         try:

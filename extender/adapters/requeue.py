@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 from kubernetes import client
 
+from gpusched_api.names import CAPACITY_GENERATION_ANNOTATION, POD_REQUEUE_ANNOTATION
+
 log = logging.getLogger("gpusched.extender.requeue")
 REQUEST_TIMEOUT_S = 10.0  # a hung apiserver call delays one nudge, never the thread forever
-GENERATION_ANNOTATION = "gpusched.io/capacity-generation"
 
 
 class NodeNudger:
@@ -60,7 +61,7 @@ class NodeNudger:
                 self._generation += 1
                 generation = self._generation
             try:
-                self._core.patch_node(node, {"metadata": {"annotations": {GENERATION_ANNOTATION: str(generation)}}},
+                self._core.patch_node(node, {"metadata": {"annotations": {CAPACITY_GENERATION_ANNOTATION: str(generation)}}},
                                       _request_timeout=REQUEST_TIMEOUT_S)
                 self.patches += 1
             except Exception as exc:  # a vanished node or a missing permission must not kill the thread
@@ -68,9 +69,6 @@ class NodeNudger:
                 log.warning("%s", self.last_error)
             self._last[node] = time.monotonic()
             time.sleep(self._spacing_s)
-
-
-POD_REQUEUE_ANNOTATION = "gpusched.io/requeue-generation"
 
 
 class PodNudger:

@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 
 from extender.model.nodemaps import GroupedMapping
+from gpusched_api.scores import MAX_EXTENDER_SCORE
 
-MAX_EXTENDER_SCORE = 10
 _HOST_BETWEEN = tuple(f'","Score":{s}}},{{"Host":"' for s in range(MAX_EXTENDER_SCORE + 1))
 _HOST_LAST = tuple(f'","Score":{s}}}]' for s in range(MAX_EXTENDER_SCORE + 1))
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 
-from extender.model.validation import BOUNDS, RULE, SAID, Problem, Say, problems
+from gpusched_api.validation import BOUNDS, RULE, SAID, Problem, Say, problems
 
 # Sentences for the failures of profile and argument values that no Say replaces.
 SENTENCES = MappingProxyType({

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from extender.framework.groupmemo import GroupAnswers
-from extender.framework.interfaces import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
 from extender.framework.status import Code, Status
 from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import Tier
+from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,6 @@ from extender.model.demand import PodDemand
 from extender.model.placement import Placement, UnitRequest, find_placement
 from extender.model.snapshot import ClusterSnapshot, FreeUnits, NodeInfo
 
-MAX_NODE_SCORE = 100  # normalised plugin scores lie in 0..MAX_NODE_SCORE
-MAX_EXTENDER_SCORE = 10  # the extender protocol's HostPriority range is 0..10
-
 
 @dataclass(frozen=True)
 class Scored:

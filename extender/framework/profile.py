@@ -15,7 +15,7 @@ Keys omitted fall back to ``base`` (normally ``extender.plugins.default_profile(
 A plugin's pre-filter runs when the plugin is listed in ``filterPlugins``.
 
 The shape is checked by pydantic (:class:`_Profile`); the rules that need the registry (a name
-is registered, listed once) are validators on it; failures become :class:`ProfileError`.
+is registered, listed once) are validators on it; failures become :class:`FieldError`.
 """
 
 from __future__ import annotations
@@ -43,17 +43,10 @@ from pydantic.alias_generators import to_camel
 
 from extender.framework.args import argument_names, sentence, show
 from extender.framework.registry import Registry
-from extender.model.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, first_problem, rule_error
+from gpusched_api.errors import FieldError
+from gpusched_api.validation import RULE, UNKNOWN_KEY, Problem, Say, fail_at, first_problem, rule_error
 
 ROOT = "profile"
-
-
-class ProfileError(ValueError):
-    """An invalid profile; ``path`` is the offending field (``profile.scorePlugins[1].weight``)."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,7 @@ def load_profile(raw: Mapping[str, Any] | None, registry: Registry,
                  base: ProfileConfig | None = None) -> ProfileConfig:
     """Validate a profile mapping (e.g. parsed YAML) against ``registry``.
 
-    Raises ``ProfileError`` naming the first bad field. Plugin arguments are turned into each
+    Raises ``FieldError`` naming the first bad field. Plugin arguments are turned into each
     plugin's frozen ``<Plugin>Args`` here, so nothing is parsed later on the hot path.
     """
     base = base or ProfileConfig()
@@ -106,12 +99,12 @@ def parse_args(args_type: type, raw: Any, path: str) -> Any:
     """Build a frozen ``<Plugin>Args`` (an ``extender.framework.args.PluginArgs``) from a camelCase mapping.
 
     pydantic checks the field types and bounds its annotations declare and refuses unknown keys;
-    the first failure is raised as ``ProfileError`` under ``path``. ``None`` means no arguments.
+    the first failure is raised as ``FieldError`` under ``path``. ``None`` means no arguments.
     """
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ProfileError(path, f"must be a mapping of arguments, got {show(raw)}")
+        raise FieldError(path, f"must be a mapping of arguments, got {show(raw)}")
     try:
         return TypeAdapter(args_type).validate_python(dict(raw))
     except ValidationError as exc:
@@ -174,12 +167,12 @@ class _Profile(BaseModel):
         return refs
 
 
-def _profile_error(problem: Problem, noun: str, root: str = ROOT) -> ProfileError:
+def _profile_error(problem: Problem, noun: str, root: str = ROOT) -> FieldError:
     """The problem in the profile's words; ``noun`` names what an unknown key is ("key", "argument")."""
     path = problem.path(root)
     if problem.kind in UNKNOWN_KEY:
-        return ProfileError(path, f"unknown {noun}; known: {', '.join(problem.known) or 'none'}")
+        return FieldError(path, f"unknown {noun}; known: {', '.join(problem.known) or 'none'}")
     if problem.kind == RULE:
-        return ProfileError(path, problem.message)
+        return FieldError(path, problem.message)
     text = "must be a mapping" if problem.kind == "model_type" else sentence(problem)
-    return ProfileError(path, f"{text}, got {show(problem.value)}")
+    return FieldError(path, f"{text}, got {show(problem.value)}")

@@ -45,7 +45,6 @@ from extender.framework.decisions import (
 )
 from extender.framework.groupmemo import GroupAnswers
 from extender.framework.interfaces import (
-    MAX_NODE_SCORE,
     Abstain,
     CycleState,
     FilterPlugin,
@@ -54,13 +53,15 @@ from extender.framework.interfaces import (
     Scored,
     ScorePlugin,
 )
-from extender.framework.profile import ROOT, ProfileConfig, ProfileError
+from extender.framework.profile import ROOT, ProfileConfig
 from extender.framework.registry import Registry
 from extender.framework.status import Code, Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
 from extender.model.snapshot_groups import UNKNOWN_GROUP, NodeGroups
+from gpusched_api.errors import FieldError
+from gpusched_api.scores import MAX_NODE_SCORE
 
 __all__ = ["Framework", "FilterDecision", "GpuChoice", "NodeScore", "NodeVerdict", "PluginScore", "ScoreDecision",
            "summarize_failures", "to_extender_score"]
@@ -92,21 +93,21 @@ class Framework:
 
     @classmethod
     def from_profile(cls, profile: ProfileConfig, registry: Registry, *, memos: bool = True) -> Framework:
-        """Build each enabled plugin once; raises ProfileError if one lacks its extension point."""
+        """Build each enabled plugin once; raises FieldError if one lacks its extension point."""
         built: dict[str, Any] = {}
         for name in profile.enabled():
             factory = registry.get(name)
             if factory is None:
-                raise ProfileError(f"{ROOT}", f"unknown plugin {name!r}")
+                raise FieldError(f"{ROOT}", f"unknown plugin {name!r}")
             args = profile.plugin_args.get(name, factory.default_args())
             built[name] = factory.new(args)
         for i, name in enumerate(profile.filter_plugins):
             if not isinstance(built[name], (PreFilterPlugin, FilterPlugin)):
-                raise ProfileError(f"{ROOT}.filterPlugins[{i}]",
+                raise FieldError(f"{ROOT}.filterPlugins[{i}]",
                                    f"plugin {name!r} implements neither PreFilter nor Filter")
         for i, ref in enumerate(profile.score_plugins):
             if not isinstance(built[ref.name], ScorePlugin):
-                raise ProfileError(f"{ROOT}.scorePlugins[{i}].name", f"plugin {ref.name!r} does not implement Score")
+                raise FieldError(f"{ROOT}.scorePlugins[{i}].name", f"plugin {ref.name!r} does not implement Score")
         return cls([built[n] for n in profile.filter_plugins],
                    [(built[r.name], r.weight) for r in profile.score_plugins], memos=memos)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extender.model.quantity import parse_cpu_milli
+from gpusched_api.quantity import parse_cpu_milli
 
 CPU_RESOURCE = "cpu"
 

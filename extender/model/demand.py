@@ -29,7 +29,7 @@ then the claims' ``exactly.count`` (``PodDemand.dra`` says so), and ``nvidia.com
 beside it is a contradiction. The marker resource ``gpusched.io/dra`` (what makes kube-scheduler
 call the extender for such a pod) without such a claim is one too.
 
-**A share of a GPU** (``extender.model.share``): one ``gpusched.io/gpu-share`` in the containers'
+**A share of a GPU** (``gpusched_api.share``): one ``gpusched.io/gpu-share`` in the containers'
 limits and the annotation ``gpusched.io/gpu-memory`` (a quantity) ask for that much memory of one
 whole GPU, shared with other engines: ``gpu_count`` 1, ``share_bytes`` set. Either without the
 other, a share beside ``nvidia.com/gpu``, more than one share, parallel sizes above 1 or an engine
@@ -67,21 +67,27 @@ from typing import Any
 
 from extender.model.catalog import Catalog
 from extender.model.cpu import pod_cpu_request_milli
-from extender.model.dra import DRA_MARKER_RESOURCE, GPU_CLASS, DraDemand
-from extender.model.gang import GANG_NAME_ANNOTATION, POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
-from extender.model.quantity import format_gib, parse_quantity_bytes
-from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from extender.model.dra import DraDemand
+from extender.model.gang import POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.shellwords import MAX_ARG_BYTES, split_shell_words
-from extender.model.untrusted import shown
-
-GPU_RESOURCE = "nvidia.com/gpu"
-ANN_MODEL = "gpusched.io/model"
-ANN_TP = "gpusched.io/tensor-parallel-size"
-ANN_PP = "gpusched.io/pipeline-parallel-size"
-ANN_HEADS = "gpusched.io/model-attention-heads"
-ANN_KV_HEADS = "gpusched.io/model-kv-heads"
-ANN_MEMORY = "gpusched.io/gpu-memory-per-gpu"
-ANN_REQUIRE_NVLINK = "gpusched.io/require-nvlink"
+from gpusched_api.names import (
+    ATTENTION_HEADS_ANNOTATION,
+    DRA_GPU_CLASS,
+    DRA_MARKER_RESOURCE,
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    KV_HEADS_ANNOTATION,
+    MEMORY_PER_GPU_ANNOTATION,
+    MODEL_ANNOTATION,
+    PIPELINE_PARALLEL_ANNOTATION,
+    REQUIRE_NVLINK_ANNOTATION,
+    SHARE_MEMORY_ANNOTATION,
+    SHARE_RESOURCE,
+    TENSOR_PARALLEL_ANNOTATION,
+)
+from gpusched_api.quantity import format_gib, parse_quantity_bytes
+from gpusched_api.thirdparty import GPU_RESOURCE
+from gpusched_api.untrusted import shown
 
 # vLLM's flags (vllm/engine/arg_utils.py), by the setting they give.
 _VALUE_FLAGS: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -231,14 +237,14 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
             f"the engine spans {layout.nodes} pods ({layout.how}), but the pod declares no group, and "
             "placed one pod at a time the first would hold its GPUs waiting for the rest; declare the "
             f"group (label {POD_GROUP_LABEL}, a LeaderWorkerSet, annotations {GANG_NAME_ANNOTATION} and "
-            f"gpusched.io/gang-size, a KubeRay cluster, a Grove PodGang or spec.schedulingGroup), or "
+            f"{GANG_SIZE_ANNOTATION}, a KubeRay cluster, a Grove PodGang or spec.schedulingGroup), or "
             f"set {source.field} to {layout.world} for an engine in one pod"
         )
     tp = layout.tp
-    model = (annotations.get(ANN_MODEL) or args.model or None)
+    model = (annotations.get(MODEL_ANNOTATION) or args.model or None)
     spec = catalog.lookup(model)
-    heads = _positive(annotations, ANN_HEADS, "attention heads")
-    kv_heads = _positive(annotations, ANN_KV_HEADS, "KV heads")
+    heads = _positive(annotations, ATTENTION_HEADS_ANNOTATION, "attention heads")
+    kv_heads = _positive(annotations, KV_HEADS_ANNOTATION, "KV heads")
     if heads is None and spec is not None:
         heads = spec.attention_heads
     if kv_heads is None and spec is not None and heads == spec.attention_heads:
@@ -247,16 +253,16 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         raise _Invalid(
             f"model {shown(model)} is not in the gpusched model catalog, so its attention heads are "
             f"unknown and tensor-parallel-size {tp} cannot be checked; add annotations "
-            f"{ANN_HEADS} and {ANN_KV_HEADS} (from the model's config.json "
+            f"{ATTENTION_HEADS_ANNOTATION} and {KV_HEADS_ANNOTATION} (from the model's config.json "
             "num_attention_heads and num_key_value_heads) or a catalog entry"
             if model else
-            f"tensor-parallel-size is {tp} but no model is named; add annotations {ANN_HEADS} "
-            f"and {ANN_KV_HEADS}, or pass --model / {ANN_MODEL} for a catalog model"
+            f"tensor-parallel-size is {tp} but no model is named; add annotations {ATTENTION_HEADS_ANNOTATION} "
+            f"and {KV_HEADS_ANNOTATION}, or pass --model / {MODEL_ANNOTATION} for a catalog model"
         )
     if heads is not None and kv_heads is not None and (kv_heads > heads or heads % kv_heads):
         raise _Invalid(
             f"KV heads ({kv_heads}) must divide attention heads ({heads}); check annotations "
-            f"{ANN_KV_HEADS} and {ANN_HEADS}"
+            f"{KV_HEADS_ANNOTATION} and {ATTENTION_HEADS_ANNOTATION}"
         )
 
     return PodDemand(
@@ -277,7 +283,7 @@ def _dra_count(dra: DraDemand | None, containers: Sequence[Mapping[str, Any]], g
     if dra is None:
         if marked:
             raise _Invalid(f"the pod carries {DRA_MARKER_RESOURCE} (GPUs through DRA) but none of its "
-                           f"spec.resourceClaims asks for DeviceClass {GPU_CLASS} or mig.gpusched.io; add the "
+                           f"spec.resourceClaims asks for DeviceClass {DRA_GPU_CLASS} or mig.gpusched.io; add the "
                            f"claim, or drop {DRA_MARKER_RESOURCE} and ask for {GPU_RESOURCE}")
         return gpu_count
     if share_bytes is not None or gpu_count:
@@ -333,8 +339,10 @@ class _CountSource:
 def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int, source: _CountSource) -> _Layout:
     """The engine's parallel sizes and how many pods it spans (the module docstring's four rules);
     ``source`` names where the GPU count came from in the problems it raises."""
-    tp = _positive(annotations, ANN_TP, "tensor-parallel-size") or args.positive("tp", "tensor-parallel-size")
-    pp = _positive(annotations, ANN_PP, "pipeline-parallel-size") or args.positive("pp", "pipeline-parallel-size")
+    tp = (_positive(annotations, TENSOR_PARALLEL_ANNOTATION, "tensor-parallel-size")
+          or args.positive("tp", "tensor-parallel-size"))
+    pp = (_positive(annotations, PIPELINE_PARALLEL_ANNOTATION, "pipeline-parallel-size")
+          or args.positive("pp", "pipeline-parallel-size"))
     dp = args.positive("dp", "data-parallel-size")
     dpl = args.positive("dpl", "data-parallel-size-local")
     pcp = args.positive("pcp", "prefill-context-parallel-size")
@@ -610,23 +618,23 @@ def _positive_text(text: str, source: str, what: str) -> int:
 
 
 def _memory(annotations: Mapping[str, Any]) -> int | None:
-    value = annotations.get(ANN_MEMORY)
+    value = annotations.get(MEMORY_PER_GPU_ANNOTATION)
     if value is None:
         return None
     try:
         num_bytes = parse_quantity_bytes(str(value))
     except ValueError as exc:
-        raise _Invalid(f"annotation {ANN_MEMORY}: {exc}") from exc
+        raise _Invalid(f"annotation {MEMORY_PER_GPU_ANNOTATION}: {exc}") from exc
     if num_bytes <= 0:
-        raise _Invalid(f"annotation {ANN_MEMORY}: must be more than 0, got {shown(value)}")
+        raise _Invalid(f"annotation {MEMORY_PER_GPU_ANNOTATION}: must be more than 0, got {shown(value)}")
     return num_bytes
 
 
 def _require_nvlink(annotations: Mapping[str, Any]) -> bool | None:
-    value = annotations.get(ANN_REQUIRE_NVLINK)
+    value = annotations.get(REQUIRE_NVLINK_ANNOTATION)
     if value is None:
         return None
     text = str(value).strip().lower()
     if text not in ("true", "false"):
-        raise _Invalid(f"annotation {ANN_REQUIRE_NVLINK}: must be \"true\" or \"false\", got {shown(value)}")
+        raise _Invalid(f"annotation {REQUIRE_NVLINK_ANNOTATION}: must be \"true\" or \"false\", got {shown(value)}")
     return text == "true"

@@ -20,15 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-DRIVER = "gpu.gpusched.io"
-GPU_CLASS = "gpu.gpusched.io"
-MIG_CLASS = "mig.gpusched.io"
-DEVICE_CLASSES = frozenset({GPU_CLASS, MIG_CLASS})
-# An extended resource no node advertises, in a container's limits, so that kube-scheduler calls the
-# extender for a DRA pod: its managedResources entry (ignoredByScheduler: true) makes IsInterested
-# true, NodeResourcesFit ignores it, and the kubelet drops it at admission (missing extended
-# resources are removed before the fit check). It asks for nothing itself: the claim does.
-DRA_MARKER_RESOURCE = "gpusched.io/dra"
+from gpusched_api.names import DRA_DRIVER, DRA_GPU_CLASS, DRA_MARKER_RESOURCE, DRA_MIG_CLASS
+
+DEVICE_CLASSES = frozenset({DRA_GPU_CLASS, DRA_MIG_CLASS})
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,7 @@ class DraClaim:
 
     def gpusched_devices(self) -> tuple[AllocatedDevice, ...]:
         """The allocated devices of gpusched's driver (a claim may also hold other drivers')."""
-        return tuple(d for d in self.allocated if d.driver == DRIVER)
+        return tuple(d for d in self.allocated if d.driver == DRA_DRIVER)
 
 
 @dataclass(frozen=True)

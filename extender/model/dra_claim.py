@@ -50,16 +50,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.model.catalog import Catalog
-from extender.model.demand import ANN_MEMORY, ANN_REQUIRE_NVLINK, ANN_TP, GPU_RESOURCE, DemandProblem, parse_pod_demand
-from extender.model.dra import DRA_MARKER_RESOURCE
+from extender.model.demand import DemandProblem, parse_pod_demand
 from extender.model.heads import tp_problem
-from extender.model.untrusted import whole_number
+from gpusched_api.names import (
+    DRA_DRIVER,
+    DRA_GPU_CLASS,
+    DRA_MARKER_RESOURCE,
+    DRA_MIG_CLASS,
+    MEMORY_PER_GPU_ANNOTATION,
+    REQUIRE_NVLINK_ANNOTATION,
+    TENSOR_PARALLEL_ANNOTATION,
+)
+from gpusched_api.thirdparty import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from gpusched_api.untrusted import whole_number
 
-DRIVER = "gpu.gpusched.io"
-GPU_CLASS = "gpu.gpusched.io"
-MIG_CLASS = "mig.gpusched.io"
-ISLAND_ATTRIBUTE = f"{DRIVER}/nvlinkIsland"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+ISLAND_ATTRIBUTE = f"{DRA_DRIVER}/nvlinkIsland"
 REQUEST = "gpus"  # the request's name in the template, and the claim's in the pod
 API_VERSION = "resource.k8s.io/v1"
 TEMPLATE_PREFIX = "gpusched-"
@@ -154,15 +159,15 @@ def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: b
                        f"{GPU_RESOURCE}, or keep the share in device-plugin mode")
     if demand.parallelism_stated and demand.tp > 1 and demand.attention_heads is not None:
         if why := tp_problem(demand.attention_heads, demand.kv_heads, demand.tp):
-            return problem(f"{why} Change the tensor-parallel size ({ANN_TP} or --tensor-parallel-size).")
+            return problem(f"{why} Change the tensor-parallel size ({TENSOR_PARALLEL_ANNOTATION} or --tensor-parallel-size).")
     wants_nvlink = require_nvlink if demand.require_nvlink is None else demand.require_nvlink
     nvlink = wants_nvlink and demand.gpu_count >= 2
     selectors = []
     if demand.memory_per_gpu_bytes is not None:
-        selectors.append(_cel(f"device.capacity['{DRIVER}'].memory.compareTo("
+        selectors.append(_cel(f"device.capacity['{DRA_DRIVER}'].memory.compareTo("
                               f"quantity('{_quantity(demand.memory_per_gpu_bytes)}')) >= 0"))
-    template_spec = _template_spec(GPU_CLASS, demand.gpu_count, selectors, nvlink)
-    return _claim(pod, namespace, name, index, container, resource, GPU_CLASS, demand.gpu_count, nvlink,
+    template_spec = _template_spec(DRA_GPU_CLASS, demand.gpu_count, selectors, nvlink)
+    return _claim(pod, namespace, name, index, container, resource, DRA_GPU_CLASS, demand.gpu_count, nvlink,
                   demand.memory_per_gpu_bytes, template_spec)
 
 
@@ -184,18 +189,18 @@ def _mig_claim(pod: Mapping[str, Any], catalog: Catalog, namespace: str, name: s
                        f"pipeline-parallel-size {demand.pp}; MIG instances have no NVLink or P2P path to each other, "
                        f"so a group needs whole GPUs: ask {GPU_RESOURCE}: N, or one MIG instance for a single-GPU engine")
     if demand.require_nvlink:
-        return problem(f"annotation {ANN_REQUIRE_NVLINK} is true but the pod asks a MIG instance ({resource}), which "
+        return problem(f"annotation {REQUIRE_NVLINK_ANNOTATION} is true but the pod asks a MIG instance ({resource}), which "
                        f"has no NVLink: drop the annotation or ask {GPU_RESOURCE}")
     if demand.memory_per_gpu_bytes is not None:
-        return problem(f"annotation {ANN_MEMORY} beside a MIG instance ({resource}): the profile fixes its memory; "
-                       "drop the annotation")
+        return problem(f"annotation {MEMORY_PER_GPU_ANNOTATION} beside a MIG instance ({resource}): the profile fixes "
+                       "its memory; drop the annotation")
     profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
     if not MIG_PROFILE.fullmatch(profile):
         return problem(f"{where}: {profile!r} is not a MIG profile name (<g>g.<gb>gb or <c>c.<g>g.<gb>gb, e.g. "
                        f"{MIG_RESOURCE_PREFIX}3g.40gb); ask a profile your GPUs offer")
-    selectors = [_cel(f"device.attributes['{DRIVER}'].migProfile == '{profile}'")]
-    return _claim(pod, namespace, name, index, container, resource, MIG_CLASS, 1, False, None,
-                  _template_spec(MIG_CLASS, 1, selectors, False))
+    selectors = [_cel(f"device.attributes['{DRA_DRIVER}'].migProfile == '{profile}'")]
+    return _claim(pod, namespace, name, index, container, resource, DRA_MIG_CLASS, 1, False, None,
+                  _template_spec(DRA_MIG_CLASS, 1, selectors, False))
 
 
 def _claim(pod: Mapping[str, Any], namespace: str, name: str, index: int, container: Mapping[str, Any],

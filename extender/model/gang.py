@@ -55,21 +55,23 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from extender.model.untrusted import shown, whole_number
+from gpusched_api.names import (
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    GANG_TIMEOUT_ANNOTATION,
+    MIN_ROLE_REPLICAS_ANNOTATION,
+    PLACEMENT_STRATEGY_ANNOTATION,
+    PREFERRED_TIER_ANNOTATION,
+    ROLE_LABEL,
+    TIER_ANNOTATION,
+)
+from gpusched_api.thirdparty import GFD_CLIQUE
+from gpusched_api.untrusted import shown, whole_number
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
-GANG_NAME_ANNOTATION = "gpusched.io/gang-name"
-GANG_SIZE_ANNOTATION = "gpusched.io/gang-size"
-GANG_TIMEOUT_ANNOTATION = "gpusched.io/gang-timeout-seconds"
-GANG_COMMIT_ANNOTATION = "gpusched.io/gang-commit"
-ROLE_LABEL = "gpusched.io/role"
-MIN_ROLE_REPLICAS_ANNOTATION = "gpusched.io/min-role-replicas"
-TIER_ANNOTATION = "gpusched.io/topology-tier"
-PREFERRED_TIER_ANNOTATION = "gpusched.io/preferred-topology-tier"
-PLACEMENT_STRATEGY_ANNOTATION = "gpusched.io/placement-strategy"
 LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 KTHENA_GROUP_LABEL = "modelserving.volcano.sh/group-name"
 KTHENA_ROLE_LABEL = "modelserving.volcano.sh/role"
@@ -81,7 +83,7 @@ PODCLIQUE_LABEL = "grove.io/podclique"
 # Tier name -> node label. NVIDIA's GPU feature discovery labels multi-node NVLink domains with
 # the clique; racks have no well-known label, so this one is a convention (configurable).
 DEFAULT_TIER_LABELS: Mapping[str, str] = MappingProxyType({
-    "clique": "nvidia.com/gpu.clique",
+    "clique": GFD_CLIQUE,
     "rack": "topology.kubernetes.io/rack",
     "zone": "topology.kubernetes.io/zone",
 })

@@ -12,7 +12,7 @@ Entries come from two places, as in kube-scheduler's cache:
   observed assignment always wins over what we assumed. ``release`` drops a deleted, failed or
   succeeded pod.
 
-**Shares** (``extender.model.share``): a pod may hold part of one whole GPU, ``share_mib`` of its
+**Shares** (``gpusched_api.share``): a pod may hold part of one whole GPU, ``share_mib`` of its
 memory, beside other sharers of that GPU. A shared unit has no exclusive owner and counts as held
 (``held_by_node``) for whole-GPU placement; ``assume`` refuses a share when the unit is held whole
 or the shares would exceed the capacity the caller judged (``capacity_mib``), so a GPU's memory is

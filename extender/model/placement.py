@@ -39,9 +39,9 @@ from enum import IntEnum
 from types import MappingProxyType
 
 from extender.model.demand import PodDemand
-from extender.model.dra import GPU_CLASS
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
 from extender.model.spread import Spread, siblings_on
+from gpusched_api.names import DRA_GPU_CLASS
 
 MIB = 2**20
 
@@ -90,7 +90,7 @@ class UnitRequest:
             return cls(1, share_mib=-(-demand.share_bytes // MIB), allow_mig=False)
         need = demand.memory_per_gpu_bytes
         # Through DRA the DeviceClass decides: gpu.gpusched.io never yields a MIG instance.
-        allow_mig = demand.dra is None or demand.dra.device_class != GPU_CLASS
+        allow_mig = demand.dra is None or demand.dra.device_class != DRA_GPU_CLASS
         return cls(demand.gpu_count, None if need is None else -(-need // MIB), allow_mig=allow_mig,
                    spread_from=demand.spread_from_units)
 

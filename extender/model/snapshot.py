@@ -14,7 +14,7 @@ views derived from the snapshot, kept in :mod:`extender.model.snapshot_groups`; 
 says what a node's group is and carries the lineage's registry from one snapshot to the next.
 
 A *unit* is what a pod can be given: a whole GPU with MIG disabled, or one MIG instance. A whole
-GPU may also be shared (``extender.model.share``): the units with sharers are held for whole-GPU
+GPU may also be shared (``gpusched_api.share``): the units with sharers are held for whole-GPU
 placement and listed with the MiB promised on them in ``FreeUnits.shared``.
 """
 
@@ -26,18 +26,14 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model.cpu import allocatable_of, node_cpu_allocatable_milli
-from extender.model.inventory import (
-    INVENTORY_ANNOTATION,
-    InventoryError,
-    NodeGpuInventory,
-    decode_inventory,
-    inventory_from_gfd_labels,
-)
 from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
-from extender.model.untrusted import shown, whole_number
+from gpusched_api.errors import FieldError
+from gpusched_api.inventory import NodeGpuInventory, decode_inventory, inventory_from_gfd_labels
+from gpusched_api.names import INVENTORY_ANNOTATION
+from gpusched_api.thirdparty import GPU_RESOURCE
+from gpusched_api.untrusted import shown, whole_number
 
-GPU_RESOURCE = "nvidia.com/gpu"
 CPU_QUANTUM_MILLI = 1000  # a node's free CPU is known to whole cores (floor): it keys the shape
 
 
@@ -285,12 +281,12 @@ def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = Non
     if INVENTORY_ANNOTATION in annotations:
         try:
             inventory = decode_inventory(annotations[INVENTORY_ANNOTATION])
-        except InventoryError as exc:
+        except FieldError as exc:
             errors.append(f"annotation {INVENTORY_ANNOTATION}: {exc}")
     if inventory is None:
         try:
             inventory = inventory_from_gfd_labels(name, labels)
-        except InventoryError as exc:
+        except FieldError as exc:
             errors.append(f"GPU Feature Discovery {exc}")
     unschedulable = bool((node.get("spec") or {}).get("unschedulable", False))
     try:

@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 @dataclass(frozen=True)
 class ShareSample:
-    """One pod sharing a GPU (``extender.model.share``): its share and what its processes use.
+    """One pod sharing a GPU (``gpusched_api.share``): its share and what its processes use.
     ``used_bytes`` is None when the agent could not attribute the GPU's processes to pods."""
 
     pod: str  # "namespace/name"

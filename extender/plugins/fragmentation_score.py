@@ -47,7 +47,7 @@ from extender.model.demand import PodDemand
 from extender.model.fragmentation import DEFAULT_BALANCE, GPU_MILLI, NodeFree, PodType, Request, TargetWorkload, after
 from extender.model.placement import Placement
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
-from extender.model.validation import BOUNDS, Say
+from gpusched_api.validation import BOUNDS, Say
 
 NAME = "FragmentationScore"
 _COST_PER_POINT = 20.0  # GPU milli of cost per raw score point

@@ -28,10 +28,10 @@ from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState, Scored
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
-from extender.model.inventory import INVENTORY_ANNOTATION
 from extender.model.placement import Placement, Tier, eligible, free_per_island
 from extender.model.snapshot import GpuUnit, NodeInfo
 from extender.model.spread import Siblings, Spread, root_label, roots_of, siblings_on
+from gpusched_api.names import INVENTORY_ANNOTATION
 
 NAME = "NvlinkTopology"
 _OWNERS = f"{NAME}.siblingOwners"  # CycleState.data: (node, unit id) -> the sibling pod holding it

@@ -25,7 +25,7 @@ from extender.framework.interfaces import CycleState
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
 from extender.model.heads import tp_problem, valid_tp_sizes
-from extender.model.validation import BOUNDS, Say
+from gpusched_api.validation import BOUNDS, Say
 
 __all__ = ["NAME", "TensorParallel", "TensorParallelArgs", "new", "tp_problem", "valid_tp_sizes"]
 

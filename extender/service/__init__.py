@@ -1,7 +1,6 @@
 """Use cases of the extender (filter, prioritize, bind) between the wire and the decision core."""
 
 from extender.service.core import (
-    DECISION_ID_ANNOTATION,
     AcceptAllDecider,
     Decider,
     ExtenderService,
@@ -13,6 +12,7 @@ from extender.service.core import (
 )
 from extender.service.decisions import DecisionRecord, DecisionStore
 from extender.service.ports import Binder, BindError, DisabledBinder, RecordingBinder
+from gpusched_api.names import DECISION_ID_ANNOTATION
 
 __all__ = [
     "DECISION_ID_ANNOTATION", "AcceptAllDecider", "Binder", "BindError", "Decider", "DecisionRecord",

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 from extender.model.nodemaps import GroupedMapping
 from extender.service.decisions import DecisionRecord, DecisionStore
 from extender.service.ports import Binder, BindError
-
-DECISION_ID_ANNOTATION = "gpusched.io/decision-id"
+from gpusched_api.names import DECISION_ID_ANNOTATION
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,18 @@ from typing import Any
 
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
-from extender.model.assignment import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
-from extender.model.quantity import format_gib
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.dra import DraState
 from extender.service.ports import BindError, ClaimReader
+from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
+from gpusched_api.quantity import format_gib
 
 # The barrier name of a DRA pod's plugin-mode Reserve (no gang: a group of one, open at once).
 DRA_BIND_BARRIER = "dra-bind:"

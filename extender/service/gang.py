@@ -44,10 +44,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.model.assignment import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION, believed_units
 from extender.model.gang import (
     DEFAULT_TIMEOUT_S,
-    GANG_COMMIT_ANNOTATION,
     BarrierTiming,
     GangCommit,
     GangKey,
@@ -72,6 +70,8 @@ from extender.service.gang_plan import (
     plan_tag,
 )
 from extender.service.state import pod_key
+from gpusched_api.assignment import believed_units
+from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 
 __all__ = ["GangCoordinator", "GangIndex", "GangObserver", "PartialGang"]
 

@@ -28,7 +28,6 @@ from typing import Any
 
 from extender.model.gang import (
     DEFAULT_TIER_LABELS,
-    GANG_COMMIT_ANNOTATION,
     POD_GROUP_LABEL,
     PODGANG_LABEL,
     GangCommit,
@@ -45,6 +44,7 @@ from extender.model.gang import (
     role_of,
 )
 from extender.service.state import pod_key
+from gpusched_api.names import GANG_COMMIT_ANNOTATION
 
 _TERMINAL = ("Succeeded", "Failed")
 

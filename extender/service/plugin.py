@@ -31,14 +31,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from extender.model.dra import DRA_MARKER_RESOURCE
 from extender.model.nodemaps import GroupedMapping
-from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
+from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
 
 API_VERSION = 1
-MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
-MAX_EXTENDER_PRIORITY = 10  # the extender protocol's score range the decider answers in
 
 # Verdict codes, one byte per table node (the proto's Verdict enum).
 FITS, NOT_NOW, NEVER = 0, 1, 2
@@ -200,7 +198,7 @@ def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[
 
 
 Vectors = tuple[bytes, tuple[int, ...], tuple[str, ...], bytes]
-_SCALE = MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY
+_SCALE = MAX_NODE_SCORE // MAX_EXTENDER_SCORE  # the decider answers in the extender's range
 
 
 def _vectors_by_name(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],

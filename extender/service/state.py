@@ -11,7 +11,7 @@ Ledger rules for pods seen by the watch:
 - bound and requesting ``nvidia.com/gpu`` but placed by someone else (no annotation): it holds
   that many units, attributed to the lowest free ones — with NVIDIA's device plugin the kubelet
   picks the devices and only the node agent can say which (a later issue reconciles this);
-- bound with ``gpusched.io/assigned-gpus`` and asking for a share (``extender.model.share``): it
+- bound with ``gpusched.io/assigned-gpus`` and asking for a share (``gpusched_api.share``): it
   holds its ``gpusched.io/gpu-memory`` of that one GPU, beside the GPU's other sharers;
 - a pod whose GPUs come through DRA holds what its allocated claims say (``extender.service.dra``);
 - Succeeded, Failed or deleted: it holds nothing;
@@ -40,17 +40,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from extender.model.assignment import (
-    ASSIGNED_GPUS_ANNOTATION,
-    believed_units,
-    requested_gpus,
-)
 from extender.model.cpu import CPU_RESOURCE, pod_cpu_request_milli
 from extender.model.ledger import EntryState, GpuLedger
-from extender.model.quantity import format_gib
-from extender.model.share import share_request_bytes
 from extender.model.snapshot import (
-    GPU_RESOURCE,
     ClusterSnapshot,
     NodeInfo,
     make_node_info,
@@ -70,6 +62,11 @@ from extender.model.telemetry import (
 from extender.service.dra import CLAIM_HOLDER_PREFIX, DraState
 from extender.service.ingest_batch import IngestBatch
 from extender.service.telemetry import TelemetryStore
+from gpusched_api.assignment import believed_units, requested_gpus
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, INVENTORY_ANNOTATION
+from gpusched_api.quantity import format_gib
+from gpusched_api.share import share_request_bytes
+from gpusched_api.thirdparty import GPU_RESOURCE
 
 log = logging.getLogger("gpusched.extender.state")
 _TERMINAL = ("Succeeded", "Failed")
@@ -85,7 +82,7 @@ def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
     return (repr(sorted((meta.get("labels") or {}).items())),
-            (meta.get("annotations") or {}).get("gpusched.io/gpu-inventory"),
+            (meta.get("annotations") or {}).get(INVENTORY_ANNOTATION),
             (status.get("allocatable") or {}).get(GPU_RESOURCE),
             (status.get("allocatable") or {}).get(CPU_RESOURCE),
             (node.get("spec") or {}).get("unschedulable"))
@@ -124,7 +121,7 @@ class ClusterState:
         # most its size), counted per judged change of the node's report.
         self.telemetry_clamped: Counter[str] = Counter()
         self._refusal_logged: dict[str, float] = {}  # node -> last warning (one a minute per node)
-        # Annotated claims not believed, by reason (extender.model.assignment; issue 39), and when
+        # Annotated claims not believed, by reason (gpusched_api.assignment; issue 39), and when
         # each reason was last logged.
         self.claims_refused: Counter[str] = Counter()
         self._claim_refusal_logged: dict[str, float] = {}
@@ -601,7 +598,7 @@ class ClusterState:
 
     def _claimed_units(self, key: str, node: str, pod: Mapping[str, Any]) -> tuple[str, ...]:
         """The units of the pod's ``gpusched.io/assigned-gpus`` when they could be gpusched's
-        decision (``extender.model.assignment.believed_units``) and are units of ``node``; else
+        decision (``gpusched_api.assignment.believed_units``) and are units of ``node``; else
         none, the refusal counted in :attr:`claims_refused`."""
         claim = believed_units(pod)
         if isinstance(claim, str):

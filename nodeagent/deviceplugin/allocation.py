@@ -26,7 +26,7 @@ from itertools import combinations
 from math import comb
 from typing import Any
 
-from extender.model.assignment import believed_units
+from gpusched_api.assignment import believed_units
 from nodeagent.gpu.model import GIB, GpuState
 
 FOREIGN_THRESHOLD_BYTES = GIB  # as the extender: less is jitter, not a tenant
@@ -83,7 +83,7 @@ class Candidate:
 def candidates(pods: Iterable[Mapping[str, Any]], node: str, allocated: set[str]) -> list[Candidate]:
     """Pods bound to ``node`` with gpusched's assignment, alive, and not in ``allocated`` (pod keys
     the kubelet already gave devices), oldest first. An assignment counts only where gpusched could
-    have written it (``extender.model.assignment.believed_units``: the pod asks for exactly that
+    have written it (``gpusched_api.assignment.believed_units``: the pod asks for exactly that
     many GPUs, or a share and one GPU): a pod's annotation alone must not steer the devices the
     kubelet gives another pod (issue 39)."""
     out = []

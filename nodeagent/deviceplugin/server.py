@@ -36,7 +36,9 @@ from pathlib import Path
 
 import grpc
 
-from extender.model.share import SHARE_RESOURCE, gpu_of_slot
+from gpusched_api.names import DEVICE_PLUGIN_NODE_LABEL, SHARE_RESOURCE
+from gpusched_api.share import gpu_of_slot
+from gpusched_api.thirdparty import GPU_RESOURCE
 from nodeagent.deviceplugin.allocation import Candidate, Preference, Unit, prefer
 from nodeagent.deviceplugin.generated import api_pb2, api_pb2_grpc
 from nodeagent.deviceplugin.shares import prefer_slot
@@ -75,7 +77,7 @@ class GpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     endpoint = ENDPOINT  # the socket's name in the kubelet's device plugin folder
 
     def __init__(self, units: Callable[[], Sequence[Unit]], candidates: Callable[[bool], Sequence[Candidate]], *,
-                 strategy: str = "envvar", resource: str = "nvidia.com/gpu",
+                 strategy: str = "envvar", resource: str = GPU_RESOURCE,
                  refresh: Callable[[], None] = lambda: None) -> None:
         """``refresh()`` re-reads the units before a preferred allocation is chosen: memory on a
         device a pod holds counts as that pod's, so a device a pod just left is judged on a read
@@ -298,7 +300,7 @@ class PluginRunner:
 
     def _conflicting_plugin(self) -> str:
         """Why registering now would put two plugins on ``nvidia.com/gpu`` ("" when it would not)."""
-        if self.plugin.resource != "nvidia.com/gpu":
+        if self.plugin.resource != GPU_RESOURCE:
             return ""
         for name in NVIDIA_PLUGIN_SOCKETS:
             path = self.directory / name
@@ -307,7 +309,7 @@ class PluginRunner:
                         "plugin will not register beside it, or the kubelet could hand one GPU to two "
                         "containers. Keep NVIDIA's plugin off this node (GPU Operator: label the node "
                         "nvidia.com/gpu.deploy.device-plugin=false; its Helm chart: node affinity excluding "
-                        "gpusched.io/device-plugin=true) — gpusched registers as soon as it is gone")
+                        f"{DEVICE_PLUGIN_NODE_LABEL}=true) — gpusched registers as soon as it is gone")
         return ""
 
     def _serve(self) -> None:

@@ -2,7 +2,7 @@
 
 Share mode (issue 20) lets several engines use one whole GPU, each inside its own memory budget.
 The kubelet only hands out devices, so the device plugin advertises ``slots`` devices per whole
-non-MIG GPU, ``<GPU uuid>::share-<k>`` (``extender.model.share.slot_id``); a container given a
+non-MIG GPU, ``<GPU uuid>::share-<k>`` (``gpusched_api.share.slot_id``); a container given a
 slot is given the slot's GPU, exactly as a whole allocation names it, so every sharer sees the
 same UUID.
 
@@ -38,8 +38,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
-from extender.model.share import SHARE_RESOURCE, gpu_of_slot, slot_id
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.share import gpu_of_slot, slot_id
 from nodeagent.deviceplugin.allocation import Candidate, Preference, Unit, candidates
 
 SHARED_REASON = "shared: {n} container(s) hold gpusched.io/gpu-share slots of this GPU"

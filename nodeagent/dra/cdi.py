@@ -36,12 +36,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.dra.claims import PlannedDevice
-from nodeagent.dra.slices import DRIVER
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "gpu"
-CDI_KIND = f"{DRIVER}/{CDI_CLASS}"
+CDI_KIND = f"{DRA_DRIVER}/{CDI_CLASS}"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 DEVICES_ENV = "GPUSCHED_DRA_DEVICES"
 DEVICE_ENV_PREFIX = "GPUSCHED_DRA_DEVICE_"
@@ -50,7 +50,7 @@ NVIDIA_KIND = "nvidia.com/gpu"
 
 def spec_file_name(claim_uid: str) -> str:
     """The claim's spec file in the CDI folder (CDI reads ``*.json`` and ``*.yaml``)."""
-    return f"{DRIVER}-{claim_uid}.json"
+    return f"{DRA_DRIVER}-{claim_uid}.json"
 
 
 def claim_device_id(claim_uid: str) -> str:

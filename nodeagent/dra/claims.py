@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.dra.slices import DRIVER, MAX_DEVICES
+from gpusched_api.names import DRA_DRIVER
+from nodeagent.dra.slices import MAX_DEVICES
 
 # The apiserver holds an allocation to 32 results (AllocationResultsMaxSize); this driver's share of
 # one is bounded by what one node publishes.
@@ -80,11 +81,11 @@ def plan_claim(claim: ClaimRef, obj: Mapping[str, Any] | None, *, node: str, inv
     allocation = (obj.get("status") or {}).get("allocation")
     if not allocation:
         return f"{claim} is not allocated (no status.allocation): kube-scheduler allocates it before the pod binds"
-    results = [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == DRIVER]
+    results = [r for r in ((allocation.get("devices") or {}).get("results") or []) if r.get("driver") == DRA_DRIVER]
     if not results:
-        return f"{claim} has no device of driver {DRIVER} in its allocation"
+        return f"{claim} has no device of driver {DRA_DRIVER} in its allocation"
     if len(results) > MAX_DEVICES_PER_CLAIM:
-        return (f"{claim} allocates {len(results)} {DRIVER} devices; one claim may hold at most "
+        return (f"{claim} allocates {len(results)} {DRA_DRIVER} devices; one claim may hold at most "
                 f"{MAX_DEVICES_PER_CLAIM} (the most one node publishes)")
     devices: list[PlannedDevice] = []
     for result in results:

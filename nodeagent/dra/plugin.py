@@ -32,11 +32,11 @@ from typing import Any
 
 import grpc
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.dra.cdi import cdi_ids, claim_spec, nvidia_device_names, spec_file_name
 from nodeagent.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, trusted, write_atomically
 from nodeagent.dra.claims import ClaimPlan, ClaimRef, PlannedDevice, claim_ref, plan_claim
 from nodeagent.dra.generated.drav1 import api_pb2, api_pb2_grpc
-from nodeagent.dra.slices import DRIVER
 
 log = logging.getLogger("gpusched.nodeagent.dra")
 # The kubelet sends one pod's claims per call; a request with more than this is not a kubelet's.
@@ -244,7 +244,7 @@ def read_nvidia_names(dirs: Iterable[Path]) -> frozenset[str]:
     specs = []
     for folder in dirs:
         for path in sorted(Path(folder).glob("*")) if Path(folder).is_dir() else []:
-            if path.suffix not in (".json", ".yaml", ".yml") or path.name.startswith(f"{DRIVER}-"):
+            if path.suffix not in (".json", ".yaml", ".yml") or path.name.startswith(f"{DRA_DRIVER}-"):
                 continue
             try:
                 specs.append(yaml.safe_load(path.read_text()))  # JSON is YAML

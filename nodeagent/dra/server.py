@@ -28,11 +28,11 @@ from pathlib import Path
 
 import grpc
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.dra.generated.drav1 import api_pb2_grpc as dra_grpc
 from nodeagent.dra.generated.registration import api_pb2 as reg_pb2
 from nodeagent.dra.generated.registration import api_pb2_grpc as reg_grpc
 from nodeagent.dra.plugin import DraPlugin
-from nodeagent.dra.slices import DRIVER
 
 log = logging.getLogger("gpusched.nodeagent.dra")
 KUBELET_ROOT = Path("/var/lib/kubelet")
@@ -52,7 +52,7 @@ class PluginPaths:
     @classmethod
     def under(cls, kubelet_root: Path) -> "PluginPaths":
         root = Path(kubelet_root)
-        return cls(root / "plugins_registry" / f"{DRIVER}-reg.sock", root / "plugins" / DRIVER / "dra.sock")
+        return cls(root / "plugins_registry" / f"{DRA_DRIVER}-reg.sock", root / "plugins" / DRA_DRIVER / "dra.sock")
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Registration(reg_grpc.RegistrationServicer):
         self._on_registered = on_registered
 
     def info(self) -> reg_pb2.PluginInfo:
-        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
+        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRA_DRIVER, endpoint=str(self.endpoint),
                                   supported_versions=list(SUPPORTED_SERVICES))
 
     def GetInfo(self, request, context):  # noqa: N802
@@ -82,14 +82,14 @@ class Registration(reg_grpc.RegistrationServicer):
         if request.plugin_registered:
             self.status.registrations += 1
             self.status.last_error = ""
-            log.info("the kubelet registered DRA driver %s (endpoint %s)", DRIVER, self.endpoint)
+            log.info("the kubelet registered DRA driver %s (endpoint %s)", DRA_DRIVER, self.endpoint)
             try:
                 self._on_registered()
             except Exception as exc:  # never fail the kubelet's call for our own follow-up
                 log.warning("after registration: %s", exc)
         else:
             self.status.last_error = request.error
-            log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error)
+            log.error("the kubelet refused DRA driver %s: %s", DRA_DRIVER, request.error)
         return reg_pb2.RegistrationStatusResponse()
 
 
@@ -136,7 +136,7 @@ class DraRunner:
                              self.plugin, s)),
                          self._server(self.paths.registration, lambda s: reg_grpc.add_RegistrationServicer_to_server(
                              self.registration, s))]
-        log.info("DRA driver %s serving on %s, registering at %s", DRIVER, self.paths.endpoint,
+        log.info("DRA driver %s serving on %s, registering at %s", DRA_DRIVER, self.paths.endpoint,
                  self.paths.registration)
 
     @staticmethod

@@ -39,12 +39,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.gpu.model import GIB, GpuState
 
-DRIVER = "gpu.gpusched.io"
 API_VERSION = "resource.k8s.io/v1"
-FOREIGN_TAINT = f"{DRIVER}/foreign-memory"
-UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+FOREIGN_TAINT = f"{DRA_DRIVER}/foreign-memory"
+UNHEALTHY_TAINT = f"{DRA_DRIVER}/unhealthy"
 NO_SCHEDULE = "NoSchedule"
 DEFAULT_MIN_FREE_FRACTION = 0.9  # taint a unit when foreign memory leaves less than 90 % of it free
 # ResourceSliceMaxDevicesWithAdvancedFeatures: a slice with device taints holds at most 64 devices
@@ -160,7 +160,7 @@ def _device(name: str, attributes: Mapping[str, AttributeValue], memory_bytes: i
 
 def slice_spec(node: str, devices: Sequence[SliceDevice], generation: int) -> dict[str, Any]:
     """The ResourceSlice ``spec`` for ``node``'s pool at ``generation`` (the pool is one slice)."""
-    return {"driver": DRIVER, "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+    return {"driver": DRA_DRIVER, "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "nodeName": node, "devices": [d.to_api() for d in devices]}
 
 
@@ -173,7 +173,7 @@ def slice_object(node: str, node_uid: str, spec: Mapping[str, Any], *, name: str
     if name:
         meta["name"] = name
     else:
-        meta["generateName"] = f"{node[:200]}-{DRIVER}-"
+        meta["generateName"] = f"{node[:200]}-{DRA_DRIVER}-"
     if resource_version:
         meta["resourceVersion"] = resource_version
     return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta, "spec": dict(spec)}
@@ -198,7 +198,7 @@ def next_slice(existing: Mapping[str, Any] | None, node: str, devices: Sequence[
     if existing is not None:
         pool = existing.get("pool") or {}
         same_place = (existing.get("driver"), existing.get("nodeName"), pool.get("name"), pool.get("resourceSliceCount")) \
-            == (DRIVER, node, node, 1)
+            == (DRA_DRIVER, node, node, 1)
         if same_place and comparable(existing.get("devices") or []) == wanted:
             return None
     generation = int(((existing or {}).get("pool") or {}).get("generation") or 0) + 1

@@ -1,6 +1,7 @@
 """vLLM engines on this node: discovery from pod annotations, scraping and parsing ``/metrics``."""
 
-from nodeagent.engines.discovery import METRICS_PORT_ANNOTATION, Discovery, EngineTarget, discover_engines
+from gpusched_api.names import METRICS_PORT_ANNOTATION
+from nodeagent.engines.discovery import Discovery, EngineTarget, discover_engines
 from nodeagent.engines.metrics import EngineSample, parse_engine_metrics
 from nodeagent.engines.scrape import scrape_engine, scrape_url
 

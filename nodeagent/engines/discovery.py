@@ -12,9 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.model.untrusted import shown, whole_number
-
-METRICS_PORT_ANNOTATION = "gpusched.io/metrics-port"
+from gpusched_api.names import METRICS_PORT_ANNOTATION
+from gpusched_api.untrusted import shown, whole_number
 
 
 @dataclass(frozen=True)

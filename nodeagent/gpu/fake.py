@@ -18,7 +18,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from nodeagent.gpu.fleet import Fleet, FleetError, parse_fleet
+from gpusched_api.errors import FieldError
+from nodeagent.gpu.fleet import Fleet, parse_fleet
 from nodeagent.gpu.model import GpuReaderError, GpuState
 from nodeagent.shares.owners import UNKNOWN, ProcessOwner
 
@@ -50,7 +51,7 @@ class FakeFleetReader:
         self.last_error: str | None = None
         try:
             self._fleet = self._load()
-        except (OSError, FleetError) as exc:
+        except (OSError, FieldError) as exc:
             raise GpuReaderError(f"fleet file {self._path}: {exc}") from exc
 
     @property
@@ -63,7 +64,7 @@ class FakeFleetReader:
             if self._stat() != self._identity:
                 self._fleet = self._load()
                 self.last_error = None
-        except (OSError, FleetError) as exc:
+        except (OSError, FieldError) as exc:
             message = f"fleet file {self._path}: {exc}; keeping the last good state"
             if message != self.last_error:
                 log.warning("%s", message)

@@ -59,7 +59,7 @@ Changing a process's memory while the agent runs (a sharer growing past its shar
 back) is an edit of its ``usedMiB``: the fake backend re-reads the file when it changes, and the
 next report carries the new figure.
 
-Errors are ``FleetError`` naming the field path (``gpus[2].memoryMiB``). The format is checked by
+Errors are ``FieldError`` naming the field path (``gpus[2].memoryMiB``). The format is checked by
 pydantic models (:class:`_FleetFile`); the rules across fields (uniqueness, islands, processes
 fitting their GPU) are validators on them.
 """
@@ -85,8 +85,9 @@ from pydantic import (
     model_validator,
 )
 
-from extender.model.share import slot_id
-from extender.model.validation import (
+from gpusched_api.errors import FieldError
+from gpusched_api.share import slot_id
+from gpusched_api.validation import (
     RULE,
     UNKNOWN_KEY,
     Loc,
@@ -117,14 +118,6 @@ FLEET_VERSION = 1
 NVSWITCH_LINKS = 18  # links per GPU on an H100 HGX board; only the count of "switch" peers matters
 
 
-class FleetError(ValueError):
-    """A malformed fleet file; ``field`` is the path of the offending value."""
-
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
-
-
 @dataclass(frozen=True)
 class Fleet:
     """A parsed fleet file: the GPU state it describes and which devices pods hold.
@@ -148,11 +141,11 @@ def derived_uuid(kind: str, *parts: object) -> str:
 
 
 def parse_fleet(text: str, *, node_name: str = "node") -> Fleet:
-    """Parse and validate fleet YAML; raises ``FleetError`` naming the bad field."""
+    """Parse and validate fleet YAML; raises ``FieldError`` naming the bad field."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FleetError("fleet", f"not valid YAML ({exc})") from exc
+        raise FieldError("fleet", f"not valid YAML ({exc})") from exc
     try:
         fleet = _FleetFile.model_validate(doc, context={"node": node_name})
     except ValidationError as exc:
@@ -374,18 +367,18 @@ class _FleetFile(_Entry):
         return links
 
 
-def _fleet_error(problem: Problem, found: tuple[Problem, ...]) -> FleetError:
+def _fleet_error(problem: Problem, found: tuple[Problem, ...]) -> FieldError:
     """``problem`` in the fleet file's words; unknown keys are reported together (``found``), at their mapping."""
     if problem.kind in UNKNOWN_KEY:
         unknown = sorted(str(p.loc[-1]) for p in found if p.kind in UNKNOWN_KEY and p.loc[:-1] == problem.loc[:-1])
-        return FleetError(problem.path(parent=True) or "fleet",
+        return FieldError(problem.path(parent=True) or "fleet",
                           f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(problem.known))}")
     path = field_path(problem.loc) or "fleet"
     if problem.kind == RULE:
-        return FleetError(path, problem.message)
+        return FieldError(path, problem.message)
     message = "must be a mapping" if problem.kind == "model_type" else problem.message
     shown = _kind(problem.value) if message in _ABOUT_KIND else repr(problem.value)
-    return FleetError(path, f"{message}, got {shown}")
+    return FieldError(path, f"{message}, got {shown}")
 
 
 # Sentences about a value's kind show its kind (``got dict``), the others the value (``got -1``).

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
-from extender.model.inventory import GpuDevice, MigInstance, NodeGpuInventory
+from gpusched_api.inventory import GpuDevice, MigInstance, NodeGpuInventory
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

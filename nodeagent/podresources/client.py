@@ -10,7 +10,7 @@ Device ids are what the device plugin advertised: GPU UUIDs (``GPU-…``) and MI
 the replica lives on that GPU), or indices (``0``, ``0:1``) with ``deviceIDStrategy=index``
 (kept as they are; ``foreign_usage`` resolves them). gpusched's share slots
 (``gpusched.io/gpu-share``, ids ``<uuid>::share-<k>``) are kept whole: a slot is not its GPU held
-whole, and ``extender.model.share.gpu_of_slot`` names the GPU.
+whole, and ``gpusched_api.share.gpu_of_slot`` names the GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import NamedTuple
 
 import grpc
 
-from extender.model.share import SHARE_RESOURCE, gpu_of_slot
+from gpusched_api.names import SHARE_RESOURCE
+from gpusched_api.share import gpu_of_slot
+from gpusched_api.thirdparty import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from nodeagent.podresources.generated import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -50,7 +52,7 @@ class PodResourcesError(Exception):
 def is_gpu_resource(name: str) -> bool:
     """``nvidia.com/gpu``, the mixed-strategy MIG resources ``nvidia.com/mig-<profile>`` and
     gpusched's share slots ``gpusched.io/gpu-share``."""
-    return name in ("nvidia.com/gpu", SHARE_RESOURCE) or name.startswith("nvidia.com/mig-")
+    return name in (GPU_RESOURCE, SHARE_RESOURCE) or name.startswith(MIG_RESOURCE_PREFIX)
 
 
 def list_assignments(socket_path: str | os.PathLike[str] = DEFAULT_SOCKET, *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from extender.model.share import gpu_of_slot
+from gpusched_api.share import gpu_of_slot
 from nodeagent.gpu.model import GpuState, ProcessInfo
 
 

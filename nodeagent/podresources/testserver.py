@@ -19,9 +19,8 @@ from concurrent import futures
 
 import grpc
 
+from gpusched_api.thirdparty import GPU_RESOURCE
 from nodeagent.podresources.generated import api_pb2, api_pb2_grpc
-
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def response_for(assignments: Mapping[str, tuple[str, str, str]],

@@ -1,7 +1,7 @@
 """Each GPU sharer's share and what its processes actually use (issue 20), for the report.
 
 A pod sharing a GPU holds one ``gpusched.io/gpu-share`` slot of it (device id
-``<GPU uuid>::share-<k>``, :mod:`extender.model.share`), as the kubelet's PodResources API says.
+``<GPU uuid>::share-<k>``, :mod:`gpusched_api.share`), as the kubelet's PodResources API says.
 Per whole GPU with slots held, one :class:`ShareUse` per pod:
 
 - ``share_bytes``: the pod's ``gpusched.io/gpu-memory`` annotation (from the agent's watch of its
@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.model.quantity import parse_quantity_bytes
-from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE, gpu_of_slot
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.quantity import parse_quantity_bytes
+from gpusched_api.share import gpu_of_slot
 from nodeagent.gpu.model import GpuState
 from nodeagent.podresources.client import PodRef, list_pod_resources
 from nodeagent.podresources.generated import api_pb2

@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry
 
 from devcluster.processes import free_port
 from extender.adapters.telemetry_server import TelemetryMetrics, TelemetryServer, TelemetryServicer
-from extender.model.share import SHARE_RESOURCE, slot_id
 from extender.model.telemetry import ShareSample
 from extender.service.telemetry import TelemetryStore, TokenIdentity
+from gpusched_api.names import SHARE_RESOURCE
+from gpusched_api.share import slot_id
 from nodeagent.__main__ import _share_reporter, parse_args, settings_from
 from nodeagent.agent import Agent
 from nodeagent.gpu import FakeFleetReader

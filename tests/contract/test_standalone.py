@@ -11,7 +11,8 @@ import pytest
 from devcluster.controlplane import PYTHON, python_component_env
 from devcluster.fleet import PRESETS, units
 from devcluster.processes import Component, free_port, http_ok
-from extender.model.inventory import INVENTORY_ANNOTATION, encode_inventory
+from gpusched_api.inventory import encode_inventory
+from gpusched_api.names import INVENTORY_ANNOTATION
 
 
 def node_object(name: str, preset: str) -> dict:

@@ -19,7 +19,8 @@ from kubernetes import client
 from devcluster.cluster import create_pod, vllm_pod, wait_until
 from devcluster.gangs import gang_pods
 from devcluster.stack import Stack
-from extender.model.gang import GANG_COMMIT_ANNOTATION, parse_commit
+from extender.model.gang import parse_commit
+from gpusched_api.names import GANG_COMMIT_ANNOTATION
 
 GATE_LABEL = "gpusched.io/test-bind-fault"
 

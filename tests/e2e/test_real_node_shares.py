@@ -19,7 +19,8 @@ from kubernetes import client
 from devcluster.cluster import delete_pod_and_wait, envdump_visible_devices, wait_until
 from devcluster.images import ENVDUMP_IMAGE
 from devcluster.realcluster import RealCluster
-from extender.model.share import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE, gpu_of_slot
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.share import gpu_of_slot
 from nodeagent.gpu.fleet import derived_uuid
 from nodeagent.podresources import list_assignments
 

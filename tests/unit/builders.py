@@ -12,16 +12,11 @@ from typing import Any
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
-from extender.model.inventory import (
-    INVENTORY_ANNOTATION,
-    GpuDevice,
-    MigInstance,
-    NodeGpuInventory,
-    encode_inventory,
-)
 from extender.model.ledger import EMPTY_VIEW, LedgerView
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.plugins import default_profile, default_registry
+from gpusched_api.inventory import GpuDevice, MigInstance, NodeGpuInventory, encode_inventory
+from gpusched_api.names import INVENTORY_ANNOTATION
 
 H100_MIB = 81559
 A100_40_MIB = 40960

@@ -13,10 +13,10 @@ from bench.openb.core import GPU_MIB, MIB_PER_MILLI, CorePolicy, core_profile, g
 from bench.openb.replay import replay
 from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
 from bench.openb_replay import make_policy
-from extender.framework.profile import ProfileError
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import PodDemand, parse_pod_demand
 from extender.plugins.fragmentation_score import PodTypeArgs
+from gpusched_api.errors import FieldError
 
 MIB = 1 << 20
 
@@ -60,7 +60,7 @@ def test_the_profile_carries_the_traces_gpu_mix_through_validation():
     assert args.whole_gpu_pods is True
     assert args.workload == (PodTypeArgs(1, 500, 0.5, 1000), PodTypeArgs(2, 1000, 0.25, 8000),
                              PodTypeArgs(0, 1000, 0.25, 16000)), "types with their CPU, CPU-only ones as gpus 0"
-    with pytest.raises(ProfileError, match=r"pluginArgs\.FragmentationScore\.packing"):
+    with pytest.raises(FieldError, match=r"pluginArgs\.FragmentationScore\.packing"):
         core_profile(pods, {"packing": 5})
 
 

@@ -4,7 +4,9 @@ answers leak between them; state with a lifetime belongs to an object (the frame
 decider, the snapshot). Constant tables are frozen (frozenset, MappingProxyType, tuples).
 
 Issue 41: the same holds for the runtime package every program imports (``gpusched_runtime``): a
-module-level value there would be shared by the extender's and the agent's objects alike."""
+module-level value there would be shared by the extender's and the agent's objects alike. And for
+``gpusched_api``, the names and schema every program imports (its generated protobuf modules aside:
+their descriptors belong to protobuf's own pool, and we do not write that code)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pytest
 import extender.framework
 import extender.model
 import extender.plugins
+import gpusched_api
 import gpusched_runtime
 
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range, types.MappingProxyType,
@@ -31,10 +34,14 @@ IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset
              typing.TypeVar, struct.Struct, numpy.dtype)
 
 
+GENERATED = re.compile(r"_pb2(_grpc)?$")
+
+
 def core_modules():
-    for package in (extender.model, extender.framework, extender.plugins):
+    for package in (extender.model, extender.framework, extender.plugins, gpusched_api):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            yield info.name
+            if not GENERATED.search(info.name):
+                yield info.name
 
 
 def mutable(value) -> bool:
@@ -72,6 +79,12 @@ def test_the_runtime_module_holds_no_mutable_value(module):
 
 def test_the_runtime_package_is_checked():
     assert {"gpusched_runtime.backoff", "gpusched_runtime.reflector", "gpusched_runtime.settings"} <= set(runtime_modules())
+
+
+def test_the_api_package_is_checked():
+    modules = set(core_modules())
+    assert {"gpusched_api.names", "gpusched_api.inventory", "gpusched_api.telemetry.v1.bounds"} <= modules
+    assert not any(GENERATED.search(m) for m in modules)
 
 
 def test_the_check_catches_a_module_level_cache():

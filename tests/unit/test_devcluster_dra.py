@@ -9,7 +9,7 @@ import pytest
 from devcluster.cluster import vllm_pod
 from devcluster.dra import CLAIM_REQUEST, GPU_CLASS, allocation_check, gpu_claim, preset_slice, with_claim
 from devcluster.fleet import PRESETS, units
-from nodeagent.dra.slices import DRIVER
+from gpusched_api.names import DRA_DRIVER
 
 
 def device_uuids(slice_: dict) -> list[str]:
@@ -34,7 +34,7 @@ def test_the_slice_publishes_exactly_the_units_of_the_node_the_bench_creates(pre
 def test_the_slice_is_a_fresh_agents_first_write_owned_by_the_node():
     made = preset_slice("bench-00007", "uid-7", "a100")
     assert made["apiVersion"] == "resource.k8s.io/v1" and made["kind"] == "ResourceSlice"
-    assert made["spec"]["driver"] == DRIVER and made["spec"]["nodeName"] == "bench-00007"
+    assert made["spec"]["driver"] == DRA_DRIVER and made["spec"]["nodeName"] == "bench-00007"
     assert made["spec"]["pool"] == {"name": "bench-00007", "generation": 1, "resourceSliceCount": 1}
     assert made["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": "bench-00007", "uid": "uid-7", "controller": True}]
@@ -89,7 +89,7 @@ def test_with_claim_swaps_the_extended_resource_for_the_claim_and_keeps_the_rest
 
 
 def claim(name: str, *devices: tuple[str, str]) -> dict:
-    results = [{"request": CLAIM_REQUEST, "driver": DRIVER, "pool": pool, "device": dev} for pool, dev in devices]
+    results = [{"request": CLAIM_REQUEST, "driver": DRA_DRIVER, "pool": pool, "device": dev} for pool, dev in devices]
     return {"metadata": {"name": name}, **({"status": {"allocation": {"devices": {"results": results}}}}
                                             if devices else {})}
 

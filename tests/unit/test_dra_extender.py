@@ -12,13 +12,13 @@ from extender.framework.status import Code
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, resolve_dra_demand
-from extender.model.inventory import NodeGpuInventory
 from extender.model.ledger import EntryState
 from extender.service.core import PodRef, Refusal, Reservation
 from extender.service.dra import CLAIM_HOLDER_PREFIX, DraState
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import StaticClaimReader
 from extender.service.state import ClusterState
+from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import (
     a100_inventory,
     default_framework,

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from extender.adapters.dra import ClaimFeed, SliceFeed
-from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
-from extender.model.gang import GANG_COMMIT_ANNOTATION, parse_commit
+from extender.model.gang import parse_commit
 from extender.model.ledger import EntryState, GpuLedger
 from extender.service.core import ExtenderService, PodRef, Refusal
 from extender.service.decisions import DecisionStore
@@ -26,6 +25,7 @@ from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
 from extender.service.gang_index import GangIndex
 from extender.service.state import ClusterState
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import (
     NullObserver,
     default_framework,

@@ -2,11 +2,12 @@ from types import MappingProxyType
 
 import pytest
 
-from extender.framework.profile import ProfileConfig, ProfileError, ScorePluginRef, load_profile
+from extender.framework.profile import ProfileConfig, ScorePluginRef, load_profile
 from extender.framework.registry import PluginFactory, Registry
 from extender.plugins import default_profile, default_registry
 from extender.plugins.engine_load import EngineLoadArgs
 from extender.plugins.nvlink_topology import NvlinkTopologyArgs
+from gpusched_api.errors import FieldError
 
 
 def load(raw):
@@ -79,7 +80,7 @@ def test_full_profile() -> None:
         "scores-not-list", "duplicate-score", "null-weight", "args-not-a-mapping", "args-key-not-a-name",
         "args-none-known", "args-bool-as-int", "args-snake-case", "args-above-bound", "args-int-as-bool"])
 def test_errors_name_field_path_and_value(raw, message) -> None:
-    with pytest.raises(ProfileError) as info:
+    with pytest.raises(FieldError) as info:
         load(raw)
     assert str(info.value).startswith(message), str(info.value)
 

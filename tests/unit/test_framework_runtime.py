@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from extender.framework.interfaces import CycleState
-from extender.framework.profile import ProfileConfig, ProfileError, ScorePluginRef
+from extender.framework.profile import ProfileConfig, ScorePluginRef
 from extender.framework.registry import PluginFactory, Registry
 from extender.framework.runtime import (
     FilterDecision,
@@ -18,6 +18,7 @@ from extender.framework.runtime import (
 from extender.framework.status import Code, Status
 from extender.model.ledger import GpuLedger
 from extender.model.placement import Tier
+from gpusched_api.errors import FieldError
 from tests.unit.builders import default_framework, make_demand, make_fleet, make_snapshot
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"
@@ -186,7 +187,7 @@ def test_plugin_exception_becomes_an_error_status() -> None:
 def test_from_profile_rejects_plugins_lacking_the_extension_point() -> None:
     registry = Registry()
     registry.register(PluginFactory("Boom", StubArgs, lambda args: Boom()))
-    with pytest.raises(ProfileError, match=r"profile.scorePlugins\[0\].name: plugin 'Boom' does not implement Score"):
+    with pytest.raises(FieldError, match=r"profile.scorePlugins\[0\].name: plugin 'Boom' does not implement Score"):
         Framework.from_profile(ProfileConfig((), (ScorePluginRef("Boom"),)), registry)
 
 

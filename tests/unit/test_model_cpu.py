@@ -10,8 +10,8 @@ import pytest
 from extender.model.catalog import builtin_catalog
 from extender.model.cpu import node_cpu_allocatable_milli, pod_cpu_request_milli
 from extender.model.demand import PodDemand, parse_pod_demand
-from extender.model.quantity import parse_cpu_milli
 from extender.model.snapshot import ClusterSnapshot, make_node_info, node_info_from_k8s, with_cpu_free
+from gpusched_api.quantity import parse_cpu_milli
 from tests.unit.builders import h100_inventory, make_demand, make_k8s_node, make_pod
 
 

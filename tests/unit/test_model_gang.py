@@ -8,17 +8,8 @@ from typing import Any
 
 import pytest
 
-from extender.model.gang import (
-    GANG_NAME_ANNOTATION,
-    GANG_SIZE_ANNOTATION,
-    GANG_TIMEOUT_ANNOTATION,
-    LWS_GROUP_INDEX_LABEL,
-    LWS_NAME_LABEL,
-    LWS_SIZE_ANNOTATION,
-    GangProblem,
-    GangSpec,
-    gang_of,
-)
+from extender.model.gang import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, LWS_SIZE_ANNOTATION, GangProblem, GangSpec, gang_of
+from gpusched_api.names import GANG_NAME_ANNOTATION, GANG_SIZE_ANNOTATION, GANG_TIMEOUT_ANNOTATION
 
 
 def annotated_member(timeout: str | None) -> dict[str, Any]:

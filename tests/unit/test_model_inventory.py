@@ -2,13 +2,8 @@ import json
 
 import pytest
 
-from extender.model.inventory import (
-    InventoryError,
-    NodeGpuInventory,
-    decode_inventory,
-    encode_inventory,
-    inventory_from_gfd_labels,
-)
+from gpusched_api.errors import FieldError
+from gpusched_api.inventory import NodeGpuInventory, decode_inventory, encode_inventory, inventory_from_gfd_labels
 from tests.unit.builders import a100_inventory, h100_inventory, l40s_inventory, mig_inventory
 
 
@@ -67,9 +62,9 @@ def _doc(**overrides):
 ], ids=lambda v: None if isinstance(v, str) and "[" in v else None)
 def test_errors_name_the_bad_field(doc, field) -> None:
     text = doc if isinstance(doc, str) else json.dumps(doc)
-    with pytest.raises(InventoryError) as info:
+    with pytest.raises(FieldError) as info:
         decode_inventory(text)
-    assert info.value.field == field
+    assert info.value.path == field
     assert str(info.value).startswith(field)
 
 
@@ -97,7 +92,7 @@ def test_errors_name_the_bad_field(doc, field) -> None:
         "empty-switch", "mig-not-object", "mig-enabled-not-bool", "mig-instance-not-object", "mig-uuid-clash",
         "islands-not-list", "island-empty", "island-bool-index"])
 def test_errors_say_what_is_wrong_and_show_the_value(doc, message) -> None:
-    with pytest.raises(InventoryError) as info:
+    with pytest.raises(FieldError) as info:
         decode_inventory(json.dumps(doc))
     assert str(info.value) == message
 
@@ -108,9 +103,9 @@ def test_errors_say_what_is_wrong_and_show_the_value(doc, message) -> None:
     None,
 ], ids=["int-past-python-digit-limit", "nested-too-deep", "not-a-string"])
 def test_untrusted_text_only_ever_raises_inventory_error(text) -> None:
-    with pytest.raises(InventoryError) as info:
+    with pytest.raises(FieldError) as info:
         decode_inventory(text)
-    assert info.value.field == "gpusched.io/gpu-inventory"
+    assert info.value.path == "gpusched.io/gpu-inventory"
 
 
 def test_what_json_loads_accepts_in_unknown_keys_stays_accepted() -> None:
@@ -138,5 +133,5 @@ def test_gfd_single_mig_strategy_makes_mig_units() -> None:
 
 def test_gfd_absent_or_bad() -> None:
     assert inventory_from_gfd_labels("n", {}) is None
-    with pytest.raises(InventoryError, match="nvidia.com/gpu.count"):
+    with pytest.raises(FieldError, match="nvidia.com/gpu.count"):
         inventory_from_gfd_labels("n", {"nvidia.com/gpu.count": "two"})

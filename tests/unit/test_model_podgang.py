@@ -10,16 +10,11 @@ from typing import Any
 import pytest
 
 from extender.model.gang import (
-    GANG_NAME_ANNOTATION,
-    GANG_SIZE_ANNOTATION,
-    GANG_TIMEOUT_ANNOTATION,
     LWS_GROUP_INDEX_LABEL,
     LWS_NAME_LABEL,
-    MIN_ROLE_REPLICAS_ANNOTATION,
     POD_GROUP_LABEL,
     PODCLIQUE_LABEL,
     PODGANG_LABEL,
-    TIER_ANNOTATION,
     GangKey,
     GangProblem,
     GangSpec,
@@ -31,6 +26,13 @@ from extender.model.gang import (
     pod_gang_info,
 )
 from extender.service.gang_index import GangIndex
+from gpusched_api.names import (
+    GANG_NAME_ANNOTATION,
+    GANG_SIZE_ANNOTATION,
+    GANG_TIMEOUT_ANNOTATION,
+    MIN_ROLE_REPLICAS_ANNOTATION,
+    TIER_ANNOTATION,
+)
 from tests.unit.builders import make_pod
 
 NS = "serving"

@@ -1,6 +1,6 @@
 import pytest
 
-from extender.model.quantity import format_gib, parse_quantity_bytes
+from gpusched_api.quantity import format_gib, parse_quantity_bytes
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -1,11 +1,11 @@
-"""The pydantic-to-our-words translation every validated input uses (extender.model.validation)."""
+"""The pydantic-to-our-words translation every validated input uses (gpusched_api.validation)."""
 
 from typing import Annotated, Literal
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from extender.model.validation import BOUNDS, RULE, SAID, Say, fail_at, field_path, first_problem, problems
+from gpusched_api.validation import BOUNDS, RULE, SAID, Say, fail_at, field_path, first_problem, problems
 
 
 class Item(BaseModel):

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.dra.cdi import CDI_KIND, claim_spec, spec_file_name
 from nodeagent.dra.checkpoint import Checkpoint, CheckpointError
 from nodeagent.dra.claims import MAX_DEVICES_PER_CLAIM, ClaimRef, PlannedDevice, claim_ref, plan_claim
@@ -22,7 +23,6 @@ from nodeagent.dra.generated.registration import api_pb2 as reg_pb2
 from nodeagent.dra.generated.registration import api_pb2_grpc as reg_grpc
 from nodeagent.dra.plugin import MAX_CLAIMS_PER_REQUEST, DraPlugin
 from nodeagent.dra.server import DraRunner, PluginPaths
-from nodeagent.dra.slices import DRIVER
 
 NODE = "n1"
 INVENTORY = {f"gpu-{i}": f"GPU-n1-{i}" for i in range(4)}
@@ -31,7 +31,7 @@ UID_A, UID_B = "0a0a0a0a-0000-4000-8000-00000000000a", "0b0b0b0b-0000-4000-8000-
 
 # -- builders -------------------------------------------------------------------------------------
 
-def result(device: str, *, pool: str = NODE, driver: str = DRIVER, request: str = "gpus") -> dict[str, Any]:
+def result(device: str, *, pool: str = NODE, driver: str = DRA_DRIVER, request: str = "gpus") -> dict[str, Any]:
     return {"request": request, "driver": driver, "pool": pool, "device": device}
 
 
@@ -374,7 +374,7 @@ def test_registration_answers_what_kubelet_137_accepts_for_a_dra_plugin(served, 
         stub = reg_grpc.RegistrationStub(channel)
         info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=5)
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
-    assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRIVER, ["v1.DRAPlugin"])
+    assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRA_DRIVER, ["v1.DRAPlugin"])
     assert info.endpoint == str(tmp_path / "kubelet" / "plugins" / "gpu.gpusched.io" / "dra.sock")
     assert runner.registration.status.registrations == 1 and runner.registered == [1]
 
@@ -414,7 +414,7 @@ def test_a_vanished_socket_is_served_again_and_stop_removes_both(served) -> None
     while time.monotonic() < deadline and not runner.paths.registration.exists():
         time.sleep(0.05)
     with grpc.insecure_channel(f"unix://{runner.paths.registration}") as channel:
-        assert reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=5).name == DRIVER
+        assert reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=5).name == DRA_DRIVER
     runner.stop()
     assert not runner.paths.registration.exists() and not runner.paths.endpoint.exists()
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from gpusched_api.names import DRA_DRIVER
 from nodeagent.dra.slices import (
-    DRIVER,
     FOREIGN_TAINT,
     MAX_DEVICES,
     UNHEALTHY_TAINT,
@@ -176,7 +176,7 @@ def stored(spec: dict[str, Any], stamp: str = "2026-01-01T00:00:00Z") -> dict[st
 def test_first_slice_is_generation_1_for_the_nodes_pool() -> None:
     spec = next_slice(None, "n1", devices_of(preset("a100")))
     assert spec is not None
-    assert spec["driver"] == DRIVER and spec["nodeName"] == "n1"
+    assert spec["driver"] == DRA_DRIVER and spec["nodeName"] == "n1"
     assert spec["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
 
 
@@ -220,9 +220,9 @@ def test_a_slice_of_another_node_or_pool_shape_is_rewritten() -> None:
 
 
 def test_slice_object_is_owned_by_its_node() -> None:
-    obj = slice_object("n1", "uid-1", {"driver": DRIVER})
+    obj = slice_object("n1", "uid-1", {"driver": DRA_DRIVER})
     assert obj["apiVersion"] == "resource.k8s.io/v1" and obj["kind"] == "ResourceSlice"
-    assert obj["metadata"]["generateName"] == f"n1-{DRIVER}-"
+    assert obj["metadata"]["generateName"] == f"n1-{DRA_DRIVER}-"
     assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-1",
                                                    "controller": True}]
     named = slice_object("n1", "uid-1", {}, name="s", resource_version="7")["metadata"]
@@ -297,9 +297,9 @@ def test_writer_creates_once_then_updates_only_on_change() -> None:
     write(devices_of(state))
     write(devices_of(state))
     write(devices_of(state, {state.gpus[3].uuid: 39 * GIB}))
-    assert writes(api) == [f"create n1-{DRIVER}-0 gen 1", f"replace n1-{DRIVER}-0 gen 2"]
-    assert api.calls[0] == f"list spec.nodeName=n1,spec.driver={DRIVER}"
-    assert api.slices[f"n1-{DRIVER}-0"]["metadata"]["ownerReferences"][0]["uid"] == "uid-n1"
+    assert writes(api) == [f"create n1-{DRA_DRIVER}-0 gen 1", f"replace n1-{DRA_DRIVER}-0 gen 2"]
+    assert api.calls[0] == f"list spec.nodeName=n1,spec.driver={DRA_DRIVER}"
+    assert api.slices[f"n1-{DRA_DRIVER}-0"]["metadata"]["ownerReferences"][0]["uid"] == "uid-n1"
     assert write.writes == 2
 
 
@@ -327,7 +327,7 @@ def test_a_conflict_raises_and_the_next_attempt_lists_again() -> None:
         write(changed)
     write(changed)  # what the publisher's retry does
     assert [c.split()[0] for c in api.calls if not c.startswith("patch")] == ["list", "create", "list", "replace"]
-    assert writes(api)[-1] == f"replace n1-{DRIVER}-0 gen 2"
+    assert writes(api)[-1] == f"replace n1-{DRA_DRIVER}-0 gen 2"
 
 
 # -- the agent's wiring ---------------------------------------------------------------------------
@@ -394,10 +394,10 @@ def test_after_the_kubelet_deletes_the_slice_a_registration_writes_it_again() ->
         assert done.wait(5)
 
     rewritten()
-    assert writes(api) == [f"create n1-{DRIVER}-0 gen 1"]  # still there: listed, adopted, no write
+    assert writes(api) == [f"create n1-{DRA_DRIVER}-0 gen 1"]  # still there: listed, adopted, no write
     api.slices.clear()  # the kubelet's wipe
     rewritten()
-    assert writes(api) == [f"create n1-{DRIVER}-0 gen 1", f"create n1-{DRIVER}-1 gen 1"]
+    assert writes(api) == [f"create n1-{DRA_DRIVER}-0 gen 1", f"create n1-{DRA_DRIVER}-1 gen 1"]
     time.sleep(0.05)
     assert len(writes(api)) == 2  # once per registration, not a loop
 
@@ -432,4 +432,4 @@ def test_the_writer_says_which_slice_it_holds() -> None:
     writer = ResourceSliceWriter(api, api, "n1")
     assert writer.held_name is None
     writer(devices_of(state))
-    assert writer.held_name == f"n1-{DRIVER}-0"
+    assert writer.held_name == f"n1-{DRA_DRIVER}-0"

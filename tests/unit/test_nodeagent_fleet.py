@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from devcluster.fleet import PRESETS as DEVCLUSTER_PRESETS
-from extender.model.inventory import decode_inventory, encode_inventory
+from gpusched_api.errors import FieldError
+from gpusched_api.inventory import decode_inventory, encode_inventory
 from nodeagent.gpu import FakeFleetReader, GpuReaderError, TopologyLevel, open_reader, preset_path, to_inventory
 from nodeagent.gpu.fake import PRESETS
-from nodeagent.gpu.fleet import FleetError, derived_uuid, parse_fleet
+from nodeagent.gpu.fleet import derived_uuid, parse_fleet
 
 MIB = 1024 * 1024
 
@@ -143,9 +144,9 @@ def test_islands_switch_and_topology() -> None:
                  "processes[0].pod", id="pod-without-namespace"),
 ])
 def test_malformed_fleets_name_the_field(doc, field) -> None:
-    with pytest.raises(FleetError) as caught:
+    with pytest.raises(FieldError) as caught:
         parse_fleet(doc if isinstance(doc, str) else yaml.safe_dump(doc))
-    assert caught.value.field == field
+    assert caught.value.path == field
 
 
 def _gpu(**fields) -> dict:
@@ -197,7 +198,7 @@ def _gpu(**fields) -> dict:
                  "processes[0].pod: must be namespace/pod or namespace/pod/container, got 7", id="pod-not-a-string"),
 ])
 def test_malformed_fleets_say_what_is_wrong(doc, message) -> None:
-    with pytest.raises(FleetError) as caught:
+    with pytest.raises(FieldError) as caught:
         parse_fleet(yaml.safe_dump(doc))
     assert str(caught.value) == message
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from extender.model.inventory import decode_inventory, encode_inventory
+from gpusched_api.inventory import decode_inventory, encode_inventory
 from nodeagent.gpu import SWITCH, GpuInfo, GpuPair, GpuState, MigDeviceInfo, NvLinkInfo, TopologyLevel, to_inventory
 from nodeagent.gpu.model import mig_profile_name, normalize_bus_id, pcie_switch_groups
 

@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 from devcluster.fleet import PRESETS as DEVCLUSTER_PRESETS
-from extender.model.share import slot_id
+from gpusched_api.share import slot_id
 from nodeagent.gpu import SWITCH, GpuReaderError, TopologyLevel, to_inventory
 from nodeagent.gpu.fleet import derived_uuid
 from nodeagent.gpu.nvml import NvmlReader

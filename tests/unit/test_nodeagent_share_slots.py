@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from extender.model.share import SHARE_RESOURCE, slot_id
+from gpusched_api.names import SHARE_RESOURCE
+from gpusched_api.share import slot_id
 from nodeagent.__main__ import main
 from nodeagent.agent import Agent
 from nodeagent.deviceplugin.allocation import Candidate, Unit

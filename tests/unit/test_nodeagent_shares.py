@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.model.share import SHARE_RESOURCE, slot_id
+from gpusched_api.errors import FieldError
+from gpusched_api.names import SHARE_RESOURCE
+from gpusched_api.share import slot_id
 from nodeagent.gpu import GpuInfo, GpuState, MigDeviceInfo, ProcessInfo
-from nodeagent.gpu.fleet import FleetError, parse_fleet
+from nodeagent.gpu.fleet import parse_fleet
 from nodeagent.podresources.generated import api_pb2
 from nodeagent.shares import (
     NO_POD,
@@ -220,9 +222,9 @@ def test_fleet_share_slots_stand_in_for_the_kubelet_and_processes_name_their_pod
                  id="empty-uid"),
 ])
 def test_fleet_share_errors_name_the_field(doc, where, says):
-    with pytest.raises(FleetError) as caught:
+    with pytest.raises(FieldError) as caught:
         parse_fleet(doc)
-    assert caught.value.field == where and says in str(caught.value), str(caught.value)
+    assert caught.value.path == where and says in str(caught.value), str(caught.value)
 
 
 def test_one_process_on_two_gpus_of_one_pod_is_fine():

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from extender.framework.interfaces import Abstain, CycleState, Scored
-from extender.framework.profile import ProfileError, parse_args
+from extender.framework.profile import parse_args
 from extender.model.demand import PodDemand
 from extender.model.fragmentation import DEFAULT_BALANCE
-from extender.model.inventory import NodeGpuInventory
 from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot, with_cpu_free
 from extender.plugins.fragmentation_score import FragmentationScore, FragmentationScoreArgs, PodTypeArgs, node_free
+from gpusched_api.errors import FieldError
+from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import H100_MIB, make_demand, make_gpu, make_node, make_share_pod, mig_inventory
 from tests.unit.test_share_mode import demand_of
 
@@ -92,7 +93,7 @@ def test_mig_pods_are_not_judged():
     ({"workloads": []}, "workloads"),
 ])
 def test_bad_args_name_the_field(raw, problem):
-    with pytest.raises(ProfileError) as caught:
+    with pytest.raises(FieldError) as caught:
         parse_args(FragmentationScoreArgs, raw, "profile.pluginArgs.FragmentationScore")
     assert problem in str(caught.value)
 

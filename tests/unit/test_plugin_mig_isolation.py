@@ -2,8 +2,8 @@ import pytest
 
 from extender.framework.interfaces import CycleState
 from extender.framework.status import Code
-from extender.model.inventory import NodeGpuInventory
 from extender.plugins.mig_isolation import MigIsolation, MigIsolationArgs
+from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import make_demand, make_fleet, make_gpu, make_node, make_snapshot
 
 LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"

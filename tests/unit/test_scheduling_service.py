@@ -15,18 +15,19 @@ import orjson
 import pytest
 
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
-from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
 from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator, GangIndex
-from extender.service.plugin import API_VERSION, MAX_NODE_SCORE, NEVER, NOT_NOW, NodeTables, PluginService
+from extender.service.plugin import API_VERSION, NEVER, NOT_NOW, NodeTables, PluginService
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
+from gpusched_api.scores import MAX_NODE_SCORE
 from tests.unit.builders import (
     NullObserver,
     a100_inventory,

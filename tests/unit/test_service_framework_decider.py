@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from extender.model.assignment import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
 from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import PodRef, Refusal, Reservation
 from extender.service.framework_decider import FrameworkDecider
+from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from tests.unit.builders import default_framework, make_fleet, make_pod
 
 

@@ -14,16 +14,8 @@ from typing import Any
 
 import pytest
 
-from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.catalog import builtin_catalog
-from extender.model.gang import (
-    GANG_COMMIT_ANNOTATION,
-    BarrierTiming,
-    GangCommit,
-    MemberPlacement,
-    encode_commit,
-    parse_commit,
-)
+from extender.model.gang import BarrierTiming, GangCommit, MemberPlacement, encode_commit, parse_commit
 from extender.model.ledger import EntryState
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
@@ -32,6 +24,7 @@ from extender.service.gang import GangCoordinator
 from extender.service.gang_index import GangIndex
 from extender.service.ports import BindError
 from extender.service.state import ClusterState
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import NullObserver, default_framework, h100_inventory, make_k8s_node, make_pod
 
 NS = "ns"

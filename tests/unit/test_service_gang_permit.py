@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from extender.model.gang import DEFAULT_TIMEOUT_S, GANG_COMMIT_ANNOTATION, parse_commit
+from extender.model.gang import DEFAULT_TIMEOUT_S, parse_commit
 from extender.service.core import Refusal, Reservation
+from gpusched_api.names import GANG_COMMIT_ANNOTATION
 from tests.unit.test_service_gang import NS, Clock, World, bound_as, member
 
 

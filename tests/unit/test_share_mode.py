@@ -12,12 +12,12 @@ import pytest
 
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
-from extender.model.inventory import NodeGpuInventory
 from extender.model.ledger import GpuLedger
 from extender.model.placement import place_share
 from extender.model.telemetry import GpuSample, NodeTelemetry, ShareSample
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
+from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import H100_MIB, default_framework, make_gpu, make_k8s_node, make_node, make_share_pod
 
 GIB, MIB = 1 << 30, 1 << 20

@@ -13,15 +13,8 @@ from engine_sidecar.errors import InputError
 from engine_sidecar.gpus import MIB, CpuGpus, FileGpus, preset
 from engine_sidecar.modelinfo import load_model_dir, safetensors_tensor_bytes
 from engine_sidecar.nvml import NvmlGpus
-from engine_sidecar.podinfo import (
-    MEMORY_SHARE,
-    SHARE_MEMORY,
-    SHARE_RESOURCE,
-    MemoryShare,
-    parse_annotations_text,
-    pod_info,
-    quantity_bytes,
-)
+from engine_sidecar.podinfo import MemoryShare, parse_annotations_text, pod_info, quantity_bytes
+from gpusched_api.names import LEGACY_SHARE_ANNOTATION, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from tests.fixtures.sidecar_builders import MODELS
 
 
@@ -188,24 +181,25 @@ def test_share_annotation_is_a_kubernetes_quantity(share, expected):
 
 @pytest.mark.parametrize("text", ["30Gi", "1.5Gi", "500M", "4e9", "0.5Ki", "7", "2.5e3", "100k"])
 def test_share_bytes_agree_with_the_extender(text):
-    from extender.model.quantity import parse_quantity_bytes
+    from gpusched_api.quantity import parse_quantity_bytes
 
     assert quantity_bytes(text) == parse_quantity_bytes(text)
 
 
 def test_share_names_agree_with_the_extender():
-    from extender.model.share import SHARE_MEMORY_ANNOTATION
-    from extender.model.share import SHARE_RESOURCE as EXTENDER_SHARE_RESOURCE
-
-    assert (SHARE_MEMORY, SHARE_RESOURCE) == (SHARE_MEMORY_ANNOTATION, EXTENDER_SHARE_RESOURCE)
+    # One definition now (gpusched_api.names): the sidecar reads the share under the name the
+    # extender places it by, spelt as on the wire.
+    info = pod_info({"gpusched.io/gpu-memory": "30Gi"})
+    assert info.memory_share == MemoryShare(bytes=30 * 2**30, annotation=SHARE_MEMORY_ANNOTATION, text="30Gi")
+    assert (SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE) == ("gpusched.io/gpu-memory", "gpusched.io/gpu-share")
 
 
 @pytest.mark.parametrize("share,expected", [
-    ("20Gi", MemoryShare(bytes=20 * 2**30, annotation=MEMORY_SHARE, text="20Gi")),
-    ("1", MemoryShare(fraction=1.0, annotation=MEMORY_SHARE, text="1")),
-    ("500M", MemoryShare(bytes=500 * 10**6, annotation=MEMORY_SHARE, text="500M"))])
+    ("20Gi", MemoryShare(bytes=20 * 2**30, annotation=LEGACY_SHARE_ANNOTATION, text="20Gi")),
+    ("1", MemoryShare(fraction=1.0, annotation=LEGACY_SHARE_ANNOTATION, text="1")),
+    ("500M", MemoryShare(bytes=500 * 10**6, annotation=LEGACY_SHARE_ANNOTATION, text="500M"))])
 def test_older_share_annotation_still_read_with_a_rename_note(share, expected):
-    info = pod_info({MEMORY_SHARE: share})
+    info = pod_info({LEGACY_SHARE_ANNOTATION: share})
     assert info.memory_share == expected
     assert len(info.notes) == 1 and "rename it" in info.notes[0] and "gpusched.io/gpu-memory" in info.notes[0]
 

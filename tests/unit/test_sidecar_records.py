@@ -15,7 +15,6 @@ from engine_sidecar.errors import InputError
 from engine_sidecar.preflight import plan
 from engine_sidecar.profiles import PROFILES, profile
 from engine_sidecar.records import (
-    KIND,
     DirectoryRecords,
     RecordKey,
     TuningRecord,
@@ -26,6 +25,7 @@ from engine_sidecar.records import (
     record_of,
     render,
 )
+from gpusched_api.names import TUNING_RECORD_KIND
 from tests.fixtures.sidecar_builders import cpu_gpus, make_inputs, make_tiny
 
 MIB = 1024 * 1024
@@ -167,7 +167,7 @@ def test_record_of_keeps_the_chosen_trials_values_and_every_trial():
     assert [t["name"] for t in record.trials] == ["heuristic", "full"]
     assert record.chosen_trial()["name"] == "full"
     assert from_json(json.loads(json.dumps(record.to_json())), "x") == record
-    assert record.to_json()["kind"] == KIND
+    assert record.to_json()["kind"] == TUNING_RECORD_KIND
 
 
 # ---- workloads ----------------------------------------------------------------------------------

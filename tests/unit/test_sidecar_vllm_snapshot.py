@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from engine_sidecar.errors import EngineError, InputError
-from engine_sidecar.vllm_snapshot import KIND, Change, VllmSnapshot, diff, from_json, load, read_installed, render_diff
+from engine_sidecar.vllm_snapshot import Change, VllmSnapshot, diff, from_json, load, read_installed, render_diff
+from gpusched_api.names import VLLM_SNAPSHOT_KIND
 from gpusched_cli.__main__ import main
 
 
@@ -45,9 +46,10 @@ def test_render_names_both_versions_and_each_change():
 
 @pytest.mark.parametrize(("document", "message"), [
     ({"version": "1"}, "not a vLLM snapshot"),
-    ({"kind": KIND, "version": "", "defaults": {}, "flags": []}, "version must be a non-empty string"),
-    ({"kind": KIND, "version": "1", "defaults": [], "flags": []}, "defaults must be an object"),
-    ({"kind": KIND, "version": "1", "defaults": {}, "flags": ["max-num-seqs"]}, "flags must be a list of option strings"),
+    ({"kind": VLLM_SNAPSHOT_KIND, "version": "", "defaults": {}, "flags": []}, "version must be a non-empty string"),
+    ({"kind": VLLM_SNAPSHOT_KIND, "version": "1", "defaults": [], "flags": []}, "defaults must be an object"),
+    ({"kind": VLLM_SNAPSHOT_KIND, "version": "1", "defaults": {}, "flags": ["max-num-seqs"]},
+     "flags must be a list of option strings"),
 ])
 def test_a_malformed_snapshot_names_the_file_and_field(document, message):
     with pytest.raises(InputError, match=message):

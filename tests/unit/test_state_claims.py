@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extender.metrics import count_refused_claims
-from extender.model.assignment import believed_units
 from extender.model.ledger import EntryState
 from extender.service.state import ClusterState
+from gpusched_api.assignment import believed_units
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod, make_share_pod
 
 ALL_OF_A = ",".join(f"GPU-a-{i}" for i in range(8))

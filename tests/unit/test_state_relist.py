@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from extender.model.assignment import ASSIGNED_GPUS_ANNOTATION
 from extender.model.ledger import EntryState
 from extender.service.state import ClusterState
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
 
 UNITS = [g.uuid for g in h100_inventory("a").gpus]

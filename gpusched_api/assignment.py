@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extender.model.share import share_request_bytes
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
+from gpusched_api.share import share_request_bytes
+from gpusched_api.thirdparty import GPU_RESOURCE
 
-GPU_RESOURCE = "nvidia.com/gpu"
-ASSIGNED_GPUS_ANNOTATION = "gpusched.io/assigned-gpus"
-ASSIGNED_GPU_INDICES_ANNOTATION = "gpusched.io/assigned-gpu-indices"
 MAX_UNIT_ID_CHARS = 128  # a GPU or MIG UUID is 40-45 characters
 MAX_ASSIGNED_UNITS = 64  # more GPUs than any node has
 

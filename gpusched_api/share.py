@@ -1,4 +1,4 @@
-"""GPU shares: the names every part of gpusched agrees on for engines that share one GPU.
+"""GPU shares: what every part of gpusched agrees on for engines that share one GPU.
 
 A pod asks for part of a GPU with the annotation ``gpusched.io/gpu-memory`` (a quantity: the GPU
 memory its engine may use) and one ``gpusched.io/gpu-share`` in one container's
@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extender.model.quantity import parse_quantity_bytes
+from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.quantity import parse_quantity_bytes
 
-SHARE_RESOURCE = "gpusched.io/gpu-share"
-SHARE_MEMORY_ANNOTATION = "gpusched.io/gpu-memory"
 SLOT_SEPARATOR = "::share-"
 
 

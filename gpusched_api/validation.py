@@ -6,7 +6,7 @@ bounds. A failure is still reported the way users know it, ``<field path>: <sent
 path spelt as in the input (``scorePlugins[1].weight``, ``gpus[2].memoryMiB``). This module
 carries our sentences into a model (:class:`Say`), lets a domain rule fail at a path
 (:func:`fail_at`), and reads a ``ValidationError`` back as :class:`Problem` values that each
-caller turns into its own error type (``ProfileError``, ``InventoryError``, ``FleetError``).
+caller turns into a :class:`gpusched_api.errors.FieldError` at its own path.
 """
 
 from __future__ import annotations

@@ -49,26 +49,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
-from extender.model.validation import RULE, Loc, Problem, Say, check_islands, fail_at, first_problem, reject_repeats
+from gpusched_api.errors import FieldError
+from gpusched_api.names import INVENTORY_ANNOTATION
+from gpusched_api.thirdparty import GFD_COUNT, GFD_MEMORY, GFD_MIG_STRATEGY, GFD_PRODUCT
+from gpusched_api.validation import RULE, Loc, Problem, Say, check_islands, fail_at, first_problem, reject_repeats
 
-INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
 INVENTORY_VERSION = "gpusched.io/v1"
-
-GFD_PRODUCT = "nvidia.com/gpu.product"
-GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB
-GFD_COUNT = "nvidia.com/gpu.count"
-GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"
 
 SOURCE_ANNOTATION = "annotation"
 SOURCE_GFD = "gfd"
-
-
-class InventoryError(ValueError):
-    """A malformed inventory document; ``field`` is the path of the offending value."""
-
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
 
 
 @dataclass(frozen=True)
@@ -136,11 +125,11 @@ def encode_inventory(inventory: NodeGpuInventory) -> str:
 
 
 def decode_inventory(text: str) -> NodeGpuInventory:
-    """Parse and validate an annotation value; raises ``InventoryError`` naming the bad field.
+    """Parse and validate an annotation value; raises ``FieldError`` naming the bad field.
 
     The value is untrusted (any node may write it): pydantic checks every type and bound of the
     format above (:class:`_Document`), the rules across fields are validators on the models, and
-    no input raises anything but ``InventoryError``.
+    no input raises anything but ``FieldError``.
     """
     try:
         return _Document.model_validate_json(text).inventory()
@@ -149,14 +138,14 @@ def decode_inventory(text: str) -> NodeGpuInventory:
     try:
         document = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:  # ValueError: also ints past Python's digit limit
-        raise InventoryError(INVENTORY_ANNOTATION, f"not valid JSON ({exc})") from exc
+        raise FieldError(INVENTORY_ANNOTATION, f"not valid JSON ({exc})") from exc
     if not isinstance(document, dict):
-        raise InventoryError(INVENTORY_ANNOTATION, "must be a JSON object")
+        raise FieldError(INVENTORY_ANNOTATION, "must be a JSON object")
     try:
         return _Document.model_validate(document).inventory()
     except ValidationError as exc:
         problem = first_problem(exc, _Document)
-        raise InventoryError(problem.path(), _sentence(problem)) from None
+        raise FieldError(problem.path(), _sentence(problem)) from None
 
 
 def inventory_from_gfd_labels(node_name: str, labels: Mapping[str, str]) -> NodeGpuInventory | None:
@@ -165,7 +154,7 @@ def inventory_from_gfd_labels(node_name: str, labels: Mapping[str, str]) -> Node
     GPU ids are synthetic (``<node>/gpu<i>``; MIG devices ``<node>/mig<i>``) because GFD does not
     publish UUIDs. Under ``nvidia.com/mig.strategy=single`` the labels describe MIG devices
     (count and per-device memory), so each becomes a one-instance MIG GPU. Raises
-    ``InventoryError`` when the labels are present but unreadable.
+    ``FieldError`` when the labels are present but unreadable.
     """
     if GFD_COUNT not in labels:
         return None
@@ -284,7 +273,7 @@ _INT_LABEL = re.compile(r"^\d+$")
 def _label_int(labels: Mapping[str, str], key: str, *, minimum: int) -> int:
     value = labels.get(key, "")
     if not _INT_LABEL.match(value) or int(value) < minimum:
-        raise InventoryError(f"labels[{key}]", f"must be an integer >= {minimum}, got {value!r}")
+        raise FieldError(f"labels[{key}]", f"must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 

@@ -12,7 +12,7 @@ import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from types import MappingProxyType
 
-from extender.model.untrusted import shown
+from gpusched_api.untrusted import shown
 
 _BINARY = MappingProxyType({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
 _DECIMAL = MappingProxyType({"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18})
