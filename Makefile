@@ -59,11 +59,13 @@ prepare-installs:
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
 # mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
-# Configured in pyproject.toml.
+# Configured in pyproject.toml. Then whether docs/pod-api.md is what gpusched_api renders (it is
+# generated: python -m gpusched_api.docs --write docs/pod-api.md).
 lint: $(STAMP)
 	$(STEP) lint-imports $(VENV)/bin/lint-imports
 	$(STEP) ruff $(VENV)/bin/ruff check .
 	$(STEP) pyright $(VENV)/bin/pyright --project pyproject.toml
+	$(STEP) pod-api-docs $(VENV)/bin/python -m gpusched_api.docs --check docs/pod-api.md
 
 control-plane:
 	$(STEP) control-plane bash hack/build-control-plane.sh >/dev/null
