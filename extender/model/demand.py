@@ -6,16 +6,10 @@ and whether the pod is one part of an engine that spans several pods. Sources, l
 overriding earlier ones:
 
 * ``resources.limits`` (else ``requests``) ``nvidia.com/gpu`` summed over ``spec.containers``;
-* the vLLM container's command and args, read the way vLLM's own parser reads them:
-  ``vllm serve MODEL``, ``--model MODEL``, ``--tensor-parallel-size``/``-tp``,
-  ``--pipeline-parallel-size``/``-pp``, ``--data-parallel-size``/``-dp``,
-  ``--data-parallel-size-local``/``-dpl``, ``--prefill-context-parallel-size``/``-pcp``,
-  ``--nnodes``/``-n``, ``--node-rank``/``-r`` (each ``--x N`` or ``--x=N``, with underscores
-  too; the last occurrence wins) and ``--enable-expert-parallel``/``-ep`` (or
-  ``--no-enable-expert-parallel``). A value ``$(VAR)``/``$VAR`` is read from the container's
-  ``env`` values. In a shell string (``sh -c "ulimit -n 65536 && vllm serve …"``) only the
-  command that runs vLLM is read (``extender.model.shellwords``: linear in the text; a string
-  longer than Linux takes for one argument, 128 KiB, is refused: the container could never start);
+* the vLLM container's command and args, read the way vLLM's own parser reads them
+  (``extender.model.vllm_args``: ``vllm serve MODEL``, ``--model``, the parallel sizes, ``--nnodes``,
+  ``--node-rank``, expert parallelism; env references; only the command that runs vLLM inside a
+  shell string, and a string longer than Linux takes for one argument refused);
 * pod annotations ``gpusched.io/model``, ``gpusched.io/tensor-parallel-size``,
   ``gpusched.io/pipeline-parallel-size``, ``gpusched.io/model-attention-heads``,
   ``gpusched.io/model-kv-heads``, ``gpusched.io/gpu-memory-per-gpu`` (a quantity) and
@@ -58,18 +52,16 @@ the annotation, argument or field to change and the values found.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
-from types import MappingProxyType
 from typing import Any
 
 from extender.model.catalog import Catalog
 from extender.model.cpu import pod_cpu_request_milli
 from extender.model.dra import DraDemand
 from extender.model.gang import POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
-from extender.model.shellwords import MAX_ARG_BYTES, split_shell_words
+from extender.model.vllm_args import WHOLE_NUMBER, CommandLineError, VllmArgs, mentions_vllm, parse_positive
 from gpusched_api.names import (
     ATTENTION_HEADS_ANNOTATION,
     DRA_GPU_CLASS,
@@ -88,26 +80,6 @@ from gpusched_api.names import (
 from gpusched_api.quantity import format_gib, parse_quantity_bytes
 from gpusched_api.thirdparty import GPU_RESOURCE
 from gpusched_api.untrusted import shown
-
-# vLLM's flags (vllm/engine/arg_utils.py), by the setting they give.
-_VALUE_FLAGS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "tp": ("--tensor-parallel-size", "-tp"),
-    "pp": ("--pipeline-parallel-size", "-pp"),
-    "dp": ("--data-parallel-size", "-dp"),
-    "dpl": ("--data-parallel-size-local", "-dpl"),
-    "pcp": ("--prefill-context-parallel-size", "-pcp"),
-    "nnodes": ("--nnodes", "-n"),
-    "node_rank": ("--node-rank", "-r"),
-    "model": ("--model",),
-})
-_EP_ON = ("--enable-expert-parallel", "-ep")
-_EP_OFF = ("--no-enable-expert-parallel",)
-_SETTING_OF: Mapping[str, str] = MappingProxyType({flag: key for key, flags in _VALUE_FLAGS.items() for flag in flags})
-# Flags that mark a container as the engine; -n and -r are too common elsewhere (head -n, nice -n).
-_ENGINE_FLAGS = frozenset(_SETTING_OF) - {"-n", "-r"} | frozenset(_EP_ON + _EP_OFF)
-# Nine digits: every real count or size, and int() never meets a number long enough to be slow.
-_INTEGER = re.compile(r"^[+]?[0-9]{1,9}$")
-_ENV_REFERENCE = re.compile(r"^\$(?:\((\w+)\)|\{(\w+)\}|(\w+))$")
 
 
 @dataclass(frozen=True)
@@ -204,7 +176,7 @@ def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,
         return DemandProblem(namespace, name, dra)
     try:
         return _parse(pod, meta, namespace, name, catalog, dra)
-    except _Invalid as exc:
+    except (_Invalid, CommandLineError) as exc:
         return DemandProblem(namespace, name, str(exc))
 
 
@@ -218,7 +190,7 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
         gpu_count = 1
     gpu_count = _dra_count(dra, containers, gpu_count, share_bytes)
     engine = _engine_container(containers)
-    args = _EngineArgs.parse(engine) if engine is not None else _EngineArgs()
+    args = VllmArgs.parse(engine) if engine is not None else VllmArgs()
     source = _CountSource.of(dra, gpu_count)
     layout = _layout(annotations, args, gpu_count, source)
     if share_bytes is not None and _declares_group(pod, meta):
@@ -336,7 +308,7 @@ class _CountSource:
         return _CountSource(f"{gpu_count} {dra.device_class} devices through {', '.join(dra.claims)}", where)
 
 
-def _layout(annotations: Mapping[str, Any], args: _EngineArgs, gpu_count: int, source: _CountSource) -> _Layout:
+def _layout(annotations: Mapping[str, Any], args: VllmArgs, gpu_count: int, source: _CountSource) -> _Layout:
     """The engine's parallel sizes and how many pods it spans (the module docstring's four rules);
     ``source`` names where the GPU count came from in the problems it raises."""
     tp = (_positive(annotations, TENSOR_PARALLEL_ANNOTATION, "tensor-parallel-size")
@@ -412,7 +384,7 @@ def _container_gpus(container: Mapping[str, Any], resource: str = GPU_RESOURCE) 
         value = (resources.get(section) or {}).get(resource)
         if value is not None:
             text = str(value).strip()
-            if not _INTEGER.match(text):
+            if not WHOLE_NUMBER.match(text):
                 what = {GPU_RESOURCE: "GPUs", SHARE_RESOURCE: "shares"}.get(resource, "units")
                 raise _Invalid(
                     f"container {shown(container.get('name', '?'))} resources.{section}"
@@ -457,8 +429,7 @@ MIN_SHARE_BYTES = 1 << 30  # less cannot hold an engine; below the GiB the telem
 def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The container running vLLM: one mentioning vllm or its flags, else the first with GPUs."""
     for container in containers:
-        tokens = [t for segment in _segments(container) for t in segment]
-        if any("vllm" in t for t in tokens) or any(_flag_name(t) in _ENGINE_FLAGS for t in tokens):
+        if mentions_vllm(container):
             return container
     for container in containers:
         if _container_gpus(container) > 0:
@@ -466,155 +437,9 @@ def _engine_container(containers: Sequence[Mapping[str, Any]]) -> Mapping[str, A
     return None
 
 
-_HAS_SPACE = re.compile(r"\s").search
-_SHELL_PUNCTUATION = frozenset("();<>|&")
-
-
-def _segments(container: Mapping[str, Any]) -> list[list[str]]:
-    """command + args as shell commands: strings with spaces (``sh -c "… && vllm serve …"``) are
-    shell-split, and ``;``, ``&&``, ``|``, redirections and the like end a command. A string longer
-    than one argument may be (``MAX_ARG_BYTES``) is refused unread: the container could never start."""
-    segments: list[list[str]] = [[]]
-    for field_name in ("command", "args"):
-        for at, raw in enumerate(container.get(field_name) or []):
-            text = str(raw)
-            if len(text) > MAX_ARG_BYTES // 4 and len(text.encode()) > MAX_ARG_BYTES:
-                raise _Invalid(
-                    f"container {shown(container.get('name', '?'))} {field_name}[{at}] is {len(text.encode())} bytes, "
-                    f"longer than Linux lets one argument be ({MAX_ARG_BYTES} bytes): the container could never "
-                    "start; put long text in a file (a ConfigMap volume) and pass its path"
-                )
-            for token in split_shell_words(text) if _HAS_SPACE(text) else [text]:
-                if token and set(token) <= _SHELL_PUNCTUATION:
-                    segments.append([])
-                else:
-                    segments[-1].append(token)
-    return [s for s in segments if s]
-
-
-def _engine_tokens(container: Mapping[str, Any]) -> list[str]:
-    """The tokens of the command that runs vLLM, from its program word on (``nice -n 5 vllm serve …``
-    reads from ``vllm``): the last command running vllm with ``serve`` or an engine flag, else the
-    last running vllm, else everything (an args-only container of the vLLM image, or a wrapper such
-    as the engine sidecar that passes vLLM's flags on)."""
-    running = [(s, at) for s in _segments(container) if (at := _vllm_program_at(s)) is not None]
-    serving = [(s, at) for s, at in running if any(t == "serve" or _flag_name(t) in _ENGINE_FLAGS for t in s[at:])]
-    if not running:
-        return [t for s in _segments(container) for t in s]
-    segment, at = (serving or running)[-1]
-    return segment[at:]
-
-
-def _vllm_program_at(segment: Sequence[str]) -> int | None:
-    """Where vLLM's program word is: ``vllm`` (or a path to it) not given as some flag's value, or
-    ``-m vllm.…``; None when the command does not run vLLM."""
-    for i, token in enumerate(segment):
-        previous = segment[i - 1] if i else ""
-        if token.startswith("-"):
-            continue
-        if token.rsplit("/", 1)[-1] == "vllm" and not previous.startswith("-"):
-            return i
-        if token.startswith("vllm.") and previous == "-m":
-            return i
-    return None
-
-
-def _flag_name(token: str) -> str:
-    return token.split("=", 1)[0].replace("_", "-") if token.startswith("-") else ""
-
-
-@dataclass
-class _EngineArgs:
-    """The engine container's vLLM settings as written: setting -> (value, flag as written)."""
-
-    where: str = ""
-    values: dict[str, tuple[str, str]] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    model: str | None = None
-    expert_parallel: bool = False
-
-    @classmethod
-    def parse(cls, container: Mapping[str, Any]) -> _EngineArgs:
-        where = f"container {shown(container.get('name', '?'))}"
-        env = {str(e.get("name")): str(e["value"]) for e in container.get("env") or []
-               if isinstance(e, Mapping) and e.get("value") is not None}
-        found = cls(where=where, env=env)
-        tokens = _engine_tokens(container)
-        for i, token in enumerate(tokens):
-            flag = _flag_name(token)
-            if token == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
-                found.model = tokens[i + 1]
-            if flag in _EP_ON or flag in _EP_OFF:
-                if "=" in token:
-                    raise _Invalid(f"{where} arg {token}: {flag} takes no value (vLLM refuses it); write "
-                                   f"{_EP_ON[0]} or {_EP_OFF[0]}")
-                found.expert_parallel = flag in _EP_ON
-                continue
-            setting = _SETTING_OF.get(flag)
-            if setting is None:
-                continue
-            if "=" in token:
-                value: str | None = token.split("=", 1)[1]
-            else:
-                value = tokens[i + 1] if i + 1 < len(tokens) else None
-            if value is None:
-                raise _Invalid(f"{where} arg {token} has no value")
-            if setting == "model":
-                found.model = value
-            else:
-                found.values[setting] = (value, token.split("=", 1)[0])
-        return found
-
-    def flag(self, setting: str) -> str:
-        return self.values[setting][1] if setting in self.values else _VALUE_FLAGS[setting][0]
-
-    def _value(self, setting: str) -> str | None:
-        """The setting's text, an env reference replaced by the container's env value (None: unset
-        or an unresolved reference, left as written)."""
-        if setting not in self.values:
-            return None
-        text = self.values[setting][0].strip()
-        reference = _ENV_REFERENCE.match(text)
-        if reference:
-            return self.env.get(next(g for g in reference.groups() if g), text)
-        return text
-
-    def positive(self, setting: str, what: str) -> int | None:
-        text = self._value(setting)
-        if text is None:
-            return None
-        source = f"{self.where} arg {self.flag(setting)}"
-        if _ENV_REFERENCE.match(text):
-            raise _Invalid(f"{source}: {what} is {text}, which the container's env does not give a value; "
-                           "write the number, or give the variable a value in env")
-        return _positive_text(text, source, what)
-
-    def node_rank(self, nnodes: int) -> int | None:
-        """``--node-rank`` under ``--nnodes``: vLLM's default 0 when absent, None when it is an env
-        reference resolved only at run time (``$(LWS_WORKER_INDEX)``)."""
-        text = self._value("node_rank")
-        if text is None:
-            return 0
-        if _ENV_REFERENCE.match(text):
-            return None
-        flag = self.flag("node_rank")
-        if not _INTEGER.match(text) or not 0 <= int(text) < nnodes:
-            raise _Invalid(
-                f"{self.where} arg {flag} must be between 0 and {nnodes - 1} with --nnodes {nnodes}, "
-                f"got {shown(text)}; set it to this pod's zero-based index among the engine's pods"
-            )
-        return int(text)
-
-
 def _positive(annotations: Mapping[str, Any], key: str, what: str) -> int | None:
     value = annotations.get(key)
-    return None if value is None else _positive_text(str(value), f"annotation {key}", what)
-
-
-def _positive_text(text: str, source: str, what: str) -> int:
-    if not _INTEGER.match(text.strip()) or int(text) <= 0:
-        raise _Invalid(f"{source}: {what} must be a positive whole number, got {shown(text)}")
-    return int(text)
+    return None if value is None else parse_positive(str(value), f"annotation {key}", what)
 
 
 def _memory(annotations: Mapping[str, Any]) -> int | None:
