@@ -166,9 +166,11 @@ def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
             "max": round(ordered[-1], 3), "mean": round(statistics.fmean(ordered), 3), "n": len(ordered)}
 
 
-def make_decider(state: ClusterState) -> FrameworkDecider:
+def make_decider(state: ClusterState, *, telemetry: bool = False) -> FrameworkDecider:
+    """The decider over ``state``; ``telemetry``: its records carry the nodes' telemetry notes."""
     framework = Framework.from_profile(default_profile(), default_registry())
-    return FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot)
+    return FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot,
+                            telemetry=state if telemetry else None)
 
 
 class Cycles:

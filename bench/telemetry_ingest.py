@@ -19,7 +19,7 @@ Processes (the orchestrator starts both kinds and only waits):
 
 * **extender** — pinned to ONE core (``sched_setaffinity``). A ``ClusterState`` with N nodes
   (the devcluster presets h100/a100/l40s/mig 30/30/25/15 %, through the real watch path, as in
-  ``extender_latency``), a ``TelemetryStore`` attached to it, the periodic ``sweep_staleness``
+  ``extender_latency``), built with a ``TelemetryStore``, the periodic ``sweep_staleness``
   (every 0.5 s, as ``assembly`` runs it), the real ``TelemetryServer`` / ``TelemetryServicer``
   (grpc.aio, loopback, no TLS), and on the main thread an ``ExtenderService`` filter + prioritize
   loop (a new TP=2 Llama-3.1-8B pod over all N node names, ``--filter-hz`` times per second, one
@@ -208,22 +208,28 @@ def extender_main(args: argparse.Namespace) -> int:
     from bench.extender_latency import SHAPES, Churn, _NullObserver, make_decider, node_object
     from extender.heap import settle_heap
     from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
-    from extender.service.state import ClusterState
-    from extender.service.telemetry import TelemetryStore
+    from extender.service.state import ClusterState, StateListeners
+    from extender.service.telemetry import Changes, TelemetryStore
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     nodes = fleet(args.agents)
     names = [n for n, _ in nodes]
-    state = ClusterState()
-    state.nodes.replace([node_object(name, preset) for name, preset in nodes])
     store = TelemetryStore(stale_after_periods=3.0)
-    state.attach_telemetry(store)
+    judged = [0]  # reports that change how a node is judged, counted from the store's answers
+    real_take, real_apply = store.ingest, store.apply
+
+    def counted(changes: Changes) -> Changes:
+        judged[0] += len(changes.judged)
+        return changes
+    store.ingest = lambda report: counted(real_take(report))  # type: ignore[method-assign]
+    store.apply = lambda batch: counted(real_apply(batch))  # type: ignore[method-assign]
     rises = [0]
-    store.on_capacity_rise(lambda node: rises.__setitem__(0, rises[0] + 1))  # the requeue nudger's hook
-    judged = [0]
-    store.on_change(lambda node: judged.__setitem__(0, judged[0] + 1))  # reports that change how a node is judged
+    state = ClusterState(telemetry=store, listeners=StateListeners(  # the requeue nudger's hook
+        capacity_rose=(lambda node: rises.__setitem__(0, rises[0] + 1),)))
+    state.nodes.replace([node_object(name, preset) for name, preset in nodes])
+    assert state.reconciler is not None
 
     # Ingest lag per report that reached the core: wall time when the core's store took it - the
     # agent's sampled_at (NodeTelemetry keeps it). Thread mode: every report; process mode: the
@@ -234,12 +240,13 @@ def extender_main(args: argparse.Namespace) -> int:
     if args.ingest == "thread":
         real_ingest = store.ingest
 
-        def noting_ingest(report: Any) -> None:
+        def noting_ingest(report: Any) -> Changes:
             if recording[0]:
                 lags.append(time.time() - report.sampled_at_unix)
-            real_ingest(report)
+            return real_ingest(report)
         store.ingest = noting_ingest  # type: ignore[method-assign]  (before any stream binds it)
-        servicer = ts.TelemetryServicer(store, bench_verifier(), AGENT_USERNAME, ts.TelemetryMetrics(CollectorRegistry()))
+        servicer = ts.TelemetryServicer(state.reconciler, bench_verifier(), AGENT_USERNAME,
+                                        ts.TelemetryMetrics(CollectorRegistry()))
         server = ts.TelemetryServer(servicer, "127.0.0.1:0").start()
         port = server.port
 
@@ -277,14 +284,13 @@ def extender_main(args: argparse.Namespace) -> int:
         def ingest_cpu_s() -> float:
             return child_counters().cpu_s
 
-    decider = make_decider(state)
-    decider.telemetry = state  # as assembly wires it: telemetry notes in decision records
+    decider = make_decider(state, telemetry=True)  # as assembly wires it: telemetry notes in decision records
     service = ExtenderService(decider, RecordingBinder(), DecisionStore(2000), _NullObserver())
     churn = Churn(state, names)
     shape = next(s for s in SHAPES if s.name == "tp2")
     stop_all = threading.Event()
 
-    # the staleness sweep, every 0.5 s as assembly._every runs it
+    # the staleness sweep, every 0.5 s as the assembly runs it (assembly.running.every)
     sweep_cpu = [0.0]
 
     def sweeper() -> None:
@@ -336,14 +342,14 @@ def extender_main(args: argparse.Namespace) -> int:
         cycle[0] += 1
         meta = raw["metadata"]
         pod = PodRef(meta["namespace"], meta["name"], meta["uid"], raw)
-        gen = state._generation
+        gen = state.generation
         c0 = time.thread_time()
         t0 = time.perf_counter()
         outcome = service.filter(pod, names, None)
         t1 = time.perf_counter()
         service.prioritize(pod, list(outcome.feasible), None)
         t2 = time.perf_counter()
-        return (t2 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, state._generation != gen, time.thread_time() - c0
+        return (t2 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, state.generation != gen, time.thread_time() - c0
 
     def filter_loop(until: Any, record: dict[str, list] | None) -> None:
         interval = 1.0 / args.filter_hz
@@ -387,7 +393,7 @@ def extender_main(args: argparse.Namespace) -> int:
         profiler = cProfile.Profile(time.thread_time)  # CPU, not wall: waits for the GIL or a lock are not cost
         asyncio.run_coroutine_threadsafe(_enable(profiler), server._loop).result(5)
     ingest: dict[str, list] = {"total": [], "filter": [], "prioritize": [], "rebuilt": [], "cpu": []}
-    reports0, rises0, gen0, judged0 = store.reports, rises[0], state._generation, judged[0]
+    reports0, rises0, gen0, judged0 = store.reports, rises[0], state.generation, judged[0]
     sweep0, sampler0 = sweep_cpu[0], sampler_cpu[0]
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     child0 = ingest_cpu_s()
@@ -404,7 +410,7 @@ def extender_main(args: argparse.Namespace) -> int:
     threads1 = thread_cpu()
     child_cpu = ingest_cpu_s() - child0
     reports = store.reports - reports0
-    rebuilds = state._generation - gen0
+    rebuilds = state.generation - gen0
     sweep_s, sampler_s = sweep_cpu[0] - sweep0, sampler_cpu[0] - sampler0
     profile_text = None
     if profiler is not None:

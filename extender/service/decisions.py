@@ -161,7 +161,7 @@ class DecisionStore:
 
 
 class ForgetDeletedPods:
-    """A pod-watch listener (``ClusterState.add_pod_listener``): each pod the watch reports deleted
+    """A pod-watch listener (``service.state.PodFeed``): each pod the watch reports deleted
     leaves ``store``'s per-pod index. A relist forgets nothing: a pod missing from it may be one
     kube-scheduler asked about after the list was taken, and a pod deleted while the watch was down
     ages out of the index as any other does."""

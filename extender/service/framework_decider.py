@@ -22,7 +22,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
@@ -47,6 +47,14 @@ NO_DRA_STATE = ("the pod's GPUs come through DRA (it carries gpusched.io/dra), b
 _MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
 
 
+class TelemetryNotes(Protocol):
+    """What a decision record says about the nodes' telemetry (``service.state.ClusterState``)."""
+
+    def telemetry_note(self, node: str) -> tuple[str, str]: ...  # (state, foreign usage) as sentences
+
+    def foreign_nodes(self) -> frozenset[str]: ...  # capacity that may come back
+
+
 class _Lru(OrderedDict):
     def __init__(self, capacity: int):
         super().__init__()
@@ -62,19 +70,21 @@ class _Lru(OrderedDict):
 class FrameworkDecider:
     def __init__(self, framework: Framework, catalog: Catalog, ledger: GpuLedger,
                  snapshot: Callable[[], ClusterSnapshot] | None,
-                 synced: Callable[[], tuple[bool, str]] = lambda: (True, "")):
+                 synced: Callable[[], tuple[bool, str]] = lambda: (True, ""), *,
+                 telemetry: TelemetryNotes | None = None, dra: DraState | None = None,
+                 claim_reader: ClaimReader | None = None):
         """``snapshot`` is the watch's snapshot source; None in the standalone mode, where only
-        the Node objects in each request are known."""
+        the Node objects in each request are known. ``telemetry``: the cluster state when agents
+        stream telemetry (notes for decision records and reasons); ``dra`` (``--dra``): the pods'
+        claims, and ``claim_reader`` for claims the watch has not delivered."""
         self.framework = framework
         self.catalog = catalog
         self.ledger = ledger
         self._snapshot = snapshot
         self._synced = synced
-        # The cluster state, when agents stream telemetry: notes for decision records and reasons.
-        self.telemetry: Any = None
-        # DRA state (``--dra``): the pods' claims, and a reader for claims the watch has not delivered.
-        self.dra: DraState | None = None
-        self.claim_reader: ClaimReader | None = None
+        self.telemetry = telemetry
+        self.dra = dra
+        self.claim_reader = claim_reader
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
         self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests

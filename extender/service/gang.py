@@ -704,15 +704,12 @@ class GangCoordinator:
     def describe(self) -> dict[str, Any]:
         self._expire()
         with self._lock:
-            return {"podGroupsSeen": len(self.index.pod_groups), "podGroupWatch": self.pod_group_watch(),
+            return {"podGroupsSeen": len(self.index.pod_groups),
                     "barrier": {"maxWaitSeconds": self.timing.max_wait_s,
                                 "httpTimeoutSeconds": self.timing.http_timeout_s,
                                 "maxBackoffSeconds": self.timing.max_backoff_s},
                     "waitingForPodGroup": self.index.awaiting_pod_group(),
                     "gangs": [self._describe(k) for k in sorted(self._status, key=str)]}
-
-    # Set by the composition root: the PodGroup reflector's state, for /debug/gangs.
-    pod_group_watch: Callable[[], str] = staticmethod(lambda: "not watched")
 
 
 def _written_by_its_bind(record: SeenCommit) -> bool:

@@ -13,8 +13,9 @@ Two rules keep the index honest under load, when the pod watch lags what kube-sc
   that pod cannot bring it back.
 
 On every (re)list, the commit records (``gpusched.io/gang-commit``) found on bound members are
-handed to ``on_commits``: an extender that restarted between two members' binds learns from
-them which reservations to rebuild, before its first answer.
+returned to the caller (:class:`GangWatch` hands them to the coordinator's ``adopt``): an extender
+that restarted between two members' binds learns from them which reservations to rebuild, before
+its first answer.
 """
 
 from __future__ import annotations
@@ -74,13 +75,12 @@ def _member(pod: Mapping[str, Any]) -> Member:
 
 class GangIndex:
     def __init__(self, on_pod_group_added: Callable[[list[str]], None] = lambda pods: None,
-                 on_commits: Callable[[list[SeenCommit]], None] = lambda commits: None,
                  tombstones: int = 16384, request_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
                  tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> None:
         """``on_pod_group_added(pending member keys)`` runs when a PodGroup or PodGang appears (or
         a PodGang changes), so members judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
-        ``on_commits`` receives each list's commit records. Both run outside the index lock.
+        it runs outside the index lock.
         ``tombstones``: deleted pods remembered (oldest forgotten first); ``tier_labels``: tier
         name -> node label, for groups that name a network tier."""
         self._lock = threading.Lock()
@@ -89,7 +89,6 @@ class GangIndex:
         self.pod_gangs: dict[tuple[str, str], PodGangInfo] = {}
         self.pod_gang_feed = _PodGangFeed(self)  # the PodGang reflector's handler
         self._on_pod_group_added = on_pod_group_added
-        self._on_commits = on_commits
         self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
         self._awaiting_gang: dict[tuple[str, str], set[str]] = {}  # PodGang -> pods judged before it (or they in it)
         self._deleted: OrderedDict[str, str] = OrderedDict()  # pod key -> uid of the deleted incarnation
@@ -98,10 +97,6 @@ class GangIndex:
         self._clock = clock
         self._tombstones = tombstones
         self.tier_labels = tier_labels
-
-    def set_commit_handler(self, on_commits: Callable[[list[SeenCommit]], None]) -> None:
-        """Where each list's commit records go (the coordinator, built after the index)."""
-        self._on_commits = on_commits
 
     def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
         """``gang_of`` under the index lock; a pod whose PodGroup or PodGang is missing (or whose
@@ -164,9 +159,9 @@ class GangIndex:
                 self._pods[member.key] = member
                 self._requested_only[member.key] = self._clock()
 
-    def replace_pods(self, items: list[dict[str, Any]]) -> None:
-        """A (re)list: the full current set. Hands the commit records on bound members to
-        ``on_commits`` once the index holds every listed pod."""
+    def replace_pods(self, items: list[dict[str, Any]]) -> list[SeenCommit]:
+        """A (re)list: the full current set. Returns the commit records on bound members, read
+        once the index holds every listed pod."""
         with self._lock:
             listed = {pod_key(p) for p in items}
             for key, member in list(self._pods.items()):
@@ -181,8 +176,7 @@ class GangIndex:
                 commit = parse_commit(((pod.get("metadata") or {}).get("annotations") or {}).get(GANG_COMMIT_ANNOTATION))
                 if commit is not None:
                     commits.append(SeenCommit(pod, commit))
-        if commits:
-            self._on_commits(commits)
+        return commits
 
     def member(self, key: str) -> Member | None:
         with self._lock:
@@ -286,6 +280,24 @@ def _discard_waiting(awaiting: dict[tuple[str, str], set[str]], pod: str) -> Non
 
 def _object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return (obj["metadata"].get("namespace") or "default"), obj["metadata"]["name"]
+
+
+class GangWatch:
+    """The pod watch's listener for gangs (a ``service.state.PodListener``): the index follows
+    every list and event, and a list's commit records go to ``adopt`` (the coordinator's) — the
+    index is built before the coordinator and never learns of it."""
+
+    def __init__(self, index: GangIndex, adopt: Callable[[list[SeenCommit]], None]) -> None:
+        self._index = index
+        self._adopt = adopt
+
+    def replace_pods(self, items: list[dict[str, Any]]) -> None:
+        commits = self._index.replace_pods(items)
+        if commits:
+            self._adopt(commits)
+
+    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        self._index.apply_pod(event_type, pod)
 
 
 class _PodGangFeed:

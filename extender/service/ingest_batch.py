@@ -4,10 +4,10 @@ Ingest and decisions used to share one interpreter lock: 5,000 agents at 1 Hz to
 prioritize from p99 ~13 ms to ~73 ms. So the telemetry server runs in a child process of its own
 (``adapters.ingest_process``), and the core hears from it in batches: every ``interval`` (~200 ms)
 the child's :class:`Coalescer` turns the newest report per node into one :class:`IngestBatch` —
-whole values only for nodes whose judged state changed (:func:`~extender.service.telemetry.judged_key`),
-for every other node that reported just when (its :class:`~extender.service.telemetry.Heard`
-fields) — and the core applies it in one step (``TelemetryStore.apply``: one lock, one snapshot
-re-layout for the batch, not one per report).
+whole values only for nodes whose judged state changed (``service.telemetry_change``: the test
+the core's store judges by too), for every other node that reported just when (its
+:class:`~extender.service.telemetry.Heard` fields) — and the core applies it in one step
+(``TelemetryStore.apply``: one lock, one snapshot re-layout for the batch, not one per report).
 
 Coalescing keeps only the newest report of a node per batch: a change that reverted within one
 interval never reaches the core, which is what the decider would have judged anyway.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from extender.model.telemetry import NodeTelemetry
-from extender.service.telemetry import Derived, derive, judged_key
+from extender.service.telemetry_change import JudgedReports
 
 StreamPod = tuple[str, str]  # (the stream token's pod "namespace/name", its node)
 
@@ -51,8 +51,7 @@ class Coalescer:
 
     def __init__(self) -> None:
         self._pending: dict[str, NodeTelemetry] = {}
-        self._shipped: dict[str, tuple] = {}  # node -> the judged key of the whole value last shipped
-        self._derived: dict[str, Derived] = {}
+        self._shipped = JudgedReports()  # per node, the newest report judged; shipped whole when its key changed
         self._opened: list[StreamPod] = []
         self._closed: list[StreamPod] = []
         self._unshipped = 0
@@ -77,10 +76,7 @@ class Coalescer:
         changed: list[NodeTelemetry] = []
         heard: list[tuple[str, float, int, float]] = []
         for node, report in pending.items():
-            derived = self._derived[node] = derive(report, self._derived.get(node))
-            key = judged_key(report, derived)
-            if self._shipped.get(node) != key:
-                self._shipped[node] = key
+            if self._shipped.take(node, self._shipped.judge(report))[0]:
                 changed.append(report)
             else:
                 heard.append((node, report.received_at, report.sequence, report.sampled_at_unix))

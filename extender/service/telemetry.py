@@ -1,9 +1,10 @@
 """Telemetry ingest and the stream's authorization policy.
 
 :class:`TelemetryStore` keeps the newest :class:`~extender.model.telemetry.NodeTelemetry` per node
-behind one reference per node (whole-value swaps: a reader never sees half a report) and tells
-its listeners when a node's usable GPU capacity rose, so the extender can make kube-scheduler
-retry pods it rejected (see ``adapters.requeue``).
+behind one reference per node (whole-value swaps: a reader never sees half a report) and
+says what each report or batch changed (:class:`Changes`): which nodes are judged differently, and
+whose usable GPU capacity rose, so the extender can make kube-scheduler retry pods it rejected
+(``service.state`` acts on them; see ``adapters.requeue``).
 
 :func:`authorize_identity` and :func:`authorize_node` are the pure decisions of whether a verified
 identity may stream at all (the agent's account, a token bound to a pod on a node) and for which
@@ -17,9 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from extender.model.telemetry import NodeTelemetry, engine_headroom, gpu_memory_key
+from extender.model.telemetry import NodeTelemetry
+from extender.service.telemetry_change import Judged, JudgedReports
 
 if TYPE_CHECKING:
     from extender.service.ingest_batch import IngestBatch
@@ -85,13 +87,16 @@ def authorize_node(identity: TokenIdentity, claimed_node: str) -> Refusal | None
 
 
 class ReportSink(Protocol):
-    """Where the telemetry servicer puts each accepted report: a :class:`TelemetryStore` (ingest on
-    a thread of the extender) or, in the ingest process, a
-    :class:`~extender.service.ingest_batch.Coalescer`. Called on the servicer's event loop only."""
+    """Where the telemetry servicer puts each accepted report: the cluster state's telemetry
+    reconciler (ingest on a thread of the extender: the store takes the report, the reconciler
+    acts on its :class:`Changes`) or, in the ingest process, a
+    :class:`~extender.service.ingest_batch.Coalescer`. Called on the servicer's event loop only;
+    what ``ingest`` returns is not the servicer's business."""
 
-    reports: int  # reports taken so far
+    @property
+    def reports(self) -> int: ...  # reports taken so far
 
-    def ingest(self, report: NodeTelemetry) -> None: ...
+    def ingest(self, report: NodeTelemetry) -> object: ...
 
 
 class Heard(NamedTuple):
@@ -102,41 +107,30 @@ class Heard(NamedTuple):
     sampled_at_unix: float  # the agent's wall clock; shown and measured, never judged
 
 
-class Derived(NamedTuple):
-    """What a report's unit mapping implies, computed once per mapping object (see :func:`derive`)."""
+@dataclass(frozen=True)
+class Changes:
+    """What one report or batch changed, for its caller to act on (``service.state``'s reconciler
+    re-lays the nodes and tells the requeue nudges): the store itself tells no one."""
 
-    gpus: Any  # the mapping it was computed from (compared by identity)
-    memory_key: tuple
-    assignments: dict[str, tuple[str, ...]]
-    usable_units: int
+    judged: tuple[str, ...] = ()  # nodes whose judged state changed (memory key, headroom, assignments)
+    rose: tuple[str, ...] = ()  # nodes whose usable units rose, heard again after going stale, or new
 
-
-def derive(report: NodeTelemetry, previous: Derived | None) -> Derived:
-    """``previous`` again when ``report`` carries the very mapping it was computed from (an
-    unchanged report, see ``adapters.telemetry_server.gpu_report_key``); else computed afresh."""
-    if previous is not None and previous.gpus is report.gpus:
-        return previous
-    return Derived(report.gpus, gpu_memory_key(report), report.actual_assignments(), _usable_units(report))
-
-
-def judged_key(report: NodeTelemetry, derived: Derived) -> tuple:
-    """Equal keys judge identically: per-unit memory and foreign usage in whole GiB, units out of
-    service, the engines' quantised headroom, and the kubelet's assignments."""
-    return derived.memory_key, engine_headroom(report) if report.engines else None, derived.assignments
+    def __bool__(self) -> bool:
+        return bool(self.judged or self.rose)
 
 
 class TelemetryStore:
-    """The newest report per node, and who to tell when one changes how the node is judged.
+    """The newest report per node, and what each report or batch changed.
 
     Fed one report at a time (``ingest``, from the telemetry event loop on a thread of the
     extender) or one batch at a time (``apply``, from the ingest process's link thread: see
-    ``adapters.ingest_process``), and read by the snapshot and the staleness sweep (``get``,
-    ``freshness``). Per node it keeps the newest whole value and, apart, when the node was last
-    heard from (:class:`Heard`): a batch moves a node's whole value only when what is judged
-    changed, and otherwise just its :class:`Heard`; ``get`` and ``view`` return the value with
-    the newest ``received_at``, ``sequence`` and ``sampled_at_unix``. What a report's GPU mapping
-    implies is computed once per mapping object (:func:`derive`), so an unchanged report costs a
-    dict store and a few comparisons.
+    ``adapters.ingest_process``); both return :class:`Changes`. Read by the snapshot and the
+    staleness sweep (``get``, ``freshness``). Per node it keeps the newest whole value and, apart,
+    when the node was last heard from (:class:`Heard`): a batch moves a node's whole value only
+    when what is judged changed, and otherwise just its :class:`Heard`; ``get`` and ``view`` return
+    the value with the newest ``received_at``, ``sequence`` and ``sampled_at_unix``. Whether a
+    report changed what is judged is :class:`~extender.service.telemetry_change.JudgedReports`'
+    answer, the same the ingest process ships by.
     """
 
     def __init__(self, *, stale_after_periods: float = 3.0, clock: Callable[[], float] = time.monotonic):
@@ -147,46 +141,29 @@ class TelemetryStore:
         self._heard: dict[str, tuple[float, int, float]] = {}  # node -> Heard's fields (cheaper than the tuple type)
         self._view: MappingProxyType = MappingProxyType({})
         self._dirty = False
-        self._listeners: list[Callable[[str], None]] = []
-        self._change_listeners: list[Callable[[str], None]] = []
-        self._keys: dict[str, tuple] = {}
-        self._derived: dict[str, Derived] = {}
+        self._judged = JudgedReports()
         self.reports = 0
 
-    def on_change(self, listener: Callable[[str], None]) -> None:
-        """``listener(node)`` when a report changes how the node is judged (its memory key or
-        the kubelet's device assignment) — not on every report."""
-        self._change_listeners.append(listener)
-
-    def on_capacity_rise(self, listener: Callable[[str], None]) -> None:
-        """``listener(node)`` when a node's usable units rose, or it reported after having gone
-        stale, or it reported for the first time."""
-        self._listeners.append(listener)
-
-    def ingest(self, report: NodeTelemetry) -> None:
+    def ingest(self, report: NodeTelemetry) -> Changes:
         """One report (called per report, on the telemetry event loop)."""
-        derived = derive(report, self._derived.get(report.node))
-        key = judged_key(report, derived)
+        judged = self._judged.judge(report)  # outside the lock: decisions never wait on it
         with self._lock:
             self.reports += 1
             changed, rose = self._take(report.node, (report.received_at, report.sequence, report.sampled_at_unix),
-                                       report, derived, key)
-        self._tell([report.node] if changed else [], [report.node] if rose else [])
+                                       report, judged)
+        return Changes((report.node,) if changed else (), (report.node,) if rose else ())
 
-    def apply(self, batch: IngestBatch) -> None:
-        """One :class:`~extender.service.ingest_batch.IngestBatch` in one step (one lock, then the
-        listeners): its whole values, then the nodes only heard from."""
-        judged = []
-        for report in batch.changed:  # outside the lock: decisions never wait on it
-            derived = derive(report, self._derived.get(report.node))
-            judged.append((report, derived, judged_key(report, derived)))
+    def apply(self, batch: IngestBatch) -> Changes:
+        """One :class:`~extender.service.ingest_batch.IngestBatch` in one step (one lock): its whole
+        values, then the nodes only heard from."""
+        judged = [(report, self._judged.judge(report)) for report in batch.changed]  # outside the lock
         changed: list[str] = []
         rose: list[str] = []
         with self._lock:
             self.reports += batch.reports
-            for report, derived, key in judged:
+            for report, one in judged:
                 c, r = self._take(report.node, (report.received_at, report.sequence, report.sampled_at_unix),
-                                  report, derived, key)
+                                  report, one)
                 if c:
                     changed.append(report.node)
                 if r:
@@ -194,10 +171,10 @@ class TelemetryStore:
             for node, received_at, sequence, sampled_at in batch.heard:
                 if node in self._nodes and self._take(node, (received_at, sequence, sampled_at))[1]:
                     rose.append(node)
-        self._tell(changed, rose)
+        return Changes(tuple(changed), tuple(rose))
 
     def _take(self, node: str, heard: tuple[float, int, float], report: NodeTelemetry | None = None,
-              derived: Derived | None = None, key: tuple | None = None) -> tuple[bool, bool]:
+              judged: Judged | None = None) -> tuple[bool, bool]:
         """Under the lock: record that ``node`` was heard from, and its new whole value when given.
         Returns (judged change, capacity rose)."""
         before = self._heard.get(node)
@@ -207,22 +184,11 @@ class TelemetryStore:
         # Back after having gone stale: capacity (the stale assumption's 10 %) comes back.
         came_back = before is None or previous is None or \
             heard[0] - before[0] > self.stale_after_periods * previous.period_s
-        if report is None or derived is None:
+        if report is None or judged is None:
             return False, came_back
-        old = self._derived.get(node)
         self._nodes[node] = report
-        self._derived[node] = derived
-        changed = self._keys.get(node) != key
-        self._keys[node] = key  # type: ignore[assignment]  (a key is always given with a report)
-        return changed, came_back or old is None or derived.usable_units > old.usable_units
-
-    def _tell(self, changed: list[str], rose: list[str]) -> None:
-        for node in changed:
-            for listener in self._change_listeners:
-                listener(node)
-        for node in rose:
-            for listener in self._listeners:
-                listener(node)
+        changed, old = self._judged.take(node, judged)
+        return changed, came_back or old is None or judged.derived.usable_units > old.derived.usable_units
 
     def _current(self, node: str) -> NodeTelemetry | None:
         """Under the lock: the node's whole value with its newest Heard."""
@@ -266,14 +232,4 @@ class TelemetryStore:
 
     def actual_assignments(self, node: str) -> dict[str, tuple[str, ...]]:
         """pod key -> device UUIDs per the node's latest report (computed once per GPU mapping)."""
-        derived = self._derived.get(node)
-        return dict(derived.assignments) if derived is not None else {}
-
-
-def _usable_units(report: NodeTelemetry, foreign_tolerance: float = 0.05) -> int:
-    """Units no pod holds and no foreign process occupies beyond ``foreign_tolerance`` of memory,
-    plus the GPUs open to shares (no sharer over its share: a GPU reopening is capacity too).
-    Counting units, not bytes, keeps ordinary memory jitter from looking like new capacity."""
-    whole = sum(1 for g in report.gpus.values()
-                if not g.assigned_pods and g.foreign_used_bytes <= foreign_tolerance * g.memory_total_bytes)
-    return whole + sum(1 for g in report.gpus.values() if not g.is_mig and not any(s.over for s in g.shares))
+        return self._judged.assignments(node)

@@ -106,8 +106,7 @@ def cluster_mode() -> Collaborators:
     state.pods.replace([])
     fast = (lambda start: (lambda: start + (time.monotonic() - start) * 1000.0))(time.monotonic())
     inner = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
-    index = GangIndex()
-    state.add_pod_listener(index)
+    index = GangIndex()  # no watch: the index knows pods from requests
     decider = GangCoordinator(inner, index, inner.framework, state.snapshot, state.ledger, clock=fast)
     collaborators = Collaborators(decider=decider, binder=RecordingBinder())
     collaborators.ledger = state.ledger  # type: ignore[attr-defined]  # for the invariant check

@@ -6,7 +6,8 @@ decider, the snapshot). Constant tables are frozen (frozenset, MappingProxyType,
 Issue 41: the same holds for the runtime package every program imports (``gpusched_runtime``): a
 module-level value there would be shared by the extender's and the agent's objects alike. And for
 ``gpusched_api``, the names and schema every program imports (its generated protobuf modules aside:
-their descriptors belong to protobuf's own pool, and we do not write that code)."""
+their descriptors belong to protobuf's own pool, and we do not write that code); and for the
+extender's composition root and cluster state, whose objects a test or a replica builds anew."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ import typing
 import numpy
 import pytest
 
+import extender.assembly
 import extender.framework
 import extender.model
 import extender.plugins
+import extender.service.state
 import gpusched_api
 import gpusched_runtime
 
@@ -56,6 +59,16 @@ def mutable(value) -> bool:
     return True
 
 
+def composed_modules():
+    """Issue 41: the composition root and the cluster state, split into packages, and the one
+    telemetry change test both processes share."""
+    for package in (extender.assembly, extender.service.state):
+        yield package.__name__
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            yield info.name
+    yield "extender.service.telemetry_change"
+
+
 @pytest.mark.parametrize("module", sorted(core_modules()))
 def test_the_module_holds_no_mutable_value(module):
     found = {name: type(value).__name__ for name, value in vars(importlib.import_module(module)).items()
@@ -68,8 +81,8 @@ def runtime_modules():
         yield info.name
 
 
-@pytest.mark.parametrize("module", sorted(runtime_modules()))
-def test_the_runtime_module_holds_no_mutable_value(module):
+@pytest.mark.parametrize("module", sorted([*runtime_modules(), *composed_modules()]))
+def test_the_module_holds_no_mutable_value_but_its_logger(module):
     # A module's logger is allowed: it is an entry of the logging module's registry, configured by
     # the program (its level, its handlers), not state this module keeps.
     found = {name: type(value).__name__ for name, value in vars(importlib.import_module(module)).items()

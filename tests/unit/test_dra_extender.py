@@ -126,8 +126,8 @@ def dra_of(state: ClusterState) -> DraState:
 def cluster(*nodes: tuple[str, NodeGpuInventory]) -> ClusterState:
     """ClusterState with DRA attached, nodes (name, inventory) advertising no nvidia.com/gpu,
     their slices published."""
-    state = ClusterState()
-    dra = state.attach_dra()
+    state = ClusterState(dra=True)
+    dra = dra_of(state)
     state.nodes.replace([make_k8s_node(n, inv, allocatable=0) for n, inv in nodes])
     SliceFeed(dra).replace([make_slice_obj(n, inv) for n, inv in nodes])
     return state
@@ -203,8 +203,8 @@ def test_a_device_held_for_another_pod_is_a_reported_conflict_never_two_holders(
 
 
 def test_a_slice_arriving_after_the_claim_re_maps_its_devices_and_marks_the_units():
-    state = ClusterState()
-    dra = state.attach_dra()
+    state = ClusterState(dra=True)
+    dra = dra_of(state)
     state.nodes.replace([make_k8s_node("n1", H100, allocatable=0)])
     ClaimFeed(dra).apply("ADDED", make_claim_obj("c", 1, allocated=[("n1", "gpu-2")], reserved_for=["p"]))
     assert held(state) == {"default/p": ("n1", ["n1/dra/gpu-2"])}
@@ -218,9 +218,8 @@ def test_a_slice_arriving_after_the_claim_re_maps_its_devices_and_marks_the_unit
 
 # --- decisions --------------------------------------------------------------------------------
 def decider(state: ClusterState, reader: StaticClaimReader | None = None) -> FrameworkDecider:
-    d = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
-    d.dra, d.claim_reader = dra_of(state), reader
-    return d
+    return FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot,
+                            dra=dra_of(state), claim_reader=reader)
 
 
 def ref(pod) -> PodRef:

@@ -21,10 +21,11 @@ from extender.model.gang import parse_commit
 from extender.model.ledger import EntryState, GpuLedger
 from extender.service.core import ExtenderService, PodRef, Refusal
 from extender.service.decisions import DecisionStore
+from extender.service.dra import DraState
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex
-from extender.service.state import ClusterState
+from extender.service.gang_index import GangIndex, GangWatch
+from extender.service.state import ClusterState, PodFeed
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import (
     NullObserver,
@@ -104,8 +105,8 @@ def test_pin_freezes_an_assumed_reservation_only():
 
 # --- through the DRA state's claim sync ---------------------------------------------------------
 def test_a_claim_allocated_on_a_siblings_reservation_is_a_swap_not_a_conflict():
-    state = ClusterState()
-    dra = state.attach_dra()
+    state = ClusterState(dra=True)
+    dra = dra_of(state)
     inv = h100_inventory("n1")
     state.nodes.replace([make_k8s_node("n1", inv, allocatable=0)])
     SliceFeed(dra).replace([make_slice_obj("n1", inv)])
@@ -153,17 +154,17 @@ class World:
     too, for a plain member beside DRA ones), the coordinator in front of the framework decider."""
 
     def __init__(self) -> None:
-        self.state = ClusterState()
-        self.dra = self.state.attach_dra()
+        self.state = ClusterState(dra=True)
+        self.dra = dra_of(self.state)
         self.inventory = h100_inventory("n1")
         self.state.nodes.replace([make_k8s_node("n1", self.inventory)])
         SliceFeed(self.dra).replace([make_slice_obj("n1", self.inventory)])
         self.claims = ClaimFeed(self.dra)
         index = GangIndex()
-        self.state.add_pod_listener(index)
-        inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
-        inner.dra = self.dra
+        inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot,
+                                 dra=self.dra)
         self.gangs = GangCoordinator(inner, index, inner.framework, self.state.snapshot, self.state.ledger)
+        self.pods = PodFeed([GangWatch(index, self.gangs.adopt)], self.state.pods)  # as the pod reflector's
         self.binder = Binder()
         self.service = ExtenderService(self.gangs, self.binder, DecisionStore(), NullObserver())
 
@@ -195,7 +196,7 @@ def test_a_gang_of_dra_pods_binds_whole_as_allocated_with_no_conflict(kinds, b_t
     a = dra_member("a") if kinds[0] == "dra" else plain_member("a")
     b = dra_member("b")
     for pod in (a, b):
-        world.state.pods.apply("ADDED", pod)
+        world.pods.apply("ADDED", pod)
     for name, kind in zip("ab", kinds, strict=True):
         if kind == "dra":
             world.claims.apply("ADDED", make_claim_obj(f"c{name}", 2))
@@ -251,7 +252,7 @@ def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_a
     world = World()
     pods = [dra_member("a"), dra_member("b")] if gang else [make_dra_pod("a", claim="ca")]
     for pod in pods:
-        world.state.pods.apply("ADDED", pod)
+        world.pods.apply("ADDED", pod)
         world.claims.apply("ADDED", make_claim_obj(f"c{pod['metadata']['name']}", 2))
     refs = [PodRef("default", p["metadata"]["name"], p["metadata"]["uid"], p) for p in pods]
     assert all(world.service.filter(r, ["n1"]).feasible == ("n1",) for r in refs)
@@ -274,3 +275,8 @@ def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_a
     assert {r.name: world.held(f"default/{r.name}") for r in refs} == {
         r.name: [f"gpu-{2 * i + 4}", f"gpu-{2 * i + 5}"] for i, r in enumerate(refs)}
     assert world.dra.describe()["conflictsTotal"] == 0
+
+
+def dra_of(state: ClusterState) -> DraState:
+    assert state.dra is not None, "built with dra=True"
+    return state.dra

@@ -47,8 +47,7 @@ class Core:
         self.state.nodes.replace([make_k8s_node(name, inventory) for name, inventory in nodes.items()])
         self.ready: tuple[bool, str] = (True, "")
         inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
-        self.gangs = GangIndex()
-        self.state.add_pod_listener(self.gangs)
+        self.gangs = GangIndex()  # no pod is fed by a watch here: the index knows pods from requests
         # As the composition root wires it: gangs through the coordinator, other pods straight through.
         self.decider = GangCoordinator(inner, self.gangs, inner.framework, self.state.snapshot, self.state.ledger)
         self.decisions = DecisionStore()

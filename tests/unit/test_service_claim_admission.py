@@ -183,9 +183,9 @@ def test_the_route_answers_reviews_and_refuses_other_bodies():
     pytest.param({"pluginArgs": {"NvlinkTopology": {"requireNvlink": True}}}, True, id="profile-requires-nvlink"),
 ])
 def test_the_webhooks_default_is_the_profiles_nvlink_topology_args(raw, required):
-    from extender.assembly import _profile_requires_nvlink
+    from extender.assembly.profile import profile_requires_nvlink
     from extender.framework.profile import load_profile
     from extender.plugins import default_profile, default_registry
 
     profile = load_profile(raw, default_registry(), base=default_profile()) if raw else default_profile()
-    assert _profile_requires_nvlink(profile) is required
+    assert profile_requires_nvlink(profile) is required

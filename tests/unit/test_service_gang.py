@@ -21,9 +21,9 @@ from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex
+from extender.service.gang_index import GangIndex, GangWatch
 from extender.service.ports import BindError
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, PodFeed
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import NullObserver, default_framework, h100_inventory, make_k8s_node, make_pod
 
@@ -81,7 +81,6 @@ class World:
         self.node_names = list(nodes)
         self.state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in nodes])
         self.index = GangIndex(clock=clock)
-        self.state.add_pod_listener(self.index)
         self.inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
         self.events = Events()
         self.nudged: list[str] = []
@@ -89,7 +88,7 @@ class World:
         self.gangs = GangCoordinator(self.inner, self.index, self.inner.framework, self.state.snapshot,
                                      self.state.ledger, timing=timing, clock=clock, wall_clock=wall,
                                      observer=self.events, nudge=self.nudged.extend, on_partial=self.partials.append)
-        self.index.set_commit_handler(self.gangs.adopt)
+        self.pods = PodFeed([GangWatch(self.index, self.gangs.adopt)], self.state.pods)  # as the pod reflector's
         self.binder = binder or ScriptedBinder()
         self.service = ExtenderService(self.gangs, self.binder, DecisionStore(), NullObserver())
 
@@ -105,10 +104,10 @@ class World:
         return self.service.bind(PodRef(NS, pod["metadata"]["name"], pod["metadata"]["uid"]), node)
 
     def watch(self, event: str, pod: dict[str, Any]) -> None:
-        self.state.pods.apply(event, pod)
+        self.pods.apply(event, pod)
 
     def relist(self, pods: list[dict[str, Any]]) -> None:
-        self.state.pods.replace(pods)
+        self.pods.replace(pods)
 
     def holder(self, node: str, unit: str) -> str | None:
         return self.state.ledger.view().owner_of(node, unit)

@@ -15,7 +15,7 @@ from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.ledger import GpuLedger
 from extender.model.placement import place_share
 from extender.model.telemetry import GpuSample, NodeTelemetry, ShareSample
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, StateListeners
 from extender.service.telemetry import TelemetryStore
 from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import H100_MIB, default_framework, make_gpu, make_k8s_node, make_node, make_share_pod
@@ -135,12 +135,12 @@ def test_a_share_larger_than_any_gpu_never_fits_and_a_whole_gpu_holder_blocks_sh
 
 
 # -- telemetry: real free memory and over-share ---------------------------------------------------------
-def cluster(clock=lambda: 2.0):
-    state = ClusterState(clock=clock)
+def cluster(clock=lambda: 2.0, **listeners):
+    """The state and its telemetry reconciler (which takes the reports), with ``listeners``."""
+    state = ClusterState(clock=clock, telemetry=TelemetryStore(clock=clock), listeners=StateListeners(**listeners))
     state.nodes.replace([make_k8s_node("n", one_gpu("n", 1)), make_k8s_node("m", one_gpu("m", 1))])
-    store = TelemetryStore(clock=clock)
-    state.attach_telemetry(store)
-    return state, store
+    assert state.reconciler is not None
+    return state, state.reconciler
 
 
 def report(node: str = "n", seq: int = 1, *, foreign_gib: int = 0, shares=()) -> NodeTelemetry:
@@ -166,9 +166,8 @@ def test_a_share_is_judged_on_real_free_memory_foreign_usage_included():
 
 
 def test_a_sharer_over_its_share_closes_the_gpu_and_is_heard_once_for_its_own_node_only():
-    state, store = cluster()
     heard = []
-    state.on_over_share(lambda *args: heard.append(args))
+    state, store = cluster(over_share=(lambda *args: heard.append(args),))
     state.pods.replace([make_share_pod("a", "ns", node="n", assigned=GPU0)])
     recorded = state.ledger.assignment("ns/a")
     assert recorded is not None and recorded.share_mib == 30 * 1024, "the watch records the share"
@@ -190,9 +189,8 @@ def test_a_sharer_over_its_share_closes_the_gpu_and_is_heard_once_for_its_own_no
 def test_a_pod_leaving_the_ledger_is_heard_on_its_node_after_the_release():
     """The nudge that makes kube-scheduler retry comes after the GPUs are free in the ledger, so
     a retry racing the watch cannot find them still held."""
-    state, _ = cluster()
     heard: list[tuple[str, bool]] = []
-    state.on_released(lambda node: heard.append((node, state.ledger.assignment("ns/a") is None)))
+    state, _ = cluster(released=(lambda node: heard.append((node, state.ledger.assignment("ns/a") is None)),))
     sharer = make_share_pod("a", "ns", node="n", assigned=GPU0)
     state.pods.replace([sharer])
     state.pods.apply("DELETED", sharer)
@@ -215,8 +213,7 @@ def test_a_rejected_share_hears_aggregates_never_another_tenants_pods_or_their_m
     store.ingest(report(shares=[ShareSample("tenant-b/secret-model", 30 * GIB, 37 * GIB),
                                 ShareSample("tenant-b/quiet-embedder", 10 * GIB, 9 * GIB)]))
     assert "tenant-b/secret-model uses 37.0 GiB" in state.snapshot().nodes["n"].units[0].share_closed, "admin detail"
-    decider = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
-    decider.telemetry = state
+    decider = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot, telemetry=state)
     pod = make_share_pod("chat", "tenant-a", memory="4Gi")
     outcome = decider.filter(PodRef("tenant-a", "chat", "uid-chat", pod), ["n"], None)
     reason = outcome.failed["n"]

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from extender.model.telemetry import GpuSample, NodeTelemetry
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, StateListeners
 from extender.service.telemetry import TelemetryStore
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
 
@@ -31,14 +31,17 @@ def report(node: str, holders: dict[str, tuple[str, ...]]) -> NodeTelemetry:
     return NodeTelemetry(node, 1, 0.0, 1.0, "fake", gpus, ())
 
 
-@pytest.fixture
-def cluster() -> ClusterState:
-    state = ClusterState()
+def watching(**listeners) -> ClusterState:
+    state = ClusterState(telemetry=TelemetryStore(), listeners=StateListeners(**listeners))
     state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("a", "b")])
-    state.attach_telemetry(TelemetryStore())
     state.pods.apply("ADDED", bound_pod("on-a", "a", "GPU-a-0"))
     state.pods.apply("ADDED", bound_pod("on-b", "b", "GPU-b-0"))
     return state
+
+
+@pytest.fixture
+def cluster() -> ClusterState:
+    return watching()
 
 
 @pytest.mark.parametrize("node,holders,reason", [
@@ -50,7 +53,7 @@ def cluster() -> ClusterState:
 ])
 def test_a_report_cannot_speak_for_other_nodes_pods_or_units(cluster, node, holders, reason):
     before = cluster.ledger.view().assignments
-    cluster.telemetry.ingest(report(node, holders))
+    cluster.ingest_telemetry(report(node, holders))
     after = cluster.ledger.view().assignments
     assert after == before, "the ledger moved on a report the node may not make"
     assert cluster.holders_refused[reason] == 1, dict(cluster.holders_refused)
@@ -58,13 +61,13 @@ def test_a_report_cannot_speak_for_other_nodes_pods_or_units(cluster, node, hold
 
 
 def test_the_kubelets_truth_for_the_nodes_own_pod_and_unit_is_followed(cluster):
-    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-4",)}))
+    cluster.ingest_telemetry(report("a", {"ns/on-a": ("GPU-a-4",)}))
     assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-4"})
     assert not cluster.holders_refused
 
 
 def test_a_holder_refused_while_the_watch_lagged_is_accepted_once_the_watch_shows_the_pod(cluster):
-    cluster.telemetry.ingest(report("a", {"ns/late": ("GPU-a-6",)}))
+    cluster.ingest_telemetry(report("a", {"ns/late": ("GPU-a-6",)}))
     assert cluster.holders_refused["pod-unknown"] == 1
     assert cluster.ledger.assignment("ns/late") is None
     cluster.pods.apply("ADDED", bound_pod("late", "a", "GPU-a-2"))  # the watch catches up
@@ -73,18 +76,18 @@ def test_a_holder_refused_while_the_watch_lagged_is_accepted_once_the_watch_show
 
 def test_after_a_deletion_the_node_cannot_keep_claiming_the_pod(cluster):
     cluster.pods.apply("DELETED", bound_pod("on-a", "a", "GPU-a-0"))
-    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-0",)}))
+    cluster.ingest_telemetry(report("a", {"ns/on-a": ("GPU-a-0",)}))
     assert cluster.ledger.assignment("ns/on-a") is None
     assert cluster.holders_refused["pod-unknown"] == 1
 
 
-def test_a_container_given_other_devices_than_assigned_is_reported_once_and_the_ledger_follows(cluster):
+def test_a_container_given_other_devices_than_assigned_is_reported_once_and_the_ledger_follows():
     seen: list[tuple] = []
-    cluster.on_assignment_mismatch(lambda *args: seen.append(args))
-    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-0",)}))  # as assigned: nothing to report
+    cluster = watching(mismatch=(lambda *args: seen.append(args),))
+    cluster.ingest_telemetry(report("a", {"ns/on-a": ("GPU-a-0",)}))  # as assigned: nothing to report
     assert seen == []
-    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",)}))
-    cluster.telemetry.ingest(report("a", {"ns/on-a": ("GPU-a-5",), "ns/other": ()}))  # same set again: once
+    cluster.ingest_telemetry(report("a", {"ns/on-a": ("GPU-a-5",)}))
+    cluster.ingest_telemetry(report("a", {"ns/on-a": ("GPU-a-5",), "ns/other": ()}))  # same set again: once
     assert seen == [("ns/on-a", "a", ("GPU-a-0",), ("GPU-a-5",))] and cluster.assignment_mismatches == 1
     assert cluster.ledger.assignment("ns/on-a").unit_ids == frozenset({"GPU-a-5"})
 
@@ -102,10 +105,10 @@ def test_reports_naming_fresh_holders_leave_the_cores_memory_flat(cluster):
     tracemalloc.start()
     try:
         for n in range(1, 101):
-            cluster.telemetry.ingest(ghosts(n))
+            cluster.ingest_telemetry(ghosts(n))
         warm, _ = tracemalloc.get_traced_memory()
         for n in range(101, 1_001):
-            cluster.telemetry.ingest(ghosts(n))
+            cluster.ingest_telemetry(ghosts(n))
         grown = tracemalloc.get_traced_memory()[0] - warm
     finally:
         tracemalloc.stop()
@@ -141,7 +144,7 @@ def honest(**overrides: int) -> dict[str, int]:
 ])
 def test_a_node_claiming_more_than_its_inventory_is_judged_on_its_inventory_and_counted(cluster, units, counts,
                                                                                        free_mib):
-    cluster.telemetry.ingest(claim(units))
+    cluster.ingest_telemetry(claim(units))
     node = cluster.snapshot().nodes["a"]
     assert [u.id for u in node.units] == [f"GPU-a-{i}" for i in range(8)], "units came from the report"
     assert [u.memory_mib for u in node.units] == free_mib

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from extender.model.ledger import EntryState
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, StateListeners
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod
 
@@ -32,10 +32,9 @@ def pod(name: str, node: str | None = None, units: tuple[int, ...] = (), uid: st
 
 
 def relisted(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> tuple[ClusterState, list[str]]:
-    state = ClusterState()
-    state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
     released: list[str] = []
-    state.on_released(released.append)
+    state = ClusterState(listeners=StateListeners(released=(released.append,)))
+    state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
     state.pods.replace(before)
     state.pods.replace(after)
     return state, released

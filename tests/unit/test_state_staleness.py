@@ -6,7 +6,7 @@ staleness sweep that would otherwise re-lay the node runs only every 0.5 s."""
 from __future__ import annotations
 
 from extender.model.telemetry import GpuSample, NodeTelemetry
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, StateListeners, TelemetryReconciler
 from extender.service.telemetry import TelemetryStore
 from tests.unit.builders import H100_MIB, h100_inventory, make_k8s_node
 
@@ -25,28 +25,30 @@ def usable_gib(state: ClusterState) -> int:
     return (state.snapshot().nodes["a"].units[0].memory_mib or 0) // 1024
 
 
-def watched_node_a(now: list[float]) -> tuple[ClusterState, TelemetryStore]:
-    """A state judging node ``a`` (8 H100s) with a telemetry store (3 periods), both on ``now[0]``."""
-    state = ClusterState(clock=lambda: now[0])
+def watched_node_a(now: list[float], capacity_rose: list | None = None) -> tuple[ClusterState, TelemetryReconciler]:
+    """A state judging node ``a`` (8 H100s) with a telemetry store (3 periods), both on ``now[0]``;
+    its reconciler, which takes the reports. ``capacity_rose``: listeners, as the assembly's nudgers."""
     store = TelemetryStore(stale_after_periods=3.0, clock=lambda: now[0])
+    state = ClusterState(clock=lambda: now[0], telemetry=store,
+                         listeners=StateListeners(capacity_rose=tuple(capacity_rose or ())))
     state.nodes.replace([make_k8s_node("a", h100_inventory("a"))])
-    state.attach_telemetry(store)
-    return state, store
+    assert state.reconciler is not None
+    return state, state.reconciler
 
 
 def test_a_node_reporting_again_after_going_stale_is_judged_fresh_by_the_next_decision():
     now = [0.0]
-    state, store = watched_node_a(now)
+    seen_by_retry: list[int] = []
+    # Told after the state re-laid the node, as the extender's assembly gives its nudgers.
+    state, store = watched_node_a(now, [lambda node: seen_by_retry.append(usable_gib(state))])
     store.ingest(report(1, 0.0))
     assert usable_gib(state) == 79  # fresh: what NVML says is free, in whole GiB
+    seen_by_retry.clear()  # the first report is a capacity rise too
 
     now[0] = 5.0  # no report for 5 periods (the link is down)
     state.sweep_staleness()
     assert usable_gib(state) == 71  # stale: at most 90 % of the GPU
 
-    seen_by_retry: list[int] = []
-    # Registered after attach_telemetry, as the extender's assembly registers its nudgers.
-    store.on_capacity_rise(lambda node: seen_by_retry.append(usable_gib(state)))
     now[0] = 5.1
     store.ingest(report(2, 5.1))  # the same content: the judged value did not change, only its age
     assert seen_by_retry == [79], "a pod retried now would be judged on the stale assumption"

@@ -102,16 +102,16 @@ def fed(reports: list[tuple[int, float, dict]], *, batched: bool) -> tuple[Telem
     store = TelemetryStore(stale_after_periods=3.0)
     changes: list[str] = []
     rises: list[str] = []
-    store.on_change(changes.append)
-    store.on_capacity_rise(rises.append)
     c = Coalescer()
     for seq, at, kwargs in reports:
         t = telemetry(seq, at, **kwargs)
         if batched:
             c.ingest(t)
-            store.apply(c.flush())  # type: ignore[arg-type]
+            changed = store.apply(c.flush())  # type: ignore[arg-type]
         else:
-            store.ingest(t)
+            changed = store.ingest(t)
+        changes += changed.judged
+        rises += changed.rose
     return store, changes, rises
 
 
@@ -149,10 +149,9 @@ def test_heard_about_a_node_never_seen_whole_is_ignored():
 
 
 def cluster() -> tuple[ClusterState, TelemetryStore]:
-    state = ClusterState(clock=lambda: 2.0)
-    state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("n1", "n2", "n3")])
     store = TelemetryStore(clock=lambda: 2.0)
-    state.attach_telemetry(store)
+    state = ClusterState(clock=lambda: 2.0, telemetry=store)
+    state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("n1", "n2", "n3")])
     state.snapshot()
     return state, store
 
@@ -164,7 +163,7 @@ def test_a_batch_is_laid_into_the_snapshot_in_one_step_before_the_next_decision(
         c.ingest(telemetry(1, 1.5, node=node, foreign_gib=20))
     generation = state.snapshot().generation
     state.apply_telemetry(c.flush())  # type: ignore[arg-type]
-    assert state._dirty is False, "re-laid by apply_telemetry, not left to the next decision"
+    assert state.layout_pending is False, "re-laid by apply_telemetry, not left to the next decision"
     snapshot = state.snapshot()
     assert snapshot.generation == generation + 1, "one re-layout for the whole batch"
     assert state.foreign_nodes() == {"n1", "n2"}

@@ -98,12 +98,10 @@ def test_shares_become_share_samples():
 
 def test_an_unchanged_report_reuses_the_unit_conversion_and_refreshes_age_and_sequence():
     store = TelemetryStore()
-    changes: list[str] = []
-    store.on_change(changes.append)
     first = report_to_telemetry(report(1), received_at=10.0)
-    store.ingest(first)
+    changes = list(store.ingest(first).judged)
     again = report_to_telemetry(report(2, free_mib=40 * 1024 + 100), received_at=11.0, gpus=first.gpus)
-    store.ingest(again)
+    changes += store.ingest(again).judged
     stored = store.view()["n1"]
     assert (stored.sequence, stored.received_at) == (2, 11.0)
     assert stored.gpus is first.gpus
@@ -119,21 +117,17 @@ def test_an_unchanged_report_reuses_the_unit_conversion_and_refreshes_age_and_se
 ])
 def test_changed_reports_are_announced(second, announced):
     store = TelemetryStore()
-    changes: list[str] = []
-    store.on_change(changes.append)
-    store.ingest(report_to_telemetry(report(1), 1.0))
-    store.ingest(report_to_telemetry(report(2, **second), 2.0))
+    changes = list(store.ingest(report_to_telemetry(report(1), 1.0)).judged)
+    changes += store.ingest(report_to_telemetry(report(2, **second), 2.0)).judged
     assert changes == (["n1", "n1"] if announced else ["n1"])
 
 
 def test_a_report_after_staleness_counts_as_a_capacity_rise_even_when_unchanged():
     store = TelemetryStore(stale_after_periods=3.0)
-    rises: list[str] = []
-    store.on_capacity_rise(rises.append)
     first = report_to_telemetry(report(1), 1.0)
-    store.ingest(first)
-    store.ingest(report_to_telemetry(report(2), 2.0, gpus=first.gpus))
-    store.ingest(report_to_telemetry(report(3), 10.0, gpus=first.gpus))  # 8 s after: the node had gone stale
+    rises = list(store.ingest(first).rose)
+    rises += store.ingest(report_to_telemetry(report(2), 2.0, gpus=first.gpus)).rose
+    rises += store.ingest(report_to_telemetry(report(3), 10.0, gpus=first.gpus)).rose  # 8 s after: the node had gone stale
     assert rises == ["n1", "n1"]
 
 
@@ -228,15 +222,17 @@ def test_ack_every_must_be_positive():
 
 def test_reconcile_actual_forgets_pods_that_left_the_node_and_follows_pods_the_watch_moved():
     """Bookkeeping across nodes; what a node may claim at all is tests/unit/test_state_holders.py."""
-    state = ClusterState()
+    state = ClusterState(telemetry=TelemetryStore())
+    reconciler = state.reconciler
+    assert reconciler is not None
     state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in ("a", "b")])
     for name, node in (("p", "a"), ("q", "a")):
         state.pods.apply("ADDED", bound_pod(name, node))
-    state._reconcile_actual("a", {"ns/p": ("GPU-a-0",), "ns/q": ("GPU-a-1",)})
+    reconciler.reconcile_actual("a", {"ns/p": ("GPU-a-0",), "ns/q": ("GPU-a-1",)})
     state.pods.apply("MODIFIED", bound_pod("q", "b"))  # the watch shows q on b now (recreated there)
-    state._reconcile_actual("b", {"ns/q": ("GPU-b-0",)})
-    state._reconcile_actual("a", {})  # a's next report: neither pod is there
-    assert state._actual == {"ns/q": ("b", ("GPU-b-0",))}
+    reconciler.reconcile_actual("b", {"ns/q": ("GPU-b-0",)})
+    reconciler.reconcile_actual("a", {})  # a's next report: neither pod is there
+    assert reconciler._actual == {"ns/q": ("b", ("GPU-b-0",))}
     assert state.ledger.assignment("ns/q").node == "b"
 
 

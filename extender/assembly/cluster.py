@@ -1,0 +1,139 @@
+"""The cluster-mode composition: every collaborator built complete, in the order its dependencies
+allow, then the watches and periodic tasks started.
+
+One dependency runs against that order. The decider answers Error until the watches' first lists
+are in (readiness); the watches feed the decider's catalog and, through the pod watch, the gang
+coordinator that wraps the decider. So the decider is given readiness as a callback that reads the
+watches when a request first asks — the one late-bound reference, and a read, never a wiring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from extender.app import Collaborators
+from extender.assembly.profile import profile_requires_nvlink
+from extender.assembly.records import (
+    dra_conflict_recorder,
+    mismatch_recorder,
+    over_share_recorder,
+    partial_gang_reporter,
+    pod_group_status_writer,
+    pod_requeue,
+)
+from extender.assembly.running import Readiness, both_ready, every
+from extender.assembly.servers import serve_scheduling, serve_webhook
+from extender.assembly.telemetry import TelemetryParts, serve_telemetry, serve_telemetry_later, telemetry_parts
+from extender.assembly.watches import CatalogHandler, Watches, cluster_watches
+from extender.framework.profile import ProfileConfig
+from extender.framework.runtime import Framework
+from extender.metrics import ExtenderMetrics, GangMetrics, count_refused_claims
+from extender.model.catalog import builtin_catalog
+from extender.service.decisions import DecisionStore, ForgetDeletedPods
+from extender.service.framework_decider import FrameworkDecider
+from extender.service.gang import GangCoordinator
+from extender.service.gang_index import GangIndex, GangWatch
+from extender.service.requeue_feed import RequeueFeed
+from extender.service.state import ClusterState, PodFeed, StateListeners
+from extender.settings import Settings
+
+
+def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Framework,
+                     leading: Callable[[], bool] | None) -> tuple[Collaborators, ClusterState, Watches, tuple[Any, ...]]:
+    """The collaborators over the cluster ``settings`` names, the cluster state, the (started)
+    watches and the listeners kept running. ``leading``: see ``assembly.assemble``."""
+    from kubernetes import client
+
+    from extender.adapters.events import EventWriter
+    from extender.adapters.kube import KubeBinder, KubeClaimReader, api_client
+    from extender.adapters.requeue import PodNudger
+    from extender.service.leadership import FencedBinder
+
+    api = api_client(settings.kubeconfig, settings.token_file)
+    metrics = ExtenderMetrics()
+    decisions = DecisionStore(settings.decision_capacity)
+    events = EventWriter(api)
+    requeue_feed = RequeueFeed()
+    requeue = pod_requeue(requeue_feed, None if settings.no_annotation_requeue else PodNudger(api))
+    telemetry = telemetry_parts(settings, api, decisions, requeue_feed) if settings.telemetry_address else None
+    state = _cluster_state(settings, telemetry, decisions, metrics, events)
+    framework_decider = FrameworkDecider(
+        framework, builtin_catalog(), state.ledger, state.snapshot, lambda: watches.synced(),
+        telemetry=state if telemetry is not None else None, dra=state.dra,
+        claim_reader=KubeClaimReader(api) if state.dra is not None else None)
+    gangs = GangIndex(on_pod_group_added=requeue, tier_labels=settings.tier_labels)
+    coordinator = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
+                                  timing=settings.barrier_timing, observer=GangMetrics(metrics), nudge=requeue,
+                                  pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api)),
+                                  on_partial=partial_gang_reporter(events))
+    # The gang index before the decision store: a member is known before its record is forgotten.
+    pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions)], state.pods)
+    watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),
+                              gangs, state.dra)
+    count_refused_claims(metrics.registry, state.claims_refused)
+    metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
+    metrics.ledger_entries.set_function(lambda: len(state.ledger))
+    watches.start(metrics.registry)
+    every(1.0, state.tick)  # assumptions whose bind was never observed are forgotten
+    every(1.0, coordinator.tick)
+    if telemetry is not None:
+        every(0.5, state.sweep_staleness)
+    binder: Any = KubeBinder(api, settings.bind_write_timeout_s)
+    if leading is not None:
+        binder = FencedBinder(binder, leading)
+    ready, servers = _serve_telemetry(settings, api, state, metrics, watches, leading)
+    collaborators = Collaborators(
+        decider=coordinator, binder=binder, ready=ready, decisions=decisions, metrics=metrics,
+        debug_nodes=lambda: debug_nodes(state),
+        debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches))
+    if settings.scheduling_address:
+        servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed),)
+    if settings.webhook_port:
+        servers += (serve_webhook(settings, api, lambda: framework_decider.catalog, profile_requires_nvlink(profile)),)
+    return collaborators, state, watches, servers
+
+
+def _cluster_state(settings: Settings, telemetry: TelemetryParts | None, decisions: DecisionStore,
+                   metrics: ExtenderMetrics, events: Any) -> ClusterState:
+    """The cluster state with who hears what: capacity (risen in a report, or freed by a pod
+    leaving) goes to the requeue nudges; over-shares and assignment mismatches to decision records."""
+    capacity = telemetry.capacity if telemetry is not None else ()
+    state = ClusterState(telemetry=telemetry.store if telemetry is not None else None, dra=settings.dra,
+                         listeners=StateListeners(released=capacity, capacity_rose=capacity,
+                                                  over_share=(over_share_recorder(decisions, metrics, events),),
+                                                  mismatch=(mismatch_recorder(decisions, metrics),)))
+    if state.dra is not None:
+        state.dra.on_conflict(dra_conflict_recorder(decisions))
+    return state
+
+
+def _serve_telemetry(settings: Settings, api: Any, state: ClusterState, metrics: ExtenderMetrics, watches: Watches,
+                     leading: Callable[[], bool] | None) -> tuple[Readiness, tuple[Any, ...]]:
+    """Readiness (the watches', and the telemetry server's when there is one) and the telemetry
+    server, started now or — a replica taking over — beside the relist."""
+    if not settings.telemetry_address:
+        return watches.synced, ()
+    pods = next(r for r in watches.required if r.kind == "pods")
+    if leading is not None:
+        pending = serve_telemetry_later(settings, api, state, metrics.registry, pods.synced.is_set)
+        return both_ready(watches.synced, pending.ready), (pending,)
+    server, ready = serve_telemetry(settings, api, state, metrics.registry, pods.synced.is_set)
+    return both_ready(watches.synced, ready), (server,)
+
+
+def _with_pod_group_watch(described: dict[str, Any], watches: Watches) -> dict[str, Any]:
+    """``/debug/gangs``: the coordinator's view, and the PodGroup watch's state beside its count."""
+    return {"podGroupsSeen": described.get("podGroupsSeen"), "podGroupWatch": watches.pod_group_watch(), **described}
+
+
+def debug_nodes(state: ClusterState) -> dict[str, Any]:
+    """``/debug/nodes``: the nodes and ledger, with DRA's slices, claims and conflicts under --dra."""
+    from extender.service.describe import describe_nodes
+
+    dra = state.dra
+    out = describe_nodes(state.snapshot(), state.telemetry_note if state.telemetry else None, state.over_shares(),
+                         dra.device_names if dra is not None else None)
+    if dra is not None:
+        out["dra"] = dra.describe()
+    return out
