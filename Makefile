@@ -104,16 +104,16 @@ tools:
 	$(STEP) tools bash hack/build-tools.sh >/dev/null
 
 # Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~21 min on 2 vCPUs), redraw
-# bench/results/*.png and rewrite the table in README.md and bench/README.md. BENCH_ARGS is passed
+# bench/results/*.png and rewrite the table in bench/README.md. BENCH_ARGS is passed
 # to `python -m bench` (e.g. BENCH_ARGS='--only scheduler_throughput', '--skip engine_sidecar').
 bench: $(BENCH_STAMP) control-plane vllm-venv
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
 
-bench-quick: $(BENCH_STAMP) control-plane vllm-venv  ## Each benchmark's --quick variant (prints only), then plots and tables.
+bench-quick: $(BENCH_STAMP) control-plane vllm-venv  ## Each benchmark's --quick variant (prints only), then the plots and the table.
 	$(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
 
-bench-report: $(STAMP)  ## Fail if the README tables do not match bench/results/*.json.
-	$(VENV)/bin/python -m bench.report --check README.md bench/README.md
+bench-report: $(STAMP)  ## Fail if the table in bench/README.md does not match bench/results/*.json.
+	$(VENV)/bin/python -m bench.report --check bench/README.md
 
 venv: $(STAMP)
 

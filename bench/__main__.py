@@ -1,14 +1,15 @@
-"""Rerun every benchmark in its recorded configuration, then the plots and the README tables.
+"""Rerun every benchmark in its recorded configuration, then the plots and the bench table.
 
 Each benchmark runs as its own subprocess (``python -m bench.<name>`` with its recorded
 arguments, ``RECORDED_RUNS``), one after another, so a crash names the benchmark and does not stop
 the others.
 Then bench.plots redraws bench/results/*.png and bench.report rewrites the table between the
-``<!-- bench-table:begin/end -->`` markers of README.md and bench/README.md. Exits non-zero if
-any step failed, after listing which.
+``<!-- bench-table:begin/end -->`` markers of bench/README.md (the top-level README quotes a few
+headline figures as plain text and links there). Exits non-zero if any step failed, after
+listing which.
 
     .venv/bin/python -m bench                                # everything (what `make bench` runs)
-    .venv/bin/python -m bench --only scheduler_throughput    # one benchmark, then plots + tables
+    .venv/bin/python -m bench --only scheduler_throughput    # one benchmark, then plots + table
     .venv/bin/python -m bench --skip engine_sidecar
     .venv/bin/python -m bench --quick                        # each benchmark's --quick (prints only)
 """
@@ -24,7 +25,8 @@ from pathlib import Path
 from bench import plots, report
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = (ROOT / "README.md", ROOT / "bench" / "README.md")
+# The files whose bench-table region bench.report rewrites (and `make bench-report` checks).
+READMES = (ROOT / "bench" / "README.md",)
 # The runs a benchmark's recorded results came from, where not its defaults alone (bench/README.md
 # says why): scheduler_throughput keeps 1,000 agents streaming at most (a 2-vCPU box cannot carry
 # 5,000 beside a scheduler), telemetry_ingest is recorded in both ingest layouts, and openb_replay
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run each benchmark's --quick variant (prints only: results, plots and tables then "
                          "show the recorded runs)")
     ap.add_argument("--readme", nargs="*", type=Path, default=list(READMES), metavar="FILE",
-                    help="files whose bench table is rewritten (default: README.md bench/README.md; none: no rewrite)")
+                    help="files whose bench table is rewritten (default: bench/README.md; none: no rewrite)")
     args = ap.parse_args(argv)
     names = [n for n in (args.only or known) if n not in args.skip]
     outcome: list[tuple[str, bool, str]] = []

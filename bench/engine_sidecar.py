@@ -169,7 +169,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict[str, object]:
 
 
 def headline(summaries: dict[str, dict]) -> list[dict[str, object]]:
-    """The figures bench.report puts in the README table. The targets (issue 23) are the measured
+    """The figures bench.report puts in the bench/README.md table. The targets (issue 23) are the measured
     tune's: batch throughput >= 1.2x defaults, interactive TTFT p99 <= defaults, 0 preemptions."""
     rows: list[dict[str, object]] = []
     for profile, summary in summaries.items():

@@ -1,4 +1,4 @@
-"""One table of every benchmark's headline figures, for README.md and bench/README.md.
+"""One table of every benchmark's headline figures, for bench/README.md.
 
 Every benchmark writes ``bench/results/<name>.json`` with a top-level ``"headline"`` list of
 
@@ -6,14 +6,16 @@ Every benchmark writes ``bench/results/<name>.json`` with a top-level ``"headlin
      "anchor": str|null}
 
 and this module renders them as one markdown table (benchmark | metric | measured | target | met |
-anchor), followed by one line per target not met naming the profile that shows why (the file a
-results file names under ``"profile"``, or ``<name>_profile.json`` beside it). The table lives in a
-README between the two marker lines below; ``--write`` replaces that region, ``--check`` fails
-when it is stale.
+anchor), followed by one list item per benchmark with a target not met: each missed figure, then
+the profile that shows why (the file a results file names under ``"profile"``, or
+``<name>_profile.json`` beside it) or the results file's own reason, wrapped at ``NOTE_WIDTH``
+columns. The table lives in bench/README.md between the two marker lines below (the top-level
+README carries a few headline figures as plain text and links there); ``--write`` replaces that
+region, ``--check`` fails when it is stale (``make bench-report``).
 
     .venv/bin/python -m bench.report                          # print the table
-    .venv/bin/python -m bench.report --write README.md bench/README.md
-    .venv/bin/python -m bench.report --check README.md        # exit 1 if the region is stale
+    .venv/bin/python -m bench.report --write bench/README.md
+    .venv/bin/python -m bench.report --check bench/README.md  # exit 1 if the region is stale
 
 A results file is a benchmark's when ``bench/<name>.py`` exists; other JSON files there (a
 ``_before`` baseline, a ``_profile``) are auxiliary and only used when they carry a headline.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,8 @@ BENCHMARKS = ("extender_latency", "telemetry_ingest", "placement_quality", "gang
               "engine_sidecar", "openb_replay", "soak")
 # pyspy, agent_fleet: helpers.
 NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet"})
+# The notes under the table are prose: wrapped, so no line runs to a thousand characters.
+NOTE_WIDTH = 100
 HEADLINE_KEYS = {"metric": str, "measured": (int, float), "unit": str, "target": str, "met": (bool, type(None)),
                  "anchor": (str, type(None))}
 
@@ -191,9 +196,27 @@ def _cell(text: str | None) -> str:
     return "—" if text in (None, "") else str(text).replace("|", "\\|").replace("\n", " ")
 
 
+# A word that would open a list, heading, quote or the like at the start of a line.
+_BLOCK_START = re.compile(r"^([-+*]|#{1,6}|>.*|\d{1,9}[.)]|=+|-+|<.*|`{3,}.*|~{3,}.*|\|.*)$")
+
+
+def wrap_item(text: str, first: str, rest: str, width: int = NOTE_WIDTH) -> list[str]:
+    """``text`` as the lines of a Markdown list item: greedy fill to ``width``, never starting a
+    continuation line with a word Markdown would read as block syntax (such a word stays on the
+    line before, even past the width), so the item renders exactly as the one long line would."""
+    lines, line = [], first
+    for word in text.split():
+        if line != first and len(line) + 1 + len(word) > width and not _BLOCK_START.match(word):
+            lines.append(line)
+            line = rest + word
+        else:
+            line = line + word if line == first else f"{line} {word}"
+    return [*lines, line]
+
+
 def render(benchmarks: list[Benchmark]) -> str:
-    """The markdown block placed between the markers: the table, then one line per benchmark with
-    a target not met (naming its profile), then one line per placeholder."""
+    """The markdown block placed between the markers: the table, then one list item per benchmark
+    with a target not met (each missed figure, then its profile or reason), then the footer."""
     lines = ["| benchmark | metric | measured | target | met | anchor |", "|---|---|---:|---|---|---|"]
     for b in benchmarks:
         if b.missing:
@@ -206,7 +229,6 @@ def render(benchmarks: list[Benchmark]) -> str:
         missed = [e for e in b.entries if e.met is False]
         if not missed:
             continue
-        what = "; ".join(f"{e.metric}: {fmt_measured(e)}, target {e.target}" for e in missed)
         if b.profile:
             why = f"Profile: `{b.profile}`" + (f" (top own time: {', '.join(b.profile_top)})" if b.profile_top else "")
             if b.why_not_met:
@@ -215,7 +237,10 @@ def render(benchmarks: list[Benchmark]) -> str:
             why = b.why_not_met.rstrip(".")
         else:
             why = "No profile recorded; see the benchmark's section in bench/README.md"
-        notes.append(f"- **Not met** — `{b.name}`: {what}. {why}.")
+        notes.append(f"- **Not met** — `{b.name}`:")
+        for e in missed:
+            notes += wrap_item(f"{e.metric}: {fmt_measured(e)}, target {e.target}", "  - ", "    ")
+        notes += wrap_item(f"{why}.", "  - ", "    ")
     if notes:
         lines += ["", *notes]
     lines += ["", "Generated by `.venv/bin/python -m bench.report` from `bench/results/*.json`; "
@@ -223,7 +248,7 @@ def render(benchmarks: list[Benchmark]) -> str:
     return "\n".join(lines)
 
 
-# ---- the README region ------------------------------------------------------------------------
+# ---- the marker region (bench/README.md) ------------------------------------------------------
 def replace_region(text: str, block: str, *, where: str = "the file") -> str:
     """``text`` with the lines between the BEGIN and END markers replaced by ``block``."""
     begins, ends = text.count(BEGIN), text.count(END)

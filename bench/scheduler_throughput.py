@@ -126,7 +126,7 @@ def count_only(name: str, qps: int):
         config.pop("extenders", None)
         config["leaderElection"] = {"leaderElect": False}
         # ignoredResources: DRA pods (e) carry gpusched's marker, which a profile without the
-        # extender ignores (README "DRA mode"); no (a) pod asks it.
+        # extender ignores (docs/dra.md); no (a) pod asks it.
         config["profiles"] = [{"schedulerName": name, "pluginConfig": [{"name": "NodeResourcesFit", "args": {
             "ignoredResources": [DRA_MARKER_RESOURCE],
             "scoringStrategy": {"type": "MostAllocated", "resources": [{"name": "nvidia.com/gpu", "weight": 1}]}}}]}]

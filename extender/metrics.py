@@ -1,5 +1,5 @@
 """The extender's Prometheus metrics, on a registry of its own (one per app, so several apps can
-live in one test process). Names are documented in the README's metrics table."""
+live in one test process). Names are documented in docs/observability.md's metrics table."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """gpusched's scheduling plugins, one module each, and the registry that lists them.
 
 Adding a plugin: a module with ``NAME``, ``<Plugin>Args``, the plugin class and ``new(args)``;
-one ``PluginFactory`` line below; a test file; a README section.
+one ``PluginFactory`` line below; a test file; a section in extender/plugins/README.md and a row in
+docs/framework.md.
 """
 
 from __future__ import annotations

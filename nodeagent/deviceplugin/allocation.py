@@ -1,7 +1,7 @@
 """Which devices the kubelet should give a container: gpusched's choice, or gpusched's rules.
 
 The kubelet asks ``GetPreferredAllocation(available, must_include, size)`` while it admits a pod,
-without saying which pod. The match rule (documented in the README and tested):
+without saying which pod. The match rule (documented in docs/node-agent.md, "Device-plugin mode", and tested):
 
 1. **gpusched's choice.** Candidates are the pods bound to this node whose
    ``gpusched.io/assigned-gpus`` names as many units as the pod requests GPUs, exactly ``size``, all of them available (or must be

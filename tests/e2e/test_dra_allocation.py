@@ -114,7 +114,7 @@ def test_the_extended_resource_class_serves_an_unchanged_nvidia_gpu_pod_from_the
                                                                                        dra_nodes, control_plane):
     """manifests/examples/dra-extended-resource.yaml: a pod asking ``nvidia.com/gpu: 2`` on a node
     that advertises no nvidia.com/gpu gets a claim kube-scheduler makes itself, allocated 2 whole
-    GPUs from the agent's slice (the mapping is optional and carries no constraint: README)."""
+    GPUs from the agent's slice (the mapping is optional and carries no constraint: docs/dra.md)."""
     fleet_id, add = dra_nodes
     node, _, _ = add(preset("a100"))
     (doc,) = [d for _, d in manifest_documents([MANIFESTS / "examples" / "dra-extended-resource.yaml"])]

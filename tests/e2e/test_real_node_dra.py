@@ -160,7 +160,7 @@ def dra_node(tmp_path_factory):
         cluster.stack.enable_dra()
 
         def stock_only(config: dict) -> None:
-            # The marker is for a gpusched-configured scheduler; this profile ignores it (README "DRA mode").
+            # The marker is for a gpusched-configured scheduler; this profile ignores it (docs/dra.md).
             config["profiles"] = [{"schedulerName": SCHEDULER, "pluginConfig": [
                 {"name": "NodeResourcesFit", "args": {"ignoredResources": ["gpusched.io/dra"]}}]}]
             config.pop("extenders", None)

@@ -89,7 +89,7 @@ def test_every_copy_source_exists_in_the_build_context(dockerfile):
 def test_dockerignore_keeps_the_context_small():
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
-    for rel in (".venv/bin/python", "tests/unit/conftest.py", ".git/HEAD", "bench/README.md",
+    for rel in (".venv/bin/python", "tests/unit/conftest.py", ".git/HEAD", "bench/README.md", "docs/install.md",
                 "extender/__pycache__/app.cpython-311.pyc"):
         assert dockerignore_excludes(rel, patterns), rel
     assert not dockerignore_excludes("extender/app.py", patterns)
