@@ -173,3 +173,5 @@ def test_pyproject_declares_the_contracts():
     assert {"extender.service", "extender.adapters", "extender.api", "extender.app", "extender.assembly"} <= set(
         beside["forbidden_modules"])
     assert "ignore_imports" not in beside
+    agent = by_source[("nodeagent",)]
+    assert agent["type"] == "forbidden" and agent["forbidden_modules"] == ["extender"] and "ignore_imports" not in agent
