@@ -97,15 +97,14 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
 def _cluster_state(settings: Settings, telemetry: TelemetryParts | None, decisions: DecisionStore,
                    metrics: ExtenderMetrics, events: Any) -> ClusterState:
     """The cluster state with who hears what: capacity (risen in a report, or freed by a pod
-    leaving) goes to the requeue nudges; over-shares and assignment mismatches to decision records."""
+    leaving) goes to the requeue nudges; over-shares, assignment mismatches and DRA conflicts to
+    decision records."""
     capacity = telemetry.capacity if telemetry is not None else ()
-    state = ClusterState(telemetry=telemetry.store if telemetry is not None else None, dra=settings.dra,
-                         listeners=StateListeners(released=capacity, capacity_rose=capacity,
-                                                  over_share=(over_share_recorder(decisions, metrics, events),),
-                                                  mismatch=(mismatch_recorder(decisions, metrics),)))
-    if state.dra is not None:
-        state.dra.on_conflict(dra_conflict_recorder(decisions))
-    return state
+    return ClusterState(telemetry=telemetry.store if telemetry is not None else None, dra=settings.dra,
+                        listeners=StateListeners(released=capacity, capacity_rose=capacity,
+                                                 over_share=(over_share_recorder(decisions, metrics, events),),
+                                                 mismatch=(mismatch_recorder(decisions, metrics),),
+                                                 dra_conflict=(dra_conflict_recorder(decisions),)))
 
 
 def _serve_telemetry(settings: Settings, api: Any, state: ClusterState, metrics: ExtenderMetrics, watches: Watches,

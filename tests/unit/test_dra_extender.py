@@ -17,7 +17,7 @@ from extender.service.core import PodRef, Refusal, Reservation
 from extender.service.dra import CLAIM_HOLDER_PREFIX, DraState
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import StaticClaimReader
-from extender.service.state import ClusterState
+from extender.service.state import ClusterState, StateListeners
 from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import (
     a100_inventory,
@@ -123,10 +123,10 @@ def dra_of(state: ClusterState) -> DraState:
     return state.dra
 
 
-def cluster(*nodes: tuple[str, NodeGpuInventory]) -> ClusterState:
+def cluster(*nodes: tuple[str, NodeGpuInventory], listeners: StateListeners | None = None) -> ClusterState:
     """ClusterState with DRA attached, nodes (name, inventory) advertising no nvidia.com/gpu,
-    their slices published."""
-    state = ClusterState(dra=True)
+    their slices published; ``listeners`` as the assembly gives them."""
+    state = ClusterState(dra=True, listeners=listeners or StateListeners())
     dra = dra_of(state)
     state.nodes.replace([make_k8s_node(n, inv, allocatable=0) for n, inv in nodes])
     SliceFeed(dra).replace([make_slice_obj(n, inv) for n, inv in nodes])
@@ -189,11 +189,10 @@ def test_a_pods_claims_make_one_entry_together():
 
 
 def test_a_device_held_for_another_pod_is_a_reported_conflict_never_two_holders():
-    state = cluster(("n1", H100))
+    seen = []
+    state = cluster(("n1", H100), listeners=StateListeners(dra_conflict=(lambda *args: seen.append(args),)))
     assert state.dra is not None
     state.ledger.observe("default/other", "n1", ["GPU-n1-0", "GPU-n1-5"])
-    seen = []
-    state.dra.on_conflict(lambda *args: seen.append(args))
     ClaimFeed(dra_of(state)).apply("ADDED", make_claim_obj("c", 2, allocated=ALLOC, reserved_for=["p"]))
     assert seen == [("default/c", "n1", "default/other", ("GPU-n1-0",))]
     assert state.dra.conflicts["n1"] == 1 and state.dra.describe()["conflictsTotal"] == 1

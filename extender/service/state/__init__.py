@@ -64,11 +64,18 @@ class ClusterState:
         self.telemetry = telemetry
         self.reconciler = (TelemetryReconciler(telemetry, self.ledger, self._tables, listeners, clock)
                            if telemetry is not None else None)
-        self.dra = DraState(self.ledger, self._dra_units_changed) if dra else None
+        self.dra = self._dra_state(listeners) if dra else None
         self.nodes = NodeHandler(self._tables)
         self.pods = PodHandler(self.ledger, self._tables, cpu, self.reconciler, listeners, clock)
         self._layout = Layout(self._tables, self.ledger, cpu, self.reconciler, self.dra)
         self._no_counts: Counter[str] = Counter()  # what the telemetry counters read without telemetry
+
+    def _dra_state(self, listeners: StateListeners) -> DraState:
+        """The DRA part, its conflict listeners given before this constructor returns it."""
+        dra = DraState(self.ledger, self._dra_units_changed)
+        for listener in listeners.dra_conflict:
+            dra.on_conflict(listener)
+        return dra
 
     def _dra_units_changed(self, node: str, units: frozenset[str]) -> None:
         self._tables.mark(node)
