@@ -79,7 +79,7 @@ class ExtenderMetrics:
 
 
 class GangMetrics:
-    """The gang coordinator's observer (``service.gang.GangObserver``) over the extender's metrics."""
+    """The gang coordinator's observer (``service.gangs.GangObserver``) over the extender's metrics."""
 
     def __init__(self, metrics: ExtenderMetrics):
         self._metrics = metrics

@@ -1,6 +1,6 @@
 """Kubernetes Events for what a user must see on the pod itself (``kubectl describe pod``).
 
-Two kinds: a gang left partially bound (``service.gang.PartialGang``) gets a Warning Event on
+Two kinds: a gang left partially bound (``service.gangs.PartialGang``) gets a Warning Event on
 every bound member and, for a coscheduling PodGroup, on the PodGroup; a GPU sharer its node reports
 over its share gets a Warning ``GpuShareExceeded`` on the pod. Events are written from
 a thread of their own, so the caller (which holds the gang lock) never waits on the apiserver;
@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from extender.service.gang import PartialGang
+from extender.service.gangs import PartialGang
 from gpusched_api.names import EVENTS_CONTROLLER
 
 log = logging.getLogger("gpusched.extender.events")

@@ -31,9 +31,9 @@ from extender.framework.runtime import Framework
 from extender.metrics import ExtenderMetrics, GangMetrics, count_refused_claims
 from extender.model.catalog import builtin_catalog
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
+from extender.service.dra import ClaimRecorder
 from extender.service.framework_decider import FrameworkDecider
-from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex, GangWatch
+from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState, PodFeed, StateListeners
 from extender.settings import Settings
@@ -60,13 +60,13 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     state = _cluster_state(settings, telemetry, decisions, metrics, events)
     framework_decider = FrameworkDecider(
         framework, builtin_catalog(), state.ledger, state.snapshot, lambda: watches.synced(),
-        telemetry=state if telemetry is not None else None, dra=state.dra,
-        claim_reader=KubeClaimReader(api) if state.dra is not None else None)
+        telemetry=state if telemetry is not None else None,
+        dra=ClaimRecorder(state.dra, state.ledger, KubeClaimReader(api)) if state.dra is not None else None)
     gangs = GangIndex(on_pod_group_added=requeue, tier_labels=settings.tier_labels)
-    coordinator = GangCoordinator(framework_decider, gangs, framework, state.snapshot, state.ledger,
-                                  timing=settings.barrier_timing, observer=GangMetrics(metrics), nudge=requeue,
-                                  pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api)),
-                                  on_partial=partial_gang_reporter(events))
+    coordinator = GangCoordinator(
+        framework_decider, gangs, state.ledger, settings=GangSettings(settings.barrier_timing),
+        hooks=GangHooks(observer=GangMetrics(metrics), nudge=requeue, on_partial=partial_gang_reporter(events),
+                        pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api))))
     # The gang index before the decision store: a member is known before its record is forgotten.
     pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions)], state.pods)
     watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),

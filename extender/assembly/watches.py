@@ -15,7 +15,7 @@ from typing import Any
 
 from extender.model.catalog import Catalog, CatalogError, catalog_from_configmap_data
 from extender.service.dra import DraState
-from extender.service.gang_index import GangIndex
+from extender.service.gangs import GangIndex
 from extender.service.state import PodFeed
 from extender.settings import Settings
 from gpusched_runtime.reflector import Reflector, count_relists

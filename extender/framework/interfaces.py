@@ -90,6 +90,14 @@ class Plugin(Protocol):
 
 
 @runtime_checkable
+class ShapeOnlyPlugin(Plugin, Protocol):
+    """A plugin that declares whether its answers depend on a node's shape and free units alone
+    (see the module docstring); a plugin that declares nothing is judged node by node."""
+
+    node_shape_only: bool
+
+
+@runtime_checkable
 class PreFilterPlugin(Plugin, Protocol):
     def pre_filter(self, state: CycleState, demand: PodDemand) -> Status: ...
 

@@ -52,6 +52,7 @@ from extender.framework.interfaces import (
     PreFilterPlugin,
     Scored,
     ScorePlugin,
+    ShapeOnlyPlugin,
 )
 from extender.framework.profile import ROOT, ProfileConfig
 from extender.framework.registry import Registry
@@ -86,7 +87,7 @@ class Framework:
         self.memos = memos
         # Every plugin judges a node by its shape and free units alone: equal (shape, free mask)
         # means an equal answer, so one per group will do — when memos are on.
-        self._shape_only = memos and all(getattr(p, "node_shape_only", False) for p in every)
+        self._shape_only = memos and all(isinstance(p, ShapeOnlyPlugin) and p.node_shape_only for p in every)
         self._normalizes = any(isinstance(p, NormalizeScorePlugin) for p, _ in scores)
         # This framework's recent filter answers (prioritize after filter reuses their group ids).
         self.recent_answers = RecentAnswers(16)
@@ -422,7 +423,7 @@ def _group_ids(groups: NodeGroups, requested: Sequence[str],
     whether every name is a snapshot node. Names equal to a filter answer under this very
     grouping reuse the ids computed for that answer (prioritize after filter) instead of a
     lookup per name; an answer only ever holds snapshot nodes."""
-    answer = getattr(requested, "answer", None) or recent.find(requested)
+    answer = (requested.answer if isinstance(requested, UniqueNames) else None) or recent.find(requested)
     if answer is not None and answer.grouping is groups:
         return requested, np.asarray(answer.gids), True  # the framework remembers arrays: no copy
     names, positions = _locate(groups, requested)

@@ -38,7 +38,7 @@ A non-positive or non-integer size, a PodGroup or PodGang label whose object doe
 or strategy, or malformed role minimums is a :class:`GangProblem` — reported on the pod, never
 guessed.
 
-Also here, because both are pure and the coordinator (``extender.service.gang``) lives by them:
+Also here, because both are pure and the coordinator (``extender.service.gangs``) lives by them:
 :class:`BarrierTiming`, how long a group may take to reach its bind barrier given kube-scheduler's
 own limits, and :class:`GangCommit`, the record every member's Binding carries once its group's
 barrier opened (annotation ``gpusched.io/gang-commit``).

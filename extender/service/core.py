@@ -63,28 +63,50 @@ class ScoreOutcome:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+def _open_already() -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class Barrier:
-    """A gang member's place at kube-scheduler's Permit barrier (plugin mode, where Reserve must
-    not wait). ``gang`` names the group (its members share it); ``open``: this member completed
-    the group, so every member waiting with the same ``gang`` may go on; otherwise the member waits
-    at most ``wait_s`` (the plan's deadline) for the rest, and a member that stops waiting
-    (timeout, rejection) is unreserved, which releases the whole plan."""
+    """A gang member's place at its group's barrier: no member is bound before every planned member
+    reserved. ``gang`` names the group (its members share it). ``open``: the group was complete when
+    this member reserved, so every member waiting with the same ``gang`` may go on; otherwise the
+    group has ``wait_s`` (its plan's deadline) left to complete, and a member that stops waiting
+    (timeout, rejection) is unreserved, which releases the whole plan.
+
+    ``wait()`` blocks until the group completes or its plan is released (deadline passed, a member
+    deleted or unreserved), and returns "" once the barrier is open, else why the member may not be
+    bound. Extender mode's bind calls it (kube-scheduler gives each bind call its own goroutine);
+    plugin mode never does: the member waits at kube-scheduler's Permit instead."""
 
     gang: str
     open: bool
     wait_s: float = 0.0
+    wait: Callable[[], str] = field(default=_open_already, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Reservation:
     """What the decider reserved for a pod on a node; ``annotations`` are written on the pod.
-    ``barrier`` is set only for a gang member reserved without waiting (plugin mode)."""
+
+    Two kinds of reservation are final only at bind, when :meth:`Decider.permitted` gives what to
+    write (:attr:`completed_at_bind`): a gang member's, which carries its group's ``barrier``, and
+    a DRA pod's, which names the ResourceClaims whose allocated devices are recorded then
+    (``claims_at_bind``: kube-scheduler's DynamicResources PreBind allocates them after Reserve).
+    A DRA gang member carries its barrier only: its ``permitted`` records its claims as well."""
 
     annotations: Mapping[str, str] = field(default_factory=dict)
     summary: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
     barrier: Barrier | None = None
+    claims_at_bind: tuple[str, ...] = ()  # namespace/name
+
+    @property
+    def completed_at_bind(self) -> bool:
+        """Whether the pod's bind must first pass :attr:`barrier` (if any) and then ask
+        :meth:`Decider.permitted` for the annotations to write."""
+        return self.barrier is not None or bool(self.claims_at_bind)
 
 
 @dataclass(frozen=True)
@@ -106,18 +128,19 @@ class Decider(Protocol):
     def prioritize(self, pod: PodRef, candidates: Sequence[str],
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome: ...
 
-    def reserve(self, pod: PodRef, node: str, decision_id: str, *,
-                wait_at_barrier: bool = True) -> Reservation | Refusal:
-        """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice). A gang
-        member waits here for its group (extender mode: the barrier is inside bind) unless
-        ``wait_at_barrier`` is False (plugin mode: the answer's ``barrier`` says whether to wait
-        at Permit, and :meth:`permitted` gives the annotations once the group is complete)."""
+    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+        """Atomically reserve the pod's GPUs on ``node`` (never promising a GPU twice). Never
+        waits: a gang member's answer carries its group's barrier, which the caller passes its own
+        way (extender mode's bind waits on it; plugin mode at kube-scheduler's Permit), and a
+        reservation :attr:`~Reservation.completed_at_bind` gets its annotations from
+        :meth:`permitted`."""
         ...
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
-        """A gang member past the Permit barrier is about to be bound to ``node``: its
-        reservation re-asserted and the annotations to write (the group's commit record
-        included). Refused for a member whose group holds no complete plan naming ``node``."""
+        """The pod is about to be bound to ``node``, past its barrier and after DynamicResources'
+        PreBind: its reservation re-asserted and the annotations to write (a gang's commit record,
+        a DRA pod's allocated claims recorded). Refused for a gang member whose group holds no
+        complete plan naming ``node``, and for a pod whose reservation was final at reserve."""
         ...
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
@@ -139,11 +162,11 @@ class AcceptAllDecider:
     def prioritize(self, pod, candidates, node_objects):
         return ScoreOutcome(scores={n: 5 for n in candidates})
 
-    def reserve(self, pod, node, decision_id, *, wait_at_barrier=True):
+    def reserve(self, pod, node, decision_id):
         return Reservation(summary="nothing to reserve")
 
     def permitted(self, pod, node):
-        return Refusal("no gangs without the scheduling framework")
+        return Refusal("no gangs or DRA without the scheduling framework")
 
     def unreserve(self, pod, reason=""):
         return None
@@ -213,7 +236,7 @@ class ExtenderService:
         ``Error`` (kube-scheduler then unreserves the pod and retries it with backoff)."""
         started = time.perf_counter()
         decision_id = self.decisions.new_id()
-        reserved = self.decider.reserve(pod, node, decision_id)
+        reserved = self._reserve_to_bind(pod, node, decision_id)
         if isinstance(reserved, Refusal):
             self._record("bind", pod, "bind-refused", started, node=node, summary=reserved.reason, record_id=decision_id)
             return f"gpusched refused to bind {pod.key} to {node}: {reserved.reason}"
@@ -237,17 +260,28 @@ class ExtenderService:
                      details={"annotations": annotations, **reserved.details}, record_id=decision_id)
         return ""
 
+    def _reserve_to_bind(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+        """Extender mode's reservation, final: the decider's; then, for a gang member, its barrier
+        waited for here, inside the pod's bind call (the group's timeout fits one, see
+        ``BarrierTiming``); then, for a reservation final only at bind, what to write."""
+        reserved = self.decider.reserve(pod, node, decision_id)
+        if isinstance(reserved, Refusal) or not reserved.completed_at_bind:
+            return reserved
+        if reserved.barrier is not None and (why := reserved.barrier.wait()):
+            return Refusal(why)
+        return self.decider.permitted(pod, node)
+
     def reserve(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
         """The plugin's Reserve: the first half of :meth:`bind` without the write, never waiting
         (a gang member's answer says whether to wait at Permit). Returns the decider's answer and,
         when reserved, the annotations the plugin's Bind writes (decision id included); recorded as verb
         ``reserve``."""
         return self._placement("reserve", ("reserved", "reserve-refused"), pod, node,
-                               lambda decision_id: self.decider.reserve(pod, node, decision_id, wait_at_barrier=False))
+                               lambda decision_id: self.decider.reserve(pod, node, decision_id))
 
     def permitted(self, pod: PodRef, node: str) -> tuple[Reservation | Refusal, dict[str, str]]:
-        """The plugin's Bind of a gang member that passed Permit: the annotations to write now
-        (the group's commit record included), recorded as verb ``permit``."""
+        """The plugin's Bind of a pod whose reservation is final only at bind (a gang member that
+        passed Permit, a DRA pod): the annotations to write now, recorded as verb ``permit``."""
         return self._placement("permit", ("permitted", "permit-refused"), pod, node,
                                lambda decision_id: self.decider.permitted(pod, node))
 

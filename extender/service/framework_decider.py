@@ -9,11 +9,10 @@ While the cluster view has not finished its first list (the ledger is not rebuil
 answers with the protocol's Error, so kube-scheduler backs off briefly instead of trusting an
 empty ledger — a restart can never double-book.
 
-A pod whose GPUs come through DRA (``PodDemand.dra``, with :attr:`FrameworkDecider.dra` set) is
-judged by the same plugins; its bind chooses nothing: kube-scheduler's DynamicResources PreBind
-has allocated the claim before the extender's bind is called, so reserve reads the claim (the
-watch's copy, else the apiserver's through ``claim_reader``), records its devices in the ledger as
-held by the pod, and writes no GPU assignment the allocation could contradict.
+A pod whose GPUs come through DRA (``PodDemand.dra``, read with the decider's ``dra``) is judged
+by the same plugins; its reservation chooses nothing and names its claims, which its bind records
+(:meth:`FrameworkDecider.permitted`, ``extender.service.dra.binding``) once kube-scheduler's
+DynamicResources PreBind allocated them. The decider is also the gang coordinator's ``Judge``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from itertools import islice
 from typing import Any, Protocol
 
 from extender.framework.runtime import Framework, summarize_failures
@@ -30,21 +28,24 @@ from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import EntryState, GpuLedger
-from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
-from extender.service.core import Barrier, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
-from extender.service.dra import DraState
-from extender.service.ports import BindError, ClaimReader
+from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
+from extender.service.decision_json import (
+    SharedJson,
+    demand_json,
+    per_node_json,
+    score_json,
+    summary_by_reason,
+    verdict_json,
+)
+from extender.service.dra import ClaimRecorder
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from gpusched_api.quantity import format_gib
 
-# The barrier name of a DRA pod's plugin-mode Reserve (no gang: a group of one, open at once).
-DRA_BIND_BARRIER = "dra-bind:"
 NO_DRA_STATE = ("the pod's GPUs come through DRA (it carries gpusched.io/dra), but this extender does not read "
                 "DRA state: start it with --dra (manifests/overlays/dra does), or drop gpusched.io/dra and ask "
                 "for nvidia.com/gpu")
-_MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
 
 
 class TelemetryNotes(Protocol):
@@ -71,20 +72,19 @@ class FrameworkDecider:
     def __init__(self, framework: Framework, catalog: Catalog, ledger: GpuLedger,
                  snapshot: Callable[[], ClusterSnapshot] | None,
                  synced: Callable[[], tuple[bool, str]] = lambda: (True, ""), *,
-                 telemetry: TelemetryNotes | None = None, dra: DraState | None = None,
-                 claim_reader: ClaimReader | None = None):
+                 telemetry: TelemetryNotes | None = None, dra: ClaimRecorder | None = None):
         """``snapshot`` is the watch's snapshot source; None in the standalone mode, where only
         the Node objects in each request are known. ``telemetry``: the cluster state when agents
-        stream telemetry (notes for decision records and reasons); ``dra`` (``--dra``): the pods'
-        claims, and ``claim_reader`` for claims the watch has not delivered."""
+        stream telemetry (notes for decision records and reasons); ``dra`` (``--dra``): the DRA
+        state a DRA pod's demand is read from and its bind recorded in (without it a pod marked
+        as one is refused)."""
         self.framework = framework
         self.catalog = catalog
         self.ledger = ledger
         self._snapshot = snapshot
         self._synced = synced
         self.telemetry = telemetry
-        self.dra = dra
-        self.claim_reader = claim_reader
+        self._dra = dra
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
         self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
@@ -102,8 +102,8 @@ class FrameworkDecider:
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
         dra: DraDemand | str | None = None
-        if self.dra is not None:
-            dra = self.dra.resolve(pod.raw)
+        if self._dra is not None:
+            dra = self._dra.demand(pod.raw)
         elif carries_dra_marker(pod.raw):
             dra = NO_DRA_STATE
         cache_key = (pod.uid, rv, dra) if pod.uid else None
@@ -118,9 +118,13 @@ class FrameworkDecider:
             self._by_pod.put(pod.key, (pod.uid, cached))
         return cached
 
+    def snapshot(self) -> ClusterSnapshot:
+        """The watch's snapshot; in the standalone mode, the ledger's view with no nodes."""
+        return self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
+
     def _snapshot_for(self, node_objects: Mapping[str, Mapping[str, Any]] | None) -> ClusterSnapshot:
         if node_objects is None:
-            return self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
+            return self.snapshot()
         infos = [self._node_info(obj) for obj in node_objects.values()]
         return ClusterSnapshot.build(infos, self.ledger.view())
 
@@ -152,8 +156,8 @@ class FrameworkDecider:
         summary = summarize_failures(decision)
         if decision.feasible:
             summary = f"fits {len(decision.feasible)} of {len(decision.per_node)} nodes" + (f"; {summary}" if summary else "")
-        verdicts = _per_node_json(decision.per_node, _verdict_json, self._json)
-        details = {"demand": _demand_json(demand), "verdicts": verdicts, "rejected": rejected,
+        verdicts = per_node_json(decision.per_node, verdict_json, self._json)
+        details = {"demand": demand_json(demand), "verdicts": verdicts, "rejected": rejected,
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
             details["pluginErrors"] = decision.error
@@ -171,7 +175,7 @@ class FrameworkDecider:
                 # "not now" (FailedNodes), and the pod counts as waiting for capacity to appear.
                 for name in foreign & unresolvable.keys():
                     failed[name] = unresolvable.pop(name)
-                summary = _summary(failed, unresolvable, decision.feasible, len(decision.per_node))
+                summary = summary_by_reason(failed, unresolvable, decision.feasible, len(decision.per_node))
         rejections: Counter[tuple[str, str]] = Counter()
         if decision.rejected_counts is not None:
             for v, n in decision.rejected_counts.items():
@@ -187,34 +191,21 @@ class FrameworkDecider:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         demand = self.demand(pod)
         decision = self.framework.score(self._snapshot_for(node_objects), demand, candidates)
-        breakdown = _per_node_json(decision.per_node, _score_json, self._json)
+        breakdown = per_node_json(decision.per_node, score_json, self._json)
         return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
 
-    def reserve(self, pod: PodRef, node: str, decision_id: str, *,
-                wait_at_barrier: bool = True) -> Reservation | Refusal:
-        with self._lock:
-            judged = self._by_pod.get(pod.key)
-        if judged is None:
-            return Refusal("gpusched has not judged this pod since it started (no filter call seen); "
-                           "kube-scheduler will retry it")
-        judged_uid, demand = judged
-        if judged_uid != pod.uid:
-            return Refusal(f"the pod was filtered with UID {judged_uid or '(none)'} but bind names UID {pod.uid}: it "
-                           "was recreated since; kube-scheduler will retry it")
-        if isinstance(demand, DemandProblem):
-            return Refusal(demand.message)
-        if demand.dra is not None and not wait_at_barrier:
-            # Plugin mode's Reserve runs before DynamicResources' PreBind writes the allocation:
-            # nothing to record yet. A one-member open barrier makes the plugin's Bind (after
-            # PreBind) ask permitted(), which records the claim's devices as the extender's bind does.
-            return Reservation(summary=f"DRA: {', '.join(demand.dra.claims)} on {node}; its devices are recorded at "
-                                       "Bind, after DynamicResources' PreBind allocated them",
-                               barrier=Barrier(f"{DRA_BIND_BARRIER}{pod.key}", open=True))
-        if demand.dra is not None:
-            return self._reserve_dra(pod, node, demand.dra)
+    def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
+        judged = self._judged(pod)
+        if isinstance(judged, Refusal):
+            return judged
+        if judged.dra is not None:
+            if self._dra is None:
+                return Refusal(NO_DRA_STATE)
+            return self._dra.reservation(judged.dra, node)
+        demand = judged
         with self._reserve_lock:
             self._drop_own_stale_hold(pod, node)
-            snapshot = self._snapshot() if self._snapshot else ClusterSnapshot.build([], self.ledger.view())
+            snapshot = self.snapshot()
             if node not in snapshot.nodes:
                 with self._lock:
                     cached = self._objects.get(node)
@@ -228,72 +219,54 @@ class FrameworkDecider:
                                       capacity_mib=capacity):
                 return Refusal(f"GPUs {list(choice.gpu_indices)} on {node} were just promised to another pod")
         indices = ",".join(str(i) for i in choice.gpu_indices)
+        annotations = {ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids), ASSIGNED_GPU_INDICES_ANNOTATION: indices}
         if choice.share_mib:
             share = format_gib(choice.share_mib * MIB)
             left = format_gib((capacity - choice.promised_mib - choice.share_mib) * MIB)
             return Reservation(
-                annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids),
-                             ASSIGNED_GPU_INDICES_ANNOTATION: indices},
-                summary=f"a {share} share of GPU {indices} on {node} ({left} left for other shares)",
+                annotations=annotations, summary=f"a {share} share of GPU {indices} on {node} ({left} left for other shares)",
                 details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                          "share": {"memoryMiB": choice.share_mib, "promisedBeforeMiB": choice.promised_mib,
                                    "capacityMiB": capacity}})
         return Reservation(
-            annotations={ASSIGNED_GPUS_ANNOTATION: ",".join(choice.unit_ids), ASSIGNED_GPU_INDICES_ANNOTATION: indices},
+            annotations=annotations,
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})
 
-    def dra_reservation(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
-        """For the gang coordinator: a DRA pod's bind as :meth:`reserve` would answer it (its
-        allocated claims recorded, nothing chosen); None when the pod, as last filtered, does not
-        get its GPUs through DRA (or was not filtered: :meth:`reserve` says so)."""
+    def _judged(self, pod: PodRef) -> PodDemand | Refusal:
+        """The demand the pod was last filtered with, or why it cannot be reserved."""
+        with self._lock:
+            judged = self._by_pod.get(pod.key)
+        if judged is None:
+            return Refusal("gpusched has not judged this pod since it started (no filter call seen); "
+                           "kube-scheduler will retry it")
+        judged_uid, demand = judged
+        if judged_uid != pod.uid:
+            return Refusal(f"the pod was filtered with UID {judged_uid or '(none)'} but bind names UID {pod.uid}: it "
+                           "was recreated since; kube-scheduler will retry it")
+        if isinstance(demand, DemandProblem):
+            return Refusal(demand.message)
+        return demand
+
+    def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
+        """The bind of a DRA pod (its reservation named its claims): the claims recorded. Any
+        other pod's reservation was final at reserve."""
+        recorded = self.recorded_claims(pod, node)
+        return recorded if recorded is not None else Refusal(
+            f"{pod.key} is neither a gang member nor a DRA pod: its reservation was final at reserve, with nothing "
+            "to complete at bind")
+
+    def recorded_claims(self, pod: PodRef, node: str) -> Reservation | Refusal | None:
+        """A DRA pod's allocated claims recorded (``ClaimRecorder.record``); None when the pod, as
+        last filtered, does not get its GPUs through DRA (or was not filtered: reserve says so)."""
         with self._lock:
             judged = self._by_pod.get(pod.key)
         if judged is None or judged[0] != pod.uid or not isinstance(judged[1], PodDemand) or judged[1].dra is None:
             return None
-        return self._reserve_dra(pod, node, judged[1].dra)
-
-    def _reserve_dra(self, pod: PodRef, node: str, dra: DraDemand) -> Reservation | Refusal:
-        """The pod's allocated claims recorded as its holding on ``node`` (DynamicResources'
-        PreBind ran before this bind): nothing chosen, no GPU annotations written."""
-        if self.dra is None:
-            return Refusal("the pod's GPUs come through DRA, but the extender does not read DRA state (start it with "
-                           "--dra)")
-        if dra.from_template:
-            return Refusal(f"the claim from ResourceClaimTemplate {', '.join(dra.claims)} is not in the pod's "
-                           "status.resourceClaimStatuses yet; kube-scheduler will retry")
-        claims = []
-        for key in dra.claims:
-            claim = self.dra.claim(key)
-            if (claim is None or not claim.gpusched_devices()) and self.claim_reader is not None:
-                namespace, _, name = key.partition("/")
-                try:
-                    claim = self.claim_reader.claim(namespace, name)
-                except BindError as exc:
-                    return Refusal(exc.message)
-                if claim is not None:
-                    self.dra.put_claim(claim)
-            if claim is None or not claim.gpusched_devices():
-                return Refusal(f"ResourceClaim {key} is not allocated: the extender binds a DRA pod after "
-                               "kube-scheduler's DynamicResources PreBind allocated it; kube-scheduler will retry")
-            claims.append(claim)
-        devices = []
-        for claim in claims:
-            where, found = self.dra.claim_devices(claim)
-            if where != node:
-                return Refusal(f"ResourceClaim {claim.key} is allocated on {where}, not on {node}")
-            devices += [{"claim": claim.key, **d} for d in found]
-        held = self.ledger.assignment(pod.key)
-        gpus = [d["gpu"] or f"{d['pool']}/{d['device']}" for d in devices]
-        indices = [d["gpuIndex"] for d in devices]
-        names = ", ".join(d["device"] for d in devices)
-        return Reservation(
-            summary=f"DRA: {', '.join(c.key for c in claims)} allocated {names} on {node} (GPUs {indices}); "
-                    "bound as allocated",
-            details={"dra": {"claims": [c.key for c in claims], "devices": devices,
-                             "ledger": sorted(held.unit_ids) if held is not None and held.node == node else []},
-                     "gpus": gpus, "gpuIndices": indices})
+        if self._dra is None:
+            return Refusal(NO_DRA_STATE)
+        return self._dra.record(pod, node, judged[1].dra)
 
     def _drop_own_stale_hold(self, pod: PodRef, node: str) -> None:
         """A pod reserved again may still hold an assumed reservation from an earlier cycle whose
@@ -306,86 +279,8 @@ class FrameworkDecider:
         if own is not None and own.state is EntryState.ASSUMED and own.node == node and own.uid == pod.uid:
             self.ledger.forget(pod.key)
 
-    def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
-        """Plugin mode's Bind past Permit: a DRA pod's claims recorded (its Reserve's one-member
-        barrier); anyone else has no barrier here."""
-        dra = self.dra_reservation(pod, node)
-        return dra if dra is not None else Refusal(f"{pod.key} is not a gang member: it has no Permit barrier to pass")
-
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self.ledger.forget(pod.key)
 
     def bound(self, pod: PodRef, node: str) -> None:
         return None  # the watch turns the assumed entry into a bound one
-
-
-def _per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any], shared: SharedJson) -> dict[str, Any]:
-    """The first ``_MAX_VERDICTS_RECORDED`` nodes' results as JSON. Nodes share result objects
-    (the framework interns one per distinct result), so each object's JSON is made once and
-    shared, read-only, by every record that shows it (``shared``): fresh JSON per record made the
-    decision store the bulk of what each garbage collection walks."""
-    if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
-        head = per_node.head(_MAX_VERDICTS_RECORDED)
-    else:
-        head = dict(islice(per_node.items(), _MAX_VERDICTS_RECORDED))
-    return {name: shared.get(value, encode) for name, value in head.items()}
-
-
-class SharedJson:
-    """``encode(value)``, made once per value object, for one decider's records. Keyed by identity
-    (hashing a verdict hashes every status in it); an entry holds its value, so the id cannot be
-    reused while cached. Emptied whole when full (a new snapshot interns new objects anyway).
-    Thread-safe enough: single dict operations, and a lost race only encodes twice."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._by_id: dict[int, tuple[Any, Any]] = {}
-
-    def get(self, value: Any, encode: Callable[[Any], Any]) -> Any:
-        entry = self._by_id.get(id(value))
-        if entry is None or entry[0] is not value:
-            if len(self._by_id) >= self._capacity:
-                self._by_id.clear()
-            entry = self._by_id[id(value)] = (value, encode(value))
-        return entry[1]
-
-
-def _verdict_json(verdict: Any) -> list[dict[str, Any]]:
-    return [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in verdict.statuses]
-
-
-def _score_json(score: Any) -> dict[str, Any]:
-    return {"final": score.final, "total": round(score.total, 2),
-            "plugins": [_plugin_score_json(p) for p in score.plugins]}
-
-
-def _plugin_score_json(p: Any) -> dict[str, Any]:
-    """One plugin's part; ``reason`` only when the plugin said why (``Scored``)."""
-    part = {"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2), "weight": p.weight,
-            "weighted": round(p.weighted, 2)}
-    if p.reason:
-        part["reason"] = p.reason
-    return part
-
-
-def _demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
-    if isinstance(demand, DemandProblem):
-        return {"error": demand.message}
-    return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
-            "dataParallel": demand.dp, "worldSize": demand.world_size, "nodes": demand.nodes,
-            "nodeRank": demand.node_rank, "expertParallel": demand.expert_parallel,
-            "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
-            "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink,
-            **({"dra": {"claims": list(demand.dra.claims), "count": demand.dra.count,
-                        "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template}}
-               if demand.dra is not None else {})}
-
-
-def _summary(failed: Mapping[str, str], unresolvable: Mapping[str, str], feasible: Sequence[str], total: int) -> str:
-    """Rejections grouped by reason, commonest first, the way a user acts on them."""
-    counts = Counter(list(unresolvable.values()) + list(failed.values()))
-    parts = "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}"
-                      for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-    if feasible:
-        return f"fits {len(feasible)} of {total} nodes" + (f"; {parts}" if parts else "")
-    return parts

@@ -20,6 +20,12 @@ allow every waiting sibling) or must wait at Permit until the plan's deadline. A
 waiting is unreserved, which releases the whole plan, and the plugin rejects its waiting siblings:
 never part of a group bound. Bind of a member asks :meth:`PluginService.permitted` for its
 annotations (the group's commit record, as on an extender-mode bind).
+
+A DRA pod's reservation is final only at Bind too (its claims are allocated by DynamicResources'
+PreBind, after Reserve), and the plugin asks Permitted at Bind only for a reservation with a
+barrier: so on the wire such a pod on its own carries an open barrier of its own name
+(:data:`DRA_BIND_GANG` and the pod's key), which no sibling shares and Permit passes at once.
+That is the protocol's encoding of ``Reservation.claims_at_bind``, not a gang.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHA
 from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
 
 API_VERSION = 1
+
+# The wire barrier's gang prefix of a DRA pod on its own: one member, open (see the module docstring).
+DRA_BIND_GANG = "dra-bind:"
 
 # Verdict codes, one byte per table node (the proto's Verdict enum).
 FITS, NOT_NOW, NEVER = 0, 1, 2
@@ -172,7 +181,10 @@ class PluginService:
         reserved, annotations = self._service.reserve(pod, node)
         if isinstance(reserved, Refusal):
             return ReserveAnswer(False, refusal=reserved.reason)
-        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=reserved.barrier)
+        barrier = reserved.barrier
+        if barrier is None and reserved.completed_at_bind:  # Bind must ask Permitted: see the module docstring
+            barrier = Barrier(f"{DRA_BIND_GANG}{pod.key}", open=True)
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier)
 
     def permitted(self, pod: PodRef, node: str) -> ReserveAnswer:
         granted, annotations = self._service.permitted(pod, node)

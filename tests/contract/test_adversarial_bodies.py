@@ -26,8 +26,7 @@ from extender.assembly import assemble
 from extender.model.catalog import builtin_catalog
 from extender.service import RecordingBinder
 from extender.service.framework_decider import FrameworkDecider
-from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex
+from extender.service.gangs import Clocks, GangCoordinator, GangIndex
 from extender.service.state import ClusterState
 from extender.settings import Settings
 from tests.unit.builders import FLEET_INVENTORIES, default_framework, make_k8s_node
@@ -107,7 +106,7 @@ def cluster_mode() -> Collaborators:
     fast = (lambda start: (lambda: start + (time.monotonic() - start) * 1000.0))(time.monotonic())
     inner = FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot)
     index = GangIndex()  # no watch: the index knows pods from requests
-    decider = GangCoordinator(inner, index, inner.framework, state.snapshot, state.ledger, clock=fast)
+    decider = GangCoordinator(inner, index, state.ledger, clocks=Clocks(monotonic=fast))
     collaborators = Collaborators(decider=decider, binder=RecordingBinder())
     collaborators.ledger = state.ledger  # type: ignore[attr-defined]  # for the invariant check
     return collaborators

@@ -50,10 +50,10 @@ def test_the_newest_placement_record_is_shown_in_either_mode(records_by_verb, ex
 
 
 def demand_record(**pod) -> dict:
-    from extender.service.framework_decider import _demand_json
+    from extender.service.decision_json import demand_json
     from tests.unit.builders import make_demand
     return {"decisions": {"filter": {"id": "d-1", "result": "unschedulable", "summary": "", "details": {
-        "demand": _demand_json(make_demand(**pod)), "verdicts": {}, "failed": {}, "unresolvable": {}}}}}
+        "demand": demand_json(make_demand(**pod)), "verdicts": {}, "failed": {}, "unresolvable": {}}}}}
 
 
 LEADER = ["serve", "meta-llama/Llama-3.1-405B-Instruct", "-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "1"]

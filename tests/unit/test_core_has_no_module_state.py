@@ -7,7 +7,8 @@ Issue 41: the same holds for the runtime package every program imports (``gpusch
 module-level value there would be shared by the extender's and the agent's objects alike. And for
 ``gpusched_api``, the names and schema every program imports (its generated protobuf modules aside:
 their descriptors belong to protobuf's own pool, and we do not write that code); and for the
-extender's composition root and cluster state, whose objects a test or a replica builds anew."""
+extender's composition root, cluster state, gangs and DRA, whose objects a test or a replica builds
+anew."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import extender.assembly
 import extender.framework
 import extender.model
 import extender.plugins
+import extender.service.dra
+import extender.service.gangs
 import extender.service.state
 import gpusched_api
 import gpusched_runtime
@@ -60,9 +63,9 @@ def mutable(value) -> bool:
 
 
 def composed_modules():
-    """Issue 41: the composition root and the cluster state, split into packages, and the one
-    telemetry change test both processes share."""
-    for package in (extender.assembly, extender.service.state):
+    """Issue 41: the composition root, the cluster state, the gang coordinator and DRA's service
+    part, split into packages, and the one telemetry change test both processes share."""
+    for package in (extender.assembly, extender.service.state, extender.service.gangs, extender.service.dra):
         yield package.__name__
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             yield info.name

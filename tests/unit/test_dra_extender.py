@@ -14,7 +14,7 @@ from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, resolve_dra_demand
 from extender.model.ledger import EntryState
 from extender.service.core import PodRef, Refusal, Reservation
-from extender.service.dra import CLAIM_HOLDER_PREFIX, DraState
+from extender.service.dra import CLAIM_HOLDER_PREFIX, ClaimRecorder, DraState
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import StaticClaimReader
 from extender.service.state import ClusterState, StateListeners
@@ -218,7 +218,7 @@ def test_a_slice_arriving_after_the_claim_re_maps_its_devices_and_marks_the_unit
 # --- decisions --------------------------------------------------------------------------------
 def decider(state: ClusterState, reader: StaticClaimReader | None = None) -> FrameworkDecider:
     return FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot,
-                            dra=dra_of(state), claim_reader=reader)
+                            dra=ClaimRecorder(dra_of(state), state.ledger, reader))
 
 
 def ref(pod) -> PodRef:
@@ -273,7 +273,10 @@ def test_bind_of_a_dra_pod_records_the_claims_allocation_and_writes_no_gpu_annot
     d = decider(state, reader)
     pod = ref(make_dra_pod())
     assert d.filter(pod, ["n1"], None).feasible == ("n1",)
-    answer = d.reserve(pod, "n1", "id-1")
+    reserved = d.reserve(pod, "n1", "id-1")  # before PreBind: nothing chosen, the claim named for the bind
+    assert isinstance(reserved, Reservation) and reserved.claims_at_bind == ("default/c",), reserved
+    assert reserved.annotations == {}
+    answer = d.permitted(pod, "n1")  # the bind, after PreBind
     if expected != "reserved":
         assert isinstance(answer, Refusal) and expected in answer.reason, answer
         return

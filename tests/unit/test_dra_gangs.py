@@ -21,10 +21,10 @@ from extender.model.gang import parse_commit
 from extender.model.ledger import EntryState, GpuLedger
 from extender.service.core import ExtenderService, PodRef, Refusal
 from extender.service.decisions import DecisionStore
-from extender.service.dra import DraState
+from extender.service.dra import ClaimRecorder, DraState
 from extender.service.framework_decider import FrameworkDecider
-from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex, GangWatch
+from extender.service.gangs import GangCoordinator, GangIndex, GangWatch
+from extender.service.plugin import NodeTables, PluginService
 from extender.service.state import ClusterState, PodFeed
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import (
@@ -162,11 +162,12 @@ class World:
         self.claims = ClaimFeed(self.dra)
         index = GangIndex()
         inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot,
-                                 dra=self.dra)
-        self.gangs = GangCoordinator(inner, index, inner.framework, self.state.snapshot, self.state.ledger)
+                                 dra=ClaimRecorder(self.dra, self.state.ledger))
+        self.gangs = GangCoordinator(inner, index, self.state.ledger)
         self.pods = PodFeed([GangWatch(index, self.gangs.adopt)], self.state.pods)  # as the pod reflector's
         self.binder = Binder()
         self.service = ExtenderService(self.gangs, self.binder, DecisionStore(), NullObserver())
+        self.plugin = PluginService(self.service, NodeTables(lambda: ["n1"]), lambda: (True, ""))
 
     def device(self, unit: str) -> str:
         return next(f"gpu-{g.index}" for g in self.inventory.gpus if g.uuid == unit)
@@ -247,8 +248,9 @@ def test_plugin_prefilter_treats_the_dra_marker_as_asking_for_gpus(pod, asks):
 
 @pytest.mark.parametrize("gang", [pytest.param(False, id="on-its-own"), pytest.param(True, id="gang-member")])
 def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_at_bind(gang):
-    """Reserve (before DynamicResources' PreBind) records nothing and writes nothing; Bind's
-    permitted() (after PreBind) records the claim's devices, with no GPU assignment."""
+    """Reserve (before DynamicResources' PreBind) records nothing and writes nothing, and its answer
+    carries a barrier (for a pod on its own, an open one of its own) so the plugin's Bind asks
+    Permitted; permitted() (after PreBind) records the claim's devices, with no GPU assignment."""
     world = World()
     pods = [dra_member("a"), dra_member("b")] if gang else [make_dra_pod("a", claim="ca")]
     for pod in pods:
@@ -259,9 +261,9 @@ def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_a
     planned = dict(world.state.ledger.view().assignments)
     opened = []
     for r in refs:
-        answer, annotations = world.service.reserve(r, "n1")
-        assert not isinstance(answer, Refusal) and answer.barrier is not None, answer
-        assert ASSIGNED_GPUS_ANNOTATION not in annotations
+        answer = world.plugin.reserve(r, "n1")  # as the wire carries it to the plugin
+        assert answer.reserved and answer.barrier is not None, answer
+        assert ASSIGNED_GPUS_ANNOTATION not in answer.annotations
         opened.append(answer.barrier.open)
     assert opened == [False, True] if gang else opened == [True]  # the last one reserved lets Permit pass
     assert dict(world.state.ledger.view().assignments) == planned  # Reserve chose nothing

@@ -17,7 +17,7 @@ from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot
 from extender.model.spread import siblings_on
 from extender.plugins.nvlink_topology import NvlinkTopology, NvlinkTopologyArgs
-from extender.service.framework_decider import _score_json
+from extender.service.decision_json import score_json
 from gpusched_cli.explain import render_explain
 from tests.unit.builders import default_framework, default_profile, default_registry, make_demand, make_fleet
 
@@ -84,7 +84,7 @@ def test_without_siblings_the_answers_are_as_before():
 def test_explain_shows_the_reason():
     snapshot, _ = cluster(3, TWO_NODES)
     scores = default_framework().score(snapshot, member(SIBLINGS), ["h100-0", "h100-1"])
-    breakdown = {n: _score_json(scores.per_node[n]) for n in ("h100-0", "h100-1")}
+    breakdown = {n: score_json(scores.per_node[n]) for n in ("h100-0", "h100-1")}
     assert "reason" not in breakdown["h100-0"]["plugins"][1], "plugins that say nothing carry no reason key"
     text = render_explain("ns", "p-2", {"decisions": {"prioritize": {"details": {"breakdown": breakdown}}}}, [])
     assert "h100-0: NvlinkTopology: replica gets PCIe root numa1 of its own; its sibling ns/p-0 holds numa0" in text

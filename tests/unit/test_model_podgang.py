@@ -25,7 +25,7 @@ from extender.model.gang import (
     gang_of,
     pod_gang_info,
 )
-from extender.service.gang_index import GangIndex
+from extender.service.gangs import GangIndex
 from gpusched_api.names import (
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,

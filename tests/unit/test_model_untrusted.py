@@ -8,7 +8,7 @@ import pytest
 
 from extender.model.gang import GangProblem, gang_of
 from extender.model.snapshot import node_info_from_k8s
-from extender.service.dra import _natural
+from extender.service.dra.state import _natural
 from gpusched_api.untrusted import shown, whole_number
 from nodeagent.engines.discovery import _unscrapable
 from tests.unit.builders import h100_inventory, make_k8s_node, make_pod

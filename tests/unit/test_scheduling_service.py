@@ -20,7 +20,7 @@ from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
-from extender.service.gang import GangCoordinator, GangIndex
+from extender.service.gangs import GangCoordinator, GangIndex
 from extender.service.plugin import API_VERSION, NEVER, NOT_NOW, NodeTables, PluginService
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState
@@ -49,7 +49,7 @@ class Core:
         inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
         self.gangs = GangIndex()  # no pod is fed by a watch here: the index knows pods from requests
         # As the composition root wires it: gangs through the coordinator, other pods straight through.
-        self.decider = GangCoordinator(inner, self.gangs, inner.framework, self.state.snapshot, self.state.ledger)
+        self.decider = GangCoordinator(inner, self.gangs, self.state.ledger)
         self.decisions = DecisionStore()
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
         self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)

@@ -17,11 +17,10 @@ import pytest
 from extender.model.catalog import builtin_catalog
 from extender.model.gang import BarrierTiming, GangCommit, MemberPlacement, encode_commit, parse_commit
 from extender.model.ledger import EntryState
-from extender.service.core import ExtenderService, PodRef
+from extender.service.core import ExtenderService, PodRef, Reservation
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
-from extender.service.gang import GangCoordinator
-from extender.service.gang_index import GangIndex, GangWatch
+from extender.service.gangs import Clocks, GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
 from extender.service.ports import BindError
 from extender.service.state import ClusterState, PodFeed
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
@@ -85,9 +84,10 @@ class World:
         self.events = Events()
         self.nudged: list[str] = []
         self.partials: list[Any] = []
-        self.gangs = GangCoordinator(self.inner, self.index, self.inner.framework, self.state.snapshot,
-                                     self.state.ledger, timing=timing, clock=clock, wall_clock=wall,
-                                     observer=self.events, nudge=self.nudged.extend, on_partial=self.partials.append)
+        self.gangs = GangCoordinator(self.inner, self.index, self.state.ledger, settings=GangSettings(timing),
+                                     hooks=GangHooks(observer=self.events, nudge=self.nudged.extend,
+                                                     on_partial=self.partials.append),
+                                     clocks=Clocks(clock, wall))
         self.pods = PodFeed([GangWatch(self.index, self.gangs.adopt)], self.state.pods)  # as the pod reflector's
         self.binder = binder or ScriptedBinder()
         self.service = ExtenderService(self.gangs, self.binder, DecisionStore(), NullObserver())
@@ -538,3 +538,41 @@ def test_an_adopted_commit_keeps_reservations_no_longer_than_the_groups_timeout(
     wall.now += 31
     second.gangs.tick()
     assert second.state.ledger.assignment(f"{NS}/b") is None, "b's reservation outlived the group's 30 s timeout"
+
+
+def filtered_after_the_watch(world: World, *pods: dict[str, Any]) -> dict[str, str]:
+    """Every pod shown by the watch, then filtered: each one's first feasible node, by name."""
+    for pod in pods:
+        world.watch("ADDED", pod)
+    return {pod["metadata"]["name"]: world.filter(pod).feasible[0] for pod in pods}
+
+
+def test_reserve_never_waits_the_bind_waits_on_the_barrier_its_reservation_carries(clocks):
+    """Issue 41: a member's reservation carries its group's barrier and returns at once; extender
+    mode's bind waits on that barrier, which opens when the last member reserves, and then asks
+    permitted() for what to write."""
+    world = World(*clocks)
+    a, b = member("a"), member("b")
+    nodes = filtered_after_the_watch(world, a, b)
+    first = world.gangs.reserve(world.ref(a), nodes["a"], "d-a")
+    assert isinstance(first, Reservation) and first.barrier is not None and not first.barrier.open
+    assert first.completed_at_bind and first.annotations == {}, "what to write comes from permitted()"
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(first.barrier.wait)
+        assert not waiting.done()
+        last = world.gangs.reserve(world.ref(b), nodes["b"], "d-b")
+        assert isinstance(last, Reservation) and last.barrier is not None and last.barrier.open
+        assert waiting.result(timeout=5) == ""
+    granted = world.gangs.permitted(world.ref(a), nodes["a"])
+    assert isinstance(granted, Reservation) and GANG_COMMIT_ANNOTATION in granted.annotations
+    assert ASSIGNED_GPUS_ANNOTATION in granted.annotations
+
+
+def test_a_member_waiting_past_its_groups_deadline_is_told_why_and_the_plan_released(clocks):
+    world = World(*clocks)
+    a, b = member("a", timeout=10), member("b", timeout=10)
+    first = world.gangs.reserve(world.ref(a), filtered_after_the_watch(world, a, b)["a"], "d-a")
+    assert isinstance(first, Reservation) and first.barrier is not None
+    clocks[0].now += 11
+    assert "did not complete within 10s" in first.barrier.wait()
+    assert not world.state.ledger.view().assignments and world.events.counts["timeout"] == 1

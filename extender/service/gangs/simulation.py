@@ -1,9 +1,9 @@
 """Admission's simulation: where every pending member of a group would go, or why one cannot.
 
-Kept apart from the coordinator (``extender.service.gang``) because it decides nothing about the
-barrier: it only places the members one after another on a snapshot that already holds the
-placements made before them, so two members are never given the same GPU. The coordinator
-reserves the result in the ledger, under its lock.
+Kept apart from admission (``extender.service.gangs.admission``) because it decides nothing about
+the barrier: it only places the members one after another on a snapshot that already holds the
+placements made before them, so two members are never given the same GPU. Admission reserves the
+result in the ledger, under the coordinator's lock.
 
 The group's shape (``GroupShape``) narrows where members may go:
 
@@ -23,13 +23,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extender.framework.runtime import summarize_failures
+from extender.framework.runtime import Framework, summarize_failures
+from extender.framework.status import Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import GangSpec, MemberPlacement, Strategy, TierRule, role_of
 from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import PodRef
-from extender.service.gang_index import Member
+from extender.service.gangs.index import Member
 
 # A required tier with more values than this is searched only over its tightest values that
 # hold enough free GPUs: each try is one simulation of the group.
@@ -63,7 +64,7 @@ class SimulatedPlan:
 
 
 def simulate_placements(gang: GangSpec, members: Sequence[Member], snapshot: ClusterSnapshot,
-                        demand_of: Callable[[PodRef], PodDemand | DemandProblem], framework: Any,
+                        demand_of: Callable[[PodRef], PodDemand | DemandProblem], framework: Framework,
                         bound: Sequence[Member] = (),
                         role_of_member: Callable[[Member], str] = lambda m: role_of(m.raw)) -> SimulatedPlan | str:
     """Where every member in ``members`` goes, or the sentence saying which member fits nowhere and
@@ -143,7 +144,7 @@ def _free_count(snapshot: ClusterSnapshot, name: str) -> int:
     return len(free.whole) + len(free.mig)
 
 
-def _place_with_strategy(gang: GangSpec, demands: Sequence[MemberDemand], snapshot: ClusterSnapshot, framework: Any,
+def _place_with_strategy(gang: GangSpec, demands: Sequence[MemberDemand], snapshot: ClusterSnapshot, framework: Framework,
                          nodes: frozenset[str] | None, anchors: Mapping[str, str], held: Mapping[str, frozenset[str]],
                          roles: Mapping[str, str]) -> dict[str, MemberPlacement] | str:
     strategy = gang.shape.strategy
@@ -184,7 +185,7 @@ class _Sequential:
     gang: GangSpec
     demands: Sequence[MemberDemand]
     snapshot: ClusterSnapshot
-    framework: Any
+    framework: Framework
     anchors: Mapping[str, str]  # bound member -> node
     held: Mapping[str, frozenset[str]]  # bound member -> its units
     roles: Mapping[str, str]  # bound member -> role
@@ -215,6 +216,9 @@ class _Sequential:
             scores = self.framework.score(sim, demand, list(decision.feasible)).scores
             node = max(decision.feasible, key=lambda n: (scores.get(n, 0), n))
             choice = self.framework.choose_gpus(sim, demand, node)
+            if isinstance(choice, Status):  # filter passed the node, so only a plugin's fault lands here
+                failed.append((md, choice.reason))
+                continue
             plan[member.key] = MemberPlacement(node, tuple(choice.unit_ids), tuple(choice.gpu_indices))
         if failed:
             return self._shortfall(plan, failed)

@@ -1,8 +1,8 @@
-"""The records the gang coordinator (``extender.service.gang``) keeps and reports.
+"""The records the gang coordinator (``extender.service.gangs``) keeps and reports.
 
 A :class:`Plan` is one group's reservation on its way through the barrier, and a
 :class:`GangStatus` what the coordinator remembers about a group between plans; both are mutable
-and owned by the coordinator, which changes them only with its lock held. The frozen records
+and owned by the coordinator's book (``gangs.book``), changed only with its lock held. The frozen records
 name what would otherwise travel as tuples: :class:`EndedCommit` (a commit record whose plan
 ended), :class:`PodGroupProgress` (what was last written to a PodGroup's status) and
 :class:`PartialGang` (a group left partially bound, as reported). :func:`describe_gang` renders
@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from extender.model.gang import BarrierTiming, GangKey, GangSpec, MemberPlacement, role_of
-from extender.service.gang_index import Member
+from extender.service.gangs.index import Member
 
 
 class Phase(str, Enum):

@@ -48,6 +48,7 @@ from extender.service.state import pod_key
 from gpusched_api.names import GANG_COMMIT_ANNOTATION
 
 _TERMINAL = ("Succeeded", "Failed")
+_POD_GROUPS, _POD_GANGS = "PodGroup", "PodGang"
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,14 @@ class GangIndex:
                  clock: Callable[[], float] = time.monotonic,
                  tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> None:
         """``on_pod_group_added(pending member keys)`` runs when a PodGroup or PodGang appears (or
-        a PodGang changes), so members judged before it existed are retried at once (see ``adapters.requeue.PodNudger``);
-        it runs outside the index lock.
+        a PodGang changes), so members judged before it existed are retried at once (see
+        ``adapters.requeue.PodNudger``); it runs outside the index lock.
         ``tombstones``: deleted pods remembered (oldest forgotten first); ``tier_labels``: tier
         name -> node label, for groups that name a network tier."""
         self._lock = threading.Lock()
         self._pods: dict[str, Member] = {}
-        self.pod_groups: dict[tuple[str, str], PodGroupInfo] = {}
-        self.pod_gangs: dict[tuple[str, str], PodGangInfo] = {}
+        # Each kind's objects by (namespace, name): a mapping replaced whole, never mutated.
+        self._objects: dict[str, Mapping[tuple[str, str], Any]] = {_POD_GROUPS: {}, _POD_GANGS: {}}
         self.pod_gang_feed = _PodGangFeed(self)  # the PodGang reflector's handler
         self._on_pod_group_added = on_pod_group_added
         self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
@@ -97,6 +98,14 @@ class GangIndex:
         self._clock = clock
         self._tombstones = tombstones
         self.tier_labels = tier_labels
+
+    @property
+    def pod_groups(self) -> Mapping[tuple[str, str], PodGroupInfo]:
+        return self._objects[_POD_GROUPS]
+
+    @property
+    def pod_gangs(self) -> Mapping[tuple[str, str], PodGangInfo]:
+        return self._objects[_POD_GANGS]
 
     def gang_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
         """``gang_of`` under the index lock; a pod whose PodGroup or PodGang is missing (or whose
@@ -230,42 +239,42 @@ class GangIndex:
 
     # -- PodGroup reflector handler ------------------------------------------------------------
     def replace(self, items: list[dict[str, Any]]) -> None:
-        self._replace_objects("pod_groups", self._awaiting_group, pod_group_info, items)
+        self._replace_objects(_POD_GROUPS, self._awaiting_group, pod_group_info, items)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        self._apply_object("pod_groups", self._awaiting_group, pod_group_info, event_type, obj)
+        self._apply_object(_POD_GROUPS, self._awaiting_group, pod_group_info, event_type, obj)
 
     # -- PodGang reflector handler (through pod_gang_feed) --------------------------------------
     def replace_pod_gangs(self, items: list[dict[str, Any]]) -> None:
-        self._replace_objects("pod_gangs", self._awaiting_gang, pod_gang_info, items)
+        self._replace_objects(_POD_GANGS, self._awaiting_gang, pod_gang_info, items)
 
     def apply_pod_gang(self, event_type: str, obj: dict[str, Any]) -> None:
         """A PodGang event. A MODIFIED one retries its waiting pods too: Grove adds a pod to
         ``podReferences`` after the PodGang first appears."""
-        self._apply_object("pod_gangs", self._awaiting_gang, pod_gang_info, event_type, obj)
+        self._apply_object(_POD_GANGS, self._awaiting_gang, pod_gang_info, event_type, obj)
 
     # -- both group objects: the mapping is replaced, never mutated (members() reads it unlocked) --
-    def _replace_objects(self, attr: str, awaiting: dict[tuple[str, str], set[str]],
+    def _replace_objects(self, kind: str, awaiting: dict[tuple[str, str], set[str]],
                          parse: Callable[[Mapping[str, Any]], Any], items: list[dict[str, Any]]) -> None:
         with self._lock:
             objects = {_object_key(o): parse(o) for o in items}
-            setattr(self, attr, objects)
+            self._objects[kind] = objects
             # A (re)list may bring groups that pods were judged without, just as a watch event does.
             pending = sorted(p for key in list(awaiting) if key in objects for p in awaiting.pop(key))
         if pending:
             self._on_pod_group_added(pending)
 
-    def _apply_object(self, attr: str, awaiting: dict[tuple[str, str], set[str]],
+    def _apply_object(self, kind: str, awaiting: dict[tuple[str, str], set[str]],
                       parse: Callable[[Mapping[str, Any]], Any], event_type: str, obj: dict[str, Any]) -> None:
         key = _object_key(obj)
         with self._lock:
-            objects = dict(getattr(self, attr))
+            objects = dict(self._objects[kind])
             if event_type == "DELETED":
                 objects.pop(key, None)
-                setattr(self, attr, objects)
+                self._objects[kind] = objects
                 return
             objects[key] = parse(obj)
-            setattr(self, attr, objects)
+            self._objects[kind] = objects
             pending = sorted(awaiting.pop(key, set()))
         if pending:
             self._on_pod_group_added(pending)

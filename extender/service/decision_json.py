@@ -1,0 +1,91 @@
+"""The decider's judgments as JSON for decision records (``/debug/decisions``, ``gpusched explain``).
+
+Per-node results are recorded for the first ``MAX_VERDICTS_RECORDED`` nodes only, and each
+result object's JSON is made once and shared by every record that shows it (:class:`SharedJson`):
+the framework interns one object per distinct result, and fresh JSON per record made the decision
+store the bulk of what each garbage collection walked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+from extender.model.demand import DemandProblem, PodDemand
+from extender.model.nodemaps import GroupedMapping
+
+MAX_VERDICTS_RECORDED = 64  # per decision record; the rest is summarised by reason
+
+
+def per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any], shared: SharedJson) -> dict[str, Any]:
+    """The first ``MAX_VERDICTS_RECORDED`` nodes' results as JSON. Nodes share result objects
+    (the framework interns one per distinct result), so each object's JSON is made once and
+    shared, read-only, by every record that shows it (``shared``): fresh JSON per record made the
+    decision store the bulk of what each garbage collection walks."""
+    if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
+        head = per_node.head(MAX_VERDICTS_RECORDED)
+    else:
+        head = dict(islice(per_node.items(), MAX_VERDICTS_RECORDED))
+    return {name: shared.get(value, encode) for name, value in head.items()}
+
+
+class SharedJson:
+    """``encode(value)``, made once per value object, for one decider's records. Keyed by identity
+    (hashing a verdict hashes every status in it); an entry holds its value, so the id cannot be
+    reused while cached. Emptied whole when full (a new snapshot interns new objects anyway).
+    Thread-safe enough: single dict operations, and a lost race only encodes twice."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+
+    def get(self, value: Any, encode: Callable[[Any], Any]) -> Any:
+        entry = self._by_id.get(id(value))
+        if entry is None or entry[0] is not value:
+            if len(self._by_id) >= self._capacity:
+                self._by_id.clear()
+            entry = self._by_id[id(value)] = (value, encode(value))
+        return entry[1]
+
+
+def verdict_json(verdict: Any) -> list[dict[str, Any]]:
+    return [{"plugin": s.plugin, "code": s.code.name, "reason": s.reason} for s in verdict.statuses]
+
+
+def score_json(score: Any) -> dict[str, Any]:
+    return {"final": score.final, "total": round(score.total, 2),
+            "plugins": [_plugin_score_json(p) for p in score.plugins]}
+
+
+def _plugin_score_json(p: Any) -> dict[str, Any]:
+    """One plugin's part; ``reason`` only when the plugin said why (``Scored``)."""
+    part = {"plugin": p.plugin, "raw": p.raw, "normalized": round(p.normalized, 2), "weight": p.weight,
+            "weighted": round(p.weighted, 2)}
+    if p.reason:
+        part["reason"] = p.reason
+    return part
+
+
+def demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
+    if isinstance(demand, DemandProblem):
+        return {"error": demand.message}
+    return {"gpus": demand.gpu_count, "tensorParallel": demand.tp, "pipelineParallel": demand.pp,
+            "dataParallel": demand.dp, "worldSize": demand.world_size, "nodes": demand.nodes,
+            "nodeRank": demand.node_rank, "expertParallel": demand.expert_parallel,
+            "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
+            "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink,
+            **({"dra": {"claims": list(demand.dra.claims), "count": demand.dra.count,
+                        "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template}}
+               if demand.dra is not None else {})}
+
+
+def summary_by_reason(failed: Mapping[str, str], unresolvable: Mapping[str, str], feasible: Sequence[str], total: int) -> str:
+    """Rejections grouped by reason, commonest first, the way a user acts on them."""
+    counts = Counter(list(unresolvable.values()) + list(failed.values()))
+    parts = "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}"
+                      for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    if feasible:
+        return f"fits {len(feasible)} of {total} nodes" + (f"; {parts}" if parts else "")
+    return parts
