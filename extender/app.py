@@ -20,7 +20,7 @@ from extender.api.standby import build_standby_router
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
-from extender.service.claim_admission import ClaimAdmission
+from extender.service.dra.admission import ClaimAdmission
 from extender.settings import Settings
 
 

@@ -109,8 +109,8 @@ def _warm_imports() -> None:
     for module in ("kubernetes.client", "gpusched_runtime.reflector", "extender.adapters.events",
                    "extender.adapters.requeue", "extender.adapters.ingest_process", "extender.adapters.telemetry_server",
                    "extender.adapters.token_review", "extender.adapters.scheduling_server",
-                   "extender.adapters.claim_templates", "extender.adapters.dra", "extender.service.plugin",
-                   "extender.service.describe", "extender.service.claim_admission"):
+                   "extender.adapters.dra.templates", "extender.adapters.dra", "extender.service.plugin",
+                   "extender.service.describe", "extender.service.dra.admission"):
         importlib.import_module(module)
     from kubernetes import client
 

@@ -2,7 +2,7 @@
 
 Reads one Pod manifest (a file, or ``-`` for stdin) and prints two YAML documents: the
 ResourceClaimTemplate its GPUs become and the pod rewritten to use it — the very translation the
-extender's admission webhook applies (``extender.model.dra_claim``), so ``kubectl apply -f`` of
+extender's admission webhook applies (``extender.model.dra.translation``), so ``kubectl apply -f`` of
 the output gives what an opted-in namespace would. No cluster is needed: the model catalog is the
 built-in one. Exit 0 with the documents; 2 with the problem (what to fix) on stderr.
 """
@@ -17,7 +17,7 @@ import yaml
 
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem
-from extender.model.dra_claim import apply_patch, claim_for_pod
+from extender.model.dra.translation import apply_patch, claim_for_pod
 
 
 def add_parser(sub: Any) -> None:

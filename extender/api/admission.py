@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
-from extender.service.claim_admission import BadReview, ClaimAdmission
+from extender.service.dra.admission import BadReview, ClaimAdmission
 
 log = logging.getLogger("gpusched.claims")
 MUTATE_PATH = "/mutate/dra-claims"

@@ -36,9 +36,9 @@ def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot]
 def serve_webhook(settings: Settings, api: Any, catalog: Callable[[], Catalog], require_nvlink: bool) -> Any:
     """The DRA-claims admission webhook on its own HTTPS listener: ``catalog`` (the ConfigMap's, as
     it changes) and the profile's NvlinkTopology requireNvlink as the default for pods that do not say."""
-    from extender.adapters.claim_templates import KubeTemplateCreator, WebhookServer
+    from extender.adapters.dra.templates import KubeTemplateCreator, WebhookServer
     from extender.app import create_webhook_app
-    from extender.service.claim_admission import ClaimAdmission
+    from extender.service.dra.admission import ClaimAdmission
 
     admission = ClaimAdmission(KubeTemplateCreator(api), catalog, require_nvlink=require_nvlink)
     assert settings.webhook_tls_cert and settings.webhook_tls_key  # Settings requires them with a port

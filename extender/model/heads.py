@@ -3,7 +3,7 @@
 vLLM refuses to start a TP group that does not split the heads evenly, after the pod has been
 placed, pulled and has loaded weights; gpusched checks it first, with vLLM's own wording. Shared by
 the TensorParallel plugin (a pre-filter verdict) and the DRA claim translation
-(``extender.model.dra_claim``: a pod that cannot start gets no claim).
+(``extender.model.dra.translation``: a pod that cannot start gets no claim).
 """
 
 from __future__ import annotations

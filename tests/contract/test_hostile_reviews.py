@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from extender.app import create_webhook_app
 from extender.model.catalog import builtin_catalog
-from extender.service.claim_admission import ClaimAdmission
+from extender.service.dra.admission import ClaimAdmission
 
 FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
 REVIEWS = 400

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from extender.adapters.claim_templates import KubeTemplateCreator, WebhookServer
+from extender.adapters.dra.templates import KubeTemplateCreator, WebhookServer
 from extender.app import create_webhook_app
 from extender.model.catalog import builtin_catalog
-from extender.service.claim_admission import ClaimAdmission, TemplateError
+from extender.service.dra.admission import ClaimAdmission, TemplateError
 
 SPEC = {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
     "deviceClassName": "gpu.gpusched.io", "allocationMode": "ExactCount", "count": 4}}]}}}

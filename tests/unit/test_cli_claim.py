@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from extender.model.catalog import builtin_catalog
-from extender.model.dra_claim import PodClaim, apply_patch, claim_for_pod
+from extender.model.dra.translation import PodClaim, apply_patch, claim_for_pod
 from gpusched_cli.__main__ import main
 from tests.unit.builders import make_pod
 

@@ -1,4 +1,4 @@
-"""The DRA claim translation (extender.model.dra_claim): what a vLLM pod as users write it becomes —
+"""The DRA claim translation (extender.model.dra.translation): what a vLLM pod as users write it becomes —
 the ResourceClaimTemplate's devices, the template's name, the pod's patch — and the problems."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem
-from extender.model.dra_claim import (
+from extender.model.dra.translation import (
     ISLAND_ATTRIBUTE,
     MANAGED_LABEL,
     PodClaim,

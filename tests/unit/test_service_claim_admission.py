@@ -1,4 +1,4 @@
-"""The DRA-claims admission webhook's answers (extender.service.claim_admission) and its route:
+"""The DRA-claims admission webhook's answers (extender.service.dra.admission) and its route:
 which reviews are patched, denied or let through, what the patch does, and that a dry run
 creates nothing — with a fake template creator."""
 
@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from extender.app import create_webhook_app
 from extender.model.catalog import builtin_catalog
-from extender.model.dra_claim import apply_patch
-from extender.service.claim_admission import BadReview, ClaimAdmission, TemplateError
+from extender.model.dra.translation import apply_patch
+from extender.service.dra.admission import BadReview, ClaimAdmission, TemplateError
 from tests.unit.builders import make_pod
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"

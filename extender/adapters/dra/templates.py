@@ -31,8 +31,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender.model.dra_claim import MANAGED_LABEL, MANAGED_VALUE
-from extender.service.claim_admission import TemplateError
+from extender.model.dra.translation import MANAGED_LABEL, MANAGED_VALUE
+from extender.service.dra.admission import TemplateError
 
 log = logging.getLogger("gpusched.claims")
 

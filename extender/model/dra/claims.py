@@ -9,7 +9,7 @@ ResourceSlices the node agents publish (``nodeagent.dra.slices``). gpusched judg
 the devices: the pod's GPU count is the claim's ``exactly.count``, its parallel sizes and model
 come from the pod as usual, and the allocation, once written, is what the ledger holds.
 
-The adapters (``extender.adapters.dra``) decode the API objects into these values; the pod's own
+The adapters (``extender.adapters.dra.feeds``) decode the API objects into these values; the pod's own
 references (``spec.resourceClaims`` and ``status.resourceClaimStatuses``) are read here, from the
 pod's JSON, as the rest of the pod is (``extender.model.demand``).
 """
@@ -178,27 +178,22 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
     missing: list[str] = []
     from_template = False
     for ref in refs:
+        # A claim's requests are its spec.devices; a template's, the spec.devices of the claims it makes.
         if ref.claim is not None:
-            claim = claims.get(f"{namespace}/{ref.claim}")
-            if claim is None:
-                missing.append(f"ResourceClaim {namespace}/{ref.claim}")
-                continue
-            ours = [r for r in claim.requests if r.device_class in DEVICE_CLASSES]
-            if ours:
-                names.append(claim.key)
-                requests += ours
-                fields += [f"{claim.key}: spec.devices.requests[{r.name}].exactly.count" for r in ours]
+            kind, source, spec = "ResourceClaim", claims.get(f"{namespace}/{ref.claim}"), "spec"
         elif ref.template is not None:
-            template = templates.get(f"{namespace}/{ref.template}")
-            if template is None:
-                missing.append(f"ResourceClaimTemplate {namespace}/{ref.template}")
-                continue
-            ours = [r for r in template.requests if r.device_class in DEVICE_CLASSES]
-            if ours:
-                names.append(template.key)
-                requests += ours
-                fields += [f"{template.key}: spec.spec.devices.requests[{r.name}].exactly.count" for r in ours]
-                from_template = True
+            kind, source, spec = "ResourceClaimTemplate", templates.get(f"{namespace}/{ref.template}"), "spec.spec"
+        else:
+            continue
+        if source is None:
+            missing.append(f"{kind} {namespace}/{ref.claim if ref.claim is not None else ref.template}")
+            continue
+        ours = [r for r in source.requests if r.device_class in DEVICE_CLASSES]
+        if ours:
+            names.append(source.key)
+            requests += ours
+            fields += [f"{source.key}: {spec}.devices.requests[{r.name}].exactly.count" for r in ours]
+            from_template = from_template or ref.claim is None
     if not requests:
         if missing:
             return (f"the pod's {', '.join(missing)} is not known to gpusched (yet), so its GPU count cannot be "

@@ -1,6 +1,7 @@
 """The DRA objects' edge: ResourceSlices, ResourceClaims and ResourceClaimTemplates
 (``resource.k8s.io/v1``, JSON dicts from the reflectors) decoded into the frozen values of
-``extender.model.dra`` and handed to the :class:`~extender.service.dra.DraState`.
+``extender.model.dra`` and handed to the :class:`~extender.service.dra.DraState` by one handler
+shape for all three watches (:class:`DraFeed`).
 
 Decoding is lenient where the apiserver already validated (a field it requires is read with a
 default rather than trusted blindly) and drops what is not gpusched's: slices of other drivers
@@ -11,12 +12,14 @@ device, any driver's: which of them count is the service's and the model's busin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from extender.model.dra import AllocatedDevice, ClaimRequest, DraClaim, DraSlice, DraTemplate, SliceDevice
 from extender.service.dra import DraState
 from gpusched_api.names import DRA_DRIVER
+
+T = TypeVar("T")
 
 
 def decode_slice(obj: Mapping[str, Any]) -> DraSlice | None:
@@ -78,53 +81,52 @@ def decode_template(obj: Mapping[str, Any]) -> DraTemplate:
                        decode_requests(claim_spec.get("devices") or {}))
 
 
-class SliceFeed:
-    """Reflector handler: ResourceSlices into ``state``."""
+class DraFeed(Generic[T]):
+    """A reflector handler: each object decoded (``decode``; None: not gpusched's, treated as gone)
+    and handed to the DRA state — a list whole to ``replace_all``, an event to ``put`` or, for a
+    deletion, ``delete`` by the object's key (``key_of``)."""
 
-    def __init__(self, state: DraState) -> None:
-        self._state = state
+    def __init__(self, decode: Callable[[Mapping[str, Any]], T | None], replace_all: Callable[[list[T]], None],
+                 put: Callable[[T], None], delete: Callable[[str], None], key_of: Callable[[Mapping[str, Any]], str]):
+        self._decode, self._replace_all, self._put, self._delete, self._key_of = decode, replace_all, put, delete, key_of
 
     def replace(self, items: list[dict[str, Any]]) -> None:
-        self._state.replace_slices([s for s in map(decode_slice, items) if s is not None])
+        self._replace_all([d for d in map(self._decode, items) if d is not None])
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        decoded = decode_slice(obj)
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        decoded = self._decode(obj)
         if event_type == "DELETED" or decoded is None:
-            self._state.delete_slice(name)
+            self._delete(self._key_of(obj))
         else:
-            self._state.put_slice(decoded)
+            self._put(decoded)
 
 
-class ClaimFeed:
-    """Reflector handler: ResourceClaims into ``state``."""
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _namespaced_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+class SliceFeed(DraFeed[DraSlice]):
+    """ResourceSlices into ``state`` (a slice of another driver, or bound to no node, leaves it)."""
 
     def __init__(self, state: DraState) -> None:
-        self._state = state
-
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        self._state.replace_claims([decode_claim(o) for o in items])
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        claim = decode_claim(obj)
-        if event_type == "DELETED":
-            self._state.delete_claim(claim.key)
-        else:
-            self._state.put_claim(claim)
+        super().__init__(decode_slice, state.replace_slices, state.put_slice, state.delete_slice, _name)
 
 
-class TemplateFeed:
-    """Reflector handler: ResourceClaimTemplates into ``state``."""
+class ClaimFeed(DraFeed[DraClaim]):
+    """ResourceClaims into ``state``."""
 
     def __init__(self, state: DraState) -> None:
-        self._state = state
+        super().__init__(decode_claim, state.replace_claims, state.put_claim, state.delete_claim, _namespaced_key)
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        self._state.replace_templates([decode_template(o) for o in items])
 
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        template = decode_template(obj)
-        if event_type == "DELETED":
-            self._state.delete_template(template.key)
-        else:
-            self._state.put_template(template)
+class TemplateFeed(DraFeed[DraTemplate]):
+    """ResourceClaimTemplates into ``state``."""
+
+    def __init__(self, state: DraState) -> None:
+        super().__init__(decode_template, state.replace_templates, state.put_template, state.delete_template,
+                         _namespaced_key)

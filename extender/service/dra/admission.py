@@ -3,11 +3,11 @@
 The apiserver sends a pod CREATE in a namespace opted in with the label
 ``gpusched.io/dra-claims: enabled`` (the MutatingWebhookConfiguration's namespaceSelector,
 manifests/overlays/dra/claims-webhook.yaml); only the apiserver can send one (the listener asks for
-its client certificate, ``extender.adapters.claim_templates``), and the template goes into the
+its client certificate, ``extender.adapters.dra.templates``), and the template goes into the
 namespace the review names (``request.namespace``), which the pod's own ``metadata.namespace``, when
 given, must match. Whether that namespace opted in is the apiserver's to enforce on the template's
 create (the ValidatingAdmissionPolicy gpusched-extender-claim-templates). A pod that asks ``nvidia.com/gpu`` (or a MIG
-instance) is translated by ``extender.model.dra_claim``: its ResourceClaimTemplate is made to
+instance) is translated by ``extender.model.dra.translation``: its ResourceClaimTemplate is made to
 exist in the pod's namespace (get-or-create through a :class:`TemplateCreator`; nothing on a dry
 run, hence ``sideEffects: NoneOnDryRun``) and the answer carries the pod's JSON Patch. Any other
 request is allowed unchanged. A pod that cannot be translated is denied with the problem's
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem
-from extender.model.dra_claim import asks_gpus, claim_for_pod
+from extender.model.dra.translation import asks_gpus, claim_for_pod
 
 log = logging.getLogger("gpusched.claims")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as namespace names are
