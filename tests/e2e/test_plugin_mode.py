@@ -141,7 +141,7 @@ def test_plugin_mode_gang_waits_at_permit_then_binds_whole(admin, namespace, ext
             annotations = client.CoreV1Api(admin).read_namespaced_pod(name, namespace).metadata.annotations or {}
             assert annotations.get("gpusched.io/gang-commit"), annotations
             assert annotations.get("gpusched.io/decision-id") == decisions["permit"]["id"]
-        waited = [s for s in summaries if "waiting at Permit" in s]
+        waited = [s for s in summaries if "waiting at the barrier" in s]
         opened = [s for s in summaries if "the barrier opens" in s]
         assert (len(waited), len(opened)) == (2, 1), summaries
 
@@ -161,7 +161,7 @@ def test_plugin_mode_gang_that_cannot_complete_times_out_at_permit_with_nothing_
             waiting = 0
             for i in range(2):
                 reserve = extender.get_json(f"/debug/decisions/{namespace}/stuck-{i}").get("decisions", {}).get("reserve")
-                waiting += bool(reserve and "waiting at Permit" in reserve["summary"])
+                waiting += bool(reserve and "waiting at the barrier" in reserve["summary"])
             return waiting if waiting == 2 else None
 
         wait_until(waiting_at_permit, 45, "two members reserved and waiting at Permit",
