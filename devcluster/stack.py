@@ -198,8 +198,15 @@ class Stack:
         token_file = self.cp.workdir / f"agent-{node}.token"
         token_file.write_text(self.agent_token(node))
         inside = [*(["ip", "netns", "exec", netns] if netns else []), *argv_prefix]
+        # A simulated node has no kubelet: its PodResources socket names a path that never exists,
+        # so the fleet's pod processes stand in for the kubelet's answer. The default path is this
+        # machine's real kubelet's while a real-node test runs beside (pytest's other worker): its
+        # pods' assignments made this node's shared GPU look unheld, its sharers' memory a
+        # leftover's (test_gpu_shares, in a two-worker run). A caller's --podresources-socket in
+        # ``extra_args`` comes later and wins.
+        no_kubelet = self.cp.workdir / f"agent-{node}-has-no-kubelet.sock"
         c = Component(f"agent-{node}", [*inside, PYTHON, "-m", "nodeagent", "--node-name", node, "--gpu-backend", "fake",
-                                        "--fleet", str(fleet),
+                                        "--fleet", str(fleet), "--podresources-socket", str(no_kubelet),
                                         "--extender", f"{self.telemetry_host}:{telemetry_port or self.telemetry_port}",
                                         "--token-file", str(token_file), "--kubeconfig", str(kubeconfig),
                                         "--tls-ca", str(self.cp.pki / "ca.crt"), "--tls-server-name", TELEMETRY_HOST,
