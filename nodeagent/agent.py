@@ -139,10 +139,10 @@ class Agent:
             return
         held: dict | None
         try:
-            assignments = held = dict(self._assignments())
+            held = dict(self._assignments())
         except Exception:
-            assignments, held = {}, None
-        foreign = self._foreign.update(state, assignments)
+            held = None
+        foreign = self._foreign.update(state, held)
         self.publish_devices(state, foreign)
         self._set_units(units_of(state, foreign), held)
 
@@ -209,16 +209,17 @@ class Agent:
         if state is None:
             return report
         self.publish_inventory(state)
+        known: dict | None
         try:
-            assignments = dict(self._assignments())
+            assignments = known = dict(self._assignments())
             self.status.last_assignment_error = ""
         except Exception as exc:
-            assignments = {}
+            assignments, known = {}, None
             self.status.last_assignment_error = str(exc)
-        foreign = self._foreign.update(state, assignments)
+        foreign = self._foreign.update(state, known)
         self.publish_devices(state, foreign)
         if self._unit_listeners:
-            self._set_units(units_of(state, foreign), None if self.status.last_assignment_error else assignments)
+            self._set_units(units_of(state, foreign), known)
         holders: dict[str, list[telemetry_pb2.PodRef]] = {}
         for device, ref in assignments.items():
             ns, pod, container = ref[0], ref[1], ref[2] if len(ref) > 2 else ""

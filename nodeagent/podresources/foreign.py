@@ -65,11 +65,21 @@ class ForeignTracker:
 
     def __init__(self) -> None:
         self._last_unheld: dict[str, int] = {}
+        self._last_reported: dict[str, int] = {}
         self._lock = threading.Lock()  # the report loop and the device plugin's reads both update
 
-    def update(self, state: GpuState, assignments: Mapping[str, object]) -> dict[str, int]:
+    def update(self, state: GpuState, assignments: Mapping[str, object] | None) -> dict[str, int]:
+        """Foreign bytes per unit. ``assignments`` None: the kubelet's answer is not known this time
+        (PodResources failed) — each unit keeps what was last reported for it, and nothing is
+        learnt: judged against no assignments, every held unit would look unheld and its pod's
+        memory be kept as a leftover's for as long as the pod holds it. A unit never reported
+        before is judged unheld (an unknown is never counted as clean)."""
         with self._lock:
-            return self._update(state, assignments)
+            if assignments is None:
+                current = foreign_usage(state, {})
+                return {uuid: self._last_reported.get(uuid, used) for uuid, used in current.items()}
+            self._last_reported = self._update(state, assignments)
+            return dict(self._last_reported)
 
     def _update(self, state: GpuState, assignments: Mapping[str, object]) -> dict[str, int]:
         current = foreign_usage(state, assignments)

@@ -200,3 +200,28 @@ processes:
     assert held[gpu0] == 70 << 30, "the leftover vanished when a pod got the GPU"
     assert held[gpu1] == 0
     assert tracker.update(state, {})[gpu0] == 70 << 30
+
+
+def test_the_foreign_tracker_learns_nothing_while_the_kubelets_answer_is_unknown():
+    """PodResources failing for a period (None) must not make a pod's GPU look unheld: its
+    memory would be kept as a leftover's for as long as the pod holds the GPU. Each unit keeps
+    what was last reported; a unit never reported is judged unheld."""
+    from nodeagent.gpu.fleet import parse_fleet
+    from nodeagent.podresources.foreign import ForeignTracker
+
+    state = parse_fleet("""version: 1
+node: n
+gpus:
+- {index: 0, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
+- {index: 1, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
+processes:
+- {pid: 7, gpu: 0, usedMiB: 40960, pod: ns/engine}
+- {pid: 8, gpu: 1, usedMiB: 10240}
+""", node_name="n").state
+    gpu0, gpu1 = state.gpus[0].uuid, state.gpus[1].uuid
+    engine = {gpu0: ("ns", "engine", "c")}
+    assert ForeignTracker().update(state, None) == {gpu0: 40 << 30, gpu1: 10 << 30}, "an unknown counted clean"
+    tracker = ForeignTracker()
+    assert tracker.update(state, engine) == {gpu0: 0, gpu1: 10 << 30}
+    assert tracker.update(state, None) == {gpu0: 0, gpu1: 10 << 30}
+    assert tracker.update(state, engine) == {gpu0: 0, gpu1: 10 << 30}, "the pod's memory was learnt as a leftover's"
