@@ -36,6 +36,7 @@ from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 log = logging.getLogger("gpusched.extender.scheduling")
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a pod's JSON is KiBs; a 5,000-node table ~100 KiB
+MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a few hundred)
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 CORE_VERSION = "0.1.0"
 
@@ -67,6 +68,25 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
             reply.table.generation = answer.table.generation
             reply.table.names.extend(answer.table.names)
         return reply
+
+    def FilterWhatIf(self, request: pb.FilterWhatIfRequest, context: grpc.ServicerContext) -> pb.FilterWhatIfReply:
+        _check_version(request.api_version, context)
+        pod = _pod_ref(request.pod, context)
+        if not request.node:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "FilterWhatIf names no node")
+        if len(request.removed) + len(request.added) > MAX_WHAT_IF_PODS:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   f"FilterWhatIf names {len(request.removed) + len(request.added)} pods removed or added; at most "
+                   f"{MAX_WHAT_IF_PODS} (more pods than any node runs)")
+        removed = [_pod_ref(p, context) for p in request.removed]
+        added = [_pod_ref(p, context) for p in request.added]
+        try:
+            answer = self._plugin.what_if(pod, request.node, removed, added)
+        except Exception as exc:  # a fault of ours: the node is not judged fit, and says why
+            log.exception("FilterWhatIf of %s on %s failed", pod.key, request.node)
+            return pb.FilterWhatIfReply(verdict=pb.VERDICT_NOT_NOW,
+                                        reason=f"gpusched internal error judging {pod.key}: {type(exc).__name__}: {exc}")
+        return pb.FilterWhatIfReply(verdict=answer.verdict, reason=answer.reason)  # type: ignore[arg-type]
 
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveReply:
         pod, node = _placement_request(request, "Reserve", context)

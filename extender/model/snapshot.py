@@ -220,6 +220,13 @@ def with_dra_units(node: NodeInfo, dra_units: frozenset[str]) -> NodeInfo:
     return replace(node, units=units, shape=shape, _free_cache={})
 
 
+def with_units(node: NodeInfo, units: tuple[GpuUnit, ...]) -> NodeInfo:
+    """``node`` with ``units`` (the same ids in the same order, other figures) and its shape to
+    match, with a free-unit cache of its own."""
+    shape = _shape_of(node.allocatable_gpus, node.islands, units, node.engine_headroom, node.cpu_free_milli)
+    return replace(node, units=units, shape=shape, _free_cache={})
+
+
 def quantise_cpu(cpu_free_milli: int | None) -> int | None:
     """Free CPU as ``NodeInfo`` holds it: floored to ``CPU_QUANTUM_MILLI``, at least 0; None stays None."""
     if cpu_free_milli is None:

@@ -143,6 +143,12 @@ class Decider(Protocol):
         complete plan naming ``node``, and for a pod whose reservation was final at reserve."""
         ...
 
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+        """The pod judged on ``node`` alone with ``removed`` holding no GPUs there and ``added``
+        placed there first (kube-scheduler's preemption dry run and nominated pods); ``feasible``
+        names the node when it would fit, else ``failed`` or ``unresolvable`` says why not."""
+        ...
+
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         """The bind write failed (``reason``): release what :meth:`reserve` took, or keep it when
         the pod's bind will be retried under it (a gang member past its barrier); a no-op when
@@ -167,6 +173,9 @@ class AcceptAllDecider:
 
     def permitted(self, pod, node):
         return Refusal("no gangs or DRA without the scheduling framework")
+
+    def what_if(self, pod, node, removed, added):
+        return FilterOutcome(feasible=(node,), summary="every node accepted")
 
     def unreserve(self, pod, reason=""):
         return None
@@ -300,6 +309,11 @@ class ExtenderService:
         self._record(verb, pod, granted, started, node=node, summary=answer.summary,
                      details={"annotations": annotations, **answer.details}, record_id=decision_id)
         return answer, annotations
+
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+        """The plugin's Filter during kube-scheduler's preemption dry run (and with nominated pods):
+        the decider's what-if, not recorded (a dry run asks it once per candidate victim)."""
+        return self.decider.what_if(pod, node, removed, added)
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""

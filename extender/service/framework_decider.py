@@ -27,9 +27,10 @@ from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
-from extender.model.ledger import EntryState, GpuLedger
+from extender.model.ledger import Assignment, EntryState, GpuLedger
 from extender.model.placement import MIB
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.model.what_if import node_what_if
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.decision_json import (
     SharedJson,
@@ -100,6 +101,14 @@ class FrameworkDecider:
 
     # -- inputs ------------------------------------------------------------------------------
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
+        """The pod's demand, remembered as the one it was last judged with (what reserve takes)."""
+        parsed = self._parsed_demand(pod)
+        with self._lock:
+            self._by_pod.put(pod.key, (pod.uid, parsed))
+        return parsed
+
+    def _parsed_demand(self, pod: PodRef) -> PodDemand | DemandProblem:
+        """The pod's demand, parsed once per (uid, resourceVersion, DRA state)."""
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
         dra: DraDemand | str | None = None
         if self._dra is not None:
@@ -114,8 +123,6 @@ class FrameworkDecider:
             if cache_key:
                 with self._lock:
                     self._demands.put(cache_key, cached)
-        with self._lock:
-            self._by_pod.put(pod.key, (pod.uid, cached))
         return cached
 
     def snapshot(self) -> ClusterSnapshot:
@@ -186,6 +193,38 @@ class FrameworkDecider:
         return FilterOutcome(feasible=decision.feasible, failed=failed, unresolvable=unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections)
+
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+        """The pod judged on ``node`` alone as it would be with the pods ``removed`` holding
+        nothing there and ``added`` holding what gpusched would give each, in order (kube-scheduler's
+        nominated pods; one that would not fit, or asks for no GPUs, takes nothing; one the ledger
+        holds there already is counted as it is). Preemption's question: see ``model.what_if``."""
+        if not_synced := self._not_synced():
+            return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
+        demand = self.demand(pod)
+        snapshot = self.snapshot()
+        info = snapshot.nodes.get(node)
+        if info is None:
+            reason = f"gpusched has not seen node {node} yet"
+            return FilterOutcome(feasible=(), failed={node: reason}, summary=reason)
+        view = snapshot.ledger
+        gone = [a for other in removed if (a := view.assignments.get(other.key)) is not None
+                and a.uid in ("", other.uid)]
+        placed: list[Assignment] = []
+        for other in added:
+            other_demand = self._parsed_demand(other)
+            if isinstance(other_demand, DemandProblem) or other_demand.dra is not None:
+                continue  # nothing gpusched would place (a DRA pod's devices are the allocator's)
+            so_far, so_far_view = node_what_if(info, view, gone, placed)
+            choice = self.framework.choose_gpus(ClusterSnapshot.build([so_far], so_far_view), other_demand, node)
+            if not isinstance(choice, Status):
+                placed.append(Assignment(other.key, node, frozenset(choice.unit_ids), EntryState.ASSUMED, other.uid,
+                                         share_mib=choice.share_mib))
+        what_if_node, what_if_view = node_what_if(info, view, gone, placed)
+        decision = self.framework.filter(ClusterSnapshot.build([what_if_node], what_if_view), demand, [node])
+        summary = summarize_failures(decision) or f"fits {node} with {len(gone)} pods gone and {len(placed)} placed"
+        return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
+                             error="" if decision.feasible else decision.error, summary=summary)
 
     def prioritize(self, pod: PodRef, candidates: Sequence[str],
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.model.gang import declares_gang
 from extender.model.nodemaps import GroupedMapping
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
 from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
@@ -128,6 +129,22 @@ class ReserveAnswer:
     barrier: Barrier | None = None
 
 
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's verdict (FITS, NOT_NOW, NEVER) and why not ("" when it fits)."""
+
+    verdict: int
+    reason: str = ""
+
+
+def _pods_for(reader: PodRef, pods: Sequence[PodRef]) -> str:
+    """``pods`` as ``reader``'s author may read them: pods of the reader's namespace by name, any
+    other tenant's only counted (a reason reaches the pod's author, who may be any tenant)."""
+    own = [p.name for p in pods if p.namespace == reader.namespace]
+    others = len(pods) - len(own)
+    return ", ".join([*own, *([f"{others} pod{'s' if others > 1 else ''} of other namespaces"] if others else [])])
+
+
 def asks_for_gpus(pod: PodRef) -> bool:
     """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``,
     ``gpusched.io/gpu-share`` or ``gpusched.io/dra`` (the marker of a pod whose GPUs come through
@@ -176,6 +193,34 @@ class PluginService:
         if outcome.only_nodes is not None and outcome.feasible:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
         return answer
+
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> NodeAnswer:
+        """The plugin's Filter on a node kube-scheduler changed in the cycle: its preemption dry run
+        removed the lower-priority pods ``removed`` (and may add some back), or it placed pods
+        nominated to the node (``added``) before judging one of lower priority.
+
+        A pod that may not be preempted on its own is judged as staying, whatever the dry run
+        removed: a gang member (evicting one member breaks the whole engine; gpusched never
+        preempts part of a gang). So kube-scheduler's preemption never picks it, and the reason
+        says why, when it was what would have made room."""
+        if not asks_for_gpus(pod):
+            return NodeAnswer(FITS)
+        ready, why = self._ready()
+        if not ready:
+            return NodeAnswer(NOT_NOW, f"gpusched is not ready: {why}")
+        staying = [p for p in removed if declares_gang(p.raw)]
+        outcome = self._service.what_if(pod, node, [p for p in removed if not declares_gang(p.raw)], added)
+        if outcome.feasible:
+            return NodeAnswer(FITS)
+        if outcome.error:
+            return NodeAnswer(NOT_NOW, outcome.error)
+        never = node in outcome.unresolvable
+        reason = outcome.unresolvable.get(node) if never else outcome.failed.get(node)
+        reason = reason or outcome.summary
+        if staying:
+            reason += (f" (not counted as preemptible: {_pods_for(pod, staying)}, gang members: gpusched never "
+                       "preempts part of a gang)")
+        return NodeAnswer(NEVER if never else NOT_NOW, reason)
 
     def reserve(self, pod: PodRef, node: str) -> ReserveAnswer:
         reserved, annotations = self._service.reserve(pod, node)

@@ -98,7 +98,7 @@ def test_hello_says_the_version_and_readiness(core):
 
 @pytest.mark.parametrize("call,request_type", [
     ("Hello", pb.HelloRequest), ("PreFilter", pb.PreFilterRequest), ("Reserve", pb.ReserveRequest),
-    ("Unreserve", pb.UnreserveRequest)])
+    ("Unreserve", pb.UnreserveRequest), ("FilterWhatIf", pb.FilterWhatIfRequest)])
 def test_another_api_version_is_refused_naming_both(core, call, request_type):
     with pytest.raises(grpc.RpcError) as raised:
         getattr(core.stub, call)(request_type(api_version=API_VERSION + 1), timeout=10)
@@ -261,6 +261,49 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     assert reserve(core, tp8[1], "h1").reserved
     records = core.decisions.for_pod("default", "tp8-0")
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
+
+
+def what_if(core: Core, pod: dict[str, Any], node: str, removed=(), added=()) -> pb.FilterWhatIfReply:
+    return core.stub.FilterWhatIf(pb.FilterWhatIfRequest(
+        api_version=API_VERSION, pod=wire_pod(pod), node=node, removed=[wire_pod(p) for p in removed],
+        added=[wire_pod(p) for p in added]), timeout=10)
+
+
+def test_filter_what_if_judges_the_node_with_the_victims_gone_and_the_nominated_placed(core):
+    """Preemption's dry run (issue 42): h1 full of two TP=4 engines; without one of them a TP=4
+    fits, unless a nominated TP=4 takes those GPUs first; a MIG node never fits TP=2."""
+    def engine(name: str, tp: int) -> dict[str, Any]:
+        return make_pod(name, gpus=tp, model="meta-llama/Llama-3.1-8B-Instruct", tp=tp)
+
+    low = [engine(f"low-{i}", 4) for i in range(2)]
+    for pod in low:
+        pre_filter(core, pod)
+        assert reserve(core, pod, "h1").reserved
+    high, nominated = engine("high", 4), engine("nominated", 4)
+    assert by_node(pre_filter(core, high), list(pre_filter(core, high).table.names))["h1"][0] == NOT_NOW
+    assert what_if(core, high, "h1").verdict == NOT_NOW
+    assert what_if(core, high, "h1", removed=low[1:]).verdict == pb.VERDICT_FITS
+    blocked = what_if(core, high, "h1", removed=low[1:], added=[nominated])
+    assert blocked.verdict == NOT_NOW and "GPUs free" in blocked.reason
+    assert what_if(core, engine("tp2", 2), "m1").verdict == NEVER
+    assert len(core.state.ledger.view().held_on("h1")) == 8, "a what-if reserves and releases nothing"
+
+
+@pytest.mark.parametrize("request_fields,needle", [
+    pytest.param({"node": ""}, "names no node", id="no-node"),
+    pytest.param({"removed": [pb.Pod(namespace="default", name="v", uid="u", json=b"{")] }, "not JSON", id="bad-victim"),
+    pytest.param({"added": [wire_pod(make_pod(f"n{i}")) for i in range(1025)]}, "at most 1024", id="too-many"),
+])
+def test_a_what_if_that_cannot_be_read_is_refused(core, request_fields, needle):
+    request = pb.FilterWhatIfRequest(api_version=API_VERSION, pod=wire_pod(make_pod("p")), node="h1")
+    for name, value in request_fields.items():
+        if isinstance(value, list):
+            getattr(request, name).extend(value)
+        else:
+            setattr(request, name, value)
+    with pytest.raises(grpc.RpcError) as raised:
+        core.stub.FilterWhatIf(request, timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in raised.value.details()
 
 
 def test_reserve_before_any_prefilter_is_refused(core):

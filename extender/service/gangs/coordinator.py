@@ -130,6 +130,11 @@ class GangCoordinator:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         return self._judge.prioritize(pod, candidates, node_objects)
 
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+        """Preemption's question, judged for the pod on its own: a gang is planned whole at its
+        members' filter, never by a dry run on one node."""
+        return self._judge.what_if(pod, node, removed, added)
+
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         """A member arrives at its group's barrier (never waiting: its reservation carries the
         barrier); a member the group holds no reservation for is refused, never bound alone."""

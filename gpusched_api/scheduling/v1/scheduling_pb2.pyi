@@ -93,6 +93,28 @@ class PreFilterReply(_message.Message):
     only_nodes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class FilterWhatIfRequest(_message.Message):
+    __slots__ = ("api_version", "pod", "node", "removed", "added")
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    pod: Pod
+    node: str
+    removed: _containers.RepeatedCompositeFieldContainer[Pod]
+    added: _containers.RepeatedCompositeFieldContainer[Pod]
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., removed: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., added: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ...) -> None: ...
+
+class FilterWhatIfReply(_message.Message):
+    __slots__ = ("verdict", "reason")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    verdict: Verdict
+    reason: str
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ReserveRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class SchedulingStub:
                 request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
                 response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
                 _registered_method=True)
+        self.FilterWhatIf = channel.unary_unary(
+                '/gpusched.scheduling.v1.Scheduling/FilterWhatIf',
+                request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfRequest.SerializeToString,
+                response_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfReply.FromString,
+                _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/gpusched.scheduling.v1.Scheduling/Reserve',
                 request_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.ReserveRequest.SerializeToString,
@@ -79,6 +84,17 @@ class SchedulingServicer:
 
     def PreFilter(self, request, context):
         """The pod judged against every node: verdicts, reasons and scores for the whole cycle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FilterWhatIf(self, request, context):
+        """Filter on a node kube-scheduler changed in this cycle (PreFilterExtensions AddPod/RemovePod):
+        its preemption dry run removed lower-priority pods from the node (adding some back to spare
+        them), or it placed pods nominated to the node before judging one of lower priority. The pod
+        judged on that node as it would then be, by gpusched's rules. Any other Filter is a lookup in
+        the PreFilter answer.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +145,11 @@ def add_SchedulingServicer_to_server(servicer, server):
                     servicer.PreFilter,
                     request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.FromString,
                     response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.SerializeToString,
+            ),
+            'FilterWhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.FilterWhatIf,
+                    request_deserializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfRequest.FromString,
+                    response_serializer=gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfReply.SerializeToString,
             ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
@@ -205,6 +226,33 @@ class Scheduling:
             '/gpusched.scheduling.v1.Scheduling/PreFilter',
             gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterRequest.SerializeToString,
             gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.PreFilterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FilterWhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpusched.scheduling.v1.Scheduling/FilterWhatIf',
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfRequest.SerializeToString,
+            gpusched__api_dot_scheduling_dot_v1_dot_scheduling__pb2.FilterWhatIfReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -158,6 +158,18 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, 
 	}
 }
 
+// filterWhatIf asks the core to judge the pod on node with removed gone and added placed there.
+func (c *core) filterWhatIf(ctx context.Context, pod *v1.Pod, node string, removed, added []*pb.Pod) (*pb.FilterWhatIfReply, error) {
+	wire, err := wirePod(pod)
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, c, func(ctx context.Context) (*pb.FilterWhatIfReply, error) {
+		return c.client.FilterWhatIf(ctx, &pb.FilterWhatIfRequest{ApiVersion: APIVersion, Pod: wire, Node: node,
+			Removed: removed, Added: added})
+	})
+}
+
 func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string) (*pb.ReserveReply, error) {
 	wire, err := wirePod(pod)
 	if err != nil {
@@ -201,6 +213,8 @@ func call[R any](ctx context.Context, c *core, rpc func(context.Context) (R, err
 	switch st.Code() {
 	case codes.FailedPrecondition: // version skew: the core says which versions
 		err = fmt.Errorf("gpusched core at %s refused this plugin: %s", c.address, st.Message())
+	case codes.Unimplemented: // a call this plugin's release added, asked of an older core
+		err = fmt.Errorf("gpusched core at %s is of an older release than this plugin (%s): run the plugin and the core of one gpusched release", c.address, st.Message())
 	case codes.InvalidArgument: // a plugin bug: the core names what it could not read
 		err = fmt.Errorf("gpusched core at %s could not read the request: %s", c.address, st.Message())
 	default: // Unavailable, DeadlineExceeded, ...: nothing answered

@@ -3,8 +3,9 @@
 //
 // It translates and decides nothing. PreFilter makes the one round trip of a scheduling cycle and
 // keeps the answer (per-node verdicts, reasons and scores, indexed by the node table both sides
-// share) in the CycleState; Filter, PreScore and Score are lookups in it. Reserve and Unreserve are
-// the core ledger's assume and forget; Bind binds a GPU pod with one Binding carrying the
+// share) in the CycleState; Filter, PreScore and Score are lookups in it (except Filter on a node the
+// cycle changed — preemption's dry run, nominated pods, whatif.go — which the core judges as
+// changed). Reserve and Unreserve are the core ledger's assume and forget; Bind binds a GPU pod with one Binding carrying the
 // annotations Reserve returned (assigned GPUs, decision id); other pods go to the default binder.
 //
 // Gangs: the core plans a whole group at a member's PreFilter (whose PreFilterResult is then the
@@ -50,14 +51,15 @@ type Plugin struct {
 }
 
 var (
-	_ fwk.PreFilterPlugin   = (*Plugin)(nil)
-	_ fwk.FilterPlugin      = (*Plugin)(nil)
-	_ fwk.PreScorePlugin    = (*Plugin)(nil)
-	_ fwk.ScorePlugin       = (*Plugin)(nil)
-	_ fwk.ReservePlugin     = (*Plugin)(nil)
-	_ fwk.PermitPlugin      = (*Plugin)(nil)
-	_ fwk.BindPlugin        = (*Plugin)(nil)
-	_ fwk.EnqueueExtensions = (*Plugin)(nil)
+	_ fwk.PreFilterPlugin     = (*Plugin)(nil)
+	_ fwk.PreFilterExtensions = (*Plugin)(nil)
+	_ fwk.FilterPlugin        = (*Plugin)(nil)
+	_ fwk.PreScorePlugin      = (*Plugin)(nil)
+	_ fwk.ScorePlugin         = (*Plugin)(nil)
+	_ fwk.ReservePlugin       = (*Plugin)(nil)
+	_ fwk.PermitPlugin        = (*Plugin)(nil)
+	_ fwk.BindPlugin          = (*Plugin)(nil)
+	_ fwk.EnqueueExtensions   = (*Plugin)(nil)
 )
 
 // New is GpuSched's factory (app.WithPlugin(Name, New)). It decodes and checks the args, opens a
@@ -138,10 +140,6 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	return nil, nil
 }
 
-// PreFilterExtensions: none. The core judges against its own ledger, not against the pods
-// kube-scheduler's preemption would add or remove, so GpuSched cannot answer "what if".
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
-
 func readAnswer(state fwk.CycleState) (*answer, *fwk.Status) {
 	data, err := state.Read(answerKey)
 	if err != nil {
@@ -154,13 +152,22 @@ func readAnswer(state fwk.CycleState) (*answer, *fwk.Status) {
 	return a, nil
 }
 
-// Filter looks the node up in the cycle's answer.
-func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+// Filter looks the node up in the cycle's answer, unless the cycle changed the node (preemption's
+// dry run, nominated pods: see PreFilterExtensions) in a way that could change the verdict: then
+// the core judges it as changed. Removing pods can make a node fit, adding pods cannot, and a node
+// the pod can never fit stays so.
+func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	a, st := readAnswer(state)
 	if st != nil {
 		return st
 	}
-	return a.verdict(nodeInfo.Node().Name)
+	node := nodeInfo.Node().Name
+	verdict := a.verdict(node)
+	pc := changed(state, node)
+	if pc == nil || verdict.Code() == fwk.UnschedulableAndUnresolvable || (verdict != nil && len(pc.removed) == 0) {
+		return verdict
+	}
+	return p.whatIf(ctx, pod, node, pc)
 }
 
 // verdict maps the core's verdict for node to a framework status (nil is Success).

@@ -518,6 +518,134 @@ func (x *PreFilterReply) GetOnlyNodes() []string {
 	return nil
 }
 
+type FilterWhatIfRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod           *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Removed       []*Pod                 `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"` // pods the cycle removed from the node (and did not add back)
+	Added         []*Pod                 `protobuf:"bytes,5,rep,name=added,proto3" json:"added,omitempty"`     // pods the cycle added to the node that were not on it (nominated pods)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilterWhatIfRequest) Reset() {
+	*x = FilterWhatIfRequest{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilterWhatIfRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilterWhatIfRequest) ProtoMessage() {}
+
+func (x *FilterWhatIfRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilterWhatIfRequest.ProtoReflect.Descriptor instead.
+func (*FilterWhatIfRequest) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *FilterWhatIfRequest) GetApiVersion() uint32 {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return 0
+}
+
+func (x *FilterWhatIfRequest) GetPod() *Pod {
+	if x != nil {
+		return x.Pod
+	}
+	return nil
+}
+
+func (x *FilterWhatIfRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FilterWhatIfRequest) GetRemoved() []*Pod {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *FilterWhatIfRequest) GetAdded() []*Pod {
+	if x != nil {
+		return x.Added
+	}
+	return nil
+}
+
+type FilterWhatIfReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Verdict       Verdict                `protobuf:"varint,1,opt,name=verdict,proto3,enum=gpusched.scheduling.v1.Verdict" json:"verdict,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"` // why not ("" when it fits): the Filter status's message
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilterWhatIfReply) Reset() {
+	*x = FilterWhatIfReply{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilterWhatIfReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilterWhatIfReply) ProtoMessage() {}
+
+func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilterWhatIfReply.ProtoReflect.Descriptor instead.
+func (*FilterWhatIfReply) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FilterWhatIfReply) GetVerdict() Verdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return Verdict_VERDICT_FITS
+}
+
+func (x *FilterWhatIfReply) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type ReserveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -529,7 +657,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +669,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +682,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReserveRequest) GetApiVersion() uint32 {
@@ -593,7 +721,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -605,7 +733,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -618,7 +746,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReserveReply) GetReserved() bool {
@@ -670,7 +798,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +810,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +823,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Barrier) GetGang() string {
@@ -730,7 +858,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +870,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +883,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -791,7 +919,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +931,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +944,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -859,7 +987,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +999,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1012,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -923,7 +1051,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1063,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1076,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 type WatchRequeueRequest struct {
@@ -961,7 +1089,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1101,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1114,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1013,7 +1141,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1153,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1166,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1099,7 +1227,17 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\asummary\x18\n" +
 	" \x01(\tR\asummary\x12\x1d\n" +
 	"\n" +
-	"only_nodes\x18\v \x03(\tR\tonlyNodes\"t\n" +
+	"only_nodes\x18\v \x03(\tR\tonlyNodes\"\xe3\x01\n" +
+	"\x13FilterWhatIfRequest\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\rR\n" +
+	"apiVersion\x12-\n" +
+	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x125\n" +
+	"\aremoved\x18\x04 \x03(\v2\x1b.gpusched.scheduling.v1.PodR\aremoved\x121\n" +
+	"\x05added\x18\x05 \x03(\v2\x1b.gpusched.scheduling.v1.PodR\x05added\"f\n" +
+	"\x11FilterWhatIfReply\x129\n" +
+	"\averdict\x18\x01 \x01(\x0e2\x1f.gpusched.scheduling.v1.VerdictR\averdict\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"t\n" +
 	"\x0eReserveRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
@@ -1148,11 +1286,12 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\aVerdict\x12\x10\n" +
 	"\fVERDICT_FITS\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n" +
-	"\rVERDICT_NEVER\x10\x022\xba\x04\n" +
+	"\rVERDICT_NEVER\x10\x022\xa2\x05\n" +
 	"\n" +
 	"Scheduling\x12Q\n" +
 	"\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n" +
-	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12W\n" +
+	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12f\n" +
+	"\fFilterWhatIf\x12+.gpusched.scheduling.v1.FilterWhatIfRequest\x1a).gpusched.scheduling.v1.FilterWhatIfReply\x12W\n" +
 	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n" +
 	"\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n" +
 	"\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReply\x12c\n" +
@@ -1171,7 +1310,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Verdict)(0),                // 0: gpusched.scheduling.v1.Verdict
 	(*HelloRequest)(nil),        // 1: gpusched.scheduling.v1.HelloRequest
@@ -1180,44 +1319,52 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*NodeTable)(nil),           // 4: gpusched.scheduling.v1.NodeTable
 	(*PreFilterRequest)(nil),    // 5: gpusched.scheduling.v1.PreFilterRequest
 	(*PreFilterReply)(nil),      // 6: gpusched.scheduling.v1.PreFilterReply
-	(*ReserveRequest)(nil),      // 7: gpusched.scheduling.v1.ReserveRequest
-	(*ReserveReply)(nil),        // 8: gpusched.scheduling.v1.ReserveReply
-	(*Barrier)(nil),             // 9: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil),    // 10: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),      // 11: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil),    // 12: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),      // 13: gpusched.scheduling.v1.UnreserveReply
-	(*WatchRequeueRequest)(nil), // 14: gpusched.scheduling.v1.WatchRequeueRequest
-	(*RequeueBatch)(nil),        // 15: gpusched.scheduling.v1.RequeueBatch
-	nil,                         // 16: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                         // 17: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(*FilterWhatIfRequest)(nil), // 7: gpusched.scheduling.v1.FilterWhatIfRequest
+	(*FilterWhatIfReply)(nil),   // 8: gpusched.scheduling.v1.FilterWhatIfReply
+	(*ReserveRequest)(nil),      // 9: gpusched.scheduling.v1.ReserveRequest
+	(*ReserveReply)(nil),        // 10: gpusched.scheduling.v1.ReserveReply
+	(*Barrier)(nil),             // 11: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 12: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 13: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 14: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 15: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 16: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 17: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 18: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 19: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	4,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
-	3,  // 2: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	16, // 3: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	9,  // 4: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
-	3,  // 5: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	17, // 6: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
-	3,  // 7: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	1,  // 8: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	5,  // 9: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	7,  // 10: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	12, // 11: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	10, // 12: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	14, // 13: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
-	2,  // 14: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	6,  // 15: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	8,  // 16: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	13, // 17: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	11, // 18: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	15, // 19: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 2: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	3,  // 3: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
+	3,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
+	0,  // 5: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
+	3,  // 6: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	18, // 7: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	11, // 8: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	3,  // 9: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	19, // 10: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	3,  // 11: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	1,  // 12: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	5,  // 13: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	7,  // 14: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
+	9,  // 15: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	14, // 16: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	12, // 17: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	16, // 18: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	2,  // 19: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	6,  // 20: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	8,  // 21: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
+	10, // 22: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	15, // 23: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	13, // 24: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	17, // 25: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
@@ -1231,7 +1378,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

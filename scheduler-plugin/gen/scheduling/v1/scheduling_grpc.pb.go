@@ -33,6 +33,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Scheduling_Hello_FullMethodName        = "/gpusched.scheduling.v1.Scheduling/Hello"
 	Scheduling_PreFilter_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/PreFilter"
+	Scheduling_FilterWhatIf_FullMethodName = "/gpusched.scheduling.v1.Scheduling/FilterWhatIf"
 	Scheduling_Reserve_FullMethodName      = "/gpusched.scheduling.v1.Scheduling/Reserve"
 	Scheduling_Unreserve_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Unreserve"
 	Scheduling_Permitted_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Permitted"
@@ -47,6 +48,12 @@ type SchedulingClient interface {
 	Hello(ctx context.Context, in *HelloRequest, opts ...grpc.CallOption) (*HelloReply, error)
 	// The pod judged against every node: verdicts, reasons and scores for the whole cycle.
 	PreFilter(ctx context.Context, in *PreFilterRequest, opts ...grpc.CallOption) (*PreFilterReply, error)
+	// Filter on a node kube-scheduler changed in this cycle (PreFilterExtensions AddPod/RemovePod):
+	// its preemption dry run removed lower-priority pods from the node (adding some back to spare
+	// them), or it placed pods nominated to the node before judging one of lower priority. The pod
+	// judged on that node as it would then be, by gpusched's rules. Any other Filter is a lookup in
+	// the PreFilter answer.
+	FilterWhatIf(ctx context.Context, in *FilterWhatIfRequest, opts ...grpc.CallOption) (*FilterWhatIfReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
 	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
@@ -84,6 +91,16 @@ func (c *schedulingClient) PreFilter(ctx context.Context, in *PreFilterRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PreFilterReply)
 	err := c.cc.Invoke(ctx, Scheduling_PreFilter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulingClient) FilterWhatIf(ctx context.Context, in *FilterWhatIfRequest, opts ...grpc.CallOption) (*FilterWhatIfReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FilterWhatIfReply)
+	err := c.cc.Invoke(ctx, Scheduling_FilterWhatIf_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +164,12 @@ type SchedulingServer interface {
 	Hello(context.Context, *HelloRequest) (*HelloReply, error)
 	// The pod judged against every node: verdicts, reasons and scores for the whole cycle.
 	PreFilter(context.Context, *PreFilterRequest) (*PreFilterReply, error)
+	// Filter on a node kube-scheduler changed in this cycle (PreFilterExtensions AddPod/RemovePod):
+	// its preemption dry run removed lower-priority pods from the node (adding some back to spare
+	// them), or it placed pods nominated to the node before judging one of lower priority. The pod
+	// judged on that node as it would then be, by gpusched's rules. Any other Filter is a lookup in
+	// the PreFilter answer.
+	FilterWhatIf(context.Context, *FilterWhatIfRequest) (*FilterWhatIfReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
 	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
@@ -175,6 +198,9 @@ func (UnimplementedSchedulingServer) Hello(context.Context, *HelloRequest) (*Hel
 }
 func (UnimplementedSchedulingServer) PreFilter(context.Context, *PreFilterRequest) (*PreFilterReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method PreFilter not implemented")
+}
+func (UnimplementedSchedulingServer) FilterWhatIf(context.Context, *FilterWhatIfRequest) (*FilterWhatIfReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method FilterWhatIf not implemented")
 }
 func (UnimplementedSchedulingServer) Reserve(context.Context, *ReserveRequest) (*ReserveReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
@@ -241,6 +267,24 @@ func _Scheduling_PreFilter_Handler(srv interface{}, ctx context.Context, dec fun
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SchedulingServer).PreFilter(ctx, req.(*PreFilterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduling_FilterWhatIf_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FilterWhatIfRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulingServer).FilterWhatIf(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduling_FilterWhatIf_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulingServer).FilterWhatIf(ctx, req.(*FilterWhatIfRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -324,6 +368,10 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PreFilter",
 			Handler:    _Scheduling_PreFilter_Handler,
+		},
+		{
+			MethodName: "FilterWhatIf",
+			Handler:    _Scheduling_FilterWhatIf_Handler,
 		},
 		{
 			MethodName: "Reserve",
