@@ -21,6 +21,7 @@ from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBinding
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
 from extender.service.dra.admission import ClaimAdmission
+from extender.service.preemption import BudgetSource, NoBudgets
 from extender.settings import Settings
 
 
@@ -41,6 +42,8 @@ class Collaborators:
     debug_nodes: Callable[[], dict] = lambda: {"nodes": []}
     # GET /debug/gangs: every gang gpusched has seen, its members, plan, barrier and reason.
     debug_gangs: Callable[[], dict] = lambda: {"gangs": []}
+    # The PodDisruptionBudgets preemption honours (their watch's book in a cluster).
+    budgets: BudgetSource = field(default_factory=NoBudgets)
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:

@@ -34,6 +34,7 @@ from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
+from extender.service.preemption import DisruptionBudgets
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState, PodFeed, StateListeners
 from extender.settings import Settings
@@ -69,8 +70,9 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
                         pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api))))
     # The gang index before the decision store: a member is known before its record is forgotten.
     pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions)], state.pods)
+    budgets = DisruptionBudgets()
     watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),
-                              gangs, state.dra)
+                              gangs, state.dra, budgets)
     count_refused_claims(metrics.registry, state.claims_refused)
     metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
     metrics.ledger_entries.set_function(lambda: len(state.ledger))
@@ -86,7 +88,7 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     collaborators = Collaborators(
         decider=coordinator, binder=binder, ready=ready, decisions=decisions, metrics=metrics,
         debug_nodes=lambda: debug_nodes(state),
-        debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches))
+        debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets)
     if settings.scheduling_address:
         servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed),)
     if settings.webhook_port:

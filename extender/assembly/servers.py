@@ -22,11 +22,12 @@ def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot]
     from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
     from extender.service.core import ExtenderService
     from extender.service.plugin import NodeTables, PluginService
+    from extender.service.preemption import VictimRules
 
     assert collaborators.decisions is not None
     service = ExtenderService(collaborators.decider, collaborators.binder, collaborators.decisions, collaborators.metrics)
     tables = NodeTables(lambda: snapshot().groups().index.names)
-    plugin = PluginService(service, tables, collaborators.ready)
+    plugin = PluginService(service, tables, collaborators.ready, VictimRules(collaborators.budgets))
     try:
         return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address).start()
     except (OSError, RuntimeError) as exc:

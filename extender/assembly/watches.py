@@ -1,6 +1,7 @@
 """The extender's watches: which Kubernetes objects feed which collaborator, and readiness.
 
-Readiness waits for the first list of nodes, pods, the model-catalog ConfigMap and (``--dra``)
+Readiness waits for the first list of nodes, pods, the model-catalog ConfigMap, PodDisruptionBudgets
+(preemption honours them) and (``--dra``)
 gpusched's ResourceSlices, all ResourceClaims and their templates: the ledger is rebuilt from
 them, and judging before would trust an empty one. The PodGroup and Grove PodGang watches are not
 part of it: clusters without those CRDs still schedule (their 404s are retried quietly).
@@ -16,6 +17,7 @@ from typing import Any
 from extender.model.catalog import Catalog, CatalogError, catalog_from_configmap_data
 from extender.service.dra import DraState
 from extender.service.gangs import GangIndex
+from extender.service.preemption import DisruptionBudgets
 from extender.service.state import PodFeed
 from extender.settings import Settings
 from gpusched_runtime.reflector import Reflector, count_relists
@@ -88,10 +90,10 @@ class Watches:
 
 
 def cluster_watches(settings: Settings, api: Any, nodes: Any, pods: PodFeed, catalog: CatalogHandler,
-                    gangs: GangIndex, dra: DraState | None) -> Watches:
+                    gangs: GangIndex, dra: DraState | None, budgets: DisruptionBudgets) -> Watches:
     """The watches for ``settings``: nodes and pods into the cluster state (``nodes``, ``pods``),
-    the catalog ConfigMap, DRA's objects into ``dra`` (``--dra``), and the gang objects into
-    ``gangs``."""
+    the catalog ConfigMap, DRA's objects into ``dra`` (``--dra``), the gang objects into
+    ``gangs``, and the PodDisruptionBudgets preemption honours into ``budgets``."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
@@ -101,6 +103,7 @@ def cluster_watches(settings: Settings, api: Any, nodes: Any, pods: PodFeed, cat
         Reflector("pods", core.list_pod_for_all_namespaces, pods),
         Reflector("model-catalog", lambda **kw: core.list_namespaced_config_map(settings.namespace, **kw),
                   catalog, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}),
+        Reflector("poddisruptionbudgets", client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces, budgets),
     ]
     if dra is not None:
         required += _dra_watches(api, dra)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from extender.model.gang import declares_gang
 from extender.model.nodemaps import GroupedMapping
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
+from extender.service.preemption import NoBudgets, VictimRules
 from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
 
@@ -137,14 +137,6 @@ class NodeAnswer:
     reason: str = ""
 
 
-def _pods_for(reader: PodRef, pods: Sequence[PodRef]) -> str:
-    """``pods`` as ``reader``'s author may read them: pods of the reader's namespace by name, any
-    other tenant's only counted (a reason reaches the pod's author, who may be any tenant)."""
-    own = [p.name for p in pods if p.namespace == reader.namespace]
-    others = len(pods) - len(own)
-    return ", ".join([*own, *([f"{others} pod{'s' if others > 1 else ''} of other namespaces"] if others else [])])
-
-
 def asks_for_gpus(pod: PodRef) -> bool:
     """Whether any container (or init container) requests or limits a non-zero ``nvidia.com/gpu``,
     ``gpusched.io/gpu-share`` or ``gpusched.io/dra`` (the marker of a pod whose GPUs come through
@@ -170,10 +162,12 @@ class PluginService:
     ledger and decision records). ``ready`` is the cluster view's (ready, reason)."""
 
     def __init__(self, service: ExtenderService, tables: NodeTables,
-                 ready: Callable[[], tuple[bool, str]]) -> None:
+                 ready: Callable[[], tuple[bool, str]], victims: VictimRules | None = None) -> None:
+        """``victims``: which pods preemption may take (without: any but gang members)."""
         self._service = service
         self._tables = tables
         self._ready = ready
+        self._victims = victims if victims is not None else VictimRules(NoBudgets())
 
     def ready(self) -> tuple[bool, str]:
         return self._ready()
@@ -199,27 +193,25 @@ class PluginService:
         removed the lower-priority pods ``removed`` (and may add some back), or it placed pods
         nominated to the node (``added``) before judging one of lower priority.
 
-        A pod that may not be preempted on its own is judged as staying, whatever the dry run
-        removed: a gang member (evicting one member breaks the whole engine; gpusched never
-        preempts part of a gang). So kube-scheduler's preemption never picks it, and the reason
-        says why, when it was what would have made room."""
+        A pod gpusched does not let preemption take (``service.preemption``: a gang member, a pod
+        whose PodDisruptionBudget allows no more disruptions) is judged as staying, whatever the
+        dry run removed: so kube-scheduler's preemption never picks it, and the reason says why
+        when it was what would have made room."""
         if not asks_for_gpus(pod):
             return NodeAnswer(FITS)
         ready, why = self._ready()
         if not ready:
             return NodeAnswer(NOT_NOW, f"gpusched is not ready: {why}")
-        staying = [p for p in removed if declares_gang(p.raw)]
-        outcome = self._service.what_if(pod, node, [p for p in removed if not declares_gang(p.raw)], added)
+        going, staying = self._victims.split(pod, removed)
+        outcome = self._service.what_if(pod, node, going, added)
         if outcome.feasible:
             return NodeAnswer(FITS)
         if outcome.error:
             return NodeAnswer(NOT_NOW, outcome.error)
         never = node in outcome.unresolvable
-        reason = outcome.unresolvable.get(node) if never else outcome.failed.get(node)
-        reason = reason or outcome.summary
+        reason = (outcome.unresolvable.get(node) if never else outcome.failed.get(node)) or outcome.summary
         if staying:
-            reason += (f" (not counted as preemptible: {_pods_for(pod, staying)}, gang members: gpusched never "
-                       "preempts part of a gang)")
+            reason += f" (not preemptible: {staying})"
         return NodeAnswer(NEVER if never else NOT_NOW, reason)
 
     def reserve(self, pod: PodRef, node: str) -> ReserveAnswer:

@@ -160,7 +160,7 @@ def test_a_gang_member_is_never_counted_as_preemptible_and_the_reason_says_so(vi
     high = engine("high", 4)
     answer = service.what_if(high, "h100", [member], [])
     assert answer.verdict == NOT_NOW
-    assert f"not counted as preemptible: {named}, gang members" in answer.reason
+    assert f"(not preemptible: {named}: gang members, and gpusched never preempts part of a gang)" in answer.reason
     assert service.what_if(high, "h100", [member, alone], []).verdict == FITS
 
 
