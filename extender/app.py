@@ -20,6 +20,7 @@ from extender.api.standby import build_standby_router
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
+from extender.service.core import PodRef
 from extender.service.dra.admission import ClaimAdmission
 from extender.service.preemption import BudgetSource, NoBudgets
 from extender.settings import Settings
@@ -44,6 +45,8 @@ class Collaborators:
     debug_gangs: Callable[[], dict] = lambda: {"gangs": []}
     # The PodDisruptionBudgets preemption honours (their watch's book in a cluster).
     budgets: BudgetSource = field(default_factory=NoBudgets)
+    # Told of each pod the extender's filter found no node for: extender mode's preemption.
+    on_rejected: Callable[[PodRef], object] = lambda pod: None
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:
@@ -60,7 +63,8 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
         ["verb"], registry=c.metrics.registry)
     app = FastAPI(title="gpusched extender", version="0.1.0",
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
-    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs))
+    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs,
+                                   c.on_rejected))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
     app.state.settings = settings
     app.state.service = service

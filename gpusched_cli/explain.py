@@ -95,6 +95,9 @@ def render_explain(namespace: str, name: str, records: dict[str, Any] | None, po
     if placed:
         verdict = PLACEMENT_WORDS.get(placed["result"], placed["result"].upper())
         out.append(f"\n{verdict} {placed.get('node')}: {placed.get('summary', '')}  (decision {placed['id']})")
+    if preempt := decisions.get("preempt"):
+        # Extender mode's preemption (issue 42): what it evicts and which GPUs that frees, or why not.
+        out.append(f"\nPreemption ({preempt['result']}): {preempt.get('summary', '')}  (decision {preempt['id']})")
     if filt:
         details = filt.get("details", {})
         demand = details.get("demand", {})

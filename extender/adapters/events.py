@@ -1,8 +1,9 @@
 """Kubernetes Events for what a user must see on the pod itself (``kubectl describe pod``).
 
-Two kinds: a gang left partially bound (``service.gangs.PartialGang``) gets a Warning Event on
+Three kinds: a gang left partially bound (``service.gangs.PartialGang``) gets a Warning Event on
 every bound member and, for a coscheduling PodGroup, on the PodGroup; a GPU sharer its node reports
-over its share gets a Warning ``GpuShareExceeded`` on the pod. Events are written from
+over its share gets a Warning ``GpuShareExceeded`` on the pod; a pod extender mode's preemption
+planned for gets ``Preempting`` or a Warning ``PreemptionNotHelpful`` saying why not. Events are written from
 a thread of their own, so the caller (which holds the gang lock) never waits on the apiserver;
 a failed write is logged, never retried (Events are best effort by design).
 """
@@ -52,14 +53,24 @@ class EventWriter:
         self._put(namespace, {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
                   "GpuShareExceeded", "Share", message)
 
-    def _put(self, namespace: str, regarding: dict[str, Any], reason: str, action: str, note: str) -> None:
+    def preemption(self, pod_key: str, result: str, summary: str) -> None:
+        """Queue what extender mode's preemption did for the pod: ``Preempting`` (Normal) when it
+        evicts, ``PreemptionNotHelpful`` (Warning) with why not; non-blocking."""
+        namespace, _, name = pod_key.partition("/")
+        preempting = result == "preempting"
+        self._put(namespace, {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
+                  "Preempting" if preempting else "PreemptionNotHelpful", "Preempt", summary,
+                  "Normal" if preempting else "Warning")
+
+    def _put(self, namespace: str, regarding: dict[str, Any], reason: str, action: str, note: str,
+             kind: str = "Warning") -> None:
         body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
                 # "<object>.<hex nanoseconds>", as client-go's recorder names them (a generateName
                 # ending in "." is refused: the apiserver validates the prefix as a DNS subdomain).
                 "metadata": {"name": f"{regarding['name']}.{time.time_ns():x}", "namespace": namespace},
                 "eventTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                 "reportingController": EVENTS_CONTROLLER, "reportingInstance": self._instance,
-                "action": action, "reason": reason, "type": "Warning", "regarding": regarding,
+                "action": action, "reason": reason, "type": kind, "regarding": regarding,
                 "note": note if len(note) <= _NOTE_MAX else note[: _NOTE_MAX - 1] + "…"}
         try:
             self._queue.put_nowait(body)

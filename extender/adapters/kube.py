@@ -1,4 +1,4 @@
-"""Kubernetes edge of the extender: client construction and the binder.
+"""Kubernetes edge of the extender: client construction, the binder and the evictor.
 
 The binder creates the pod's ``pods/binding`` subresource — the extender *is* the binder when
 ``bindVerb`` is set, so kube-scheduler's default binder never runs for our pods. gpusched's
@@ -51,6 +51,31 @@ def _apiserver_message(exc: ApiException) -> str:
         return json.loads(exc.body or "").get("message") or str(exc.reason)
     except (TypeError, ValueError):
         return str(exc.reason)
+
+
+class KubeEvictor:
+    """Evicts a preemption's victims through the Eviction API (``pods/eviction``), guarded by the
+    victim's UID: the apiserver enforces its PodDisruptionBudgets (429 names the budget) and
+    deletes it with its own grace period, as ``kubectl drain`` does."""
+
+    def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
+        self._core = client.CoreV1Api(api)
+        self._timeout = request_timeout_s
+
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                                 delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+        try:
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or another incarnation of the name: nothing to evict
+                return ""
+            hint = (" — the extender's service account needs pods/eviction: create (the gpusched-extender "
+                    "ClusterRole in manifests/)") if exc.status == 403 else ""
+            return f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}"
+        except Exception as exc:  # connection refused, timeouts
+            return f"the apiserver did not answer: {exc}"
+        return ""
 
 
 class KubeBinder:

@@ -27,6 +27,7 @@ from extender.api.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionResult,
     HostPriority,
 )
 from extender.metrics import ExtenderMetrics
@@ -63,7 +64,9 @@ def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dic
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
                  internal_errors: Counter, ready: Callable[[], tuple[bool, str]],
                  debug_nodes: Callable[[], dict[str, Any]],
-                 debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []}) -> APIRouter:
+                 debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []},
+                 on_rejected: Callable[[PodRef], object] = lambda pod: None) -> APIRouter:
+    """``on_rejected``: told of each pod the filter found no node for (extender mode's preemption)."""
     router = APIRouter()
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
@@ -105,16 +108,26 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         def handle(body: bytes) -> bytes | dict[str, Any]:
             args, raw = parse_body(body, ExtenderArgs)
             names, objects = _candidates(args, raw)
+            pod = _pod_ref(args, raw)
             try:
-                outcome = service.filter(_pod_ref(args, raw), names, objects)
+                outcome = service.filter(pod, names, objects)
             except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
                 return ExtenderFilterResult(Error=internal("filter", exc)).model_dump()
+            if not outcome.feasible and not outcome.error:
+                on_rejected(pod)
             if objects is None:
                 return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable,
                                             outcome.error)
             nodes = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
             return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
         return await answer("filter", request, handle, judge_limiter)
+
+    @router.post(f"{prefix}/preempt", responses={200: {"model": ExtenderPreemptionResult}, **_ERRORS})
+    async def preempt(request: Request) -> Response:
+        """kube-scheduler's DefaultPreemption proposes victims its in-tree dry run chose by count;
+        gpusched never takes them (no node): it preempts for the pods it rejected itself, by its
+        own rules (``service.preemptor``). The body is read (capped) but not needed."""
+        return await answer("preempt", request, lambda body: {"NodeNameToMetaVictims": {}})
 
     @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": list[HostPriority]}, **_ERRORS})

@@ -120,6 +120,12 @@ class ExtenderBindingResult(BaseModel):
     Error: str = ""
 
 
+class ExtenderPreemptionResult(BaseModel):
+    """The preempt verb's answer: node -> victims (as UIDs) the extender accepts."""
+
+    NodeNameToMetaVictims: dict[str, Any] = {}
+
+
 class ErrorBody(BaseModel):
     """What a 4xx answer carries: what was wrong with the request, and where."""
 

@@ -34,7 +34,8 @@ from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
-from extender.service.preemption import DisruptionBudgets
+from extender.service.preemption import DisruptionBudgets, VictimRules
+from extender.service.preemptor import BoundPods, HoldingDecider, Holds, PreemptionTrigger, Preemptor
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState, PodFeed, StateListeners
 from extender.settings import Settings
@@ -47,7 +48,7 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     from kubernetes import client
 
     from extender.adapters.events import EventWriter
-    from extender.adapters.kube import KubeBinder, KubeClaimReader, api_client
+    from extender.adapters.kube import KubeBinder, KubeClaimReader, KubeEvictor, api_client
     from extender.adapters.requeue import PodNudger
     from extender.service.leadership import FencedBinder
 
@@ -69,8 +70,11 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         hooks=GangHooks(observer=GangMetrics(metrics), nudge=requeue, on_partial=partial_gang_reporter(events),
                         pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api))))
     # The gang index before the decision store: a member is known before its record is forgotten.
-    pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions)], state.pods)
-    budgets = DisruptionBudgets()
+    budgets, bound_pods, holds = DisruptionBudgets(), BoundPods(), Holds()
+    preemptor = Preemptor(framework_decider, VictimRules(budgets), bound_pods, holds, KubeEvictor(api), decisions,
+                          events)
+    trigger = PreemptionTrigger(preemptor.preempt, holds)
+    pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions), bound_pods, trigger], state.pods)
     watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),
                               gangs, state.dra, budgets)
     count_refused_claims(metrics.registry, state.claims_refused)
@@ -86,9 +90,10 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         binder = FencedBinder(binder, leading)
     ready, servers = _serve_telemetry(settings, api, state, metrics, watches, leading)
     collaborators = Collaborators(
-        decider=coordinator, binder=binder, ready=ready, decisions=decisions, metrics=metrics,
+        decider=HoldingDecider(coordinator, holds), binder=binder, ready=ready, decisions=decisions, metrics=metrics,
         debug_nodes=lambda: debug_nodes(state),
-        debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets)
+        debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets,
+        on_rejected=trigger.rejected)
     if settings.scheduling_address:
         servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed),)
     if settings.webhook_port:

@@ -3,10 +3,13 @@ engine evicts low-priority engines only where their GPUs make room by gpusched's
 evicts part of a gang, never evicts where it could not run anyway (MIG), and no GPU is promised to
 two live pods on the way (``devcluster.invariants``).
 
-Plugin mode: kube-scheduler's DefaultPreemption drives the dry run and GpuSched's
-PreFilterExtensions make its Filter ask the core "what if" (``FilterWhatIf``). The simulated
-nodes have no kubelet; the engines' ``terminationGracePeriodSeconds: 0`` lets kube-scheduler's
-deletion of a victim remove it at once, as a kubelet would once its containers stopped."""
+Every scenario runs in both modes. Plugin mode: kube-scheduler's DefaultPreemption drives the dry
+run and GpuSched's PreFilterExtensions make its Filter ask the core "what if" (``FilterWhatIf``);
+what preemption could not do is in the pod's PodScheduled message. Extender mode: the core plans
+and evicts (``service.preemptor``); what it could not do is in a ``PreemptionNotHelpful`` Event on
+the pod (``kubectl describe``). The simulated nodes have no kubelet; the engines'
+``terminationGracePeriodSeconds: 0`` lets a victim's deletion (or eviction) remove it at once, as a
+kubelet would once its containers stopped."""
 
 from __future__ import annotations
 
@@ -97,19 +100,32 @@ def no_violations(admin: client.ApiClient, stack: Stack, nodes: list[str]) -> No
     assert not found, found
 
 
-def stays_pending(admin: client.ApiClient, namespace: str, name: str, needle: str, victims: list[str]) -> str:
-    """The pod's PodScheduled message says ``needle`` after kube-scheduler's preemption ran, and a
-    few seconds later it is still pending and every one of ``victims`` still exists."""
-    message = wait_until(lambda: (m := pod_scheduled_message(admin, namespace, name)) and "preemption" in m
-                         and needle in m and m, 60, f"{name}'s message to say {needle!r} after preemption",
-                         context=lambda: pod_scheduled_message(admin, namespace, name))
-    time.sleep(3)  # a preemption's deletions follow its cycle: give them time to show
+def preemption_message(admin: client.ApiClient, namespace: str, name: str, mode: SchedulingMode) -> str:
+    """What the pod's author reads of preemption: plugin mode's PodScheduled message once it names
+    preemption; extender mode's newest Preempting / PreemptionNotHelpful Event note ("" if none)."""
+    if mode is PLUGIN_MODE:
+        message = pod_scheduled_message(admin, namespace, name)
+        return message if "preemption" in message else ""
+    events = client.EventsV1Api(admin).list_namespaced_event(namespace).items
+    notes = [(e.event_time or e.metadata.creation_timestamp, e.note or "") for e in events
+             if e.regarding and e.regarding.name == name and e.reason in ("Preempting", "PreemptionNotHelpful")]
+    return max(notes, key=lambda n: n[0])[1] if notes else ""
+
+
+def stays_pending(admin: client.ApiClient, namespace: str, name: str, mode: SchedulingMode, needle: str,
+                  victims: list[str]) -> str:
+    """The pod's author reads ``needle`` in what preemption says, and a few seconds later the pod is
+    still pending and every one of ``victims`` still exists."""
+    message = wait_until(lambda: (m := preemption_message(admin, namespace, name, mode)) and needle in m and m, 60,
+                         f"{name}'s preemption message to say {needle!r}",
+                         context=lambda: pod_scheduled_message(admin, namespace, name) + "\n"
+                         + preemption_message(admin, namespace, name, mode))
+    time.sleep(3)  # a preemption's deletions follow its decision: give them time to show
     assert pod_node(admin, namespace, name) is None
     assert [v for v in victims if not exists(admin, namespace, v)] == [], "a pod was preempted that must not be"
     return message
 
 
-@pytest.mark.parametrize("mode", [PLUGIN_MODE], ids=["plugin"], indirect=True)
 def test_count_blocked_one_low_tp4_is_preempted_and_the_high_tp4_binds(admin, namespace, stack: Stack, priorities,
                                                                         fleet, mode: SchedulingMode):
     node = preset_node(admin, fleet, "h100")
@@ -132,7 +148,6 @@ def fleet_yaml(foreign_gpus: list[int]) -> str:
     })
 
 
-@pytest.mark.parametrize("mode", [PLUGIN_MODE], ids=["plugin"], indirect=True)
 def test_foreign_memory_the_high_tp2_preempts_the_engine_on_the_clean_gpus(admin, namespace, stack: Stack, priorities,
                                                                              fleet, mode: SchedulingMode, tmp_path):
     node = unique("dirty")
@@ -157,18 +172,17 @@ def test_foreign_memory_the_high_tp2_preempts_the_engine_on_the_clean_gpus(admin
         agent.stop()
 
 
-@pytest.mark.parametrize("mode", [PLUGIN_MODE], ids=["plugin"], indirect=True)
 def test_a_tp2_engine_never_preempts_pods_on_a_mig_only_node(admin, namespace, stack: Stack, priorities, fleet,
                                                              mode: SchedulingMode):
     node = preset_node(admin, fleet, "mig")
     low = [engine(f"slice-{i}", 1, LOW, fleet[0], mode) for i in range(3)]
     assert set(bind_all(admin, namespace, low, stack).values()) == {node}
     create_pod(admin, namespace, engine("high", 2, HIGH, fleet[0], mode))
-    stays_pending(admin, namespace, "high", "MIG", [f"slice-{i}" for i in range(3)])
+    needle = "whole GPUs" if mode is PLUGIN_MODE else "can never hold it"
+    stays_pending(admin, namespace, "high", mode, needle, [f"slice-{i}" for i in range(3)])
     no_violations(admin, stack, [node])
 
 
-@pytest.mark.parametrize("mode", [PLUGIN_MODE], ids=["plugin"], indirect=True)
 def test_a_low_priority_gang_member_is_never_preempted_alone(admin, namespace, stack: Stack, priorities, fleet,
                                                              mode: SchedulingMode):
     nodes = [unique("g4") for _ in range(2)]
@@ -184,7 +198,7 @@ def test_a_low_priority_gang_member_is_never_preempted_alone(admin, namespace, s
         wait_until(lambda n=pod["metadata"]["name"]: pod_node(admin, namespace, n), 60, "the gang bound",
                    context=lambda: pod_scheduled_message(admin, namespace, "low-gang-0"))
     create_pod(admin, namespace, engine("high", 4, HIGH, fleet[0], mode))
-    message = stays_pending(admin, namespace, "high", "gang members", ["low-gang-0", "low-gang-1"])
+    message = stays_pending(admin, namespace, "high", mode, "gang members", ["low-gang-0", "low-gang-1"])
     assert "low-gang-" in message, message
     no_violations(admin, stack, nodes)
 
@@ -199,7 +213,6 @@ def disruption_controller(control_plane) -> Iterator[None]:
     control_plane.components.remove(cm)
 
 
-@pytest.mark.parametrize("mode", [PLUGIN_MODE], ids=["plugin"], indirect=True)
 def test_a_budget_that_forbids_the_only_useful_victim_keeps_the_high_pod_pending_and_is_named(
         admin, namespace, stack: Stack, priorities, fleet, mode: SchedulingMode, disruption_controller):
     node = preset_node(admin, fleet, "h100")
@@ -217,7 +230,8 @@ def test_a_budget_that_forbids_the_only_useful_victim_keeps_the_high_pod_pending
 
     wait_until(counted, 30, "the disruption controller to count dev-chat-pdb")
     create_pod(admin, namespace, engine("high", 4, HIGH, fleet[0], mode))
-    message = stays_pending(admin, namespace, "high", "PodDisruptionBudget dev-chat-pdb", ["dev-chat", "prod-other"])
+    message = stays_pending(admin, namespace, "high", mode, "PodDisruptionBudget dev-chat-pdb",
+                            ["dev-chat", "prod-other"])
     assert "dev-chat" in message, message
     no_violations(admin, stack, [node])
 

@@ -204,3 +204,18 @@ def test_debug_decisions_filters_and_404s(client):
     client.post("/gpusched/filter", json={"Pod": pod("b"), "NodeNames": ["bad-u1"]})
     assert [d["pod"] for d in client.get("/debug/decisions?result=unresolvable").json()["decisions"]] == ["b"]
     assert client.get("/debug/decisions/ns/missing").status_code == 404
+
+
+def test_preempt_answers_no_node_and_a_rejected_pod_is_handed_to_the_preemptor(binder, decider):
+    """Extender mode's preemption (issue 42): kube-scheduler's count-chosen victims are never taken
+    (``preemptVerb`` answers no node); a pod the filter found no node for is told to the preemptor."""
+    rejected: list[str] = []
+    app = create_app(Settings(max_body_bytes=4096),
+                     Collaborators(decider=decider, binder=binder, on_rejected=lambda p: rejected.append(p.key)))
+    http = TestClient(app)
+    victims = {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u-low"}], "NumPDBViolations": 0}}}
+    r = http.post("/gpusched/preempt", json={"Pod": pod(), **victims, "NodeNameToVictims": None})
+    assert (r.status_code, r.json()) == (200, {"NodeNameToMetaVictims": {}})
+    http.post("/gpusched/filter", json={"Pod": pod("fits"), "NodeNames": ["good"]})
+    http.post("/gpusched/filter", json={"Pod": pod("nowhere"), "NodeNames": ["bad-f1", "bad-u1"]})
+    assert rejected == ["ns/nowhere"]

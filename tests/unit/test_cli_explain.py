@@ -139,3 +139,10 @@ def test_claim_problems_reach_the_terminal_escaped(tmp_path, capsys):
     assert main(["claim", str(path)]) == 2
     err = capsys.readouterr().err
     assert "holds a \\x1b]52;c;ZWNobyBvd25lZA==\\x07\\u202e, not a Pod" in err, err
+
+
+def test_a_preemption_record_says_what_it_evicts_and_frees():
+    record = {"id": "d-9", "verb": "preempt", "result": "preempting", "node": "h1",
+              "summary": "evicting ns/low (priority 100) frees GPUs 2,3 on h1"}
+    text = render_explain("ns", "pod", {"decisions": {"preempt": record}}, [])
+    assert "Preemption (preempting): evicting ns/low (priority 100) frees GPUs 2,3 on h1  (decision d-9)" in text
