@@ -50,7 +50,7 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     from extender.adapters.events import EventWriter
     from extender.adapters.kube import KubeBinder, KubeClaimReader, KubeEvictor, api_client
     from extender.adapters.requeue import PodNudger
-    from extender.service.leadership import FencedBinder
+    from extender.service.leadership import FencedBinder, FencedEvictor
 
     api = api_client(settings.kubeconfig, settings.token_file)
     metrics = ExtenderMetrics()
@@ -71,8 +71,10 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
                         pod_group_status=pod_group_status_writer(client.CustomObjectsApi(api))))
     # The gang index before the decision store: a member is known before its record is forgotten.
     budgets, bound_pods, holds = DisruptionBudgets(), BoundPods(), Holds()
-    preemptor = Preemptor(framework_decider, VictimRules(budgets), bound_pods, holds, KubeEvictor(api), decisions,
-                          events)
+    evictor: Any = KubeEvictor(api)
+    if leading is not None:
+        evictor = FencedEvictor(evictor, leading)
+    preemptor = Preemptor(framework_decider, VictimRules(budgets), bound_pods, holds, evictor, decisions, events)
     trigger = PreemptionTrigger(preemptor.preempt, holds)
     pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions), bound_pods, trigger], state.pods)
     watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),

@@ -47,7 +47,8 @@ def node_what_if(node: NodeInfo, view: LedgerView, removed: Iterable[Assignment]
             held.discard(unit)
             freed.add(unit)
     for placed in added:
-        if placed.node != name or placed.pod_key in view.assignments:
+        held_already = view.assignments.get(placed.pod_key)
+        if placed.node != name or (held_already is not None and held_already.node == name):
             continue
         for unit in placed.unit_ids:
             held.add(unit)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from extender.service.ports import Binder, BindError
+from extender.service.ports import Binder, BindError, Evictor
 
 log = logging.getLogger("gpusched.extender.leadership")
 
@@ -251,3 +251,17 @@ class FencedBinder:
                             "leader (its Lease was not renewed in time); the new leader's kube-scheduler retries it",
                             temporary=True)
         self._inner.bind(namespace, name, uid, node, annotations)
+
+
+class FencedEvictor:
+    """Evicts a preemption's victims only while this replica leads: a deposed leader's plan was
+    judged against a ledger the new leader may already have changed."""
+
+    def __init__(self, inner: Evictor, leading: Callable[[], bool]):
+        self._inner = inner
+        self._leading = leading
+
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        if not self._leading():
+            return "this extender replica is no longer the leader (its Lease was not renewed in time)"
+        return self._inner.evict(namespace, name, uid)

@@ -65,3 +65,10 @@ class StaticClaimReader:
     def claim(self, namespace: str, name: str) -> DraClaim | None:
         self.reads.append(f"{namespace}/{name}")
         return self.claims.get(f"{namespace}/{name}")
+
+
+class Evictor(Protocol):
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        """Evict the pod (the Eviction API: PodDisruptionBudgets enforced), guarded by ``uid``.
+        "" when evicted or already gone; else why not (a budget, the apiserver's refusal)."""
+        ...

@@ -46,6 +46,7 @@ from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import Decider, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.decisions import DecisionRecord, DecisionStore
 from extender.service.plugin import asks_for_gpus
+from extender.service.ports import Evictor
 from extender.service.preemption import VictimRules
 
 log = logging.getLogger("gpusched.extender.preemptor")
@@ -198,13 +199,6 @@ class HoldingDecider:
     def bound(self, pod: PodRef, node: str) -> None:
         self._holds.release(pod.key)
         self._inner.bound(pod, node)
-
-
-class Evictor(Protocol):
-    def evict(self, namespace: str, name: str, uid: str) -> str:
-        """Evict the pod (the Eviction API: PodDisruptionBudgets enforced). "" when evicted or
-        already gone; else why not (a budget, the apiserver's refusal)."""
-        ...
 
 
 class PreemptionReporter(Protocol):

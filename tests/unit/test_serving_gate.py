@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extender.app import ServingGate, create_app, create_standby_app
-from extender.service.leadership import FencedBinder
+from extender.service.leadership import FencedBinder, FencedEvictor
 from extender.service.ports import BindError, RecordingBinder
 from extender.settings import Settings
 
@@ -69,6 +69,21 @@ def test_a_fenced_binder_writes_only_while_leading():
         binder.bind("ns", "b", "u2", "n1", {})
     assert refused.value.temporary and "no longer the leader" in refused.value.message
     assert [b[1] for b in inner.bound] == ["a"]
+
+
+def test_a_fenced_evictor_evicts_only_while_leading():
+    leading, evicted = Leading(True), []
+
+    class Inner:
+        def evict(self, namespace: str, name: str, uid: str) -> str:
+            evicted.append(name)
+            return ""
+
+    evictor = FencedEvictor(Inner(), leading)
+    assert evictor.evict("ns", "a", "u1") == ""
+    leading.now = False
+    assert "no longer the leader" in evictor.evict("ns", "b", "u2")
+    assert evicted == ["a"]
 
 
 @pytest.mark.parametrize("shape", ["unary", "server-stream", "bidi-stream"])
