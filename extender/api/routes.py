@@ -27,6 +27,7 @@ from extender.api.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
 )
@@ -122,12 +123,19 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
         return await answer("filter", request, handle, judge_limiter)
 
-    @router.post(f"{prefix}/preempt", responses={200: {"model": ExtenderPreemptionResult}, **_ERRORS})
+    @router.post(f"{prefix}/preempt", openapi_extra=_body_schema(ExtenderPreemptionArgs),
+                 responses={200: {"model": ExtenderPreemptionResult}, **_ERRORS})
     async def preempt(request: Request) -> Response:
         """kube-scheduler's DefaultPreemption proposes victims its in-tree dry run chose by count;
         gpusched never takes them (no node): it preempts for the pods it rejected itself, by its
-        own rules (``service.preemptor``). The body is read (capped) but not needed."""
-        return await answer("preempt", request, lambda body: {"NodeNameToMetaVictims": {}})
+        own rules (``service.preemptor``). A pod kube-scheduler's own filters rejected by count
+        reaches the extender only here, so it is told to the preemptor as rejected too."""
+        def handle(body: bytes) -> dict[str, Any]:
+            args, raw = parse_body(body, ExtenderPreemptionArgs)
+            meta = args.Pod.metadata
+            on_rejected(PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {}))
+            return {"NodeNameToMetaVictims": {}}
+        return await answer("preempt", request, handle, judge_limiter)
 
     @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
                  responses={200: {"model": list[HostPriority]}, **_ERRORS})

@@ -120,6 +120,14 @@ class ExtenderBindingResult(BaseModel):
     Error: str = ""
 
 
+class ExtenderPreemptionArgs(BaseModel):
+    """Preempt request: the pod and kube-scheduler's candidate victims (only the pod is read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    Pod: PodObject
+
+
 class ExtenderPreemptionResult(BaseModel):
     """The preempt verb's answer: node -> victims (as UIDs) the extender accepts."""
 

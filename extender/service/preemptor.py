@@ -8,7 +8,8 @@ lower-priority pods count says, whether their GPUs make room or not (a gang memb
 So in extender mode the shipped config names a ``preemptVerb`` that answers kube-scheduler "no
 node" for every GPU pod, and the core preempts instead:
 
-1. the pod watch shows a pod the extender rejected marked Unschedulable by kube-scheduler (its
+1. the pod watch shows a pod the extender rejected (or was asked to preempt for: kube-scheduler's
+   own filters may reject it by count before the extender's filter is called) marked Unschedulable by kube-scheduler (its
    cycle, PostFilter included, is over), not nominated, with a priority and a preemption policy
    that let it preempt (:class:`PreemptionTrigger`);
 2. :meth:`Preemptor.plan` judges, on each node the pod may fit later (at most

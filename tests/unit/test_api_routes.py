@@ -208,7 +208,8 @@ def test_debug_decisions_filters_and_404s(client):
 
 def test_preempt_answers_no_node_and_a_rejected_pod_is_handed_to_the_preemptor(binder, decider):
     """Extender mode's preemption (issue 42): kube-scheduler's count-chosen victims are never taken
-    (``preemptVerb`` answers no node); a pod the filter found no node for is told to the preemptor."""
+    (``preemptVerb`` answers no node); a pod the filter found no node for, or kube-scheduler asks to
+    preempt for, is told to the preemptor."""
     rejected: list[str] = []
     app = create_app(Settings(max_body_bytes=4096),
                      Collaborators(decider=decider, binder=binder, on_rejected=lambda p: rejected.append(p.key)))
@@ -218,4 +219,5 @@ def test_preempt_answers_no_node_and_a_rejected_pod_is_handed_to_the_preemptor(b
     assert (r.status_code, r.json()) == (200, {"NodeNameToMetaVictims": {}})
     http.post("/gpusched/filter", json={"Pod": pod("fits"), "NodeNames": ["good"]})
     http.post("/gpusched/filter", json={"Pod": pod("nowhere"), "NodeNames": ["bad-f1", "bad-u1"]})
-    assert rejected == ["ns/nowhere"]
+    assert rejected == ["ns/p", "ns/nowhere"], "a pod kube-scheduler's own filters rejected reaches it only at preempt"
+    assert http.post("/gpusched/preempt", json={"NodeNameToMetaVictims": {}}).status_code == 422, "no Pod: refused"
