@@ -78,8 +78,8 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                    f"FilterWhatIf names {len(request.removed) + len(request.added)} pods removed or added; at most "
                    f"{MAX_WHAT_IF_PODS} (more pods than any node runs)")
-        removed = [_pod_ref(p, context) for p in request.removed]
-        added = [_pod_ref(p, context) for p in request.added]
+        removed = [_pod_ref(p, context, f"removed[{i}]") for i, p in enumerate(request.removed)]
+        added = [_pod_ref(p, context, f"added[{i}]") for i, p in enumerate(request.added)]
         try:
             answer = self._plugin.what_if(pod, request.node, removed, added)
         except Exception as exc:  # a fault of ours: the node is not judged fit, and says why
@@ -151,26 +151,27 @@ def _check_version(version: int, context: grpc.ServicerContext) -> None:
                "run the plugin and the core of one gpusched release")
 
 
-def _pod_ref(pod: pb.Pod, context: grpc.ServicerContext) -> PodRef:
-    """The request's pod; its JSON must be an object naming the same namespace, name and uid."""
+def _pod_ref(pod: pb.Pod, context: grpc.ServicerContext, where: str = "pod") -> PodRef:
+    """The request's pod (``where`` names it in a refusal, e.g. ``removed[2]``); its JSON must be an
+    object naming the same namespace, name and uid."""
     try:
         raw: Any = orjson.loads(pod.json)
     except orjson.JSONDecodeError as exc:
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"pod.json is not JSON: {exc}")
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json is not JSON: {exc}")
     if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "pod.json must be a v1.Pod object with metadata")
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json must be a v1.Pod object with metadata")
     try:  # what the core reads of it, typed as the extender's wire checks it
         PodObject.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        where = ".".join(str(p) for p in errors[0]["loc"]) or "pod"
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"pod.json: {where}: {errors[0]['msg']}"
+        field = ".".join(str(p) for p in errors[0]["loc"]) or "pod"
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json: {field}: {errors[0]['msg']}"
                + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     meta = raw["metadata"]
     claimed = (meta.get("namespace") or "default", meta.get("name") or "", meta.get("uid") or "")
     if not pod.name or not pod.uid or claimed != (pod.namespace or "default", pod.name, pod.uid):
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-               f"pod {pod.namespace}/{pod.name} (uid {pod.uid or 'none'}) does not match its JSON's metadata "
+               f"{where} {pod.namespace}/{pod.name} (uid {pod.uid or 'none'}) does not match its JSON's metadata "
                f"{claimed[0]}/{claimed[1]} (uid {claimed[2] or 'none'})")
     return PodRef(claimed[0], pod.name, pod.uid, raw)
 

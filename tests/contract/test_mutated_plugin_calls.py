@@ -2,7 +2,8 @@
 Unix socket, with the real decider, gang coordinator, ledger and decision store behind it (the
 harness of tests/unit/test_scheduling_service.py) — issue 22, item 3.
 
-Each of PreFilter, Reserve, Permitted and Unreserve gets 10,000 seeded calls whose ``Pod.json`` is
+Each of PreFilter, Reserve, Permitted, Unreserve and FilterWhatIf (whose removed and added pods
+are mutated too) gets 10,000 seeded calls whose ``Pod.json`` is
 a mutation (tests/contract/mutations.py) of a valid pod of each shape gpusched reads, mostly named
 consistently with its JSON so the call gets past the name check into the core, with wrong API
 versions, hostile node names and table generations mixed in. Allowed answers: a reply, or
@@ -31,7 +32,7 @@ from tests.unit.builders import a100_inventory, h100_inventory, make_k8s_node, m
 from tests.unit.test_scheduling_service import Core
 
 PER_RPC = 10_000
-RPCS = ("PreFilter", "Reserve", "Permitted", "Unreserve")
+RPCS = ("PreFilter", "Reserve", "Permitted", "Unreserve", "FilterWhatIf")
 NODES = {"h1": h100_inventory("h1"), "h2": h100_inventory("h2"), "a1": a100_inventory("a1"), "m1": mig_inventory("m1")}
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -45,9 +46,10 @@ class Calls:
         self.mutator = Mutator(seed)
         self.pods = seed_pods()
 
-    def pod(self) -> pb.Pod:
+    def pod(self, mutated: float = 0.9) -> pb.Pod:
+        """A seed pod, mutated with probability ``mutated``."""
         rng = self.rng
-        body = self.mutator.mutate(self.pods[rng.randrange(len(self.pods))]) if rng.random() < 0.9 else \
+        body = self.mutator.mutate(self.pods[rng.randrange(len(self.pods))]) if rng.random() < mutated else \
             orjson.dumps(self.pods[rng.randrange(len(self.pods))])
         try:
             value = orjson.loads(body)
@@ -73,6 +75,10 @@ class Calls:
         if self.rpc == "Unreserve":
             return pb.UnreserveRequest(api_version=version, pod=self.pod(), node=self.node(),
                                        reason=rng.choice(("", "x" * 5000, "\u0000", "ünïcødé")))
+        if self.rpc == "FilterWhatIf":
+            return pb.FilterWhatIfRequest(api_version=version, pod=self.pod(), node=self.node(),
+                                          removed=[self.pod(0.05) for _ in range(rng.randrange(4))],
+                                          added=[self.pod(0.05) for _ in range(rng.randrange(3))])
         kind = pb.ReserveRequest if self.rpc == "Reserve" else pb.PermittedRequest
         return kind(api_version=version, pod=self.pod(), node=self.node())
 
@@ -101,7 +107,7 @@ def test_ten_thousand_mutated_calls_per_rpc_are_answered_or_refused_never_failed
                 failures.append(f"#{i} {request.pod.json[:160]!r} -> {exc.code().name}: {exc.details()[:300]}")
             continue
         outcomes["OK"] += 1
-        said = getattr(reply, "error", "") or getattr(reply, "refusal", "")
+        said = getattr(reply, "error", "") or getattr(reply, "refusal", "") or getattr(reply, "reason", "")
         if "internal error" in said:
             failures.append(f"#{i} {request.pod.json[:160]!r} -> {said[:300]}")
     assert not failures, f"{len(failures)} of {PER_RPC}:\n" + "\n".join(failures[:10])

@@ -291,7 +291,8 @@ def test_filter_what_if_judges_the_node_with_the_victims_gone_and_the_nominated_
 
 @pytest.mark.parametrize("request_fields,needle", [
     pytest.param({"node": ""}, "names no node", id="no-node"),
-    pytest.param({"removed": [pb.Pod(namespace="default", name="v", uid="u", json=b"{")] }, "not JSON", id="bad-victim"),
+    pytest.param({"removed": [pb.Pod(namespace="default", name="v", uid="u", json=b"{")]}, "removed[0].json is not JSON",
+                 id="bad-victim"),
     pytest.param({"added": [wire_pod(make_pod(f"n{i}")) for i in range(1025)]}, "at most 1024", id="too-many"),
 ])
 def test_a_what_if_that_cannot_be_read_is_refused(core, request_fields, needle):
