@@ -176,7 +176,7 @@ class HoldingDecider:
         failed, feasible = dict(outcome.failed), []
         for node in outcome.feasible:
             if node in held and not self._inner.what_if(pod, node, [], [h.pod for h in holds if h.node == node]).feasible:
-                failed[node] = "GPUs here are held for a pod of higher priority whose preemption frees them"
+                failed[node] = "GPUs here are held for a pod of higher or equal priority whose preemption frees them"
             else:
                 feasible.append(node)
         return replace(outcome, feasible=tuple(feasible), failed=failed)

@@ -155,7 +155,7 @@ def test_a_held_node_is_not_given_to_a_pod_of_lower_or_equal_priority():
     world.holds.hold(ref(engine("high", 4, 100000)), "h100", 100000)
     low = ref(engine("other", 4, 100))
     outcome = holding.filter(low, ["h100"], None)
-    assert outcome.feasible == () and "held for a pod of higher priority" in outcome.failed["h100"]
+    assert outcome.feasible == () and "held for a pod of higher or equal priority" in outcome.failed["h100"]
     assert holding.filter(ref(engine("top", 4, 200000)), ["h100"], None).feasible == ("h100",)
     assert holding.filter(ref(engine("small", 2, 100)), ["h100"], None).feasible == ("h100",), \
         "the preemptor placed first still leaves room for a TP=2"
