@@ -365,7 +365,10 @@ class PreemptionTrigger:
 
     def rejected(self, pod: PodRef) -> None:
         """The extender's filter found no node for ``pod``."""
-        if pod.uid and asks_for_gpus(pod) and may_preempt(pod.raw) and priority_of(pod.raw) > 0:
+        # A gang member waits for its group, never preempts: telling its author that preemption
+        # cannot help would only mislead.
+        if (pod.uid and asks_for_gpus(pod) and may_preempt(pod.raw) and priority_of(pod.raw) > 0
+                and not declares_gang(pod.raw)):
             with self._lock:
                 self._rejected[pod.uid] = self._clock()
                 if len(self._rejected) > 100_000:  # bounded: the oldest half goes

@@ -473,6 +473,8 @@ def test_the_extenders_events_are_its_own_warnings_about_pods(stack, control_pla
     in_force(lambda: events.create_namespaced_event(namespace, extender_event(namespace, pod, type="Normal")),
              "gpusched-extender-reports")
     events.create_namespaced_event(namespace, extender_event(namespace, pod))
+    # Extender mode's preemption tells the preemptor it is evicting for it (issue 42): a Normal event.
+    events.create_namespaced_event(namespace, extender_event(namespace, pod, type="Normal", reason="Preempting"))
     if "regarding" in overrides:
         overrides = {"regarding": {**overrides["regarding"], "namespace": namespace}}
     body = refused(lambda: events.create_namespaced_event(namespace, extender_event(namespace, pod, **overrides)))

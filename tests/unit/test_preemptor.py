@@ -181,8 +181,11 @@ def test_the_trigger_plans_once_for_a_rejected_pod_marked_unschedulable():
     clock = Clock()
     trigger = PreemptionTrigger(lambda pod: planned.append(pod.name), Holds(clock), clock)
     high, plugin_pod, low = engine("high", 4, 100000), engine("plugin-pod", 4, 100000), engine("low", 4, 0)
+    member = engine("member", 4, 100000, gang=True)
     trigger.rejected(ref(high))
     trigger.rejected(ref(low))  # priority 0 preempts nothing
+    trigger.rejected(ref(member))  # waits for its group
+    trigger.apply_pod("MODIFIED", unschedulable(member))
     trigger.apply_pod("MODIFIED", high)  # no Unschedulable condition yet: its cycle is not over
     trigger.apply_pod("MODIFIED", unschedulable(plugin_pod))  # never rejected by the extender: plugin mode's
     trigger.apply_pod("MODIFIED", unschedulable(low))
