@@ -74,14 +74,16 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         pod = _pod_ref(request.pod, context)
         if not request.node:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "FilterWhatIf names no node")
-        if len(request.removed) + len(request.added) > MAX_WHAT_IF_PODS:
+        named = len(request.removed) + len(request.added) + len(request.node_pods.uids)
+        if named > MAX_WHAT_IF_PODS:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"FilterWhatIf names {len(request.removed) + len(request.added)} pods removed or added; at most "
-                   f"{MAX_WHAT_IF_PODS} (more pods than any node runs)")
+                   f"FilterWhatIf names {named} pods (removed, added and on the node); at most {MAX_WHAT_IF_PODS} "
+                   "(more pods than any node runs)")
         removed = [_pod_ref(p, context, f"removed[{i}]") for i, p in enumerate(request.removed)]
         added = [_pod_ref(p, context, f"added[{i}]") for i, p in enumerate(request.added)]
         try:
-            answer = self._plugin.what_if(pod, request.node, removed, added)
+            present = frozenset(request.node_pods.uids) if request.HasField("node_pods") else None
+            answer = self._plugin.what_if(pod, request.node, removed, added, present)
         except Exception as exc:  # a fault of ours: the node is not judged fit, and says why
             log.exception("FilterWhatIf of %s on %s failed", pod.key, request.node)
             return pb.FilterWhatIfReply(verdict=pb.VERDICT_NOT_NOW,

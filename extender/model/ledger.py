@@ -175,6 +175,8 @@ class LedgerView:
     _source: object = field(default=None, compare=False, repr=False)
     # node -> unit id -> MiB promised to its sharers (per node, replaced, never mutated).
     shares_by_node: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+    # node -> the keys of the pods holding units there (per node, replaced, never mutated).
+    pods_by_node: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def nodes_changed_since(self, other: LedgerView) -> set[str] | None:
         """Nodes whose holdings may differ between ``other`` and this view (either may be the
@@ -196,6 +198,10 @@ class LedgerView:
         """Unit id -> MiB promised to the unit's sharers on ``node`` (the same object while the
         node's shares do not change)."""
         return self.shares_by_node.get(node, NO_SHARES)
+
+    def pods_on(self, node: str) -> frozenset[str]:
+        """The keys of the pods holding units (whole or a share) on ``node``."""
+        return self.pods_by_node.get(node, EMPTY)
 
     def sharers_of(self, node: str, unit_id: str) -> tuple[Assignment, ...]:
         """The share assignments on one unit, by pod key (linear in the ledger; reasons and debug)."""
@@ -237,6 +243,7 @@ class GpuLedger:
         self._held = _CowMap()  # node -> frozenset of unit ids (replaced, never mutated)
         self._sharers: dict[str, dict[str, dict[str, int]]] = {}  # node -> unit id -> pod key -> MiB
         self._shares = _CowMap()  # node -> read-only unit id -> MiB promised (replaced, never mutated)
+        self._pods_on = _CowMap()  # node -> frozenset of the pod keys holding units there (replaced)
         self._version = 0
         self._log: list[str] = []  # node changed by each version since _log_base
         self._log_base = 0
@@ -435,7 +442,8 @@ class GpuLedger:
         with self._lock:
             if self._view.version != self._version:
                 self._view = LedgerView(self._version, self._held.freeze(), self._assignments.freeze(),
-                                        self._log, self._log_base, self._source, self._shares.freeze())
+                                        self._log, self._log_base, self._source, self._shares.freeze(),
+                                        self._pods_on.freeze())
             return self._view
 
     def __len__(self) -> int:
@@ -446,6 +454,7 @@ class GpuLedger:
     def _add(self, assignment: Assignment) -> None:
         self._assignments[assignment.pod_key] = assignment
         node = assignment.node
+        self._pods_on[node] = self._pods_on.get(node, EMPTY) | {assignment.pod_key}
         if assignment.is_share:
             units = self._sharers.setdefault(node, {})
             for unit_id in assignment.unit_ids:
@@ -461,6 +470,11 @@ class GpuLedger:
     def _remove(self, assignment: Assignment) -> None:
         del self._assignments[assignment.pod_key]
         node = assignment.node
+        left = self._pods_on.get(node, EMPTY) - {assignment.pod_key}
+        if left:
+            self._pods_on[node] = left
+        else:
+            self._pods_on.pop(node, None)
         if assignment.is_share:
             units = self._sharers.get(node, {})
             for unit_id in assignment.unit_ids:

@@ -9,7 +9,7 @@ drives the binder. It owns the one rule that makes bind safe: GPUs are reserved 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
@@ -143,10 +143,13 @@ class Decider(Protocol):
         complete plan naming ``node``, and for a pod whose reservation was final at reserve."""
         ...
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> FilterOutcome:
         """The pod judged on ``node`` alone with ``removed`` holding no GPUs there and ``added``
-        placed there first (kube-scheduler's preemption dry run and nominated pods); ``feasible``
-        names the node when it would fit, else ``failed`` or ``unresolvable`` says why not."""
+        placed there first (kube-scheduler's preemption dry run and nominated pods); ``present``,
+        when given, are the UIDs of the pods kube-scheduler sees there: a pod held bound there
+        and not among them is gone too. ``feasible`` names the node when it would fit, else
+        ``failed`` or ``unresolvable`` says why not."""
         ...
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
@@ -174,7 +177,7 @@ class AcceptAllDecider:
     def permitted(self, pod, node):
         return Refusal("no gangs or DRA without the scheduling framework")
 
-    def what_if(self, pod, node, removed, added):
+    def what_if(self, pod, node, removed, added, present=None):
         return FilterOutcome(feasible=(node,), summary="every node accepted")
 
     def unreserve(self, pod, reason=""):
@@ -310,10 +313,11 @@ class ExtenderService:
                      details={"annotations": annotations, **answer.details}, record_id=decision_id)
         return answer, annotations
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> FilterOutcome:
         """The plugin's Filter during kube-scheduler's preemption dry run (and with nominated pods):
         the decider's what-if, not recorded (a dry run asks it once per candidate victim)."""
-        return self.decider.what_if(pod, node, removed, added)
+        return self.decider.what_if(pod, node, removed, added, present)
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""

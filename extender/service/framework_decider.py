@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from extender.framework.runtime import Framework, summarize_failures
@@ -194,11 +194,15 @@ class FrameworkDecider:
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections)
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> FilterOutcome:
         """The pod judged on ``node`` alone as it would be with the pods ``removed`` holding
         nothing there and ``added`` holding what gpusched would give each, in order (kube-scheduler's
         nominated pods; one that would not fit, or asks for no GPUs, takes nothing; one the ledger
-        holds there already is counted as it is). Preemption's question: see ``model.what_if``."""
+        holds there already is counted as it is). ``present``: the UIDs of the pods kube-scheduler
+        sees on the node; a pod the ledger holds *bound* there that is not among them is gone in
+        its view (a deletion the watch has not shown yet) and holds nothing either — a reservation
+        in flight (assumed) stays. Preemption's question: see ``model.what_if``."""
         if not_synced := self._not_synced():
             return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
         demand = self.demand(pod)
@@ -210,6 +214,10 @@ class FrameworkDecider:
         view = snapshot.ledger
         gone = [a for other in removed if (a := view.assignments.get(other.key)) is not None
                 and a.uid in ("", other.uid)]
+        if present is not None:
+            uids = set(present)
+            gone += [a for key in view.pods_on(node) if (a := view.assignments.get(key)) is not None
+                     and a.state is EntryState.BOUND and a.uid and a.uid not in uids and a not in gone]
         placed: list[Assignment] = []
         for other in added:
             other_demand = self._parsed_demand(other)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -188,7 +188,8 @@ class PluginService:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
         return answer
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> NodeAnswer:
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> NodeAnswer:
         """The plugin's Filter on a node kube-scheduler changed in the cycle: its preemption dry run
         removed the lower-priority pods ``removed`` (and may add some back), or it placed pods
         nominated to the node (``added``) before judging one of lower priority.
@@ -203,7 +204,7 @@ class PluginService:
         if not ready:
             return NodeAnswer(NOT_NOW, f"gpusched is not ready: {why}")
         going, staying = self._victims.split(pod, removed)
-        outcome = self._service.what_if(pod, node, going, added)
+        outcome = self._service.what_if(pod, node, going, added, present)
         if outcome.feasible:
             return NodeAnswer(FITS)
         if outcome.error:

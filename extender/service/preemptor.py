@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -185,8 +185,9 @@ class HoldingDecider:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         return self._inner.prioritize(pod, candidates, node_objects)
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
-        return self._inner.what_if(pod, node, removed, added)
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> FilterOutcome:
+        return self._inner.what_if(pod, node, removed, added, present)
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         return self._inner.reserve(pod, node, decision_id)

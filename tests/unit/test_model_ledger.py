@@ -106,3 +106,17 @@ def test_concurrent_assumes_never_double_book() -> None:
     assert sorted(u for _, u in won) == sorted(units)  # each unit granted exactly once
     assert len({p for p, _ in won}) == 20
     assert ledger.view().held_on("n1") == set(units)
+
+
+def test_each_view_says_which_pods_hold_units_on_a_node() -> None:
+    ledger = GpuLedger()
+    ledger.observe("ns/a", "n1", ["g0", "g1"], "ua")
+    ledger.assume("ns/b", "n1", ["g2"], "ub")
+    ledger.observe("ns/s", "n2", ["g9"], "us", share_mib=1024)
+    before = ledger.view()
+    assert (before.pods_on("n1"), before.pods_on("n2"), before.pods_on("n3")) == ({"ns/a", "ns/b"}, {"ns/s"}, frozenset())
+    ledger.assume("ns/b", "n2", ["g8"], "ub")  # moved: no longer on n1
+    ledger.release("ns/a")
+    after = ledger.view()
+    assert (after.pods_on("n1"), after.pods_on("n2")) == (frozenset(), {"ns/b", "ns/s"})
+    assert before.pods_on("n1") == {"ns/a", "ns/b"}, "an older view is unchanged"

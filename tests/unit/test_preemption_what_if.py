@@ -169,3 +169,18 @@ def test_a_pod_without_gpus_fits_and_a_never_stays_never():
     assert service.what_if(PodRef("default", "cpu", "u", make_pod("cpu", gpus=0)), "mig", [], []).verdict == FITS
     assert service.what_if(engine("high", 2), "mig", [], []).verdict == NEVER
 
+
+
+def test_a_bound_pod_kube_scheduler_no_longer_sees_is_gone_but_a_reservation_in_flight_stays():
+    """kube-scheduler saw low-b's deletion before the core's watch: judged with low-b still holding
+    its GPUs, its dry run would take low-a as a second victim (seen under CPU load)."""
+    d, ledger = decider(make_fleet("h100"))
+    low_a, low_b, high = engine("low-a", 4), engine("low-b", 4), engine("high", 4)
+    holding(ledger, low_a, "h100", range(4))
+    holding(ledger, low_b, "h100", range(4, 8))
+    assert not d.what_if(high, "h100", [], []).feasible
+    assert d.what_if(high, "h100", [], [], present={low_a.uid}).feasible == ("h100",)
+    assert not d.what_if(high, "h100", [], [], present={low_a.uid, low_b.uid}).feasible
+    ledger.release(low_b.key)
+    ledger.assume("default/in-flight", "h100", [gpu("h100", i) for i in range(4, 8)], "uid-in-flight")
+    assert not d.what_if(high, "h100", [], [], present={low_a.uid}).feasible, "an assumed reservation is not a deletion"

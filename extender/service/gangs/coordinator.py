@@ -39,7 +39,7 @@ be written.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from extender.model.gang import DEFAULT_TIMEOUT_S, GangKey, GangProblem, GangSpec
@@ -130,10 +130,11 @@ class GangCoordinator:
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
         return self._judge.prioritize(pod, candidates, node_objects)
 
-    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef]) -> FilterOutcome:
+    def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
+                present: Collection[str] | None = None) -> FilterOutcome:
         """Preemption's question, judged for the pod on its own: a gang is planned whole at its
         members' filter, never by a dry run on one node."""
-        return self._judge.what_if(pod, node, removed, added)
+        return self._judge.what_if(pod, node, removed, added, present)
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         """A member arrives at its group's barrier (never waiting: its reservation carries the

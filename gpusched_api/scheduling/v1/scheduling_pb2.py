@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+gpusched_api/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\";\n\x0cHelloRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\"`\n\nHelloReply\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63ore_version\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x18\n\x10not_ready_reason\x18\x04 \x01(\t\"A\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x0c\n\x04json\x18\x04 \x01(\x0c\".\n\tNodeTable\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\r\n\x05names\x18\x02 \x03(\t\"k\n\x10PreFilterRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x18\n\x10table_generation\x18\x03 \x01(\x04\"\xfd\x01\n\x0ePreFilterReply\x12\x0c\n\x04skip\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0cunresolvable\x18\x03 \x01(\t\x12\x18\n\x10table_generation\x18\x04 \x01(\x04\x12\x30\n\x05table\x18\x05 \x01(\x0b\x32!.gpusched.scheduling.v1.NodeTable\x12\x10\n\x08verdicts\x18\x06 \x01(\x0c\x12\x14\n\x0creason_index\x18\x07 \x03(\r\x12\x0f\n\x07reasons\x18\x08 \x03(\t\x12\x0e\n\x06scores\x18\t \x01(\x0c\x12\x0f\n\x07summary\x18\n \x01(\t\x12\x12\n\nonly_nodes\x18\x0b \x03(\t\"\xbc\x01\n\x13\x46ilterWhatIfRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12,\n\x07removed\x18\x04 \x03(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12*\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\"U\n\x11\x46ilterWhatIfReply\x12\x30\n\x07verdict\x18\x01 \x01(\x0e\x32\x1f.gpusched.scheduling.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0eReserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xf4\x01\n\x0cReserveReply\x12\x10\n\x08reserved\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12J\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x35.gpusched.scheduling.v1.ReserveReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x30\n\x07\x62\x61rrier\x18\x05 \x01(\x0b\x32\x1f.gpusched.scheduling.v1.Barrier\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x07\x42\x61rrier\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x0c\n\x04open\x18\x02 \x01(\x08\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"_\n\x10PermittedRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xc7\x01\n\x0ePermittedReply\x12\x11\n\tpermitted\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12L\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x37.gpusched.scheduling.v1.PermittedReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x10UnreserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x10\n\x0eUnreserveReply\"B\n\x13WatchRequeueRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\",\n\x0cRequeueBatch\x12\x0c\n\x04pods\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t*C\n\x07Verdict\x12\x10\n\x0cVERDICT_FITS\x10\x00\x12\x13\n\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n\rVERDICT_NEVER\x10\x02\x32\xa2\x05\n\nScheduling\x12Q\n\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12\x66\n\x0c\x46ilterWhatIf\x12+.gpusched.scheduling.v1.FilterWhatIfRequest\x1a).gpusched.scheduling.v1.FilterWhatIfReply\x12W\n\x07Reserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReply\x12\x63\n\x0cWatchRequeue\x12+.gpusched.scheduling.v1.WatchRequeueRequest\x1a$.gpusched.scheduling.v1.RequeueBatch0\x01\x42NZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+gpusched_api/scheduling/v1/scheduling.proto\x12\x16gpusched.scheduling.v1\";\n\x0cHelloRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\"`\n\nHelloReply\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63ore_version\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x18\n\x10not_ready_reason\x18\x04 \x01(\t\"A\n\x03Pod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\x12\x0c\n\x04json\x18\x04 \x01(\x0c\".\n\tNodeTable\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\r\n\x05names\x18\x02 \x03(\t\"k\n\x10PreFilterRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x18\n\x10table_generation\x18\x03 \x01(\x04\"\xfd\x01\n\x0ePreFilterReply\x12\x0c\n\x04skip\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x14\n\x0cunresolvable\x18\x03 \x01(\t\x12\x18\n\x10table_generation\x18\x04 \x01(\x04\x12\x30\n\x05table\x18\x05 \x01(\x0b\x32!.gpusched.scheduling.v1.NodeTable\x12\x10\n\x08verdicts\x18\x06 \x01(\x0c\x12\x14\n\x0creason_index\x18\x07 \x03(\r\x12\x0f\n\x07reasons\x18\x08 \x03(\t\x12\x0e\n\x06scores\x18\t \x01(\x0c\x12\x0f\n\x07summary\x18\n \x01(\t\x12\x12\n\nonly_nodes\x18\x0b \x03(\t\"\xf1\x01\n\x13\x46ilterWhatIfRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12,\n\x07removed\x18\x04 \x03(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12*\n\x05\x61\x64\x64\x65\x64\x18\x05 \x03(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x33\n\tnode_pods\x18\x06 \x01(\x0b\x32 .gpusched.scheduling.v1.NodePods\"\x18\n\x08NodePods\x12\x0c\n\x04uids\x18\x01 \x03(\t\"U\n\x11\x46ilterWhatIfReply\x12\x30\n\x07verdict\x18\x01 \x01(\x0e\x32\x1f.gpusched.scheduling.v1.Verdict\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0eReserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xf4\x01\n\x0cReserveReply\x12\x10\n\x08reserved\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12J\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x35.gpusched.scheduling.v1.ReserveReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x30\n\x07\x62\x61rrier\x18\x05 \x01(\x0b\x32\x1f.gpusched.scheduling.v1.Barrier\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\";\n\x07\x42\x61rrier\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x0c\n\x04open\x18\x02 \x01(\x08\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"_\n\x10PermittedRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\"\xc7\x01\n\x0ePermittedReply\x12\x11\n\tpermitted\x18\x01 \x01(\x08\x12\x0f\n\x07refusal\x18\x02 \x01(\t\x12L\n\x0b\x61nnotations\x18\x03 \x03(\x0b\x32\x37.gpusched.scheduling.v1.PermittedReply.AnnotationsEntry\x12\x0f\n\x07summary\x18\x04 \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x10UnreserveRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12(\n\x03pod\x18\x02 \x01(\x0b\x32\x1b.gpusched.scheduling.v1.Pod\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x10\n\x0eUnreserveReply\"B\n\x13WatchRequeueRequest\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\r\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\",\n\x0cRequeueBatch\x12\x0c\n\x04pods\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t*C\n\x07Verdict\x12\x10\n\x0cVERDICT_FITS\x10\x00\x12\x13\n\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n\rVERDICT_NEVER\x10\x02\x32\xa2\x05\n\nScheduling\x12Q\n\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12\x66\n\x0c\x46ilterWhatIf\x12+.gpusched.scheduling.v1.FilterWhatIfRequest\x1a).gpusched.scheduling.v1.FilterWhatIfReply\x12W\n\x07Reserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReply\x12\x63\n\x0cWatchRequeue\x12+.gpusched.scheduling.v1.WatchRequeueRequest\x1a$.gpusched.scheduling.v1.RequeueBatch0\x01\x42NZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_VERDICT']._serialized_start=1935
-  _globals['_VERDICT']._serialized_end=2002
+  _globals['_VERDICT']._serialized_start=2014
+  _globals['_VERDICT']._serialized_end=2081
   _globals['_HELLOREQUEST']._serialized_start=71
   _globals['_HELLOREQUEST']._serialized_end=130
   _globals['_HELLOREPLY']._serialized_start=132
@@ -52,31 +52,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILTERREPLY']._serialized_start=455
   _globals['_PREFILTERREPLY']._serialized_end=708
   _globals['_FILTERWHATIFREQUEST']._serialized_start=711
-  _globals['_FILTERWHATIFREQUEST']._serialized_end=899
-  _globals['_FILTERWHATIFREPLY']._serialized_start=901
-  _globals['_FILTERWHATIFREPLY']._serialized_end=986
-  _globals['_RESERVEREQUEST']._serialized_start=988
-  _globals['_RESERVEREQUEST']._serialized_end=1081
-  _globals['_RESERVEREPLY']._serialized_start=1084
-  _globals['_RESERVEREPLY']._serialized_end=1328
-  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_start=1278
-  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_end=1328
-  _globals['_BARRIER']._serialized_start=1330
-  _globals['_BARRIER']._serialized_end=1389
-  _globals['_PERMITTEDREQUEST']._serialized_start=1391
-  _globals['_PERMITTEDREQUEST']._serialized_end=1486
-  _globals['_PERMITTEDREPLY']._serialized_start=1489
-  _globals['_PERMITTEDREPLY']._serialized_end=1688
-  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_start=1278
-  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_end=1328
-  _globals['_UNRESERVEREQUEST']._serialized_start=1690
-  _globals['_UNRESERVEREQUEST']._serialized_end=1801
-  _globals['_UNRESERVEREPLY']._serialized_start=1803
-  _globals['_UNRESERVEREPLY']._serialized_end=1819
-  _globals['_WATCHREQUEUEREQUEST']._serialized_start=1821
-  _globals['_WATCHREQUEUEREQUEST']._serialized_end=1887
-  _globals['_REQUEUEBATCH']._serialized_start=1889
-  _globals['_REQUEUEBATCH']._serialized_end=1933
-  _globals['_SCHEDULING']._serialized_start=2005
-  _globals['_SCHEDULING']._serialized_end=2679
+  _globals['_FILTERWHATIFREQUEST']._serialized_end=952
+  _globals['_NODEPODS']._serialized_start=954
+  _globals['_NODEPODS']._serialized_end=978
+  _globals['_FILTERWHATIFREPLY']._serialized_start=980
+  _globals['_FILTERWHATIFREPLY']._serialized_end=1065
+  _globals['_RESERVEREQUEST']._serialized_start=1067
+  _globals['_RESERVEREQUEST']._serialized_end=1160
+  _globals['_RESERVEREPLY']._serialized_start=1163
+  _globals['_RESERVEREPLY']._serialized_end=1407
+  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_start=1357
+  _globals['_RESERVEREPLY_ANNOTATIONSENTRY']._serialized_end=1407
+  _globals['_BARRIER']._serialized_start=1409
+  _globals['_BARRIER']._serialized_end=1468
+  _globals['_PERMITTEDREQUEST']._serialized_start=1470
+  _globals['_PERMITTEDREQUEST']._serialized_end=1565
+  _globals['_PERMITTEDREPLY']._serialized_start=1568
+  _globals['_PERMITTEDREPLY']._serialized_end=1767
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_start=1357
+  _globals['_PERMITTEDREPLY_ANNOTATIONSENTRY']._serialized_end=1407
+  _globals['_UNRESERVEREQUEST']._serialized_start=1769
+  _globals['_UNRESERVEREQUEST']._serialized_end=1880
+  _globals['_UNRESERVEREPLY']._serialized_start=1882
+  _globals['_UNRESERVEREPLY']._serialized_end=1898
+  _globals['_WATCHREQUEUEREQUEST']._serialized_start=1900
+  _globals['_WATCHREQUEUEREQUEST']._serialized_end=1966
+  _globals['_REQUEUEBATCH']._serialized_start=1968
+  _globals['_REQUEUEBATCH']._serialized_end=2012
+  _globals['_SCHEDULING']._serialized_start=2084
+  _globals['_SCHEDULING']._serialized_end=2758
 # @@protoc_insertion_point(module_scope)

@@ -94,18 +94,26 @@ class PreFilterReply(_message.Message):
     def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FilterWhatIfRequest(_message.Message):
-    __slots__ = ("api_version", "pod", "node", "removed", "added")
+    __slots__ = ("api_version", "pod", "node", "removed", "added", "node_pods")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
+    NODE_PODS_FIELD_NUMBER: _ClassVar[int]
     api_version: int
     pod: Pod
     node: str
     removed: _containers.RepeatedCompositeFieldContainer[Pod]
     added: _containers.RepeatedCompositeFieldContainer[Pod]
-    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., removed: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., added: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ...) -> None: ...
+    node_pods: NodePods
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., removed: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., added: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., node_pods: _Optional[_Union[NodePods, _Mapping]] = ...) -> None: ...
+
+class NodePods(_message.Message):
+    __slots__ = ("uids",)
+    UIDS_FIELD_NUMBER: _ClassVar[int]
+    uids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, uids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FilterWhatIfReply(_message.Message):
     __slots__ = ("verdict", "reason")

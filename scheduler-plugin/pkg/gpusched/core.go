@@ -159,14 +159,14 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, 
 }
 
 // filterWhatIf asks the core to judge the pod on node with removed gone and added placed there.
-func (c *core) filterWhatIf(ctx context.Context, pod *v1.Pod, node string, removed, added []*pb.Pod) (*pb.FilterWhatIfReply, error) {
+func (c *core) filterWhatIf(ctx context.Context, pod *v1.Pod, node string, removed, added []*pb.Pod, nodePods []string) (*pb.FilterWhatIfReply, error) {
 	wire, err := wirePod(pod)
 	if err != nil {
 		return nil, err
 	}
 	return call(ctx, c, func(ctx context.Context) (*pb.FilterWhatIfReply, error) {
 		return c.client.FilterWhatIf(ctx, &pb.FilterWhatIfRequest{ApiVersion: APIVersion, Pod: wire, Node: node,
-			Removed: removed, Added: added})
+			Removed: removed, Added: added, NodePods: &pb.NodePods{Uids: nodePods}})
 	})
 }
 

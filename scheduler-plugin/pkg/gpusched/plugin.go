@@ -154,8 +154,9 @@ func readAnswer(state fwk.CycleState) (*answer, *fwk.Status) {
 
 // Filter looks the node up in the cycle's answer, unless the cycle changed the node (preemption's
 // dry run, nominated pods: see PreFilterExtensions) in a way that could change the verdict: then
-// the core judges it as changed. Removing pods can make a node fit, adding pods cannot, and a node
-// the pod can never fit stays so.
+// the core judges it as changed. Removing pods can make a node fit (and once a dry run removed any,
+// every Filter of that node asks, sparing victims included), adding pods cannot, and a node the pod
+// can never fit stays so.
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	a, st := readAnswer(state)
 	if st != nil {
@@ -164,10 +165,10 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	node := nodeInfo.Node().Name
 	verdict := a.verdict(node)
 	pc := changed(state, node)
-	if pc == nil || verdict.Code() == fwk.UnschedulableAndUnresolvable || (verdict != nil && len(pc.removed) == 0) {
+	if pc == nil || verdict.Code() == fwk.UnschedulableAndUnresolvable || (verdict != nil && !pc.removedAny) {
 		return verdict
 	}
-	return p.whatIf(ctx, pod, node, pc)
+	return p.whatIf(ctx, pod, nodeInfo, pc)
 }
 
 // verdict maps the core's verdict for node to a framework status (nil is Success).

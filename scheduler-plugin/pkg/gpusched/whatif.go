@@ -31,14 +31,15 @@ type nodeChanges struct {
 }
 
 type podChanges struct {
-	removed []*pb.Pod
-	added   []*pb.Pod
+	removed    []*pb.Pod
+	added      []*pb.Pod
+	removedAny bool // a pod was removed in this cycle, even if added back since (a dry run)
 }
 
 func (c *nodeChanges) Clone() fwk.StateData {
 	nodes := make(map[string]*podChanges, len(c.nodes))
 	for name, pc := range c.nodes {
-		nodes[name] = &podChanges{removed: slices.Clone(pc.removed), added: slices.Clone(pc.added)}
+		nodes[name] = &podChanges{removed: slices.Clone(pc.removed), added: slices.Clone(pc.added), removedAny: pc.removedAny}
 	}
 	return &nodeChanges{nodes: nodes}
 }
@@ -101,6 +102,7 @@ func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, p
 	}
 	pod := podInfo.GetPod()
 	pc := changesOn(state, nodeInfo.Node().Name)
+	pc.removedAny = true
 	if i := indexOf(pc.added, pod.UID); i >= 0 {
 		pc.added = slices.Delete(pc.added, i, i+1)
 		return nil
@@ -116,22 +118,26 @@ func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, p
 	return nil
 }
 
-// changed is the node's changes when the cycle changed it, else nil.
+// changed is the node's changes when the cycle changed it (even back to where it was), else nil.
 func changed(state fwk.CycleState, node string) *podChanges {
-	c := readChanges(state)
-	if c == nil {
-		return nil
-	}
-	if pc := c.nodes[node]; pc != nil && (len(pc.removed) > 0 || len(pc.added) > 0) {
-		return pc
+	if c := readChanges(state); c != nil {
+		return c.nodes[node]
 	}
 	return nil
 }
 
 // whatIf asks the core to judge the pod on a node the cycle changed, and maps its verdict as
-// Filter does. A core that cannot be asked is an Error: the node is not judged fit.
-func (p *Plugin) whatIf(ctx context.Context, pod *v1.Pod, node string, pc *podChanges) *fwk.Status {
-	reply, err := p.core.filterWhatIf(ctx, pod, node, pc.removed, pc.added)
+// Filter does. It names every pod the node info holds now: the core judges a pod it still holds
+// there but kube-scheduler no longer sees as gone (kube-scheduler saw its deletion first), so a dry
+// run that spares every victim it can is never told a deleted pod still stands in the way. A core
+// that cannot be asked is an Error: the node is not judged fit.
+func (p *Plugin) whatIf(ctx context.Context, pod *v1.Pod, nodeInfo fwk.NodeInfo, pc *podChanges) *fwk.Status {
+	node := nodeInfo.Node().Name
+	uids := make([]string, 0, len(nodeInfo.GetPods()))
+	for _, pi := range nodeInfo.GetPods() {
+		uids = append(uids, string(pi.GetPod().UID))
+	}
+	reply, err := p.core.filterWhatIf(ctx, pod, node, pc.removed, pc.added, uids)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}

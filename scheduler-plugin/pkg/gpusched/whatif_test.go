@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -20,14 +21,16 @@ import (
 // whatIfCore is a fakeCore that also answers FilterWhatIf and records what each request named.
 type whatIfCore struct {
 	fakeCore
-	answer  func(*pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error)
-	asked   sync.Mutex
-	changes []string // per request: "node -removed,... +added,..." (pod names)
+	answer   func(*pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error)
+	asked    sync.Mutex
+	changes  []string   // per request: "node -removed,... +added,..." (pod names)
+	nodePods [][]string // per request: the UIDs of the pods kube-scheduler sees on the node
 }
 
 func (f *whatIfCore) FilterWhatIf(_ context.Context, r *pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error) {
 	f.asked.Lock()
 	f.changes = append(f.changes, describeChanges(r))
+	f.nodePods = append(f.nodePods, r.GetNodePods().GetUids())
 	f.asked.Unlock()
 	return f.answer(r)
 }
@@ -44,7 +47,7 @@ func describeChanges(r *pb.FilterWhatIfRequest) string {
 }
 
 // A GPU pod's cycle over two nodes: "full" is not free now, "never" can never hold the pod,
-// "open" fits. The core's what-if answers FITS when anything was removed, else NOT_NOW.
+// "open" fits. The fake core's what-if answers FITS when anything was removed, else NOT_NOW.
 func whatIfPlugin(t *testing.T, answer func(*pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error)) (*Plugin, *whatIfCore) {
 	t.Helper()
 	names := []string{"full", "never", "open"}
@@ -62,7 +65,7 @@ func fitsWhenRemoved(r *pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error) {
 	if len(r.GetRemoved()) > 0 {
 		return &pb.FilterWhatIfReply{Verdict: pb.Verdict_VERDICT_FITS}, nil
 	}
-	return &pb.FilterWhatIfReply{Verdict: pb.Verdict_VERDICT_NOT_NOW, Reason: "a nominated pod takes the GPUs"}, nil
+	return &pb.FilterWhatIfReply{Verdict: pb.Verdict_VERDICT_NOT_NOW, Reason: "core: no room"}, nil
 }
 
 func podInfoOf(name string) fwk.PodInfo {
@@ -94,21 +97,19 @@ func TestFilterOnChangedNodesAsksTheCore(t *testing.T) {
 		{"a victim spared again: the rest stay removed",
 			[]change{{false, "full", "low-a"}, {false, "full", "low-b"}, {true, "full", "low-a"}}, "full", fwk.Success, "",
 			[]string{"full -low-b +"}},
-		{"every victim spared: a lookup again",
-			[]change{{false, "full", "low-a"}, {true, "full", "low-a"}}, "full", fwk.Unschedulable,
-			"only 0 of 8 GPUs free; pod needs 4", nil},
+		{"every victim spared: still asked (the core may hold a pod kube-scheduler saw deleted)",
+			[]change{{false, "full", "low-a"}, {true, "full", "low-a"}}, "full", fwk.Unschedulable, "core: no room",
+			[]string{"full - +"}},
 		{"another node's change does not touch this one",
 			[]change{{false, "open", "low-a"}}, "full", fwk.Unschedulable, "only 0 of 8 GPUs free; pod needs 4", nil},
 		{"a node the pod can never fit is not asked about",
 			[]change{{false, "never", "low-a"}}, "never", fwk.UnschedulableAndUnresolvable,
 			"node has 0 whole GPUs; pod needs 2", nil},
 		{"a nominated pod on a fitting node: the core places it first",
-			[]change{{true, "open", "nominated"}}, "open", fwk.Unschedulable, "a nominated pod takes the GPUs",
+			[]change{{true, "open", "nominated"}}, "open", fwk.Unschedulable, "core: no room",
 			[]string{"open - +nominated"}},
 		{"a nominated pod on a node that does not fit cannot make it fit: not asked",
 			[]change{{true, "full", "nominated"}}, "full", fwk.Unschedulable, "only 0 of 8 GPUs free; pod needs 4", nil},
-		{"a nominated pod removed again: a lookup",
-			[]change{{true, "open", "nominated"}, {false, "open", "nominated"}}, "open", fwk.Success, "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, f := whatIfPlugin(t, fitsWhenRemoved)
@@ -163,8 +164,31 @@ func TestChangesStayInTheirClone(t *testing.T) {
 			t.Errorf("%s: Filter = %v, want %v", tc.name, st, tc.code)
 		}
 	}
-	if want := []string{"full -low-a +"}; !slices.Equal(f.changes, want) {
+	if want := []string{"full -low-a +", "full - +"}; !slices.Equal(f.changes, want) {
 		t.Errorf("core asked %q, want %q", f.changes, want)
+	}
+}
+
+// The question names every pod kube-scheduler's node info holds (the dry run's removals applied).
+func TestTheNodesPodsTravelWithTheQuestion(t *testing.T) {
+	p, f := whatIfPlugin(t, fitsWhenRemoved)
+	ctx, state, pod := context.Background(), framework.NewCycleState(), makePod("high")
+	if _, st := p.PreFilter(ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	ni := nodeInfo("full")
+	for _, name := range []string{"low-a", "low-b"} {
+		ni.AddPodInfo(podInfoOf(name))
+	}
+	if st := p.PreFilterExtensions().RemovePod(ctx, state, pod, podInfoOf("low-a"), ni); !st.IsSuccess() {
+		t.Fatal(st)
+	}
+	if err := ni.RemovePod(klog.Background(), makePod("low-a")); err != nil { // as the dry run does
+		t.Fatal(err)
+	}
+	p.Filter(ctx, state, pod, ni)
+	if want := [][]string{{"uid-low-b"}}; len(f.nodePods) != 1 || !slices.Equal(f.nodePods[0], want[0]) {
+		t.Errorf("node pods sent %q, want %q", f.nodePods, want)
 	}
 }
 

@@ -519,12 +519,17 @@ func (x *PreFilterReply) GetOnlyNodes() []string {
 }
 
 type FilterWhatIfRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
-	Pod           *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
-	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
-	Removed       []*Pod                 `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"` // pods the cycle removed from the node (and did not add back)
-	Added         []*Pod                 `protobuf:"bytes,5,rep,name=added,proto3" json:"added,omitempty"`     // pods the cycle added to the node that were not on it (nominated pods)
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod        *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node       string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Removed    []*Pod                 `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"` // pods the cycle removed from the node (and did not add back)
+	Added      []*Pod                 `protobuf:"bytes,5,rep,name=added,proto3" json:"added,omitempty"`     // pods the cycle added to the node that were not on it (nominated pods)
+	// Every pod kube-scheduler's node info holds now (its changes applied). A pod the core holds
+	// bound there that is not among them is gone in kube-scheduler's view (its deletion reached
+	// kube-scheduler before the core's watch) and is judged gone: else the core, a deletion behind,
+	// would ask for a victim more than kube-scheduler needs.
+	NodePods      *NodePods `protobuf:"bytes,6,opt,name=node_pods,json=nodePods,proto3" json:"node_pods,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -594,6 +599,57 @@ func (x *FilterWhatIfRequest) GetAdded() []*Pod {
 	return nil
 }
 
+func (x *FilterWhatIfRequest) GetNodePods() *NodePods {
+	if x != nil {
+		return x.NodePods
+	}
+	return nil
+}
+
+type NodePods struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uids          []string               `protobuf:"bytes,1,rep,name=uids,proto3" json:"uids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodePods) Reset() {
+	*x = NodePods{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodePods) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodePods) ProtoMessage() {}
+
+func (x *NodePods) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodePods.ProtoReflect.Descriptor instead.
+func (*NodePods) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *NodePods) GetUids() []string {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
 type FilterWhatIfReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Verdict       Verdict                `protobuf:"varint,1,opt,name=verdict,proto3,enum=gpusched.scheduling.v1.Verdict" json:"verdict,omitempty"`
@@ -604,7 +660,7 @@ type FilterWhatIfReply struct {
 
 func (x *FilterWhatIfReply) Reset() {
 	*x = FilterWhatIfReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +672,7 @@ func (x *FilterWhatIfReply) String() string {
 func (*FilterWhatIfReply) ProtoMessage() {}
 
 func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +685,7 @@ func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilterWhatIfReply.ProtoReflect.Descriptor instead.
 func (*FilterWhatIfReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FilterWhatIfReply) GetVerdict() Verdict {
@@ -657,7 +713,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +725,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +738,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReserveRequest) GetApiVersion() uint32 {
@@ -721,7 +777,7 @@ type ReserveReply struct {
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +789,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +802,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReserveReply) GetReserved() bool {
@@ -798,7 +854,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +866,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +879,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Barrier) GetGang() string {
@@ -858,7 +914,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +926,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +939,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -919,7 +975,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +987,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1000,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -987,7 +1043,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1055,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1068,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -1051,7 +1107,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1119,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1132,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
 }
 
 type WatchRequeueRequest struct {
@@ -1089,7 +1145,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1157,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1170,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1141,7 +1197,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1209,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1222,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1227,14 +1283,17 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\asummary\x18\n" +
 	" \x01(\tR\asummary\x12\x1d\n" +
 	"\n" +
-	"only_nodes\x18\v \x03(\tR\tonlyNodes\"\xe3\x01\n" +
+	"only_nodes\x18\v \x03(\tR\tonlyNodes\"\xa2\x02\n" +
 	"\x13FilterWhatIfRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x125\n" +
 	"\aremoved\x18\x04 \x03(\v2\x1b.gpusched.scheduling.v1.PodR\aremoved\x121\n" +
-	"\x05added\x18\x05 \x03(\v2\x1b.gpusched.scheduling.v1.PodR\x05added\"f\n" +
+	"\x05added\x18\x05 \x03(\v2\x1b.gpusched.scheduling.v1.PodR\x05added\x12=\n" +
+	"\tnode_pods\x18\x06 \x01(\v2 .gpusched.scheduling.v1.NodePodsR\bnodePods\"\x1e\n" +
+	"\bNodePods\x12\x12\n" +
+	"\x04uids\x18\x01 \x03(\tR\x04uids\"f\n" +
 	"\x11FilterWhatIfReply\x129\n" +
 	"\averdict\x18\x01 \x01(\x0e2\x1f.gpusched.scheduling.v1.VerdictR\averdict\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"t\n" +
@@ -1310,7 +1369,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Verdict)(0),                // 0: gpusched.scheduling.v1.Verdict
 	(*HelloRequest)(nil),        // 1: gpusched.scheduling.v1.HelloRequest
@@ -1320,18 +1379,19 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*PreFilterRequest)(nil),    // 5: gpusched.scheduling.v1.PreFilterRequest
 	(*PreFilterReply)(nil),      // 6: gpusched.scheduling.v1.PreFilterReply
 	(*FilterWhatIfRequest)(nil), // 7: gpusched.scheduling.v1.FilterWhatIfRequest
-	(*FilterWhatIfReply)(nil),   // 8: gpusched.scheduling.v1.FilterWhatIfReply
-	(*ReserveRequest)(nil),      // 9: gpusched.scheduling.v1.ReserveRequest
-	(*ReserveReply)(nil),        // 10: gpusched.scheduling.v1.ReserveReply
-	(*Barrier)(nil),             // 11: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil),    // 12: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),      // 13: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil),    // 14: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),      // 15: gpusched.scheduling.v1.UnreserveReply
-	(*WatchRequeueRequest)(nil), // 16: gpusched.scheduling.v1.WatchRequeueRequest
-	(*RequeueBatch)(nil),        // 17: gpusched.scheduling.v1.RequeueBatch
-	nil,                         // 18: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                         // 19: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(*NodePods)(nil),            // 8: gpusched.scheduling.v1.NodePods
+	(*FilterWhatIfReply)(nil),   // 9: gpusched.scheduling.v1.FilterWhatIfReply
+	(*ReserveRequest)(nil),      // 10: gpusched.scheduling.v1.ReserveRequest
+	(*ReserveReply)(nil),        // 11: gpusched.scheduling.v1.ReserveReply
+	(*Barrier)(nil),             // 12: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 13: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 14: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 15: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 16: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 17: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 18: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 19: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 20: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
@@ -1339,32 +1399,33 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 2: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	3,  // 3: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
 	3,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
-	0,  // 5: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
-	3,  // 6: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	18, // 7: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	11, // 8: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
-	3,  // 9: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	19, // 10: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
-	3,  // 11: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	1,  // 12: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	5,  // 13: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	7,  // 14: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
-	9,  // 15: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	14, // 16: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	12, // 17: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	16, // 18: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
-	2,  // 19: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	6,  // 20: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	8,  // 21: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
-	10, // 22: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	15, // 23: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	13, // 24: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	17, // 25: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	8,  // 5: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
+	0,  // 6: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
+	3,  // 7: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	19, // 8: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	12, // 9: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	3,  // 10: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	20, // 11: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	3,  // 12: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	1,  // 13: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	5,  // 14: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	7,  // 15: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
+	10, // 16: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	15, // 17: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	13, // 18: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	17, // 19: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	2,  // 20: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	6,  // 21: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	9,  // 22: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
+	11, // 23: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	16, // 24: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	14, // 25: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	18, // 26: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
@@ -1378,7 +1439,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
