@@ -204,6 +204,8 @@ class PluginService:
         if not ready:
             return NodeAnswer(NOT_NOW, f"gpusched is not ready: {why}")
         going, staying = self._victims.split(pod, removed)
+        if present is not None:  # the dry run's removals exist still: only ``going`` leave, by the rules above
+            present = {*present, *(p.uid for p in removed)}
         outcome = self._service.what_if(pod, node, going, added, present)
         if outcome.feasible:
             return NodeAnswer(FITS)

@@ -526,9 +526,10 @@ type FilterWhatIfRequest struct {
 	Removed    []*Pod                 `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"` // pods the cycle removed from the node (and did not add back)
 	Added      []*Pod                 `protobuf:"bytes,5,rep,name=added,proto3" json:"added,omitempty"`     // pods the cycle added to the node that were not on it (nominated pods)
 	// Every pod kube-scheduler's node info holds now (its changes applied). A pod the core holds
-	// bound there that is not among them is gone in kube-scheduler's view (its deletion reached
-	// kube-scheduler before the core's watch) and is judged gone: else the core, a deletion behind,
-	// would ask for a victim more than kube-scheduler needs.
+	// bound there that is neither among them nor in removed is gone in kube-scheduler's view (its
+	// deletion reached kube-scheduler before the core's watch) and is judged gone: else the core, a
+	// deletion behind, would ask for a victim more than kube-scheduler needs. (A removed pod is
+	// judged by the core's victim rules, never gone by its absence here.)
 	NodePods      *NodePods `protobuf:"bytes,6,opt,name=node_pods,json=nodePods,proto3" json:"node_pods,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
