@@ -78,21 +78,8 @@ func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podI
 	if a, st := readAnswer(state); st != nil || a.table == nil {
 		return nil // not a GPU pod's cycle: nothing of ours to judge differently
 	}
-	pod := podInfo.GetPod()
 	pc := changesOn(state, nodeInfo.Node().Name)
-	if i := indexOf(pc.removed, pod.UID); i >= 0 {
-		pc.removed = slices.Delete(pc.removed, i, i+1)
-		return nil
-	}
-	if indexOf(pc.added, pod.UID) >= 0 {
-		return nil
-	}
-	wire, err := wirePod(pod)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	pc.added = append(pc.added, wire)
-	return nil
+	return move(podInfo.GetPod(), &pc.removed, &pc.added)
 }
 
 // RemovePod: a pod the cycle added is gone again; any other pod leaves the node (a victim).
@@ -100,21 +87,26 @@ func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, p
 	if a, st := readAnswer(state); st != nil || a.table == nil {
 		return nil
 	}
-	pod := podInfo.GetPod()
 	pc := changesOn(state, nodeInfo.Node().Name)
 	pc.removedAny = true
-	if i := indexOf(pc.added, pod.UID); i >= 0 {
-		pc.added = slices.Delete(pc.added, i, i+1)
+	return move(podInfo.GetPod(), &pc.added, &pc.removed)
+}
+
+// move records pod as going from one side of a node's changes to the other: taken off "from"
+// when it is there (a change undone), else put on "to" once.
+func move(pod *v1.Pod, from, to *[]*pb.Pod) *fwk.Status {
+	if i := indexOf(*from, pod.UID); i >= 0 {
+		*from = slices.Delete(*from, i, i+1)
 		return nil
 	}
-	if indexOf(pc.removed, pod.UID) >= 0 {
+	if indexOf(*to, pod.UID) >= 0 {
 		return nil
 	}
 	wire, err := wirePod(pod)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	pc.removed = append(pc.removed, wire)
+	*to = append(*to, wire)
 	return nil
 }
 
