@@ -7,7 +7,7 @@ fakes in unit tests, no cluster at all in the standalone mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ class Collaborators:
     # The PodDisruptionBudgets preemption honours (their watch's book in a cluster).
     budgets: BudgetSource = field(default_factory=NoBudgets)
     # Told of each pod the extender's filter found no node for: extender mode's preemption.
-    on_rejected: Callable[[PodRef], object] = lambda pod: None
+    on_rejected: Callable[[PodRef, Sequence[str]], object] = lambda pod, nodes: None
 
 
 def create_app(settings: Settings, collaborators: Collaborators | None = None) -> FastAPI:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -66,8 +66,9 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
                  internal_errors: Counter, ready: Callable[[], tuple[bool, str]],
                  debug_nodes: Callable[[], dict[str, Any]],
                  debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []},
-                 on_rejected: Callable[[PodRef], object] = lambda pod: None) -> APIRouter:
-    """``on_rejected``: told of each pod the filter found no node for (extender mode's preemption)."""
+                 on_rejected: Callable[[PodRef, Sequence[str]], object] = lambda pod, nodes: None) -> APIRouter:
+    """``on_rejected(pod, nodes)``: told of each pod the filter found no node for among ``nodes``, or
+    kube-scheduler asks to preempt for on ``nodes`` (extender mode's preemption)."""
     router = APIRouter()
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
@@ -115,7 +116,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
             except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
                 return ExtenderFilterResult(Error=internal("filter", exc)).model_dump()
             if not outcome.feasible and not outcome.error:
-                on_rejected(pod)
+                on_rejected(pod, names)
             if objects is None:
                 return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable,
                                             outcome.error)
@@ -133,7 +134,9 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         def handle(body: bytes) -> dict[str, Any]:
             args, raw = parse_body(body, ExtenderPreemptionArgs)
             meta = args.Pod.metadata
-            on_rejected(PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {}))
+            candidates = raw.get("NodeNameToMetaVictims") or raw.get("NodeNameToVictims") or {}
+            on_rejected(PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {}),
+                        [str(n) for n in candidates] if isinstance(candidates, dict) else [])
             return {"NodeNameToMetaVictims": {}}
         return await answer("preempt", request, handle, judge_limiter)
 

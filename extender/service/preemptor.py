@@ -12,7 +12,8 @@ node" for every GPU pod, and the core preempts instead:
    own filters may reject it by count before the extender's filter is called) marked Unschedulable by kube-scheduler (its
    cycle, PostFilter included, is over), not nominated, with a priority and a preemption policy
    that let it preempt (:class:`PreemptionTrigger`);
-2. :meth:`Preemptor.plan` judges, on each node the pod may fit later (at most
+2. :meth:`Preemptor.plan` judges, on each node kube-scheduler's own filters let through (the
+   candidates of its filter call, or of its preempt call) where the pod may fit later (at most
    ``MAX_CANDIDATE_NODES`` holding lower-priority pods), the pod with every lower-priority pod
    gone that gpusched lets go (``VictimRules``: never part of a gang, never past a
    PodDisruptionBudget) and pods already terminating gone too; where that fits, it spares victims
@@ -56,6 +57,8 @@ MAX_CANDIDATE_NODES = 100  # nodes judged per plan (kube-scheduler's floor of ca
 HOLD_S = 120.0  # how long a node stays held for a preemptor that has not bound
 RETRY_S = 5.0  # a pod is planned for again at most this often
 REJECTED_S = 60.0  # an extender rejection this recent marks a pod as the extender's to preempt for
+MAX_REJECTED_PODS = 10_000  # rejected pods remembered (the oldest half forgotten past it)
+MAX_REMEMBERED_NODES = 1_000  # candidate nodes remembered per pod (a plan judges at most MAX_CANDIDATE_NODES)
 
 
 def priority_of(raw: Mapping[str, Any]) -> int:
@@ -248,8 +251,9 @@ class Preemptor:
         self._last: dict[str, str] = {}  # uid -> the summary last reported (bounded below)
         self._lock = threading.Lock()
 
-    def plan(self, pod: PodRef) -> Plan | str:
-        """The best plan for ``pod``, or why preemption cannot help it."""
+    def plan(self, pod: PodRef, nodes: Sequence[str]) -> Plan | str:
+        """The best plan for ``pod`` on ``nodes`` (those kube-scheduler's own filters allow), or
+        why preemption cannot help it."""
         priority = priority_of(pod.raw)
         if not may_preempt(pod.raw):
             return "its preemptionPolicy is Never"
@@ -259,7 +263,7 @@ class Preemptor:
         if declares_gang(pod.raw):
             return "a gang member does not preempt (a gang is placed whole, never by evicting for one member)"
         snapshot = self._decider.snapshot()
-        outcome = self._decider.filter(pod, list(snapshot.nodes), None)
+        outcome = self._decider.filter(pod, nodes, None)
         if outcome.feasible:
             return f"it fits {len(outcome.feasible)} node(s) without preempting"
         why_not: dict[str, str] = {}
@@ -305,11 +309,11 @@ class Preemptor:
     def _what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef]) -> FilterOutcome:
         return self._decider.what_if(pod, node, removed, [h.pod for h in self._holds.against(pod) if h.node == node])
 
-    def preempt(self, pod: PodRef) -> str:
-        """Plan for ``pod`` and carry the plan out; records the ``preempt`` decision and returns its
-        summary."""
+    def preempt(self, pod: PodRef, nodes: Sequence[str]) -> str:
+        """Plan for ``pod`` on ``nodes`` and carry the plan out; records the ``preempt`` decision and
+        returns its summary."""
         started = time.perf_counter()
-        found = self.plan(pod)
+        found = self.plan(pod, nodes)
         if isinstance(found, str):
             return self._record(pod, "not-helpful", f"preemption cannot help: {found}", started)
         for victim in found.victims:
@@ -353,28 +357,37 @@ class PreemptionTrigger:
     rejected (``rejected``) that the pod watch then shows Unschedulable, unbound and not
     nominated is planned for on one worker thread, at most every ``RETRY_S`` per pod."""
 
-    def __init__(self, preempt: Callable[[PodRef], object], holds: Holds,
+    def __init__(self, preempt: Callable[[PodRef, Sequence[str]], object], holds: Holds,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``holds``: released when their pod is bound or deleted."""
+        """``preempt(pod, nodes)`` plans over ``nodes``; ``holds`` are released when their pod is
+        bound or deleted."""
         self._preempt = preempt
         self._holds = holds
         self._clock = clock
         self._lock = threading.Lock()
-        self._rejected: dict[str, float] = {}  # uid -> when the extender last rejected it
+        # uid -> (when the extender last rejected it, the nodes kube-scheduler's own filters let through)
+        self._rejected: dict[str, tuple[float, frozenset[str]]] = {}
         self._tried: dict[str, float] = {}  # uid -> when it was last planned for
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpusched-preempt")
 
-    def rejected(self, pod: PodRef) -> None:
-        """The extender's filter found no node for ``pod``."""
+    def rejected(self, pod: PodRef, nodes: Sequence[str]) -> None:
+        """The extender found no node for ``pod`` among ``nodes`` (its filter's candidates), or
+        kube-scheduler asked it to preempt for the pod on ``nodes`` (its dry run's candidates).
+        Those are the nodes kube-scheduler's own filters (node selector, affinity, taints) allow:
+        the only ones a plan may use. Nodes of a cycle add to the last one's (bounded)."""
         # A gang member waits for its group, never preempts: telling its author that preemption
         # cannot help would only mislead.
-        if (pod.uid and asks_for_gpus(pod) and may_preempt(pod.raw) and priority_of(pod.raw) > 0
+        if not (pod.uid and asks_for_gpus(pod) and may_preempt(pod.raw) and priority_of(pod.raw) > 0
                 and not declares_gang(pod.raw)):
-            with self._lock:
-                self._rejected[pod.uid] = self._clock()
-                if len(self._rejected) > 100_000:  # bounded: the oldest half goes
-                    for uid in sorted(self._rejected, key=self._rejected.__getitem__)[:50_000]:
-                        del self._rejected[uid]
+            return
+        now = self._clock()
+        with self._lock:
+            at, before = self._rejected.get(pod.uid, (0.0, frozenset()))
+            known = before if now - at <= REJECTED_S else frozenset()
+            self._rejected[pod.uid] = (now, frozenset(list(known | frozenset(nodes))[:MAX_REMEMBERED_NODES]))
+            if len(self._rejected) > MAX_REJECTED_PODS:  # bounded: the oldest half goes
+                for uid in sorted(self._rejected, key=lambda u: self._rejected[u][0])[:MAX_REJECTED_PODS // 2]:
+                    del self._rejected[uid]
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
         for obj in items:
@@ -395,16 +408,16 @@ class PreemptionTrigger:
             return
         now = self._clock()
         with self._lock:
-            rejected_at = self._rejected.get(uid)
-            if rejected_at is None or now - rejected_at > REJECTED_S or now - self._tried.get(uid, -RETRY_S) < RETRY_S:
+            rejected = self._rejected.get(uid)
+            if rejected is None or now - rejected[0] > REJECTED_S or now - self._tried.get(uid, -RETRY_S) < RETRY_S:
                 return
             self._tried[uid] = now
         ref = PodRef(meta.get("namespace") or "default", meta.get("name") or "", uid, dict(pod))
-        self._worker.submit(self._safely, ref)
+        self._worker.submit(self._safely, ref, sorted(rejected[1]))
 
-    def _safely(self, pod: PodRef) -> None:
+    def _safely(self, pod: PodRef, nodes: Sequence[str]) -> None:
         try:
-            self._preempt(pod)
+            self._preempt(pod, nodes)
         except Exception:  # a bug of ours must not stop the worker
             log.exception("preemption for %s failed", pod.key)
 

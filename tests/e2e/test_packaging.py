@@ -656,8 +656,9 @@ def test_plugin_modes_scheduler_identity_gains_nothing_its_bindings_held_to_gpus
     assert _grants(plugin_mode, *scheduler) == _grants(extender_mode, *scheduler)
     for account in ("gpusched-node-agent", "gpusched-metrics-proxy"):
         assert _grants(plugin_mode, "gpusched-system", account) == _grants(extender_mode, "gpusched-system", account)
-    # The extender loses what only extender mode uses (issue 39): Bindings, and the requeue patches
-    # of pods and nodes (plugin mode requeues through the core's stream); everything else is kept.
+    # The extender loses what only extender mode uses (issue 39): Bindings, the requeue patches of
+    # pods and nodes (plugin mode requeues through the core's stream), and evictions (kube-scheduler
+    # preempts in plugin mode, issue 42); everything else is kept.
     extender_rules = _grants(extender_mode, "gpusched-system", "gpusched-extender")
     plugin_rules = _grants(plugin_mode, "gpusched-system", "gpusched-extender")
     assert {k: v for k, v in plugin_rules.items() if k != "ClusterRole/gpusched-extender"} == \
@@ -665,7 +666,7 @@ def test_plugin_modes_scheduler_identity_gains_nothing_its_bindings_held_to_gpus
     verbs = _verbs(plugin_rules["ClusterRole/gpusched-extender"])
     assert verbs - _verbs(extender_rules["ClusterRole/gpusched-extender"]) == set()
     assert _verbs(extender_rules["ClusterRole/gpusched-extender"]) - verbs == {
-        ("", "pods/binding", "create"), ("", "pods", "patch"), ("", "nodes", "patch")}
+        ("", "pods/binding", "create"), ("", "pods", "patch"), ("", "nodes", "patch"), ("", "pods/eviction", "create")}
     policy = next(o for o in plugin_mode if o["kind"] == "ValidatingAdmissionPolicy"
                   and o["metadata"]["name"] == "gpusched-scheduler-bindings")
     assert policy["spec"]["matchConstraints"]["resourceRules"] == [

@@ -212,12 +212,14 @@ def test_preempt_answers_no_node_and_a_rejected_pod_is_handed_to_the_preemptor(b
     preempt for, is told to the preemptor."""
     rejected: list[str] = []
     app = create_app(Settings(max_body_bytes=4096),
-                     Collaborators(decider=decider, binder=binder, on_rejected=lambda p: rejected.append(p.key)))
+                     Collaborators(decider=decider, binder=binder,
+                                   on_rejected=lambda p, nodes: rejected.append(f"{p.key} {sorted(nodes)}")))
     http = TestClient(app)
     victims = {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "u-low"}], "NumPDBViolations": 0}}}
     r = http.post("/gpusched/preempt", json={"Pod": pod(), **victims, "NodeNameToVictims": None})
     assert (r.status_code, r.json()) == (200, {"NodeNameToMetaVictims": {}})
     http.post("/gpusched/filter", json={"Pod": pod("fits"), "NodeNames": ["good"]})
     http.post("/gpusched/filter", json={"Pod": pod("nowhere"), "NodeNames": ["bad-f1", "bad-u1"]})
-    assert rejected == ["ns/p", "ns/nowhere"], "a pod kube-scheduler's own filters rejected reaches it only at preempt"
+    assert rejected == ["ns/p ['n1']", "ns/nowhere ['bad-f1', 'bad-u1']"], \
+        "a pod kube-scheduler's own filters rejected reaches it only at preempt, with its dry run's candidates"
     assert http.post("/gpusched/preempt", json={"NodeNameToMetaVictims": {}}).status_code == 422, "no Pod: refused"

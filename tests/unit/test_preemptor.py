@@ -86,9 +86,18 @@ def two_tp4(node: str = "h100", priorities: tuple[int, int] = (100, 100)) -> lis
             for i, p in enumerate(priorities)]
 
 
+def test_only_the_nodes_kube_schedulers_own_filters_allow_are_planned_on():
+    """A free node the pod's node selector excludes is no reason to give up, nor a place to go."""
+    world = World(make_fleet("h100", "h100-2"), two_tp4())
+    plan = world.preemptor.plan(ref(engine("high", 4, 100000)), ["h100"])
+    assert isinstance(plan, Plan) and plan.node == "h100"
+    assert "fits 1 node(s) without preempting" in str(world.preemptor.plan(ref(engine("high", 4, 100000)),
+                                                                         ["h100", "h100-2"]))
+
+
 def test_count_blocked_the_plan_evicts_one_tp4_engine_the_least_important():
     world = World(make_fleet("h100"), two_tp4(priorities=(200, 100)))
-    plan = world.preemptor.plan(ref(engine("high", 4, 100000)))
+    plan = world.preemptor.plan(ref(engine("high", 4, 100000)), ["h100"])
     assert isinstance(plan, Plan), plan
     assert [v.ref.name for v in plan.victims] == ["low-1"], "the lower-priority engine goes, the other is spared"
     assert plan.freed == "GPUs 4,5,6,7" and plan.node == "h100"
@@ -96,7 +105,7 @@ def test_count_blocked_the_plan_evicts_one_tp4_engine_the_least_important():
 
 def test_of_equal_victims_the_newest_goes_and_the_older_is_spared():
     world = World(make_fleet("h100"), two_tp4())
-    plan = world.preemptor.plan(ref(engine("high", 4, 100000)))
+    plan = world.preemptor.plan(ref(engine("high", 4, 100000)), ["h100"])
     assert isinstance(plan, Plan) and [v.ref.name for v in plan.victims] == ["low-1"]
 
 
@@ -108,7 +117,7 @@ def test_of_equal_victims_the_newest_goes_and_the_older_is_spared():
 ])
 def test_when_preemption_cannot_help_the_plan_says_why(bound, high, why):
     world = World(make_fleet("h100"), bound)
-    plan = world.preemptor.plan(ref(engine("high", 4, high)))
+    plan = world.preemptor.plan(ref(engine("high", 4, high)), ["h100"])
     assert isinstance(plan, str) and why in plan, plan
 
 
@@ -116,14 +125,14 @@ def test_a_mig_only_node_is_never_a_candidate():
     world = World(make_fleet("mig"), [])
     world.ledger.observe("default/slice", "mig", ["MIG-mig-0-0"], "uid-slice")
     world.pods.replace_pods([engine("slice", 1, 100, node="mig")])
-    plan = world.preemptor.plan(ref(engine("high", 2, 100000)))
+    plan = world.preemptor.plan(ref(engine("high", 2, 100000)), ["mig"])
     assert isinstance(plan, str) and "lower priority" in plan, plan
 
 
 def test_preempt_evicts_the_victims_holds_the_node_and_records_the_decision():
     world = World(make_fleet("h100"), two_tp4(priorities=(200, 100)))
     high = ref(engine("high", 4, 100000))
-    summary = world.preemptor.preempt(high)
+    summary = world.preemptor.preempt(high, ["h100"])
     assert world.evictions.evicted == ["low-1"]
     assert "evicting default/low-1 (priority 100) frees GPUs 4,5,6,7 on h100" in summary
     record = world.decisions.for_pod("default", "high")["preempt"]
@@ -134,10 +143,10 @@ def test_preempt_evicts_the_victims_holds_the_node_and_records_the_decision():
 
 def test_a_refused_eviction_is_recorded_and_nothing_is_held():
     world = World(make_fleet("h100"), two_tp4(priorities=(200, 100)), refuse=["low-1"])
-    summary = world.preemptor.preempt(ref(engine("high", 4, 100000)))
+    summary = world.preemptor.preempt(ref(engine("high", 4, 100000)), ["h100"])
     assert "refused" in summary and "disruption budget" in summary
     assert world.holds.against(ref(engine("x", 4, 0))) == []
-    world.preemptor.preempt(ref(engine("high", 4, 100000)))
+    world.preemptor.preempt(ref(engine("high", 4, 100000)), ["h100"])
     assert world.reports.seen == [("default/high", "eviction-refused")], "the pod's author told once, not per retry"
 
 
@@ -145,7 +154,7 @@ def test_pods_already_terminating_count_as_gone_and_are_not_evicted_again():
     bound = [(engine("low-0", 4, 100, node="h100"), range(4)),
              (engine("leaving", 4, 100, node="h100", terminating=True), range(4, 8))]
     world = World(make_fleet("h100"), bound)
-    plan = world.preemptor.plan(ref(engine("high", 4, 100000)))
+    plan = world.preemptor.plan(ref(engine("high", 4, 100000)), ["h100"])
     assert isinstance(plan, Plan) and plan.victims == () and "once 1 terminating pod(s) are gone" in plan.words()
 
 
@@ -179,12 +188,13 @@ class Clock:
 def test_the_trigger_plans_once_for_a_rejected_pod_marked_unschedulable():
     planned: list[str] = []
     clock = Clock()
-    trigger = PreemptionTrigger(lambda pod: planned.append(pod.name), Holds(clock), clock)
+    trigger = PreemptionTrigger(lambda pod, nodes: planned.append(f"{pod.name} on {','.join(nodes)}"), Holds(clock), clock)
     high, plugin_pod, low = engine("high", 4, 100000), engine("plugin-pod", 4, 100000), engine("low", 4, 0)
     member = engine("member", 4, 100000, gang=True)
-    trigger.rejected(ref(high))
-    trigger.rejected(ref(low))  # priority 0 preempts nothing
-    trigger.rejected(ref(member))  # waits for its group
+    trigger.rejected(ref(high), ["n2"])  # the filter's candidates
+    trigger.rejected(ref(high), ["n1"])  # the preempt call's, in the same cycle
+    trigger.rejected(ref(low), ["n1"])  # priority 0 preempts nothing
+    trigger.rejected(ref(member), ["n1"])  # waits for its group
     trigger.apply_pod("MODIFIED", unschedulable(member))
     trigger.apply_pod("MODIFIED", high)  # no Unschedulable condition yet: its cycle is not over
     trigger.apply_pod("MODIFIED", unschedulable(plugin_pod))  # never rejected by the extender: plugin mode's
@@ -195,4 +205,4 @@ def test_the_trigger_plans_once_for_a_rejected_pod_marked_unschedulable():
     clock.now += 6
     trigger.apply_pod("MODIFIED", unschedulable(high))
     trigger.close(wait=True)
-    assert planned == ["high", "high"]
+    assert planned == ["high on n1,n2", "high on n1,n2"]
