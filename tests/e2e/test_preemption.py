@@ -47,8 +47,18 @@ def priorities(admin: client.ApiClient) -> Iterator[None]:
         api.delete_priority_class(name)
 
 
+@pytest.fixture(scope="module")
+def bystander(admin: client.ApiClient) -> Iterator[str]:
+    """A free 8-GPU node no test's pods may use (their node selector): as in a real cluster, a free
+    node kube-scheduler's own filters exclude is no reason to give up preempting, nor a place to go."""
+    node = unique("bystander")
+    create_preset_node(admin, node, "h100")
+    yield node
+    client.CoreV1Api(admin).delete_node(node)
+
+
 @pytest.fixture
-def fleet(admin: client.ApiClient) -> Iterator[tuple[str, list[str]]]:
+def fleet(admin: client.ApiClient, bystander: str) -> Iterator[tuple[str, list[str]]]:
     """This test's nodes (the fleet label its pods select); deleted afterwards."""
     fleet_id, names = unique("preempt"), []
     yield fleet_id, names
