@@ -21,6 +21,11 @@ waiting is unreserved, which releases the whole plan, and the plugin rejects its
 never part of a group bound. Bind of a member asks :meth:`PluginService.permitted` for its
 annotations (the group's commit record, as on an extender-mode bind).
 
+Preemption (issue 42): kube-scheduler's dry run removes lower-priority pods from a node and adds
+them back one by one, and adds the pods nominated to a node before judging one of lower priority;
+the plugin's Filter on a node so changed asks :meth:`PluginService.what_if`, which judges the pod
+there as changed, by gpusched's rules and the victim rules of ``service.preemption``.
+
 A DRA pod's reservation is final only at Bind too (its claims are allocated by DynamicResources'
 PreBind, after Reserve), and the plugin asks Permitted at Bind only for a reservation with a
 barrier: so on the wire such a pod on its own carries an open barrier of its own name
