@@ -8,6 +8,7 @@ and a GPU is never promised to two pods."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -212,6 +213,12 @@ def test_a_member_arriving_after_its_group_timed_out_is_refused_never_bound_alon
     node_a, node_b = world.filter(a).feasible[0], world.filter(b).feasible[0]
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(world.bind, a, node_a)
+        # The deadline passes while a waits at the barrier, not before its bind got there: on a busy
+        # machine the bind thread may not have run yet when the clock is moved (seen in a loaded CI run).
+        at_barrier_by = time.monotonic() + 5
+        while f"{NS}/a" not in world.gangs.describe()["gangs"][0]["atBarrier"]:
+            assert time.monotonic() < at_barrier_by and not waiting.done(), "a never reached the barrier"
+            time.sleep(0.01)
         clock.now += 11
         world.gangs.tick()
         assert "did not complete within 10s" in waiting.result(timeout=5)
