@@ -180,19 +180,24 @@ def test_fleet_server_and_foreign_usage_together(tmp_path: Path, server: PodReso
     assert [usage[g.uuid] for g in state.gpus] == [0, 20480 * 1024 * 1024, 0]
 
 
-def test_the_foreign_tracker_keeps_a_leftover_visible_while_a_pod_holds_its_gpu():
-    """A pod given a GPU a leftover fills does not make the leftover go away (issue 15)."""
+def two_h100(processes: str) -> GpuState:
+    """The fake backend's state of node n: two H100 80 GB GPUs running ``processes`` (fleet YAML lines)."""
     from nodeagent.gpu.fleet import parse_fleet
-    from nodeagent.podresources.foreign import ForeignTracker
 
-    state = parse_fleet("""version: 1
+    return parse_fleet("""version: 1
 node: n
 gpus:
 - {index: 0, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
 - {index: 1, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
 processes:
-- {pid: 7, gpu: 0, usedMiB: 71680}
-""", node_name="n").state
+""" + processes + "\n", node_name="n").state
+
+
+def test_the_foreign_tracker_keeps_a_leftover_visible_while_a_pod_holds_its_gpu():
+    """A pod given a GPU a leftover fills does not make the leftover go away (issue 15)."""
+    from nodeagent.podresources.foreign import ForeignTracker
+
+    state = two_h100("- {pid: 7, gpu: 0, usedMiB: 71680}")
     gpu0, gpu1 = state.gpus[0].uuid, state.gpus[1].uuid
     tracker = ForeignTracker()
     assert tracker.update(state, {})[gpu0] == 70 << 30
@@ -206,18 +211,9 @@ def test_the_foreign_tracker_learns_nothing_while_the_kubelets_answer_is_unknown
     """PodResources failing for a period (None) must not make a pod's GPU look unheld: its
     memory would be kept as a leftover's for as long as the pod holds the GPU. Each unit keeps
     what was last reported; a unit never reported is judged unheld."""
-    from nodeagent.gpu.fleet import parse_fleet
     from nodeagent.podresources.foreign import ForeignTracker
 
-    state = parse_fleet("""version: 1
-node: n
-gpus:
-- {index: 0, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
-- {index: 1, name: NVIDIA H100 80GB HBM3, memoryMiB: 81559}
-processes:
-- {pid: 7, gpu: 0, usedMiB: 40960, pod: ns/engine}
-- {pid: 8, gpu: 1, usedMiB: 10240}
-""", node_name="n").state
+    state = two_h100("- {pid: 7, gpu: 0, usedMiB: 40960, pod: ns/engine}\n- {pid: 8, gpu: 1, usedMiB: 10240}")
     gpu0, gpu1 = state.gpus[0].uuid, state.gpus[1].uuid
     engine = {gpu0: ("ns", "engine", "c")}
     assert ForeignTracker().update(state, None) == {gpu0: 40 << 30, gpu1: 10 << 30}, "an unknown counted clean"
