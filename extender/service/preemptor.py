@@ -43,7 +43,6 @@ from typing import Any, Protocol
 
 from extender.model.dra import carries_dra_marker
 from extender.model.gang import declares_gang
-from extender.model.ledger import LedgerView
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import Decider, FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.decisions import DecisionRecord, DecisionStore
@@ -275,7 +274,7 @@ class Preemptor:
             if not lower and not terminating:
                 why_not[node] = "no pod of lower priority runs there"
                 continue
-            found = self._victims_on(pod, node, lower, terminating, snapshot.ledger)
+            found = self._victims_on(pod, node, lower, terminating, snapshot)
             if isinstance(found, Plan):
                 plans.append(found)
             else:
@@ -288,7 +287,7 @@ class Preemptor:
         return "; ".join(f"{node}: {why}" for node, why in sorted(why_not.items())[:8])
 
     def _victims_on(self, pod: PodRef, node: str, lower: Sequence[BoundPod], terminating: Sequence[BoundPod],
-                    ledger: LedgerView) -> Plan | str:
+                    snapshot: ClusterSnapshot) -> Plan | str:
         by_key = {p.ref.key: p for p in lower}
         going_refs, staying = self._rules.split(pod, [p.ref for p in lower])
         going = [by_key[r.key] for r in going_refs]
@@ -303,8 +302,8 @@ class Preemptor:
             trial = [p for p in kept if p is not victim]
             if self._what_if(pod, node, [*gone, *(p.ref for p in trial)]).feasible:
                 kept = trial
-        freed = sorted(u for p in kept if (a := ledger.assignments.get(p.ref.key)) is not None for u in a.unit_ids)
-        return Plan(node, tuple(kept), _gpus(freed, self._decider.snapshot(), node), tuple(terminating))
+        freed = sorted(u for p in kept if (a := snapshot.ledger.assignments.get(p.ref.key)) is not None for u in a.unit_ids)
+        return Plan(node, tuple(kept), _gpus(freed, snapshot, node), tuple(terminating))
 
     def _what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef]) -> FilterOutcome:
         return self._decider.what_if(pod, node, removed, [h.pod for h in self._holds.against(pod) if h.node == node])
