@@ -106,6 +106,19 @@ def to_extender_score(total: float) -> int:
     return int(clamped * MAX_EXTENDER_SCORE / MAX_NODE_SCORE + 0.5)
 
 
+def with_node_passed(decision: FilterDecision, candidates: Sequence[str], node: str,
+                     verdict: NodeVerdict) -> FilterDecision:
+    """``decision`` with ``node`` (one of ``candidates``) feasible on ``verdict``: a node judged
+    again on a different picture of itself. Feasible nodes keep request order. O(nodes): for the
+    rare node judged twice, not the hot path."""
+    passed = {*decision.feasible, node}
+    return FilterDecision(
+        feasible=tuple(name for name in candidates if name in passed),
+        failed={name: why for name, why in decision.failed.items() if name != node},
+        unresolvable={name: why for name, why in decision.unresolvable.items() if name != node},
+        per_node={**decision.per_node, node: verdict}, error=decision.error)
+
+
 def summarize_failures(decision: FilterDecision) -> str:
     """Rejections grouped by reason, commonest first: ``"3 nodes: …; 1 node: …"``."""
     if decision.rejected_counts is not None:

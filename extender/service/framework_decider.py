@@ -22,6 +22,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from extender.framework.decisions import FilterDecision, with_node_passed
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
@@ -158,7 +159,8 @@ class FrameworkDecider:
             return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
         demand = self.demand(pod)
         snapshot = self._snapshot_for(node_objects)
-        decision = self.framework.filter(snapshot, demand, candidates)
+        decision = self._judged_without_own_stale_hold(pod, demand, snapshot, candidates,
+                                                       self.framework.filter(snapshot, demand, candidates))
         rejected = len(decision.failed) + len(decision.unresolvable)
         summary = summarize_failures(decision)
         if decision.feasible:
@@ -314,6 +316,31 @@ class FrameworkDecider:
         if self._dra is None:
             return Refusal(NO_DRA_STATE)
         return self._dra.record(pod, node, judged[1].dra)
+
+    def _judged_without_own_stale_hold(self, pod: PodRef, demand: PodDemand | DemandProblem,
+                                       snapshot: ClusterSnapshot, candidates: Sequence[str],
+                                       decision: FilterDecision) -> FilterDecision:
+        """``decision``, with the node where the pod itself still holds an assumed reservation from
+        an earlier cycle judged again without that hold. kube-scheduler filters a pod again only
+        once its bind failed; a bind whose answer was lost (an apiserver restarted mid-write) keeps
+        its reservation (``ExtenderService.bind``), and counted against the pod itself it filled
+        the node: the pod waited, unschedulable, for the assumed entry's expiry (minutes). Only
+        the judgement changes — the hold still counts against every other pod, and reserve
+        replaces it (``_drop_own_stale_hold``). A gang member's reservation is its plan's, not
+        stale."""
+        own = snapshot.ledger.assignments.get(pod.key)
+        if (own is None or own.state is not EntryState.ASSUMED or own.gang or not pod.uid or own.uid != pod.uid
+                or isinstance(demand, DemandProblem)
+                or (own.node not in decision.failed and own.node not in decision.unresolvable)):
+            return decision
+        info = snapshot.nodes.get(own.node)
+        if info is None:
+            return decision
+        node, view = node_what_if(info, snapshot.ledger, [own])
+        again = self.framework.filter(ClusterSnapshot.build([node], view), demand, [own.node])
+        if not again.feasible:
+            return decision
+        return with_node_passed(decision, candidates, own.node, again.per_node[own.node])
 
     def _drop_own_stale_hold(self, pod: PodRef, node: str) -> None:
         """A pod reserved again may still hold an assumed reservation from an earlier cycle whose

@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from extender.model.catalog import builtin_catalog
-from extender.model.ledger import GpuLedger
+from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import ClusterSnapshot
-from extender.service.core import PodRef, Refusal, Reservation
+from extender.service.core import ExtenderService, PodRef, Refusal, Reservation
+from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
+from extender.service.ports import BindError
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
-from tests.unit.builders import default_framework, make_fleet, make_pod
+from tests.unit.builders import NullObserver, default_framework, make_fleet, make_pod
 
 
 def decider(*, synced=(True, ""), kinds=("h100",)) -> tuple[FrameworkDecider, GpuLedger]:
@@ -90,15 +92,46 @@ def test_the_demand_is_parsed_once_per_resource_version_and_again_after_a_catalo
     pytest.param(pod("p", "uid-recreated", gpus=8), False, id="a-recreated-pod-is-another-pod"),
 ])
 def test_a_pods_own_stale_hold_never_refuses_it_but_holds_against_everyone_else(again, reserved):
-    """An Unreserve that never reached the core (the socket down at that moment) leaves the pod's
-    assumed entry behind; reserving the same pod on the same node again must not be refused by its
-    own hold (it would wait for the assumed entries' expiry), while any other pod still is."""
-    d, ledger = decider()
+    """An Unreserve that never reached the core (the socket down at that moment), or a bind whose
+    answer was lost (kept in case it landed), leaves the pod's assumed entry behind; filtering and
+    reserving the same pod again must not be refused by its own hold (it would wait, unschedulable,
+    for the assumed entries' expiry), while any other pod still is."""
+    d, ledger = decider(kinds=("h100", "a100"))
     first = pod("p", "uid-p", gpus=8)
     d.filter(first, ["h100"], None)
     assert isinstance(d.reserve(first, "h100", "decision-1"), Reservation)
-    d.filter(again, ["h100"], None)
+    outcome = d.filter(again, ["a100", "h100"], None)
+    assert outcome.feasible == (("h100",) if reserved else ()), outcome.summary
+    assert ("h100" in outcome.failed) is not reserved and "a100" in outcome.unresolvable  # an a100 has 4 GPUs
+    assert (outcome.details["verdicts"]["h100"][-1]["code"] == "SUCCESS") is reserved, outcome.details["verdicts"]
     answer = d.reserve(again, "h100", "decision-2")
     assert isinstance(answer, Reservation) is reserved, answer
     holders = {a.pod_key: a.uid for a in ledger.view().assignments.values()}
     assert holders == {"default/p": again.uid if reserved else "uid-p"}, "one holder, never two"
+
+
+class LostAnswerBinder:
+    """The first bind's answer is lost (an apiserver restarted mid-write); later binds land."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def bind(self, namespace, name, uid, node, annotations):
+        self.calls.append(node)
+        if len(self.calls) == 1:
+            raise BindError("connection reset by peer", temporary=True, may_have_landed=True)
+
+
+def test_a_bind_whose_answer_was_lost_keeps_its_gpus_yet_its_retry_fits_and_binds():
+    """The reservation of a bind that may have landed is kept (another pod must not get its GPUs),
+    but kube-scheduler's retry of the same pod must find the node fitting, not full of its own hold."""
+    d, ledger = decider()
+    service = ExtenderService(d, LostAnswerBinder(), DecisionStore(), NullObserver())
+    p = pod("p", "uid-p", gpus=8)
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert "connection reset" in service.bind(p, "h100")
+    assert ledger.view().assignments["default/p"].state is EntryState.ASSUMED
+    assert service.filter(pod("other", "uid-o", gpus=1), ["h100"]).feasible == ()  # still held against others
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert service.bind(p, "h100") == ""
+    assert {a.pod_key for a in ledger.view().assignments.values()} == {"default/p"}
