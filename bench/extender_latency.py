@@ -7,6 +7,9 @@ Issue 3's target: p99 <= 2 ms at 5,000 nodes on one core. Measured at three leve
 * ``service`` — ``ExtenderService.filter`` + ``.prioritize`` (adds the decision record);
   at both levels the node names are what the route gives: parsed from JSON (untimed), new
   ``str`` objects each cycle, so hashing them counts as it does behind the route;
+* ``plugin`` — ``PluginService.pre_filter``: what the GpuSched plugin's PreFilter RPC runs in
+  the core (filter, prioritize, the per-node vectors over the node table), without gRPC; one
+  call is the whole cycle, so it is timed as filter;
 * ``asgi`` — the ASGI app from ``create_app``, driven directly (the ASGI messages uvicorn would
   send, no client library) with an ``ExtenderArgs`` body carrying ``NodeNames``: routing, body
   read, JSON parse, pydantic validation, the service, JSON encoding of the answer and the
@@ -30,6 +33,12 @@ The fleet mixes the devcluster presets (h100 NVSwitch x8, a100 NVLink pairs x4, 
 mig A100 3g.40gb + 2 x 2g.20gb); a seeded fraction of the GPU units is held by bound pods in
 the ledger. Nodes enter through the real watch path (``ClusterState``, inventory annotation).
 
+``--telemetry F`` attaches telemetry as a fleet of agents gives it (issue 43: the figures before it
+had none): every node has a fresh report, and a seeded fraction ``F`` of the nodes has 8 GiB held
+by a foreign process on one GPU — the normal state of a filling cluster with agents, and the one
+in which the decider amends its answer with the foreign nodes. The decider's records then carry
+the telemetry notes, as the extender's do.
+
     .venv/bin/python -m bench.extender_latency            # full run, writes bench/results/
     .venv/bin/python -m bench.extender_latency --quick    # fewer sizes/iterations, no file
 """
@@ -51,6 +60,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -60,19 +70,25 @@ from extender.app import Collaborators, create_app
 from extender.framework.runtime import Framework
 from extender.heap import settle_heap
 from extender.model.catalog import builtin_catalog
+from extender.model.snapshot import NodeInfo
+from extender.model.telemetry import GpuSample, NodeTelemetry
 from extender.plugins import default_profile, default_registry
 from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
 from extender.service.framework_decider import FrameworkDecider
+from extender.service.plugin import FITS, NodeTables, PluginService
 from extender.service.state import ClusterState
+from extender.service.telemetry import TelemetryStore
 from extender.settings import Settings
 from gpusched_api.inventory import encode_inventory
 from gpusched_api.names import INVENTORY_ANNOTATION, MEMORY_PER_GPU_ANNOTATION, PRESET_NODE_LABEL, REQUIRE_NVLINK_ANNOTATION
+from gpusched_api.quantity import GIB, MIB
 
 RESULTS = Path(__file__).parent / "results" / "extender_latency.json"
 MIX = (("h100", 0.30), ("a100", 0.30), ("l40s", 0.25), ("mig", 0.15))  # share of the fleet
 SEED = 20240603
 TARGET_P99_MS = 2.0
-LEVELS = ("decider", "service", "asgi")
+LEVELS = ("decider", "service", "plugin", "asgi")
+FOREIGN_GIB = 8  # held by a foreign process on one GPU of each node ``--telemetry`` picks
 
 
 # ---- fleet, ledger and pods --------------------------------------------------------------------
@@ -85,16 +101,22 @@ def node_object(name: str, preset: str) -> dict[str, Any]:
             "status": {"allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": str(units(inventory))}}}
 
 
-def build_cluster(n_nodes: int, held_fraction: float, seed: int = SEED) -> tuple[ClusterState, list[str]]:
+def build_cluster(n_nodes: int, held_fraction: float, seed: int = SEED,
+                  foreign_fraction: float | None = None) -> tuple[ClusterState, list[str]]:
     """``n_nodes`` nodes in the MIX proportions (shuffled), with ``held_fraction`` of each node's
-    units held by bound pods of 1, 2 or 4 units."""
+    units held by bound pods of 1, 2 or 4 units; with ``foreign_fraction``, every node's telemetry
+    (``telemetry_report``), that fraction of the nodes with a foreign process."""
     rng = random.Random(seed)
     presets = [p for p, share in MIX for _ in range(round(n_nodes * share))]
     presets = (presets + [MIX[0][0]] * n_nodes)[:n_nodes]
     rng.shuffle(presets)
-    state = ClusterState()
+    state = ClusterState(telemetry=TelemetryStore() if foreign_fraction is not None else None)
     objects = [node_object(f"gpu-{preset}-{i:05d}", preset) for i, preset in enumerate(presets)]
     state.nodes.replace(objects)
+    if foreign_fraction is not None:
+        foreign = random.Random(seed + 2)
+        for info in state.snapshot().nodes.values():
+            state.ingest_telemetry(telemetry_report(info, foreign.random() < foreign_fraction))
     snapshot = state.snapshot()
     pod = 0
     for name, info in snapshot.nodes.items():
@@ -106,6 +128,17 @@ def build_cluster(n_nodes: int, held_fraction: float, seed: int = SEED) -> tuple
             state.ledger.observe(f"held/pod-{pod}", name, ids[:size], f"uid-held-{pod}")
             ids, take, pod = ids[size:], take - size, pod + 1
     return state, [o["metadata"]["name"] for o in objects]
+
+
+def telemetry_report(node: NodeInfo, foreign: bool) -> NodeTelemetry:
+    """A fresh report of ``node``'s units at their inventory size, all memory free but, when
+    ``foreign``, FOREIGN_GIB held by a process outside any pod on its first unit."""
+    gpus = []
+    for unit in node.units:
+        total = (unit.static_memory_mib or unit.memory_mib or 0) * MIB
+        held = FOREIGN_GIB * GIB if foreign and unit.position == 0 else 0
+        gpus.append(GpuSample(unit.id, unit.gpu_index, total, total - held, held, is_mig=unit.is_mig))
+    return NodeTelemetry(node.name, 1, time.monotonic(), 3600.0, "fake", MappingProxyType({g.uuid: g for g in gpus}))
 
 
 @dataclass(frozen=True)
@@ -166,11 +199,12 @@ def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
             "max": round(ordered[-1], 3), "mean": round(statistics.fmean(ordered), 3), "n": len(ordered)}
 
 
-def make_decider(state: ClusterState, *, telemetry: bool = False) -> FrameworkDecider:
-    """The decider over ``state``; ``telemetry``: its records carry the nodes' telemetry notes."""
+def make_decider(state: ClusterState) -> FrameworkDecider:
+    """The decider over ``state``; with telemetry attached to ``state``, its records carry the
+    nodes' telemetry notes (as the extender's decider does)."""
     framework = Framework.from_profile(default_profile(), default_registry())
     return FrameworkDecider(framework, builtin_catalog(), state.ledger, state.snapshot,
-                            telemetry=state if telemetry else None)
+                            telemetry=state if state.reconciler is not None else None)
 
 
 class Cycles:
@@ -224,6 +258,7 @@ def run_direct(level: str, state: ClusterState, names: list[str], shape: PodShap
     decider = make_decider(state)
     service = ExtenderService(decider, RecordingBinder(), DecisionStore(2000), _NullObserver())
     target = decider if level == "decider" else service
+    plugin = PluginService(service, NodeTables(lambda: state.snapshot().groups().index.names), lambda: (True, ""))
     churn = Churn(state, names)
     cycles = Cycles(warmup)
     names_json = orjson.dumps(names)
@@ -238,6 +273,11 @@ def run_direct(level: str, state: ClusterState, names: list[str], shape: PodShap
         # whose hashes are not computed yet (the snapshot's own strings would hide ~0.3 ms of
         # hashing at 5,000 names). Parsing is the ASGI level's cost, outside this timed region.
         request_names = orjson.loads(names_json)
+        if level == "plugin":  # the node table is the core's own: no names travel
+            t0 = _clocks()
+            answer = plugin.pre_filter(pod)
+            cycles.add(_since(t0), (0.0, 0.0), answer.verdicts.count(FITS))
+            continue
         t0 = _clocks()
         outcome = target.filter(pod, request_names, None)  # as sent: the framework deduplicates
         filter_s = _since(t0)
@@ -376,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, help="measured cycles per case and pass (default 300, quick 60)")
     parser.add_argument("--passes", type=int, help="passes over all cases of a fleet, pooled per case "
                                                    "(default 3, quick 1): spreads each case's samples over time")
+    parser.add_argument("--telemetry", type=float, metavar="F",
+                        help="attach every node's telemetry, a fraction F of the nodes with a foreign process")
     parser.add_argument("--output", type=Path, help=f"results file (default {RESULTS}; not written with --quick)")
     args = parser.parse_args(argv)
 
@@ -398,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = NoiseFloor(per_case=max(20, iterations // 3))
     for n in sizes:
         for fraction in held:
-            state, names = build_cluster(n, fraction)
+            state, names = build_cluster(n, fraction, foreign_fraction=args.telemetry)
             settle_heap()  # as the extender's entry point does once the cluster view is listed
             entries = len(state.ledger)
             cases = [(shape, level) for shape in shapes for level in args.levels]
@@ -411,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for shape, level in cases:
                 result = Cycles.pooled(runs[(shape.name, level)])
                 row = {"nodes": n, "held_fraction": fraction, "ledger_entries": entries, "pod": shape.name,
-                       "level": level, **result}
+                       "level": level, "foreign_fraction": args.telemetry, **result}
                 rows.append(row)
                 t = result["total"]
                 print(f"{n:>6} {fraction:>5.0%} {entries:>6} {shape.name:<15} {level:<8} {result['feasible']:>5} "
