@@ -56,10 +56,10 @@ from extender.framework.interfaces import (
 )
 from extender.framework.profile import ROOT, ProfileConfig
 from extender.framework.registry import Registry
-from extender.framework.status import Code, Status
+from extender.framework.status import SUCCESS, Code, Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import Answer, GroupedMapping, RecentAnswers, UniqueNames, unique_names
-from extender.model.snapshot import ClusterSnapshot, NodeInfo
+from extender.model.snapshot import ClusterSnapshot, NodeInfo, capacity_held_back
 from extender.model.snapshot_groups import UNKNOWN_GROUP, NodeGroups
 from gpusched_api.errors import FieldError
 from gpusched_api.scores import MAX_NODE_SCORE
@@ -207,12 +207,18 @@ class Framework:
         return Status.success()
 
     def _filter_node(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> NodeVerdict:
+        """The plugins' statuses, the first rejection last; a rejection on a node whose capacity
+        may come back (``capacity_held_back``) is "not now", saying what may come back: the pod
+        waits for it instead of being told the node will never do."""
         statuses = []
         for plugin in self._filters:
             status = _call(plugin, "filter", state, demand, node)
             statuses.append(status)
             if not status.is_success:
                 break  # like kube-scheduler: the first rejection decides
+        last = statuses[-1] if statuses else SUCCESS
+        if last.code in (Code.UNSCHEDULABLE, Code.UNSCHEDULABLE_AND_UNRESOLVABLE) and (held := capacity_held_back(node)):
+            statuses[-1] = Status.unschedulable(last.plugin, f"{last.reason} ({held})")
         return NodeVerdict(tuple(statuses))
 
     # ---- score --------------------------------------------------------------------------

@@ -167,6 +167,19 @@ class NodeInfo:
 _SHARE_FIELD = 1 << 32  # bits per shared unit in FreeUnits.mask (MiB promised; 4 PiB is beyond any GPU)
 
 
+def capacity_held_back(node: NodeInfo) -> str:
+    """Why some of ``node``'s capacity may come back ("" when none may): memory that processes
+    outside any pod hold (from telemetry) can be freed, a unit out of service can recover. Read
+    from what the shape carries only (which units are foreign or failed, not how much or why), so
+    every node of a group gets the same sentence: per-node figures are the records' telemetry
+    notes."""
+    foreign = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units if u.foreign)
+    failed = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units if u.failure)
+    notes = ([f"foreign processes (outside any pod) hold memory on {', '.join(foreign)}"] if foreign else []) + \
+        ([f"out of service: {', '.join(failed)}"] if failed else [])
+    return "; ".join(notes)
+
+
 def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable_gpus: int | None = None,
                    labels: Mapping[str, str] | None = None, inventory_error: str | None = None,
                    unschedulable: bool = False, engine_headroom: int | None = None,

@@ -8,8 +8,7 @@ store the bulk of what each garbage collection walked.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from itertools import islice
 from typing import Any
 
@@ -79,13 +78,3 @@ def demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
             **({"dra": {"claims": list(demand.dra.claims), "count": demand.dra.count,
                         "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template}}
                if demand.dra is not None else {})}
-
-
-def summary_by_reason(failed: Mapping[str, str], unresolvable: Mapping[str, str], feasible: Sequence[str], total: int) -> str:
-    """Rejections grouped by reason, commonest first, the way a user acts on them."""
-    counts = Counter(list(unresolvable.values()) + list(failed.values()))
-    parts = "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}"
-                      for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-    if feasible:
-        return f"fits {len(feasible)} of {total} nodes" + (f"; {parts}" if parts else "")
-    return parts

@@ -38,7 +38,6 @@ from extender.service.decision_json import (
     demand_json,
     per_node_json,
     score_json,
-    summary_by_reason,
     verdict_json,
 )
 from extender.service.dra import ClaimRecorder
@@ -54,8 +53,6 @@ class TelemetryNotes(Protocol):
     """What a decision record says about the nodes' telemetry (``service.state.ClusterState``)."""
 
     def telemetry_note(self, node: str) -> tuple[str, str]: ...  # (state, foreign usage) as sentences
-
-    def foreign_nodes(self) -> frozenset[str]: ...  # capacity that may come back
 
 
 class _Lru(OrderedDict):
@@ -170,21 +167,11 @@ class FrameworkDecider:
                    "snapshotGeneration": snapshot.generation, "ledgerVersion": snapshot.ledger.version}
         if decision.error:
             details["pluginErrors"] = decision.error
-        failed, unresolvable = decision.failed, decision.unresolvable
         if self.telemetry is not None and node_objects is None:
-            details["telemetry"] = {name: self.telemetry.telemetry_note(name)[0] for name in verdicts}
-            # Name foreign usage in the reason itself, so `kubectl describe pod` says why.
-            foreign = self.telemetry.foreign_nodes()
-            if foreign:
-                failed, unresolvable = dict(failed), dict(unresolvable)
-                for reasons in (failed, unresolvable):
-                    for name in foreign & reasons.keys():
-                        reasons[name] = f"{reasons[name]} ({self.telemetry.telemetry_note(name)[1]})"
-                # Memory that foreign processes hold can be freed: on those nodes the verdict is
-                # "not now" (FailedNodes), and the pod counts as waiting for capacity to appear.
-                for name in foreign & unresolvable.keys():
-                    failed[name] = unresolvable.pop(name)
-                summary = summary_by_reason(failed, unresolvable, decision.feasible, len(decision.per_node))
+            # What each recorded node was judged on, with its foreign usage in figures: the reasons
+            # sent to kube-scheduler name only which GPUs (the same sentence for a whole group).
+            details["telemetry"] = {name: "; ".join(filter(None, self.telemetry.telemetry_note(name)))
+                                    for name in verdicts}
         rejections: Counter[tuple[str, str]] = Counter()
         if decision.rejected_counts is not None:
             for v, n in decision.rejected_counts.items():
@@ -192,7 +179,7 @@ class FrameworkDecider:
         else:
             rejections.update((v.plugin, v.code.name) for name, v in decision.per_node.items()
                               if name in decision.failed or name in decision.unresolvable)
-        return FilterOutcome(feasible=decision.feasible, failed=failed, unresolvable=unresolvable,
+        return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections)
 

@@ -202,3 +202,40 @@ def test_identical_nodes_share_one_verdict() -> None:
     decision = default_framework().filter(snapshot, make_demand(gpus=2, model=LLAMA70, tp=2), [n.name for n in nodes])
     assert len(decision.feasible) == 50
     assert len({id(v) for v in decision.per_node.values()}) == 1
+
+
+def held_back_node(name: str, *, foreign: tuple[int, ...] = (), failed: tuple[int, ...] = ()):
+    """An h100 node whose GPUs ``foreign`` hold foreign memory and ``failed`` are out of service,
+    as ``ClusterState`` lays telemetry out."""
+    from extender.model.snapshot import make_node_info
+    from tests.unit.builders import h100_inventory
+
+    inventory = h100_inventory(name)
+    uuids = [g.uuid for g in inventory.gpus]
+    return make_node_info(name, inventory, foreign=frozenset(uuids[i] for i in foreign),
+                          failures={uuids[i]: "XID 79" for i in failed})
+
+
+@pytest.mark.parametrize(("demand", "foreign", "failed", "code", "reason"), [
+    pytest.param({"gpus": 8}, (0, 3), (), Code.UNSCHEDULABLE,
+                 "(foreign processes (outside any pod) hold memory on GPU 0, GPU 3)", id="busy-and-foreign"),
+    pytest.param({"gpus": 16}, (1,), (), Code.UNSCHEDULABLE, "pod needs 16 (foreign processes (outside any pod) "
+                 "hold memory on GPU 1)", id="never-becomes-not-now"),
+    pytest.param({"gpus": 8}, (), (5,), Code.UNSCHEDULABLE, "(out of service: GPU 5)", id="a-unit-out-of-service"),
+    pytest.param({"gpus": 16}, (), (), Code.UNSCHEDULABLE_AND_UNRESOLVABLE, "pod needs 16", id="clean-stays-never"),
+])
+@pytest.mark.parametrize("nodes", [1, 20], ids=["node-by-node", "grouped"])
+def test_a_rejection_where_capacity_may_come_back_is_not_now_and_says_which_gpus(demand, foreign, failed, code,
+                                                                                  reason, nodes):
+    """Memory foreign processes hold can be freed and a unit can recover: a rejection there is
+    "not now" naming the GPUs (the same sentence for every node of a group, so it is decided per
+    group), on the framework's per-node path and its grouped one alike."""
+    fleet = [held_back_node(f"n{i}", foreign=foreign, failed=failed) for i in range(nodes)]
+    ledger = GpuLedger()
+    ledger.observe("ns/busy", "n0", [fleet[0].units[7].id], "uid-busy")  # n0 has 7 GPUs free, the rest 8
+    decision = default_framework().filter(make_snapshot(fleet, ledger.view()), make_demand(**demand),
+                                          [n.name for n in fleet])
+    verdict = decision.per_node["n0"]
+    assert (verdict.code, verdict.plugin) == (code, "GpuFit"), verdict
+    assert verdict.reason.endswith(reason), verdict.reason
+    assert ("n0" in decision.failed) is (code is Code.UNSCHEDULABLE)

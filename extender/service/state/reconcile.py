@@ -46,6 +46,9 @@ class TelemetryReconciler:
         self._clock = clock
         self.fresh: dict[str, bool] = {}  # node -> freshness as laid (the last sweep, or a report back)
         self._foreign: frozenset[str] = frozenset()
+        # node -> (the report's GPU samples, what its note says of them): a node's samples object
+        # is kept while they are judged the same, so the note is made once per judged change.
+        self._usage_notes: dict[str, tuple[object, str]] = {}
         self._actual: dict[str, tuple[str, tuple[str, ...]]] = {}  # pod key -> (node, devices) per PodResources
         self._actual_by_node: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> its last accepted assignment
         # Reported holders refused, by reason: pod-unknown (the watch shows it bound nowhere: may be
@@ -98,9 +101,11 @@ class TelemetryReconciler:
             self._count_overclaims(node, report)
             self.reconcile_actual(node, self.store.actual_assignments(node))
             self._reconcile_shares(node, report)
-        elif node in self._over_share:
-            with self._tables.lock:
-                self._over_share.pop(node, None)
+        else:
+            self._usage_notes.pop(node, None)
+            if node in self._over_share:
+                with self._tables.lock:
+                    self._over_share.pop(node, None)
         # "Foreign" in the wide sense: capacity that may come back (memory foreign processes hold,
         # units out of service), so verdicts there say "not now" rather than "never".
         has_foreign = report is not None and any(g.foreign_used_bytes >= 1 << 30 or g.failure
@@ -154,14 +159,18 @@ class TelemetryReconciler:
                      "GPU's memory free")
         else:
             state = f"fresh telemetry ({age:.1f}s old, {report.gpu_backend} GPUs)"
+        cached = self._usage_notes.get(node)
+        if cached is not None and cached[0] is report.gpus:
+            return state, cached[1]
         ordered = sorted(report.gpus.values(), key=lambda g: g.index)
         foreign = [g for g in ordered if g.foreign_used_bytes >= 1 << 30]
         text = ", ".join(f"{'MIG ' if g.is_mig else 'GPU '}{g.index}: {g.foreign_used_bytes / 2**30:.1f} GiB"
                          for g in foreign)
         failed = ", ".join(f"{'MIG ' if g.is_mig else 'GPU '}{g.index} ({g.failure})" for g in ordered if g.failure)
-        notes = ([f"foreign processes (outside any pod) hold {text}"] if text else []) + \
-            ([f"out of service: {failed}"] if failed else [])
-        return state, "; ".join(notes)
+        notes = "; ".join(([f"foreign processes (outside any pod) hold {text}"] if text else []) +
+                          ([f"out of service: {failed}"] if failed else []))
+        self._usage_notes[node] = (report.gpus, notes)  # one assignment: a racing reader makes its own
+        return state, notes
 
     # -- the watch's side --------------------------------------------------------------------------
     def actual(self, key: str) -> tuple[str, tuple[str, ...]] | None:
