@@ -165,7 +165,8 @@ class GroupedVerdicts:
     kept — ERROR ones, and those of nodes judged on their own (nodes holding siblings' units,
     each with a group id of its own past the others). ``pick(at)`` returns ``names`` at the
     ascending positions ``at`` (None: an ``itemgetter`` over ``names``); ``names_json_safe``
-    vouches that no name needs JSON escaping.
+    vouches that no name needs JSON escaping; ``positions``, where known, are the names' positions
+    in ``source`` (``names[i] == source[positions[i]]``), handed on with the rejection maps.
     """
 
     names: Sequence[str]
@@ -177,6 +178,8 @@ class GroupedVerdicts:
     faults: Mapping[int, NodeVerdict]
     pick: Callable[[np.ndarray], tuple[str, ...]] | None = None
     names_json_safe: bool = False
+    positions: np.ndarray | None = None
+    source: Sequence[str] | None = None
 
 
 def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
@@ -252,12 +255,15 @@ def _failed_and_unresolvable(request: GroupedVerdicts, pick: Callable[[np.ndarra
     """``(failed, unresolvable)``: the rejected names (at ``rejected_at``; None: every name) split
     by whether their verdict is UNSCHEDULABLE_AND_UNRESOLVABLE; ``bad_tags`` are the rejecting
     groups' tags. A side with no names is the shared empty mapping."""
+    positions, source = request.positions, request.source
+
     def reasons(at: np.ndarray | None) -> GroupedMapping:
         if at is None:
             return GroupedMapping(request.names, request.gids, reason_of_group, complete=True,
-                                  names_json_safe=request.names_json_safe)
+                                  names_json_safe=request.names_json_safe, positions=positions, source=source)
         return GroupedMapping(pick(at), request.gids[at], reason_of_group, complete=True,
-                              names_json_safe=request.names_json_safe)
+                              names_json_safe=request.names_json_safe,
+                              positions=positions[at] if positions is not None else None, source=source)
 
     hopeless_tag = CODE_TAG[Code.UNSCHEDULABLE_AND_UNRESOLVABLE]
     if (bad_tags == hopeless_tag).all():

@@ -193,7 +193,8 @@ class Framework:
         pick = picker(groups.index.array, positions) if tally[UNKNOWN_GROUP] == 0 else None
         names_json_safe = pick is not None and groups.index.names_json_safe  # names of snapshot nodes need no JSON escaping
         decision = decide_grouped(GroupedVerdicts(names, gid_array, tally, present, slots, answers, faults, pick,
-                                                  names_json_safe))
+                                                  names_json_safe, positions if pick is not None else None,
+                                                  groups.index.names))
         # Answers with ids of their own must not be reused as the grouping's (prioritize after filter).
         if decision.feasible_gids is not None and self.memos and not len(at):
             self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))

@@ -95,13 +95,19 @@ class GroupedMapping(Mapping):
     """``names[i] -> by_group[gids[i]]``, in ``names`` order; names whose group has no value are
     absent. ``complete`` says every gid has a value (then ``len`` and iteration are O(1)/C-level).
     ``names`` must hold each name once. ``gids`` may be a list, a tuple or a numpy integer array
-    (numpy integers hash and compare like ints, so ``by_group`` lookups work either way)."""
+    (numpy integers hash and compare like ints, so ``by_group`` lookups work either way).
+    ``positions``/``source``, where the maker knows them: ``names[i] == source[positions[i]]``, so a
+    reader that indexes its vectors by ``source`` (the same object) reads the positions instead of
+    looking every name up."""
 
-    __slots__ = ("names", "gids", "by_group", "complete", "names_json_safe", "_index", "_len", "_gid_list")
+    __slots__ = ("names", "gids", "by_group", "complete", "names_json_safe", "positions", "source", "_index", "_len",
+                 "_gid_list")
 
     def __init__(self, names: Sequence[str], gids: Sequence[int] | np.ndarray, by_group: Mapping[int, Any],
-                 complete: bool = False, names_json_safe: bool = False) -> None:
+                 complete: bool = False, names_json_safe: bool = False, positions: np.ndarray | None = None,
+                 source: Sequence[str] | None = None) -> None:
         self.names, self.gids, self.by_group, self.complete = names, gids, by_group, complete
+        self.positions, self.source = (positions, source) if positions is not None and source is not None else (None, None)
         # True when the maker knows no name needs escaping in JSON (see json_plain); the
         # encoders check the names themselves otherwise.
         self.names_json_safe = names_json_safe

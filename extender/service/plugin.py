@@ -61,16 +61,19 @@ FITS, NOT_NOW, NEVER = 0, 1, 2
 class NodeTable:
     """The nodes the core knows, in the order every per-node vector of an answer is indexed by.
     ``generation`` (>= 1, unique to the core process, see :class:`NodeTables`) changes whenever the
-    names or their order do; ``position`` is each name's index (built once per generation)."""
+    names or their order do; ``position`` is each name's index (built once per generation);
+    ``source`` the sequence the names were copied from, in the same order (the snapshot's index:
+    the framework's answers carry positions in it)."""
 
     generation: int
     names: tuple[str, ...]
     position: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    source: Sequence[str] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, generation: int, names: Sequence[str]) -> NodeTable:
-        names = tuple(names)
-        return cls(generation, names, {name: i for i, name in enumerate(names)})
+        copied = tuple(names)
+        return cls(generation, copied, {name: i for i, name in enumerate(copied)}, names)
 
 
 class NodeTables:
@@ -98,6 +101,8 @@ class NodeTables:
                 if tuple(names) != self._table.names or self._table.generation == 0:
                     self._table = NodeTable.of(self._next, names)
                     self._next += 1
+                else:  # the same names in a new index object: the framework's positions refer to it
+                    self._table = replace(self._table, source=names)
             return self._table
 
 
@@ -292,8 +297,11 @@ def _grouped_vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: 
             if len(rejected):
                 return None
             continue
-        positions = np.fromiter((table.position.get(name, -1) for name in rejected.names), dtype=np.int64,
-                                count=len(rejected.names))
+        if rejected.positions is not None and rejected.source is table.source:
+            positions = rejected.positions
+        else:
+            positions = np.fromiter((table.position.get(name, -1) for name in rejected.names), dtype=np.int64,
+                                    count=len(rejected.names))
         if len(positions) and positions.min() < 0:
             return None
         gids = np.asarray(rejected.gids, dtype=np.int64)

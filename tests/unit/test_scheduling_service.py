@@ -334,6 +334,9 @@ def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdi
         table = core.plugin_tables.current()
         outcome = core.service.filter(ref, table.names)
         scores = core.service.prioritize(ref, outcome.feasible).scores if outcome.feasible else {}
+        rejected = [m for m in (outcome.failed, outcome.unresolvable) if len(m)]
+        assert verdicts_seen == {NEVER} or all(m.positions is not None and m.source is table.source for m in rejected), \
+            "the framework's rejections should carry their positions in the table's source"
         grouped = plugin_module._grouped_vectors(table, outcome.failed, outcome.unresolvable, scores)
         assert grouped is not None, "the framework's grouped answer should take the numpy path"
         by_name = plugin_module._vectors_by_name(table, outcome.failed, outcome.unresolvable, scores)
