@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from extender.api.wire import PodObject
 from extender.service.core import PodRef
-from extender.service.plugin import API_VERSION, PluginService
+from extender.service.plugin import API_VERSION, GroupIds, PluginService
 from extender.service.requeue_feed import RequeueFeed
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
@@ -63,7 +63,9 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
         reply = pb.PreFilterReply(skip=answer.skip, error=answer.error, unresolvable=answer.unresolvable,
                                   table_generation=answer.table.generation, verdicts=answer.verdicts,
                                   reason_index=answer.reason_index, reasons=answer.reasons, scores=answer.scores,
-                                  summary=answer.summary, only_nodes=answer.only_nodes)
+                                  summary=answer.summary, only_nodes=answer.only_nodes, cacheable=answer.cacheable)
+        if answer.groups is not None:
+            _write_groups(reply.groups, answer.groups)
         if request.table_generation != answer.table.generation:
             reply.table.generation = answer.table.generation
             reply.table.names.extend(answer.table.names)
@@ -92,9 +94,11 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
 
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveReply:
         pod, node = _placement_request(request, "Reserve", context)
-        answer = self._plugin.reserve(pod, node)
+        answer = self._plugin.reserve(pod, node, answered_by_plugin=request.answered_by_plugin)
         reply = pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal,
                                 annotations=dict(answer.annotations), summary=answer.summary)
+        if answer.groups is not None:
+            _write_groups(reply.groups, answer.groups)
         if answer.barrier is not None:
             reply.barrier.gang = answer.barrier.gang
             reply.barrier.open = answer.barrier.open
@@ -129,6 +133,12 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
                     yield pb.RequeueBatch(pods=batch.pods[start:start + MAX_REQUEUE_BATCH], reason=batch.reason)
         finally:
             subscription.close()
+
+
+def _write_groups(message: pb.Groups, groups: GroupIds) -> None:
+    message.grouping = groups.grouping
+    message.table_generation = groups.table_generation
+    message.ids = groups.ids
 
 
 def _placement_request(request: pb.ReserveRequest | pb.PermittedRequest, rpc: str,

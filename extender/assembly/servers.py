@@ -27,7 +27,8 @@ def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot]
     assert collaborators.decisions is not None
     service = ExtenderService(collaborators.decider, collaborators.binder, collaborators.decisions, collaborators.metrics)
     tables = NodeTables(lambda: snapshot().groups().index.names)
-    plugin = PluginService(service, tables, collaborators.ready, VictimRules(collaborators.budgets))
+    plugin = PluginService(service, tables, collaborators.ready, VictimRules(collaborators.budgets),
+                           groups_now=lambda: snapshot().groups())
     try:
         return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address).start()
     except (OSError, RuntimeError) as exc:

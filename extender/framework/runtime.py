@@ -112,6 +112,13 @@ class Framework:
         return cls([built[n] for n in profile.filter_plugins],
                    [(built[r.name], r.weight) for r in profile.score_plugins], memos=memos)
 
+    @property
+    def answers_by_group(self) -> bool:
+        """Whether every node of a group gets one filter verdict and one score for a demand (every
+        plugin judges the node's shape only, none normalises scores across nodes), nodes holding
+        the pod's siblings' units aside."""
+        return self._shape_only and not self._normalizes
+
     # ---- filter -------------------------------------------------------------------------
     def filter(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
                node_names: Iterable[str]) -> FilterDecision:

@@ -17,6 +17,7 @@ The module knows nodes only by name: what a node's group is, the snapshot says (
 
 from __future__ import annotations
 
+import secrets
 import struct
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
@@ -99,6 +100,11 @@ class NodeGroups:
     def cache(self) -> dict[object, object]:
         return self._registry.cache
 
+    @property
+    def grouping(self) -> int:
+        """The name of the registry these group ids belong to (see ``GroupRegistry.grouping``)."""
+        return self._registry.grouping
+
     def gid(self, name: str) -> int:
         position = self.index.position.get(name)
         return UNKNOWN_GROUP if position is None else int(self.gid_at[position])
@@ -121,6 +127,10 @@ class GroupRegistry:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # Names this registry's ids to whoever keeps answers per group id outside the process (the
+        # plugin, issue 43): ids are never reused within a registry, and a new registry (a restart,
+        # a new node-set lineage) has another name, so answers learned under an old one are dropped.
+        self.grouping = secrets.randbits(63) | 1
         self.keys: list[tuple[Hashable, int] | None] = [None]  # index = group id; 0 = unknown node
         self.ids: dict[tuple[Hashable, int], int] = {}
         self.representatives: list[str] = [""]  # a node name per group; checked before use

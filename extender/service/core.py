@@ -15,6 +15,7 @@ from itertools import islice
 from typing import Any, Protocol
 
 from extender.model.nodemaps import GroupedMapping
+from extender.model.snapshot_groups import NodeGroups
 from extender.service.decisions import DecisionRecord, DecisionStore
 from extender.service.ports import Binder, BindError
 from gpusched_api.names import DECISION_ID_ANNOTATION
@@ -47,6 +48,11 @@ class FilterOutcome:
     # The only nodes that can work, when the decider knows them before judging (a gang member's
     # planned node): the plugin's PreFilterResult. None: any node may.
     only_nodes: tuple[str, ...] | None = None
+    # Set when the answer depends on nothing but the pod's spec and each node's group in these
+    # groups (every node of a group answered alike, scores included): the plugin may answer a pod
+    # of the same spec from it (issue 43). None for anything judged per pod (gang members, DRA,
+    # siblings' spread, a pod's own stale hold, holds for preemptors).
+    groups: NodeGroups | None = None
 
     @property
     def result(self) -> str:
@@ -152,6 +158,11 @@ class Decider(Protocol):
         ``failed`` or ``unresolvable`` says why not."""
         ...
 
+    def judge(self, pod: PodRef) -> None:
+        """Take ``pod`` as judged as it is now, without a filter call: the plugin answered its
+        PreFilter itself from a cacheable answer for its spec, and :meth:`reserve` follows."""
+        ...
+
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         """The bind write failed (``reason``): release what :meth:`reserve` took, or keep it when
         the pod's bind will be retried under it (a gang member past its barrier); a no-op when
@@ -179,6 +190,9 @@ class AcceptAllDecider:
 
     def what_if(self, pod, node, removed, added, present=None):
         return FilterOutcome(feasible=(node,), summary="every node accepted")
+
+    def judge(self, pod):
+        return None
 
     def unreserve(self, pod, reason=""):
         return None
@@ -318,6 +332,10 @@ class ExtenderService:
         """The plugin's Filter during kube-scheduler's preemption dry run (and with nominated pods):
         the decider's what-if, not recorded (a dry run asks it once per candidate victim)."""
         return self.decider.what_if(pod, node, removed, added, present)
+
+    def judge(self, pod: PodRef) -> None:
+        """The plugin answered the pod's PreFilter from its cache: the decider judges it now."""
+        self.decider.judge(pod)
 
     def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
         """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""

@@ -156,8 +156,10 @@ class FrameworkDecider:
             return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
         demand = self.demand(pod)
         snapshot = self._snapshot_for(node_objects)
-        decision = self._judged_without_own_stale_hold(pod, demand, snapshot, candidates,
-                                                       self.framework.filter(snapshot, demand, candidates))
+        judged = self.framework.filter(snapshot, demand, candidates)
+        decision = self._judged_without_own_stale_hold(pod, demand, snapshot, candidates, judged)
+        by_group = (decision is judged and not decision.error and node_objects is None and self.framework.answers_by_group
+                    and isinstance(demand, PodDemand) and demand.dra is None and not demand.spread_from_units)
         rejected = len(decision.failed) + len(decision.unresolvable)
         summary = summarize_failures(decision)
         if decision.feasible:
@@ -181,7 +183,10 @@ class FrameworkDecider:
                               if name in decision.failed or name in decision.unresolvable)
         return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
-                             rejections=rejections)
+                             rejections=rejections, groups=snapshot.groups() if by_group else None)
+
+    def judge(self, pod: PodRef) -> None:
+        self.demand(pod)
 
     def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
                 present: Collection[str] | None = None) -> FilterOutcome:

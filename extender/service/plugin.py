@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from extender.model.nodemaps import GroupedMapping
+from extender.model.snapshot_groups import NodeGroups
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
 from extender.service.preemption import NoBudgets, VictimRules
 from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
@@ -107,6 +108,24 @@ class NodeTables:
 
 
 @dataclass(frozen=True)
+class GroupIds:
+    """The table's nodes by group: ``ids`` holds one uint32 (little-endian) group id per node of
+    the table of ``table_generation``, under the grouping named ``grouping`` (ids never reused
+    within it). What the plugin keeps answers by (issue 43)."""
+
+    grouping: int
+    table_generation: int
+    ids: bytes
+
+    @classmethod
+    def of(cls, groups: NodeGroups, table: NodeTable) -> GroupIds | None:
+        """``groups`` as ids over ``table``, or None when the table is not of their node index."""
+        if groups.index.names is not table.source:
+            return None
+        return cls(groups.grouping, table.generation, groups.gid_at[:-1].astype("<u4").tobytes())
+
+
+@dataclass(frozen=True)
 class CycleAnswer:
     """The pod judged against every node of ``table``: what PreFilter answers.
 
@@ -125,6 +144,9 @@ class CycleAnswer:
     scores: bytes = b""
     summary: str = ""
     only_nodes: tuple[str, ...] = ()  # non-empty: the only nodes that can work (the PreFilterResult)
+    # With ``cacheable``, the answer is its nodes' groups' answer for any pod of this spec.
+    groups: GroupIds | None = None
+    cacheable: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +159,7 @@ class ReserveAnswer:
     annotations: Mapping[str, str] = field(default_factory=dict)  # Bind writes them in the pod's Binding
     summary: str = ""
     barrier: Barrier | None = None
+    groups: GroupIds | None = None  # Reserve's: the groups once this reservation is taken
 
 
 @dataclass(frozen=True)
@@ -172,12 +195,16 @@ class PluginService:
     ledger and decision records). ``ready`` is the cluster view's (ready, reason)."""
 
     def __init__(self, service: ExtenderService, tables: NodeTables,
-                 ready: Callable[[], tuple[bool, str]], victims: VictimRules | None = None) -> None:
-        """``victims``: which pods preemption may take (without: any but gang members)."""
+                 ready: Callable[[], tuple[bool, str]], victims: VictimRules | None = None,
+                 groups_now: Callable[[], NodeGroups] | None = None) -> None:
+        """``victims``: which pods preemption may take (without: any but gang members).
+        ``groups_now``: the current grouping of the nodes (the snapshot's), for Reserve's answer
+        (without: Reserve names no groups, and the plugin learns them from PreFilter alone)."""
         self._service = service
         self._tables = tables
         self._ready = ready
         self._victims = victims if victims is not None else VictimRules(NoBudgets())
+        self._groups_now = groups_now
 
     def ready(self) -> tuple[bool, str]:
         return self._ready()
@@ -196,6 +223,8 @@ class PluginService:
         answer = _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary)
         if outcome.only_nodes is not None and outcome.feasible:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
+        elif outcome.groups is not None and (groups := GroupIds.of(outcome.groups, table)) is not None:
+            answer = replace(answer, groups=groups, cacheable=True)
         return answer
 
     def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
@@ -227,14 +256,20 @@ class PluginService:
             reason += f" (not preemptible: {staying})"
         return NodeAnswer(NEVER if never else NOT_NOW, reason)
 
-    def reserve(self, pod: PodRef, node: str) -> ReserveAnswer:
+    def reserve(self, pod: PodRef, node: str, answered_by_plugin: bool = False) -> ReserveAnswer:
+        """``answered_by_plugin``: the plugin answered the pod's PreFilter from a cacheable answer
+        for its spec, so the core judges the pod now; the reservation itself is the core's, on its
+        own state, as always (a node that no longer fits is refused)."""
+        if answered_by_plugin:
+            self._service.judge(pod)
         reserved, annotations = self._service.reserve(pod, node)
         if isinstance(reserved, Refusal):
             return ReserveAnswer(False, refusal=reserved.reason)
         barrier = reserved.barrier
         if barrier is None and reserved.completed_at_bind:  # Bind must ask Permitted: see the module docstring
             barrier = Barrier(f"{DRA_BIND_GANG}{pod.key}", open=True)
-        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier)
+        groups = GroupIds.of(self._groups_now(), self._tables.current()) if self._groups_now is not None else None
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier, groups=groups)
 
     def permitted(self, pod: PodRef, node: str) -> ReserveAnswer:
         granted, annotations = self._service.permitted(pod, node)

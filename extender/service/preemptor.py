@@ -181,7 +181,7 @@ class HoldingDecider:
                 failed[node] = "GPUs here are held for a pod of higher or equal priority whose preemption frees them"
             else:
                 feasible.append(node)
-        return replace(outcome, feasible=tuple(feasible), failed=failed)
+        return replace(outcome, feasible=tuple(feasible), failed=failed, groups=None)
 
     def prioritize(self, pod: PodRef, candidates: Sequence[str],
                    node_objects: Mapping[str, Mapping[str, Any]] | None) -> ScoreOutcome:
@@ -196,6 +196,9 @@ class HoldingDecider:
 
     def permitted(self, pod: PodRef, node: str) -> Reservation | Refusal:
         return self._inner.permitted(pod, node)
+
+    def judge(self, pod: PodRef) -> None:
+        self._inner.judge(pod)
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self._inner.unreserve(pod, reason)

@@ -53,7 +53,8 @@ class Core:
         self.decisions = DecisionStore()
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
         self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
-        self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready)
+        self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready,
+                                    groups_now=lambda: self.state.snapshot().groups())
         self.requeue = RequeueFeed()
         self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}").start()
         self.channel = grpc.insecure_channel(f"unix://{socket}")
@@ -197,8 +198,9 @@ def gang_member(name: str, size: int = 2) -> dict[str, Any]:
                     annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": str(size)})
 
 
-def reserve(core: Core, pod: dict[str, Any], node: str) -> pb.ReserveReply:
-    return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node), timeout=10)
+def reserve(core: Core, pod: dict[str, Any], node: str, answered_by_plugin: bool = False) -> pb.ReserveReply:
+    return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node,
+                                               answered_by_plugin=answered_by_plugin), timeout=10)
 
 
 def test_a_gang_passes_permit_whole_its_members_told_where_and_when(core):
@@ -364,3 +366,94 @@ def test_the_requeue_stream_carries_what_the_core_publishes(core):
     finally:
         stream.cancel()
 
+
+
+# -- answers by group (issue 43): what lets the plugin answer a pod of a known spec itself ----------
+
+def fleet_of(n: int) -> dict[str, Any]:
+    kinds = [h100_inventory, a100_inventory, mig_inventory]
+    return {f"n{i:02d}": kinds[i % 3](f"n{i:02d}") for i in range(n)}
+
+
+def group_ids(groups: pb.Groups) -> list[int]:
+    return list(memoryview(groups.ids).cast("I"))
+
+
+def learn(reply: pb.PreFilterReply, ids: list[int]) -> dict[int, tuple[int, str, int]]:
+    """gid -> (verdict, reason, score) as the plugin learns it; a group answered two ways is a bug."""
+    learned: dict[int, tuple[int, str, int]] = {}
+    for i, gid in enumerate(ids):
+        answer = (reply.verdicts[i], reply.reasons[reply.reason_index[i]], reply.scores[i])
+        assert learned.setdefault(gid, answer) == answer, f"group {gid} answered {learned[gid]} and {answer}"
+    return learned
+
+
+@pytest.mark.parametrize("nodes", [6, 30], ids=["node-by-node", "grouped"])
+@pytest.mark.parametrize("spec", [
+    {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"},
+    {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2},
+    {"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4,
+     "annotations": {"gpusched.io/require-nvlink": "true"}},
+    {"gpus": 1, "annotations": {"gpusched.io/gpu-memory-per-gpu": "30Gi"}},
+], ids=["one-gpu", "tp2", "tp4-nvlink", "one-30gi"])
+def test_answers_learned_by_group_predict_every_next_answer_of_the_same_spec(tmp_path, nodes, spec):
+    """A seeded sequence of pods of one spec, each reserved where the core's answer scores best:
+    the per-group answers the plugin learns from cacheable PreFilter answers, read through the
+    groups each Reserve answers with, equal the core's own answer for the next pod wherever every
+    group is known — the contract the plugin's answer cache rests on."""
+    core = Core(tmp_path / "s.sock", fleet_of(nodes))
+    try:
+        learned: dict[int, tuple[int, str, int]] = {}
+        ids: list[int] | None = None
+        predicted_any = False
+        for k in range(40):  # enough to fill a node and start the next of its shape
+            pod = make_pod(f"p{k}", **spec)
+            reply = pre_filter(core, pod)
+            assert reply.cacheable and reply.groups.table_generation == reply.table_generation, reply
+            assert reply.groups.grouping and len(group_ids(reply.groups)) == nodes
+            if ids is not None and all(g in learned for g in ids):
+                predicted_any = True
+                assert [learned[g] for g in ids] == list(by_node(reply, [f"n{i:02d}" for i in range(nodes)]).values())
+            ids = group_ids(reply.groups)
+            learned.update(learn(reply, ids))
+            fits = [i for i in range(nodes) if reply.verdicts[i] == 0]
+            if not fits:
+                break
+            best = max(fits, key=lambda i: (reply.scores[i], -i))
+            answer = reserve(core, pod, f"n{best:02d}")
+            assert answer.reserved, answer.refusal
+            assert answer.groups.grouping == reply.groups.grouping and len(group_ids(answer.groups)) == nodes
+            ids = group_ids(answer.groups)
+        assert predicted_any, "the sequence never reached a state whose groups were all known"
+    finally:
+        core.close()
+
+
+def test_a_gang_member_and_a_pod_with_siblings_are_never_cacheable(tmp_path):
+    core = Core(tmp_path / "s.sock", fleet_of(30))
+    try:
+        member = make_pod("m0", gpus=1, annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"})
+        reply = pre_filter(core, member)
+        assert not reply.cacheable, "a gang member is judged by its group's state, not by its spec alone"
+        plain = pre_filter(core, make_pod("plain", gpus=1))
+        assert plain.cacheable and not plain.only_nodes
+    finally:
+        core.close()
+
+
+def test_reserve_judges_a_pod_the_plugin_answered_itself_and_stays_authoritative(tmp_path):
+    core = Core(tmp_path / "s.sock", fleet_of(3))
+    try:
+        first = make_pod("first", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8)
+        assert pre_filter(core, first).cacheable
+        twin = make_pod("twin", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8)  # never pre-filtered
+        refused = reserve(core, twin, "n00")
+        assert not refused.reserved and "has not judged this pod" in refused.refusal
+        assert reserve(core, twin, "n00", answered_by_plugin=True).reserved
+        # A stale cache that still thinks n00 is free: the core refuses, nothing is promised twice.
+        third = make_pod("third", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8)
+        stale = reserve(core, third, "n00", answered_by_plugin=True)
+        assert not stale.reserved and "no longer fits" in stale.refusal
+        assert [a.pod_key for a in core.state.ledger.view().assignments.values()] == ["default/twin"]
+    finally:
+        core.close()

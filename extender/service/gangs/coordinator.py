@@ -40,6 +40,7 @@ be written.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from extender.model.gang import DEFAULT_TIMEOUT_S, GangKey, GangProblem, GangSpec
@@ -93,7 +94,9 @@ class GangCoordinator:
         if plan is None:
             if gang is not None and gang.shape.tier is not None and gang.shape.tier.required:
                 return self._filter_in_bound_tier(gang, pod, candidates, node_objects)
-            return self._judge.filter(pod, candidates, node_objects)
+            outcome = self._judge.filter(pod, candidates, node_objects)
+            # A member's answer is its group's state's, not its spec's: the plugin must ask for each.
+            return outcome if gang is None else replace(outcome, groups=None)
         if isinstance(plan, str):
             return FilterOutcome(feasible=(), failed={n: plan for n in candidates}, summary=plan, details=details)
         placement = plan.placements.get(pod.key)
@@ -135,6 +138,10 @@ class GangCoordinator:
         """Preemption's question, judged for the pod on its own: a gang is planned whole at its
         members' filter, never by a dry run on one node."""
         return self._judge.what_if(pod, node, removed, added, present)
+
+    def judge(self, pod: PodRef) -> None:
+        """Only a pod of no gang is ever answered from a cache (its filter answers carry groups)."""
+        self._judge.judge(pod)
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         """A member arrives at its group's barrier (never waiting: its reservation carries the

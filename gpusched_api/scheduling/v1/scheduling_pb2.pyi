@@ -68,7 +68,7 @@ class PreFilterRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., table_generation: _Optional[int] = ...) -> None: ...
 
 class PreFilterReply(_message.Message):
-    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes")
+    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes", "groups", "cacheable")
     SKIP_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     UNRESOLVABLE_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,8 @@ class PreFilterReply(_message.Message):
     SCORES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     ONLY_NODES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CACHEABLE_FIELD_NUMBER: _ClassVar[int]
     skip: bool
     error: str
     unresolvable: str
@@ -91,7 +93,19 @@ class PreFilterReply(_message.Message):
     scores: bytes
     summary: str
     only_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    groups: Groups
+    cacheable: bool
+    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., cacheable: _Optional[bool] = ...) -> None: ...
+
+class Groups(_message.Message):
+    __slots__ = ("grouping", "table_generation", "ids")
+    GROUPING_FIELD_NUMBER: _ClassVar[int]
+    TABLE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    grouping: int
+    table_generation: int
+    ids: bytes
+    def __init__(self, grouping: _Optional[int] = ..., table_generation: _Optional[int] = ..., ids: _Optional[bytes] = ...) -> None: ...
 
 class FilterWhatIfRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node", "removed", "added", "node_pods")
@@ -124,17 +138,19 @@ class FilterWhatIfReply(_message.Message):
     def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("api_version", "pod", "node")
+    __slots__ = ("api_version", "pod", "node", "answered_by_plugin")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_PLUGIN_FIELD_NUMBER: _ClassVar[int]
     api_version: int
     pod: Pod
     node: str
-    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
+    answered_by_plugin: bool
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., answered_by_plugin: _Optional[bool] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
-    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier")
+    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -147,12 +163,14 @@ class ReserveReply(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     reserved: bool
     refusal: str
     annotations: _containers.ScalarMap[str, str]
     summary: str
     barrier: Barrier
-    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+    groups: Groups
+    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ...) -> None: ...
 
 class Barrier(_message.Message):
     __slots__ = ("gang", "open", "wait_seconds")

@@ -21,6 +21,7 @@ const DefaultTimeout = 5 * time.Second
 //	  args:
 //	    address: unix:///run/gpusched/scheduling.sock
 //	    timeout: 5s
+//	    answerMaxAge: 1s
 type Args struct {
 	metav1.TypeMeta `json:",inline"`
 	// Address of the gpusched core's gpusched.scheduling.v1 service: unix:///path (the shipped
@@ -28,6 +29,10 @@ type Args struct {
 	Address string `json:"address"`
 	// Timeout is the deadline of each RPC (PreFilter, Reserve, Unreserve); DefaultTimeout if unset.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
+	// AnswerMaxAge is how long the node groups the core last named may answer PreFilter for a pod
+	// spec the core has judged, without asking it (see answerCache); DefaultAnswerMaxAge if unset,
+	// 0s to ask the core for every pod.
+	AnswerMaxAge *metav1.Duration `json:"answerMaxAge,omitempty"`
 }
 
 // decodeArgs reads the args as kube-scheduler hands an out-of-tree plugin's: *runtime.Unknown
@@ -48,6 +53,9 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	if args.Timeout == nil {
 		args.Timeout = &metav1.Duration{Duration: DefaultTimeout}
 	}
+	if args.AnswerMaxAge == nil {
+		args.AnswerMaxAge = &metav1.Duration{Duration: DefaultAnswerMaxAge}
+	}
 	if args.Address == "" {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.address: required (e.g. unix:///run/gpusched/scheduling.sock)", Name)
 	}
@@ -56,6 +64,10 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	}
 	if args.Timeout.Duration <= 0 {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.timeout: must be > 0, got %s", Name, args.Timeout.Duration)
+	}
+	if args.AnswerMaxAge.Duration < 0 {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.answerMaxAge: must be >= 0 (0s: always ask the core), got %s",
+			Name, args.AnswerMaxAge.Duration)
 	}
 	return args, nil
 }
@@ -67,6 +79,10 @@ func (a *Args) DeepCopyObject() runtime.Object {
 	if a.Timeout != nil {
 		t := *a.Timeout
 		c.Timeout = &t
+	}
+	if a.AnswerMaxAge != nil {
+		m := *a.AnswerMaxAge
+		c.AnswerMaxAge = &m
 	}
 	return &c
 }

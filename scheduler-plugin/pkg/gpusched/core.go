@@ -49,6 +49,7 @@ type core struct {
 	address string
 	timeout time.Duration
 	client  pb.SchedulingClient
+	answers *answerCache // the core's cacheable answers, by pod spec and node group
 
 	mu    sync.Mutex
 	table *nodeTable // nil until the first PreFilter answer
@@ -63,8 +64,11 @@ func dial(address string) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
 }
 
-func newCore(address string, timeout time.Duration, conn grpc.ClientConnInterface) *core {
-	return &core{address: address, timeout: timeout, client: pb.NewSchedulingClient(conn)}
+// newCore: answerMaxAge is how long the core's groups may answer PreFilter without asking it (0:
+// always ask; see answerCache).
+func newCore(address string, timeout, answerMaxAge time.Duration, conn grpc.ClientConnInterface) *core {
+	return &core{address: address, timeout: timeout, client: pb.NewSchedulingClient(conn),
+		answers: newAnswerCache(answerMaxAge, time.Now)}
 }
 
 // hello greets the core until it answers, logging what it says; it never stops the scheduler (the
@@ -119,9 +123,30 @@ func (c *core) adopt(reply *pb.PreFilterReply) *nodeTable {
 	return nil
 }
 
-// preFilter asks the core to judge the pod against every node it knows and returns the answer with
-// the table its vectors are indexed by (nil for skip/error/unresolvable answers, which have none).
-func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, error) {
+// preFilter returns the core's answer for the pod against every node it knows, with the table its
+// vectors are indexed by (nil for skip/error/unresolvable answers, which have none), and whether
+// the plugin answered it from the core's cacheable answers for the pod's spec (answerCache)
+// instead of asking.
+func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, bool, error) {
+	key, keyErr := specKey(pod) // a spec that cannot be encoded is only never answered from the cache
+	if keyErr == nil && !c.answers.mustAsk(pod.UID) {
+		if table := c.heldTable(); table != nil {
+			if reply, ok := c.answers.answer(key, table); ok {
+				answersTotal.WithLabelValues("plugin").Inc()
+				return reply, table, true, nil
+			}
+		}
+	}
+	answersTotal.WithLabelValues("core").Inc()
+	reply, table, err := c.askPreFilter(ctx, pod)
+	if err == nil && table != nil && keyErr == nil {
+		c.answers.learn(key, reply)
+	}
+	return reply, table, false, err
+}
+
+// askPreFilter asks the core (see preFilter).
+func (c *core) askPreFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, error) {
 	wire, err := wirePod(pod)
 	if err != nil {
 		return nil, nil, err
@@ -170,14 +195,22 @@ func (c *core) filterWhatIf(ctx context.Context, pod *v1.Pod, node string, remov
 	})
 }
 
-func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string) (*pb.ReserveReply, error) {
+// reserve asks the core to reserve the pod's GPUs on node; answeredByPlugin says PreFilter was
+// answered from the cache (the core then judges the pod itself first). The groups the reply names
+// are taken, so the next cycle judges node by its new group.
+func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string, answeredByPlugin bool) (*pb.ReserveReply, error) {
 	wire, err := wirePod(pod)
 	if err != nil {
 		return nil, err
 	}
-	return call(ctx, c, func(ctx context.Context) (*pb.ReserveReply, error) {
-		return c.client.Reserve(ctx, &pb.ReserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node})
+	reply, err := call(ctx, c, func(ctx context.Context) (*pb.ReserveReply, error) {
+		return c.client.Reserve(ctx, &pb.ReserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node,
+			AnsweredByPlugin: answeredByPlugin})
 	})
+	if err == nil {
+		c.answers.renew(reply.GetGroups())
+	}
+	return reply, err
 }
 
 func (c *core) permitted(ctx context.Context, pod *v1.Pod, node string) (*pb.PermittedReply, error) {

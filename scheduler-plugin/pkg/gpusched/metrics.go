@@ -34,8 +34,18 @@ var rpcDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
 	StabilityLevel: metrics.ALPHA,
 }, []string{"rpc", "code"})
 
+// answersTotal counts PreFilter answers by who gave them: "plugin" (from the
+// core's cacheable answers for the pod's spec, no round trip) or "core" (asked).
+var answersTotal = metrics.NewCounterVec(&metrics.CounterOpts{
+	Namespace:      "gpusched",
+	Subsystem:      "plugin",
+	Name:           "prefilter_answers_total",
+	Help:           "PreFilter answers by source: plugin (from the core's cacheable answers for the pod's spec) or core (asked over RPC).",
+	StabilityLevel: metrics.ALPHA,
+}, []string{"source"})
+
 func init() {
-	legacyregistry.MustRegister(rpcDuration)
+	legacyregistry.MustRegister(rpcDuration, answersTotal)
 }
 
 // observeRPC is the client connection's unary interceptor (dial): every RPC, Hello included,

@@ -54,6 +54,7 @@ var (
 	_ fwk.PreFilterPlugin     = (*Plugin)(nil)
 	_ fwk.PreFilterExtensions = (*Plugin)(nil)
 	_ fwk.FilterPlugin        = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin    = (*Plugin)(nil)
 	_ fwk.PreScorePlugin      = (*Plugin)(nil)
 	_ fwk.ScorePlugin         = (*Plugin)(nil)
 	_ fwk.ReservePlugin       = (*Plugin)(nil)
@@ -75,10 +76,14 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if err != nil {
 		return nil, fmt.Errorf("pluginConfig[%s].args.address %q: %w", Name, args.Address, err)
 	}
-	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, conn))
+	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, args.AnswerMaxAge.Duration, conn))
 	go p.core.hello(ctx)
 	// The pod lister registered now, before kube-scheduler starts its informers.
-	pods := handle.SharedInformerFactory().Core().V1().Pods().Lister()
+	podInformer := handle.SharedInformerFactory().Core().V1().Pods()
+	pods := podInformer.Lister()
+	if _, err := podInformer.Informer().AddEventHandler(capacityFreed{answers: p.core.answers}); err != nil {
+		return nil, fmt.Errorf("%s: watching pods for freed GPUs: %w", Name, err)
+	}
 	go p.core.watchRequeue(ctx, activator{pods: pods, activate: handle.Activate})
 	go func() {
 		<-ctx.Done()
@@ -96,8 +101,9 @@ func (p *Plugin) Name() string { return Name }
 
 // answer is the core's PreFilter answer for this cycle. Immutable once written, so Clone shares it.
 type answer struct {
-	reply *pb.PreFilterReply
-	table *nodeTable // the table reply's vectors are indexed by; nil for a skip
+	reply     *pb.PreFilterReply
+	table     *nodeTable // the table reply's vectors are indexed by; nil for a skip
+	fromCache bool       // the plugin answered from the core's cacheable answers (answerCache)
 }
 
 func (a *answer) Clone() fwk.StateData { return a }
@@ -122,11 +128,11 @@ func (r *reservation) Clone() fwk.StateData { return r }
 // the cluster's, so the pod must come back by itself; the message lands in its PodScheduled
 // condition and FailedScheduling event.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	reply, table, err := p.core.preFilter(ctx, pod)
+	reply, table, fromCache, err := p.core.preFilter(ctx, pod)
 	if err != nil {
 		return nil, fwk.AsStatus(err)
 	}
-	state.Write(answerKey, &answer{reply: reply, table: table})
+	state.Write(answerKey, &answer{reply: reply, table: table, fromCache: fromCache})
 	switch {
 	case reply.GetSkip(): // no GPUs asked: Filter (and, via PreScore, Score) are skipped
 		return nil, fwk.NewStatus(fwk.Skip)
@@ -201,6 +207,21 @@ func orDefault(s, def string) string {
 	return s
 }
 
+// PostFilter runs when no node passed Filter; it is informational (always Unschedulable, so
+// DefaultPreemption, after it in the profile, runs as ever). When the cycle was judged on the
+// plugin's cached answers, which may be behind the core (capacity freed since), the pod is
+// activated and its next PreFilter asks the core: a pod never waits on the cache's word alone.
+// Preemption on such a cycle is safe either way: its dry run asks the core (FilterWhatIf), which
+// judges on its own state.
+func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	if a, st := readAnswer(state); st == nil && a.fromCache {
+		p.core.answers.askFor(pod.UID)
+		// The pod is in flight: kube-scheduler requeues it when this cycle hands it back.
+		p.handle.Activate(klog.FromContext(ctx), map[string]*v1.Pod{pod.Namespace + "/" + pod.Name: pod})
+	}
+	return nil, fwk.NewStatus(fwk.Unschedulable)
+}
+
 // PreScore skips Score for pods PreFilter skipped (a Skip from PreFilter skips only Filter).
 func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
 	a, st := readAnswer(state)
@@ -232,16 +253,24 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 
 // Reserve takes the pod's GPUs on the chosen node in the core's ledger. A refusal (the capacity
 // was taken since PreFilter) is Unschedulable: the pod goes back to the queue and is judged anew.
+// A refusal of a node the plugin's cache answered for is Error instead (the cache was stale, not
+// the cluster full: the pod is retried after its backoff, and the core is asked next time).
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
-	if a, st := readAnswer(state); st != nil || a.table == nil {
+	a, st := readAnswer(state)
+	if st != nil || a.table == nil {
 		return nil // not a GPU pod (or PreFilter never ran): nothing to reserve
 	}
-	reply, err := p.core.reserve(ctx, pod, nodeName)
+	reply, err := p.core.reserve(ctx, pod, nodeName, a.fromCache)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
 	if !reply.GetReserved() {
-		return fwk.NewStatus(fwk.Unschedulable, orDefault(reply.GetRefusal(), "gpusched refused the reservation"))
+		refusal := orDefault(reply.GetRefusal(), "gpusched refused the reservation")
+		if a.fromCache {
+			p.core.answers.forget()
+			return fwk.AsStatus(fmt.Errorf("%s (the plugin's cached answer was stale; the pod is retried)", refusal))
+		}
+		return fwk.NewStatus(fwk.Unschedulable, refusal)
 	}
 	klog.FromContext(ctx).V(4).Info("gpusched reserved", "pod", klog.KObj(pod), "node", nodeName, "summary", reply.GetSummary())
 	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations(), barrier: reply.GetBarrier()})

@@ -139,8 +139,15 @@ func (wp *fakeWaitingPod) decide(outcome string) bool {
 	return true
 }
 
-// start serves f (a fakeCore, or one embedding it) over bufconn and returns a plugin talking to it, and the fake clientset.
+// start serves f (a fakeCore, or one embedding it) over bufconn and returns a plugin talking to it
+// (its answer cache off: every PreFilter asks), and the fake clientset.
 func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
+	t.Helper()
+	return startWith(t, f, timeout, 0, objects...)
+}
+
+// startWith is start with the answer cache's age (see answerCache).
+func startWith(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
@@ -156,7 +163,7 @@ func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects .
 	t.Cleanup(func() { _ = conn.Close() })
 	cs := fake.NewClientset(objects...)
 	handle := fakeHandle{cs: cs, waiting: &waitingPods{pods: map[types.UID]*fakeWaitingPod{}}}
-	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, conn)), cs
+	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, conn)), cs
 }
 
 func makePod(name string) *v1.Pod {

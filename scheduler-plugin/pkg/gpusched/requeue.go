@@ -76,6 +76,7 @@ func (c *core) watchRequeue(ctx context.Context, a activator) {
 			var batch *pb.RequeueBatch
 			if batch, err = stream.Recv(); err == nil {
 				wait = 500 * time.Millisecond
+				c.answers.forget() // capacity came back in the core's view: the cache's groups are behind
 				a.activateBatch(logger, batch)
 			}
 		}

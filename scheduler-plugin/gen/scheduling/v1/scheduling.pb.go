@@ -406,7 +406,12 @@ type PreFilterReply struct {
 	Summary         string     `protobuf:"bytes,10,opt,name=summary,proto3" json:"summary,omitempty"`                                        // one line for the pod's events; the whole decision is in /debug/decisions
 	// When set, the only nodes that can work (a gang member's planned node): the plugin returns
 	// them as its PreFilterResult, so kube-scheduler filters no other node.
-	OnlyNodes     []string `protobuf:"bytes,11,rep,name=only_nodes,json=onlyNodes,proto3" json:"only_nodes,omitempty"`
+	OnlyNodes []string `protobuf:"bytes,11,rep,name=only_nodes,json=onlyNodes,proto3" json:"only_nodes,omitempty"`
+	// The table's nodes by group when the answer was made (issue 43). With “cacheable“ the answer
+	// depends on nothing but the pod's spec and each node's group, so the plugin may answer a pod of
+	// the same spec itself: per node, the answer this reply gave the nodes of its group.
+	Groups        *Groups `protobuf:"bytes,12,opt,name=groups,proto3" json:"groups,omitempty"`
+	Cacheable     bool    `protobuf:"varint,13,opt,name=cacheable,proto3" json:"cacheable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -518,6 +523,84 @@ func (x *PreFilterReply) GetOnlyNodes() []string {
 	return nil
 }
 
+func (x *PreFilterReply) GetGroups() *Groups {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *PreFilterReply) GetCacheable() bool {
+	if x != nil {
+		return x.Cacheable
+	}
+	return false
+}
+
+// The core's grouping of the table's nodes: nodes of one group (same GPU shape, same free units)
+// get the same answer from any cacheable PreFilter. Group ids are never reused within a grouping;
+// a new grouping (core restart, regrouping) has a new id, and answers learned under another one are
+// dropped.
+type Groups struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Grouping        uint64                 `protobuf:"varint,1,opt,name=grouping,proto3" json:"grouping,omitempty"`
+	TableGeneration uint64                 `protobuf:"varint,2,opt,name=table_generation,json=tableGeneration,proto3" json:"table_generation,omitempty"` // the table ``ids`` is indexed by
+	Ids             []byte                 `protobuf:"bytes,3,opt,name=ids,proto3" json:"ids,omitempty"`                                                 // one uint32 (little-endian) group id per table node
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Groups) Reset() {
+	*x = Groups{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Groups) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Groups) ProtoMessage() {}
+
+func (x *Groups) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Groups.ProtoReflect.Descriptor instead.
+func (*Groups) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Groups) GetGrouping() uint64 {
+	if x != nil {
+		return x.Grouping
+	}
+	return 0
+}
+
+func (x *Groups) GetTableGeneration() uint64 {
+	if x != nil {
+		return x.TableGeneration
+	}
+	return 0
+}
+
+func (x *Groups) GetIds() []byte {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 type FilterWhatIfRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -537,7 +620,7 @@ type FilterWhatIfRequest struct {
 
 func (x *FilterWhatIfRequest) Reset() {
 	*x = FilterWhatIfRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +632,7 @@ func (x *FilterWhatIfRequest) String() string {
 func (*FilterWhatIfRequest) ProtoMessage() {}
 
 func (x *FilterWhatIfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[6]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +645,7 @@ func (x *FilterWhatIfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilterWhatIfRequest.ProtoReflect.Descriptor instead.
 func (*FilterWhatIfRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{6}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FilterWhatIfRequest) GetApiVersion() uint32 {
@@ -616,7 +699,7 @@ type NodePods struct {
 
 func (x *NodePods) Reset() {
 	*x = NodePods{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +711,7 @@ func (x *NodePods) String() string {
 func (*NodePods) ProtoMessage() {}
 
 func (x *NodePods) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +724,7 @@ func (x *NodePods) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePods.ProtoReflect.Descriptor instead.
 func (*NodePods) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodePods) GetUids() []string {
@@ -661,7 +744,7 @@ type FilterWhatIfReply struct {
 
 func (x *FilterWhatIfReply) Reset() {
 	*x = FilterWhatIfReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +756,7 @@ func (x *FilterWhatIfReply) String() string {
 func (*FilterWhatIfReply) ProtoMessage() {}
 
 func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +769,7 @@ func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilterWhatIfReply.ProtoReflect.Descriptor instead.
 func (*FilterWhatIfReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FilterWhatIfReply) GetVerdict() Verdict {
@@ -704,17 +787,21 @@ func (x *FilterWhatIfReply) GetReason() string {
 }
 
 type ReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
-	Pod           *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
-	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod        *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node       string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The plugin answered this pod's PreFilter itself (from cacheable answers for its spec): the core
+	// has not judged this pod yet, and judges its demand now. Reserve stays authoritative: the
+	// core chooses the GPUs on its own state and refuses when the node no longer fits.
+	AnsweredByPlugin bool `protobuf:"varint,4,opt,name=answered_by_plugin,json=answeredByPlugin,proto3" json:"answered_by_plugin,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +813,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +826,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReserveRequest) GetApiVersion() uint32 {
@@ -763,6 +850,13 @@ func (x *ReserveRequest) GetNode() string {
 	return ""
 }
 
+func (x *ReserveRequest) GetAnsweredByPlugin() bool {
+	if x != nil {
+		return x.AnsweredByPlugin
+	}
+	return false
+}
+
 type ReserveReply struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Reserved    bool                   `protobuf:"varint,1,opt,name=reserved,proto3" json:"reserved,omitempty"`
@@ -771,14 +865,17 @@ type ReserveReply struct {
 	Summary     string                 `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`                                                                                   // e.g. "GPUs [0,1] on node-a (NVLink)"
 	// Set for a gang member: its place at the Permit barrier (coscheduling's semantics). Members of
 	// one group carry the same gang. Bind of a gang member asks Permitted for its annotations.
-	Barrier       *Barrier `protobuf:"bytes,5,opt,name=barrier,proto3" json:"barrier,omitempty"`
+	Barrier *Barrier `protobuf:"bytes,5,opt,name=barrier,proto3" json:"barrier,omitempty"`
+	// The groups once this reservation is taken (set when reserved), so the plugin's next cycle
+	// judges the node by its new group.
+	Groups        *Groups `protobuf:"bytes,6,opt,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +887,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +900,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReserveReply) GetReserved() bool {
@@ -841,6 +938,13 @@ func (x *ReserveReply) GetBarrier() *Barrier {
 	return nil
 }
 
+func (x *ReserveReply) GetGroups() *Groups {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 type Barrier struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Gang  string                 `protobuf:"bytes,1,opt,name=gang,proto3" json:"gang,omitempty"`
@@ -855,7 +959,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +971,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +984,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Barrier) GetGang() string {
@@ -915,7 +1019,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1031,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1044,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -976,7 +1080,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1092,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1105,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -1044,7 +1148,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1160,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1173,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -1108,7 +1212,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1224,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1237,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
 }
 
 type WatchRequeueRequest struct {
@@ -1146,7 +1250,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1262,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1275,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1198,7 +1302,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1314,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1327,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1270,7 +1374,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12)\n" +
-	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xec\x02\n" +
+	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xc2\x03\n" +
 	"\x0ePreFilterReply\x12\x12\n" +
 	"\x04skip\x18\x01 \x01(\bR\x04skip\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\"\n" +
@@ -1284,7 +1388,13 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\asummary\x18\n" +
 	" \x01(\tR\asummary\x12\x1d\n" +
 	"\n" +
-	"only_nodes\x18\v \x03(\tR\tonlyNodes\"\xa2\x02\n" +
+	"only_nodes\x18\v \x03(\tR\tonlyNodes\x126\n" +
+	"\x06groups\x18\f \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x12\x1c\n" +
+	"\tcacheable\x18\r \x01(\bR\tcacheable\"a\n" +
+	"\x06Groups\x12\x1a\n" +
+	"\bgrouping\x18\x01 \x01(\x04R\bgrouping\x12)\n" +
+	"\x10table_generation\x18\x02 \x01(\x04R\x0ftableGeneration\x12\x10\n" +
+	"\x03ids\x18\x03 \x01(\fR\x03ids\"\xa2\x02\n" +
 	"\x13FilterWhatIfRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
@@ -1297,18 +1407,20 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x04uids\x18\x01 \x03(\tR\x04uids\"f\n" +
 	"\x11FilterWhatIfReply\x129\n" +
 	"\averdict\x18\x01 \x01(\x0e2\x1f.gpusched.scheduling.v1.VerdictR\averdict\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"t\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xa2\x01\n" +
 	"\x0eReserveRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"\xb2\x02\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12,\n" +
+	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\"\xea\x02\n" +
 	"\fReserveReply\x12\x1a\n" +
 	"\breserved\x18\x01 \x01(\bR\breserved\x12\x18\n" +
 	"\arefusal\x18\x02 \x01(\tR\arefusal\x12W\n" +
 	"\vannotations\x18\x03 \x03(\v25.gpusched.scheduling.v1.ReserveReply.AnnotationsEntryR\vannotations\x12\x18\n" +
 	"\asummary\x18\x04 \x01(\tR\asummary\x129\n" +
-	"\abarrier\x18\x05 \x01(\v2\x1f.gpusched.scheduling.v1.BarrierR\abarrier\x1a>\n" +
+	"\abarrier\x18\x05 \x01(\v2\x1f.gpusched.scheduling.v1.BarrierR\abarrier\x126\n" +
+	"\x06groups\x18\x06 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
@@ -1370,7 +1482,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Verdict)(0),                // 0: gpusched.scheduling.v1.Verdict
 	(*HelloRequest)(nil),        // 1: gpusched.scheduling.v1.HelloRequest
@@ -1379,54 +1491,57 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*NodeTable)(nil),           // 4: gpusched.scheduling.v1.NodeTable
 	(*PreFilterRequest)(nil),    // 5: gpusched.scheduling.v1.PreFilterRequest
 	(*PreFilterReply)(nil),      // 6: gpusched.scheduling.v1.PreFilterReply
-	(*FilterWhatIfRequest)(nil), // 7: gpusched.scheduling.v1.FilterWhatIfRequest
-	(*NodePods)(nil),            // 8: gpusched.scheduling.v1.NodePods
-	(*FilterWhatIfReply)(nil),   // 9: gpusched.scheduling.v1.FilterWhatIfReply
-	(*ReserveRequest)(nil),      // 10: gpusched.scheduling.v1.ReserveRequest
-	(*ReserveReply)(nil),        // 11: gpusched.scheduling.v1.ReserveReply
-	(*Barrier)(nil),             // 12: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil),    // 13: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),      // 14: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil),    // 15: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),      // 16: gpusched.scheduling.v1.UnreserveReply
-	(*WatchRequeueRequest)(nil), // 17: gpusched.scheduling.v1.WatchRequeueRequest
-	(*RequeueBatch)(nil),        // 18: gpusched.scheduling.v1.RequeueBatch
-	nil,                         // 19: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                         // 20: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(*Groups)(nil),              // 7: gpusched.scheduling.v1.Groups
+	(*FilterWhatIfRequest)(nil), // 8: gpusched.scheduling.v1.FilterWhatIfRequest
+	(*NodePods)(nil),            // 9: gpusched.scheduling.v1.NodePods
+	(*FilterWhatIfReply)(nil),   // 10: gpusched.scheduling.v1.FilterWhatIfReply
+	(*ReserveRequest)(nil),      // 11: gpusched.scheduling.v1.ReserveRequest
+	(*ReserveReply)(nil),        // 12: gpusched.scheduling.v1.ReserveReply
+	(*Barrier)(nil),             // 13: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 14: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 15: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 16: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 17: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 18: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 19: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 20: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 21: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	3,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	4,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
-	3,  // 2: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	3,  // 3: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
-	3,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
-	8,  // 5: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
-	0,  // 6: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
-	3,  // 7: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	19, // 8: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	12, // 9: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
-	3,  // 10: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	20, // 11: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
-	3,  // 12: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	1,  // 13: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	5,  // 14: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	7,  // 15: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
-	10, // 16: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	15, // 17: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	13, // 18: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	17, // 19: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
-	2,  // 20: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	6,  // 21: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	9,  // 22: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
-	11, // 23: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	16, // 24: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	14, // 25: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	18, // 26: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
-	20, // [20:27] is the sub-list for method output_type
-	13, // [13:20] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 2: gpusched.scheduling.v1.PreFilterReply.groups:type_name -> gpusched.scheduling.v1.Groups
+	3,  // 3: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	3,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
+	3,  // 5: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
+	9,  // 6: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
+	0,  // 7: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
+	3,  // 8: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	20, // 9: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	13, // 10: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	7,  // 11: gpusched.scheduling.v1.ReserveReply.groups:type_name -> gpusched.scheduling.v1.Groups
+	3,  // 12: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	21, // 13: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	3,  // 14: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	1,  // 15: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	5,  // 16: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	8,  // 17: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
+	11, // 18: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	16, // 19: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	14, // 20: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	18, // 21: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	2,  // 22: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	6,  // 23: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	10, // 24: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
+	12, // 25: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	17, // 26: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	15, // 27: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	19, // 28: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
@@ -1440,7 +1555,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,257 @@
+package gpusched
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
+)
+
+// DefaultAnswerMaxAge is how long the groups the core last named may answer PreFilter without
+// asking it (issue 43). Every Reserve and every asked PreFilter renews them, so during a burst the
+// plugin answers pod after pod itself; what changes without a cycle of this scheduler (telemetry,
+// pods deleted) reaches it within this age.
+const DefaultAnswerMaxAge = time.Second
+
+// maxCachedSpecs bounds the pod specs whose answers are kept (oldest dropped first): a spec's
+// answers are a few bytes per group, and a burst is of a handful of specs.
+const maxCachedSpecs = 256
+
+// answerCache keeps the core's cacheable PreFilter answers per pod spec and node group, so that a
+// pod whose spec the core has judged is answered in kube-scheduler's process, with no round trip.
+//
+// The core marks an answer cacheable when it depends on nothing but the pod's spec and each node's
+// group (same GPU shape, same free units), and names the group of every table node with it and
+// with each reservation. Only state is kept here, never logic: a node whose group has no answer
+// for the spec, groups older than maxAge or of another table, or an answer in which no node fits
+// (the pod would wait on the plugin's word alone) send the pod to the core as before; so does a
+// pod whose cycle on a cached answer found no node (PostFilter), before anything is preempted for
+// it. Reserve stays the core's, on its own state: an answer that went stale is refused there and
+// nothing is promised twice.
+type answerCache struct {
+	maxAge time.Duration // 0: never answer from the cache
+	now    func() time.Time
+
+	mu        sync.Mutex
+	grouping  uint64   // the core's grouping the ids and answers belong to (0: none yet)
+	tableGen  uint64   // the node table ids is indexed by
+	ids       []uint32 // group id per table node, as the core last named them
+	renewedAt time.Time
+	specs     map[string]map[uint32]groupAnswer // spec key -> group id -> answer
+	order     []string                          // spec keys, oldest first
+	askNext   map[types.UID]struct{}            // pods whose next PreFilter asks the core (askFor)
+}
+
+// groupAnswer is the core's answer for one node group: what every node of the group gets.
+type groupAnswer struct {
+	verdict byte
+	reason  string
+	score   byte
+}
+
+func newAnswerCache(maxAge time.Duration, now func() time.Time) *answerCache {
+	return &answerCache{maxAge: maxAge, now: now, specs: map[string]map[uint32]groupAnswer{},
+		askNext: map[types.UID]struct{}{}}
+}
+
+// maxAskNext bounds askNext: past it the set is emptied (those pods are answered from the cache
+// once more, and land here again if no node fits).
+const maxAskNext = 4096
+
+// askFor makes pod's next PreFilter ask the core: a cycle answered from the cache found no node for
+// it (see Plugin.PostFilter), and that is never decided on the plugin's word.
+func (c *answerCache) askFor(pod types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.askNext) >= maxAskNext {
+		clear(c.askNext)
+	}
+	c.askNext[pod] = struct{}{}
+}
+
+// mustAsk says whether pod's PreFilter must ask the core (askFor), and takes it off the list.
+func (c *answerCache) mustAsk(pod types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.askNext[pod]
+	delete(c.askNext, pod)
+	return ok
+}
+
+// specKey names what the core judges a pod by: its namespace, labels, annotations and spec (the
+// whole spec, not the fields the core reads today: a field it starts reading can never make two
+// different pods one key). Pods of one Deployment share it; their names and UIDs are left out.
+func specKey(pod *v1.Pod) (string, error) {
+	spec, err := pod.Spec.Marshal() // protobuf, deterministic: map entries sorted
+	if err != nil {
+		return "", fmt.Errorf("encoding the spec of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	h := sha256.New()
+	field := func(b []byte) {
+		_ = binary.Write(h, binary.LittleEndian, uint64(len(b)))
+		h.Write(b)
+	}
+	field([]byte(pod.Namespace))
+	for _, m := range []map[string]string{pod.Labels, pod.Annotations} {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		_ = binary.Write(h, binary.LittleEndian, uint64(len(keys)))
+		for _, k := range keys {
+			field([]byte(k))
+			field([]byte(m[k]))
+		}
+	}
+	field(spec)
+	return string(h.Sum(nil)), nil
+}
+
+// renew takes the groups the core named (a PreFilter or Reserve reply); answers learned under
+// another grouping are dropped. Nil (the core named none) changes nothing.
+func (c *answerCache) renew(groups *pb.Groups) {
+	if groups == nil || groups.GetGrouping() == 0 || len(groups.GetIds())%4 != 0 {
+		return
+	}
+	ids := make([]uint32, len(groups.GetIds())/4)
+	for i := range ids {
+		ids[i] = binary.LittleEndian.Uint32(groups.GetIds()[4*i:])
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if groups.GetGrouping() != c.grouping {
+		c.grouping = groups.GetGrouping()
+		clear(c.specs)
+		c.order = c.order[:0]
+	}
+	c.tableGen, c.ids, c.renewedAt = groups.GetTableGeneration(), ids, c.now()
+}
+
+// forget makes the next PreFilter ask the core: an answer from the cache was refused at Reserve, or
+// capacity may have come back (a GPU pod deleted, the core's requeue stream).
+func (c *answerCache) forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.renewedAt = time.Time{}
+}
+
+// learn keeps a cacheable answer's per-group answers for key, once its groups are taken (renew).
+// A group answered two ways (never, from a core that marks the answer cacheable) is not kept.
+func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
+	if c.maxAge <= 0 || !reply.GetCacheable() || reply.GetGroups() == nil {
+		return
+	}
+	c.renew(reply.GetGroups())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tableGen != reply.GetTableGeneration() || len(c.ids) != len(reply.GetVerdicts()) ||
+		len(reply.GetScores()) != len(c.ids) || len(reply.GetReasonIndex()) != len(c.ids) {
+		return
+	}
+	known, ok := c.specs[key]
+	if !ok {
+		if len(c.order) >= maxCachedSpecs {
+			delete(c.specs, c.order[0])
+			c.order = c.order[1:]
+		}
+		known = map[uint32]groupAnswer{}
+		c.specs[key] = known
+		c.order = append(c.order, key)
+	}
+	thisReply := map[uint32]groupAnswer{}
+	conflicting := map[uint32]bool{}
+	for i, gid := range c.ids {
+		reason := ""
+		if ri := reply.GetReasonIndex()[i]; int(ri) < len(reply.GetReasons()) {
+			reason = reply.GetReasons()[ri]
+		}
+		a := groupAnswer{verdict: reply.GetVerdicts()[i], reason: reason, score: reply.GetScores()[i]}
+		if prev, seen := thisReply[gid]; seen && prev != a {
+			conflicting[gid] = true
+		}
+		thisReply[gid] = a
+	}
+	for gid, a := range thisReply {
+		if conflicting[gid] {
+			delete(known, gid)
+		} else {
+			known[gid] = a // the newest answer for the group wins
+		}
+	}
+}
+
+// answer is the PreFilter reply the core would give a pod of key on table, built from the answers
+// learned for key; false when it cannot be (see answerCache), and the core must be asked.
+func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, bool) {
+	if c.maxAge <= 0 || table == nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	known := c.specs[key]
+	if known == nil || c.grouping == 0 || c.tableGen != table.generation || len(c.ids) != len(table.names) ||
+		c.now().Sub(c.renewedAt) > c.maxAge {
+		return nil, false
+	}
+	reply := &pb.PreFilterReply{TableGeneration: c.tableGen, Reasons: []string{""}, Cacheable: true,
+		Verdicts: make([]byte, len(c.ids)), Scores: make([]byte, len(c.ids)), ReasonIndex: make([]uint32, len(c.ids)),
+		Summary: "answered by the GpuSched plugin from the core's answers for this pod's spec"}
+	reasonAt := map[string]uint32{"": 0}
+	fits := false
+	for i, gid := range c.ids {
+		a, ok := known[gid]
+		if !ok {
+			return nil, false
+		}
+		reply.Verdicts[i], reply.Scores[i] = a.verdict, a.score
+		fits = fits || pb.Verdict(a.verdict) == pb.Verdict_VERDICT_FITS
+		ri, ok := reasonAt[a.reason]
+		if !ok {
+			ri = uint32(len(reply.Reasons))
+			reasonAt[a.reason] = ri
+			reply.Reasons = append(reply.Reasons, a.reason)
+		}
+		reply.ReasonIndex[i] = ri
+	}
+	if !fits {
+		return nil, false
+	}
+	return reply, true
+}
+
+// capacityFreed forgets the cache's groups when kube-scheduler's informer shows a GPU pod going (deleted,
+// or terminating), whose GPUs the core is about to free: the next PreFilter asks the core rather than
+// read the node as full. What only the core sees comes over its requeue stream (watchRequeue).
+type capacityFreed struct {
+	answers *answerCache
+}
+
+func (h capacityFreed) OnAdd(any, bool) {}
+
+func (h capacityFreed) OnUpdate(oldObj, newObj any) {
+	old, okOld := oldObj.(*v1.Pod)
+	pod, okNew := newObj.(*v1.Pod)
+	if okOld && okNew && pod.Spec.NodeName != "" && requestsGPUs(pod) &&
+		(old.DeletionTimestamp == nil && pod.DeletionTimestamp != nil || !terminal(old) && terminal(pod)) {
+		h.answers.forget()
+	}
+}
+
+func (h capacityFreed) OnDelete(obj any) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok || (pod.Spec.NodeName != "" && requestsGPUs(pod)) { // a tombstone: forget rather than guess
+		h.answers.forget()
+	}
+}
+
+func terminal(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
+}

@@ -1,0 +1,268 @@
+package gpusched
+
+import (
+	"context"
+	"encoding/binary"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
+)
+
+// replica is a pod of one Deployment's spec: name and UID differ between replicas.
+func replica(name string, edit ...func(*v1.Pod)) *v1.Pod {
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name), GenerateName: "vllm-",
+			Labels: map[string]string{"app": "vllm", "pod-template-hash": "abc"}, Annotations: map[string]string{"a": "1", "b": "2"}},
+		Spec: v1.PodSpec{SchedulerName: "gpusched", Containers: []v1.Container{{Name: "vllm", Image: "vllm/vllm-openai",
+			Args:      []string{"serve", "meta-llama/Llama-3.1-8B-Instruct"},
+			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}},
+	}
+	for _, e := range edit {
+		e(pod)
+	}
+	return pod
+}
+
+func TestSpecKeyIsOnePerSpecNotPerPod(t *testing.T) {
+	base := mustKey(t, replica("a"))
+	for _, tc := range []struct {
+		name string
+		edit func(*v1.Pod)
+		same bool
+	}{
+		{"another replica", func(p *v1.Pod) { p.Name, p.UID = "b", "uid-b" }, true},
+		{"owner and version", func(p *v1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{Name: "rs"}}
+			p.ResourceVersion = "42"
+		}, true},
+		{"annotations in another order", func(p *v1.Pod) { p.Annotations = map[string]string{"b": "2", "a": "1"} }, true},
+		{"another namespace", func(p *v1.Pod) { p.Namespace = "other" }, false},
+		{"an annotation", func(p *v1.Pod) { p.Annotations["gpusched.io/gpu-memory-per-gpu"] = "30Gi" }, false},
+		{"a label", func(p *v1.Pod) { p.Labels["tier"] = "gold" }, false},
+		{"an argument", func(p *v1.Pod) {
+			p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--tensor-parallel-size", "2")
+		}, false},
+		{"a resource", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse("2")
+		}, false},
+		{"a key moved into the value", func(p *v1.Pod) { p.Annotations = map[string]string{"a": "12", "": ""} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := mustKey(t, replica("a", tc.edit)) == base; got != tc.same {
+				t.Errorf("same key = %v, want %v", got, tc.same)
+			}
+		})
+	}
+}
+
+func mustKey(t *testing.T, pod *v1.Pod) string {
+	t.Helper()
+	key, err := specKey(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+func groupsOf(grouping, gen uint64, ids ...uint32) *pb.Groups {
+	b := make([]byte, 4*len(ids))
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(b[4*i:], id)
+	}
+	return &pb.Groups{Grouping: grouping, TableGeneration: gen, Ids: b}
+}
+
+// cacheable is a core's cacheable answer over nodes a, b, c, d: a and b of group 1 fit (score 70),
+// c of group 2 is full, d of group 3 never fits.
+func cacheable() *pb.PreFilterReply {
+	r := vectors(7, nil, false,
+		[]pb.Verdict{pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_NOT_NOW, pb.Verdict_VERDICT_NEVER},
+		[]string{"", "", "0 of 8 GPUs free", "node has 4 GPUs"}, []byte{70, 70, 0, 0})
+	r.Cacheable, r.Groups = true, groupsOf(11, 7, 1, 1, 2, 3)
+	return r
+}
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func TestAnswerCacheAnswersOnlyWhatTheCoreSaidForThoseGroups(t *testing.T) {
+	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}}
+	for _, tc := range []struct {
+		name   string
+		maxAge time.Duration
+		setup  func(c *answerCache, clock *fakeClock) // after learning cacheable() for "spec"
+		key    string
+		table  *nodeTable
+		want   []byte // verdicts; nil: not answered (the core is asked)
+	}{
+		{"the same groups answer as the core did", time.Second, nil, "spec", table, []byte{0, 0, 1, 2}},
+		{"a node moved to a known group", time.Second, func(c *answerCache, _ *fakeClock) {
+			c.renew(groupsOf(11, 7, 2, 1, 2, 3)) // a was reserved full
+		}, "spec", table, []byte{1, 0, 1, 2}},
+		{"a node in a group never answered for the spec", time.Second, func(c *answerCache, _ *fakeClock) {
+			c.renew(groupsOf(11, 7, 9, 1, 2, 3))
+		}, "spec", table, nil},
+		{"another spec", time.Second, nil, "other", table, nil},
+		{"groups older than the age", time.Second, func(_ *answerCache, clock *fakeClock) {
+			clock.t = clock.t.Add(1500 * time.Millisecond)
+		}, "spec", table, nil},
+		{"another table", time.Second, nil, "spec", &nodeTable{generation: 8, names: table.names}, nil},
+		{"a new grouping drops what was learned", time.Second, func(c *answerCache, _ *fakeClock) {
+			c.renew(groupsOf(12, 7, 1, 1, 2, 3))
+		}, "spec", table, nil},
+		{"no node would fit: the core decides the pod waits", time.Second, func(c *answerCache, _ *fakeClock) {
+			c.renew(groupsOf(11, 7, 2, 2, 2, 3))
+		}, "spec", table, nil},
+		{"a refused reservation forgets the groups", time.Second, func(c *answerCache, _ *fakeClock) {
+			c.forget()
+		}, "spec", table, nil},
+		{"answerMaxAge 0: always ask", 0, nil, "spec", table, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{t: time.Unix(1000, 0)}
+			c := newAnswerCache(tc.maxAge, clock.now)
+			c.learn("spec", cacheable())
+			if tc.setup != nil {
+				tc.setup(c, clock)
+			}
+			reply, ok := c.answer(tc.key, tc.table)
+			if ok != (tc.want != nil) {
+				t.Fatalf("answered = %v, want %v", ok, tc.want != nil)
+			}
+			if !ok {
+				return
+			}
+			if string(reply.GetVerdicts()) != string(tc.want) {
+				t.Errorf("verdicts %v, want %v", reply.GetVerdicts(), tc.want)
+			}
+			for i, v := range tc.want { // reasons and scores travel with the verdict of the node's group
+				reason := reply.GetReasons()[reply.GetReasonIndex()[i]]
+				if (v == 0) != (reason == "" && reply.GetScores()[i] == 70) {
+					t.Errorf("node %d: verdict %d with reason %q score %d", i, v, reason, reply.GetScores()[i])
+				}
+			}
+		})
+	}
+}
+
+func TestAGroupAnsweredTwoWaysIsNotLearned(t *testing.T) {
+	c := newAnswerCache(time.Second, time.Now)
+	r := cacheable()
+	r.Groups = groupsOf(11, 7, 1, 1, 1, 3) // c is in group 1 but answered NOT_NOW: not a cacheable answer
+	c.learn("spec", r)
+	if _, ok := c.answer("spec", &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}}); ok {
+		t.Fatal("answered from a group whose nodes were answered differently")
+	}
+}
+
+// cachingCore is a fake core over nodes a, b, c, d that answers cacheable PreFilters and reserves
+// by the groups it names (group 2: full; a node, once reserved, joins it), counting what it was asked.
+type cachingCore struct {
+	fakeCore
+	mu        sync.Mutex
+	ids       []uint32
+	asked     int
+	judged    []bool // answered_by_plugin of each Reserve
+	refuseFor string // Reserve refuses this node (the plugin's answer for it was stale)
+}
+
+func (c *cachingCore) answerNow() *pb.PreFilterReply {
+	verdicts := make([]pb.Verdict, len(c.ids))
+	reasons := make([]string, len(c.ids))
+	scores := make([]byte, len(c.ids))
+	for i, gid := range c.ids {
+		if gid == 2 {
+			verdicts[i], reasons[i] = pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free"
+		} else {
+			scores[i] = 50
+		}
+	}
+	r := vectors(7, []string{"a", "b", "c", "d"}, true, verdicts, reasons, scores)
+	r.Cacheable = true
+	r.Groups = groupsOf(11, 7, c.ids...)
+	return r
+}
+
+func (c *cachingCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.asked++
+	return c.answerNow(), nil
+}
+
+func (c *cachingCore) Reserve(_ context.Context, r *pb.ReserveRequest) (*pb.ReserveReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.judged = append(c.judged, r.GetAnsweredByPlugin())
+	if r.GetNode() == c.refuseFor {
+		return &pb.ReserveReply{Reserved: false, Refusal: "node " + r.GetNode() + " no longer fits"}, nil
+	}
+	c.ids[strings.Index("abcd", r.GetNode())] = 2
+	return &pb.ReserveReply{Reserved: true, Groups: groupsOf(11, 7, c.ids...)}, nil
+}
+
+func TestReplicasAreAnsweredByThePluginAndReservedByTheCore(t *testing.T) {
+	f := &cachingCore{ids: []uint32{1, 1, 1, 2}} // d is full: the first answer teaches both groups
+	p, _ := startWith(t, f, time.Second, time.Second)
+	ctx := context.Background()
+	cycle := func(name, node string) *fwk.Status {
+		state := framework.NewCycleState()
+		if _, st := p.PreFilter(ctx, state, replica(name), nil); !st.IsSuccess() {
+			t.Fatalf("PreFilter(%s): %v", name, st)
+		}
+		for i, n := range []string{"a", "b", "c", "d"} {
+			got := p.Filter(ctx, state, replica(name), nodeInfo(n)).IsSuccess()
+			f.mu.Lock()
+			want := f.ids[i] != 2
+			f.mu.Unlock()
+			if got != want {
+				t.Errorf("%s: Filter(%s) fits = %v, the core would say %v", name, n, got, want)
+			}
+		}
+		return p.Reserve(ctx, state, replica(name), node)
+	}
+	if st := cycle("r0", "a"); !st.IsSuccess() {
+		t.Fatalf("Reserve r0: %v", st)
+	}
+	if st := cycle("r1", "b"); !st.IsSuccess() {
+		t.Fatalf("Reserve r1: %v", st)
+	}
+	f.mu.Lock()
+	asked, judged := f.asked, append([]bool(nil), f.judged...)
+	f.mu.Unlock()
+	if asked != 1 || len(judged) != 2 || judged[0] || !judged[1] {
+		t.Fatalf("core asked %d PreFilters, Reserves answered_by_plugin %v; want 1, [false true]", asked, judged)
+	}
+	// The core's state moves on without this scheduler (c filled elsewhere): the plugin's answer
+	// for c is stale, the core refuses, the pod is retried (Error) and the next cycle asks.
+	f.mu.Lock()
+	f.refuseFor = "c"
+	f.mu.Unlock()
+	st := cycle("r2", "c")
+	if st.Code() != fwk.Error || !strings.Contains(st.Message(), "cached answer was stale") {
+		t.Fatalf("Reserve on a stale answer: %v, want Error naming the stale cache", st)
+	}
+	f.mu.Lock()
+	f.ids[2] = 2
+	f.mu.Unlock()
+	state := framework.NewCycleState()
+	if _, st := p.PreFilter(ctx, state, replica("r3"), nil); st.Code() != fwk.Success {
+		t.Fatalf("PreFilter r3: %v", st)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.asked != 2 {
+		t.Errorf("after a refused cached answer the core was asked %d PreFilters in all, want 2", f.asked)
+	}
+}
