@@ -105,7 +105,9 @@ PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
 DRA_SCHEDULER_CONFIG = MANIFESTS / "overlays" / "dra" / "scheduler-config.yaml"  # (f), where the overlay ships one
 PRESET_MIX = (("h100", 0.35), ("a100", 0.30), ("l40s", 0.30), ("mig", 0.05))
 METRIC = "gpusched_extender_request_duration_seconds"
-PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) only
+PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) and (g) only
+ANSWERS_METRIC = "gpusched_plugin_prefilter_answers"  # counter: PreFilter answers by source
+IDLE_S = 3.0  # each configuration's idle CPU rates are read over this long before its pods come
 TARGET = {"nodes": 1000, "b_over_a": 0.5, "anchor_b_over_a": 0.11,
           "anchor": "kube-scheduler-wasm-extension PR #63: 500 nodes, 991 pods/s without an extender, "
                     "111 pods/s with one localhost extender",
@@ -158,8 +160,21 @@ CONFIGS = (("a", "count-only", "stock profile, no extender"),
            ("c", "gpusched-nocache", "gpusched, nodeCacheCapable: false"),
            ("d", "gpusched-plugin", "gpusched plugin mode (GpuSched kube-scheduler, gRPC to the core)"),
            ("e", "dra-stock", "DRA: own ResourceClaim per pod (count 1, gpu.gpusched.io), profile of (a), no extender"),
-           ("f", "dra-gpusched", "DRA: the pods and claims of (e), the shipped extender config"))
+           ("f", "dra-gpusched", "DRA: the pods and claims of (e), the shipped extender config"),
+           ("g", "gpusched-plugin-ask", "plugin mode with the plugin's answer cache off (answerMaxAge 0s: "
+                                        "every PreFilter asks the core, as before issue 43)"))
 DRA_KEYS = "ef"  # configurations whose pods ask for a ResourceClaim
+PLUGIN_KEYS = "dg"  # configurations of the GpuSched kube-scheduler (plugin mode)
+
+
+def asking_every_pod(adjust):
+    """``adjust``, then the GpuSched plugin's answer cache turned off (args.answerMaxAge 0s)."""
+    def off(config: dict[str, Any]) -> None:
+        adjust(config)
+        for entry in config["profiles"][0].get("pluginConfig", []):
+            if entry.get("name") == "GpuSched":
+                entry.setdefault("args", {})["answerMaxAge"] = "0s"
+    return off
 
 
 def dra_scheduler_manifest() -> Path:
@@ -184,6 +199,8 @@ def config_for(key: str, sched_name: str, qps: int, plugin_binary: Path | None):
         return count_only(sched_name, qps), None, SCHEDULER_CONFIG
     if key == "d":
         return shipped(sched_name, qps), plugin_binary, PLUGIN_SCHEDULER_CONFIG
+    if key == "g":
+        return asking_every_pod(shipped(sched_name, qps)), plugin_binary, PLUGIN_SCHEDULER_CONFIG
     if key == "e":
         return count_only(sched_name, qps), None, SCHEDULER_CONFIG
     if key == "f":
@@ -441,6 +458,15 @@ def plugin_histogram(sched: Component, token: str) -> dict[str, dict[str, Any]]:
     return parse_histogram(scheduler_metrics(sched, token), PLUGIN_METRIC, "rpc", ok_label=("code", "OK"))
 
 
+def plugin_answers(sched: Component, token: str) -> dict[str, float]:
+    """{source: count} of the plugin's PreFilter answers (issue 43: "plugin" from its answer cache,
+    "core" asked), from kube-scheduler's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.labels.get("source", ""): s.value for fam in text_string_to_metric_families(scheduler_metrics(sched, token))
+            if fam.name == ANSWERS_METRIC for s in fam.samples if s.name.endswith("_total")}
+
+
 def parse_histogram(text: str, metric: str, key: str,
                     ok_label: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One Prometheus histogram of an exposition, per value of label ``key``; with ``ok_label``
@@ -571,7 +597,8 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     ext = stack.extender
     assert ext is not None
     h0 = histogram(ext)
-    p0 = plugin_histogram(sched, metrics_token) if key == "d" else {}
+    p0 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
+    a0 = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
     watch = BindWatch(api, ns)
     names = [f"p{i:05d}" for i in range(n_pods)]
     spy: list[subprocess.Popen | None] = [None]
@@ -581,10 +608,19 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
             "agent_generators": [p.pid for p in streaming.procs] if streaming else []}
     cpu0: list[tuple[float, dict[str, float], tuple[float, float]]] = []
 
+    def reading() -> tuple[float, dict[str, float], tuple[float, float]]:
+        return time.monotonic(), {k: sum(map(process_cpu_s, v)) for k, v in pids.items()}, box_cpu_s()
+
+    # Each process group's idle rate, the agents streaming and this scheduler up with nothing to
+    # place: subtracted from its rate while placing, so that the CPU per pod is marginal (issue 43).
+    idle0 = reading()
+    time.sleep(IDLE_S)
+    idle = cpu_between(idle0, reading())
+
     def begin() -> None:
         if streaming:
             ingest0.append(agent_fleet.ingest_counters(ext))
-        cpu0.append((time.monotonic(), {k: sum(map(process_cpu_s, v)) for k, v in pids.items()}, box_cpu_s()))
+        cpu0.append(reading())
         if profile:
             spy[0] = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
 
@@ -601,9 +637,12 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     t_end = time.monotonic()
     watch.stop()
     ingest1 = agent_fleet.ingest_counters(ext) if streaming else None
-    cpu = cpu_between(cpu0[0], (time.monotonic(), {k: sum(map(process_cpu_s, v)) for k, v in pids.items()}, box_cpu_s()))
+    after = reading()
+    cpu = cpu_between(cpu0[0], after)
+    cpu_wall_s = after[0] - cpu0[0][0]
     h1 = histogram(ext)
-    p1 = plugin_histogram(sched, metrics_token) if key == "d" else {}
+    p1 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
+    a1 = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
     bound = {n: t for n, t in watch.bound.items() if t <= deadline}
     claims = claims_check(api, ns) if dra else None
     sched.stop()
@@ -625,10 +664,16 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
         **({"claims": claims} if claims else {}),
         # (f) runs the shipped config as it is in manifests/ now: which file it was.
         **({"scheduler_config": str(manifest.relative_to(MANIFESTS.parent))} if key == "f" else {}),
-        **({"plugin_rpcs": hist_diff(p0, p1)} if key == "d" else {}),
+        **({"plugin_rpcs": hist_diff(p0, p1),
+            "prefilter_answers": {k: round(a1.get(k, 0.0) - a0.get(k, 0.0)) for k in sorted(a1)}}
+           if key in PLUGIN_KEYS else {}),
         **({"agents": agent_fleet.ingest_between(ingest0[0], ingest1, len(streaming.nodes))}
            if streaming and ingest0 and ingest1 else {}),
         "cpu_per_wall_s": cpu,
+        "idle_cpu_per_wall_s": idle,
+        # Marginal CPU per bound pod: (rate while placing - idle rate) x the span / pods bound.
+        "cpu_ms_per_pod": {k: round(max(0.0, cpu[k] - idle[k]) * cpu_wall_s / len(bound) * 1000, 2)
+                           for k in pids} if bound else None,
         # Other tenants of the box show up here (2 vCPUs: anything well above ~4 means contention).
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
     }
@@ -889,7 +934,10 @@ def print_row(key: str, name: str, row: dict[str, Any]) -> None:
           f"create {row['create_rate']:.0f}/s  latency p50 {lat.get('p50')} p99 {lat.get('p99')} ms  {verbs}"
           + (f"  plugin {rpcs}" if rpcs else "")
           + (f"  agents {ingest['reports_per_s']}/{ingest['expected_per_s']} reports/s" if ingest else "")
-          + "  cpu/s " + " ".join(f"{k} {v}" for k, v in row["cpu_per_wall_s"].items()), flush=True)
+          + "  cpu/s " + " ".join(f"{k} {v}" for k, v in row["cpu_per_wall_s"].items())
+          + ("  cpu ms/pod " + " ".join(f"{k} {v}" for k, v in row["cpu_ms_per_pod"].items())
+             if row.get("cpu_ms_per_pod") else "")
+          + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -913,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}",
           flush=True)
     run = run_id(info)
-    plugin_binary = build_scheduler_plugin() if "d" in args.configs else None
+    plugin_binary = build_scheduler_plugin() if any(k in args.configs for k in PLUGIN_KEYS) else None
     cp = ControlPlane(build_binaries())
     rows: list[dict[str, Any]] = []
     fleets: list[dict[str, Any]] = []
@@ -982,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print_row(key, name, row)
             if "a" in by_key and by_key["a"]["pods_per_s"]:
-                for k in ("b", "c", "d", "e", "f"):
+                for k in ("b", "c", "d", "e", "f", "g"):
                     if k in by_key:
                         by_key[k]["ratio_to_a"] = round(by_key[k]["pods_per_s"] / by_key["a"]["pods_per_s"], 3)
                         print(f"  {k}/a = {by_key[k]['ratio_to_a']}", flush=True)
