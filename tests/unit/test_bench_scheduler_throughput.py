@@ -14,6 +14,7 @@ from bench.agent_fleet import ingest_between
 from bench.scheduler_throughput import (
     PLUGIN_METRIC,
     TARGET,
+    fixed_budget_headline,
     headline,
     hist_diff,
     idle_reference,
@@ -271,3 +272,28 @@ def test_merge_keeps_other_node_counts_and_supersedes_what_was_rerun():
     again = merged(out, {**fresh, "machine": {"date": "2027-02-01", "git_commit": "1234"}, "rows": dra_rows(run="r3")})
     assert len(again["superseded_rows"]) == len(out["superseded_rows"]) + 4
     assert len(again["earlier_runs"]) == len(out["earlier_runs"]) + 1
+
+
+def fb_row(config: str, rnd: int, pods_per_s: float, valid: bool, core_ms: float, busy: float = 0.5) -> dict:
+    return {"nodes": 1000, "config": config, "round": rnd, "pods_per_s": pods_per_s, "valid": valid,
+            "other_cpu_busy_share": busy, "cpu_ms_per_pod": {"extender": core_ms, "kube_scheduler": 4.0}}
+
+
+@pytest.mark.parametrize("valid_rounds,want_ratio,want_met", [
+    pytest.param({0, 1, 2}, 0.95, True, id="valid-rounds-judged"),
+    pytest.param({1}, 0.8, False, id="only-the-valid-round-counts"),
+    pytest.param(set(), 0.95, None, id="no-valid-round-is-not-judged"),
+])
+def test_the_fixed_budget_ratio_is_judged_over_valid_rounds_only(valid_rounds, want_ratio, want_met):
+    """Issue 43: d/a is (d)'s pods/s over (a)'s of the same round, median over the valid rounds;
+    with none valid it is shown over every round but judged against no target, saying why."""
+    ratios = {0: 0.95, 1: 0.8, 2: 1.0}
+    rows = [r for rnd, ratio in ratios.items() for r in (
+        fb_row("a", rnd, 100.0, rnd in valid_rounds, 0.1, busy=0.99 if rnd not in valid_rounds else 0.5),
+        fb_row("d", rnd, 100.0 * ratio, rnd in valid_rounds, 1.5, busy=0.99 if rnd not in valid_rounds else 0.5))]
+    head = {h["metric"].split(" at ")[0]: h for h in fixed_budget_headline(rows)}
+    d = head["d/a"]
+    assert (d["measured"], d["met"]) == (want_ratio, want_met)
+    assert ("NO VALID ROUND" in d["anchor"]) is (not valid_rounds)
+    core = head["(d) core CPU per scheduled pod"]
+    assert (core["measured"], core["met"]) == (1.5, False), "CPU per pod counts every round, against 1.0 ms"
