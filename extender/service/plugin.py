@@ -211,8 +211,8 @@ class PluginService:
 
     def pre_filter(self, pod: PodRef) -> CycleAnswer:
         table = self._tables.current()
-        if not asks_for_gpus(pod):
-            return CycleAnswer(table, skip=True)
+        if not asks_for_gpus(pod):  # a matter of the spec alone: the plugin skips its like without asking
+            return CycleAnswer(table, skip=True, cacheable=True)
         ready, why = self._ready()
         if not ready:
             return CycleAnswer(table, error=f"gpusched is not ready: {why}")

@@ -429,7 +429,7 @@ def test_answers_learned_by_group_predict_every_next_answer_of_the_same_spec(tmp
         core.close()
 
 
-def test_a_gang_member_and_a_pod_with_siblings_are_never_cacheable(tmp_path):
+def test_a_gang_member_is_never_cacheable_and_a_skip_always_is(tmp_path):
     core = Core(tmp_path / "s.sock", fleet_of(30))
     try:
         member = make_pod("m0", gpus=1, annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"})
@@ -437,6 +437,8 @@ def test_a_gang_member_and_a_pod_with_siblings_are_never_cacheable(tmp_path):
         assert not reply.cacheable, "a gang member is judged by its group's state, not by its spec alone"
         plain = pre_filter(core, make_pod("plain", gpus=1))
         assert plain.cacheable and not plain.only_nodes
+        cpu_only = pre_filter(core, make_pod("cpu-only", gpus=0))
+        assert cpu_only.skip and cpu_only.cacheable, "a skip is a matter of the spec alone"
     finally:
         core.close()
 

@@ -46,7 +46,9 @@ type answerCache struct {
 	renewedAt time.Time
 	specs     map[string]map[uint32]groupAnswer // spec key -> group id -> answer
 	order     []string                          // spec keys, oldest first
-	askNext   map[types.UID]struct{}            // pods whose next PreFilter asks the core (askFor)
+	skips     map[string]struct{}               // spec keys the core skipped (no GPUs asked), bounded like specs
+	skipOrder []string
+	askNext   map[types.UID]struct{} // pods whose next PreFilter asks the core (askFor)
 }
 
 // groupAnswer is the core's answer for one node group: what every node of the group gets.
@@ -58,7 +60,7 @@ type groupAnswer struct {
 
 func newAnswerCache(maxAge time.Duration, now func() time.Time) *answerCache {
 	return &answerCache{maxAge: maxAge, now: now, specs: map[string]map[uint32]groupAnswer{},
-		askNext: map[types.UID]struct{}{}}
+		skips: map[string]struct{}{}, askNext: map[types.UID]struct{}{}}
 }
 
 // maxAskNext bounds askNext: past it the set is emptied (those pods are answered from the cache
@@ -146,7 +148,23 @@ func (c *answerCache) forget() {
 // learn keeps a cacheable answer's per-group answers for key, once its groups are taken (renew).
 // A group answered two ways (never, from a core that marks the answer cacheable) is not kept.
 func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
-	if c.maxAge <= 0 || !reply.GetCacheable() || reply.GetGroups() == nil {
+	if c.maxAge <= 0 || !reply.GetCacheable() {
+		return
+	}
+	if reply.GetSkip() { // the spec asks for no GPUs: so does every pod of it, whatever the nodes
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if _, known := c.skips[key]; !known {
+			if len(c.skipOrder) >= maxCachedSpecs {
+				delete(c.skips, c.skipOrder[0])
+				c.skipOrder = c.skipOrder[1:]
+			}
+			c.skips[key] = struct{}{}
+			c.skipOrder = append(c.skipOrder, key)
+		}
+		return
+	}
+	if reply.GetGroups() == nil {
 		return
 	}
 	c.renew(reply.GetGroups())
@@ -191,11 +209,17 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 // answer is the PreFilter reply the core would give a pod of key on table, built from the answers
 // learned for key; false when it cannot be (see answerCache), and the core must be asked.
 func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, bool) {
-	if c.maxAge <= 0 || table == nil {
+	if c.maxAge <= 0 {
 		return nil, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, skip := c.skips[key]; skip {
+		return &pb.PreFilterReply{Skip: true, Cacheable: true}, true
+	}
+	if table == nil {
+		return nil, false
+	}
 	known := c.specs[key]
 	if known == nil || c.grouping == 0 || c.tableGen != table.generation || len(c.ids) != len(table.names) ||
 		c.now().Sub(c.renewedAt) > c.maxAge {

@@ -266,3 +266,17 @@ func TestReplicasAreAnsweredByThePluginAndReservedByTheCore(t *testing.T) {
 		t.Errorf("after a refused cached answer the core was asked %d PreFilters in all, want 2", f.asked)
 	}
 }
+
+func TestASkippedSpecIsSkippedWithoutAskingWhateverTheGroups(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	c := newAnswerCache(time.Second, clock.now)
+	c.learn("cpu-only", &pb.PreFilterReply{Skip: true, Cacheable: true})
+	c.learn("not-cacheable", &pb.PreFilterReply{Skip: true})
+	clock.t = clock.t.Add(time.Hour) // no groups, none fresh: a skip needs neither
+	if reply, ok := c.answer("cpu-only", nil); !ok || !reply.GetSkip() {
+		t.Fatalf("answer(cpu-only) = %v %v, want a skip", reply, ok)
+	}
+	if _, ok := c.answer("not-cacheable", nil); ok {
+		t.Fatal("a skip the core did not mark cacheable was answered from the cache")
+	}
+}

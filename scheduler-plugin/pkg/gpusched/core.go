@@ -130,16 +130,18 @@ func (c *core) adopt(reply *pb.PreFilterReply) *nodeTable {
 func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, bool, error) {
 	key, keyErr := specKey(pod) // a spec that cannot be encoded is only never answered from the cache
 	if keyErr == nil && !c.answers.mustAsk(pod.UID) {
-		if table := c.heldTable(); table != nil {
-			if reply, ok := c.answers.answer(key, table); ok {
-				answersTotal.WithLabelValues("plugin").Inc()
-				return reply, table, true, nil
+		table := c.heldTable()
+		if reply, ok := c.answers.answer(key, table); ok {
+			answersTotal.WithLabelValues("plugin").Inc()
+			if reply.GetSkip() {
+				return reply, nil, true, nil // a skip has no table, as the core's own
 			}
+			return reply, table, true, nil
 		}
 	}
 	answersTotal.WithLabelValues("core").Inc()
 	reply, table, err := c.askPreFilter(ctx, pod)
-	if err == nil && table != nil && keyErr == nil {
+	if err == nil && (table != nil || reply.GetSkip()) && keyErr == nil {
 		c.answers.learn(key, reply)
 	}
 	return reply, table, false, err

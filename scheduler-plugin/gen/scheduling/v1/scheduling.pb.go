@@ -409,7 +409,8 @@ type PreFilterReply struct {
 	OnlyNodes []string `protobuf:"bytes,11,rep,name=only_nodes,json=onlyNodes,proto3" json:"only_nodes,omitempty"`
 	// The table's nodes by group when the answer was made (issue 43). With “cacheable“ the answer
 	// depends on nothing but the pod's spec and each node's group, so the plugin may answer a pod of
-	// the same spec itself: per node, the answer this reply gave the nodes of its group.
+	// the same spec itself: per node, the answer this reply gave the nodes of its group (a cacheable
+	// skip depends on the spec alone: every pod of it is skipped).
 	Groups        *Groups `protobuf:"bytes,12,opt,name=groups,proto3" json:"groups,omitempty"`
 	Cacheable     bool    `protobuf:"varint,13,opt,name=cacheable,proto3" json:"cacheable,omitempty"`
 	unknownFields protoimpl.UnknownFields
