@@ -41,6 +41,7 @@ import grpc
 import orjson
 
 from bench.extender_latency import machine, write_results
+from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, DECISION_ID_ANNOTATION
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 
 RESULTS = Path(__file__).parent / "results" / "plugin_transport.json"
@@ -65,7 +66,7 @@ def prefilter_request() -> bytes:
 
 def reserve_reply() -> bytes:
     return pb.ReserveReply(reserved=True, summary="GPUs [0] on bench-00001 (NVLink)",
-                           annotations={"gpusched.io/assigned-gpus": "GPU-0", "gpusched.io/decision-id": "d"}
+                           annotations={ASSIGNED_GPUS_ANNOTATION: "GPU-0", DECISION_ID_ANNOTATION: "d"}
                            ).SerializeToString()
 
 
