@@ -337,7 +337,7 @@ class ControlPlane:
         self.components.clear()
         self._node_address.remove()
         keep = os.environ.get("GPUSCHED_KEEP_LOGS")
-        if keep:  # every component's full log, for a failure that the log tails do not explain
+        if keep and (self.workdir / "logs").is_dir():  # every component's full log, for a failure the tails do not explain
             shutil.copytree(self.workdir / "logs", Path(keep) / self.workdir.name, dirs_exist_ok=True)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -11,6 +11,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,10 +23,24 @@ class ComponentFailed(RuntimeError):
     pass
 
 
+# Ports free_port handed out in this process. The kernel's bind(0) may return a port again once
+# its probe socket is closed, and a component binds its port only when it starts: the control
+# plane's webhook port, chosen at its start, is bound by the extender much later, and a port
+# chosen meanwhile for the extender's HTTP server once came out the same (address already in use).
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port nothing listens on now and that this process never handed out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _HANDED_OUT_LOCK:
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
