@@ -64,7 +64,7 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         framework, builtin_catalog(), state.ledger, state.snapshot, lambda: watches.synced(),
         telemetry=state if telemetry is not None else None,
         dra=ClaimRecorder(state.dra, state.ledger, KubeClaimReader(api)) if state.dra is not None else None)
-    gangs = GangIndex(on_pod_group_added=requeue, tier_labels=settings.tier_labels)
+    gangs = GangIndex(on_awaited_arrival=requeue, tier_labels=settings.tier_labels)
     coordinator = GangCoordinator(
         framework_decider, gangs, state.ledger, settings=GangSettings(settings.barrier_timing),
         hooks=GangHooks(observer=GangMetrics(metrics), nudge=requeue, on_partial=partial_gang_reporter(events),

@@ -132,7 +132,7 @@ def test_a_podgang_label_is_a_gang_declaration_and_a_scheduling_group_still_wins
 
 def test_the_index_answers_a_members_role_from_the_podgang_and_retries_pods_when_it_arrives():
     requeued: list[list[str]] = []
-    index = GangIndex(on_pod_group_added=requeued.append)
+    index = GangIndex(on_awaited_arrival=requeued.append)
     early = grove_pod("decode-1")
     assert isinstance(index.gang_of(early, 40.0), GangProblem)
     assert index.awaiting_pod_group() == {f"PodGang {NS}/disagg-0": [f"{NS}/decode-1"]}
@@ -155,7 +155,7 @@ def test_the_index_answers_a_members_role_from_the_podgang_and_retries_pods_when
 
 def test_a_podgang_update_listing_a_waiting_pod_retries_it_and_a_relist_replaces_all():
     requeued: list[list[str]] = []
-    index = GangIndex(on_pod_group_added=requeued.append)
+    index = GangIndex(on_awaited_arrival=requeued.append)
     index.pod_gang_feed.replace([podgang()])
     late = grove_pod("decode-2")  # Grove adds it to podReferences after the PodGang first appears
     assert isinstance(problem := index.gang_of(late, 40.0), GangProblem) and problem.may_resolve

@@ -80,10 +80,10 @@ class World:
         self.state = ClusterState(clock=clock)
         self.node_names = list(nodes)
         self.state.nodes.replace([make_k8s_node(n, h100_inventory(n)) for n in nodes])
-        self.index = GangIndex(clock=clock)
+        self.nudged: list[str] = []
+        self.index = GangIndex(on_awaited_arrival=self.nudged.extend, clock=clock)
         self.inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
         self.events = Events()
-        self.nudged: list[str] = []
         self.partials: list[Any] = []
         self.gangs = GangCoordinator(self.inner, self.index, self.state.ledger, settings=GangSettings(timing),
                                      hooks=GangHooks(observer=self.events, nudge=self.nudged.extend,
@@ -202,6 +202,35 @@ def test_watch_lag_never_drops_the_plan_nor_binds_a_member_alone(clocks):
         assert b_bind.result(timeout=5) == ""
     assert set(world.binder.bound) == {"a", "b"}
     assert_never_double_booked(world)
+
+
+def test_a_member_only_the_watch_shows_retries_the_members_judged_too_few(clocks):
+    """A member kube-scheduler's own filters reject never reaches gpusched: its arrival in the
+    watch is the only event that can retry the siblings judged "2 of 3 members exist"."""
+    world = World(*clocks, nodes=("h1", "h2", "h3"))
+    a, b, c, d = (member(n, size=3, gpus=2) for n in "abcd")
+    for p in (a, b):
+        world.watch("ADDED", p)
+    assert "2 of 3 members exist" in world.filter(a).summary
+    assert "2 of 3 members exist" in world.filter(b).summary
+    world.nudged.clear()  # a's first judgement nudged b to show the group's reason
+    world.watch("MODIFIED", a)  # a known member changing adds no one
+    assert world.nudged == []
+    world.watch("ADDED", c)
+    assert sorted(world.nudged) == [f"{NS}/a", f"{NS}/b"]
+    world.watch("ADDED", d)
+    assert sorted(world.nudged) == [f"{NS}/a", f"{NS}/b"], "retried once per judgement, not per arrival"
+    assert world.filter(a).feasible
+
+
+def test_a_deleted_member_is_not_retried_when_its_group_grows(clocks):
+    world = World(*clocks)
+    a, b = member("a", size=3), member("b", size=3)
+    world.watch("ADDED", a)
+    assert "1 of 3 members exist" in world.filter(a).summary
+    world.watch("DELETED", a)
+    world.watch("ADDED", b)
+    assert world.nudged == []
 
 
 def test_a_member_arriving_after_its_group_timed_out_is_refused_never_bound_alone(clocks):

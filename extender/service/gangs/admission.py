@@ -53,10 +53,12 @@ def admit(book: GangBook, gang: GangSpec, pod: PodRef) -> Plan | str:
     if len(members) < gang.min_member:
         status.reason = (f"gang {gang.key}: {len(members)} of {gang.min_member} members exist; waiting for the "
                          "rest before reserving anything")
+        book.index.await_members(gang.key, [m.key for m in pending])
         return status.reason
     needed = needed_members(book, gang, bound, pending)
     if isinstance(needed, str):
         status.reason = needed
+        book.index.await_members(gang.key, [m.key for m in pending])
         return needed
     judge = book.judge
     simulated = simulate_placements(gang, needed, judge.snapshot(), judge.demand, judge.framework, bound,

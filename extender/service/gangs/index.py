@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +75,16 @@ def _member(pod: Mapping[str, Any]) -> Member:
 
 
 class GangIndex:
-    def __init__(self, on_pod_group_added: Callable[[list[str]], None] = lambda pods: None,
+    def __init__(self, on_awaited_arrival: Callable[[list[str]], None] = lambda pods: None,
                  tombstones: int = 16384, request_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
                  tier_labels: Mapping[str, str] = DEFAULT_TIER_LABELS) -> None:
-        """``on_pod_group_added(pending member keys)`` runs when a PodGroup or PodGang appears (or
-        a PodGang changes), so members judged before it existed are retried at once (see
-        ``adapters.requeue.PodNudger``); it runs outside the index lock.
+        """``on_awaited_arrival(pending member keys)`` runs when a PodGroup or PodGang appears (or
+        a PodGang changes), or when the watch shows a new member of a group that was judged too
+        small (:meth:`await_members`), so members judged before it existed are retried at once (see
+        ``adapters.requeue.PodNudger``): kube-scheduler retries an unschedulable pod on no event of
+        its own here, and a member its own filters reject never reaches gpusched to nudge the
+        others. It runs outside the index lock.
         ``tombstones``: deleted pods remembered (oldest forgotten first); ``tier_labels``: tier
         name -> node label, for groups that name a network tier."""
         self._lock = threading.Lock()
@@ -89,8 +92,9 @@ class GangIndex:
         # Each kind's objects by (namespace, name): a mapping replaced whole, never mutated.
         self._objects: dict[str, Mapping[tuple[str, str], Any]] = {_POD_GROUPS: {}, _POD_GANGS: {}}
         self.pod_gang_feed = _PodGangFeed(self)  # the PodGang reflector's handler
-        self._on_pod_group_added = on_pod_group_added
+        self._on_awaited_arrival = on_awaited_arrival
         self._awaiting_group: dict[tuple[str, str], set[str]] = {}  # PodGroup -> pods judged before it existed
+        self._awaiting_members: dict[GangKey, set[str]] = {}  # group judged too small -> its pods judged so
         self._awaiting_gang: dict[tuple[str, str], set[str]] = {}  # PodGang -> pods judged before it (or they in it)
         self._deleted: OrderedDict[str, str] = OrderedDict()  # pod key -> uid of the deleted incarnation
         self._requested_only: dict[str, float] = {}  # pods known from filter requests only -> last request
@@ -137,10 +141,13 @@ class GangIndex:
 
     # -- pods ------------------------------------------------------------------------------
     def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
-        """A watch event. DELETED and terminal pods leave a tombstone."""
+        """A watch event. DELETED and terminal pods leave a tombstone; a new member of a group
+        judged too small retries the members judged so."""
         member = _member(pod)
         phase = (pod.get("status") or {}).get("phase")
+        pending: list[str] = []
         with self._lock:
+            known = member.key in self._pods and member.key not in self._requested_only
             self._requested_only.pop(member.key, None)
             if event_type == "DELETED" or phase in _TERMINAL:
                 self._pods.pop(member.key, None)
@@ -148,12 +155,30 @@ class GangIndex:
                 if event_type == "DELETED":  # one waiting for a group object that never came
                     _discard_waiting(self._awaiting_group, member.key)
                     _discard_waiting(self._awaiting_gang, member.key)
+                    _discard_waiting(self._awaiting_members, member.key)
             elif not declares_gang(pod):
                 self._pods.pop(member.key, None)
             else:
                 if self._deleted.get(member.key) not in (None, member.uid):
                     del self._deleted[member.key]  # a new incarnation under the same name
                 self._pods[member.key] = member
+                if not known and self._awaiting_members:
+                    pending = self._members_awaiting(pod)
+        if pending:
+            self._on_awaited_arrival(pending)
+
+    def await_members(self, gang: GangKey, pods: list[str]) -> None:
+        """``pods`` were judged while ``gang`` had too few members: the watch showing a new
+        member of it retries them (``on_awaited_arrival``), once."""
+        with self._lock:
+            self._awaiting_members.setdefault(gang, set()).update(pods)
+
+    def _members_awaiting(self, pod: Mapping[str, Any]) -> list[str]:
+        """With the lock held: the pods awaiting ``pod``'s group (forgotten here), but ``pod``."""
+        gang = gang_of(pod, self.pod_groups, tier_labels=self.tier_labels, pod_gangs=self.pod_gangs)
+        if not isinstance(gang, GangSpec) or gang.key not in self._awaiting_members:
+            return []
+        return sorted(self._awaiting_members.pop(gang.key) - {pod_key(pod)})
 
     def observe_requested(self, pod: Mapping[str, Any]) -> None:
         """A pod kube-scheduler sent in a filter request: it exists, even if the watch has not
@@ -262,7 +287,7 @@ class GangIndex:
             # A (re)list may bring groups that pods were judged without, just as a watch event does.
             pending = sorted(p for key in list(awaiting) if key in objects for p in awaiting.pop(key))
         if pending:
-            self._on_pod_group_added(pending)
+            self._on_awaited_arrival(pending)
 
     def _apply_object(self, kind: str, awaiting: dict[tuple[str, str], set[str]],
                       parse: Callable[[Mapping[str, Any]], Any], event_type: str, obj: dict[str, Any]) -> None:
@@ -277,10 +302,10 @@ class GangIndex:
             self._objects[kind] = objects
             pending = sorted(awaiting.pop(key, set()))
         if pending:
-            self._on_pod_group_added(pending)
+            self._on_awaited_arrival(pending)
 
 
-def _discard_waiting(awaiting: dict[tuple[str, str], set[str]], pod: str) -> None:
+def _discard_waiting(awaiting: MutableMapping[Any, set[str]], pod: str) -> None:
     for group in [g for g, pods in awaiting.items() if pod in pods]:
         awaiting[group].discard(pod)
         if not awaiting[group]:
