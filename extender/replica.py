@@ -129,6 +129,7 @@ def _exit_on_loss(reason: str) -> None:
 
 def _standby_listeners(settings: Settings, why: Any) -> list[Any]:
     """The telemetry and plugin-service addresses answering "not the leader" until this replica leads."""
+    from extender.adapters.frame_server import FrameServer, refuse_all
     from extender.adapters.standby_grpc import StandbyServer
 
     message = lambda: f"gpusched extender: this replica is a standby, not the leader ({why()})"  # noqa: E731
@@ -142,7 +143,7 @@ def _standby_listeners(settings: Settings, why: Any) -> list[Any]:
                 raise StartupError(f"--telemetry-tls-cert/--telemetry-tls-key: {exc}") from None
         listeners.append(StandbyServer(settings.telemetry_address, message, tls))
     if settings.scheduling_address and not settings.scheduling_address.endswith(":0"):
-        listeners.append(StandbyServer(settings.scheduling_address, message))
+        listeners.append(FrameServer(settings.scheduling_address, refuse_all(message), name="standby-scheduling"))
     try:
         return [listener.start() for listener in listeners]
     except (OSError, RuntimeError) as exc:

@@ -1,8 +1,11 @@
-"""The gRPC endpoint the GpuSched kube-scheduler plugin asks (``gpusched.scheduling.v1``).
+"""The endpoint the GpuSched kube-scheduler plugin asks (``gpusched.scheduling.v1``), in
+:mod:`gpusched_api.scheduling.frames` (protobuf messages in length-prefixed frames; issue 43
+replaced gRPC, whose Python server cost more CPU per call than the decision it carried).
 
-A plain thread-pool ``grpc.server``: kube-scheduler runs one scheduling cycle at a time, so
-PreFilter and Reserve arrive one after another; Unreserve and Permitted (a gang member's Bind)
-come from its binding goroutines.
+A thread per connection: kube-scheduler runs one scheduling cycle at a time, so PreFilter and
+Reserve arrive one after another on one connection; Unreserve and Permitted (a gang member's
+Bind) and FilterWhatIf (preemption's dry runs) come from other goroutines, on connections of
+their own.
 The shipped setup serves a Unix socket in a volume the scheduler container shares
 (``unix:///run/gpusched/scheduling.sock``): nothing else on the network can reach it, so the
 socket's file permissions are the access control, as for the kubelet's own plugin sockets.
@@ -18,41 +21,41 @@ retries the pod), never as a crashed call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-import grpc
 import orjson
+from google.protobuf.message import DecodeError, Message
 from pydantic import ValidationError
 
+from extender.adapters.frame_server import CallContext, FrameServer
 from extender.api.wire import PodObject
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, GroupIds, PluginService
 from extender.service.requeue_feed import RequeueFeed
+from gpusched_api.scheduling.frames import MAX_PAYLOAD_BYTES, Code
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 
 log = logging.getLogger("gpusched.extender.scheduling")
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a pod's JSON is KiBs; a 5,000-node table ~100 KiB
+MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES
 MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a few hundred)
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 CORE_VERSION = "0.1.0"
 
 
-class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
+class SchedulingServicer:
     def __init__(self, plugin: PluginService, requeue: RequeueFeed | None = None) -> None:
         self._plugin = plugin
         self._requeue = requeue if requeue is not None else RequeueFeed()
 
-    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloReply:
+    def Hello(self, request: pb.HelloRequest, context: CallContext) -> pb.HelloReply:
         _check_version(request.api_version, context)
         ready, why = self._plugin.ready()
         return pb.HelloReply(api_version=API_VERSION, core_version=CORE_VERSION, ready=ready,
                              not_ready_reason="" if ready else why)
 
-    def PreFilter(self, request: pb.PreFilterRequest, context: grpc.ServicerContext) -> pb.PreFilterReply:
+    def PreFilter(self, request: pb.PreFilterRequest, context: CallContext) -> pb.PreFilterReply:
         _check_version(request.api_version, context)
         pod = _pod_ref(request.pod, context)
         try:
@@ -71,14 +74,14 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
             reply.table.names.extend(answer.table.names)
         return reply
 
-    def FilterWhatIf(self, request: pb.FilterWhatIfRequest, context: grpc.ServicerContext) -> pb.FilterWhatIfReply:
+    def FilterWhatIf(self, request: pb.FilterWhatIfRequest, context: CallContext) -> pb.FilterWhatIfReply:
         _check_version(request.api_version, context)
         pod = _pod_ref(request.pod, context)
         if not request.node:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "FilterWhatIf names no node")
+            _abort(context, Code.INVALID_ARGUMENT, "FilterWhatIf names no node")
         named = len(request.removed) + len(request.added) + len(request.node_pods.uids)
         if named > MAX_WHAT_IF_PODS:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+            _abort(context, Code.INVALID_ARGUMENT,
                    f"FilterWhatIf names {named} pods (removed, added and on the node); at most {MAX_WHAT_IF_PODS} "
                    "(more pods than any node runs)")
         removed = [_pod_ref(p, context, f"removed[{i}]") for i, p in enumerate(request.removed)]
@@ -92,7 +95,7 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
                                         reason=f"gpusched internal error judging {pod.key}: {type(exc).__name__}: {exc}")
         return pb.FilterWhatIfReply(verdict=answer.verdict, reason=answer.reason)  # type: ignore[arg-type]
 
-    def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveReply:
+    def Reserve(self, request: pb.ReserveRequest, context: CallContext) -> pb.ReserveReply:
         pod, node = _placement_request(request, "Reserve", context)
         answer = self._plugin.reserve(pod, node, answered_by_plugin=request.answered_by_plugin)
         reply = pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal,
@@ -105,20 +108,20 @@ class SchedulingServicer(scheduling_pb2_grpc.SchedulingServicer):
             reply.barrier.wait_seconds = answer.barrier.wait_s
         return reply
 
-    def Permitted(self, request: pb.PermittedRequest, context: grpc.ServicerContext) -> pb.PermittedReply:
+    def Permitted(self, request: pb.PermittedRequest, context: CallContext) -> pb.PermittedReply:
         pod, node = _placement_request(request, "Permitted", context)
         answer = self._plugin.permitted(pod, node)
         return pb.PermittedReply(permitted=answer.reserved, refusal=answer.refusal,
                                  annotations=dict(answer.annotations), summary=answer.summary)
 
-    def Unreserve(self, request: pb.UnreserveRequest, context: grpc.ServicerContext) -> pb.UnreserveReply:
+    def Unreserve(self, request: pb.UnreserveRequest, context: CallContext) -> pb.UnreserveReply:
         _check_version(request.api_version, context)
         pod = _pod_ref(request.pod, context)
         self._plugin.unreserve(pod, request.node, request.reason or "kube-scheduler unreserved the pod")
         return pb.UnreserveReply()
 
 
-    def WatchRequeue(self, request: pb.WatchRequeueRequest, context: grpc.ServicerContext) -> Iterator[pb.RequeueBatch]:
+    def WatchRequeue(self, request: pb.WatchRequeueRequest, context: CallContext) -> Iterator[pb.RequeueBatch]:
         """Streams requeue batches until the plugin goes away (or the server stops). Holds one
         worker thread per plugin; a batch carries at most MAX_REQUEUE_BATCH pods."""
         _check_version(request.api_version, context)
@@ -142,77 +145,90 @@ def _write_groups(message: pb.Groups, groups: GroupIds) -> None:
 
 
 def _placement_request(request: pb.ReserveRequest | pb.PermittedRequest, rpc: str,
-                       context: grpc.ServicerContext) -> tuple[PodRef, str]:
+                       context: CallContext) -> tuple[PodRef, str]:
     """A Reserve or Permitted request checked: its version, its pod, a node named."""
     _check_version(request.api_version, context)
     pod = _pod_ref(request.pod, context)
     if not request.node:
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{rpc} names no node")
+        _abort(context, Code.INVALID_ARGUMENT, f"{rpc} names no node")
     return pod, request.node
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+def _abort(context: CallContext, code: Code, message: str) -> NoReturn:
     context.abort(code, message)
-    raise AssertionError("grpc's abort returns only by raising")  # for the type checker
 
 
-def _check_version(version: int, context: grpc.ServicerContext) -> None:
+def _check_version(version: int, context: CallContext) -> None:
     if version != API_VERSION:
-        _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+        _abort(context, Code.FAILED_PRECONDITION,
                f"the GpuSched plugin speaks gpusched.scheduling API v{version}, this core speaks v{API_VERSION}: "
                "run the plugin and the core of one gpusched release")
 
 
-def _pod_ref(pod: pb.Pod, context: grpc.ServicerContext, where: str = "pod") -> PodRef:
+def _pod_ref(pod: pb.Pod, context: CallContext, where: str = "pod") -> PodRef:
     """The request's pod (``where`` names it in a refusal, e.g. ``removed[2]``); its JSON must be an
     object naming the same namespace, name and uid."""
     try:
         raw: Any = orjson.loads(pod.json)
     except orjson.JSONDecodeError as exc:
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json is not JSON: {exc}")
+        _abort(context, Code.INVALID_ARGUMENT, f"{where}.json is not JSON: {exc}")
     if not isinstance(raw, dict) or not isinstance(raw.get("metadata"), dict):
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json must be a v1.Pod object with metadata")
+        _abort(context, Code.INVALID_ARGUMENT, f"{where}.json must be a v1.Pod object with metadata")
     try:  # what the core reads of it, typed as the extender's wire checks it
         PodObject.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
         field = ".".join(str(p) for p in errors[0]["loc"]) or "pod"
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{where}.json: {field}: {errors[0]['msg']}"
+        _abort(context, Code.INVALID_ARGUMENT, f"{where}.json: {field}: {errors[0]['msg']}"
                + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
     meta = raw["metadata"]
     claimed = (meta.get("namespace") or "default", meta.get("name") or "", meta.get("uid") or "")
     if not pod.name or not pod.uid or claimed != (pod.namespace or "default", pod.name, pod.uid):
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+        _abort(context, Code.INVALID_ARGUMENT,
                f"{where} {pod.namespace}/{pod.name} (uid {pod.uid or 'none'}) does not match its JSON's metadata "
                f"{claimed[0]}/{claimed[1]} (uid {claimed[2] or 'none'})")
     return PodRef(claimed[0], pod.name, pod.uid, raw)
 
 
 class SchedulingServer:
-    """Owns the grpc server. ``start()`` returns once ``address`` is bound (``unix:///path`` or
-    ``host:port``; port 0 picks one, see ``port``)."""
+    """Owns the listener (:class:`~extender.adapters.frame_server.FrameServer`). ``start()``
+    returns once ``address`` is bound (``unix:///path`` or ``host:port``; port 0 picks one, see
+    ``port``)."""
 
-    def __init__(self, servicer: SchedulingServicer, address: str, workers: int = 8) -> None:
-        self._servicer = servicer
+    def __init__(self, servicer: SchedulingServicer, address: str) -> None:
         self.address = address
-        self._workers = workers
-        self._server: grpc.Server | None = None
+        self._methods: dict[int, tuple[type[Message], Callable[[Any, CallContext], Any]]] = {
+            pb.METHOD_HELLO: (pb.HelloRequest, servicer.Hello),
+            pb.METHOD_PRE_FILTER: (pb.PreFilterRequest, servicer.PreFilter),
+            pb.METHOD_FILTER_WHAT_IF: (pb.FilterWhatIfRequest, servicer.FilterWhatIf),
+            pb.METHOD_RESERVE: (pb.ReserveRequest, servicer.Reserve),
+            pb.METHOD_UNRESERVE: (pb.UnreserveRequest, servicer.Unreserve),
+            pb.METHOD_PERMITTED: (pb.PermittedRequest, servicer.Permitted),
+            pb.METHOD_WATCH_REQUEUE: (pb.WatchRequeueRequest, servicer.WatchRequeue),
+        }
+        self._server = FrameServer(address, self._handle, name="scheduling")
         self.port = 0
 
+    def _handle(self, method: int, payload: bytes, context: CallContext) -> bytes | Iterator[bytes]:
+        known = self._methods.get(method)
+        if known is None:
+            context.abort(Code.UNIMPLEMENTED, f"method {method} is not one this core serves: run the plugin and the "
+                                              "core of one gpusched release")
+        request_type, serve = known
+        try:
+            request = request_type.FromString(payload)
+        except DecodeError as exc:
+            context.abort(Code.INVALID_ARGUMENT, f"the {request_type.__name__} is not protobuf: {exc}")
+        reply = serve(request, context)
+        if isinstance(reply, Message):
+            return reply.SerializeToString()
+        return (message.SerializeToString() for message in reply)
+
     def start(self) -> SchedulingServer:
-        server = grpc.server(ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="scheduling"),
-                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-        scheduling_pb2_grpc.add_SchedulingServicer_to_server(self._servicer, server)
-        self.port = server.add_insecure_port(self.address)
-        if not self.address.startswith("unix:") and self.port == 0:
-            raise OSError(f"cannot listen for the scheduling plugin on {self.address}")
-        server.start()
-        self._server = server
+        self._server.start()
+        self.port = self._server.port
         log.info("scheduling plugin service on %s", self.address)
         return self
 
-    def stop(self, grace_s: float = 0.5) -> None:
-        if self._server is not None:
-            self._server.stop(grace_s).wait()
-            self._server = None
+    def stop(self) -> None:
+        self._server.stop()

@@ -1,8 +1,8 @@
-"""A standby replica's gRPC listeners (issue 22): on the telemetry address and the plugin
-service's address, every call is answered ``UNAVAILABLE`` with a message saying this replica is
-not the leader, so an agent or a GpuSched kube-scheduler that reaches it is told why (and retries)
-instead of meeting a refused connection. Stopped before the leader's own servers bind the same
-addresses."""
+"""A standby replica's gRPC listener (issue 22): on the telemetry address every call is answered
+``UNAVAILABLE`` with a message saying this replica is not the leader, so an agent that reaches it
+is told why (and retries) instead of meeting a refused connection. Stopped before the leader's own
+server binds the same address. (The plugin service's address speaks frames:
+``frame_server.refuse_all`` answers there.)"""
 
 from __future__ import annotations
 

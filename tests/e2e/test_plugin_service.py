@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
 import orjson
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, unique, vllm_pod, wait_until
 from devcluster.stack import Extender, Stack
 from extender.service.plugin import API_VERSION, FITS, NEVER
+from gpusched_api.scheduling.frames import FrameClient, SchedulingStub
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 
 
 def holders(extender: Extender, node: str) -> list[Any]:
@@ -34,13 +33,13 @@ def test_prefilter_reserve_unreserve_through_the_real_extender(admin, namespace,
     raw = admin.sanitize_for_serialization(live)
     pod = pb.Pod(namespace=namespace, name="tp8", uid=live.metadata.uid, json=orjson.dumps(raw))
 
-    with grpc.insecure_channel(f"unix://{stack.scheduling_socket}") as channel:
-        stub = scheduling_pb2_grpc.SchedulingStub(channel)
-        hello = stub.Hello(pb.HelloRequest(api_version=API_VERSION, plugin_version="e2e"), timeout=10)
+    with FrameClient(f"unix://{stack.scheduling_socket}") as channel:
+        stub = SchedulingStub(channel)
+        hello = stub.Hello(pb.HelloRequest(api_version=API_VERSION, plugin_version="e2e"))
         assert hello.ready, hello.not_ready_reason
 
         def judged() -> pb.PreFilterReply | None:
-            reply = stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=pod), timeout=10)
+            reply = stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=pod))
             return reply if {small, big} <= set(reply.table.names) else None
 
         reply = wait_until(judged, 30, "both nodes in the plugin's node table",
@@ -50,11 +49,11 @@ def test_prefilter_reserve_unreserve_through_the_real_extender(admin, namespace,
         assert (verdict[small], verdict[big]) == (NEVER, FITS), reply
         assert "needs 8" in reply.reasons[reply.reason_index[names.index(small)]]
 
-        reserved = stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=pod, node=big), timeout=10)
+        reserved = stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=pod, node=big))
         assert reserved.reserved, reserved.refusal
         assert holders(extender, big).count(f"{namespace}/tp8") == 8
         record = extender.get_json(f"/debug/decisions/{namespace}/tp8")["decisions"]["reserve"]
         assert record["id"] == reserved.annotations["gpusched.io/decision-id"] and record["node"] == big
 
-        stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=pod, node=big, reason="e2e"), timeout=10)
+        stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=pod, node=big, reason="e2e"))
         assert holders(extender, big).count(f"{namespace}/tp8") == 0

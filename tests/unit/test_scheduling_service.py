@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import orjson
 import pytest
 
@@ -25,8 +24,8 @@ from extender.service.plugin import API_VERSION, NEVER, NOT_NOW, NodeTables, Plu
 from extender.service.requeue_feed import RequeueFeed
 from extender.service.state import ClusterState
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION
+from gpusched_api.scheduling.frames import Code, FrameClient, FrameError, SchedulingStub
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
-from gpusched_api.scheduling.v1 import scheduling_pb2_grpc
 from gpusched_api.scores import MAX_NODE_SCORE
 from tests.unit.builders import (
     NullObserver,
@@ -57,11 +56,12 @@ class Core:
                                     groups_now=lambda: self.state.snapshot().groups())
         self.requeue = RequeueFeed()
         self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}").start()
-        self.channel = grpc.insecure_channel(f"unix://{socket}")
-        self.stub = scheduling_pb2_grpc.SchedulingStub(self.channel)
+        self.address = f"unix://{socket}"
+        self.client = FrameClient(self.address)
+        self.stub = SchedulingStub(self.client)
 
     def close(self) -> None:
-        self.channel.close()
+        self.client.close()
         self.server.stop()
 
 
@@ -80,7 +80,7 @@ def wire_pod(pod: dict[str, Any]) -> pb.Pod:
 
 def pre_filter(core: Core, pod: dict[str, Any], generation: int = 0) -> pb.PreFilterReply:
     return core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=wire_pod(pod),
-                                                   table_generation=generation), timeout=10)
+                                                   table_generation=generation))
 
 
 def by_node(reply: pb.PreFilterReply, names: list[str]) -> dict[str, tuple[int, str, int]]:
@@ -90,10 +90,10 @@ def by_node(reply: pb.PreFilterReply, names: list[str]) -> dict[str, tuple[int, 
 
 
 def test_hello_says_the_version_and_readiness(core):
-    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION, plugin_version="test"), timeout=10)
+    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION, plugin_version="test"))
     assert (reply.api_version, reply.ready, reply.not_ready_reason) == (API_VERSION, True, "")
     core.ready = (False, "ledger not rebuilt yet")
-    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION), timeout=10)
+    reply = core.stub.Hello(pb.HelloRequest(api_version=API_VERSION))
     assert (reply.ready, reply.not_ready_reason) == (False, "ledger not rebuilt yet")
 
 
@@ -101,10 +101,10 @@ def test_hello_says_the_version_and_readiness(core):
     ("Hello", pb.HelloRequest), ("PreFilter", pb.PreFilterRequest), ("Reserve", pb.ReserveRequest),
     ("Unreserve", pb.UnreserveRequest), ("FilterWhatIf", pb.FilterWhatIfRequest)])
 def test_another_api_version_is_refused_naming_both(core, call, request_type):
-    with pytest.raises(grpc.RpcError) as raised:
-        getattr(core.stub, call)(request_type(api_version=API_VERSION + 1), timeout=10)
-    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"v{API_VERSION + 1}" in raised.value.details() and f"v{API_VERSION}" in raised.value.details()
+    with pytest.raises(FrameError) as raised:
+        getattr(core.stub, call)(request_type(api_version=API_VERSION + 1))
+    assert raised.value.code == Code.FAILED_PRECONDITION
+    assert f"v{API_VERSION + 1}" in raised.value.message and f"v{API_VERSION}" in raised.value.message
 
 
 @pytest.mark.parametrize("pod,needle", [
@@ -114,9 +114,9 @@ def test_another_api_version_is_refused_naming_both(core, call, request_type):
     (pb.Pod(namespace="default", name="p", uid="", json=orjson.dumps(make_pod("p"))), "uid none"),
 ], ids=["not-json", "not-an-object", "other-pod", "no-uid"])
 def test_a_pod_that_is_not_the_one_named_is_refused(core, pod, needle):
-    with pytest.raises(grpc.RpcError) as raised:
-        core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=pod), timeout=10)
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in raised.value.details()
+    with pytest.raises(FrameError) as raised:
+        core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=pod))
+    assert raised.value.code == Code.INVALID_ARGUMENT and needle in raised.value.message
 
 
 def test_the_node_table_travels_only_when_it_changed(core):
@@ -200,7 +200,7 @@ def gang_member(name: str, size: int = 2) -> dict[str, Any]:
 
 def reserve(core: Core, pod: dict[str, Any], node: str, answered_by_plugin: bool = False) -> pb.ReserveReply:
     return core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node=node,
-                                               answered_by_plugin=answered_by_plugin), timeout=10)
+                                               answered_by_plugin=answered_by_plugin))
 
 
 def test_a_gang_passes_permit_whole_its_members_told_where_and_when(core):
@@ -218,7 +218,7 @@ def test_a_gang_passes_permit_whole_its_members_told_where_and_when(core):
     assert last.reserved and last.barrier.open, "the member that completes the group opens the barrier"
 
     for m, [node] in zip(members, nodes, strict=True):
-        granted = core.stub.Permitted(pb.PermittedRequest(api_version=API_VERSION, pod=wire_pod(m), node=node), timeout=10)
+        granted = core.stub.Permitted(pb.PermittedRequest(api_version=API_VERSION, pod=wire_pod(m), node=node))
         assert granted.permitted, granted.refusal
         assert granted.annotations["gpusched.io/gang-commit"] and granted.annotations["gpusched.io/decision-id"]
         assert len(granted.annotations[ASSIGNED_GPUS_ANNOTATION].split(",")) == 8
@@ -231,12 +231,12 @@ def test_a_waiting_member_unreserved_releases_the_whole_group(core):
     nodes = [pre_filter(core, m).only_nodes[0] for m in reversed(members)][::-1]
     assert not reserve(core, members[0], nodes[0]).barrier.open
     core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(members[0]), node=nodes[0],
-                                            reason="timed out at Permit"), timeout=10)
+                                            reason="timed out at Permit"))
     assert not core.state.ledger.view().assignments, "a waiting member's Unreserve releases every member"
     late = reserve(core, members[1], nodes[1])
     assert not late.reserved and "holds no reservation" in late.refusal
     refused = core.stub.Permitted(pb.PermittedRequest(api_version=API_VERSION, pod=wire_pod(members[0]),
-                                                      node=nodes[0]), timeout=10)
+                                                      node=nodes[0]))
     assert not refused.permitted and "no complete gang plan" in refused.refusal
 
 
@@ -259,7 +259,7 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     held = pre_filter(core, tp8[1])
     assert by_node(held, list(held.table.names))["h1"][0] == NOT_NOW  # may fit once released
     core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(tp8[0]), node="h1",
-                                            reason="Bind failed"), timeout=10)
+                                            reason="Bind failed"))
     assert reserve(core, tp8[1], "h1").reserved
     records = core.decisions.for_pod("default", "tp8-0")
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
@@ -268,7 +268,7 @@ def test_reserve_assumes_and_unreserve_forgets(core):
 def what_if(core: Core, pod: dict[str, Any], node: str, removed=(), added=()) -> pb.FilterWhatIfReply:
     return core.stub.FilterWhatIf(pb.FilterWhatIfRequest(
         api_version=API_VERSION, pod=wire_pod(pod), node=node, removed=[wire_pod(p) for p in removed],
-        added=[wire_pod(p) for p in added]), timeout=10)
+        added=[wire_pod(p) for p in added]))
 
 
 def test_filter_what_if_judges_the_node_with_the_victims_gone_and_the_nominated_placed(core):
@@ -304,14 +304,14 @@ def test_a_what_if_that_cannot_be_read_is_refused(core, request_fields, needle):
             getattr(request, name).extend(value)
         else:
             setattr(request, name, value)
-    with pytest.raises(grpc.RpcError) as raised:
-        core.stub.FilterWhatIf(request, timeout=10)
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in raised.value.details()
+    with pytest.raises(FrameError) as raised:
+        core.stub.FilterWhatIf(request)
+    assert raised.value.code == Code.INVALID_ARGUMENT and needle in raised.value.message
 
 
 def test_reserve_before_any_prefilter_is_refused(core):
     pod = make_pod("unseen", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
-    reply = core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node="h1"), timeout=10)
+    reply = core.stub.Reserve(pb.ReserveRequest(api_version=API_VERSION, pod=wire_pod(pod), node="h1"))
     assert not reply.reserved and "has not judged this pod" in reply.refusal
 
 
@@ -354,7 +354,8 @@ def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdi
 
 
 def test_the_requeue_stream_carries_what_the_core_publishes(core):
-    stream = core.stub.WatchRequeue(pb.WatchRequeueRequest(api_version=API_VERSION, plugin_version="test"), timeout=30)
+    watcher = FrameClient(core.address, timeout_s=30)  # a stream holds its connection
+    stream = SchedulingStub(watcher).WatchRequeue(pb.WatchRequeueRequest(api_version=API_VERSION, plugin_version="test"))
     try:
         deadline = time.monotonic() + 10
         while not core.requeue.listening():  # the stream's handler subscribed
@@ -364,7 +365,7 @@ def test_the_requeue_stream_carries_what_the_core_publishes(core):
         batch = next(stream)
         assert (list(batch.pods), batch.reason) == (["default/llama70b"], "GPU capacity rose on h1")
     finally:
-        stream.cancel()
+        watcher.close()
 
 
 

@@ -86,14 +86,12 @@ def test_a_fenced_evictor_evicts_only_while_leading():
     assert evicted == ["a"]
 
 
-@pytest.mark.parametrize("shape", ["unary", "server-stream", "bidi-stream"])
-def test_a_standby_grpc_listener_answers_every_call_unavailable_not_the_leader(shape):
-    """The plugin service (unary and streaming calls) and the telemetry stream alike."""
+def test_a_standby_grpc_listener_answers_every_call_unavailable_not_the_leader():
+    """The telemetry stream (gRPC)."""
     import grpc
 
     from devcluster.processes import free_port
     from extender.adapters.standby_grpc import StandbyServer
-    from gpusched_api.scheduling.v1 import scheduling_pb2, scheduling_pb2_grpc
     from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 
     address = f"127.0.0.1:{free_port()}"
@@ -101,14 +99,32 @@ def test_a_standby_grpc_listener_answers_every_call_unavailable_not_the_leader(s
     try:
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
-                if shape == "unary":
-                    scheduling_pb2_grpc.SchedulingStub(channel).Hello(scheduling_pb2.HelloRequest(), timeout=5)
-                elif shape == "server-stream":
-                    list(scheduling_pb2_grpc.SchedulingStub(channel).WatchRequeue(
-                        scheduling_pb2.WatchRequeueRequest(), timeout=5))
-                else:
-                    list(telemetry_pb2_grpc.TelemetryStub(channel).Stream(iter([telemetry_pb2.NodeReport()]), timeout=5))
+                list(telemetry_pb2_grpc.TelemetryStub(channel).Stream(iter([telemetry_pb2.NodeReport()]), timeout=5))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "not the leader" in refused.value.details()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("shape", ["unary", "stream"])
+def test_a_standby_plugin_service_answers_every_call_unavailable_not_the_leader(shape, tmp_path):
+    """The plugin service's frames, a unary call and the requeue stream alike; the connection
+    stays usable for the next call."""
+    from extender.adapters.frame_server import FrameServer, refuse_all
+    from gpusched_api.scheduling.frames import Code, FrameClient, FrameError, SchedulingStub
+    from gpusched_api.scheduling.v1 import scheduling_pb2
+
+    address = f"unix://{tmp_path}/scheduling.sock"
+    server = FrameServer(address, refuse_all(lambda: "gpusched extender: this replica is a standby, not the leader")).start()
+    try:
+        with FrameClient(address, timeout_s=5) as client:
+            stub = SchedulingStub(client)
+            for _ in range(2):
+                with pytest.raises(FrameError) as refused:
+                    if shape == "unary":
+                        stub.Hello(scheduling_pb2.HelloRequest())
+                    else:
+                        list(stub.WatchRequeue(scheduling_pb2.WatchRequeueRequest()))
+                assert refused.value.code == Code.UNAVAILABLE and "not the leader" in refused.value.message
     finally:
         server.stop()

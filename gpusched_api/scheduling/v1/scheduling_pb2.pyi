@@ -8,11 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METHOD_UNSPECIFIED: _ClassVar[Method]
+    METHOD_HELLO: _ClassVar[Method]
+    METHOD_PRE_FILTER: _ClassVar[Method]
+    METHOD_FILTER_WHAT_IF: _ClassVar[Method]
+    METHOD_RESERVE: _ClassVar[Method]
+    METHOD_UNRESERVE: _ClassVar[Method]
+    METHOD_PERMITTED: _ClassVar[Method]
+    METHOD_WATCH_REQUEUE: _ClassVar[Method]
+
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     VERDICT_FITS: _ClassVar[Verdict]
     VERDICT_NOT_NOW: _ClassVar[Verdict]
     VERDICT_NEVER: _ClassVar[Verdict]
+METHOD_UNSPECIFIED: Method
+METHOD_HELLO: Method
+METHOD_PRE_FILTER: Method
+METHOD_FILTER_WHAT_IF: Method
+METHOD_RESERVE: Method
+METHOD_UNRESERVE: Method
+METHOD_PERMITTED: Method
+METHOD_WATCH_REQUEUE: Method
 VERDICT_FITS: Verdict
 VERDICT_NOT_NOW: Verdict
 VERDICT_NEVER: Verdict

@@ -7,9 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -23,7 +21,8 @@ const APIVersion = 1
 // PluginVersion is reported to the core in Hello (its logs name the plugin it serves).
 const PluginVersion = "0.1.0"
 
-// maxMessageBytes matches the core's limit: a pod's JSON is KiBs, a 5,000-node table ~100 KiB.
+// maxMessageBytes matches the core's limit (a frame's payload): a pod's JSON is KiBs, a
+// 5,000-node table ~100 KiB.
 const maxMessageBytes = 8 << 20
 
 // nodeTable is the core's node table as the plugin holds it: immutable once built, swapped whole.
@@ -42,33 +41,24 @@ func newNodeTable(t *pb.NodeTable) *nodeTable {
 	return &nodeTable{generation: t.GetGeneration(), names: t.GetNames(), index: index}
 }
 
-// core is the plugin's side of the gRPC service: the connection, the deadline, and the node table
+// core is the plugin's side of the service: the connection, the deadline, and the node table
 // last received (under mu; kube-scheduler runs one scheduling cycle at a time, but Unreserve and
 // Bind run on binding goroutines, so nothing here assumes a single caller).
 type core struct {
 	address string
 	timeout time.Duration
-	client  pb.SchedulingClient
+	client  schedulingClient
 	answers *answerCache // the core's cacheable answers, by pod spec and node group
 
 	mu    sync.Mutex
 	table *nodeTable // nil until the first PreFilter answer
 }
 
-// dial opens a lazy connection: grpc connects on first use and reconnects by itself, so a core
-// that starts after kube-scheduler (or restarts) is simply reached later.
-func dial(address string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(address,
-		grpc.WithTransportCredentials(insecure.NewCredentials()), // a Unix socket in a shared volume: its file mode is the access control
-		grpc.WithChainUnaryInterceptor(observeRPC),               // gpusched_plugin_rpc_duration_seconds (metrics.go)
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
-}
-
 // newCore: answerMaxAge is how long the core's groups may answer PreFilter without asking it (0:
-// always ask; see answerCache).
-func newCore(address string, timeout, answerMaxAge time.Duration, conn grpc.ClientConnInterface) *core {
-	return &core{address: address, timeout: timeout, client: pb.NewSchedulingClient(conn),
-		answers: newAnswerCache(answerMaxAge, time.Now)}
+// always ask; see answerCache). The client connects on each call's need and reconnects by itself,
+// so a core that starts after kube-scheduler (or restarts) is simply reached later.
+func newCore(address string, timeout, answerMaxAge time.Duration, client schedulingClient) *core {
+	return &core{address: address, timeout: timeout, client: client, answers: newAnswerCache(answerMaxAge, time.Now)}
 }
 
 // hello greets the core until it answers, logging what it says; it never stops the scheduler (the

@@ -1,14 +1,13 @@
 package gpusched
 
 import (
-	"context"
-	"path"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
+
+	pb "github.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1"
 )
 
 // rpcBuckets bound one RPC round trip in seconds: 0.1 ms steps up to 5 ms, where a PreFilter
@@ -29,7 +28,7 @@ var rpcDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
 	Namespace:      "gpusched",
 	Subsystem:      "plugin",
 	Name:           "rpc_duration_seconds",
-	Help:           "Round trips of the GpuSched plugin's RPCs to the gpusched core, by RPC (PreFilter, Reserve, ...) and gRPC status code.",
+	Help:           "Round trips of the GpuSched plugin's RPCs to the gpusched core, by RPC (PreFilter, Reserve, ...) and status code (gRPC's names).",
 	Buckets:        rpcBuckets,
 	StabilityLevel: metrics.ALPHA,
 }, []string{"rpc", "code"})
@@ -48,12 +47,8 @@ func init() {
 	legacyregistry.MustRegister(rpcDuration, answersTotal)
 }
 
-// observeRPC is the client connection's unary interceptor (dial): every RPC, Hello included,
-// passes through it, and its label is the method's last path element as gRPC names it.
-func observeRPC(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
-	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	start := time.Now()
-	err := invoker(ctx, method, req, reply, cc, opts...)
-	rpcDuration.WithLabelValues(path.Base(method), status.Code(err).String()).Observe(time.Since(start).Seconds())
-	return err
+// observeRPC records one call of the frame client (frames.go), Hello included, labelled with the
+// rpc's name in the service (PreFilter, Reserve, ...) and the status code's name.
+func observeRPC(method pb.Method, err error, took time.Duration) {
+	rpcDuration.WithLabelValues(rpcName(method), status.Code(err).String()).Observe(took.Seconds())
 }

@@ -72,7 +72,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if err != nil {
 		return nil, err
 	}
-	conn, err := dial(args.Address)
+	conn, err := newFrameClient(args.Address)
 	if err != nil {
 		return nil, fmt.Errorf("pluginConfig[%s].args.address %q: %w", Name, args.Address, err)
 	}

@@ -3,17 +3,13 @@ package gpusched
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -139,7 +135,7 @@ func (wp *fakeWaitingPod) decide(outcome string) bool {
 	return true
 }
 
-// start serves f (a fakeCore, or one embedding it) over bufconn and returns a plugin talking to it
+// start serves f (a fakeCore, or one embedding it) in frames (serveFrames) and returns a plugin talking to it
 // (its answer cache off: every PreFilter asks), and the fake clientset.
 func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
@@ -149,14 +145,8 @@ func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects .
 // startWith is start with the answer cache's age (see answerCache).
 func startWith(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	pb.RegisterSchedulingServer(srv, f)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///fake-core",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	address, _ := serveFrames(t, f)
+	conn, err := newFrameClient(address)
 	if err != nil {
 		t.Fatal(err)
 	}

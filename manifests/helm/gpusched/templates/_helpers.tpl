@@ -19,7 +19,7 @@ gpusched-telemetry.{{ .Values.namespace }}.svc
 {{- $mode := kindIs "string" .Values.mode | ternary .Values.mode "" }}
 {{- if eq $mode "plugin" }}true
 {{- else if ne $mode "extender" }}
-{{- fail (printf "mode: %v is not a mode of gpusched; set mode to extender (the default: the stock kube-scheduler calls the extender over HTTP) or plugin (the GpuSched kube-scheduler asks the core over gRPC)" (toJson .Values.mode)) }}
+{{- fail (printf "mode: %v is not a mode of gpusched; set mode to extender (the default: the stock kube-scheduler calls the extender over HTTP) or plugin (the GpuSched kube-scheduler asks the core over its Unix socket)" (toJson .Values.mode)) }}
 {{- end }}
 {{- end }}
 
