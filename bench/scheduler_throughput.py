@@ -64,6 +64,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -454,6 +455,36 @@ def scheduler_metrics(sched: Component, token: str) -> str:
     return urllib.request.urlopen(request, timeout=10, context=context).read().decode()
 
 
+def scheduler_cpu_profile(sched: Component, token: str, seconds: int, out: Path) -> str:
+    """A Go CPU profile of kube-scheduler over the next ``seconds`` (its /debug/pprof/profile, on
+    by kube-scheduler's default ``enableProfiling``) written to ``out``; "" or what went wrong."""
+    port = next(a.split("=", 1)[1] for a in sched.argv if a.startswith("--secure-port="))
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        out.write_bytes(urllib.request.urlopen(request, timeout=seconds + 30, context=context).read())
+    except OSError as exc:
+        return f"GET /debug/pprof/profile: {exc}"
+    return ""
+
+
+def pprof_top(profile: Path, nodecount: int = 40) -> dict[str, Any]:
+    """``go tool pprof -top`` of a CPU profile, by own (flat) and by cumulative time: the lines."""
+    go = shutil.which("go")
+    if go is None:
+        return {"error": "no go binary on PATH to read the profile with"}
+    out: dict[str, Any] = {}
+    for order, flag in (("top_flat", []), ("top_cum", ["-cum"])):
+        done = subprocess.run([go, "tool", "pprof", "-top", f"-nodecount={nodecount}", *flag, str(profile)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            return {"error": f"go tool pprof exited {done.returncode}: {done.stderr.strip()[-500:]}"}
+        out[order] = done.stdout.strip().splitlines()
+    return out
+
+
 def plugin_histogram(sched: Component, token: str) -> dict[str, dict[str, Any]]:
     """{"<rpc>" (code OK) or "<rpc> <code>": histogram} of the plugin's RPC round trips."""
     return parse_histogram(scheduler_metrics(sched, token), PLUGIN_METRIC, "rpc", ok_label=("code", "OK"))
@@ -578,6 +609,49 @@ def pin_process(pid: int, cpu: int) -> None:
             os.sched_setaffinity(int(tid), {cpu})
         except OSError:
             pass  # a thread that ended meanwhile
+
+
+class CpuQuota:
+    """A cgroup of the cpu controller (v1 ``/sys/fs/cgroup/cpu``, else v2) whose processes share
+    ``share`` of one CPU between them (CFS quota over a 100 ms period): the scheduling side's fixed
+    budget where a whole vCPU for it would leave the rest of a small box saturated (issue 43)."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, share: float) -> None:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        self._v2 = not (v1 / "cpu.cfs_quota_us").exists()
+        root = Path("/sys/fs/cgroup") if self._v2 else v1
+        self.path = root / f"gpusched-bench-{os.getpid()}"
+        self._parent = root
+        self.share = share
+        self.path.mkdir(exist_ok=True)
+        quota = int(share * self.PERIOD_US)
+        if self._v2:
+            (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
+        else:
+            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def add(self, pid: int) -> None:
+        """``pid`` and every thread of it (threads it makes later stay in the group)."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def throttled_s(self) -> float:
+        """Seconds the group's processes waited for quota so far (cpu.stat)."""
+        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if line.strip())
+        return int(stat.get("throttled_usec", 0)) / 1e6 if self._v2 else int(stat.get("throttled_time", 0)) / 1e9
+
+    def close(self) -> None:
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (self._parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # ended meanwhile
+        try:
+            self.path.rmdir()
+        except OSError as exc:
+            print(f"cgroup {self.path} left behind: {exc}", flush=True)
 
 
 class CpuSampler:
@@ -774,14 +848,15 @@ def clean_up(api: client.ApiClient, creators: Creators, ext: Any, ns: str, dra: 
 
 FIXED_BUDGET_RESULTS = RESULTS.with_name("scheduler_throughput_fixed_budget.json")
 FIXED_BUDGET_METHOD = ("issue 43: pods created before each kube-scheduler starts; pods/s over first to last binding; "
-                       "kube-scheduler and the core pinned to one vCPU, everything else to the other (a row whose "
+                       "kube-scheduler and the core pinned to one vCPU (with --scheduling-share, limited together to "
+                       "that share of it by a CFS quota), everything else to the other (a row whose "
                        "other vCPU was over 85 % busy is not valid); CPU per pod = (rate over the span - idle rate "
                        "after it) x span / pods; configurations interleaved over rounds")
 
 
 def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiClient, creators: Creators, n: int,
                         plugin_binary: Path | None, streaming: agent_fleet.AgentFleet | None, token: str,
-                        cpus: tuple[int, int] | None, run: str) -> list[dict[str, Any]]:
+                        cpus: tuple[int, int] | None, run: str, quota: CpuQuota | None = None) -> list[dict[str, Any]]:
     """``args.rounds`` rounds over ``args.configs`` at ``n`` nodes, each configuration by
     :func:`run_precreated`; rows carry their round."""
     rows = []
@@ -791,8 +866,13 @@ def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiC
                 continue
             sched_name = f"bench-{name}"
             adjust, binary, manifest = config_for(key, sched_name, args.client_qps, plugin_binary)
+            profile = ({"duration_s": args.profile_seconds, "rate_hz": args.profile_rate,
+                        "raw": Path(stack.cp.workdir) / f"extender-profile-{key}.raw.txt",
+                        "pprof": args.profile_dir / f"scheduler_throughput_fixed_budget_{key}_{n}.pprof"}
+                       if rnd == 0 and key in args.profile_configs and n == args.profile_nodes else None)
             row = run_precreated(stack, api, creators, key, sched_name, adjust, n, args.pods, args.timeout,
-                                 binary=binary, manifest=manifest, streaming=streaming, metrics_token=token, cpus=cpus)
+                                 binary=binary, manifest=manifest, streaming=streaming, metrics_token=token, cpus=cpus,
+                                 profile=profile, quota=quota)
             row.update(round=rnd, run=run)
             rows.append(row)
             print(f"  round {rnd + 1} ({key}) {name:20s} {row['bound']}/{row['created']} bound {row['pods_per_s']:7.1f} pods/s"
@@ -849,7 +929,8 @@ def fixed_budget_headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key: str, sched_name: str, adjust,
                    n_nodes: int, n_pods: int, timeout_s: float, *, binary: Path | None, manifest: Path,
                    streaming: agent_fleet.AgentFleet | None, metrics_token: str,
-                   cpus: tuple[int, int] | None) -> dict[str, Any]:
+                   cpus: tuple[int, int] | None, profile: dict[str, Any] | None = None,
+                   quota: CpuQuota | None = None) -> dict[str, Any]:
     """Issue 43's method for one configuration: every pod created before its kube-scheduler starts
     (no creator competes for the CPU while it places them); pods/s = pods bound / (last binding -
     first binding); each process group's CPU rate over that span and its idle rate over the
@@ -857,7 +938,11 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     bound pod being the row's ``cpu_ms_per_pod``. With ``cpus`` = (scheduling CPU, other CPU) the
     kube-scheduler and the core run on the first CPU only, everything else on the second, and a
     row whose other CPU was over ``OTHER_CPU_BUSY_MAX`` busy over the span is marked not valid (the
-    rest of the box, not the scheduling side, set its pace)."""
+    rest of the box, not the scheduling side, set its pace). With ``profile`` (duration_s,
+    rate_hz, raw, pprof) the core is sampled by py-spy and kube-scheduler by its own Go CPU
+    profiler from its start: the row's "profile" holds both summaries. With ``quota`` the
+    kube-scheduler joins the core in that CPU budget (a share of the scheduling CPU); the row
+    records how long the pair waited for it."""
     ext = stack.extender
     assert ext is not None
     ns = f"bench-{key}-{n_nodes}-{int(time.time()) % 100000}"
@@ -872,15 +957,36 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     sched = stack.start_scheduler(f"sched-{sched_name}-{n_nodes}", adjust=adjust, binary=binary, manifest=manifest)
     if cpus:
         pin_process(sched.proc.pid, cpus[0])
+    if quota:
+        quota.add(sched.proc.pid)
+    throttled0 = quota.throttled_s() if quota else 0.0
     pids = {"extender": [ext.component.proc.pid], "extender_children": descendants(ext.component.proc.pid),
             "kube_scheduler": [sched.proc.pid],
             "agent_generators": [p.pid for p in streaming.procs] if streaming else []}
     sampler = CpuSampler(pids, cpus[1] if cpus else None)
+    spy, pprof, profiled_from = None, None, time.monotonic()
+    if profile:
+        spy = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
+        fetcher = ThreadPoolExecutor(1)
+        pprof = fetcher.submit(scheduler_cpu_profile, sched, metrics_token, profile["duration_s"], profile["pprof"])
+        fetcher.shutdown(wait=False)
     deadline = time.monotonic() + timeout_s
     while len(watch.bound) < len(created) and time.monotonic() < deadline and sched.alive():
         time.sleep(0.05)
+    throttled = (quota.throttled_s() - throttled0) if quota else 0.0
     time.sleep(IDLE_S + 0.5)
     sampler.stop()
+    profiles: dict[str, Any] = {}
+    if profile and pprof is not None:
+        failed = pprof.result()
+        in_window = sum(1 for t in watch.bound.values() if profiled_from <= t <= profiled_from + profile["duration_s"])
+        profiles["kube_scheduler"] = {"duration_s": profile["duration_s"], "from": "kube-scheduler's start",
+                                      "pods_bound_in_window": in_window, "file": profile["pprof"].name,
+                                      **({"error": failed} if failed else pprof_top(profile["pprof"]))}
+        if spy is not None:
+            profiles["core"] = finish_profile(spy, profile["raw"], {
+                "config": key, "nodes": n_nodes, "pods": n_pods, "duration_s": profile["duration_s"],
+                "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking --threads --full-filenames"})
     watch.stop()
     p1 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
     answers = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
@@ -899,11 +1005,13 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
         "cpu_ms_per_pod": {k: round(max(0.0, rates[k] - idle[k]) * span / len(bound) * 1000, 2) for k in pids}
         if bound else None,
         "pinned": {"scheduling_cpu": cpus[0], "other_cpu": cpus[1]} if cpus else None,
+        **({"scheduling_quota": {"share_of_one_cpu": quota.share, "throttled_s": round(throttled, 2)}} if quota else {}),
         "other_cpu_busy_share": other_busy if cpus else None,
         "valid": bool(bound) and len(bound) >= len(created) and (not cpus or other_busy <= OTHER_CPU_BUSY_MAX),
         "extender_verbs": hist_diff(h0, h1),
         **({"plugin_rpcs": hist_diff({}, p1), "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())}}
            if key in PLUGIN_KEYS else {}),
+        **({"profile": profiles} if profiles else {}),
     }
     clean_up(api, creators, ext, ns, False)
     return row
@@ -1110,11 +1218,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-configs", default="bd", help="configurations profiled at --profile-nodes")
     ap.add_argument("--profile-seconds", type=int, default=30)
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--profile-dir", type=Path, default=RESULTS.parent,
+                    help="--fixed-budget: where kube-scheduler's Go CPU profiles (.pprof) are written")
     ap.add_argument("--output", type=Path, default=None)
     ap.add_argument("--fixed-budget", action="store_true",
                     help="issue 43's method: pods created before each scheduler starts, the scheduling side pinned to "
                          f"one vCPU, --rounds interleaved rounds; writes {FIXED_BUDGET_RESULTS.name}")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of --fixed-budget")
+    ap.add_argument("--scheduling-share", type=float, default=0.0,
+                    help="--fixed-budget: kube-scheduler and the core share this fraction of their vCPU (a CFS "
+                         "quota; 0: the whole vCPU), so the scheduling side, not the rest of a small box, sets the "
+                         "pace")
     args = ap.parse_args(argv)
     try:
         args.configs = parse_configs(args.configs)
@@ -1164,6 +1278,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = (online[0], online[1]) if args.fixed_budget and len(online) >= 2 else None
     if cpus:  # everything started from here on (control plane, creators, agents) runs on the other vCPU
         os.sched_setaffinity(0, {cpus[1]})
+    quota = CpuQuota(args.scheduling_share) if args.fixed_budget and args.scheduling_share else None
     info = machine()
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}",
           flush=True)
@@ -1193,6 +1308,8 @@ def main(argv: list[str] | None = None) -> int:
         ext = stack.start_extender(*(["--dra"] if dra else []))
         if cpus:  # the core on the scheduling vCPU; its telemetry ingest child stays with the agents' load
             pin_process(ext.component.proc.pid, cpus[0])
+        if quota:
+            quota.add(ext.component.proc.pid)
         have, gpu_units = 0, 0
         for n in sorted(args.nodes):
             secs, added = grow_fleet(creators, have, n, dra)
@@ -1220,7 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2.0)  # the extender's node watch catches up
             if args.fixed_budget:
                 rows += fixed_budget_rounds(args, stack, api, creators, n, plugin_binary, streaming, cp.admin_token,
-                                            cpus, run)
+                                            cpus, run, quota)
                 continue
             by_key = {}
             for key, name, _ in CONFIGS:
@@ -1257,12 +1374,25 @@ def main(argv: list[str] | None = None) -> int:
         if streaming:
             streaming.stop()
         cp.stop()
+        if quota:
+            quota.close()
     if args.fixed_budget:
         out = args.output or (None if args.quick else FIXED_BUDGET_RESULTS)
+        profiled = {f"{r['config']}@{r['nodes']}": r.pop("profile") for r in rows if "profile" in r}
         result = {"benchmark": "scheduler_throughput", "method": FIXED_BUDGET_METHOD, "machine": info, "run": run,
-                  "rounds": args.rounds, "configs": args.configs, "pods": args.pods, "fleets": fleets,
+                  "scheduling_share_of_one_cpu": args.scheduling_share or 1.0, "rounds": args.rounds,
+                  "configs": args.configs, "pods": args.pods, "fleets": fleets,
                   "headline": fixed_budget_headline(rows), "rows": rows}
         write_results(out, result)
+        if out and profiled:
+            profile_out = out.with_name(out.stem + "_profiles.json")
+            for prof in profiled.values():
+                prof.get("core", {}).pop("raw_text", None)
+            profile_out.write_text(json.dumps({"run": run, "profiles": profiled}, indent=1) + "\n")
+            print(f"wrote {profile_out}")
+        for key, prof in profiled.items():
+            flat = prof.get("kube_scheduler", {}).get("top_flat", [])
+            print(f"profile {key}: kube-scheduler top\n  " + "\n  ".join(flat[:30]), flush=True)
         for h in result["headline"]:
             print(f"  {h['metric']}: {h['measured']} {h['unit']} ({h['anchor']})")
         return 0
