@@ -14,7 +14,11 @@ cd "$repo"
 source hack/versions.env
 py="${PYTHON:-$repo/.venv/bin/python}"
 for proto in gpusched_api/*/v1/*.proto; do
-  "$py" -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. "$proto"
+  # gRPC stubs only for the telemetry stream: the plugin service travels in frames
+  # (gpusched_api/scheduling/frames.py), its Python side needs the messages alone.
+  grpc_out=(--grpc_python_out=.)
+  [[ "$proto" == gpusched_api/scheduling/* ]] && grpc_out=()
+  "$py" -m grpc_tools.protoc -I . --python_out=. "${grpc_out[@]}" --pyi_out=. "$proto"
   stem="${proto%.proto}"
   for f in "${stem}"_pb2*.py "${stem}"_pb2*.pyi; do
     [ -f "$f" ] || continue
