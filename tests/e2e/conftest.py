@@ -61,15 +61,20 @@ def stack(control_plane: ControlPlane) -> Iterator[Stack]:
 def plugin_scheduler(stack: Stack) -> Iterator[Component]:
     """Plugin mode (issue 18): the GpuSched kube-scheduler, with the manifests' plugin-mode config and
     RBAC, beside the session's extender-mode one and asking the same core over its socket. Leader
-    election is off: both run as the one scheduler identity, whose lease the other holds."""
+    election is off: both run as the one scheduler identity, whose lease the other holds. Its
+    answer cache is audited (args.answerAudit)."""
     binary = build_scheduler_plugin()  # fails with Go's output if it cannot build; never skips
     stack.cp.apply(doc for _, doc in manifest_documents([PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"]))
 
-    def no_leader_election(config: dict) -> None:
+    def no_leader_election_answers_audited(config: dict) -> None:
         assert [p["schedulerName"] for p in config["profiles"]] == [PLUGIN_MODE.scheduler_name]
         config["leaderElection"] = {"leaderElect": False}
+        # Every answer of the plugin's cache is checked against the core's (issue 43): see
+        # test_plugin_mode's equivalence test; the answers given stay the cache's.
+        gpusched = next(c for c in config["profiles"][0]["pluginConfig"] if c["name"] == "GpuSched")
+        gpusched["args"]["answerAudit"] = True
 
-    c = stack.start_scheduler("kube-scheduler-gpusched-plugin", no_leader_election, binary=binary,
+    c = stack.start_scheduler("kube-scheduler-gpusched-plugin", no_leader_election_answers_audited, binary=binary,
                               manifest=PLUGIN_SCHEDULER_CONFIG)
     yield c
     c.stop()

@@ -10,6 +10,8 @@ the suites parametrized by ``mode`` use too; this file holds what only plugin mo
 
 from __future__ import annotations
 
+import random
+import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +73,43 @@ def test_plugin_mode_binds_the_pod_where_the_core_reserved_it(admin, namespace, 
             return [u["heldBy"] for u in view["units"]].count(f"{namespace}/tp4") == 4
 
         wait_until(held, 30, "tp4's 4 GPUs held in the core's ledger")
+
+
+AUDIT_LINE = re.compile(r'"gpusched answer audit" pod="(?P<pod>[^"]+)" result="(?P<result>\w+)" '
+                        r'differingNodes=(?P<count>\d+) differing=(?P<differing>.*)$')
+
+
+def test_the_plugins_cached_answers_are_the_cores_on_a_seeded_sequence(admin, namespace, fleet,
+                                                                       plugin_scheduler: Component):
+    """Issue 43's equivalence test for the Go-side cache: a burst of replicas of three specs, in a
+    seeded order, is answered from the plugin's cache whenever it holds a pod's spec, and the
+    session's scheduler (args.answerAudit) asks the core as well for each such answer, in the same
+    cycle, and logs the comparison. Nothing but this burst changes the fleet's nodes, so on every
+    one of them the two answers (verdict, reason, score) must be the same, for every pod the cache
+    answered."""
+    fleet_id, add = fleet
+    # 32 GPUs; the burst asks 22. The cache answers a pod only when it knows the spec's answer for
+    # every node's group (shape, free GPUs): a node filling up meets groups others met before.
+    nodes = {add("h100") for _ in range(4)}
+    order = [1] * 14 + [2] * 2 + [4] * 1
+    random.Random(4301).shuffle(order)
+    names = [f"r{i:02d}-tp{tp}" for i, tp in enumerate(order)]
+    for name, tp in zip(names, order, strict=True):
+        pod = vllm_pod(name, gpus=tp, scheduler=PLUGIN_MODE.scheduler_name, args=["--tensor-parallel-size", str(tp)])
+        pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet_id}
+        create_pod(admin, namespace, pod)
+    for name in names:
+        wait_until(lambda n=name: pod_node(admin, namespace, n), 60, f"{name} bound",
+                   context=lambda n=name: pod_scheduled_message(admin, namespace, n) + "\n" + plugin_scheduler.tail(20))
+
+    audits = [m for line in plugin_scheduler.log_path.read_text(errors="replace").splitlines()
+              if (m := AUDIT_LINE.search(line)) and m["pod"].startswith(f"{namespace}/")]
+    assert audits, "no pod of the sequence was answered from the plugin's cache (nothing to compare)"
+    for m in audits:
+        count, differing = int(m["count"]), m["differing"]
+        assert count <= 10, f"{m['pod']}: {count} nodes answered otherwise, more than the line names: {differing}"
+        ours = [n for n in nodes if f"{n}:" in differing]
+        assert not ours, f"{m['pod']}: the cache and the core answered {ours} otherwise: {differing}"
 
 
 def test_plugin_mode_binds_a_pod_without_gpus_through_the_default_binder(admin, namespace, extender: Extender,

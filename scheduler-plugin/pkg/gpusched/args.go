@@ -33,6 +33,10 @@ type Args struct {
 	// spec the core has judged, without asking it (see answerCache); DefaultAnswerMaxAge if unset,
 	// 0s to ask the core for every pod.
 	AnswerMaxAge *metav1.Duration `json:"answerMaxAge,omitempty"`
+	// AnswerAudit asks the core too for every PreFilter the cache answered, and compares the two
+	// node by node (gpusched_plugin_answer_audits_total{result}; a difference is logged at V(2)).
+	// It costs the round trip the cache saves: for tests and canaries, not for throughput.
+	AnswerAudit bool `json:"answerAudit,omitempty"`
 }
 
 // decodeArgs reads the args as kube-scheduler hands an out-of-tree plugin's: *runtime.Unknown

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-base/metrics/testutil"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -278,5 +279,40 @@ func TestASkippedSpecIsSkippedWithoutAskingWhateverTheGroups(t *testing.T) {
 	}
 	if _, ok := c.answer("not-cacheable", nil); ok {
 		t.Fatal("a skip the core did not mark cacheable was answered from the cache")
+	}
+}
+
+func TestTheAnswerAuditAsksTheCoreTooAndCountsWhereTheyDiffer(t *testing.T) {
+	f := &cachingCore{ids: []uint32{1, 1, 1, 2}}
+	p, _ := startAudited(t, f, time.Second, time.Second, true)
+	ctx := context.Background()
+	audits := func() (match, mismatch float64) {
+		m, _ := testutil.GetCounterMetricValue(answerAuditsTotal.WithLabelValues("match"))
+		mm, _ := testutil.GetCounterMetricValue(answerAuditsTotal.WithLabelValues("mismatch"))
+		return m, mm
+	}
+	match0, mismatch0 := audits()
+	preFilter := func(name string) {
+		if _, st := p.PreFilter(ctx, framework.NewCycleState(), replica(name), nil); !st.IsSuccess() {
+			t.Fatalf("PreFilter(%s): %v", name, st)
+		}
+	}
+	preFilter("r0") // asked: the cache learns
+	preFilter("r1") // the cache answers, and the audit asks: the same answer
+	if m, mm := audits(); m-match0 != 1 || mm-mismatch0 != 0 {
+		t.Fatalf("after one cached answer the core agrees with: match %v mismatch %v, want 1 0", m-match0, mm-mismatch0)
+	}
+	f.mu.Lock()
+	f.ids[2] = 2 // node c fills without this scheduler: the cache still says it fits
+	asked := f.asked
+	f.mu.Unlock()
+	preFilter("r2")
+	if m, mm := audits(); m-match0 != 1 || mm-mismatch0 != 1 {
+		t.Fatalf("after a stale cached answer: match %v mismatch %v, want 1 1", m-match0, mm-mismatch0)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.asked != asked+1 {
+		t.Fatalf("the audit asked the core %d times for one cached answer, want 1", f.asked-asked)
 	}
 }

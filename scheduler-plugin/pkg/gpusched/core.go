@@ -49,16 +49,19 @@ type core struct {
 	timeout time.Duration
 	client  schedulingClient
 	answers *answerCache // the core's cacheable answers, by pod spec and node group
+	audit   bool         // args.answerAudit: every answer of the cache checked against the core's
 
 	mu    sync.Mutex
 	table *nodeTable // nil until the first PreFilter answer
 }
 
 // newCore: answerMaxAge is how long the core's groups may answer PreFilter without asking it (0:
-// always ask; see answerCache). The client connects on each call's need and reconnects by itself,
-// so a core that starts after kube-scheduler (or restarts) is simply reached later.
-func newCore(address string, timeout, answerMaxAge time.Duration, client schedulingClient) *core {
-	return &core{address: address, timeout: timeout, client: client, answers: newAnswerCache(answerMaxAge, time.Now)}
+// always ask; see answerCache); audit asks the core as well whenever they do, and compares
+// (auditAnswer). The client connects on each call's need and reconnects by itself, so a core
+// that starts after kube-scheduler (or restarts) is simply reached later.
+func newCore(address string, timeout, answerMaxAge time.Duration, audit bool, client schedulingClient) *core {
+	return &core{address: address, timeout: timeout, client: client, audit: audit,
+		answers: newAnswerCache(answerMaxAge, time.Now)}
 }
 
 // hello greets the core until it answers, logging what it says; it never stops the scheduler (the
@@ -123,6 +126,9 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, 
 		table := c.heldTable()
 		if reply, ok := c.answers.answer(key, table); ok {
 			answersTotal.WithLabelValues("plugin").Inc()
+			if c.audit {
+				c.auditAnswer(ctx, pod, reply, table)
+			}
 			if reply.GetSkip() {
 				return reply, nil, true, nil // a skip has no table, as the core's own
 			}
@@ -135,6 +141,52 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, 
 		c.answers.learn(key, reply)
 	}
 	return reply, table, false, err
+}
+
+// auditAnswer asks the core for the pod as well, and compares its answer with the cache's node by
+// node (verdict, reason, score), counting the result in gpusched_plugin_answer_audits_total. The
+// cache's answer stands either way. A difference is not by itself a bug (state that changed
+// within answerMaxAge, another scheduler's pods); where nothing else changes, as in the
+// equivalence test, every answer must match.
+func (c *core) auditAnswer(ctx context.Context, pod *v1.Pod, cached *pb.PreFilterReply, cachedTable *nodeTable) {
+	asked, table, err := c.askPreFilter(ctx, pod)
+	if err != nil || table == nil {
+		answerAuditsTotal.WithLabelValues("unanswered").Inc()
+		return
+	}
+	var differing []string // "node: cache {...}, core {...}", the first maxAuditNodesLogged
+	count := 0
+	for i, name := range table.names {
+		j, ok := cachedTable.index[name]
+		if !ok {
+			continue // a node the cache's table did not have yet: it was not answered for
+		}
+		want := groupAnswer{verdict: asked.GetVerdicts()[i], reason: reasonOf(asked, i), score: asked.GetScores()[i]}
+		got := groupAnswer{verdict: cached.GetVerdicts()[j], reason: reasonOf(cached, j), score: cached.GetScores()[j]}
+		if got != want {
+			if count++; len(differing) < maxAuditNodesLogged {
+				differing = append(differing, fmt.Sprintf("%s: cache %+v, core %+v", name, got, want))
+			}
+		}
+	}
+	result := "match"
+	if count > 0 {
+		result = "mismatch"
+	}
+	answerAuditsTotal.WithLabelValues(result).Inc()
+	// Every audit is logged (an opt-in mode): a test reads its own pods' results here.
+	klog.FromContext(ctx).V(2).Info("gpusched answer audit", "pod", klog.KObj(pod), "result", result,
+		"differingNodes", count, "differing", differing)
+}
+
+// maxAuditNodesLogged bounds the differing nodes one audit line names.
+const maxAuditNodesLogged = 10
+
+func reasonOf(reply *pb.PreFilterReply, i int) string {
+	if ri := reply.GetReasonIndex()[i]; int(ri) < len(reply.GetReasons()) {
+		return reply.GetReasons()[ri]
+	}
+	return ""
 }
 
 // askPreFilter asks the core (see preFilter).

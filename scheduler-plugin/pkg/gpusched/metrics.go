@@ -43,8 +43,18 @@ var answersTotal = metrics.NewCounterVec(&metrics.CounterOpts{
 	StabilityLevel: metrics.ALPHA,
 }, []string{"source"})
 
+// answerAuditsTotal counts, with args.answerAudit, the cached PreFilter answers checked against
+// the core's: match, mismatch (some node answered otherwise) or unanswered (the core was not reached).
+var answerAuditsTotal = metrics.NewCounterVec(&metrics.CounterOpts{
+	Namespace:      "gpusched",
+	Subsystem:      "plugin",
+	Name:           "answer_audits_total",
+	Help:           "With answerAudit: PreFilter answers of the plugin's cache checked against the core's, by result (match, mismatch, unanswered).",
+	StabilityLevel: metrics.ALPHA,
+}, []string{"result"})
+
 func init() {
-	legacyregistry.MustRegister(rpcDuration, answersTotal)
+	legacyregistry.MustRegister(rpcDuration, answersTotal, answerAuditsTotal)
 }
 
 // observeRPC records one call of the frame client (frames.go), Hello included, labelled with the

@@ -145,6 +145,13 @@ func start(t *testing.T, f pb.SchedulingServer, timeout time.Duration, objects .
 // startWith is start with the answer cache's age (see answerCache).
 func startWith(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.Duration, objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
+	return startAudited(t, f, timeout, answerMaxAge, false, objects...)
+}
+
+// startAudited is startWith with args.answerAudit.
+func startAudited(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.Duration, answerAudit bool,
+	objects ...runtime.Object) (*Plugin, *fake.Clientset) {
+	t.Helper()
 	address, _ := serveFrames(t, f)
 	conn, err := newFrameClient(address)
 	if err != nil {
@@ -153,7 +160,7 @@ func startWith(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.D
 	t.Cleanup(func() { _ = conn.Close() })
 	cs := fake.NewClientset(objects...)
 	handle := fakeHandle{cs: cs, waiting: &waitingPods{pods: map[types.UID]*fakeWaitingPod{}}}
-	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, conn)), cs
+	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, answerAudit, conn)), cs
 }
 
 func makePod(name string) *v1.Pod {
