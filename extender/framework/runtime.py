@@ -388,13 +388,22 @@ class Framework:
     def choose_gpus(self, snapshot: ClusterSnapshot, demand: PodDemand | DemandProblem,
                     node_name: str) -> GpuChoice | Status:
         """The units to bind on ``node_name`` — the same set filter and score judged — or the
-        Status explaining why the node does not fit (any more)."""
-        decision, state = self._filter(snapshot, demand, [node_name])
-        verdict = decision.per_node[node_name]
+        Status explaining why the node does not fit (any more). The node is judged as
+        :meth:`filter` judges each node, without building a whole decision for one name (every
+        reservation passes here)."""
+        if isinstance(demand, DemandProblem):
+            return Status.unresolvable(DEMAND, demand.message)
+        state = CycleState(snapshot, demand)
+        pre = self._pre_filter(state, demand)
+        if not pre.is_success:
+            return pre
+        node = snapshot.nodes.get(node_name)
+        if node is None:
+            return _UNKNOWN_NODE.statuses[-1]
+        verdict = self._filter_node(state, demand, node)
         if verdict.code is not Code.SUCCESS:
             return verdict.statuses[-1]
-        assert state is not None and not isinstance(demand, DemandProblem)
-        placement = state.placement(snapshot.nodes[node_name])
+        placement = state.placement(node)
         if placement is None:
             return Status.error(FRAMEWORK, f"node {node_name} passed every filter but no GPU set "
                                            "was found; this is a gpusched bug")

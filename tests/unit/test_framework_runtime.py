@@ -103,6 +103,25 @@ def test_choose_gpus_on_a_failing_node_returns_its_status() -> None:
     assert isinstance(status, Status) and status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
 
 
+@pytest.mark.parametrize(("demand", "node"), [
+    ({"gpus": 4, "model": LLAMA70, "tp": 4, "annotations": NVLINK}, "h100"),  # fits
+    ({"gpus": 4, "model": LLAMA70, "tp": 4, "annotations": NVLINK}, "a100"),  # no NVLink island
+    ({"gpus": 2, "model": LLAMA70, "tp": 2}, "mig"),  # unresolvable on MIG
+    ({"gpus": 2, "model": LLAMA70, "tp": 4}, "h100"),  # the demand itself is wrong
+    ({"gpus": 1}, "ghost"),  # a node gpusched has not seen
+], ids=["fits", "fails", "unresolvable", "demand-problem", "unknown-node"])
+def test_choose_gpus_judges_the_node_as_filter_does(demand, node) -> None:
+    """Reserve's judgement of one node (choose_gpus, without a whole decision) is filter's."""
+    framework, snapshot, pod_demand, _, _ = judge(demand)
+    decision = framework.filter(snapshot, pod_demand, [node])
+    verdict = decision.per_node[node]
+    choice = framework.choose_gpus(snapshot, pod_demand, node)
+    if verdict.code is Code.SUCCESS:
+        assert isinstance(choice, GpuChoice) and choice.node == node
+    else:
+        assert choice == verdict.statuses[-1]
+
+
 def test_demand_error_makes_every_node_unresolvable() -> None:
     _, _, demand, decision, scores = judge({"gpus": 2, "model": LLAMA70, "tp": 4})
     assert set(decision.unresolvable) == set(FLEET)
