@@ -296,4 +296,7 @@ def test_the_fixed_budget_ratio_is_judged_over_valid_rounds_only(valid_rounds, w
     assert (d["measured"], d["met"]) == (want_ratio, want_met)
     assert ("NO VALID ROUND" in d["anchor"]) is (not valid_rounds)
     core = head["(d) core CPU per scheduled pod"]
-    assert (core["measured"], core["met"]) == (1.5, False), "CPU per pod counts every round, against 1.0 ms"
+    assert (core["measured"], core["met"]) == (1.5, None), "each component's CPU per pod counts every round"
+    added = head["(d) gpusched's added CPU per scheduled pod"]
+    # (1.5 + 4.0) - (0.1 + 4.0) in every round, valid or not, against the 1.0 ms target
+    assert (added["measured"], added["met"], added["target"]) == (1.4, False, "≤ 1.0 ms")
