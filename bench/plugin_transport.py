@@ -5,9 +5,11 @@ A server process answers a fixed reply (no decision work) to a client process th
 plugin's real request messages (``gpusched.scheduling.v1``: a ReserveRequest carrying a pod's
 JSON, a PreFilterReply's vectors for ``--nodes`` nodes), one call at a time, over a Unix socket:
 
-* ``grpc-unary`` — what plugin mode runs today: grpcio's thread-pool server, one unary RPC per call;
+* ``grpc-unary`` — what plugin mode ran before issue 43: grpcio's thread-pool server, one unary RPC per call;
 * ``grpc-stream`` — one long-lived bidirectional gRPC stream, a request and a reply message per call;
-* ``frames`` — length-prefixed protobuf frames on a plain Unix socket, one thread per connection.
+* ``frames`` — what plugin mode runs since issue 43: the shipped length-prefixed frames
+  (``extender.adapters.frame_server.FrameServer``, ``gpusched_api.scheduling.frames.FrameClient``),
+  one thread per connection.
 
 The primary figure is the **server process's CPU per call** (``/proc/<pid>/stat``, user + system,
 over ``--calls`` calls after a warm-up): that is what the core pays per pod. The client's round
@@ -24,13 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,13 +40,14 @@ import grpc
 import orjson
 
 from bench.extender_latency import machine, write_results
+from extender.adapters.frame_server import FrameServer
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, DECISION_ID_ANNOTATION
+from gpusched_api.scheduling.frames import FrameClient
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 
 RESULTS = Path(__file__).parent / "results" / "plugin_transport.json"
 TRANSPORTS = ("grpc-unary", "grpc-stream", "frames")
 SERVICE = "bench.Transport"
-FRAME = struct.Struct("<IIB")  # body length, call id, method (0: Reserve, 1: PreFilter)
 POD_JSON_BYTES = 3000  # a vLLM pod's JSON as kube-scheduler's plugin sends it: ~2-4 KiB
 
 
@@ -90,22 +90,7 @@ def serve(transport: str, path: str, nodes: int) -> None:
         return replies[method]()
 
     if transport == "frames":
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(path)
-        listener.listen(8)
-
-        def connection(conn: socket.socket) -> None:
-            reader = conn.makefile("rb")
-            while header := reader.read(FRAME.size):
-                length, call, method = FRAME.unpack(header)
-                out = answer(method, reader.read(length))
-                conn.sendall(FRAME.pack(len(out), call, 0) + out)
-
-        def accept() -> None:
-            while True:
-                conn, _ = listener.accept()
-                _start(lambda c=conn: connection(c))
-        _start(accept)
+        FrameServer(f"unix://{path}", lambda method, body, _ctx: answer(method, body), name="bench").start()
     else:
         def unary(method: int) -> Callable[[bytes, Any], bytes]:
             return lambda body, _ctx: answer(method, body)
@@ -117,7 +102,7 @@ def serve(transport: str, path: str, nodes: int) -> None:
         handlers = {"Reserve": grpc.unary_unary_rpc_method_handler(unary(0), *identity),
                     "PreFilter": grpc.unary_unary_rpc_method_handler(unary(1), *identity),
                     "Stream": grpc.stream_stream_rpc_method_handler(stream, *identity)}
-        server = grpc.server(ThreadPoolExecutor(4))  # the core's SchedulingServer pool is of this kind
+        server = grpc.server(ThreadPoolExecutor(4))  # the core's SchedulingServer pool was of this kind
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_insecure_port(f"unix://{path}")
         server.start()
@@ -125,23 +110,11 @@ def serve(transport: str, path: str, nodes: int) -> None:
     sys.stdin.read()
 
 
-def _start(target: Callable[[], None]) -> None:
-    threading.Thread(target=target, daemon=True).start()
-
-
 # ---- the client -----------------------------------------------------------------------------
 def caller(transport: str, path: str) -> Callable[[int, bytes], bytes]:
     """call(method, request body) -> reply body, over ``transport``."""
     if transport == "frames":
-        conn = socket.socket(socket.AF_UNIX)
-        conn.connect(path)
-        reader = conn.makefile("rb")
-
-        def framed(method: int, body: bytes) -> bytes:
-            conn.sendall(FRAME.pack(len(body), 1, method) + body)
-            length, _, _ = FRAME.unpack(reader.read(FRAME.size))
-            return reader.read(length)
-        return framed
+        return FrameClient(f"unix://{path}").call
     channel = grpc.insecure_channel(f"unix://{path}")
     identity = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
     if transport == "grpc-unary":

@@ -2,7 +2,7 @@
 
 gRPC's Python server cost the core ~0.3–1 ms of CPU per call (its thread handoffs and completion
 queue, measured by ``bench.plugin_transport`` and the core's profile under kube-scheduler); a frame
-costs ~0.02 ms. Every frame is a 12-byte header and a payload::
+costs ~0.04 ms. Every frame is a 12-byte header and a payload::
 
     u32 payload length | u32 call id | u8 method or status | u8 flags | u16 zero     (big-endian)
 
