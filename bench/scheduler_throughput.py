@@ -447,26 +447,26 @@ def histogram(extender) -> dict[str, dict[str, Any]]:
                            METRIC, "verb")
 
 
-def scheduler_metrics(sched: Component, token: str) -> str:
-    """kube-scheduler's own /metrics: its secure port (self-signed serving certificate), which
-    authorizes the caller by a SubjectAccessReview — ``token`` must be allowed GET /metrics."""
+def scheduler_get(sched: Component, token: str, path: str, timeout_s: float = 10) -> bytes:
+    """GET ``path`` on kube-scheduler's secure port (self-signed serving certificate), which
+    authorizes the caller by a SubjectAccessReview — ``token`` must be allowed it."""
     port = next(a.split("=", 1)[1] for a in sched.argv if a.startswith("--secure-port="))
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
-    return urllib.request.urlopen(request, timeout=10, context=context).read().decode()
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(request, timeout=timeout_s, context=context).read()
+
+
+def scheduler_metrics(sched: Component, token: str) -> str:
+    """kube-scheduler's own /metrics."""
+    return scheduler_get(sched, token, "/metrics").decode()
 
 
 def scheduler_cpu_profile(sched: Component, token: str, seconds: int, out: Path) -> str:
     """A Go CPU profile of kube-scheduler over the next ``seconds`` (its /debug/pprof/profile, on
     by kube-scheduler's default ``enableProfiling``) written to ``out``; "" or what went wrong."""
-    port = next(a.split("=", 1)[1] for a in sched.argv if a.startswith("--secure-port="))
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    request = urllib.request.Request(f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}",
-                                     headers={"Authorization": f"Bearer {token}"})
     try:
-        out.write_bytes(urllib.request.urlopen(request, timeout=seconds + 30, context=context).read())
+        out.write_bytes(scheduler_get(sched, token, f"/debug/pprof/profile?seconds={seconds}", seconds + 30))
     except OSError as exc:
         return f"GET /debug/pprof/profile: {exc}"
     return ""
