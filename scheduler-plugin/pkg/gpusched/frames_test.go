@@ -58,25 +58,35 @@ func serveFrames(t *testing.T, srv pb.SchedulingServer) (string, *atomic.Int32) 
 	return "unix://" + path, accepted
 }
 
+// unaryMethods are the fake core's unary rpcs by Method: decode the request, call srv.
+func unaryMethods(srv pb.SchedulingServer) map[pb.Method]func(context.Context, []byte) (proto.Message, error) {
+	return map[pb.Method]func(context.Context, []byte) (proto.Message, error){
+		pb.Method_METHOD_HELLO:          served(srv.Hello),
+		pb.Method_METHOD_PRE_FILTER:     served(srv.PreFilter),
+		pb.Method_METHOD_FILTER_WHAT_IF: served(srv.FilterWhatIf),
+		pb.Method_METHOD_RESERVE:        served(srv.Reserve),
+		pb.Method_METHOD_UNRESERVE:      served(srv.Unreserve),
+		pb.Method_METHOD_PERMITTED:      served(srv.Permitted),
+	}
+}
+
+// served adapts one of srv's unary methods to a frame's payload.
+func served[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Rep proto.Message](method func(context.Context, PReq) (Rep, error)) func(context.Context, []byte) (proto.Message, error) {
+	return func(ctx context.Context, payload []byte) (proto.Message, error) {
+		in := PReq(new(Req))
+		if err := proto.Unmarshal(payload, in); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return method(ctx, in)
+	}
+}
+
 // answerFrame calls srv's method for one request frame and writes its reply frames.
 func answerFrame(conn net.Conn, srv pb.SchedulingServer, req frame) error {
-	ctx := context.Background()
-	var reply proto.Message
-	var err error
-	switch pb.Method(req.kind) {
-	case pb.Method_METHOD_HELLO:
-		reply, err = decodeAnd(req.payload, &pb.HelloRequest{}, func(r *pb.HelloRequest) (proto.Message, error) { return srv.Hello(ctx, r) })
-	case pb.Method_METHOD_PRE_FILTER:
-		reply, err = decodeAnd(req.payload, &pb.PreFilterRequest{}, func(r *pb.PreFilterRequest) (proto.Message, error) { return srv.PreFilter(ctx, r) })
-	case pb.Method_METHOD_FILTER_WHAT_IF:
-		reply, err = decodeAnd(req.payload, &pb.FilterWhatIfRequest{}, func(r *pb.FilterWhatIfRequest) (proto.Message, error) { return srv.FilterWhatIf(ctx, r) })
-	case pb.Method_METHOD_RESERVE:
-		reply, err = decodeAnd(req.payload, &pb.ReserveRequest{}, func(r *pb.ReserveRequest) (proto.Message, error) { return srv.Reserve(ctx, r) })
-	case pb.Method_METHOD_UNRESERVE:
-		reply, err = decodeAnd(req.payload, &pb.UnreserveRequest{}, func(r *pb.UnreserveRequest) (proto.Message, error) { return srv.Unreserve(ctx, r) })
-	case pb.Method_METHOD_PERMITTED:
-		reply, err = decodeAnd(req.payload, &pb.PermittedRequest{}, func(r *pb.PermittedRequest) (proto.Message, error) { return srv.Permitted(ctx, r) })
-	case pb.Method_METHOD_WATCH_REQUEUE:
+	if pb.Method(req.kind) == pb.Method_METHOD_WATCH_REQUEUE {
 		in := &pb.WatchRequeueRequest{}
 		if err := proto.Unmarshal(req.payload, in); err != nil {
 			return writeStatus(conn, req.call, status.Error(codes.InvalidArgument, err.Error()))
@@ -85,9 +95,12 @@ func answerFrame(conn net.Conn, srv pb.SchedulingServer, req frame) error {
 			return writeStatus(conn, req.call, err)
 		}
 		return writeFrame(conn, req.call, uint8(codes.OK), 0, nil)
-	default:
-		err = status.Errorf(codes.Unimplemented, "method %d", req.kind)
 	}
+	serve, ok := unaryMethods(srv)[pb.Method(req.kind)]
+	if !ok {
+		return writeStatus(conn, req.call, status.Errorf(codes.Unimplemented, "method %d", req.kind))
+	}
+	reply, err := serve(context.Background(), req.payload)
 	if err != nil {
 		return writeStatus(conn, req.call, err)
 	}
@@ -96,13 +109,6 @@ func answerFrame(conn net.Conn, srv pb.SchedulingServer, req frame) error {
 		return err
 	}
 	return writeFrame(conn, req.call, uint8(codes.OK), 0, body)
-}
-
-func decodeAnd[R proto.Message](payload []byte, in R, serve func(R) (proto.Message, error)) (proto.Message, error) {
-	if err := proto.Unmarshal(payload, in); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	return serve(in)
 }
 
 func writeStatus(conn net.Conn, call uint32, err error) error {
