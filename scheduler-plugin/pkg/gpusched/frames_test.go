@@ -24,14 +24,8 @@ import (
 // connections accepted.
 func serveFrames(t *testing.T, srv pb.SchedulingServer) (string, *atomic.Int32) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "scheduling.sock")
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis, address := listenUnix(t)
 	accepted := &atomic.Int32{}
-	// As grpc.Server.Stop: connections closed, handlers that ignore them (a fake's stream) not awaited.
-	t.Cleanup(func() { _ = lis.Close() })
 	go func() {
 		for {
 			conn, err := lis.Accept()
@@ -55,7 +49,20 @@ func serveFrames(t *testing.T, srv pb.SchedulingServer) (string, *atomic.Int32) 
 			}()
 		}
 	}()
-	return "unix://" + path, accepted
+	return address, accepted
+}
+
+// listenUnix listens on a Unix socket of the test's own, closed when the test ends (as
+// grpc.Server.Stop: connections closed by their handlers, handlers that ignore it not awaited).
+func listenUnix(t *testing.T) (net.Listener, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "core.sock")
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lis.Close() })
+	return lis, "unix://" + path
 }
 
 // unaryMethods are the fake core's unary rpcs by Method: decode the request, call srv.
@@ -267,12 +274,7 @@ func hangUp(t *testing.T) string {
 
 func rawCore(t *testing.T, answer func(net.Conn, frame)) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "raw.sock")
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lis.Close() })
+	lis, address := listenUnix(t)
 	go func() {
 		for {
 			conn, err := lis.Accept()
@@ -285,7 +287,7 @@ func rawCore(t *testing.T, answer func(net.Conn, frame)) string {
 			_ = conn.Close()
 		}
 	}()
-	return "unix://" + path
+	return address
 }
 
 func TestAFrameClientAddressIsUnixOrHostPort(t *testing.T) {
