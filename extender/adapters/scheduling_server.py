@@ -33,12 +33,11 @@ from extender.api.wire import PodObject
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, GroupIds, PluginService
 from extender.service.requeue_feed import RequeueFeed
-from gpusched_api.scheduling.frames import MAX_PAYLOAD_BYTES, Code
+from gpusched_api.scheduling.frames import Code
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 
 log = logging.getLogger("gpusched.extender.scheduling")
 
-MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES
 MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a few hundred)
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 CORE_VERSION = "0.1.0"

@@ -22,9 +22,8 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.adapters.scheduling_server import MAX_MESSAGE_BYTES
 from extender.service.plugin import API_VERSION, FITS
-from gpusched_api.scheduling.frames import Code, FrameError
+from gpusched_api.scheduling.frames import MAX_PAYLOAD_BYTES, Code, FrameError
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 from tests.contract.mutations import HOSTILE, Mutator
 from tests.contract.test_mutated_bodies import seed_pods
@@ -103,7 +102,7 @@ def test_ten_thousand_mutated_calls_per_rpc_are_answered_or_refused_never_failed
         except FrameError as exc:
             outcomes[exc.code.name] += 1
             # Over the cap: refused unread, RESOURCE_EXHAUSTED, or the connection hung up mid-send.
-            oversized = exc.code in (Code.RESOURCE_EXHAUSTED, Code.UNAVAILABLE) and request.ByteSize() > MAX_MESSAGE_BYTES
+            oversized = exc.code in (Code.RESOURCE_EXHAUSTED, Code.UNAVAILABLE) and request.ByteSize() > MAX_PAYLOAD_BYTES
             if exc.code not in ALLOWED and not oversized:
                 failures.append(f"#{i} {request.pod.json[:160]!r} -> {exc.code.name}: {exc.message[:300]}")
             continue
