@@ -31,8 +31,11 @@ def start_profile(pid: int, duration_s: int, rate_hz: int, raw: Path) -> subproc
         return None
     # --nonblocking: the extender is never paused to read its stacks, so the profile does not
     # slow down the run it measures (a sample can occasionally be torn; negligible in aggregate).
+    # --gil: only the thread holding the GIL is sampled, so a sample is Python at work; without it,
+    # threads blocked in a socket read (a watch, the plugin's connections) were counted as busy.
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(duration_s), "--rate", str(rate_hz),
-                             "--nonblocking", "--threads", "--full-filenames", "--format", "raw", "--output", str(raw)],
+                             "--nonblocking", "--gil", "--threads", "--full-filenames", "--format", "raw",
+                             "--output", str(raw)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

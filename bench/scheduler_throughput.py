@@ -64,6 +64,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import ssl
@@ -83,7 +84,7 @@ from kubernetes import client
 
 from bench import agent_fleet
 from bench.extender_latency import machine, write_results
-from bench.pyspy import finish_profile, start_profile, write_profile
+from bench.pyspy import finish_profile, py_spy, start_profile, write_profile
 from devcluster.cluster import create_namespace, vllm_pod, wait_until
 from devcluster.controlplane import (
     MANIFESTS,
@@ -108,6 +109,7 @@ PLUGIN_RBAC = PLUGIN_SCHEDULER_CONFIG.parent / "rbac-plugin.yaml"
 DRA_SCHEDULER_CONFIG = MANIFESTS / "overlays" / "dra" / "scheduler-config.yaml"  # (f), where the overlay ships one
 PRESET_MIX = (("h100", 0.35), ("a100", 0.30), ("l40s", 0.30), ("mig", 0.05))
 METRIC = "gpusched_extender_request_duration_seconds"
+SERVICE_METRIC = "gpusched_plugin_service_duration_seconds"  # the core's time per plugin call, by method
 PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) and (g) only
 ANSWERS_METRIC = "gpusched_plugin_prefilter_answers"  # counter: PreFilter answers by source
 IDLE_S = 3.0  # each configuration's idle CPU rates are read over this long (before or after its pods)
@@ -441,10 +443,19 @@ class BindWatch:
 
 
 # ---- extender metrics -------------------------------------------------------------------------
-def histogram(extender) -> dict[str, dict[str, Any]]:
-    """{verb: {"buckets": {le: cumulative count}, "count": n, "sum": s}} from the extender's /metrics."""
+def histogram(extender, metric: str = METRIC, key: str = "verb") -> dict[str, dict[str, Any]]:
+    """{verb: {"buckets": {le: cumulative count}, "count": n, "sum": s}} from the extender's /metrics
+    (or another of its histograms, by label ``key``)."""
     return parse_histogram(urllib.request.urlopen(f"{extender.base}/metrics", timeout=10).read().decode(),
-                           METRIC, "verb")
+                           metric, key)
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 def scheduler_get(sched: Component, token: str, path: str, timeout_s: float = 10) -> bytes:
@@ -568,6 +579,38 @@ def process_cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """{thread id: seconds on a CPU} of one process's threads (``schedstat``: nanoseconds, not ticks)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended
+    return out
+
+
+def python_thread_names(pid: int) -> dict[int, str]:
+    """{thread id: Python thread name} of a Python process, from one ``py-spy dump`` (empty
+    without py-spy)."""
+    exe = py_spy()
+    if exe is None:
+        return {}
+    done = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    return {int(m[1]): m[2] for m in re.finditer(r'^Thread (\d+) \(\w+\): "([^"]*)"', done.stdout, re.M)}
+
+
+def thread_ms_per_pod(before: dict[int, float], after: dict[int, float], names: dict[int, str],
+                      pods: int) -> dict[str, float]:
+    """CPU ms per pod by thread name (threads of one name summed; a thread born in between counts
+    from zero), largest first."""
+    by_name: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, f"thread {tid}")
+        by_name[name] = by_name.get(name, 0.0) + seconds - before.get(tid, 0.0)
+    return {k: round(v / pods * 1000, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def descendants(pid: int) -> list[int]:
@@ -823,7 +866,7 @@ def run_config(stack: Stack, api: client.ApiClient, creators: Creators, key: str
     if spy[0] is not None:
         meta = {"config": key, "nodes": n_nodes, "pods": n_pods, "pid": ext.component.proc.pid,
                 "duration_s": profile["duration_s"], "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking"
-                " --threads --full-filenames --format raw; samples of threads not idle (CPU or GIL wait)"}
+                " --gil --threads --full-filenames --format raw; samples of the thread holding the GIL"}
         row["profile"] = finish_profile(spy[0], profile["raw"], meta)
     clean_up(api, creators, ext, ns, dra)
     return row
@@ -880,7 +923,10 @@ def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiC
             print(f"  round {rnd + 1} ({key}) {name:20s} {row['bound']}/{row['created']} bound {row['pods_per_s']:7.1f} pods/s"
                   f"  cpu ms/pod {row['cpu_ms_per_pod']}  other cpu busy {row['other_cpu_busy_share']}"
                   f"{'' if row['valid'] else '  NOT VALID'}"
-                  + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else ""), flush=True)
+                  + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else "")
+                  + (f"  core service {({m: h['mean_ms'] for m, h in row['core_service'].items()})} ms"
+                     if row.get("core_service") else "") + f"  core rss {row['core_rss_mib']} MiB"
+                  + f"\n    core threads ms/pod {dict(list(row['core_threads_ms_per_pod'].items())[:6])}", flush=True)
     return rows
 
 
@@ -973,7 +1019,7 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     created = {n: t for r in results for n, t in r["created"].items()}
     errors = [e for r in results for e in r["errors"]]
     time.sleep(1.0)  # the core's pod watch has seen them all
-    h0 = histogram(ext)
+    h0, served0 = histogram(ext), histogram(ext, SERVICE_METRIC, "method")
     sched = stack.start_scheduler(f"sched-{sched_name}-{n_nodes}", adjust=adjust, binary=binary, manifest=manifest)
     if cpus:
         pin_process(sched.proc.pid, cpus[0])
@@ -984,6 +1030,7 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
             "kube_scheduler": [sched.proc.pid],
             "agent_generators": [p.pid for p in streaming.procs] if streaming else []}
     sampler = CpuSampler(pids, cpus[1] if cpus else None)
+    core_threads0 = thread_cpu_s(ext.component.proc.pid)
     spy, pprof, profiled_from = None, None, time.monotonic()
     if profile:
         spy = start_profile(ext.component.proc.pid, profile["duration_s"], profile["rate_hz"], profile["raw"])
@@ -994,6 +1041,8 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     while len(watch.bound) < len(created) and time.monotonic() < deadline and sched.alive():
         time.sleep(0.05)
     throttled = (quota.throttled_s() - throttled0) if quota else 0.0
+    core_threads1 = thread_cpu_s(ext.component.proc.pid)
+    core_thread_names = python_thread_names(ext.component.proc.pid)  # while the plugin's connections are open
     time.sleep(IDLE_S + 0.5)
     sampler.stop()
     profiles: dict[str, Any] = {}
@@ -1006,11 +1055,11 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
         if spy is not None:
             profiles["core"] = finish_profile(spy, profile["raw"], {
                 "config": key, "nodes": n_nodes, "pods": n_pods, "duration_s": profile["duration_s"],
-                "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking --threads --full-filenames"})
+                "rate_hz": profile["rate_hz"], "mode": "py-spy record --nonblocking --gil --threads --full-filenames"})
     watch.stop()
     p1 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
     answers = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
-    h1 = histogram(ext)
+    h1, served1 = histogram(ext), histogram(ext, SERVICE_METRIC, "method")
     sched.stop()
     bound = watch.bound
     first, last = (min(bound.values()), max(bound.values())) if bound else (0.0, 0.0)
@@ -1029,8 +1078,13 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
         "other_cpu_busy_share": other_busy if cpus else None,
         "valid": bool(bound) and len(bound) >= len(created) and (not cpus or other_busy <= OTHER_CPU_BUSY_MAX),
         "extender_verbs": hist_diff(h0, h1),
-        **({"plugin_rpcs": hist_diff({}, p1), "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())}}
+        **({"plugin_rpcs": hist_diff({}, p1), "core_service": hist_diff(served0, served1),
+            "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())}}
            if key in PLUGIN_KEYS else {}),
+        "core_rss_mib": rss_mib(ext.component.proc.pid),
+        # From the scheduler's start to the last binding (not idle-corrected): where the core's CPU went.
+        "core_threads_ms_per_pod": thread_ms_per_pod(core_threads0, core_threads1, core_thread_names,
+                                                     max(1, len(bound))),
         **({"profile": profiles} if profiles else {}),
     }
     clean_up(api, creators, ext, ns, False)

@@ -20,6 +20,12 @@ class ExtenderMetrics:
             "gpusched_extender_request_duration_seconds",
             "Time to answer one extender call, by verb (filter, prioritize, bind).",
             ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.plugin_service_seconds = Histogram(
+            "gpusched_plugin_service_duration_seconds",
+            "Time the core took to answer one call of the GpuSched plugin, by method, from its request read to its "
+            "reply encoded (streams not included); the plugin's gpusched_plugin_rpc_duration_seconds less this is "
+            "time on the socket and waiting for the core.",
+            ["method"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.requests = Counter(
             "gpusched_extender_requests_total",
             "Extender calls by verb and HTTP status code.",

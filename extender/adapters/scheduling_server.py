@@ -21,6 +21,7 @@ retries the pod), never as a crashed call.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -192,10 +193,13 @@ def _pod_ref(pod: pb.Pod, context: CallContext, where: str = "pod") -> PodRef:
 class SchedulingServer:
     """Owns the listener (:class:`~extender.adapters.frame_server.FrameServer`). ``start()``
     returns once ``address`` is bound (``unix:///path`` or ``host:port``; port 0 picks one, see
-    ``port``)."""
+    ``port``). ``observe(method, seconds)`` is told each unary call's service time (the request
+    decoded, judged and its reply encoded), by rpc name (``Reserve``)."""
 
-    def __init__(self, servicer: SchedulingServicer, address: str) -> None:
+    def __init__(self, servicer: SchedulingServicer, address: str,
+                 observe: Callable[[str, float], None] = lambda method, seconds: None) -> None:
         self.address = address
+        self._observe = observe
         self._methods: dict[int, tuple[type[Message], Callable[[Any, CallContext], Any]]] = {
             pb.METHOD_HELLO: (pb.HelloRequest, servicer.Hello),
             pb.METHOD_PRE_FILTER: (pb.PreFilterRequest, servicer.PreFilter),
@@ -218,9 +222,12 @@ class SchedulingServer:
             request = request_type.FromString(payload)
         except DecodeError as exc:
             context.abort(Code.INVALID_ARGUMENT, f"the {request_type.__name__} is not protobuf: {exc}")
+        started = time.perf_counter()
         reply = serve(request, context)
         if isinstance(reply, Message):
-            return reply.SerializeToString()
+            encoded = reply.SerializeToString()
+            self._observe(serve.__name__, time.perf_counter() - started)
+            return encoded
         return (message.SerializeToString() for message in reply)
 
     def start(self) -> SchedulingServer:

@@ -30,7 +30,10 @@ def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot]
     plugin = PluginService(service, tables, collaborators.ready, VictimRules(collaborators.budgets),
                            groups_now=lambda: snapshot().groups())
     try:
-        return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address).start()
+        service_seconds = collaborators.metrics.plugin_service_seconds
+        return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address,
+                                observe=lambda method, seconds: service_seconds.labels(method=method).observe(seconds)
+                                ).start()
     except (OSError, RuntimeError) as exc:
         raise StartupError(f"--scheduling-address {settings.scheduling_address}: {exc}") from None
 

@@ -55,7 +55,9 @@ class Core:
         self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready,
                                     groups_now=lambda: self.state.snapshot().groups())
         self.requeue = RequeueFeed()
-        self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}").start()
+        self.served: list[tuple[str, float]] = []
+        self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}",
+                                       observe=lambda method, seconds: self.served.append((method, seconds))).start()
         self.address = f"unix://{socket}"
         self.client = FrameClient(self.address)
         self.stub = SchedulingStub(self.client)
@@ -263,6 +265,16 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     assert reserve(core, tp8[1], "h1").reserved
     records = core.decisions.for_pod("default", "tp8-0")
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
+
+
+def test_each_unary_call_is_timed_by_rpc_name_refusals_not(core):
+    pod = make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    pre_filter(core, pod)
+    reserve(core, pod, "h1")
+    with pytest.raises(FrameError):
+        core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION + 1))
+    assert [method for method, _ in core.served] == ["PreFilter", "Reserve"]
+    assert all(seconds > 0 for _, seconds in core.served)
 
 
 def what_if(core: Core, pod: dict[str, Any], node: str, removed=(), added=()) -> pb.FilterWhatIfReply:
