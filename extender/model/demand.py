@@ -51,11 +51,14 @@ the annotation, argument or field to change and the values found.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
+
+import orjson
 
 from extender.model.catalog import Catalog
 from extender.model.cpu import pod_cpu_request_milli
@@ -153,6 +156,15 @@ class PodDemand:
         """GPUs of the whole engine, over all its pods: dp x pp x tp x pcp."""
         return self.dp * self.pp * self.tp * self.pcp
 
+    def as_pod(self, name: str, uid: str) -> PodDemand:
+        """This demand as another pod's of the same spec (``spec_digest``): every field shared but
+        ``name`` and ``uid``, and :attr:`without_identity` kept if computed (it is the same). A
+        copy of the instance dictionary: ``dataclasses.replace`` re-runs the constructor over every
+        field, which cost more than the parse it spares for a replica."""
+        twin = object.__new__(PodDemand)
+        twin.__dict__.update(self.__dict__, name=name, uid=uid)
+        return twin
+
     @cached_property
     def without_identity(self) -> PodDemand:
         """This demand without the pod's name and uid: replicas and retries of one pod compare
@@ -163,6 +175,33 @@ class PodDemand:
 
 class _Invalid(Exception):
     """Internal: carries the user-facing message up to ``parse_pod_demand``."""
+
+
+def spec_digest(pod: Mapping[str, Any]) -> bytes | None:
+    """A 16-byte digest of everything :func:`parse_pod_demand` reads of ``pod`` but its name and
+    uid: its namespace, labels, annotations and whole spec (issue 43). Pods of one digest (the
+    replicas of a Deployment) have one demand but for those two fields, so a demand parsed once
+    serves them all (:func:`as_replica`). None for a pod that is not plain JSON data (no pod
+    decoded from a request or a watch), which is then parsed on its own."""
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return None
+    try:
+        encoded = orjson.dumps([meta.get("namespace") or "default", meta.get("labels"), meta.get("annotations"),
+                                pod.get("spec")], option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def as_replica(parsed: PodDemand | DemandProblem, pod: Mapping[str, Any]) -> PodDemand | DemandProblem:
+    """``parsed``, the demand of a pod of the same :func:`spec_digest`, as ``pod``'s own: its name
+    and uid, read as :func:`parse_pod_demand` reads them."""
+    meta = pod.get("metadata") or {}
+    name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
+    if isinstance(parsed, DemandProblem):
+        return parsed if parsed.name == name else replace(parsed, name=name)
+    return parsed if (parsed.name, parsed.uid) == (name, uid) else parsed.as_pod(name, uid)
 
 
 def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import islice
 from typing import Any, Protocol
 
+from extender.model.demand import spec_digest
 from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot_groups import NodeGroups
 from extender.service.decisions import DecisionRecord, DecisionStore
@@ -33,6 +35,12 @@ class PodRef:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def spec_digest(self) -> bytes | None:
+        """What the pod's demand depends on but its name and uid (``model.demand.spec_digest``),
+        computed once per request however many readers ask."""
+        return spec_digest(self.raw)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from extender.framework.decisions import FilterDecision, with_node_passed
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
-from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, as_replica, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import Assignment, EntryState, GpuLedger
 from extender.model.placement import MIB
@@ -85,6 +85,8 @@ class FrameworkDecider:
         self.telemetry = telemetry
         self._dra = dra
         self._demands: _Lru = _Lru(8192)  # (uid, resourceVersion) -> demand
+        # (spec digest, DRA state) -> a demand of that spec: the replicas of one spec parse it once.
+        self._by_spec: _Lru = _Lru(1024)
         self._by_pod: _Lru = _Lru(8192)  # pod key -> (uid, demand) last filtered
         self._objects: _Lru = _Lru(16384)  # node name -> (resourceVersion, NodeInfo) from requests
         self._json = SharedJson(4096)  # verdict/score objects -> their JSON, shared by decision records
@@ -96,6 +98,7 @@ class FrameworkDecider:
         with self._lock:
             self.catalog = catalog
             self._demands.clear()
+            self._by_spec.clear()
 
     # -- inputs ------------------------------------------------------------------------------
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
@@ -106,7 +109,8 @@ class FrameworkDecider:
         return parsed
 
     def _parsed_demand(self, pod: PodRef) -> PodDemand | DemandProblem:
-        """The pod's demand, parsed once per (uid, resourceVersion, DRA state)."""
+        """The pod's demand, parsed once per (uid, resourceVersion, DRA state), and once per spec
+        (``model.demand.spec_digest``) for the replicas that share it."""
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
         dra: DraDemand | str | None = None
         if self._dra is not None:
@@ -117,9 +121,14 @@ class FrameworkDecider:
         with self._lock:
             cached = self._demands.get(cache_key) if cache_key else None
         if cached is None:
-            cached = parse_pod_demand(pod.raw, self.catalog, dra)
-            if cache_key:
-                with self._lock:
+            spec_key = (pod.spec_digest, dra) if pod.spec_digest is not None else None
+            with self._lock:
+                shared = self._by_spec.get(spec_key) if spec_key else None
+            cached = as_replica(shared, pod.raw) if shared is not None else parse_pod_demand(pod.raw, self.catalog, dra)
+            with self._lock:
+                if spec_key and shared is None:
+                    self._by_spec.put(spec_key, cached)
+                if cache_key:
                     self._demands.put(cache_key, cached)
         return cached
 

@@ -1,7 +1,7 @@
 import pytest
 
 from extender.model.catalog import builtin_catalog
-from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, as_replica, parse_pod_demand, spec_digest
 from tests.unit.builders import make_pod
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"
@@ -270,3 +270,49 @@ def test_demand_without_identity_keeps_the_layout() -> None:
     leader = ok(gpus=8, args=NNODES_LEADER, labels=PODGROUP)
     assert leader.without_identity.nodes == 2 and leader.without_identity == ok(
         name="q", gpus=8, args=NNODES_LEADER, labels=PODGROUP).without_identity
+
+
+def _replica_pod(**meta):
+    pod = make_pod("p", gpus=2, model="meta-llama/Llama-3.1-8B-Instruct",
+                   annotations={"gpusched.io/require-nvlink": "true"})
+    pod["metadata"].update({"uid": "uid-p", "resourceVersion": "1", "labels": {"app": "vllm"}, **meta})
+    return pod
+
+
+def _changed(change):
+    pod = _replica_pod()
+    change(pod)
+    return pod
+
+
+@pytest.mark.parametrize("pod,same", [
+    pytest.param(_replica_pod(name="p-2", uid="uid-2", resourceVersion="9", generateName="p-",
+                              managedFields=[{"manager": "kubectl"}]), True, id="another-replica"),
+    pytest.param(_changed(lambda p: p.update(status={"phase": "Pending"})), True, id="status"),
+    pytest.param(_changed(lambda p: p["metadata"].update(namespace="other")), False, id="namespace"),
+    pytest.param(_changed(lambda p: p["metadata"]["labels"].update(app="other")), False, id="label"),
+    pytest.param(_changed(lambda p: p["metadata"]["annotations"].update({"gpusched.io/model": "x"})), False,
+                 id="annotation"),
+    pytest.param(_changed(lambda p: p["spec"]["containers"][0]["args"].append("--enforce-eager")),
+                 False, id="spec"),
+])
+def test_replicas_share_a_spec_digest_and_any_input_of_the_demand_changes_it(pod, same):
+    assert (spec_digest(pod) == spec_digest(_replica_pod())) is same
+
+
+def test_labels_in_another_order_are_the_same_spec_and_a_pod_that_is_not_json_has_none():
+    pod = _replica_pod()
+    pod["metadata"]["labels"] = {"b": "2", "a": "1"}
+    reordered = _replica_pod()
+    reordered["metadata"]["labels"] = {"a": "1", "b": "2"}
+    assert spec_digest(pod) == spec_digest(reordered)
+    assert spec_digest(_changed(lambda p: p["spec"].update(odd=object()))) is None
+
+
+@pytest.mark.parametrize("pod", [
+    _replica_pod(),
+    _changed(lambda p: p["metadata"]["annotations"].update({"gpusched.io/tensor-parallel-size": "3"})),
+], ids=["demand", "problem"])
+def test_a_demand_as_a_replicas_is_what_parsing_the_replica_gives(pod):
+    replica = {**pod, "metadata": {**pod["metadata"], "name": "p-2", "uid": "uid-2"}}
+    assert as_replica(parse_pod_demand(pod, builtin_catalog()), replica) == parse_pod_demand(replica, builtin_catalog())

@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 
 from extender.model.catalog import builtin_catalog
+from extender.model.demand import PodDemand
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.core import ExtenderService, PodRef, Refusal, Reservation
 from extender.service.decisions import DecisionStore
+from extender.service import framework_decider
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import BindError
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
@@ -25,8 +27,8 @@ def decider(*, synced=(True, ""), kinds=("h100",)) -> tuple[FrameworkDecider, Gp
                             lambda: ClusterSnapshot.build(nodes, ledger.view()), lambda: synced), ledger
 
 
-def pod(name: str = "p", uid: str = "uid-p", gpus: int = 4, rv: str = "1") -> PodRef:
-    raw = make_pod(name, gpus=gpus, model="meta-llama/Llama-3.1-70B-Instruct", tp=gpus)
+def pod(name: str = "p", uid: str = "uid-p", gpus: int = 4, rv: str = "1", tp: int | None = None) -> PodRef:
+    raw = make_pod(name, gpus=gpus, model="meta-llama/Llama-3.1-70B-Instruct", tp=tp or gpus)
     raw["metadata"].update(uid=uid, resourceVersion=rv)
     return PodRef("default", name, uid, raw)
 
@@ -76,14 +78,23 @@ def test_capacity_taken_since_filter_is_refused_and_nothing_is_promised_twice():
     assert len(held) == len(set(held)) == 8
 
 
-def test_the_demand_is_parsed_once_per_resource_version_and_again_after_a_catalog_change():
+def test_the_demand_is_parsed_once_per_spec_and_again_after_a_catalog_change(monkeypatch):
     d, _ = decider()
+    parsed: list[str] = []
+    real = framework_decider.parse_pod_demand
+    monkeypatch.setattr(framework_decider, "parse_pod_demand",
+                        lambda raw, *args: parsed.append(raw["metadata"]["name"]) or real(raw, *args))
     first = d.demand(pod(rv="1"))
     assert d.demand(pod(rv="1")) is first
-    assert d.demand(pod(rv="2")) is not first  # the pod changed
-    again = d.demand(pod(rv="2"))
+    assert d.demand(pod(rv="2")) is first  # a new resourceVersion, the same spec: the same demand
+    changed = d.demand(pod(rv="3", gpus=2))
+    assert isinstance(changed, PodDemand) and changed.gpu_count == 2  # the spec changed
+    replica = d.demand(pod("p-2", "uid-p-2"))  # a replica: the demand parsed once, as its own
+    assert isinstance(replica, PodDemand) and (replica.name, replica.uid) == ("p-2", "uid-p-2")
+    assert replica.without_identity == first.without_identity and parsed == ["p", "p"]
     d.set_catalog(builtin_catalog())
-    assert d.demand(pod(rv="2")) is not again and d.demand(pod(rv="2")) == again
+    again = d.demand(pod(rv="2"))
+    assert again is not first and again == first and parsed == ["p", "p", "p"]
 
 
 @pytest.mark.parametrize("again,reserved", [
