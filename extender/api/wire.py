@@ -19,7 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_NAME = Field(min_length=1, max_length=253)
+NAME_MAX_LENGTH = 253  # a Kubernetes object name (DNS subdomain)
+UID_MAX_LENGTH = 128
+_NAME = Field(min_length=1, max_length=NAME_MAX_LENGTH)
 
 
 class _Open(BaseModel):
@@ -30,8 +32,8 @@ class _Open(BaseModel):
 
 class ObjectMeta(_Open):
     name: str = _NAME
-    namespace: str = Field(default="default", max_length=253)
-    uid: str = Field(default="", max_length=128)
+    namespace: str = Field(default="default", max_length=NAME_MAX_LENGTH)
+    uid: str = Field(default="", max_length=UID_MAX_LENGTH)
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
 
@@ -112,7 +114,7 @@ class ExtenderBindingArgs(BaseModel):
     PodNamespace: str = _NAME
     # Required and non-empty: the bind is written with the UID as a precondition, so a pod deleted
     # and recreated under the same name is never bound by mistake; an empty UID would disable it.
-    PodUID: str = Field(min_length=1, max_length=128)
+    PodUID: str = Field(min_length=1, max_length=UID_MAX_LENGTH)
     Node: str = _NAME
 
 

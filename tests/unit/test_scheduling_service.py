@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from extender.adapters import scheduling_server
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
 from extender.model.catalog import builtin_catalog
 from extender.service import plugin as plugin_module
@@ -472,3 +473,20 @@ def test_reserve_judges_a_pod_the_plugin_answered_itself_and_stays_authoritative
         assert [a.pod_key for a in core.state.ledger.view().assignments.values()] == ["default/twin"]
     finally:
         core.close()
+
+
+def test_a_spec_is_typed_once_and_a_replicas_own_fields_always(core, monkeypatch):
+    checked: list[str] = []
+    real = scheduling_server.PodObject.model_validate
+    monkeypatch.setattr(scheduling_server.PodObject, "model_validate",
+                        lambda raw: checked.append(raw["metadata"]["name"]) or real(raw))
+    replicas = [make_pod(f"r{i}", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct") for i in range(3)]
+    for pod in replicas:
+        pre_filter(core, pod)
+    assert checked == ["r0"]
+    for field, value, needle in [("status", [], "status"), ("uid", "u" * 129, "uid")]:
+        odd = make_pod("odd", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        (odd if field == "status" else odd["metadata"])[field] = value
+        with pytest.raises(FrameError) as raised:
+            core.stub.PreFilter(pb.PreFilterRequest(api_version=API_VERSION, pod=wire_pod(odd)))
+        assert raised.value.code == Code.INVALID_ARGUMENT and needle in raised.value.message
