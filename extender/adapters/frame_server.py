@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-from gpusched_api.scheduling.frames import MORE, Code, FrameError, encode, parse_address, read_frame
+from gpusched_api.scheduling.frames import MORE, Code, FrameError, FrameReader, encode, parse_address, timeval
 
 log = logging.getLogger("gpusched.extender.frames")
 
@@ -126,11 +126,13 @@ class FrameServer:
     def _serve(self, conn: socket.socket) -> None:
         context = CallContext(conn)
         try:
+            frames = FrameReader(conn, self._frame_timeout_s)
+            # A reply the caller does not read ends the connection.
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(self._frame_timeout_s))
             while True:
-                frame = read_frame(conn, None, self._frame_timeout_s)
+                frame = frames.next()
                 if frame is None:
                     return
-                conn.settimeout(self._frame_timeout_s)  # a reply the caller does not read ends the connection
                 self._answer(conn, frame.call, frame.kind, frame.payload, context)
         except FrameError as exc:  # unreadable: say so to the call it named, then hang up
             log.warning("%s: %s; closing the connection", self._name, exc.message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from extender.adapters.frame_server import CallContext, FrameServer
-from gpusched_api.scheduling.frames import HEADER, MAX_PAYLOAD_BYTES, MORE, Code, FrameClient, FrameError, encode, read_frame
+from gpusched_api.scheduling.frames import (
+    HEADER,
+    MAX_PAYLOAD_BYTES,
+    MORE,
+    Code,
+    FrameClient,
+    FrameError,
+    FrameReader,
+    encode,
+    read_frame,
+)
 
 ECHO, STREAM, ABORT, CRASH = 1, 2, 3, 4
 
@@ -134,3 +145,36 @@ def test_read_frame_returns_none_between_frames_when_the_peer_closes():
 def test_the_header_is_twelve_big_endian_bytes_as_the_go_plugin_reads_them():
     assert encode(0x01020304, 5, b"xy", MORE) == bytes([0, 0, 0, 2, 1, 2, 3, 4, 5, 1, 0, 0]) + b"xy"
     assert HEADER.size == 12 and struct.calcsize(HEADER.format) == 12
+
+
+def test_the_reader_takes_frames_however_the_bytes_arrive():
+    a, b = socket.socketpair()
+    frames = FrameReader(a, rest_timeout_s=2)
+    b.sendall(encode(1, ECHO, b"one") + encode(2, ECHO, b"") + encode(3, ECHO, b"three")[:5])  # two and a half
+    got = [frames.next(), frames.next()]
+    assert [(f.call, f.payload) for f in got if f] == [(1, b"one"), (2, b"")]
+    for byte in encode(3, ECHO, b"three")[5:]:  # the rest a byte at a time
+        b.sendall(bytes([byte]))
+    third = frames.next()
+    assert third is not None and (third.call, third.payload) == (3, b"three")
+    b.close()
+    assert frames.next() is None
+    a.close()
+
+
+def test_the_reader_waits_between_frames_for_ever_but_not_within_one():
+    a, b = socket.socketpair()
+    frames = FrameReader(a, rest_timeout_s=0.2)
+    threading.Timer(0.6, lambda: b.sendall(encode(1, ECHO, b"late"))).start()  # idle past the timeout
+    late = frames.next()
+    assert late is not None and late.payload == b"late"
+    whole = encode(2, ECHO, b"trickled")
+    started = time.monotonic()
+    sender = threading.Thread(target=lambda: [b.sendall(bytes([x])) or time.sleep(0.05) for x in whole])
+    sender.start()  # each byte within the receive timeout, the frame not within 0.2 s
+    with pytest.raises(TimeoutError):
+        frames.next()
+    assert time.monotonic() - started < 0.5
+    sender.join()
+    a.close()
+    b.close()
