@@ -300,8 +300,13 @@ func call[R any](ctx context.Context, c *core, rpc func(context.Context) (R, err
 	return reply, err
 }
 
+// wirePod is the pod as the core reads it: its JSON without metadata.managedFields, which the core
+// never reads and which are often the larger half of a pod's JSON (encoded here, parsed there, per
+// call).
 func wirePod(pod *v1.Pod) (*pb.Pod, error) {
-	raw, err := json.Marshal(pod)
+	trimmed := *pod // a shallow copy: the informer's object is shared and never written
+	trimmed.ManagedFields = nil
+	raw, err := json.Marshal(&trimmed)
 	if err != nil {
 		return nil, fmt.Errorf("encoding pod %s/%s as JSON: %w", pod.Namespace, pod.Name, err)
 	}

@@ -2,6 +2,7 @@ package gpusched
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -664,5 +665,26 @@ func TestBindOfAGangMemberWithoutPermitNamesTheMissingExtensionPoint(t *testing.
 	}
 	if made.of("g-0") != nil {
 		t.Fatal("a gang member was bound without passing Permit")
+	}
+}
+
+func TestTheCoreGetsThePodWithoutItsManagedFields(t *testing.T) {
+	pod := makePod("p")
+	pod.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}
+	pod.Labels = map[string]string{"app": "vllm"}
+	pod.Status.NominatedNodeName = "n1"
+	wire, err := wirePod(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got v1.Pod
+	if err := json.Unmarshal(wire.GetJson(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ManagedFields != nil || got.Labels["app"] != "vllm" || got.Status.NominatedNodeName != "n1" || got.UID != pod.UID {
+		t.Fatalf("the core got %+v", got)
+	}
+	if len(pod.ManagedFields) != 1 {
+		t.Fatal("wirePod changed the informer's pod")
 	}
 }
