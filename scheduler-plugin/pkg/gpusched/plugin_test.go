@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -686,5 +687,38 @@ func TestTheCoreGetsThePodWithoutItsManagedFields(t *testing.T) {
 	}
 	if len(pod.ManagedFields) != 1 {
 		t.Fatal("wirePod changed the informer's pod")
+	}
+}
+
+func TestPodsOfOneSpecSignAlikeAndAnyOtherSpecOtherwise(t *testing.T) {
+	p := newPlugin(fakeHandle{}, nil)
+	sign := func(pod *v1.Pod) string {
+		fragments, st := p.SignPod(context.Background(), pod)
+		if !st.IsSuccess() || len(fragments) != 1 || fragments[0].Key != SpecSignerName {
+			t.Fatalf("SignPod(%s) = %v, %v", pod.Name, fragments, st)
+		}
+		value, ok := fragments[0].Value.(string)
+		if !ok || !utf8.ValidString(value) { // kube-scheduler JSON-encodes the signature
+			t.Fatalf("SignPod(%s) fragment %#v is not a valid UTF-8 string", pod.Name, fragments[0].Value)
+		}
+		return value
+	}
+	base := makePod("p-1")
+	replica := makePod("p-2")
+	replica.UID = "another-uid"
+	if sign(base) != sign(replica) {
+		t.Fatal("two replicas of one spec signed differently: kube-scheduler would never batch them")
+	}
+	for name, change := range map[string]func(*v1.Pod){
+		"namespace":  func(p *v1.Pod) { p.Namespace = "other" },
+		"label":      func(p *v1.Pod) { p.Labels = map[string]string{"gpusched.io/gang-name": "g"} },
+		"annotation": func(p *v1.Pod) { p.Annotations = map[string]string{"gpusched.io/tensor-parallel-size": "2"} },
+		"spec":       func(p *v1.Pod) { p.Spec.PriorityClassName = "high" },
+	} {
+		other := makePod("p-3")
+		change(other)
+		if sign(other) == sign(base) {
+			t.Errorf("a pod with another %s signed as the first: one would be batched on the other's ranking", name)
+		}
 	}
 }
