@@ -512,6 +512,23 @@ def plugin_answers(sched: Component, token: str) -> dict[str, float]:
             if fam.name == ANSWERS_METRIC for s in fam.samples if s.name.endswith("_total")}
 
 
+def batching(sched: Component, token: str) -> dict[str, dict[str, int]]:
+    """kube-scheduler's opportunistic batching over its life (beta since 1.35, on by default: a pod
+    signed like the previous one may be placed on that cycle's ranking, one node filtered): its
+    attempts by result (hint_used, hint_not_used, no_hint) and its cache flushes by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, int]] = {"attempts": {}, "flushes": {}}
+    for fam in text_string_to_metric_families(scheduler_metrics(sched, token)):
+        part, label = {"scheduler_batch_attempts": ("attempts", "result"),
+                       "scheduler_batch_cache_flushed": ("flushes", "reason")}.get(fam.name, (None, None))
+        if part and label:
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    out[part][s.labels.get(label, "")] = int(s.value)
+    return out
+
+
 def parse_histogram(text: str, metric: str, key: str,
                     ok_label: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One Prometheus histogram of an exposition, per value of label ``key``; with ``ok_label``
@@ -926,7 +943,8 @@ def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiC
                   + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else "")
                   + (f"  core service {({m: h['mean_ms'] for m, h in row['core_service'].items()})} ms"
                      if row.get("core_service") else "") + f"  core rss {row['core_rss_mib']} MiB"
-                  + f"\n    core threads ms/pod {dict(list(row['core_threads_ms_per_pod'].items())[:6])}", flush=True)
+                  + f"\n    core threads ms/pod {dict(list(row['core_threads_ms_per_pod'].items())[:6])}"
+                  + f"  kube-scheduler batching {row['kube_scheduler_batching']}", flush=True)
     return rows
 
 
@@ -1059,6 +1077,7 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     watch.stop()
     p1 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
     answers = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
+    batched = batching(sched, metrics_token)
     h1, served1 = histogram(ext), histogram(ext, SERVICE_METRIC, "method")
     sched.stop()
     bound = watch.bound
@@ -1082,6 +1101,7 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
             "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())}}
            if key in PLUGIN_KEYS else {}),
         "core_rss_mib": rss_mib(ext.component.proc.pid),
+        "kube_scheduler_batching": batched,
         # From the scheduler's start to the last binding (not idle-corrected): where the core's CPU went.
         "core_threads_ms_per_pod": thread_ms_per_pod(core_threads0, core_threads1, core_thread_names,
                                                      max(1, len(bound))),
