@@ -11,9 +11,9 @@ from extender.model.catalog import builtin_catalog
 from extender.model.demand import PodDemand
 from extender.model.ledger import EntryState, GpuLedger
 from extender.model.snapshot import ClusterSnapshot
+from extender.service import framework_decider
 from extender.service.core import ExtenderService, PodRef, Refusal, Reservation
 from extender.service.decisions import DecisionStore
-from extender.service import framework_decider
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import BindError
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
