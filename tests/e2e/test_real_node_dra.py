@@ -201,7 +201,11 @@ def test_the_container_gets_exactly_the_allocated_gpus_and_unprepare_runs_on_del
     wait_until(lambda: not dra_node.left_behind(uid), 60, "the kubelet to unprepare the claim",
                context=lambda: f"{dra_node.left_behind(uid)}\n{dra_node.kubelet_tail()}")
     assert f"NodeUnprepareResources: {NS}/{name} ({uid})" in dra_node.agent_log()
-    assert f"unprepared ResourceClaim {NS}/{name} (uid {uid})" in dra_node.agent_log()
+    # "unprepared" is logged after the spec is removed and the checkpoint saved: wait for the line
+    # (read the moment the files were gone, it raced under CI load, as the restart test did).
+    unprepared = f"unprepared ResourceClaim {NS}/{name} (uid {uid})"
+    wait_until(lambda: unprepared in dra_node.agent_log(), 30, "the agent to log the unprepare",
+               context=lambda: dra_node.agent_log()[-2000:])
     wait_until(lambda: dra_node.gone(name), 30, f"pod {name} gone")
     dra_node.resource.delete_namespaced_resource_claim(name, NS)
 
