@@ -108,8 +108,7 @@ class FrameReader:
         self._conn = conn
         self._rest_timeout_s = rest_timeout_s
         self._buffer = bytearray()
-        self._chunk = bytearray(chunk_bytes)
-        self._view = memoryview(self._chunk)
+        self._view = memoryview(bytearray(chunk_bytes))  # what one recv_into fills
 
     def next(self) -> Frame | None:
         begun: float | None = None  # when the first bytes of this frame arrived
