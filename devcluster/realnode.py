@@ -52,6 +52,13 @@ HOST_FOLDERS = (KUBELET_ROOT, DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT
                 Path("/var/log/pods"), Path("/var/log/containers"))
 NEEDED = ("containerd", "runc", "ctr", "iptables", "ip", "containerd-shim-runc-v2")
 CNI_PLUGINS = Path("/usr/lib/cni")
+# The kubelet reports DiskPressure (and refuses or evicts pods) below this much free space on its
+# root and on containerd's: an absolute floor, not the default percentage, so the test node's health
+# does not depend on how big the machine's disk is (1 % of a 250 GB disk is 2.5 GB).
+DISK_EVICTION_FLOOR = "256Mi"
+# What one test session writes there (the imported images unpacked, pod logs, emptyDirs) with room
+# to spare: below it the suite would fail half-way on DiskPressure, so the preflight refuses first.
+DISK_NEEDED_BYTES = 4 << 30
 
 
 def _mount_targets() -> set[str]:
@@ -155,6 +162,13 @@ class RealNode:
         if not self.cp.with_nodes or not link_exists(INTERFACE):
             raise ComponentFailed("a real node needs a control plane made for it: ControlPlane(with_nodes=True), "
                                   f"started (it creates {INTERFACE} with the node address {NODE_IP})")
+        for folder in (KUBELET_ROOT.parent, self.cp.workdir):
+            free = shutil.disk_usage(folder).free
+            if free < DISK_NEEDED_BYTES:
+                raise ComponentFailed(f"the real test node needs {DISK_NEEDED_BYTES >> 30} GiB free where it writes "
+                                      f"({folder}: the kubelet's root, containerd's images), {free / (1 << 30):.1f} GiB "
+                                      "is: free disk space there (old test runs, dangling buildah images: buildah "
+                                      "images --filter dangling=true)")
         if (DEVICE_PLUGINS / "kubelet.sock").exists() and self._socket_alive(DEVICE_PLUGINS / "kubelet.sock"):
             raise ComponentFailed(f"another kubelet serves {DEVICE_PLUGINS / 'kubelet.sock'}: one kubelet with device "
                                   "plugins per machine; stop it first")
@@ -299,7 +313,8 @@ state = "{self.containerd_dir / 'state'}"
             "podLogsDir": "/var/log/pods",
             # The imported images can never be pulled again: image GC must not collect them.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": DISK_EVICTION_FLOOR,
+                             "imagefs.available": DISK_EVICTION_FLOOR},
             "registerWithTaints": [], "maxPods": 110, "serializeImagePulls": False,
             "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "10s",
             "syncFrequency": "5s", "fileCheckFrequency": "5s",

@@ -20,7 +20,8 @@
 # stand-in by its recipe (and the host CA certificates, the Go version), an image by its
 # stand-in's key, its Dockerfile, .dockerignore and every file of the build context it can copy — in
 # ${GPUSCHED_IMAGE_CACHE:-~/.cache/gpusched/images}, so a change to a Dockerfile or to the code
-# rebuilds that image, and a broken Dockerfile fails here with buildah's own message.
+# rebuilds that image, and a broken Dockerfile fails here with buildah's own message. Only the
+# stand-ins stay in buildah's storage: an image is removed from it once its archive is written.
 # Needs root (buildah's overlay storage, debootstrap's chroot); hack/real-node-deps.sh installs
 # buildah and debootstrap.
 set -euo pipefail
@@ -157,6 +158,9 @@ for name in "${images[@]}"; do
     started=$(date +%s)
     log="$(mktemp "${TMPDIR:-/tmp}/gpusched-build-$name.XXXXXX")"
     volumes="$(build_volumes "$name")"
+    # The archive is the product; an image left in buildah's storage would turn dangling (~0.5 GB)
+    # at the next build under its tag, and a disk filled by them puts the test node under DiskPressure.
+    buildah rmi "${tags[$name]}" >/dev/null 2>&1 || true
     # --isolation chroot: the default OCI isolation adds iptables chains and turns on ip_forward.
     # shellcheck disable=SC2086  # no volume is an empty word list
     if ! (cd "$repo" && buildah bud --pull=never --isolation chroot --layers=false $volumes -f "$dockerfile" \
@@ -173,6 +177,7 @@ for name in "${images[@]}"; do
     rm -f "$cache/$name"-*.tar  # older contexts of this image
     buildah push --quiet "${tags[$name]}" "docker-archive:$archive.partial:${tags[$name]}" >/dev/null
     mv "$archive.partial" "$archive"
+    buildah rmi "${tags[$name]}" >/dev/null
     echo "$name built in $(( $(date +%s) - started )) s; archive $(du -m "$archive" | cut -f1) MiB" >&2
     printf '%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$name" "$(( $(date +%s) - started ))" "$(du -b "$archive" | cut -f1)" \
       >>"$cache/build-times.tsv"

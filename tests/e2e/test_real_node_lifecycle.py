@@ -42,6 +42,21 @@ def test_a_start_that_fails_halfway_leaves_nothing_behind(control_plane_with_nod
     assert host_state() == before
 
 
+def test_a_disk_too_full_for_the_node_is_refused_before_anything_starts(control_plane_with_nodes, monkeypatch):
+    """Below the space a session writes, the kubelet would report DiskPressure half-way through the
+    suite (refusing pods with "The node had condition: [DiskPressure]"): the preflight names the
+    folder and what to free instead."""
+    import shutil
+
+    before = host_state()
+    free = shutil.disk_usage(control_plane_with_nodes.workdir).free
+    monkeypatch.setattr("devcluster.realnode.DISK_NEEDED_BYTES", free + (1 << 40))
+    with pytest.raises(ComponentFailed) as refused:
+        RealNode(control_plane_with_nodes, "lifecycle-disk").start()
+    assert "GiB free where it writes" in str(refused.value) and "dangling" in str(refused.value), str(refused.value)
+    assert host_state() == before
+
+
 def test_a_node_stopped_with_a_pod_running_leaves_nothing_behind(control_plane_with_nodes):
     before = host_state()
     node = RealNode(control_plane_with_nodes, "lifecycle-node").start()
