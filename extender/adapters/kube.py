@@ -105,9 +105,16 @@ class KubeBinder:
                 hint = (" — the extender's service account lacks this permission (check the gpusched-extender "
                         "ClusterRole in manifests/: needs pods/binding: create), or the apiserver has just started "
                         "and not yet loaded its RBAC rules (kube-scheduler's retry then succeeds)")
+            message = _apiserver_message(exc)
+            # 409 "pod ... is already assigned to node ...": an earlier write of this pod's binding
+            # landed although its answer was lost (an apiserver restarted mid-write). The pod runs
+            # on what that write named, which a retry on the same node chooses again
+            # (FrameworkDecider._choice_within): released now, those GPUs went to the next pod
+            # while this one held them (tests/e2e/test_faults.py, apiserver restarted).
+            already_bound = exc.status == 409 and "already assigned" in message
             raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
-                            f"HTTP {exc.status}: {_apiserver_message(exc)}{hint}",
-                            temporary=exc.status in _TEMPORARY, may_have_landed=exc.status is None or exc.status >= 500) from None
+                            f"HTTP {exc.status}: {message}{hint}", temporary=exc.status in _TEMPORARY,
+                            may_have_landed=exc.status is None or exc.status >= 500 or already_bound) from None
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
             raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True,
                             may_have_landed=True) from None

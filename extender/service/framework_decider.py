@@ -22,7 +22,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from extender.framework.decisions import FilterDecision, with_node_passed
+from extender.framework.decisions import FilterDecision, GpuChoice, with_node_passed
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
@@ -44,6 +44,9 @@ from extender.service.dra import ClaimRecorder
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from gpusched_api.quantity import format_gib
 
+# The pod key of the what-if reservation that hides a node's other free GPUs (_choice_within):
+# no pod's key (a key is namespace/name), never in the ledger.
+STALE_HOLD_MASK = "\0gpusched/stale-hold-mask"
 NO_DRA_STATE = ("the pod's GPUs come through DRA (it carries gpusched.io/dra), but this extender does not read "
                 "DRA state: start it with --dra (manifests/overlays/dra does), or drop gpusched.io/dra and ask "
                 "for nvidia.com/gpu")
@@ -254,14 +257,16 @@ class FrameworkDecider:
             return self._dra.reservation(judged.dra, node)
         demand = judged
         with self._reserve_lock:
-            self._drop_own_stale_hold(pod, node)
+            stale = self._drop_own_stale_hold(pod, node)
             snapshot = self.snapshot()
             if node not in snapshot.nodes:
                 with self._lock:
                     cached = self._objects.get(node)
                 if cached is not None:
                     snapshot = ClusterSnapshot.build([*snapshot.nodes.values(), cached[1]], snapshot.ledger)
-            choice = self.framework.choose_gpus(snapshot, demand, node)
+            choice = self._choice_within(snapshot, demand, node, stale) if stale is not None else None
+            if choice is None:
+                choice = self.framework.choose_gpus(snapshot, demand, node)
             if isinstance(choice, Status):
                 return Refusal(f"node {node} no longer fits: {choice.reason}")
             capacity = choice.share_capacity_mib
@@ -343,16 +348,35 @@ class FrameworkDecider:
             return decision
         return with_node_passed(decision, candidates, own.node, again.per_node[own.node])
 
-    def _drop_own_stale_hold(self, pod: PodRef, node: str) -> None:
+    def _drop_own_stale_hold(self, pod: PodRef, node: str) -> Assignment | None:
         """A pod reserved again may still hold an assumed reservation from an earlier cycle whose
-        release never reached the core (an Unreserve lost while the socket was down). On the same
-        node it must not count against the pod itself, which would be refused until assumed
-        entries expire (minutes): ``assume`` replaces the pod's entry anyway, so dropping it first
-        only lets the choice see those GPUs free. Another pod's, or a bound entry, is never touched.
-        Reserve lock held."""
+        release never reached the core (an Unreserve lost while the socket was down), or whose bind
+        may have landed unanswered (an apiserver restarted mid-write). On the same node it must not
+        count against the pod itself, which would be refused until assumed entries expire
+        (minutes): ``assume`` replaces the pod's entry anyway, so dropping it first only lets the
+        choice see those GPUs free. Another pod's, or a bound entry, is never touched. Returns the
+        hold dropped (None when none). Reserve lock held."""
         own = self.ledger.assignment(pod.key)
         if own is not None and own.state is EntryState.ASSUMED and own.node == node and own.uid == pod.uid:
             self.ledger.forget(pod.key)
+            return own
+        return None
+
+    def _choice_within(self, snapshot: ClusterSnapshot, demand: PodDemand, node: str,
+                       stale: Assignment) -> GpuChoice | None:
+        """The GPUs of the pod's own ``stale`` hold on ``node``, chosen again when they still serve
+        ``demand``; None otherwise (a share, or units that no longer fit it). A bind whose answer was
+        lost may have landed with them: a retry that chose others would free GPUs the pod may be
+        running on, and a second bind refused as "already assigned" names no GPUs at all."""
+        info = snapshot.nodes.get(node)
+        if info is None or stale.is_share:
+            return None
+        held = snapshot.ledger.held_on(node)
+        others = frozenset(u.id for u in info.units if u.id not in stale.unit_ids and u.id not in held)
+        masked = [Assignment(STALE_HOLD_MASK, node, others, EntryState.ASSUMED)] if others else []
+        within, view = node_what_if(info, snapshot.ledger, (), masked)
+        choice = self.framework.choose_gpus(ClusterSnapshot.build([within], view), demand, node)
+        return None if isinstance(choice, Status) else choice
 
     def unreserve(self, pod: PodRef, reason: str = "") -> None:
         self.ledger.forget(pod.key)

@@ -53,3 +53,13 @@ def test_a_binding_with_no_answer_may_have_landed():
     with pytest.raises(BindError) as caught:
         binder.bind("ns", "p", "uid-p", "n1", {})
     assert caught.value.temporary and caught.value.may_have_landed
+
+
+def test_a_binding_refused_as_already_assigned_landed_before():
+    """409 "already assigned": an earlier write of the binding landed although its answer was lost
+    (an apiserver restarted mid-write, tests/e2e/test_faults.py): the GPUs it named stay held."""
+    binder = KubeBinder(client.ApiClient())
+    binder._core = RefusingCore(409, 'pod p is already assigned to node "n1"')
+    with pytest.raises(BindError) as caught:
+        binder.bind("ns", "p", "uid-p", "n1", {})
+    assert caught.value.may_have_landed and "already assigned" in str(caught.value)

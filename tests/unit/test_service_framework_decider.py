@@ -146,3 +146,44 @@ def test_a_bind_whose_answer_was_lost_keeps_its_gpus_yet_its_retry_fits_and_bind
     assert service.filter(p, ["h100"]).feasible == ("h100",)
     assert service.bind(p, "h100") == ""
     assert {a.pod_key for a in ledger.view().assignments.values()} == {"default/p"}
+
+
+class LandedUnansweredBinder:
+    """The first bind lands but its answer is lost (an apiserver restarted mid-write); every later
+    one is refused as the apiserver refuses a second binding (409 already assigned, which the
+    KubeBinder reports as may have landed). Records each bind's annotations."""
+
+    def __init__(self) -> None:
+        self.annotations: list[dict[str, str]] = []
+
+    def bind(self, namespace, name, uid, node, annotations):
+        self.annotations.append(dict(annotations))
+        if len(self.annotations) == 1:
+            raise BindError("connection aborted", temporary=True, may_have_landed=True)
+        raise BindError(f'HTTP 409: pod {name} is already assigned to node "{node}"', temporary=True,
+                        may_have_landed=True)
+
+
+def test_a_retried_bind_keeps_the_gpus_its_landed_write_named_and_releases_nothing():
+    """The double booking test_faults.py caught (apiserver restarted mid-burst): a retry that chose
+    other GPUs, or released its choice on the 409, freed the GPU the pod was bound with, and the next
+    pod was bound to it too. The retry chooses the earlier write's GPUs again and keeps them."""
+    d, ledger = decider()
+    binder = LandedUnansweredBinder()
+    service = ExtenderService(d, binder, DecisionStore(), NullObserver())
+    p = pod("p", "uid-p", gpus=1)
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert "connection aborted" in service.bind(p, "h100")
+    # Say the landed write named GPU 5 (on an empty node a fresh choice would be another one).
+    gpu5 = d.snapshot().nodes["h100"].units[5].id
+    ledger.forget("default/p")
+    assert ledger.assume("default/p", "h100", frozenset({gpu5}), "uid-p")
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert "already assigned" in service.bind(p, "h100")
+    assert binder.annotations[1][ASSIGNED_GPUS_ANNOTATION] == gpu5, "the retry chose the landed write's GPU again"
+    held = ledger.view().assignments["default/p"]
+    assert held.unit_ids == {gpu5} and held.state is EntryState.ASSUMED, "kept until the watch shows the pod"
+    other = pod("other", "uid-o", gpus=4)
+    assert service.filter(other, ["h100"]).feasible == ("h100",)
+    assert isinstance(d.reserve(other, "h100", "decision-o"), Reservation)
+    assert gpu5 not in ledger.view().assignments["default/other"].unit_ids, "never promised twice"
