@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from extender.adapters.frame_server import CallContext, FrameServer
 from extender.api.wire import NAME_MAX_LENGTH, UID_MAX_LENGTH, PodObject
 from extender.service.core import PodRef
-from extender.service.plugin import API_VERSION, GroupIds, PluginService
+from extender.service.plugin import API_VERSION, GroupIds, PluginService, ReserveAnswer
 from extender.service.requeue_feed import RequeueFeed
 from gpusched_api.scheduling.frames import Code
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
@@ -43,6 +43,7 @@ log = logging.getLogger("gpusched.extender.scheduling")
 
 MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a few hundred)
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
+MAX_RESERVE_BATCH = 256  # reservations one ReserveBatch may carry (the plugin sends at most this many)
 CORE_VERSION = "0.1.0"
 
 
@@ -69,7 +70,8 @@ class SchedulingServicer:
         reply = pb.PreFilterReply(skip=answer.skip, error=answer.error, unresolvable=answer.unresolvable,
                                   table_generation=answer.table.generation, verdicts=answer.verdicts,
                                   reason_index=answer.reason_index, reasons=answer.reasons, scores=answer.scores,
-                                  summary=answer.summary, only_nodes=answer.only_nodes, cacheable=answer.cacheable)
+                                  summary=answer.summary, only_nodes=answer.only_nodes, cacheable=answer.cacheable,
+                                  moves=answer.moves)
         if answer.groups is not None:
             _write_groups(reply.groups, answer.groups)
         if request.table_generation != answer.table.generation:
@@ -101,14 +103,25 @@ class SchedulingServicer:
     def Reserve(self, request: pb.ReserveRequest, context: CallContext) -> pb.ReserveReply:
         pod, node = self._placement_request(request, "Reserve", context)
         answer = self._plugin.reserve(pod, node, answered_by_plugin=request.answered_by_plugin)
-        reply = pb.ReserveReply(reserved=answer.reserved, refusal=answer.refusal,
-                                annotations=dict(answer.annotations), summary=answer.summary)
+        reply = pb.ReserveReply()
+        _write_reservation(reply, answer)
         if answer.groups is not None:
             _write_groups(reply.groups, answer.groups)
-        if answer.barrier is not None:
-            reply.barrier.gang = answer.barrier.gang
-            reply.barrier.open = answer.barrier.open
-            reply.barrier.wait_seconds = answer.barrier.wait_s
+        return reply
+
+    def ReserveBatch(self, request: pb.ReserveBatchRequest, context: CallContext) -> pb.ReserveBatchReply:
+        _check_version(request.api_version, context)
+        if len(request.reservations) > MAX_RESERVE_BATCH:
+            _abort(context, Code.INVALID_ARGUMENT, f"ReserveBatch carries {len(request.reservations)} reservations; at "
+                                                   f"most {MAX_RESERVE_BATCH}")
+        asked = [(*self._placement_request(r, f"reservations[{i}]", context), r.answered_by_plugin)
+                 for i, r in enumerate(request.reservations)]
+        answers, groups = self._plugin.reserve_all(asked)
+        reply = pb.ReserveBatchReply()
+        for answer in answers:
+            _write_reservation(reply.replies.add(), answer)
+        if groups is not None:
+            _write_groups(reply.groups, groups)
         return reply
 
     def Permitted(self, request: pb.PermittedRequest, context: CallContext) -> pb.PermittedReply:
@@ -149,10 +162,20 @@ class SchedulingServicer:
         return pod, request.node
 
 
+def _write_reservation(reply: pb.ReserveReply, answer: ReserveAnswer) -> None:
+    reply.reserved, reply.refusal, reply.summary = answer.reserved, answer.refusal, answer.summary
+    reply.annotations.update(answer.annotations)
+    if answer.barrier is not None:
+        reply.barrier.gang = answer.barrier.gang
+        reply.barrier.open = answer.barrier.open
+        reply.barrier.wait_seconds = answer.barrier.wait_s
+
+
 def _write_groups(message: pb.Groups, groups: GroupIds) -> None:
     message.grouping = groups.grouping
     message.table_generation = groups.table_generation
     message.ids = groups.ids
+    message.ledger_version = groups.ledger_version
 
 
 
@@ -245,6 +268,7 @@ class SchedulingServer:
             pb.METHOD_PRE_FILTER: (pb.PreFilterRequest, servicer.PreFilter),
             pb.METHOD_FILTER_WHAT_IF: (pb.FilterWhatIfRequest, servicer.FilterWhatIf),
             pb.METHOD_RESERVE: (pb.ReserveRequest, servicer.Reserve),
+            pb.METHOD_RESERVE_BATCH: (pb.ReserveBatchRequest, servicer.ReserveBatch),
             pb.METHOD_UNRESERVE: (pb.UnreserveRequest, servicer.Unreserve),
             pb.METHOD_PERMITTED: (pb.PermittedRequest, servicer.Permitted),
             pb.METHOD_WATCH_REQUEUE: (pb.WatchRequeueRequest, servicer.WatchRequeue),

@@ -20,7 +20,7 @@ placement and listed with the MiB promised on them in ``FreeUnits.shared``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -410,3 +410,11 @@ class ClusterSnapshot:
     def _group_id_of(self, name: str) -> int:
         node = self.nodes[name]
         return self._groups.group_id(node.shape, self.free_units(node).mask, name)
+
+    def group_after(self, name: str, unit_ids: Collection[str]) -> int:
+        """The group id node ``name`` would have with the whole units ``unit_ids`` held as well:
+        where a reservation of them moves it (issue 43: the plugin moves a node it reserved on
+        before the core confirms). Ids of one registry, as ``groups()``'s."""
+        node = self.nodes[name]
+        held = self.ledger.held_on(name) | frozenset(unit_ids)
+        return self._groups.group_id(node.shape, node.free_units(held, self.ledger.shares_on(name)).mask, name)

@@ -61,6 +61,10 @@ class FilterOutcome:
     # of the same spec from it (issue 43). None for anything judged per pod (gang members, DRA,
     # siblings' spread, a pod's own stale hold, holds for preemptors).
     groups: NodeGroups | None = None
+    # With ``groups``: per group of the feasible nodes, the group a node of it moves to once this
+    # pod is reserved there (some groups may be missing), computed when called; read only with
+    # ``groups`` set (a layer that judges per pod clears ``groups``, and these mean nothing then).
+    moves: Callable[[], Mapping[int, int]] | None = None
 
     @property
     def result(self) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from extender.framework.decisions import FilterDecision, GpuChoice, with_node_passed
@@ -31,6 +32,7 @@ from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import Assignment, EntryState, GpuLedger
 from extender.model.placement import MIB
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
+from extender.model.snapshot_groups import UNKNOWN_GROUP
 from extender.model.what_if import node_what_if
 from extender.service.core import FilterOutcome, PodRef, Refusal, Reservation, ScoreOutcome
 from extender.service.decision_json import (
@@ -44,6 +46,9 @@ from extender.service.dra import ClaimRecorder
 from gpusched_api.names import ASSIGNED_GPU_INDICES_ANNOTATION, ASSIGNED_GPUS_ANNOTATION
 from gpusched_api.quantity import format_gib
 
+# Groups whose move a PreFilter answer names (each costs a choice of GPUs): beyond them, a node is
+# reserved on through the core at once, as before (issue 43).
+MAX_GROUP_MOVES = 64
 # The pod key of the what-if reservation that hides a node's other free GPUs (_choice_within):
 # no pod's key (a key is namespace/name), never in the ledger.
 STALE_HOLD_MASK = "\0gpusched/stale-hold-mask"
@@ -193,9 +198,28 @@ class FrameworkDecider:
         else:
             rejections.update((v.plugin, v.code.name) for name, v in decision.per_node.items()
                               if name in decision.failed or name in decision.unresolvable)
+        # Computed only when asked (the plugin's PreFilter): extender mode never reads them.
+        moves = (partial(self._group_moves, snapshot, demand, decision.feasible)
+                 if by_group and isinstance(demand, PodDemand) else None)
         return FilterOutcome(feasible=decision.feasible, failed=decision.failed, unresolvable=decision.unresolvable,
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
-                             rejections=rejections, groups=snapshot.groups() if by_group else None)
+                             rejections=rejections, groups=snapshot.groups() if by_group else None, moves=moves)
+
+    def _group_moves(self, snapshot: ClusterSnapshot, demand: PodDemand, feasible: Sequence[str]) -> Mapping[int, int]:
+        """Per group of the ``feasible`` nodes (at most ``MAX_GROUP_MOVES``), the group a node of it
+        moves to once a pod of ``demand`` is reserved there: the GPUs reserve would choose on a node
+        of the group now. A share of a GPU is left out (its group depends on the MiB promised)."""
+        groups = snapshot.groups()
+        gids = groups.gid_at[groups.index.locate(feasible)].tolist()
+        moves: dict[int, int] = {}
+        for gid in dict.fromkeys(gids):
+            if len(moves) >= MAX_GROUP_MOVES or gid == UNKNOWN_GROUP:
+                continue
+            node = groups.representative(gid, feasible, gids)
+            choice = self.framework.choose_gpus(snapshot, demand, node)
+            if not isinstance(choice, Status) and not choice.share_mib:
+                moves[gid] = snapshot.group_after(node, choice.unit_ids)
+        return moves
 
     def judge(self, pod: PodRef) -> None:
         self.demand(pod)

@@ -111,18 +111,31 @@ class NodeTables:
 class GroupIds:
     """The table's nodes by group: ``ids`` holds one uint32 (little-endian) group id per node of
     the table of ``table_generation``, under the grouping named ``grouping`` (ids never reused
-    within it). What the plugin keeps answers by (issue 43)."""
+    within it). What the plugin keeps answers by (issue 43). ``ledger_version`` is the ledger's
+    version they were grouped under: replies travel on several connections at once, and the plugin
+    keeps the newest it got, not the last to arrive."""
 
     grouping: int
     table_generation: int
     ids: bytes
+    ledger_version: int = 0
 
     @classmethod
     def of(cls, groups: NodeGroups, table: NodeTable) -> GroupIds | None:
         """``groups`` as ids over ``table``, or None when the table is not of their node index."""
         if groups.index.names is not table.source:
             return None
-        return cls(groups.grouping, table.generation, groups.gid_at[:-1].astype("<u4").tobytes())
+        return cls(groups.grouping, table.generation, groups.gid_at[:-1].astype("<u4").tobytes(), groups.view.version)
+
+    @staticmethod
+    def moves(groups: NodeGroups, moves: Mapping[int, int]) -> bytes:
+        """Per node of ``groups``' index, one uint32 (little-endian): the group the node moves to
+        once the pod is reserved there (``moves``, by group), 0 where unknown."""
+        lut = np.zeros(int(groups.gid_at.max(initial=0)) + 1, dtype="<u4")
+        for gid, moved in moves.items():
+            if 0 < gid < len(lut):
+                lut[gid] = moved
+        return lut[groups.gid_at[:-1]].tobytes()
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,8 @@ class CycleAnswer:
     # With ``cacheable``, the answer is its nodes' groups' answer for any pod of this spec.
     groups: GroupIds | None = None
     cacheable: bool = False
+    # With ``groups``: per node, the group it moves to once this pod is reserved there (GroupIds.moves).
+    moves: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -224,7 +239,8 @@ class PluginService:
         if outcome.only_nodes is not None and outcome.feasible:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
         elif outcome.groups is not None and (groups := GroupIds.of(outcome.groups, table)) is not None:
-            answer = replace(answer, groups=groups, cacheable=True)
+            moves = GroupIds.moves(outcome.groups, outcome.moves()) if outcome.moves is not None else b""
+            answer = replace(answer, groups=groups, cacheable=True, moves=moves)
         return answer
 
     def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
@@ -260,6 +276,21 @@ class PluginService:
         """``answered_by_plugin``: the plugin answered the pod's PreFilter from a cacheable answer
         for its spec, so the core judges the pod now; the reservation itself is the core's, on its
         own state, as always (a node that no longer fits is refused)."""
+        answer = self._reserve_one(pod, node, answered_by_plugin)
+        return replace(answer, groups=self._groups()) if answer.reserved else answer
+
+    def reserve_all(self, requests: Sequence[tuple[PodRef, str, bool]]) -> tuple[list[ReserveAnswer], GroupIds | None]:
+        """Reservations the plugin took on its own (issue 43: a pod answered from cacheable answers
+        is reserved in kube-scheduler at once and confirmed here off its scheduling cycle, many at
+        a time): each ``(pod, node, answered_by_plugin)`` reserved as :meth:`reserve` would, in
+        order, each refused on its own; the groups once, after the last."""
+        answers = [self._reserve_one(pod, node, by_plugin) for pod, node, by_plugin in requests]
+        return answers, self._groups()
+
+    def _groups(self) -> GroupIds | None:
+        return GroupIds.of(self._groups_now(), self._tables.current()) if self._groups_now is not None else None
+
+    def _reserve_one(self, pod: PodRef, node: str, answered_by_plugin: bool) -> ReserveAnswer:
         if answered_by_plugin:
             self._service.judge(pod)
         reserved, annotations = self._service.reserve(pod, node)
@@ -268,8 +299,7 @@ class PluginService:
         barrier = reserved.barrier
         if barrier is None and reserved.completed_at_bind:  # Bind must ask Permitted: see the module docstring
             barrier = Barrier(f"{DRA_BIND_GANG}{pod.key}", open=True)
-        groups = GroupIds.of(self._groups_now(), self._tables.current()) if self._groups_now is not None else None
-        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier, groups=groups)
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier)
 
     def permitted(self, pod: PodRef, node: str) -> ReserveAnswer:
         granted, annotations = self._service.permitted(pod, node)

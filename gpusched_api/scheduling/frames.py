@@ -263,6 +263,9 @@ class SchedulingStub:
     def Reserve(self, request: pb.ReserveRequest) -> pb.ReserveReply:  # noqa: N802
         return pb.ReserveReply.FromString(self._client.call(pb.METHOD_RESERVE, request.SerializeToString()))
 
+    def ReserveBatch(self, request: pb.ReserveBatchRequest) -> pb.ReserveBatchReply:  # noqa: N802
+        return pb.ReserveBatchReply.FromString(self._client.call(pb.METHOD_RESERVE_BATCH, request.SerializeToString()))
+
     def Unreserve(self, request: pb.UnreserveRequest) -> pb.UnreserveReply:  # noqa: N802
         return pb.UnreserveReply.FromString(self._client.call(pb.METHOD_UNRESERVE, request.SerializeToString()))
 

@@ -443,6 +443,80 @@ def test_answers_learned_by_group_predict_every_next_answer_of_the_same_spec(tmp
         core.close()
 
 
+@pytest.mark.parametrize("nodes", [6, 30], ids=["node-by-node", "grouped"])
+@pytest.mark.parametrize("spec", [
+    {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"},
+    {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2},
+    {"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4,
+     "annotations": {"gpusched.io/require-nvlink": "true"}},
+], ids=["one-gpu", "tp2", "tp4-nvlink"])
+def test_the_move_an_answer_names_is_the_group_reserve_puts_the_node_in(tmp_path, nodes, spec):
+    """What the plugin judges a node it reserved on by, until the core confirms (issue 43): the
+    group a cacheable answer names as the node's move is the group the core's Reserve leaves it
+    in, for every node that fits; and the groups of each reply are of a newer ledger than the last."""
+    core = Core(tmp_path / "s.sock", fleet_of(nodes))
+    try:
+        version = -1
+        for k in range(40):
+            pod = make_pod(f"p{k}", **spec)
+            reply = pre_filter(core, pod)
+            moves = list(memoryview(reply.moves).cast("I"))
+            fits = [i for i in range(nodes) if reply.verdicts[i] == 0]
+            assert len(moves) == nodes and all(moves[i] for i in fits), (fits, moves)
+            assert not any(moves[i] for i in range(nodes) if i not in fits), "a node that does not fit has no move"
+            assert reply.groups.ledger_version >= version
+            if not fits:
+                break
+            best = max(fits, key=lambda i: (reply.scores[i], -i))
+            answer = reserve(core, pod, f"n{best:02d}")
+            assert answer.reserved, answer.refusal
+            assert group_ids(answer.groups)[best] == moves[best], f"pod {k} on n{best:02d}"
+            assert answer.groups.ledger_version > reply.groups.ledger_version
+            version = answer.groups.ledger_version
+    finally:
+        core.close()
+
+
+def reserve_batch(core: Core, *reservations: tuple[dict[str, Any], str], version: int = API_VERSION) -> pb.ReserveBatchReply:
+    return core.stub.ReserveBatch(pb.ReserveBatchRequest(api_version=version, reservations=[
+        pb.ReserveRequest(api_version=version, pod=wire_pod(pod), node=node, answered_by_plugin=True)
+        for pod, node in reservations]))
+
+
+def test_a_batch_of_reservations_is_each_reserved_or_refused_in_order_and_grouped_once(tmp_path):
+    core = Core(tmp_path / "s.sock", fleet_of(4))  # n00 and n03 H100s
+    try:
+        tp8 = {"gpus": 8, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 8}
+        assert pre_filter(core, make_pod("first", **tp8)).cacheable
+        twins = [make_pod(f"twin-{i}", **tp8) for i in range(3)]  # never pre-filtered: the plugin answered them
+        reply = reserve_batch(core, (twins[0], "n00"), (twins[1], "n00"), (twins[2], "n03"))
+        assert [r.reserved for r in reply.replies] == [True, False, True]
+        assert "no longer fits" in reply.replies[1].refusal, "n00 was taken by the batch's first: refused alone"
+        assert all(r.annotations[ASSIGNED_GPUS_ANNOTATION] for r in reply.replies if r.reserved)
+        assert not any(r.HasField("groups") for r in reply.replies) and reply.groups.grouping
+        ids = group_ids(reply.groups)
+        assert ids[0] == ids[3] != ids[1], "n00 and n03 full, alike; the others untouched"
+        held = sorted(a.pod_key for a in core.state.ledger.view().assignments.values())
+        assert held == ["default/twin-0", "default/twin-2"]
+    finally:
+        core.close()
+
+
+def test_a_batch_that_cannot_be_read_is_refused_whole(core):
+    pod = make_pod("p", gpus=1)
+    with pytest.raises(FrameError) as raised:
+        reserve_batch(core, (pod, "h1"), version=API_VERSION + 1)
+    assert raised.value.code == Code.FAILED_PRECONDITION
+    with pytest.raises(FrameError) as raised:
+        reserve_batch(core, (pod, "h1"), (pod, ""))
+    assert raised.value.code == Code.INVALID_ARGUMENT and "reservations[1] names no node" in raised.value.message
+    many = scheduling_server.MAX_RESERVE_BATCH + 1
+    with pytest.raises(FrameError) as raised:
+        reserve_batch(core, *[(pod, "h1")] * many)
+    assert raised.value.code == Code.INVALID_ARGUMENT and f"carries {many} reservations" in raised.value.message
+    assert not core.state.ledger.view().assignments, "nothing of a refused batch is reserved"
+
+
 def test_a_gang_member_is_never_cacheable_and_a_skip_always_is(tmp_path):
     core = Core(tmp_path / "s.sock", fleet_of(30))
     try:

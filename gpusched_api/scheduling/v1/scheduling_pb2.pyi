@@ -18,6 +18,7 @@ class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_UNRESERVE: _ClassVar[Method]
     METHOD_PERMITTED: _ClassVar[Method]
     METHOD_WATCH_REQUEUE: _ClassVar[Method]
+    METHOD_RESERVE_BATCH: _ClassVar[Method]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -32,6 +33,7 @@ METHOD_RESERVE: Method
 METHOD_UNRESERVE: Method
 METHOD_PERMITTED: Method
 METHOD_WATCH_REQUEUE: Method
+METHOD_RESERVE_BATCH: Method
 VERDICT_FITS: Verdict
 VERDICT_NOT_NOW: Verdict
 VERDICT_NEVER: Verdict
@@ -87,7 +89,7 @@ class PreFilterRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., table_generation: _Optional[int] = ...) -> None: ...
 
 class PreFilterReply(_message.Message):
-    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes", "groups", "cacheable")
+    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes", "groups", "cacheable", "moves")
     SKIP_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     UNRESOLVABLE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +103,7 @@ class PreFilterReply(_message.Message):
     ONLY_NODES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     CACHEABLE_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
     skip: bool
     error: str
     unresolvable: str
@@ -114,17 +117,20 @@ class PreFilterReply(_message.Message):
     only_nodes: _containers.RepeatedScalarFieldContainer[str]
     groups: Groups
     cacheable: bool
-    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., cacheable: _Optional[bool] = ...) -> None: ...
+    moves: bytes
+    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., cacheable: _Optional[bool] = ..., moves: _Optional[bytes] = ...) -> None: ...
 
 class Groups(_message.Message):
-    __slots__ = ("grouping", "table_generation", "ids")
+    __slots__ = ("grouping", "table_generation", "ids", "ledger_version")
     GROUPING_FIELD_NUMBER: _ClassVar[int]
     TABLE_GENERATION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_VERSION_FIELD_NUMBER: _ClassVar[int]
     grouping: int
     table_generation: int
     ids: bytes
-    def __init__(self, grouping: _Optional[int] = ..., table_generation: _Optional[int] = ..., ids: _Optional[bytes] = ...) -> None: ...
+    ledger_version: int
+    def __init__(self, grouping: _Optional[int] = ..., table_generation: _Optional[int] = ..., ids: _Optional[bytes] = ..., ledger_version: _Optional[int] = ...) -> None: ...
 
 class FilterWhatIfRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node", "removed", "added", "node_pods")
@@ -190,6 +196,22 @@ class ReserveReply(_message.Message):
     barrier: Barrier
     groups: Groups
     def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ...) -> None: ...
+
+class ReserveBatchRequest(_message.Message):
+    __slots__ = ("api_version", "reservations")
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    reservations: _containers.RepeatedCompositeFieldContainer[ReserveRequest]
+    def __init__(self, api_version: _Optional[int] = ..., reservations: _Optional[_Iterable[_Union[ReserveRequest, _Mapping]]] = ...) -> None: ...
+
+class ReserveBatchReply(_message.Message):
+    __slots__ = ("replies", "groups")
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[ReserveReply]
+    groups: Groups
+    def __init__(self, replies: _Optional[_Iterable[_Union[ReserveReply, _Mapping]]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ...) -> None: ...
 
 class Barrier(_message.Message):
     __slots__ = ("gang", "open", "wait_seconds")
