@@ -1,6 +1,7 @@
 package gpusched
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -35,6 +36,11 @@ const maxCachedSpecs = 256
 // pod whose cycle on a cached answer found no node (PostFilter), before anything is preempted for
 // it. Reserve stays the core's, on its own state: an answer that went stale is refused there and
 // nothing is promised twice.
+//
+// A node the plugin reserved on itself (assume: Reserve of a pod answered here, on a node whose
+// move the answer named) is judged by the group the core named as its move until the core
+// confirms the reservation (settle); a node whose group is unknown meanwhile (a refused or
+// unconfirmed reservation, a new grouping) is answered "not now" rather than read in its old group.
 type answerCache struct {
 	maxAge time.Duration // 0: never answer from the cache
 	now    func() time.Time
@@ -43,24 +49,38 @@ type answerCache struct {
 	grouping  uint64   // the core's grouping the ids and answers belong to (0: none yet)
 	tableGen  uint64   // the node table ids is indexed by
 	ids       []uint32 // group id per table node, as the core last named them
+	ledgerVer uint64   // the core's ledger version ids were grouped under (newer ids only replace them)
 	renewedAt time.Time
 	specs     map[string]map[uint32]groupAnswer // spec key -> group id -> answer
 	order     []string                          // spec keys, oldest first
 	skips     map[string]struct{}               // spec keys the core skipped (no GPUs asked), bounded like specs
 	skipOrder []string
-	askNext   map[types.UID]struct{} // pods whose next PreFilter asks the core (askFor)
+	askNext   map[types.UID]struct{}  // pods whose next PreFilter asks the core (askFor)
+	assumed   map[string]*assumedNode // by node name: reserved on by the plugin, not yet confirmed
 }
 
-// groupAnswer is the core's answer for one node group: what every node of the group gets.
+// groupAnswer is the core's answer for one node group: what every node of the group gets, and the
+// group a node of it moves to once a pod of the spec is reserved there (0: not named).
 type groupAnswer struct {
 	verdict byte
 	reason  string
 	score   byte
+	move    uint32
 }
+
+// assumedNode is a node with reservations the plugin took that the core has not confirmed yet: the
+// group it is judged by meanwhile (0: unknown, answered "not now") and how many are unconfirmed.
+type assumedNode struct {
+	gid     uint32
+	pending int
+}
+
+// confirmingReason is an assumed node's answer when its group is unknown until the core confirms.
+const confirmingReason = "gpusched is confirming a reservation on this node; it is judged again once the core has"
 
 func newAnswerCache(maxAge time.Duration, now func() time.Time) *answerCache {
 	return &answerCache{maxAge: maxAge, now: now, specs: map[string]map[uint32]groupAnswer{},
-		skips: map[string]struct{}{}, askNext: map[types.UID]struct{}{}}
+		skips: map[string]struct{}{}, askNext: map[types.UID]struct{}{}, assumed: map[string]*assumedNode{}}
 }
 
 // maxAskNext bounds askNext: past it the set is emptied (those pods are answered from the cache
@@ -120,21 +140,41 @@ func specKey(pod *v1.Pod) (string, error) {
 // renew takes the groups the core named (a PreFilter or Reserve reply); answers learned under
 // another grouping are dropped. Nil (the core named none) changes nothing.
 func (c *answerCache) renew(groups *pb.Groups) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.renewLocked(groups)
+}
+
+// uint32s reads little-endian uint32s (a Groups' ids, a reply's moves); nil when b is not of them.
+func uint32s(b []byte) []uint32 {
+	if len(b)%4 != 0 {
+		return nil
+	}
+	out := make([]uint32, len(b)/4)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return out
+}
+
+// renewLocked is renew with c.mu held. Replies travel on several connections at once: ids of the
+// table held that were grouped under an older ledger version than the held ones arrive late, and
+// are not taken (nor do they renew the age).
+func (c *answerCache) renewLocked(groups *pb.Groups) {
 	if groups == nil || groups.GetGrouping() == 0 || len(groups.GetIds())%4 != 0 {
 		return
 	}
-	ids := make([]uint32, len(groups.GetIds())/4)
-	for i := range ids {
-		ids[i] = binary.LittleEndian.Uint32(groups.GetIds()[4*i:])
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if groups.GetGrouping() != c.grouping {
 		c.grouping = groups.GetGrouping()
 		clear(c.specs)
 		c.order = c.order[:0]
+		for _, a := range c.assumed {
+			a.gid = 0 // an id of the old grouping: unknown until confirmed
+		}
+	} else if groups.GetTableGeneration() == c.tableGen && groups.GetLedgerVersion() < c.ledgerVer {
+		return
 	}
-	c.tableGen, c.ids, c.renewedAt = groups.GetTableGeneration(), ids, c.now()
+	c.tableGen, c.ids, c.ledgerVer, c.renewedAt = groups.GetTableGeneration(), uint32s(groups.GetIds()), groups.GetLedgerVersion(), c.now()
 }
 
 // forget makes the next PreFilter ask the core: an answer from the cache was refused at Reserve, or
@@ -167,11 +207,14 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 	if reply.GetGroups() == nil {
 		return
 	}
-	c.renew(reply.GetGroups())
+	ids, moves := uint32s(reply.GetGroups().GetIds()), uint32s(reply.GetMoves())
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.tableGen != reply.GetTableGeneration() || len(c.ids) != len(reply.GetVerdicts()) ||
-		len(reply.GetScores()) != len(c.ids) || len(reply.GetReasonIndex()) != len(c.ids) {
+	c.renewLocked(reply.GetGroups())
+	// Learned by the reply's own ids (renew may have kept newer ones), under the grouping held.
+	if reply.GetGroups().GetGrouping() != c.grouping || reply.GetGroups().GetTableGeneration() != reply.GetTableGeneration() ||
+		len(ids) != len(reply.GetVerdicts()) || len(reply.GetScores()) != len(ids) || len(reply.GetReasonIndex()) != len(ids) ||
+		(len(moves) != len(ids) && len(moves) != 0) {
 		return
 	}
 	known, ok := c.specs[key]
@@ -186,12 +229,15 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 	}
 	thisReply := map[uint32]groupAnswer{}
 	conflicting := map[uint32]bool{}
-	for i, gid := range c.ids {
+	for i, gid := range ids {
 		reason := ""
 		if ri := reply.GetReasonIndex()[i]; int(ri) < len(reply.GetReasons()) {
 			reason = reply.GetReasons()[ri]
 		}
 		a := groupAnswer{verdict: reply.GetVerdicts()[i], reason: reason, score: reply.GetScores()[i]}
+		if len(moves) == len(ids) {
+			a.move = moves[i]
+		}
 		if prev, seen := thisReply[gid]; seen && prev != a {
 			conflicting[gid] = true
 		}
@@ -229,26 +275,162 @@ func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, 
 		Verdicts: make([]byte, len(c.ids)), Scores: make([]byte, len(c.ids)), ReasonIndex: make([]uint32, len(c.ids)),
 		Summary: "answered by the GpuSched plugin from the core's answers for this pod's spec"}
 	reasonAt := map[string]uint32{"": 0}
-	fits := false
 	for i, gid := range c.ids {
 		a, ok := known[gid]
 		if !ok {
+			if _, assumed := c.assumed[table.names[i]]; assumed {
+				continue // judged by its assumed group below
+			}
 			return nil, false
 		}
-		reply.Verdicts[i], reply.Scores[i] = a.verdict, a.score
-		fits = fits || pb.Verdict(a.verdict) == pb.Verdict_VERDICT_FITS
-		ri, ok := reasonAt[a.reason]
-		if !ok {
-			ri = uint32(len(reply.Reasons))
-			reasonAt[a.reason] = ri
-			reply.Reasons = append(reply.Reasons, a.reason)
-		}
-		reply.ReasonIndex[i] = ri
+		setAnswer(reply, reasonAt, i, a)
 	}
-	if !fits {
+	c.patchAssumedLocked(known, reply, table, reasonAt)
+	if bytes.IndexByte(reply.Verdicts, byte(pb.Verdict_VERDICT_FITS)) < 0 {
 		return nil, false
 	}
 	return reply, true
+}
+
+func setAnswer(reply *pb.PreFilterReply, reasonAt map[string]uint32, i int, a groupAnswer) {
+	reply.Verdicts[i], reply.Scores[i] = a.verdict, a.score
+	ri, ok := reasonAt[a.reason]
+	if !ok {
+		ri = uint32(len(reply.Reasons))
+		reasonAt[a.reason] = ri
+		reply.Reasons = append(reply.Reasons, a.reason)
+	}
+	reply.ReasonIndex[i] = ri
+}
+
+// patchAssumedLocked answers each assumed node of table in reply by its assumed group's answer in
+// known, or "not now" (confirmingReason) where that is unknown. reasonAt indexes reply.Reasons.
+func (c *answerCache) patchAssumedLocked(known map[uint32]groupAnswer, reply *pb.PreFilterReply, table *nodeTable,
+	reasonAt map[string]uint32) {
+	for name, assumed := range c.assumed {
+		i, ok := table.index[name]
+		if !ok || i >= len(reply.Verdicts) {
+			continue
+		}
+		a, ok := known[assumed.gid]
+		if !ok || assumed.gid == 0 {
+			a = groupAnswer{verdict: byte(pb.Verdict_VERDICT_NOT_NOW), reason: confirmingReason}
+		}
+		setAnswer(reply, reasonAt, i, a)
+	}
+}
+
+// overlay answers the assumed nodes in a reply the core gave (asked, not from the cache) for a pod
+// of key: the core had not confirmed those reservations when it answered.
+func (c *answerCache) overlay(key string, reply *pb.PreFilterReply, table *nodeTable) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.assumed) == 0 || table == nil || len(reply.GetVerdicts()) != len(table.names) ||
+		len(reply.GetScores()) != len(table.names) || len(reply.GetReasonIndex()) != len(table.names) {
+		return
+	}
+	if len(reply.Reasons) == 0 {
+		reply.Reasons = []string{""}
+	}
+	reasonAt := make(map[string]uint32, len(reply.Reasons))
+	for i, r := range reply.Reasons {
+		if _, seen := reasonAt[r]; !seen {
+			reasonAt[r] = uint32(i)
+		}
+	}
+	c.patchAssumedLocked(c.specs[key], reply, table, reasonAt)
+}
+
+// assume takes a reservation of a pod of key on node in the plugin (issue 43): the node is judged by
+// the group its answer for key names as its move until the core confirms (settle). False when the
+// node's current answer for key names no move, or is not "fits": the core must reserve it itself.
+func (c *answerCache) assume(key string, table *nodeTable, node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.maxAge <= 0 || table == nil || c.tableGen != table.generation || len(c.ids) != len(table.names) {
+		return false
+	}
+	i, ok := table.index[node]
+	if !ok {
+		return false
+	}
+	gid := c.ids[i]
+	assumed := c.assumed[node]
+	if assumed != nil {
+		gid = assumed.gid
+	}
+	a, ok := c.specs[key][gid]
+	if !ok || gid == 0 || a.move == 0 || pb.Verdict(a.verdict) != pb.Verdict_VERDICT_FITS {
+		return false
+	}
+	if assumed == nil {
+		assumed = &assumedNode{}
+		c.assumed[node] = assumed
+	}
+	assumed.gid = a.move
+	assumed.pending++
+	return true
+}
+
+// settle takes the core's answer to reservations assumed on nodes (one entry per reservation, in
+// order): the groups it named once they were taken (nil: none, e.g. the core was not reached), and
+// whether each was reserved. A node with no reservation unconfirmed is judged by the core's groups
+// again; a refusal (or no answer) leaves its node unknown until then, and the next PreFilter asks.
+func (c *answerCache) settle(groups *pb.Groups, nodes []string, reserved []bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.renewLocked(groups)
+	for i, node := range nodes {
+		assumed := c.assumed[node]
+		if assumed == nil {
+			continue
+		}
+		if !reserved[i] {
+			assumed.gid = 0
+			c.renewedAt = time.Time{}
+		}
+		if assumed.pending--; assumed.pending <= 0 {
+			delete(c.assumed, node)
+		}
+	}
+}
+
+// withdrawn notes that one of node's assumed reservations was taken back before the core heard of
+// it. The node's other unconfirmed ones, if any, leave it unknown (its assumed group counted the
+// withdrawn one too) until they are confirmed.
+func (c *answerCache) withdrawn(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assumed := c.assumed[node]
+	if assumed == nil {
+		return
+	}
+	if assumed.pending--; assumed.pending <= 0 {
+		delete(c.assumed, node)
+	} else {
+		assumed.gid = 0
+	}
+}
+
+// assumedNodes is the nodes with reservations the plugin took that the core has not confirmed.
+func (c *answerCache) assumedNodes() map[string]struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nodes := make(map[string]struct{}, len(c.assumed))
+	for name := range c.assumed {
+		nodes[name] = struct{}{}
+	}
+	return nodes
+}
+
+// reservedByCore notes a reservation the core took on node in a Reserve call: a node with
+// reservations of the plugin's still unconfirmed cannot be judged by its assumed group any more.
+func (c *answerCache) reservedByCore(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if assumed := c.assumed[node]; assumed != nil {
+		assumed.gid = 0
+	}
 }
 
 // capacityFreed forgets the cache's groups when kube-scheduler's informer shows a GPU pod going (deleted,

@@ -45,11 +45,12 @@ func newNodeTable(t *pb.NodeTable) *nodeTable {
 // last received (under mu; kube-scheduler runs one scheduling cycle at a time, but Unreserve and
 // Bind run on binding goroutines, so nothing here assumes a single caller).
 type core struct {
-	address string
-	timeout time.Duration
-	client  schedulingClient
-	answers *answerCache // the core's cacheable answers, by pod spec and node group
-	audit   bool         // args.answerAudit: every answer of the cache checked against the core's
+	address  string
+	timeout  time.Duration
+	client   schedulingClient
+	answers  *answerCache // the core's cacheable answers, by pod spec and node group
+	confirms *confirmer   // the plugin's own reservations on their way to the core (confirm.go)
+	audit    bool         // args.answerAudit: every answer of the cache checked against the core's
 
 	mu    sync.Mutex
 	table *nodeTable // nil until the first PreFilter answer
@@ -60,8 +61,10 @@ type core struct {
 // (auditAnswer). The client connects on each call's need and reconnects by itself, so a core
 // that starts after kube-scheduler (or restarts) is simply reached later.
 func newCore(address string, timeout, answerMaxAge time.Duration, audit bool, client schedulingClient) *core {
-	return &core{address: address, timeout: timeout, client: client, audit: audit,
+	c := &core{address: address, timeout: timeout, client: client, audit: audit,
 		answers: newAnswerCache(answerMaxAge, time.Now)}
+	c.confirms = &confirmer{send: c.confirmBatch}
+	return c
 }
 
 // hello greets the core until it answers, logging what it says; it never stops the scheduler (the
@@ -116,11 +119,12 @@ func (c *core) adopt(reply *pb.PreFilterReply) *nodeTable {
 	return nil
 }
 
-// preFilter returns the core's answer for the pod against every node it knows, with the table its
-// vectors are indexed by (nil for skip/error/unresolvable answers, which have none), and whether
-// the plugin answered it from the core's cacheable answers for the pod's spec (answerCache)
-// instead of asking.
-func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, *nodeTable, bool, error) {
+// preFilter returns the core's answer for the pod against every node it knows (as an answer, with
+// the table its vectors are indexed by: nil for skip/error/unresolvable answers, which have none),
+// and whether the plugin answered it from the core's cacheable answers for the pod's spec
+// (answerCache) instead of asking. Nodes the plugin reserved on and the core has not confirmed are
+// answered by the cache either way (answerCache.overlay).
+func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*answer, error) {
 	key, keyErr := specKey(pod) // a spec that cannot be encoded is only never answered from the cache
 	if keyErr == nil && !c.answers.mustAsk(pod.UID) {
 		table := c.heldTable()
@@ -130,25 +134,32 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*pb.PreFilterReply, 
 				c.auditAnswer(ctx, pod, reply, table)
 			}
 			if reply.GetSkip() {
-				return reply, nil, true, nil // a skip has no table, as the core's own
+				return &answer{reply: reply, fromCache: true}, nil // a skip has no table, as the core's own
 			}
-			return reply, table, true, nil
+			return &answer{reply: reply, table: table, fromCache: true, key: key}, nil
 		}
 	}
 	answersTotal.WithLabelValues("core").Inc()
 	reply, table, err := c.askPreFilter(ctx, pod)
-	if err == nil && (table != nil || reply.GetSkip()) && keyErr == nil {
-		c.answers.learn(key, reply)
+	if err != nil {
+		return nil, err
 	}
-	return reply, table, false, err
+	if (table != nil || reply.GetSkip()) && keyErr == nil {
+		c.answers.learn(key, reply)
+		c.answers.overlay(key, reply, table)
+	}
+	return &answer{reply: reply, table: table}, nil
 }
 
 // auditAnswer asks the core for the pod as well, and compares its answer with the cache's node by
 // node (verdict, reason, score), counting the result in gpusched_plugin_answer_audits_total. The
 // cache's answer stands either way. A difference is not by itself a bug (state that changed
 // within answerMaxAge, another scheduler's pods); where nothing else changes, as in the
-// equivalence test, every answer must match.
+// equivalence test, every answer must match. A node with a reservation the plugin took that the
+// core had not confirmed when asked is left out (counted as unconfirmed): the core answers for it
+// without that reservation, the cache with it.
 func (c *core) auditAnswer(ctx context.Context, pod *v1.Pod, cached *pb.PreFilterReply, cachedTable *nodeTable) {
+	unconfirmed := c.answers.assumedNodes() // before asking: no node is assumed during this cycle
 	asked, table, err := c.askPreFilter(ctx, pod)
 	if err != nil || table == nil {
 		answerAuditsTotal.WithLabelValues("unanswered").Inc()
@@ -158,8 +169,8 @@ func (c *core) auditAnswer(ctx context.Context, pod *v1.Pod, cached *pb.PreFilte
 	count := 0
 	for i, name := range table.names {
 		j, ok := cachedTable.index[name]
-		if !ok {
-			continue // a node the cache's table did not have yet: it was not answered for
+		if _, assumed := unconfirmed[name]; !ok || assumed {
+			continue // a node the cache's table did not have yet (not answered for), or unconfirmed
 		}
 		want := groupAnswer{verdict: asked.GetVerdicts()[i], reason: reasonOf(asked, i), score: asked.GetScores()[i]}
 		got := groupAnswer{verdict: cached.GetVerdicts()[j], reason: reasonOf(cached, j), score: cached.GetScores()[j]}
@@ -176,7 +187,7 @@ func (c *core) auditAnswer(ctx context.Context, pod *v1.Pod, cached *pb.PreFilte
 	answerAuditsTotal.WithLabelValues(result).Inc()
 	// Every audit is logged (an opt-in mode): a test reads its own pods' results here.
 	klog.FromContext(ctx).V(2).Info("gpusched answer audit", "pod", klog.KObj(pod), "result", result,
-		"differingNodes", count, "differing", differing)
+		"differingNodes", count, "differing", differing, "unconfirmedNodes", len(unconfirmed))
 }
 
 // maxAuditNodesLogged bounds the differing nodes one audit line names.
@@ -253,6 +264,9 @@ func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string, answeredBy
 	})
 	if err == nil {
 		c.answers.renew(reply.GetGroups())
+		if reply.GetReserved() {
+			c.answers.reservedByCore(node)
+		}
 	}
 	return reply, err
 }

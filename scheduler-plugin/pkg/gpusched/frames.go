@@ -40,6 +40,8 @@ func rpcName(method pb.Method) string {
 		return "FilterWhatIf"
 	case pb.Method_METHOD_RESERVE:
 		return "Reserve"
+	case pb.Method_METHOD_RESERVE_BATCH:
+		return "ReserveBatch"
 	case pb.Method_METHOD_UNRESERVE:
 		return "Unreserve"
 	case pb.Method_METHOD_PERMITTED:
@@ -56,6 +58,7 @@ type schedulingClient interface {
 	PreFilter(context.Context, *pb.PreFilterRequest) (*pb.PreFilterReply, error)
 	FilterWhatIf(context.Context, *pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error)
 	Reserve(context.Context, *pb.ReserveRequest) (*pb.ReserveReply, error)
+	ReserveBatch(context.Context, *pb.ReserveBatchRequest) (*pb.ReserveBatchReply, error)
 	Unreserve(context.Context, *pb.UnreserveRequest) (*pb.UnreserveReply, error)
 	Permitted(context.Context, *pb.PermittedRequest) (*pb.PermittedReply, error)
 	WatchRequeue(context.Context, *pb.WatchRequeueRequest) (requeueStream, error)
@@ -118,6 +121,10 @@ func (f *frameClient) FilterWhatIf(ctx context.Context, in *pb.FilterWhatIfReque
 
 func (f *frameClient) Reserve(ctx context.Context, in *pb.ReserveRequest) (*pb.ReserveReply, error) {
 	return unary(ctx, f, pb.Method_METHOD_RESERVE, in, &pb.ReserveReply{})
+}
+
+func (f *frameClient) ReserveBatch(ctx context.Context, in *pb.ReserveBatchRequest) (*pb.ReserveBatchReply, error) {
+	return unary(ctx, f, pb.Method_METHOD_RESERVE_BATCH, in, &pb.ReserveBatchReply{})
 }
 
 func (f *frameClient) Unreserve(ctx context.Context, in *pb.UnreserveRequest) (*pb.UnreserveReply, error) {

@@ -72,6 +72,7 @@ func unaryMethods(srv pb.SchedulingServer) map[pb.Method]func(context.Context, [
 		pb.Method_METHOD_PRE_FILTER:     served(srv.PreFilter),
 		pb.Method_METHOD_FILTER_WHAT_IF: served(srv.FilterWhatIf),
 		pb.Method_METHOD_RESERVE:        served(srv.Reserve),
+		pb.Method_METHOD_RESERVE_BATCH:  served(srv.ReserveBatch),
 		pb.Method_METHOD_UNRESERVE:      served(srv.Unreserve),
 		pb.Method_METHOD_PERMITTED:      served(srv.Permitted),
 	}

@@ -53,8 +53,19 @@ var answerAuditsTotal = metrics.NewCounterVec(&metrics.CounterOpts{
 	StabilityLevel: metrics.ALPHA,
 }, []string{"result"})
 
+// confirmBatchSize is the reservations each ReserveBatch carried (confirm.go): its count is the
+// calls, its sum the reservations the plugin took itself and had the core confirm.
+var confirmBatchSize = metrics.NewHistogram(&metrics.HistogramOpts{
+	Namespace:      "gpusched",
+	Subsystem:      "plugin",
+	Name:           "confirm_batch_size",
+	Help:           "Reservations the GpuSched plugin took itself (answered from the core's cacheable answers) per ReserveBatch call confirming them.",
+	Buckets:        metrics.ExponentialBuckets(1, 2, 9),
+	StabilityLevel: metrics.ALPHA,
+})
+
 func init() {
-	legacyregistry.MustRegister(rpcDuration, answersTotal, answerAuditsTotal)
+	legacyregistry.MustRegister(rpcDuration, answersTotal, answerAuditsTotal, confirmBatchSize)
 }
 
 // observeRPC records one call of the frame client (frames.go), Hello included, labelled with the

@@ -128,16 +128,19 @@ type answer struct {
 	reply     *pb.PreFilterReply
 	table     *nodeTable // the table reply's vectors are indexed by; nil for a skip
 	fromCache bool       // the plugin answered from the core's cacheable answers (answerCache)
+	key       string     // with fromCache: the pod's spec key the answers were the core's for
 }
 
 func (a *answer) Clone() fwk.StateData { return a }
 
 // reservation holds the annotations Reserve got from the core, for Bind to write, and for a
-// gang member its place at the Permit barrier.
+// gang member its place at the Permit barrier; or, for a reservation the plugin took itself, its
+// confirmation (Bind takes the annotations from the core's answer to it).
 type reservation struct {
 	annotations map[string]string
-	barrier     *pb.Barrier // nil unless a gang member
-	permitRan   bool        // set by Permit: a member's Bind without it means Permit is not enabled
+	barrier     *pb.Barrier   // nil unless a gang member
+	permitRan   bool          // set by Permit: a member's Bind without it means Permit is not enabled
+	confirm     *confirmation // set when the plugin reserved on its cached answer (confirm.go)
 }
 
 func (r *reservation) Clone() fwk.StateData { return r }
@@ -152,11 +155,12 @@ func (r *reservation) Clone() fwk.StateData { return r }
 // the cluster's, so the pod must come back by itself; the message lands in its PodScheduled
 // condition and FailedScheduling event.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	reply, table, fromCache, err := p.core.preFilter(ctx, pod)
+	a, err := p.core.preFilter(ctx, pod)
 	if err != nil {
 		return nil, fwk.AsStatus(err)
 	}
-	state.Write(answerKey, &answer{reply: reply, table: table, fromCache: fromCache})
+	state.Write(answerKey, a)
+	reply := a.reply
 	switch {
 	case reply.GetSkip(): // no GPUs asked: Filter (and, via PreScore, Score) are skipped
 		return nil, fwk.NewStatus(fwk.Skip)
@@ -279,10 +283,20 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 // was taken since PreFilter) is Unschedulable: the pod goes back to the queue and is judged anew.
 // A refusal of a node the plugin's cache answered for is Error instead (the cache was stale, not
 // the cluster full: the pod is retried after its backoff, and the core is asked next time).
+//
+// A pod answered from the cache, on a node whose move the answer named, is reserved by the plugin
+// itself (issue 43): the node is judged in its new group from the next cycle on, and the core
+// confirms the reservation off this cycle (confirm.go), batched with others; Bind waits for that,
+// and a refusal there fails the binding cycle (the pod is unreserved and retried). The core stays
+// authoritative: it reserves on its own state, as Reserve would, and nothing is promised twice.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	a, st := readAnswer(state)
 	if st != nil || a.table == nil {
 		return nil // not a GPU pod (or PreFilter never ran): nothing to reserve
+	}
+	if a.fromCache && p.core.answers.assume(a.key, a.table, nodeName) {
+		state.Write(reservationKey, &reservation{confirm: p.core.confirms.later(pod, nodeName)})
+		return nil
 	}
 	reply, err := p.core.reserve(ctx, pod, nodeName, a.fromCache)
 	if err != nil {
@@ -346,7 +360,17 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return
 	}
 	reason := "kube-scheduler unreserved the pod"
-	if r := readReservation(state); r != nil && r.barrier != nil {
+	r := readReservation(state)
+	if r != nil && r.confirm != nil {
+		if p.core.withdraw(r.confirm) {
+			return // never sent: the core holds nothing for it
+		}
+		<-r.confirm.done // within the call's deadline
+		if r.confirm.err == nil && !r.confirm.reply.GetReserved() {
+			return // refused: the core holds nothing for it
+		}
+	}
+	if r != nil && r.barrier != nil {
 		gang := r.barrier.GetGang()
 		p.waiting.remove(pod.UID)
 		for _, uid := range p.waiting.members(gang) {
@@ -413,6 +437,13 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, no
 		return fwk.NewStatus(fwk.Skip)
 	}
 	annotations := r.annotations
+	if r.confirm != nil {
+		confirmed, err := p.core.confirmed(ctx, r.confirm)
+		if err != nil {
+			return fwk.AsStatus(err)
+		}
+		annotations = confirmed
+	}
 	if r.barrier != nil {
 		p.waiting.remove(pod.UID)
 		if !r.permitRan {

@@ -52,6 +52,7 @@ const (
 	Method_METHOD_UNRESERVE      Method = 5
 	Method_METHOD_PERMITTED      Method = 6
 	Method_METHOD_WATCH_REQUEUE  Method = 7
+	Method_METHOD_RESERVE_BATCH  Method = 8
 )
 
 // Enum value maps for Method.
@@ -65,6 +66,7 @@ var (
 		5: "METHOD_UNRESERVE",
 		6: "METHOD_PERMITTED",
 		7: "METHOD_WATCH_REQUEUE",
+		8: "METHOD_RESERVE_BATCH",
 	}
 	Method_value = map[string]int32{
 		"METHOD_UNSPECIFIED":    0,
@@ -75,6 +77,7 @@ var (
 		"METHOD_UNRESERVE":      5,
 		"METHOD_PERMITTED":      6,
 		"METHOD_WATCH_REQUEUE":  7,
+		"METHOD_RESERVE_BATCH":  8,
 	}
 )
 
@@ -483,8 +486,12 @@ type PreFilterReply struct {
 	// depends on nothing but the pod's spec and each node's group, so the plugin may answer a pod of
 	// the same spec itself: per node, the answer this reply gave the nodes of its group (a cacheable
 	// skip depends on the spec alone: every pod of it is skipped).
-	Groups        *Groups `protobuf:"bytes,12,opt,name=groups,proto3" json:"groups,omitempty"`
-	Cacheable     bool    `protobuf:"varint,13,opt,name=cacheable,proto3" json:"cacheable,omitempty"`
+	Groups    *Groups `protobuf:"bytes,12,opt,name=groups,proto3" json:"groups,omitempty"`
+	Cacheable bool    `protobuf:"varint,13,opt,name=cacheable,proto3" json:"cacheable,omitempty"`
+	// With groups: per table node, one uint32 (little-endian): the group the node moves to once
+	// this pod is reserved there (the GPUs Reserve would choose on it now); 0 where not named. What
+	// the plugin judges a node it reserved on by until the core confirms (ReserveBatch).
+	Moves         []byte `protobuf:"bytes,14,opt,name=moves,proto3" json:"moves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -610,6 +617,13 @@ func (x *PreFilterReply) GetCacheable() bool {
 	return false
 }
 
+func (x *PreFilterReply) GetMoves() []byte {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 // The core's grouping of the table's nodes: nodes of one group (same GPU shape, same free units)
 // get the same answer from any cacheable PreFilter. Group ids are never reused within a grouping;
 // a new grouping (core restart, regrouping) has a new id, and answers learned under another one are
@@ -619,8 +633,11 @@ type Groups struct {
 	Grouping        uint64                 `protobuf:"varint,1,opt,name=grouping,proto3" json:"grouping,omitempty"`
 	TableGeneration uint64                 `protobuf:"varint,2,opt,name=table_generation,json=tableGeneration,proto3" json:"table_generation,omitempty"` // the table ``ids`` is indexed by
 	Ids             []byte                 `protobuf:"bytes,3,opt,name=ids,proto3" json:"ids,omitempty"`                                                 // one uint32 (little-endian) group id per table node
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The core's ledger version the ids were grouped under: replies arrive on several connections,
+	// and the plugin keeps the newest grouping's ids, not the last to arrive.
+	LedgerVersion uint64 `protobuf:"varint,4,opt,name=ledger_version,json=ledgerVersion,proto3" json:"ledger_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Groups) Reset() {
@@ -672,6 +689,13 @@ func (x *Groups) GetIds() []byte {
 		return x.Ids
 	}
 	return nil
+}
+
+func (x *Groups) GetLedgerVersion() uint64 {
+	if x != nil {
+		return x.LedgerVersion
+	}
+	return 0
 }
 
 type FilterWhatIfRequest struct {
@@ -1018,6 +1042,110 @@ func (x *ReserveReply) GetGroups() *Groups {
 	return nil
 }
 
+type ReserveBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Reservations  []*ReserveRequest      `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"` // at most 256, each with api_version set
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveBatchRequest) Reset() {
+	*x = ReserveBatchRequest{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveBatchRequest) ProtoMessage() {}
+
+func (x *ReserveBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveBatchRequest.ProtoReflect.Descriptor instead.
+func (*ReserveBatchRequest) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReserveBatchRequest) GetApiVersion() uint32 {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return 0
+}
+
+func (x *ReserveBatchRequest) GetReservations() []*ReserveRequest {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+type ReserveBatchReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replies       []*ReserveReply        `protobuf:"bytes,1,rep,name=replies,proto3" json:"replies,omitempty"` // one per reservation, in order; their groups unset
+	Groups        *Groups                `protobuf:"bytes,2,opt,name=groups,proto3" json:"groups,omitempty"`   // once the last is taken
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveBatchReply) Reset() {
+	*x = ReserveBatchReply{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveBatchReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveBatchReply) ProtoMessage() {}
+
+func (x *ReserveBatchReply) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveBatchReply.ProtoReflect.Descriptor instead.
+func (*ReserveBatchReply) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReserveBatchReply) GetReplies() []*ReserveReply {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
+func (x *ReserveBatchReply) GetGroups() *Groups {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
 type Barrier struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Gang  string                 `protobuf:"bytes,1,opt,name=gang,proto3" json:"gang,omitempty"`
@@ -1032,7 +1160,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1172,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1185,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Barrier) GetGang() string {
@@ -1092,7 +1220,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1232,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1245,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -1153,7 +1281,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1293,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1306,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -1221,7 +1349,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1361,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1374,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -1285,7 +1413,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1425,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1438,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{18}
 }
 
 type WatchRequeueRequest struct {
@@ -1323,7 +1451,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1463,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1476,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1375,7 +1503,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1515,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1528,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{18}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1447,7 +1575,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12)\n" +
-	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xc2\x03\n" +
+	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xd8\x03\n" +
 	"\x0ePreFilterReply\x12\x12\n" +
 	"\x04skip\x18\x01 \x01(\bR\x04skip\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\"\n" +
@@ -1463,11 +1591,13 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\n" +
 	"only_nodes\x18\v \x03(\tR\tonlyNodes\x126\n" +
 	"\x06groups\x18\f \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x12\x1c\n" +
-	"\tcacheable\x18\r \x01(\bR\tcacheable\"a\n" +
+	"\tcacheable\x18\r \x01(\bR\tcacheable\x12\x14\n" +
+	"\x05moves\x18\x0e \x01(\fR\x05moves\"\x88\x01\n" +
 	"\x06Groups\x12\x1a\n" +
 	"\bgrouping\x18\x01 \x01(\x04R\bgrouping\x12)\n" +
 	"\x10table_generation\x18\x02 \x01(\x04R\x0ftableGeneration\x12\x10\n" +
-	"\x03ids\x18\x03 \x01(\fR\x03ids\"\xa2\x02\n" +
+	"\x03ids\x18\x03 \x01(\fR\x03ids\x12%\n" +
+	"\x0eledger_version\x18\x04 \x01(\x04R\rledgerVersion\"\xa2\x02\n" +
 	"\x13FilterWhatIfRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
@@ -1496,7 +1626,14 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x06groups\x18\x06 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
+	"\x13ReserveBatchRequest\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\rR\n" +
+	"apiVersion\x12J\n" +
+	"\freservations\x18\x02 \x03(\v2&.gpusched.scheduling.v1.ReserveRequestR\freservations\"\x8b\x01\n" +
+	"\x11ReserveBatchReply\x12>\n" +
+	"\areplies\x18\x01 \x03(\v2$.gpusched.scheduling.v1.ReserveReplyR\areplies\x126\n" +
+	"\x06groups\x18\x02 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\"T\n" +
 	"\aBarrier\x12\x12\n" +
 	"\x04gang\x18\x01 \x01(\tR\x04gang\x12\x12\n" +
 	"\x04open\x18\x02 \x01(\bR\x04open\x12!\n" +
@@ -1527,7 +1664,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\":\n" +
 	"\fRequeueBatch\x12\x12\n" +
 	"\x04pods\x18\x01 \x03(\tR\x04pods\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason*\xbe\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*\xd8\x01\n" +
 	"\x06Method\x12\x16\n" +
 	"\x12METHOD_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fMETHOD_HELLO\x10\x01\x12\x15\n" +
@@ -1536,17 +1673,19 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x0eMETHOD_RESERVE\x10\x04\x12\x14\n" +
 	"\x10METHOD_UNRESERVE\x10\x05\x12\x14\n" +
 	"\x10METHOD_PERMITTED\x10\x06\x12\x18\n" +
-	"\x14METHOD_WATCH_REQUEUE\x10\a*C\n" +
+	"\x14METHOD_WATCH_REQUEUE\x10\a\x12\x18\n" +
+	"\x14METHOD_RESERVE_BATCH\x10\b*C\n" +
 	"\aVerdict\x12\x10\n" +
 	"\fVERDICT_FITS\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n" +
-	"\rVERDICT_NEVER\x10\x022\xa2\x05\n" +
+	"\rVERDICT_NEVER\x10\x022\x8a\x06\n" +
 	"\n" +
 	"Scheduling\x12Q\n" +
 	"\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n" +
 	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12f\n" +
 	"\fFilterWhatIf\x12+.gpusched.scheduling.v1.FilterWhatIfRequest\x1a).gpusched.scheduling.v1.FilterWhatIfReply\x12W\n" +
-	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12]\n" +
+	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12f\n" +
+	"\fReserveBatch\x12+.gpusched.scheduling.v1.ReserveBatchRequest\x1a).gpusched.scheduling.v1.ReserveBatchReply\x12]\n" +
 	"\tUnreserve\x12(.gpusched.scheduling.v1.UnreserveRequest\x1a&.gpusched.scheduling.v1.UnreserveReply\x12]\n" +
 	"\tPermitted\x12(.gpusched.scheduling.v1.PermittedRequest\x1a&.gpusched.scheduling.v1.PermittedReply\x12c\n" +
 	"\fWatchRequeue\x12+.gpusched.scheduling.v1.WatchRequeueRequest\x1a$.gpusched.scheduling.v1.RequeueBatch0\x01BNZLgithub.com/gpusched/gpusched/scheduler-plugin/gen/scheduling/v1;schedulingv1b\x06proto3"
@@ -1564,7 +1703,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Method)(0),                 // 0: gpusched.scheduling.v1.Method
 	(Verdict)(0),                // 1: gpusched.scheduling.v1.Verdict
@@ -1580,15 +1719,17 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*FilterWhatIfReply)(nil),   // 11: gpusched.scheduling.v1.FilterWhatIfReply
 	(*ReserveRequest)(nil),      // 12: gpusched.scheduling.v1.ReserveRequest
 	(*ReserveReply)(nil),        // 13: gpusched.scheduling.v1.ReserveReply
-	(*Barrier)(nil),             // 14: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil),    // 15: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),      // 16: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil),    // 17: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),      // 18: gpusched.scheduling.v1.UnreserveReply
-	(*WatchRequeueRequest)(nil), // 19: gpusched.scheduling.v1.WatchRequeueRequest
-	(*RequeueBatch)(nil),        // 20: gpusched.scheduling.v1.RequeueBatch
-	nil,                         // 21: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                         // 22: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(*ReserveBatchRequest)(nil), // 14: gpusched.scheduling.v1.ReserveBatchRequest
+	(*ReserveBatchReply)(nil),   // 15: gpusched.scheduling.v1.ReserveBatchReply
+	(*Barrier)(nil),             // 16: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 17: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 18: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 19: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 20: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 21: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 22: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 23: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 24: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	4,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
@@ -1600,31 +1741,36 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	10, // 6: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
 	1,  // 7: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
 	4,  // 8: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	21, // 9: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	14, // 10: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	23, // 9: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	16, // 10: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
 	8,  // 11: gpusched.scheduling.v1.ReserveReply.groups:type_name -> gpusched.scheduling.v1.Groups
-	4,  // 12: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	22, // 13: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
-	4,  // 14: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	2,  // 15: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	6,  // 16: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	9,  // 17: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
-	12, // 18: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	17, // 19: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	15, // 20: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	19, // 21: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
-	3,  // 22: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	7,  // 23: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	11, // 24: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
-	13, // 25: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	18, // 26: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	16, // 27: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	20, // 28: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
-	22, // [22:29] is the sub-list for method output_type
-	15, // [15:22] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	12, // 12: gpusched.scheduling.v1.ReserveBatchRequest.reservations:type_name -> gpusched.scheduling.v1.ReserveRequest
+	13, // 13: gpusched.scheduling.v1.ReserveBatchReply.replies:type_name -> gpusched.scheduling.v1.ReserveReply
+	8,  // 14: gpusched.scheduling.v1.ReserveBatchReply.groups:type_name -> gpusched.scheduling.v1.Groups
+	4,  // 15: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	24, // 16: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	4,  // 17: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	2,  // 18: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	6,  // 19: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	9,  // 20: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
+	12, // 21: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	14, // 22: gpusched.scheduling.v1.Scheduling.ReserveBatch:input_type -> gpusched.scheduling.v1.ReserveBatchRequest
+	19, // 23: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	17, // 24: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	21, // 25: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	3,  // 26: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	7,  // 27: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	11, // 28: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
+	13, // 29: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	15, // 30: gpusched.scheduling.v1.Scheduling.ReserveBatch:output_type -> gpusched.scheduling.v1.ReserveBatchReply
+	20, // 31: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	18, // 32: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	22, // 33: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
@@ -1638,7 +1784,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	Scheduling_PreFilter_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/PreFilter"
 	Scheduling_FilterWhatIf_FullMethodName = "/gpusched.scheduling.v1.Scheduling/FilterWhatIf"
 	Scheduling_Reserve_FullMethodName      = "/gpusched.scheduling.v1.Scheduling/Reserve"
+	Scheduling_ReserveBatch_FullMethodName = "/gpusched.scheduling.v1.Scheduling/ReserveBatch"
 	Scheduling_Unreserve_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Unreserve"
 	Scheduling_Permitted_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/Permitted"
 	Scheduling_WatchRequeue_FullMethodName = "/gpusched.scheduling.v1.Scheduling/WatchRequeue"
@@ -63,6 +64,11 @@ type SchedulingClient interface {
 	FilterWhatIf(ctx context.Context, in *FilterWhatIfRequest, opts ...grpc.CallOption) (*FilterWhatIfReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveReply, error)
+	// Reservations the plugin took itself (issue 43): a pod answered from cacheable answers, on a
+	// node whose move the answer named, is reserved in kube-scheduler's cycle at once (its node
+	// judged in its new group from then on) and confirmed here off the cycle, many in one call: each
+	// reserved as Reserve would, in order, or refused (the pod's Bind then fails and it is retried).
+	ReserveBatch(ctx context.Context, in *ReserveBatchRequest, opts ...grpc.CallOption) (*ReserveBatchReply, error)
 	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
 	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveReply, error)
@@ -124,6 +130,16 @@ func (c *schedulingClient) Reserve(ctx context.Context, in *ReserveRequest, opts
 	return out, nil
 }
 
+func (c *schedulingClient) ReserveBatch(ctx context.Context, in *ReserveBatchRequest, opts ...grpc.CallOption) (*ReserveBatchReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveBatchReply)
+	err := c.cc.Invoke(ctx, Scheduling_ReserveBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *schedulingClient) Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UnreserveReply)
@@ -179,6 +195,11 @@ type SchedulingServer interface {
 	FilterWhatIf(context.Context, *FilterWhatIfRequest) (*FilterWhatIfReply, error)
 	// Assume: the pod's GPUs on the chosen node are taken in the ledger (never promised twice).
 	Reserve(context.Context, *ReserveRequest) (*ReserveReply, error)
+	// Reservations the plugin took itself (issue 43): a pod answered from cacheable answers, on a
+	// node whose move the answer named, is reserved in kube-scheduler's cycle at once (its node
+	// judged in its new group from then on) and confirmed here off the cycle, many in one call: each
+	// reserved as Reserve would, in order, or refused (the pod's Bind then fails and it is retried).
+	ReserveBatch(context.Context, *ReserveBatchRequest) (*ReserveBatchReply, error)
 	// Forget: a later step failed (kube-scheduler's Unreserve); the reservation is released. For a
 	// gang member whose group had not completed, the whole group's reservation is released.
 	Unreserve(context.Context, *UnreserveRequest) (*UnreserveReply, error)
@@ -211,6 +232,9 @@ func (UnimplementedSchedulingServer) FilterWhatIf(context.Context, *FilterWhatIf
 }
 func (UnimplementedSchedulingServer) Reserve(context.Context, *ReserveRequest) (*ReserveReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedSchedulingServer) ReserveBatch(context.Context, *ReserveBatchRequest) (*ReserveBatchReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReserveBatch not implemented")
 }
 func (UnimplementedSchedulingServer) Unreserve(context.Context, *UnreserveRequest) (*UnreserveReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unreserve not implemented")
@@ -314,6 +338,24 @@ func _Scheduling_Reserve_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduling_ReserveBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulingServer).ReserveBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduling_ReserveBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulingServer).ReserveBatch(ctx, req.(*ReserveBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scheduling_Unreserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UnreserveRequest)
 	if err := dec(in); err != nil {
@@ -383,6 +425,10 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reserve",
 			Handler:    _Scheduling_Reserve_Handler,
+		},
+		{
+			MethodName: "ReserveBatch",
+			Handler:    _Scheduling_ReserveBatch_Handler,
 		},
 		{
 			MethodName: "Unreserve",
