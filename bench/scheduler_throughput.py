@@ -112,6 +112,7 @@ METRIC = "gpusched_extender_request_duration_seconds"
 SERVICE_METRIC = "gpusched_plugin_service_duration_seconds"  # the core's time per plugin call, by method
 PLUGIN_METRIC = "gpusched_plugin_rpc_duration_seconds"  # on kube-scheduler's /metrics, (d) and (g) only
 ANSWERS_METRIC = "gpusched_plugin_prefilter_answers"  # counter: PreFilter answers by source
+CONFIRM_METRIC = "gpusched_plugin_confirm_batch_size"  # histogram: reservations per ReserveBatch
 IDLE_S = 3.0  # each configuration's idle CPU rates are read over this long (before or after its pods)
 OTHER_CPU_BUSY_MAX = 0.85  # a pinned row whose other CPU was busier than this is not valid
 TARGET = {"nodes": 1000, "b_over_a": 0.5, "anchor_b_over_a": 0.11,
@@ -510,6 +511,22 @@ def plugin_answers(sched: Component, token: str) -> dict[str, float]:
 
     return {s.labels.get("source", ""): s.value for fam in text_string_to_metric_families(scheduler_metrics(sched, token))
             if fam.name == ANSWERS_METRIC for s in fam.samples if s.name.endswith("_total")}
+
+
+def confirm_batches(sched: Component, token: str) -> dict[str, int]:
+    """The plugin's own reservations confirmed by the core (issue 43) over kube-scheduler's life:
+    ReserveBatch calls and the reservations they carried, from kube-scheduler's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"calls": 0, "reservations": 0}
+    for fam in text_string_to_metric_families(scheduler_metrics(sched, token)):
+        if fam.name == CONFIRM_METRIC:
+            for s in fam.samples:
+                if s.name.endswith("_count"):
+                    out["calls"] = int(s.value)
+                elif s.name.endswith("_sum"):
+                    out["reservations"] = int(s.value)
+    return out
 
 
 def batching(sched: Component, token: str) -> dict[str, dict[str, int]]:
@@ -1077,6 +1094,7 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
     watch.stop()
     p1 = plugin_histogram(sched, metrics_token) if key in PLUGIN_KEYS else {}
     answers = plugin_answers(sched, metrics_token) if key in PLUGIN_KEYS else {}
+    confirmed = confirm_batches(sched, metrics_token) if key in PLUGIN_KEYS else {}
     batched = batching(sched, metrics_token)
     h1, served1 = histogram(ext), histogram(ext, SERVICE_METRIC, "method")
     sched.stop()
@@ -1098,7 +1116,8 @@ def run_precreated(stack: Stack, api: client.ApiClient, creators: Creators, key:
         "valid": bool(bound) and len(bound) >= len(created) and (not cpus or other_busy <= OTHER_CPU_BUSY_MAX),
         "extender_verbs": hist_diff(h0, h1),
         **({"plugin_rpcs": hist_diff({}, p1), "core_service": hist_diff(served0, served1),
-            "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())}}
+            "prefilter_answers": {k: round(v) for k, v in sorted(answers.items())},
+            "confirm_batches": confirmed}
            if key in PLUGIN_KEYS else {}),
         "core_rss_mib": rss_mib(ext.component.proc.pid),
         "kube_scheduler_batching": batched,
@@ -1348,7 +1367,8 @@ def print_row(key: str, name: str, row: dict[str, Any]) -> None:
           + "  cpu/s " + " ".join(f"{k} {v}" for k, v in row["cpu_per_wall_s"].items())
           + ("  cpu ms/pod " + " ".join(f"{k} {v}" for k, v in row["cpu_ms_per_pod"].items())
              if row.get("cpu_ms_per_pod") else "")
-          + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else ""), flush=True)
+          + (f"  PreFilter answers {row['prefilter_answers']}" if row.get("prefilter_answers") else "")
+          + (f"  confirmed {row['confirm_batches']}" if row.get("confirm_batches") else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
