@@ -14,6 +14,14 @@ import (
 // answer takes the core milliseconds; seconds means it is stuck, and the pod is better retried.
 const DefaultTimeout = 5 * time.Second
 
+// DefaultConfirmLinger is how long the plugin gathers the reservations it took itself before the
+// core confirms them in one call (confirm.go) when the args name none. Confirmation is off the
+// scheduling cycle; what it delays is each pod's Bind, by at most this.
+const DefaultConfirmLinger = 50 * time.Millisecond
+
+// maxConfirmLinger bounds args.confirmLinger: a pod's Bind waits this long at most for it.
+const maxConfirmLinger = time.Second
+
 // Args are GpuSched's pluginConfig args in a KubeSchedulerConfiguration:
 //
 //	pluginConfig:
@@ -22,6 +30,7 @@ const DefaultTimeout = 5 * time.Second
 //	    address: unix:///run/gpusched/scheduling.sock
 //	    timeout: 5s
 //	    answerMaxAge: 1s
+//	    confirmLinger: 50ms
 type Args struct {
 	metav1.TypeMeta `json:",inline"`
 	// Address of the gpusched core's gpusched.scheduling.v1 service: unix:///path (the shipped
@@ -37,6 +46,11 @@ type Args struct {
 	// node by node (gpusched_plugin_answer_audits_total{result}; a difference is logged at V(2)).
 	// It costs the round trip the cache saves: for tests and canaries, not for throughput.
 	AnswerAudit bool `json:"answerAudit,omitempty"`
+	// ConfirmLinger is how long the reservations the plugin took itself (pods answered from the
+	// cache) gather before the core confirms them in one ReserveBatch; DefaultConfirmLinger if
+	// unset, 0s to send each at once (a batch then holds what queued while the last was sent).
+	// The core's CPU per pod falls with the batch's size; each pod's Bind waits at most this long.
+	ConfirmLinger *metav1.Duration `json:"confirmLinger,omitempty"`
 }
 
 // decodeArgs reads the args as kube-scheduler hands an out-of-tree plugin's: *runtime.Unknown
@@ -60,6 +74,9 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	if args.AnswerMaxAge == nil {
 		args.AnswerMaxAge = &metav1.Duration{Duration: DefaultAnswerMaxAge}
 	}
+	if args.ConfirmLinger == nil {
+		args.ConfirmLinger = &metav1.Duration{Duration: DefaultConfirmLinger}
+	}
 	if args.Address == "" {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.address: required (e.g. unix:///run/gpusched/scheduling.sock)", Name)
 	}
@@ -72,6 +89,10 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	if args.AnswerMaxAge.Duration < 0 {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.answerMaxAge: must be >= 0 (0s: always ask the core), got %s",
 			Name, args.AnswerMaxAge.Duration)
+	}
+	if l := args.ConfirmLinger.Duration; l < 0 || l > maxConfirmLinger {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.confirmLinger: must be between 0s (send at once) and %s "+
+			"(each pod's Bind waits this long at most), got %s", Name, maxConfirmLinger, l)
 	}
 	return args, nil
 }
@@ -87,6 +108,10 @@ func (a *Args) DeepCopyObject() runtime.Object {
 	if a.AnswerMaxAge != nil {
 		m := *a.AnswerMaxAge
 		c.AnswerMaxAge = &m
+	}
+	if a.ConfirmLinger != nil {
+		l := *a.ConfirmLinger
+		c.ConfirmLinger = &l
 	}
 	return &c
 }

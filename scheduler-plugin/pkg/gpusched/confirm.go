@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -34,7 +35,8 @@ type confirmation struct {
 // a burst is confirmed many pods per call, a lone pod at once, and nothing waits on a timer. Bind
 // waits for its pod's confirmation; Unreserve withdraws one not sent yet.
 type confirmer struct {
-	send func([]*confirmation) // one batch: sets each reply or err, then closes each done
+	send   func([]*confirmation) // one batch: sets each reply or err, then closes each done
+	linger time.Duration         // how long a sender waits for more before taking the queue
 
 	mu      sync.Mutex
 	queue   []*confirmation
@@ -57,6 +59,9 @@ func (q *confirmer) later(pod *v1.Pod, node string) *confirmation {
 
 func (q *confirmer) drain() {
 	for {
+		if q.linger > 0 {
+			time.Sleep(q.linger)
+		}
 		q.mu.Lock()
 		n := min(len(q.queue), maxReserveBatch)
 		if n == 0 {

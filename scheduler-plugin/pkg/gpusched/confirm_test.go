@@ -326,3 +326,22 @@ func TestAReservationUnreservedBeforeItWasSentNeverReachesTheCore(t *testing.T) 
 		t.Errorf("Unreserve of a withdrawn reservation reached the core (%v)", f.unreserved)
 	}
 }
+
+func TestTheReservationsOfALingerGoInOneBatch(t *testing.T) {
+	f := &batchingCore{ids: []uint32{1, 1, 1, 1, 2}, version: 1}
+	p, cs := startLingering(t, f, 5*time.Second, time.Second, 300*time.Millisecond, false)
+	recordBindings(cs)
+	scheduleCycle(t, p, "r0", "a", []bool{true, true, true, true, false}) // asked and reserved by the core
+	s1 := scheduleCycle(t, p, "r1", "b", []bool{false, true, true, true, false})
+	s2 := scheduleCycle(t, p, "r2", "c", []bool{false, false, true, true, false})
+	for name, state := range map[string]fwk.CycleState{"r1": s1, "r2": s2} {
+		if st := p.Bind(context.Background(), state, replica(name), map[string]string{"r1": "b", "r2": "c"}[name]); !st.IsSuccess() {
+			t.Fatalf("Bind(%s): %v", name, st)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.batches) != 1 || len(f.batches[0]) != 2 {
+		t.Errorf("batches %v, want [[r1 r2]]: reservations taken within the linger are confirmed together", f.batches)
+	}
+}

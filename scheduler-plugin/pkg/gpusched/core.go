@@ -58,12 +58,13 @@ type core struct {
 
 // newCore: answerMaxAge is how long the core's groups may answer PreFilter without asking it (0:
 // always ask; see answerCache); audit asks the core as well whenever they do, and compares
-// (auditAnswer). The client connects on each call's need and reconnects by itself, so a core
+// (auditAnswer); linger is how long the plugin's own reservations gather before the core confirms
+// them (confirmer). The client connects on each call's need and reconnects by itself, so a core
 // that starts after kube-scheduler (or restarts) is simply reached later.
-func newCore(address string, timeout, answerMaxAge time.Duration, audit bool, client schedulingClient) *core {
+func newCore(address string, timeout, answerMaxAge, linger time.Duration, audit bool, client schedulingClient) *core {
 	c := &core{address: address, timeout: timeout, client: client, audit: audit,
 		answers: newAnswerCache(answerMaxAge, time.Now)}
-	c.confirms = &confirmer{send: c.confirmBatch}
+	c.confirms = &confirmer{send: c.confirmBatch, linger: linger}
 	return c
 }
 

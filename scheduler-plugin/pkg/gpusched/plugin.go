@@ -81,7 +81,8 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if err != nil {
 		return nil, fmt.Errorf("pluginConfig[%s].args.address %q: %w", Name, args.Address, err)
 	}
-	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, args.AnswerMaxAge.Duration, args.AnswerAudit, conn))
+	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, args.AnswerMaxAge.Duration, args.ConfirmLinger.Duration,
+		args.AnswerAudit, conn))
 	go p.core.hello(ctx)
 	// The pod lister registered now, before kube-scheduler starts its informers.
 	podInformer := handle.SharedInformerFactory().Core().V1().Pods()

@@ -154,6 +154,13 @@ func startWith(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.D
 func startAudited(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge time.Duration, answerAudit bool,
 	objects ...runtime.Object) (*Plugin, *fake.Clientset) {
 	t.Helper()
+	return startLingering(t, f, timeout, answerMaxAge, 0, answerAudit, objects...)
+}
+
+// startLingering is startAudited with args.confirmLinger (0 elsewhere: each confirmation sent at once).
+func startLingering(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge, linger time.Duration, answerAudit bool,
+	objects ...runtime.Object) (*Plugin, *fake.Clientset) {
+	t.Helper()
 	address, _ := serveFrames(t, f)
 	conn, err := newFrameClient(address)
 	if err != nil {
@@ -162,7 +169,7 @@ func startAudited(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge tim
 	t.Cleanup(func() { _ = conn.Close() })
 	cs := fake.NewClientset(objects...)
 	handle := fakeHandle{cs: cs, waiting: &waitingPods{pods: map[types.UID]*fakeWaitingPod{}}}
-	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, answerAudit, conn)), cs
+	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, linger, answerAudit, conn)), cs
 }
 
 func makePod(name string) *v1.Pod {
@@ -632,6 +639,10 @@ func TestDecodeArgs(t *testing.T) {
 		{"bad timeout", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","timeout":"-1s"}`)}, "", 0,
 			"pluginConfig[GpuSched].args.timeout: must be > 0, got -1s"},
 		{"not json", &runtime.Unknown{Raw: []byte(`{`)}, "", 0, "pluginConfig[GpuSched].args: "},
+		{"negative linger", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","confirmLinger":"-1ms"}`)}, "", 0,
+			"pluginConfig[GpuSched].args.confirmLinger: must be between 0s (send at once) and 1s"},
+		{"linger past a second", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","confirmLinger":"2s"}`)}, "", 0,
+			"each pod's Bind waits this long at most), got 2s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args, err := decodeArgs(tc.obj)
@@ -641,8 +652,9 @@ func TestDecodeArgs(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || args.Address != tc.address || args.Timeout.Duration != tc.timeout {
-				t.Fatalf("= %+v %v, want %s %s", args, err, tc.address, tc.timeout)
+			if err != nil || args.Address != tc.address || args.Timeout.Duration != tc.timeout ||
+				args.ConfirmLinger.Duration != DefaultConfirmLinger {
+				t.Fatalf("= %+v %v, want %s %s (linger %s)", args, err, tc.address, tc.timeout, DefaultConfirmLinger)
 			}
 		})
 	}
