@@ -939,6 +939,7 @@ def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiC
     """``args.rounds`` rounds over ``args.configs`` at ``n`` nodes, each configuration by
     :func:`run_precreated`; rows carry their round."""
     rows = []
+    profile_dir = args.profile_dir or (args.output.parent if args.output else RESULTS.parent)
     for rnd in range(args.rounds):
         for key, name, _ in CONFIGS:
             if key not in args.configs:
@@ -947,7 +948,7 @@ def fixed_budget_rounds(args: argparse.Namespace, stack: Stack, api: client.ApiC
             adjust, binary, manifest = config_for(key, sched_name, args.client_qps, plugin_binary)
             profile = ({"duration_s": args.profile_seconds, "rate_hz": args.profile_rate,
                         "raw": Path(stack.cp.workdir) / f"extender-profile-{key}.raw.txt",
-                        "pprof": args.profile_dir / f"scheduler_throughput_fixed_budget_{key}_{n}.pprof"}
+                        "pprof": profile_dir / f"scheduler_throughput_fixed_budget_{key}_{n}.pprof"}
                        if rnd == 0 and key in args.profile_configs and n == args.profile_nodes else None)
             row = run_precreated(stack, api, creators, key, sched_name, adjust, n, args.pods, args.timeout,
                                  binary=binary, manifest=manifest, streaming=streaming, metrics_token=token, cpus=cpus,
@@ -1331,8 +1332,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-configs", default="bd", help="configurations profiled at --profile-nodes")
     ap.add_argument("--profile-seconds", type=int, default=30)
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
-    ap.add_argument("--profile-dir", type=Path, default=RESULTS.parent,
-                    help="--fixed-budget: where kube-scheduler's Go CPU profiles (.pprof) are written")
+    ap.add_argument("--profile-dir", type=Path, default=None,
+                    help="--fixed-budget: where kube-scheduler's Go CPU profiles (.pprof) are written (default: "
+                         "--output's folder, else bench/results: a quick run never overwrites the recorded ones)")
     ap.add_argument("--output", type=Path, default=None)
     ap.add_argument("--fixed-budget", action="store_true",
                     help="issue 43's method: pods created before each scheduler starts, the scheduling side pinned to "

@@ -20,7 +20,9 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
+from devcluster.controlplane import PLUGIN_SCHEDULER_CONFIG, build_scheduler_plugin
 from devcluster.gangs import gang_pods
+from devcluster.invariants import settled_violations
 from devcluster.modes import PLUGIN_MODE
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
@@ -297,3 +299,48 @@ def test_plugin_mode_pods_wait_while_the_core_is_out_and_bind_once_it_is_back(ad
         annotations = client.CoreV1Api(admin).read_namespaced_pod(name, namespace).metadata.annotations or {}
         assert (record["node"], record["result"]) == (node, "reserved") and \
             annotations.get("gpusched.io/decision-id") == record["id"]
+
+
+RESTARTED_PROFILE = "gpusched-plugin-restarted"
+
+
+def test_a_plugin_killed_mid_burst_leaves_no_gpu_promised_twice_and_its_successor_binds_the_rest(
+        admin, namespace, stack: Stack, plugin_scheduler: Component):
+    """Plugin restart (issue 43): a GpuSched kube-scheduler of its own profile, whose reservations
+    gather for half a second before the core confirms them, SIGKILLed once some replicas of a burst
+    are bound — reservations it took and never sent die with it, some the core confirmed are never
+    bound. Its successor starts with an empty cache, binds every replica that fits, and no GPU is
+    promised twice: the core's ledger equals the pods (devcluster.invariants)."""
+    def own_profile(config: dict) -> None:
+        config["leaderElection"] = {"leaderElect": False}
+        profile = config["profiles"][0]
+        profile["schedulerName"] = RESTARTED_PROFILE
+        gpusched = next(c for c in profile["pluginConfig"] if c["name"] == "GpuSched")
+        gpusched["args"]["confirmLinger"] = "500ms"
+
+    binary = build_scheduler_plugin()
+    sched = stack.start_scheduler("kube-scheduler-gpusched-plugin-restarted", own_profile, binary=binary,
+                                  manifest=PLUGIN_SCHEDULER_CONFIG)
+    try:
+        with gpu_fleet(admin, 8, 8) as (fleet, nodes):
+            names = [f"replica-{i:02d}" for i in range(12)]
+            for name in names:
+                pod = vllm_pod(name, gpus=1, scheduler=RESTARTED_PROFILE, args=["--tensor-parallel-size", "1"])
+                pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
+                create_pod(admin, namespace, pod)
+
+            def bound() -> list[str]:
+                return [n for n in names if pod_node(admin, namespace, n)]
+            wait_until(lambda: len(bound()) >= 3, 60, "the first replicas bound", context=lambda: sched.tail(20))
+            sched = stack.restart_scheduler(sched)
+            wait_until(lambda: len(bound()) == len(names), 120, "every replica bound by the restarted scheduler",
+                       context=lambda: sched.tail(30))
+            pods = [client.CoreV1Api(admin).read_namespaced_pod(n, namespace) for n in names]
+            gpus = [g for p in pods for g in (p.metadata.annotations or {}).get("gpusched.io/assigned-gpus", "").split(",")]
+            assert len(gpus) == len(set(gpus)) == len(names), gpus
+            assert stack.extender is not None
+            broken = settled_violations(admin, stack.extender, nodes)
+            assert not broken, "\n".join(broken)
+    finally:
+        sched.stop()
+        stack.schedulers.remove(sched)
