@@ -402,14 +402,18 @@ def learn(reply: pb.PreFilterReply, ids: list[int]) -> dict[int, tuple[int, str,
     return learned
 
 
+# Replica specs of the seeded sequences below: one GPU, TP=2, TP=4 on NVLink, one GPU of 30 GiB.
+REPLICA_SPECS = [
+    pytest.param({"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"}, id="one-gpu"),
+    pytest.param({"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2}, id="tp2"),
+    pytest.param({"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4,
+                  "annotations": {"gpusched.io/require-nvlink": "true"}}, id="tp4-nvlink"),
+    pytest.param({"gpus": 1, "annotations": {"gpusched.io/gpu-memory-per-gpu": "30Gi"}}, id="one-30gi"),
+]
+
+
 @pytest.mark.parametrize("nodes", [6, 30], ids=["node-by-node", "grouped"])
-@pytest.mark.parametrize("spec", [
-    {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"},
-    {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2},
-    {"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4,
-     "annotations": {"gpusched.io/require-nvlink": "true"}},
-    {"gpus": 1, "annotations": {"gpusched.io/gpu-memory-per-gpu": "30Gi"}},
-], ids=["one-gpu", "tp2", "tp4-nvlink", "one-30gi"])
+@pytest.mark.parametrize("spec", REPLICA_SPECS)
 def test_answers_learned_by_group_predict_every_next_answer_of_the_same_spec(tmp_path, nodes, spec):
     """A seeded sequence of pods of one spec, each reserved where the core's answer scores best:
     the per-group answers the plugin learns from cacheable PreFilter answers, read through the
@@ -444,12 +448,7 @@ def test_answers_learned_by_group_predict_every_next_answer_of_the_same_spec(tmp
 
 
 @pytest.mark.parametrize("nodes", [6, 30], ids=["node-by-node", "grouped"])
-@pytest.mark.parametrize("spec", [
-    {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"},
-    {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2},
-    {"gpus": 4, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 4,
-     "annotations": {"gpusched.io/require-nvlink": "true"}},
-], ids=["one-gpu", "tp2", "tp4-nvlink"])
+@pytest.mark.parametrize("spec", REPLICA_SPECS)
 def test_the_move_an_answer_names_is_the_group_reserve_puts_the_node_in(tmp_path, nodes, spec):
     """What the plugin judges a node it reserved on by, until the core confirms (issue 43): the
     group a cacheable answer names as the node's move is the group the core's Reserve leaves it
