@@ -279,7 +279,7 @@ func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, 
 		a, ok := known[gid]
 		if !ok {
 			if _, assumed := c.assumed[table.names[i]]; assumed {
-				continue // judged by its assumed group below
+				continue // left "fits" (the zero verdict): judged by its assumed group below
 			}
 			return nil, false
 		}
@@ -303,13 +303,15 @@ func setAnswer(reply *pb.PreFilterReply, reasonAt map[string]uint32, i int, a gr
 	reply.ReasonIndex[i] = ri
 }
 
-// patchAssumedLocked answers each assumed node of table in reply by its assumed group's answer in
-// known, or "not now" (confirmingReason) where that is unknown. reasonAt indexes reply.Reasons.
+// patchAssumedLocked answers each assumed node of table that reply has fitting by its assumed
+// group's answer in known, or "not now" (confirmingReason) where that is unknown. A node reply
+// has not fitting keeps its answer and reason: a reservation more can only make it fuller.
+// reasonAt indexes reply.Reasons.
 func (c *answerCache) patchAssumedLocked(known map[uint32]groupAnswer, reply *pb.PreFilterReply, table *nodeTable,
 	reasonAt map[string]uint32) {
 	for name, assumed := range c.assumed {
 		i, ok := table.index[name]
-		if !ok || i >= len(reply.Verdicts) {
+		if !ok || i >= len(reply.Verdicts) || pb.Verdict(reply.Verdicts[i]) != pb.Verdict_VERDICT_FITS {
 			continue
 		}
 		a, ok := known[assumed.gid]

@@ -111,6 +111,33 @@ func mustAssume(t *testing.T, c *answerCache, node string) {
 	}
 }
 
+func TestAnAssumedNodeThatDoesNotFitKeepsItsReason(t *testing.T) {
+	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}, index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3}}
+	c := newAnswerCache(time.Second, time.Now)
+	r := withMoves()
+	r.Moves = movesOf(9, 2, 0, 0) // a moves into a group never answered for the spec
+	c.learn("spec", r)
+	mustAssume(t, c, "a")
+	for _, tc := range []struct {
+		name    string
+		verdict pb.Verdict
+		reason  string
+		want    string
+	}{
+		{"the core has it fitting: not now until confirmed", pb.Verdict_VERDICT_FITS, "", confirmingReason},
+		{"the core has it full: its own reason", pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free", "0 of 8 GPUs free"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			asked := vectors(7, nil, false, []pb.Verdict{tc.verdict, pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_NOT_NOW,
+				pb.Verdict_VERDICT_NEVER}, []string{tc.reason, "", "0 of 8 GPUs free", "node has 4 GPUs"}, []byte{0, 80, 0, 0})
+			c.overlay("spec", asked, table)
+			if got := reasonOf(asked, 0); got != tc.want || asked.GetVerdicts()[0] != byte(pb.Verdict_VERDICT_NOT_NOW) {
+				t.Errorf("node a: verdict %d %q, want not now %q", asked.GetVerdicts()[0], got, tc.want)
+			}
+		})
+	}
+}
+
 func TestOnlyANodeWhoseAnswerFitsAndNamesAMoveIsAssumed(t *testing.T) {
 	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}, index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3}}
 	c := newAnswerCache(time.Second, time.Now)

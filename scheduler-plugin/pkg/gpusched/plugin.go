@@ -21,6 +21,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -243,7 +244,9 @@ func orDefault(s, def string) string {
 // Preemption on such a cycle is safe either way: its dry run asks the core (FilterWhatIf), which
 // judges on its own state.
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
-	if a, st := readAnswer(state); st == nil && a.fromCache {
+	// Also a cycle that found a node "not now" only while the core confirms a reservation there:
+	// nothing else would requeue the pod once the confirmation lands (or is refused).
+	if a, st := readAnswer(state); st == nil && (a.fromCache || slices.Contains(a.reply.GetReasons(), confirmingReason)) {
 		p.core.answers.askFor(pod.UID)
 		// The pod is in flight: kube-scheduler requeues it when this cycle hands it back.
 		p.handle.Activate(klog.FromContext(ctx), map[string]*v1.Pod{pod.Namespace + "/" + pod.Name: pod})
