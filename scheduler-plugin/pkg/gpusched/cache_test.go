@@ -75,12 +75,30 @@ func mustKey(t *testing.T, pod *v1.Pod) string {
 	return key
 }
 
-func groupsOf(grouping, gen uint64, ids ...uint32) *pb.Groups {
-	b := make([]byte, 4*len(ids))
-	for i, id := range ids {
-		binary.LittleEndian.PutUint32(b[4*i:], id)
+// le32 encodes uint32s as the wire does (a Groups' ids, a reply's moves): little-endian, 4 bytes each.
+func le32(values ...uint32) []byte {
+	b := make([]byte, 4*len(values))
+	for i, v := range values {
+		binary.LittleEndian.PutUint32(b[4*i:], v)
 	}
-	return &pb.Groups{Grouping: grouping, TableGeneration: gen, Ids: b}
+	return b
+}
+
+func groupsOf(grouping, gen uint64, ids ...uint32) *pb.Groups {
+	return &pb.Groups{Grouping: grouping, TableGeneration: gen, Ids: le32(ids...)}
+}
+
+// answeredAs checks the cache's answer (reply, ok) against want (verdicts; nil: not answered, the
+// core is asked); true when there is an answer to look into further.
+func answeredAs(t *testing.T, reply *pb.PreFilterReply, ok bool, want []byte) bool {
+	t.Helper()
+	if ok != (want != nil) {
+		t.Fatalf("answered = %v, want %v", ok, want != nil)
+	}
+	if ok && string(reply.GetVerdicts()) != string(want) {
+		t.Errorf("verdicts %v, want %v", reply.GetVerdicts(), want)
+	}
+	return ok
 }
 
 // cacheable is a core's cacheable answer over nodes a, b, c, d: a and b of group 1 fit (score 70),
@@ -138,14 +156,8 @@ func TestAnswerCacheAnswersOnlyWhatTheCoreSaidForThoseGroups(t *testing.T) {
 				tc.setup(c, clock)
 			}
 			reply, ok := c.answer(tc.key, tc.table)
-			if ok != (tc.want != nil) {
-				t.Fatalf("answered = %v, want %v", ok, tc.want != nil)
-			}
-			if !ok {
+			if !answeredAs(t, reply, ok, tc.want) {
 				return
-			}
-			if string(reply.GetVerdicts()) != string(tc.want) {
-				t.Errorf("verdicts %v, want %v", reply.GetVerdicts(), tc.want)
 			}
 			for i, v := range tc.want { // reasons and scores travel with the verdict of the node's group
 				reason := reply.GetReasons()[reply.GetReasonIndex()[i]]
