@@ -22,6 +22,7 @@ from extender.service.core import ExtenderService, PodRef, Reservation
 from extender.service.decisions import DecisionStore
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import Clocks, GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
+from extender.service.gangs.book import GangBook
 from extender.service.ports import BindError
 from extender.service.state import ClusterState, PodFeed
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
@@ -612,3 +613,20 @@ def test_a_member_waiting_past_its_groups_deadline_is_told_why_and_the_plan_rele
     clocks[0].now += 11
     assert "did not complete within 10s" in first.barrier.wait()
     assert not world.state.ledger.view().assignments and world.events.counts["timeout"] == 1
+
+
+@pytest.mark.parametrize(("writes", "remembered"), [
+    ([("a", 0), ("b", 30)], ["a", "b"]),
+    ([("a", 0), ("b", 30), ("c", 61)], ["b", "c"]),  # a's write is over a minute old
+    ([("a", 0), ("b", 30), ("a", 50), ("c", 95)], ["a", "c"]),  # a rewritten: its new time counts
+    ([("a", 0), ("b", 1), ("c", 200)], ["c"]),
+])
+def test_a_written_bind_counts_as_placed_for_a_minute(clocks, writes, remembered):
+    clock, wall = clocks
+    world = World(clock, wall)
+    book = GangBook(world.inner, world.index, world.state.ledger, GangSettings(), GangHooks(), Clocks(clock, wall))
+    start = clock.now
+    for key, at in writes:
+        clock.now = start + at
+        book.note_written(key)
+    assert list(book.written) == remembered

@@ -186,9 +186,7 @@ class GangCoordinator:
     def bound(self, pod: PodRef, node: str) -> None:
         book = self._book
         with book.lock:
-            now = book.clock()
-            book.written = {k: t for k, t in book.written.items() if now - t < 60.0}
-            book.written[pod.key] = now
+            book.note_written(pod.key)
             plan = book.committed_plan_of(pod.key)
             if plan is not None:
                 plan.written.add(pod.key)
