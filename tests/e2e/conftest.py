@@ -103,13 +103,16 @@ def admin(control_plane: ControlPlane) -> client.ApiClient:
 
 
 @pytest.fixture
-def fleet(admin: client.ApiClient):
+def fleet(admin: client.ApiClient, request: pytest.FixtureRequest):
     """(fleet_id, add): ``add(preset="h100", name=None)`` creates a preset GPU node labelled
-    ``gpusched.io/test-fleet=<fleet_id>``; pods select it so tests never see each other's nodes."""
+    ``gpusched.io/test-fleet=<fleet_id>``; pods select it so tests never see each other's nodes.
+    In a test that uses the core (the ``extender`` fixture), ``add`` returns once the core's node
+    cache holds the node."""
     from devcluster.fleet import create_preset_node
 
     fleet_id = unique("fleet")
     created: list[str] = []
+    core: Extender | None = request.getfixturevalue("extender") if "extender" in request.fixturenames else None
 
     def add(preset: str = "h100", name: str | None = None) -> str:
         node = name or unique(preset)
@@ -117,6 +120,11 @@ def fleet(admin: client.ApiClient):
         # after the test's pod did, which then saw only the fleet's earlier nodes (once, under load).
         create_preset_node(admin, node, preset, labels={"gpusched.io/test-fleet": fleet_id})
         created.append(node)
+        if core is not None:
+            # The core judges a node its informer has not delivered yet as "not known" (so a pod
+            # created at once could go to the fleet's other node: CI, under load, once).
+            wait_until(lambda: any(n["name"] == node for n in core.get_json("/debug/nodes")["nodes"]), 30,
+                       f"the core's node cache to hold {node}")
         return node
 
     yield fleet_id, add
