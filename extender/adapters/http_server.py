@@ -154,10 +154,15 @@ def http_config(app: Any, *, host: str, port: int, header_timeout_s: float, log_
     """The ``uvicorn.Config`` of an extender listener: uvicorn's own HTTP/1.1 protocol (httptools
     when installed, else h11; ``base_protocol`` to choose) with the header deadline, idle
     kept-alive connections closed after ``DEFAULT_KEEP_ALIVE_S``. ``extra``: further
-    ``uvicorn.Config`` arguments (TLS, lifespan)."""
+    ``uvicorn.Config`` arguments (TLS, lifespan).
+
+    ``X-Forwarded-*`` headers are not read (uvicorn believes them from loopback by default):
+    kube-scheduler, the apiserver and the probes connect directly (a Service is layer 4), so such
+    a header could only be a client's claim about itself, and reading it cost every request a
+    middleware pass."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
                           http=guarded_protocol(base_protocol or AutoHTTPProtocol, header_timeout_s),
-                          timeout_keep_alive=DEFAULT_KEEP_ALIVE_S, **extra)
+                          timeout_keep_alive=DEFAULT_KEEP_ALIVE_S, proxy_headers=False, **extra)

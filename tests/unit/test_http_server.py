@@ -158,3 +158,23 @@ def test_an_answer_that_closes_is_followed_by_a_half_close_and_the_rest_is_dropp
     assert calls == ["/slow"] and transport.written.count(b"HTTP/1.1") == 1
     assert transport.closed
     protocol.connection_lost(None)
+
+
+@pytest.mark.parametrize("headers", [
+    [(b"x-forwarded-for", b"198.18.0.7")],
+    [(b"x-forwarded-for", b"198.18.0.7"), (b"x-forwarded-proto", b"https")],
+])
+def test_forwarded_headers_are_a_clients_claim_and_are_not_believed(headers):
+    """uvicorn believes X-Forwarded-* from loopback by default; the extender's listener does not."""
+    from extender.adapters.http_server import http_config
+
+    seen: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.update(client=scope["client"], scheme=scope["scheme"])
+
+    config = http_config(app, host="127.0.0.1", port=0, header_timeout_s=1.0)
+    config.load()
+    scope = {"type": "http", "client": ("127.0.0.1", 5000), "scheme": "http", "headers": headers}
+    asyncio.run(config.loaded_app(scope, None, None))
+    assert seen == {"client": ("127.0.0.1", 5000), "scheme": "http"}
