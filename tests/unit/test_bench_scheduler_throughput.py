@@ -104,6 +104,18 @@ def test_prefilter_p99_at_5000_nodes_against_2ms_names_p50_and_failures(p99_ms, 
     assert "p50 0.9 ms over 2,000 calls" in entry["anchor"] and "3 failed" in entry["anchor"]
 
 
+@pytest.mark.parametrize(("p99_ms", "met"), [pytest.param(1.9, True, id="under"), pytest.param(2.4, False, id="over")])
+def test_prefilter_p99_is_kube_schedulers_extension_point_where_the_row_has_it(p99_ms, met):
+    rows = streaming_rows(95.0, 40.0)  # the round trips of the few misses: not the figure
+    points = {"PreFilter": {"calls": 2100, "p50_ms": 0.3, "p99_ms": p99_ms}}
+    rows[2]["extension_points"] = {"PreFilter": {"calls": 2050, "p50_ms": 0.2, "p99_ms": 0.5}}
+    rows[4]["extension_points"] = points
+    entry = by_metric(headline(rows, IDLE), "(d) PreFilter p99 at 5,000 nodes, kube-scheduler's extension point")
+    assert (entry["measured"], entry["met"], entry["target"]) == (p99_ms, met, "<= 2.0 ms")
+    assert "p50 0.3 ms over 2,100 cycles; (a) stock p99 0.5 ms" in entry["anchor"]
+    assert "asked the core 2,000 times (round trip p50 0.9 / p99 40.0 ms)" in entry["anchor"]
+
+
 @pytest.mark.parametrize(("idle", "expect"), [
     pytest.param(IDLE, "idle (2026-11-30, d577442b0277): p50 5.4 / p99 23.1 ms", id="beside-the-idle-recording"),
     pytest.param(None, "no idle recording", id="without-one"),
