@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from prometheus_client import Counter
 
 from extender.api.admission import build_admission_router
+from extender.api.fast_path import VerbFastPath, request_only_posts
 from extender.api.routes import build_router, install_openapi
 from extender.api.standby import build_standby_router
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
@@ -63,8 +64,10 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
         ["verb"], registry=c.metrics.registry)
     app = FastAPI(title="gpusched extender", version="0.1.0",
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
-    app.include_router(build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs,
-                                   c.on_rejected))
+    router = build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs,
+                          c.on_rejected)
+    app.include_router(router)
+    app.add_middleware(VerbFastPath, verbs=request_only_posts(router))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
     app.state.settings = settings
     app.state.service = service

@@ -223,3 +223,43 @@ def test_preempt_answers_no_node_and_a_rejected_pod_is_handed_to_the_preemptor(b
     assert rejected == ["ns/p ['n1']", "ns/nowhere ['bad-f1', 'bad-u1']"], \
         "a pod kube-scheduler's own filters rejected reaches it only at preempt, with its dry run's candidates"
     assert http.post("/gpusched/preempt", json={"NodeNameToMetaVictims": {}}).status_code == 422, "no Pod: refused"
+
+
+FILTER = {"Pod": pod(), "NodeNames": ["good", "bad-f1"]}
+BIND = {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-1", "Node": "good"}
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    pytest.param("POST", "/gpusched/filter", FILTER, id="filter"),
+    pytest.param("POST", "/gpusched/prioritize", FILTER, id="prioritize"),
+    pytest.param("POST", "/gpusched/bind", BIND, id="bind"),
+    pytest.param("POST", "/gpusched/preempt", {"Pod": pod(), "NodeNameToMetaVictims": {"good": {}}}, id="preempt"),
+    pytest.param("POST", "/gpusched/filter", b"{nope", id="not-json"),
+    pytest.param("POST", "/gpusched/bind", b"{" + b" " * 5000 + b"}", id="too-large"),
+    pytest.param("GET", "/gpusched/filter", None, id="verb-with-get"),
+    pytest.param("POST", "/gpusched/filter/", FILTER, id="trailing-slash"),
+    pytest.param("POST", "/healthz", None, id="probe-with-post"),
+    pytest.param("GET", "/healthz", None, id="probe"),
+])
+def test_the_verbs_fast_path_answers_as_fastapi_does(binder, decider, method, path, body):
+    """VerbFastPath (extender.api.fast_path) takes the verbs past FastAPI's router: every answer,
+    a verb's or not, is byte for byte the one FastAPI alone gives."""
+    def answer(fast: bool):
+        app = create_app(Settings(max_body_bytes=4096), Collaborators(decider=ScriptedDecider(), binder=RecordingBinder()))
+        if not fast:
+            app.user_middleware.clear()  # before the first request builds the middleware stack
+        kwargs = {"json": body} if isinstance(body, dict) else {"content": body}
+        r = TestClient(app).request(method, path, follow_redirects=False, **kwargs)
+        return r.status_code, r.headers.get("content-type"), r.headers.get("location"), r.content
+
+    assert answer(fast=True) == answer(fast=False)
+
+
+def test_only_the_verbs_take_the_fast_path():
+    from extender.api.fast_path import VerbFastPath
+
+    app = create_app(Settings(), Collaborators(decider=ScriptedDecider(), binder=RecordingBinder()))
+    [middleware] = app.user_middleware
+    assert middleware.cls is VerbFastPath
+    assert set(middleware.kwargs["verbs"]) == {"/gpusched/filter", "/gpusched/prioritize", "/gpusched/bind",
+                                               "/gpusched/preempt"}
