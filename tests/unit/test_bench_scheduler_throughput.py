@@ -269,7 +269,9 @@ def test_merge_keeps_other_node_counts_and_supersedes_what_was_rerun():
     assert {(r["nodes"], r["config"]) for r in newly} == \
         {(r["nodes"], r["config"]) for r in recorded["rows"] if (r["nodes"], r["config"]) in rerun}
     assert {(500, "a"), (500, "b")} <= {(r["nodes"], r["config"]) for r in newly}
-    assert {r["run"] for r in newly} == {old_run}
+    # Each superseded row keeps its own run (a file merged into before holds rows of several runs).
+    assert {r["run"] for r in newly} == {r.get("run", old_run) for r in recorded["rows"]
+                                         if (r["nodes"], r["config"]) in rerun}
     assert out["earlier_runs"][-1]["run"] == old_run and out["earlier_runs"][-1]["setup"] == recorded["setup"]
     assert set(out["setup"]["configs"]) == set("abcdef") and out["setup"]["profile"] == recorded["setup"]["profile"]
     # The 1,000-node target rows stay as recorded; d/a at 500 still divides by its own run's (a).
