@@ -68,6 +68,17 @@ class Extender:
                     total += sample.value
         return total
 
+    def node_view(self, node: str) -> dict[str, Any]:
+        """The core's view of ``node`` (its entry in /debug/nodes), or {} while it has none."""
+        return next((n for n in self.get_json("/debug/nodes").get("nodes", []) if n["name"] == node), {})
+
+    def knows_agent_node(self, node: str) -> bool:
+        """The core holds both of what a node's agent publishes, which reach it by two channels:
+        fresh telemetry (the agent's stream) and the inventory (the Node's annotation, through
+        the core's node watch, which may lag the stream)."""
+        view = self.node_view(node)
+        return str(view.get("telemetry", "")).startswith("fresh") and view.get("inventorySource") == "annotation"
+
     def get_json(self, path: str) -> Any:
         import json
         import urllib.error

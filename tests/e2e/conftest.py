@@ -123,8 +123,7 @@ def fleet(admin: client.ApiClient, request: pytest.FixtureRequest):
         if core is not None:
             # The core judges a node its informer has not delivered yet as "not known" (so a pod
             # created at once could go to the fleet's other node: CI, under load, once).
-            wait_until(lambda: any(n["name"] == node for n in core.get_json("/debug/nodes")["nodes"]), 30,
-                       f"the core's node cache to hold {node}")
+            wait_until(lambda: bool(core.node_view(node)), 30, f"the core's node cache to hold {node}")
         return node
 
     yield fleet_id, add

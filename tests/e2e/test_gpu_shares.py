@@ -48,12 +48,10 @@ def shared_node(admin, stack: Stack, tmp_path):
         fleet.write_text(fleet_yaml(foreign_mib))
         agent = stack.start_agent(node, fleet)
         started.append((node, agent))
-        # Two channels: telemetry streams to the core, the inventory reaches it as the Node's annotation
-        # through its node watch. Fresh telemetry alone let a pod be judged on a node whose GPU
-        # memory the core did not know yet (CI, plugin mode, under load).
-        wait_until(lambda: (v := node_view(stack, node)).get("telemetry", "").startswith("fresh")
-                   and v.get("inventorySource") == "annotation", 30,
-                   f"fresh telemetry and the inventory annotation of {node} in the core", context=lambda: agent.tail(20))
+        # Fresh telemetry alone let a pod be judged on a node whose GPU memory the core did not know
+        # yet (CI, plugin mode, under load).
+        wait_until(lambda: stack.extender.knows_agent_node(node), 30,
+                   f"fresh telemetry and the inventory of {node} in the core", context=lambda: agent.tail(20))
         return fleet_id, node, fleet
 
     yield start

@@ -46,9 +46,7 @@ def agents(admin, stack: Stack, tmp_path):
         # The agent publishes the node's inventory itself, and its telemetry turns fresh.
         wait_until(lambda: "gpusched.io/gpu-inventory" in (client.CoreV1Api(admin).read_node(node).metadata.annotations or {}),
                    30, f"the agent to publish {node}'s inventory", context=lambda: agent.tail(20))
-        # ... and the core holds both: the annotation reaches it through its node watch, which may lag.
-        wait_until(lambda: (v := node_view(stack, node)).get("telemetry", "").startswith("fresh")
-                   and v.get("inventorySource") == "annotation", 30,
+        wait_until(lambda: stack.extender.knows_agent_node(node), 30,
                    f"fresh telemetry and the inventory of {node} in the core", context=lambda: agent.tail(20))
         return node, fleet
 

@@ -123,8 +123,7 @@ def partitioned_agent(admin, stack: Stack, partition, tmp_path) -> Iterator[tupl
         wait_until(lambda: "gpusched.io/gpu-inventory" in (client.CoreV1Api(admin).read_node(node).metadata.annotations
                                                           or {}),
                    60, f"the agent in {link.netns} to publish {node}'s inventory", context=lambda: started.tail(20))
-        wait_until(lambda: telemetry_state(stack, node).startswith("fresh")
-                   and node_view(stack, node).get("inventorySource") == "annotation", 60,
+        wait_until(lambda: stack.extender.knows_agent_node(node), 60,
                    f"fresh telemetry and the inventory of {node} in the core", context=lambda: started.tail(20))
         yield fleet_id, node, link, started
     finally:
