@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from extender.adapters.frame_server import CallContext, FrameServer
 from extender.api.wire import NAME_MAX_LENGTH, UID_MAX_LENGTH, PodObject
 from extender.service.core import PodRef
-from extender.service.plugin import API_VERSION, GroupIds, PluginService, ReserveAnswer
+from extender.service.plugin import API_VERSION, GroupIds, GroupsJudged, PluginService, ReserveAnswer
 from extender.service.requeue_feed import RequeueFeed
 from gpusched_api.scheduling.frames import Code
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
@@ -44,6 +44,7 @@ log = logging.getLogger("gpusched.extender.scheduling")
 MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a few hundred)
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 MAX_RESERVE_BATCH = 256  # reservations one ReserveBatch may carry (the plugin sends at most this many)
+MAX_JUDGED_POSITIONS = 1024  # nodes one JudgeGroups may name (the plugin names one per group it lacks)
 CORE_VERSION = "0.1.0"
 
 
@@ -77,6 +78,21 @@ class SchedulingServicer:
         if request.table_generation != answer.table.generation:
             reply.table.generation = answer.table.generation
             reply.table.names.extend(answer.table.names)
+        return reply
+
+    def JudgeGroups(self, request: pb.JudgeGroupsRequest, context: CallContext) -> pb.JudgeGroupsReply:
+        _check_version(request.api_version, context)
+        pod = self._pods.read(request.pod, context)
+        if len(request.positions) > MAX_JUDGED_POSITIONS:
+            _abort(context, Code.INVALID_ARGUMENT, f"JudgeGroups names {len(request.positions)} nodes; at most "
+                                                   f"{MAX_JUDGED_POSITIONS} (one per group the plugin lacks)")
+        try:
+            judged = self._plugin.judge_groups(pod, request.table_generation, list(request.positions))
+        except Exception as exc:  # a fault of ours: the plugin asks PreFilter instead
+            log.exception("JudgeGroups of %s failed", pod.key)
+            return pb.JudgeGroupsReply(not_judged=f"gpusched internal error judging {pod.key}: {type(exc).__name__}: {exc}")
+        reply = pb.JudgeGroupsReply()
+        _write_judged(reply, judged)
         return reply
 
     def FilterWhatIf(self, request: pb.FilterWhatIfRequest, context: CallContext) -> pb.FilterWhatIfReply:
@@ -169,6 +185,15 @@ def _write_reservation(reply: pb.ReserveReply, answer: ReserveAnswer) -> None:
         reply.barrier.gang = answer.barrier.gang
         reply.barrier.open = answer.barrier.open
         reply.barrier.wait_seconds = answer.barrier.wait_s
+    if answer.next is not None:
+        _write_judged(reply.next, answer.next)
+
+
+def _write_judged(message: pb.JudgeGroupsReply, judged: GroupsJudged) -> None:
+    message.not_judged, message.grouping, message.ids = judged.not_judged, judged.grouping, judged.ids
+    message.verdicts, message.scores, message.moves = judged.verdicts, judged.scores, judged.moves
+    message.reason_index.extend(judged.reason_index)
+    message.reasons.extend(judged.reasons)
 
 
 def _write_groups(message: pb.Groups, groups: GroupIds) -> None:
@@ -266,6 +291,7 @@ class SchedulingServer:
         self._methods: dict[int, tuple[type[Message], Callable[[Any, CallContext], Any]]] = {
             pb.METHOD_HELLO: (pb.HelloRequest, servicer.Hello),
             pb.METHOD_PRE_FILTER: (pb.PreFilterRequest, servicer.PreFilter),
+            pb.METHOD_JUDGE_GROUPS: (pb.JudgeGroupsRequest, servicer.JudgeGroups),
             pb.METHOD_FILTER_WHAT_IF: (pb.FilterWhatIfRequest, servicer.FilterWhatIf),
             pb.METHOD_RESERVE: (pb.ReserveRequest, servicer.Reserve),
             pb.METHOD_RESERVE_BATCH: (pb.ReserveBatchRequest, servicer.ReserveBatch),

@@ -62,9 +62,10 @@ class FilterOutcome:
     # siblings' spread, a pod's own stale hold, holds for preemptors).
     groups: NodeGroups | None = None
     # With ``groups``: per group of the feasible nodes, the group a node of it moves to once this
-    # pod is reserved there (some groups may be missing), computed when called; read only with
-    # ``groups`` set (a layer that judges per pod clears ``groups``, and these mean nothing then).
-    moves: Callable[[], Mapping[int, int]] | None = None
+    # pod is reserved there (some groups may be missing: the best-scored first, given the scores),
+    # computed when called; read only with ``groups`` set (a layer that judges per pod clears
+    # ``groups``, and these mean nothing then).
+    moves: Callable[[Mapping[str, int] | None], Mapping[int, int]] | None = None
 
     @property
     def result(self) -> str:
@@ -344,6 +345,14 @@ class ExtenderService:
         """The plugin's Filter during kube-scheduler's preemption dry run (and with nominated pods):
         the decider's what-if, not recorded (a dry run asks it once per candidate victim)."""
         return self.decider.what_if(pod, node, removed, added, present)
+
+    def judge_nodes(self, pod: PodRef, candidates: Sequence[str]) -> tuple[FilterOutcome, Mapping[str, int]]:
+        """The pod judged and its feasible nodes scored among ``candidates``, not recorded: the
+        plugin filling in its cached answers for a spec (a few nodes per call), whose pods are
+        each recorded when they are reserved."""
+        outcome = self.decider.filter(pod, candidates, None)
+        scores = self.decider.prioritize(pod, outcome.feasible, None).scores if outcome.feasible else {}
+        return outcome, scores
 
     def judge(self, pod: PodRef) -> None:
         """The plugin answered the pod's PreFilter from its cache: the decider judges it now."""

@@ -23,6 +23,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+import numpy as np
+
 from extender.framework.decisions import FilterDecision, GpuChoice, with_node_passed
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
@@ -30,6 +32,7 @@ from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand, as_replica, parse_pod_demand
 from extender.model.dra import DraDemand, carries_dra_marker
 from extender.model.ledger import Assignment, EntryState, GpuLedger
+from extender.model.nodemaps import GroupedMapping
 from extender.model.placement import MIB
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, node_info_from_k8s
 from extender.model.snapshot_groups import UNKNOWN_GROUP
@@ -205,17 +208,28 @@ class FrameworkDecider:
                              error="" if decision.feasible else decision.error, summary=summary, details=details,
                              rejections=rejections, groups=snapshot.groups() if by_group else None, moves=moves)
 
-    def _group_moves(self, snapshot: ClusterSnapshot, demand: PodDemand, feasible: Sequence[str]) -> Mapping[int, int]:
+    def _group_moves(self, snapshot: ClusterSnapshot, demand: PodDemand, feasible: Sequence[str],
+                     scores: Mapping[str, int] | None = None) -> Mapping[int, int]:
         """Per group of the ``feasible`` nodes (at most ``MAX_GROUP_MOVES``), the group a node of it
         moves to once a pod of ``demand`` is reserved there: the GPUs reserve would choose on a node
-        of the group now. A share of a GPU is left out (its group depends on the MiB promised)."""
+        of the group now. Given the nodes' ``scores``, the best-scored groups first: kube-scheduler
+        reserves on the best node, and the plugin reserves there itself only where a move is named
+        (at 5,000 nodes, the first 64 groups in table order missed the chosen node 9 times in 10).
+        A share of a GPU is left out (its group depends on the MiB promised)."""
         groups = snapshot.groups()
-        gids = groups.gid_at[groups.index.locate(feasible)].tolist()
+        gids, first = np.unique(groups.gid_at[groups.index.locate(feasible)], return_index=True)
+        order = range(len(gids))
+        if scores is not None and len(gids) > MAX_GROUP_MOVES:
+            ranks = _scores_at(scores, feasible, first)
+            order = sorted(order, key=ranks.__getitem__, reverse=True)
         moves: dict[int, int] = {}
-        for gid in dict.fromkeys(gids):
-            if len(moves) >= MAX_GROUP_MOVES or gid == UNKNOWN_GROUP:
+        for j in order:
+            gid = int(gids[j])
+            if gid == UNKNOWN_GROUP:
                 continue
-            node = groups.representative(gid, feasible, gids)
+            if len(moves) >= MAX_GROUP_MOVES:
+                break
+            node = feasible[int(first[j])]
             choice = self.framework.choose_gpus(snapshot, demand, node)
             if not isinstance(choice, Status) and not choice.share_mib:
                 moves[gid] = snapshot.group_after(node, choice.unit_ids)
@@ -407,3 +421,13 @@ class FrameworkDecider:
 
     def bound(self, pod: PodRef, node: str) -> None:
         return None  # the watch turns the assumed entry into a bound one
+
+
+def _scores_at(scores: Mapping[str, int], names: Sequence[str], at: np.ndarray) -> list[int]:
+    """The scores of ``names[i]`` for each ``i`` in ``at`` (0 where unscored). A grouped score map
+    over ``names`` itself (the framework's answer to a prioritize of them) is read by group, with
+    no lookup per name."""
+    if isinstance(scores, GroupedMapping) and scores.names is names:
+        by_group = scores.by_group
+        return [by_group.get(gid, 0) for gid in np.asarray(scores.gids)[at].tolist()]
+    return [scores.get(names[int(i)], 0) for i in at]

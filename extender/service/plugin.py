@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.model.gang import declares_gang
 from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot_groups import NodeGroups
 from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
@@ -165,6 +166,30 @@ class CycleAnswer:
 
 
 @dataclass(frozen=True)
+class GroupsJudged:
+    """JudgeGroups' answer: per requested table position, in order, the cacheable answer for the
+    node's group (``ids``: its group id under ``grouping``, uint32 little-endian; ``verdicts``,
+    ``reason_index`` into ``reasons``, ``scores`` 0..100 and ``moves`` as in :class:`CycleAnswer`);
+    or ``not_judged`` saying why not."""
+
+    not_judged: str = ""
+    grouping: int = 0
+    ids: bytes = b""
+    verdicts: bytes = b""
+    reason_index: tuple[int, ...] = ()
+    reasons: tuple[str, ...] = ("",)
+    scores: bytes = b""
+    moves: bytes = b""
+
+    def entry(self, j: int) -> GroupsJudged:
+        """The answer at position ``j`` of the request alone."""
+        reason = self.reasons[self.reason_index[j]]
+        return GroupsJudged(grouping=self.grouping, ids=self.ids[4 * j:4 * j + 4], verdicts=self.verdicts[j:j + 1],
+                            reason_index=(1 if reason else 0,), reasons=("", reason) if reason else ("",),
+                            scores=self.scores[j:j + 1], moves=self.moves[4 * j:4 * j + 4])
+
+
+@dataclass(frozen=True)
 class ReserveAnswer:
     """Reserve's (and Permitted's) answer. ``barrier`` is set for a gang member (see
     :class:`~extender.service.core.Barrier`); Bind then asks :meth:`PluginService.permitted`."""
@@ -175,6 +200,9 @@ class ReserveAnswer:
     summary: str = ""
     barrier: Barrier | None = None
     groups: GroupIds | None = None  # Reserve's: the groups once this reservation is taken
+    # A batch's (reserve_all): the answer for a pod of this pod's spec on the node in the group it
+    # is in once the batch is taken (one entry), where cacheable.
+    next: GroupsJudged | None = None
 
 
 @dataclass(frozen=True)
@@ -239,9 +267,41 @@ class PluginService:
         if outcome.only_nodes is not None and outcome.feasible:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
         elif outcome.groups is not None and (groups := GroupIds.of(outcome.groups, table)) is not None:
-            moves = GroupIds.moves(outcome.groups, outcome.moves()) if outcome.moves is not None else b""
+            moves = GroupIds.moves(outcome.groups, outcome.moves(scores)) if outcome.moves is not None else b""
             answer = replace(answer, groups=groups, cacheable=True, moves=moves)
         return answer
+
+    def judge_groups(self, pod: PodRef, table_generation: int, positions: Sequence[int]) -> GroupsJudged:
+        """The cacheable answer a pod of ``pod``'s spec gets on the nodes at ``positions`` of the
+        table of ``table_generation`` (each < its length): the plugin holds the spec's answers but
+        not those of the groups some nodes moved to. Judged as any pod of the spec (the pod's own
+        reservations left out, no decision recorded: the plugin answers its pods from it, each
+        Reserve judged by the core). Not judged, saying why, where a PreFilter would not be
+        cacheable or the table changed: the plugin asks PreFilter then."""
+        table = self._tables.current()
+        if table.generation != table_generation:
+            return GroupsJudged(not_judged=f"the node table is generation {table.generation} now")
+        if not asks_for_gpus(pod):
+            return GroupsJudged(not_judged="the pod asks for no GPUs")
+        if declares_gang(pod.raw):  # judged with its group (planned, reserved), never by spec
+            return GroupsJudged(not_judged="a gang member is judged with its group, not by its spec's groups")
+        ready, why = self._ready()
+        if not ready:
+            return GroupsJudged(not_judged=f"gpusched is not ready: {why}")
+        if positions and max(positions) >= len(table.names):
+            return GroupsJudged(not_judged=f"position {max(positions)} is past the table's {len(table.names)} nodes")
+        names = [table.names[p] for p in positions]
+        outcome, scores = self._service.judge_nodes(replace(pod, uid=""), names)
+        if (outcome.error or outcome.only_nodes is not None or outcome.groups is None
+                or GroupIds.of(outcome.groups, table) is None):
+            return GroupsJudged(not_judged=outcome.error or "the answer is judged per pod, not by group")
+        verdicts, reason_index, reasons, score_bytes = _vectors_by_name(names, outcome.failed, outcome.unresolvable,
+                                                                        scores)
+        gids = outcome.groups.gid_at[np.asarray(positions, dtype=np.intp)]
+        moved = outcome.moves(scores) if outcome.moves is not None else {}
+        moves = np.fromiter((moved.get(gid, 0) for gid in gids.tolist()), dtype="<u4", count=len(gids))
+        return GroupsJudged(grouping=outcome.groups.grouping, ids=gids.astype("<u4").tobytes(), verdicts=verdicts,
+                            reason_index=reason_index, reasons=reasons, scores=score_bytes, moves=moves.tobytes())
 
     def what_if(self, pod: PodRef, node: str, removed: Sequence[PodRef], added: Sequence[PodRef],
                 present: Collection[str] | None = None) -> NodeAnswer:
@@ -285,7 +345,27 @@ class PluginService:
         a time): each ``(pod, node, answered_by_plugin)`` reserved as :meth:`reserve` would, in
         order, each refused on its own; the groups once, after the last."""
         answers = [self._reserve_one(pod, node, by_plugin) for pod, node, by_plugin in requests]
-        return answers, self._groups()
+        return self._with_next(requests, answers), self._groups()
+
+    def _with_next(self, requests: Sequence[tuple[PodRef, str, bool]],
+                   answers: list[ReserveAnswer]) -> list[ReserveAnswer]:
+        """``answers`` with each reservation's ``next``: its node judged, once the batch is taken,
+        for a pod of its spec (one :meth:`judge_groups` per spec in the batch). The plugin would
+        otherwise ask JudgeGroups for these very groups as soon as this reply renewed its ids."""
+        table = self._tables.current()
+        by_spec: dict[bytes, list[int]] = {}
+        for i, ((pod, node, _), answer) in enumerate(zip(requests, answers, strict=True)):
+            if answer.reserved and pod.spec_digest is not None and node in table.position:
+                by_spec.setdefault(pod.spec_digest, []).append(i)
+        out = list(answers)
+        for indices in by_spec.values():
+            positions = list(dict.fromkeys(table.position[requests[i][1]] for i in indices))
+            judged = self.judge_groups(requests[indices[0]][0], table.generation, positions)
+            if judged.not_judged:
+                continue
+            for i in indices:
+                out[i] = replace(out[i], next=judged.entry(positions.index(table.position[requests[i][1]])))
+        return out
 
     def _groups(self) -> GroupIds | None:
         return GroupIds.of(self._groups_now(), self._tables.current()) if self._groups_now is not None else None
@@ -318,7 +398,7 @@ def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[
     extender's (MaxNodeScore / MaxExtenderPriority). The framework's grouped answers (any cluster
     of 16 nodes or more) are gathered per group with numpy; anything else is read name by name."""
     vectors = _grouped_vectors(table, failed, unresolvable, scores) or _vectors_by_name(
-        table, failed, unresolvable, scores)
+        table.names, failed, unresolvable, scores)
     verdicts, reason_index, reasons, score_bytes = vectors
     return CycleAnswer(table, verdicts=verdicts, reason_index=reason_index, reasons=reasons, scores=score_bytes,
                        summary=summary)
@@ -328,13 +408,13 @@ Vectors = tuple[bytes, tuple[int, ...], tuple[str, ...], bytes]
 _SCALE = MAX_NODE_SCORE // MAX_EXTENDER_SCORE  # the decider answers in the extender's range
 
 
-def _vectors_by_name(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
+def _vectors_by_name(names: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str],
                      scores: Mapping[str, int]) -> Vectors:
     reasons: dict[str, int] = {"": 0}
-    verdicts = bytearray(len(table.names))
-    reason_index = [0] * len(table.names)
-    score_bytes = bytearray(len(table.names))
-    for i, name in enumerate(table.names):
+    verdicts = bytearray(len(names))
+    reason_index = [0] * len(names)
+    score_bytes = bytearray(len(names))
+    for i, name in enumerate(names):
         reason = unresolvable.get(name)
         if reason is not None:
             verdicts[i] = NEVER

@@ -257,6 +257,9 @@ class SchedulingStub:
     def PreFilter(self, request: pb.PreFilterRequest) -> pb.PreFilterReply:  # noqa: N802
         return pb.PreFilterReply.FromString(self._client.call(pb.METHOD_PRE_FILTER, request.SerializeToString()))
 
+    def JudgeGroups(self, request: pb.JudgeGroupsRequest) -> pb.JudgeGroupsReply:  # noqa: N802
+        return pb.JudgeGroupsReply.FromString(self._client.call(pb.METHOD_JUDGE_GROUPS, request.SerializeToString()))
+
     def FilterWhatIf(self, request: pb.FilterWhatIfRequest) -> pb.FilterWhatIfReply:  # noqa: N802
         return pb.FilterWhatIfReply.FromString(self._client.call(pb.METHOD_FILTER_WHAT_IF, request.SerializeToString()))
 

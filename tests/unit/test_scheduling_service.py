@@ -16,6 +16,7 @@ import pytest
 from extender.adapters import scheduling_server
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
 from extender.model.catalog import builtin_catalog
+from extender.service import framework_decider
 from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
 from extender.service.decisions import DecisionStore
@@ -354,7 +355,7 @@ def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdi
             "the framework's rejections should carry their positions in the table's source"
         grouped = plugin_module._grouped_vectors(table, outcome.failed, outcome.unresolvable, scores)
         assert grouped is not None, "the framework's grouped answer should take the numpy path"
-        by_name = plugin_module._vectors_by_name(table, outcome.failed, outcome.unresolvable, scores)
+        by_name = plugin_module._vectors_by_name(table.names, outcome.failed, outcome.unresolvable, scores)
 
         def per_node(vectors):  # reasons may be numbered in another order; what each node gets may not differ
             verdicts, index, reasons, node_scores = vectors
@@ -476,6 +477,75 @@ def test_the_move_an_answer_names_is_the_group_reserve_puts_the_node_in(tmp_path
         core.close()
 
 
+def judge_groups(core: Core, pod: dict[str, Any], generation: int, positions: list[int]) -> pb.JudgeGroupsReply:
+    return core.stub.JudgeGroups(pb.JudgeGroupsRequest(api_version=API_VERSION, pod=wire_pod(pod),
+                                                       table_generation=generation, positions=positions))
+
+
+@pytest.mark.parametrize("nodes", [6, 30], ids=["node-by-node", "grouped"])
+@pytest.mark.parametrize("spec", REPLICA_SPECS)
+def test_groups_judged_alone_answer_what_the_whole_cycle_answers_them(tmp_path, nodes, spec):
+    """JudgeGroups (issue 43: the plugin lacks a few groups' answers for a spec it holds) gives the
+    nodes it names exactly the verdict, reason, score, group and move a whole PreFilter gives them,
+    at every step of a seeded sequence, for a pod of the spec never pre-filtered itself."""
+    core = Core(tmp_path / "s.sock", fleet_of(nodes))
+    try:
+        for k in range(40):
+            reply = pre_filter(core, make_pod(f"p{k}", **spec))
+            ids = group_ids(reply.groups)
+            positions = sorted({gid: i for i, gid in reversed(list(enumerate(ids)))}.values())  # one per group
+            judged = judge_groups(core, make_pod(f"twin-{k}", **spec), reply.table_generation, positions)
+            assert judged.not_judged == "" and judged.grouping == reply.groups.grouping
+            moves = list(memoryview(reply.moves).cast("I"))
+            assert list(memoryview(judged.ids).cast("I")) == [ids[i] for i in positions]
+            assert list(memoryview(judged.moves).cast("I")) == [moves[i] for i in positions]
+            assert [(judged.verdicts[j], judged.reasons[judged.reason_index[j]], judged.scores[j])
+                    for j in range(len(positions))] == [
+                (reply.verdicts[i], reply.reasons[reply.reason_index[i]], reply.scores[i]) for i in positions]
+            fits = [i for i in range(nodes) if reply.verdicts[i] == 0]
+            if not fits:
+                break
+            best = max(fits, key=lambda i: (reply.scores[i], -i))
+            assert reserve(core, make_pod(f"p{k}", **spec), f"n{best:02d}").reserved
+        assert not any(d.pod.startswith("twin-") for d in core.decisions.recent()), "JudgeGroups records nothing"
+    finally:
+        core.close()
+
+
+def test_groups_are_not_judged_for_another_table_past_its_end_nor_for_a_gang_member(core):
+    pod = make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    reply = pre_filter(core, pod)
+    assert "generation" in judge_groups(core, pod, reply.table_generation + 1, [0]).not_judged
+    assert "past the table's 4 nodes" in judge_groups(core, pod, reply.table_generation, [4]).not_judged
+    member = gang_member("m0")
+    assert "gang member" in judge_groups(core, member, reply.table_generation, [0]).not_judged
+    assert not core.state.ledger.view().assignments, "a gang member's JudgeGroups planned (reserved) its group"
+    with pytest.raises(FrameError) as raised:
+        judge_groups(core, pod, reply.table_generation, [0] * (scheduling_server.MAX_JUDGED_POSITIONS + 1))
+    assert raised.value.code == Code.INVALID_ARGUMENT and "at most" in raised.value.message
+
+
+def test_moves_are_named_for_the_best_scored_groups_first(tmp_path, monkeypatch):
+    """With more fitting groups than moves named, the moves named are a best-scored group's (the
+    plugin reserves there itself; at 5,000 nodes the first groups in table order missed the node
+    kube-scheduler chose 9 times in 10)."""
+    monkeypatch.setattr(framework_decider, "MAX_GROUP_MOVES", 1)
+    core = Core(tmp_path / "s.sock", fleet_of(30))
+    try:
+        spec = {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"}
+        for k in range(12):
+            reply = pre_filter(core, make_pod(f"p{k}", **spec))
+            moves = list(memoryview(reply.moves).cast("I"))
+            fits = [i for i in range(30) if reply.verdicts[i] == 0]
+            top = max(reply.scores[i] for i in fits)
+            named = [i for i in range(30) if moves[i]]
+            assert named and len({group_ids(reply.groups)[i] for i in named}) == 1, "one group's move"
+            assert all(reply.scores[i] == top for i in named), f"pod {k}: a move named for a node scored below {top}"
+            assert reserve(core, make_pod(f"p{k}", **spec), f"n{named[0]:02d}").reserved
+    finally:
+        core.close()
+
+
 def reserve_batch(core: Core, *reservations: tuple[dict[str, Any], str], version: int = API_VERSION) -> pb.ReserveBatchReply:
     return core.stub.ReserveBatch(pb.ReserveBatchRequest(api_version=version, reservations=[
         pb.ReserveRequest(api_version=version, pod=wire_pod(pod), node=node, answered_by_plugin=True)
@@ -497,6 +567,27 @@ def test_a_batch_of_reservations_is_each_reserved_or_refused_in_order_and_groupe
         assert ids[0] == ids[3] != ids[1], "n00 and n03 full, alike; the others untouched"
         held = sorted(a.pod_key for a in core.state.ledger.view().assignments.values())
         assert held == ["default/twin-0", "default/twin-2"]
+    finally:
+        core.close()
+
+
+def test_a_batch_names_each_reserved_nodes_next_answer_for_its_spec(tmp_path):
+    """Each reservation of a batch carries what a pod of its spec gets on its node once the batch is
+    taken (issue 43): exactly what a PreFilter of the spec answers for that node then, group and
+    move included, so the plugin need not ask JudgeGroups for the groups the batch moved nodes to."""
+    core = Core(tmp_path / "s.sock", fleet_of(6))
+    try:
+        one = {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"}
+        tp2 = {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2}
+        placed = [(one, "a0", 0), (one, "a1", 0), (tp2, "b0", 1), (one, "a2", 3)]
+        reply = reserve_batch(core, *[(make_pod(name, **spec), f"n{node:02d}") for spec, name, node in placed])
+        for r, (spec, name, node) in zip(reply.replies, placed, strict=True):
+            now = pre_filter(core, make_pod(f"probe-{name}", **spec))
+            assert r.reserved and r.next.not_judged == "" and r.next.grouping == now.groups.grouping, name
+            assert list(memoryview(r.next.ids).cast("I")) == [group_ids(now.groups)[node]], name
+            assert list(memoryview(r.next.moves).cast("I")) == [list(memoryview(now.moves).cast("I"))[node]], name
+            assert (r.next.verdicts[0], r.next.reasons[r.next.reason_index[0]], r.next.scores[0]) == (
+                now.verdicts[node], now.reasons[now.reason_index[node]], now.scores[node]), name
     finally:
         core.close()
 

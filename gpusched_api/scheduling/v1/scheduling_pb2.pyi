@@ -19,6 +19,7 @@ class Method(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_PERMITTED: _ClassVar[Method]
     METHOD_WATCH_REQUEUE: _ClassVar[Method]
     METHOD_RESERVE_BATCH: _ClassVar[Method]
+    METHOD_JUDGE_GROUPS: _ClassVar[Method]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -34,6 +35,7 @@ METHOD_UNRESERVE: Method
 METHOD_PERMITTED: Method
 METHOD_WATCH_REQUEUE: Method
 METHOD_RESERVE_BATCH: Method
+METHOD_JUDGE_GROUPS: Method
 VERDICT_FITS: Verdict
 VERDICT_NOT_NOW: Verdict
 VERDICT_NEVER: Verdict
@@ -132,6 +134,38 @@ class Groups(_message.Message):
     ledger_version: int
     def __init__(self, grouping: _Optional[int] = ..., table_generation: _Optional[int] = ..., ids: _Optional[bytes] = ..., ledger_version: _Optional[int] = ...) -> None: ...
 
+class JudgeGroupsRequest(_message.Message):
+    __slots__ = ("api_version", "pod", "table_generation", "positions")
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    TABLE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    pod: Pod
+    table_generation: int
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., table_generation: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class JudgeGroupsReply(_message.Message):
+    __slots__ = ("not_judged", "grouping", "ids", "verdicts", "reason_index", "reasons", "scores", "moves")
+    NOT_JUDGED_FIELD_NUMBER: _ClassVar[int]
+    GROUPING_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    not_judged: str
+    grouping: int
+    ids: bytes
+    verdicts: bytes
+    reason_index: _containers.RepeatedScalarFieldContainer[int]
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    scores: bytes
+    moves: bytes
+    def __init__(self, not_judged: _Optional[str] = ..., grouping: _Optional[int] = ..., ids: _Optional[bytes] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., moves: _Optional[bytes] = ...) -> None: ...
+
 class FilterWhatIfRequest(_message.Message):
     __slots__ = ("api_version", "pod", "node", "removed", "added", "node_pods")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -175,7 +209,7 @@ class ReserveRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., answered_by_plugin: _Optional[bool] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
-    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups")
+    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups", "next")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,13 +223,15 @@ class ReserveReply(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     reserved: bool
     refusal: str
     annotations: _containers.ScalarMap[str, str]
     summary: str
     barrier: Barrier
     groups: Groups
-    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ...) -> None: ...
+    next: JudgeGroupsReply
+    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., next: _Optional[_Union[JudgeGroupsReply, _Mapping]] = ...) -> None: ...
 
 class ReserveBatchRequest(_message.Message):
     __slots__ = ("api_version", "reservations")

@@ -57,6 +57,7 @@ type answerCache struct {
 	skipOrder []string
 	askNext   map[types.UID]struct{}  // pods whose next PreFilter asks the core (askFor)
 	assumed   map[string]*assumedNode // by node name: reserved on by the plugin, not yet confirmed
+	recent    []recentSpec            // specs PreFilter was asked for lately, oldest first (noteSpec)
 }
 
 // groupAnswer is the core's answer for one node group: what every node of the group gets, and the
@@ -66,6 +67,7 @@ type groupAnswer struct {
 	reason  string
 	score   byte
 	move    uint32
+	judged  bool // from JudgeGroups, which names the move of every group it can
 }
 
 // assumedNode is a node with reservations the plugin took that the core has not confirmed yet: the
@@ -227,14 +229,24 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 		c.specs[key] = known
 		c.order = append(c.order, key)
 	}
+	mergeAnswers(known, ids, reply.GetVerdicts(), reply.GetScores(), reply.GetReasonIndex(), reply.GetReasons(), moves, false)
+}
+
+// mergeAnswers keeps in known, per group id of ids, the answer at its index in the other vectors
+// (moves may be empty: none named), marked judged when from JudgeGroups; the newest answer for a
+// group wins. A group answered two ways
+// in one reply (never, from a core that marks the answer cacheable) is dropped. The vectors are of
+// ids' length (the caller checks).
+func mergeAnswers(known map[uint32]groupAnswer, ids []uint32, verdicts, scores []byte, reasonIndex []uint32,
+	reasons []string, moves []uint32, judged bool) {
 	thisReply := map[uint32]groupAnswer{}
 	conflicting := map[uint32]bool{}
 	for i, gid := range ids {
 		reason := ""
-		if ri := reply.GetReasonIndex()[i]; int(ri) < len(reply.GetReasons()) {
-			reason = reply.GetReasons()[ri]
+		if ri := reasonIndex[i]; int(ri) < len(reasons) {
+			reason = reasons[ri]
 		}
-		a := groupAnswer{verdict: reply.GetVerdicts()[i], reason: reason, score: reply.GetScores()[i]}
+		a := groupAnswer{verdict: verdicts[i], reason: reason, score: scores[i], judged: judged}
 		if len(moves) == len(ids) {
 			a.move = moves[i]
 		}
@@ -250,6 +262,126 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 			known[gid] = a // the newest answer for the group wins
 		}
 	}
+}
+
+// maxJudgedGroups bounds the groups one JudgeGroups asks for: past it (a regrouping of much of the
+// fleet) the whole cycle is asked for instead.
+const maxJudgedGroups = 64
+
+// unjudged is, for a spec whose answers the cache holds and could answer from but for some groups
+// of the held ids (telemetry moved nodes into groups never judged for it), one table position per
+// such group, to ask the core for (JudgeGroups); nil when there are none, more than
+// maxJudgedGroups, or the cache cannot answer for another reason.
+func (c *answerCache) unjudged(key string, table *nodeTable) []uint32 {
+	if c.maxAge <= 0 || table == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unjudgedLocked(key, table, false)
+}
+
+// unjudgedLocked is unjudged with c.mu held; with moveless, also the groups whose answer fits but
+// names no move, unless JudgeGroups gave it (a whole cycle's answer names at most 64 moves, the
+// best-scored groups': a pod the plugin answers on another is reserved by the core in the cycle).
+func (c *answerCache) unjudgedLocked(key string, table *nodeTable, moveless bool) []uint32 {
+	known := c.specs[key]
+	if known == nil || c.grouping == 0 || c.tableGen != table.generation || len(c.ids) != len(table.names) ||
+		c.now().Sub(c.renewedAt) > c.maxAge {
+		return nil
+	}
+	var positions []uint32
+	asked := map[uint32]bool{}
+	for i, gid := range c.ids {
+		a, ok := known[gid]
+		if ok && !(moveless && a.move == 0 && !a.judged && pb.Verdict(a.verdict) == pb.Verdict_VERDICT_FITS) || asked[gid] {
+			continue
+		}
+		if _, assumed := c.assumed[table.names[i]]; assumed {
+			continue // judged by its assumed group (answer)
+		}
+		if len(positions) == maxJudgedGroups {
+			if moveless {
+				break // the rest on a later renewal
+			}
+			return nil
+		}
+		asked[gid] = true
+		positions = append(positions, uint32(i))
+	}
+	return positions
+}
+
+// maxPrefetchSpecs bounds the specs whose lacking groups are asked for ahead of their next pod.
+const maxPrefetchSpecs = 4
+
+// recentSpec is a spec a PreFilter was asked for lately: a pod of it to ask the core with.
+type recentSpec struct {
+	key string
+	pod *v1.Pod
+	at  time.Time
+}
+
+// noteSpec records that a pod of key is being scheduled: the spec's lacking groups are asked for
+// ahead of its next pod (prefetch) while it was seen within maxAge.
+func (c *answerCache) noteSpec(key string, pod *v1.Pod) {
+	if c.maxAge <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recent = slices.DeleteFunc(c.recent, func(r recentSpec) bool { return r.key == key })
+	if len(c.recent) == maxPrefetchSpecs {
+		c.recent = c.recent[1:]
+	}
+	c.recent = append(c.recent, recentSpec{key: key, pod: pod, at: c.now()})
+}
+
+// prefetchJob is one spec's groups to ask the core for ahead of its next pod.
+type prefetchJob struct {
+	key       string
+	pod       *v1.Pod
+	positions []uint32
+}
+
+// toPrefetch is, for each spec seen within maxAge (newest first), the groups of table it lacks
+// (unjudged) or holds no move for, where there are some to ask for (at most maxJudgedGroups).
+func (c *answerCache) toPrefetch(table *nodeTable) []prefetchJob {
+	if c.maxAge <= 0 || table == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var jobs []prefetchJob
+	for i := len(c.recent) - 1; i >= 0; i-- {
+		r := c.recent[i]
+		if c.now().Sub(r.at) > c.maxAge {
+			continue
+		}
+		if positions := c.unjudgedLocked(r.key, table, true); len(positions) > 0 {
+			jobs = append(jobs, prefetchJob{key: r.key, pod: r.pod, positions: positions})
+		}
+	}
+	return jobs
+}
+
+// learnJudged keeps the core's answers for the groups of n nodes (a JudgeGroups reply, or a
+// confirmed reservation's next) as answers for key, under the grouping held; false when the reply
+// cannot be read so (not judged, another grouping, vectors not n long).
+func (c *answerCache) learnJudged(key string, n int, reply *pb.JudgeGroupsReply) bool {
+	ids, moves := uint32s(reply.GetIds()), uint32s(reply.GetMoves())
+	if reply.GetNotJudged() != "" || len(ids) != n || len(moves) != n || len(reply.GetVerdicts()) != n ||
+		len(reply.GetScores()) != n || len(reply.GetReasonIndex()) != n {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	known := c.specs[key]
+	if known == nil || reply.GetGrouping() != c.grouping {
+		return false
+	}
+	mergeAnswers(known, ids, reply.GetVerdicts(), reply.GetScores(), reply.GetReasonIndex(), reply.GetReasons(), moves, true)
+	return true
 }
 
 // answer is the PreFilter reply the core would give a pod of key on table, built from the answers

@@ -3,6 +3,8 @@ package gpusched
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -169,6 +171,161 @@ func TestAnswerCacheAnswersOnlyWhatTheCoreSaidForThoseGroups(t *testing.T) {
 	}
 }
 
+func TestOnlyTheGroupsASpecLacksAreAskedFor(t *testing.T) {
+	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}}
+	judged := func(ids []uint32, verdicts ...pb.Verdict) *pb.JudgeGroupsReply {
+		r := &pb.JudgeGroupsReply{Grouping: 11, Ids: le32(ids...), Moves: make([]byte, 4*len(ids)),
+			Scores: make([]byte, len(ids)), ReasonIndex: make([]uint32, len(ids)), Reasons: []string{""}}
+		for _, v := range verdicts {
+			r.Verdicts = append(r.Verdicts, byte(v))
+		}
+		return r
+	}
+	fits := pb.Verdict_VERDICT_FITS
+	for _, tc := range []struct {
+		name      string
+		ids       []uint32 // renewed after learning cacheable() (groups 1 1 2 3) for "spec"
+		key       string
+		positions []uint32 // what unjudged asks for
+		reply     *pb.JudgeGroupsReply
+		want      []byte // verdicts answered once learned; nil: not answered (the whole cycle is asked)
+	}{
+		{"every group known: nothing to ask", []uint32{1, 1, 2, 3}, "spec", nil, nil, []byte{0, 0, 1, 2}},
+		{"one node per new group", []uint32{9, 9, 2, 8}, "spec", []uint32{0, 3},
+			judged([]uint32{9, 8}, fits, pb.Verdict_VERDICT_NEVER), []byte{0, 0, 1, 2}},
+		{"another spec: the whole cycle", []uint32{9, 1, 2, 3}, "other", nil, nil, nil},
+		{"not judged: the whole cycle", []uint32{9, 1, 2, 3}, "spec", []uint32{0},
+			&pb.JudgeGroupsReply{NotJudged: "the node table is generation 8 now"}, nil},
+		{"judged under another grouping: not kept", []uint32{9, 1, 2, 3}, "spec", []uint32{0},
+			func() *pb.JudgeGroupsReply { r := judged([]uint32{9}, fits); r.Grouping = 12; return r }(), nil},
+		{"not one answer per position: not kept", []uint32{9, 1, 2, 3}, "spec", []uint32{0},
+			judged([]uint32{9, 1}, fits, fits), nil},
+		{"judged in another group (it moved on meanwhile): its held one stays unknown", []uint32{9, 1, 2, 3}, "spec", []uint32{0},
+			judged([]uint32{10}, fits), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newAnswerCache(time.Second, time.Now)
+			c.learn("spec", cacheable())
+			c.renew(groupsOf(11, 7, tc.ids...))
+			positions := c.unjudged(tc.key, table)
+			if !slices.Equal(positions, tc.positions) {
+				t.Fatalf("unjudged = %v, want %v", positions, tc.positions)
+			}
+			if tc.reply != nil {
+				c.learnJudged(tc.key, len(positions), tc.reply)
+			}
+			reply, ok := c.answer(tc.key, table)
+			answeredAs(t, reply, ok, tc.want)
+		})
+	}
+}
+
+func TestAheadOfTheNextPodTheGroupsLackingAMoveAreAskedForOnce(t *testing.T) {
+	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}}
+	c := newAnswerCache(time.Second, time.Now)
+	c.learn("spec", cacheable()) // group 1 (a, b) fits and names no move
+	c.noteSpec("spec", replica("r0"))
+	if got := c.unjudged("spec", table); got != nil {
+		t.Fatalf("in the cycle, unjudged = %v: every group has an answer", got)
+	}
+	jobs := c.toPrefetch(table)
+	if len(jobs) != 1 || jobs[0].key != "spec" || !slices.Equal(jobs[0].positions, []uint32{0}) {
+		t.Fatalf("toPrefetch = %+v, want spec's group 1 at a", jobs)
+	}
+	reply := &pb.JudgeGroupsReply{Grouping: 11, Ids: le32(1), Verdicts: []byte{0}, Scores: []byte{70},
+		ReasonIndex: []uint32{0}, Reasons: []string{""}, Moves: le32(0)} // the core names none either
+	if !c.learnJudged("spec", len(jobs[0].positions), reply) {
+		t.Fatal("the judged answer was not kept")
+	}
+	if jobs := c.toPrefetch(table); len(jobs) != 0 {
+		t.Fatalf("toPrefetch = %+v after the core judged the group: asked again", jobs)
+	}
+}
+
+func TestARegroupingPastTheBoundAsksTheWholeCycle(t *testing.T) {
+	for _, groups := range []int{maxJudgedGroups, maxJudgedGroups + 1} {
+		names := make([]string, groups)
+		ids := make([]uint32, groups)
+		for i := range names {
+			names[i], ids[i] = fmt.Sprintf("n%d", i), uint32(100+i)
+		}
+		c := newAnswerCache(time.Second, time.Now)
+		r := cacheable()
+		r.TableGeneration, r.Groups.TableGeneration = 8, 8
+		c.learn("spec", r)
+		c.renew(groupsOf(11, 8, ids...))
+		got := len(c.unjudged("spec", &nodeTable{generation: 8, names: names}))
+		if want := groups * btoi(groups <= maxJudgedGroups); got != want {
+			t.Errorf("%d new groups: unjudged names %d positions, want %d", groups, got, want)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func TestAGroupTelemetryMovedANodeIntoIsJudgedAloneNotTheWholeCycle(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		prefetchBusy bool       // a prefetch is in flight when the renewal arrives: none more is started
+		wantSource   string     // how r1's PreFilter is answered
+		wantJudging  [][]uint32 // the positions of each JudgeGroups
+	}{
+		// Ahead, the group of b is asked for too: its answer fits but names no move (this core names none).
+		{"asked ahead, off the cycle, once the renewal shows it", false, "plugin", [][]uint32{{1, 2}}},
+		{"asked in the cycle while a prefetch is busy", true, "judged", [][]uint32{{2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &cachingCore{ids: []uint32{1, 1, 1, 2}}
+			p, _ := startWith(t, f, time.Second, time.Second)
+			ctx := context.Background()
+			answers := func() float64 {
+				n, _ := testutil.GetCounterMetricValue(answersTotal.WithLabelValues(tc.wantSource))
+				return n
+			}
+			answers0 := answers()
+			state := framework.NewCycleState()
+			if _, st := p.PreFilter(ctx, state, replica("r0"), nil); !st.IsSuccess() {
+				t.Fatalf("PreFilter(r0): %v", st)
+			}
+			f.mu.Lock()
+			f.ids[2] = 9 // a foreign process left c: a group no answer of the spec named yet
+			f.mu.Unlock()
+			p.core.prefetching.Store(tc.prefetchBusy)
+			if st := p.Reserve(ctx, state, replica("r0"), "a"); !st.IsSuccess() { // its reply carries the new groups
+				t.Fatalf("Reserve(r0): %v", st)
+			}
+			for deadline := time.Now().Add(5 * time.Second); !tc.prefetchBusy && p.core.prefetching.Load(); {
+				if time.Now().After(deadline) {
+					t.Fatal("the prefetch never finished")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			state = framework.NewCycleState()
+			if _, st := p.PreFilter(ctx, state, replica("r1"), nil); !st.IsSuccess() {
+				t.Fatalf("PreFilter(r1): %v", st)
+			}
+			for n, want := range map[string]bool{"a": false, "b": true, "c": true, "d": false} {
+				if got := p.Filter(ctx, state, replica("r1"), nodeInfo(n)).IsSuccess(); got != want {
+					t.Errorf("Filter(%s) fits = %v, want %v", n, got, want)
+				}
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.asked != 1 || !slices.EqualFunc(f.judging, tc.wantJudging, slices.Equal) {
+				t.Fatalf("core asked %d PreFilters and JudgeGroups for %v; want 1 and %v", f.asked, f.judging, tc.wantJudging)
+			}
+			if n := answers() - answers0; n != 1 {
+				t.Fatalf("answers counted %s: %v, want 1", tc.wantSource, n)
+			}
+		})
+	}
+}
+
 func TestAGroupAnsweredTwoWaysIsNotLearned(t *testing.T) {
 	c := newAnswerCache(time.Second, time.Now)
 	r := cacheable()
@@ -186,8 +343,17 @@ type cachingCore struct {
 	mu        sync.Mutex
 	ids       []uint32
 	asked     int
-	judged    []bool // answered_by_plugin of each Reserve
-	refuseFor string // Reserve refuses this node (the plugin's answer for it was stale)
+	judged    []bool     // answered_by_plugin of each Reserve
+	refuseFor string     // Reserve refuses this node (the plugin's answer for it was stale)
+	judging   [][]uint32 // positions of each JudgeGroups
+}
+
+// groupAnswerOf is the core's answer for a node of group gid: group 2 is full, every other fits.
+func groupAnswerOf(gid uint32) (pb.Verdict, string, byte) {
+	if gid == 2 {
+		return pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free", 0
+	}
+	return pb.Verdict_VERDICT_FITS, "", 50
 }
 
 func (c *cachingCore) answerNow() *pb.PreFilterReply {
@@ -195,11 +361,7 @@ func (c *cachingCore) answerNow() *pb.PreFilterReply {
 	reasons := make([]string, len(c.ids))
 	scores := make([]byte, len(c.ids))
 	for i, gid := range c.ids {
-		if gid == 2 {
-			verdicts[i], reasons[i] = pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free"
-		} else {
-			scores[i] = 50
-		}
+		verdicts[i], reasons[i], scores[i] = groupAnswerOf(gid)
 	}
 	r := vectors(7, []string{"a", "b", "c", "d"}, true, verdicts, reasons, scores)
 	r.Cacheable = true
@@ -212,6 +374,22 @@ func (c *cachingCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.
 	defer c.mu.Unlock()
 	c.asked++
 	return c.answerNow(), nil
+}
+
+func (c *cachingCore) JudgeGroups(_ context.Context, r *pb.JudgeGroupsRequest) (*pb.JudgeGroupsReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.judging = append(c.judging, r.GetPositions())
+	reply := &pb.JudgeGroupsReply{Grouping: 11, Reasons: []string{""}, Moves: make([]byte, 4*len(r.GetPositions()))}
+	for _, at := range r.GetPositions() {
+		gid := c.ids[at]
+		verdict, reason, score := groupAnswerOf(gid)
+		reply.Ids = append(reply.Ids, le32(gid)...)
+		reply.Verdicts, reply.Scores = append(reply.Verdicts, byte(verdict)), append(reply.Scores, score)
+		reply.ReasonIndex = append(reply.ReasonIndex, uint32(len(reply.Reasons)))
+		reply.Reasons = append(reply.Reasons, reason)
+	}
+	return reply, nil
 }
 
 func (c *cachingCore) Reserve(_ context.Context, r *pb.ReserveRequest) (*pb.ReserveReply, error) {

@@ -22,6 +22,7 @@ var errWithdrawn = errors.New("the reservation was withdrawn before the core was
 // core. done closes once reply or err is set; sent (under confirmer.mu) once it left the queue.
 type confirmation struct {
 	pod   *v1.Pod
+	key   string // the pod's spec key (the answers its cycle was answered from)
 	node  string
 	done  chan struct{}
 	reply *pb.ReserveReply
@@ -43,9 +44,9 @@ type confirmer struct {
 	sending bool
 }
 
-// later queues pod's reservation on node and returns its confirmation.
-func (q *confirmer) later(pod *v1.Pod, node string) *confirmation {
-	conf := &confirmation{pod: pod, node: node, done: make(chan struct{})}
+// later queues pod's reservation on node (pod answered from key's answers) and returns its confirmation.
+func (q *confirmer) later(pod *v1.Pod, key, node string) *confirmation {
+	conf := &confirmation{pod: pod, key: key, node: node, done: make(chan struct{})}
 	q.mu.Lock()
 	q.queue = append(q.queue, conf)
 	start := !q.sending
@@ -147,10 +148,16 @@ func (c *core) confirmBatch(batch []*confirmation) {
 	for i, conf := range batch {
 		reserved[i] = conf.err == nil && conf.reply.GetReserved()
 	}
+	for _, conf := range asked { // before the groups that move the nodes there are taken
+		if next := conf.reply.GetNext(); conf.reply.GetReserved() && next != nil {
+			c.answers.learnJudged(conf.key, 1, next)
+		}
+	}
 	c.answers.settle(reply.GetGroups(), nodes, reserved)
 	for _, conf := range batch {
 		close(conf.done)
 	}
+	c.prefetch()
 }
 
 // confirmed waits for conf and returns the annotations Bind writes, or why the pod cannot be bound

@@ -357,3 +357,84 @@ func TestTheReservationsOfALingerGoInOneBatch(t *testing.T) {
 		t.Errorf("batches %v, want [[r1 r2]]: reservations taken within the linger are confirmed together", f.batches)
 	}
 }
+
+// nextCore is a fake core over nodes a, b, c, d: group 1 (8 GPUs free) fits and moves to 3 (7
+// free), which fits and moves to 2 (full, as d is: the first answer teaches groups 1 and 2). Reserve fills a node; ReserveBatch moves each node from 1 to 3
+// and names, in each reply's next, the answer for group 3, which no PreFilter named.
+type nextCore struct {
+	fakeCore
+	mu      sync.Mutex
+	ids     []uint32
+	version uint64
+	judging int // JudgeGroups calls
+}
+
+func (c *nextCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(c.ids)
+	verdicts, reasons, scores, moves := make([]pb.Verdict, n), make([]string, n), make([]byte, n), make([]uint32, n)
+	for i, gid := range c.ids {
+		if gid == 2 {
+			verdicts[i], reasons[i] = pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free"
+		} else {
+			scores[i], moves[i] = 50, 3
+		}
+	}
+	r := vectors(7, []string{"a", "b", "c", "d"}, true, verdicts, reasons, scores)
+	r.Cacheable, r.Groups, r.Moves = true, versioned(groupsOf(11, 7, c.ids...), c.version), le32(moves...)
+	return r, nil
+}
+
+func (c *nextCore) JudgeGroups(_ context.Context, _ *pb.JudgeGroupsRequest) (*pb.JudgeGroupsReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.judging++
+	return &pb.JudgeGroupsReply{NotJudged: "this fake judges nothing"}, nil
+}
+
+func (c *nextCore) Reserve(_ context.Context, r *pb.ReserveRequest) (*pb.ReserveReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids[strings.Index("abcd", r.GetNode())] = 2
+	c.version++
+	return &pb.ReserveReply{Reserved: true, Groups: versioned(groupsOf(11, 7, c.ids...), c.version)}, nil
+}
+
+func (c *nextCore) ReserveBatch(_ context.Context, r *pb.ReserveBatchRequest) (*pb.ReserveBatchReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	reply := &pb.ReserveBatchReply{}
+	for _, res := range r.GetReservations() {
+		c.ids[strings.Index("abcd", res.GetNode())] = 3
+		c.version++
+		reply.Replies = append(reply.Replies, &pb.ReserveReply{Reserved: true, Next: &pb.JudgeGroupsReply{Grouping: 11,
+			Ids: le32(3), Verdicts: []byte{0}, Scores: []byte{40}, ReasonIndex: []uint32{0}, Reasons: []string{""},
+			Moves: le32(2)}})
+	}
+	reply.Groups = versioned(groupsOf(11, 7, c.ids...), c.version)
+	return reply, nil
+}
+
+func TestAConfirmedNodesNextAnswerComesWithItsConfirmation(t *testing.T) {
+	f := &nextCore{ids: []uint32{1, 1, 1, 2}, version: 1}
+	p, _ := startLingering(t, f, 5*time.Second, time.Second, 0, false)
+	scheduleCycle(t, p, "r0", "a", []bool{true, true, true})  // asked: reserved by the core (a full)
+	scheduleCycle(t, p, "r1", "b", []bool{false, true, true}) // answered and reserved by the plugin
+	for deadline := time.Now().Add(5 * time.Second); len(p.core.answers.assumedNodes()) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the core never confirmed r1's reservation")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// b is in group 3 now, which only the confirmation's next answered: judged without asking.
+	scheduleCycle(t, p, "r2", "b", []bool{false, true, true, false})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.judging != 0 {
+		t.Fatalf("JudgeGroups asked %d times; the confirmation named group 3's answer", f.judging)
+	}
+	if _, ok := p.core.answers.specs[mustKey(t, replica("r2"))][3]; !ok {
+		t.Fatal("group 3's answer was not kept")
+	}
+}

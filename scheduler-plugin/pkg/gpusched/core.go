@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -51,6 +52,8 @@ type core struct {
 	answers  *answerCache // the core's cacheable answers, by pod spec and node group
 	confirms *confirmer   // the plugin's own reservations on their way to the core (confirm.go)
 	audit    bool         // args.answerAudit: every answer of the cache checked against the core's
+
+	prefetching atomic.Bool // a prefetch is asking the core (prefetch)
 
 	mu    sync.Mutex
 	table *nodeTable // nil until the first PreFilter answer
@@ -127,10 +130,19 @@ func (c *core) adopt(reply *pb.PreFilterReply) *nodeTable {
 // answered by the cache either way (answerCache.overlay).
 func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*answer, error) {
 	key, keyErr := specKey(pod) // a spec that cannot be encoded is only never answered from the cache
+	if keyErr == nil {
+		c.answers.noteSpec(key, pod)
+	}
 	if keyErr == nil && !c.answers.mustAsk(pod.UID) {
 		table := c.heldTable()
-		if reply, ok := c.answers.answer(key, table); ok {
-			answersTotal.WithLabelValues("plugin").Inc()
+		source := "plugin"
+		reply, ok := c.answers.answer(key, table)
+		if !ok && c.judgeGroups(ctx, pod, key, table) {
+			source = "judged"
+			reply, ok = c.answers.answer(key, table)
+		}
+		if ok {
+			answersTotal.WithLabelValues(source).Inc()
 			if c.audit {
 				c.auditAnswer(ctx, pod, reply, table)
 			}
@@ -151,6 +163,62 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*answer, error) {
 	}
 	return &answer{reply: reply, table: table}, nil
 }
+
+// judgeGroups asks the core for the answers the cache lacks for key's spec on table (answerCache.
+// unjudged: groups telemetry moved nodes into), one node per group, and keeps them; false when
+// there were none to ask for, or the core did not judge them (the caller asks the whole cycle).
+func (c *core) judgeGroups(ctx context.Context, pod *v1.Pod, key string, table *nodeTable) bool {
+	positions := c.answers.unjudged(key, table)
+	if len(positions) == 0 {
+		return false
+	}
+	wire, err := wirePod(pod)
+	if err != nil {
+		return false
+	}
+	reply, err := call(ctx, c, func(ctx context.Context) (*pb.JudgeGroupsReply, error) {
+		return c.client.JudgeGroups(ctx, &pb.JudgeGroupsRequest{ApiVersion: APIVersion, Pod: wire,
+			TableGeneration: table.generation, Positions: positions})
+	})
+	return err == nil && c.answers.learnJudged(key, len(positions), reply)
+}
+
+// prefetch asks the core, off the scheduling cycle, for the groups the specs scheduled lately lack
+// in the groups just renewed (telemetry moved nodes into groups never judged for them) or hold no
+// move for, so that their next pods are answered, and reserved, without a round trip. One prefetch
+// at a time, asking again until nothing is lacking (renewals that arrive meanwhile start none);
+// a PreFilter that still lacks groups asks them itself.
+func (c *core) prefetch() {
+	if !c.prefetching.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer c.prefetching.Store(false)
+		for range maxPrefetchRounds {
+			table := c.heldTable()
+			jobs := c.answers.toPrefetch(table)
+			if len(jobs) == 0 {
+				return
+			}
+			for _, job := range jobs {
+				wire, err := wirePod(job.pod)
+				if err != nil {
+					continue
+				}
+				reply, err := call(context.Background(), c, func(ctx context.Context) (*pb.JudgeGroupsReply, error) {
+					return c.client.JudgeGroups(ctx, &pb.JudgeGroupsRequest{ApiVersion: APIVersion, Pod: wire,
+						TableGeneration: table.generation, Positions: job.positions})
+				})
+				if err != nil || !c.answers.learnJudged(job.key, len(job.positions), reply) {
+					return // the core cannot judge them now: the next renewal tries again
+				}
+			}
+		}
+	}()
+}
+
+// maxPrefetchRounds bounds one prefetch's rounds of asking (each up to maxJudgedGroups per spec).
+const maxPrefetchRounds = 8
 
 // auditAnswer asks the core for the pod as well, and compares its answer with the cache's node by
 // node (verdict, reason, score), counting the result in gpusched_plugin_answer_audits_total. The
@@ -268,6 +336,7 @@ func (c *core) reserve(ctx context.Context, pod *v1.Pod, node string, answeredBy
 		if reply.GetReserved() {
 			c.answers.reservedByCore(node)
 		}
+		c.prefetch()
 	}
 	return reply, err
 }

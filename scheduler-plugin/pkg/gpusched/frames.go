@@ -36,6 +36,8 @@ func rpcName(method pb.Method) string {
 		return "Hello"
 	case pb.Method_METHOD_PRE_FILTER:
 		return "PreFilter"
+	case pb.Method_METHOD_JUDGE_GROUPS:
+		return "JudgeGroups"
 	case pb.Method_METHOD_FILTER_WHAT_IF:
 		return "FilterWhatIf"
 	case pb.Method_METHOD_RESERVE:
@@ -56,6 +58,7 @@ func rpcName(method pb.Method) string {
 type schedulingClient interface {
 	Hello(context.Context, *pb.HelloRequest) (*pb.HelloReply, error)
 	PreFilter(context.Context, *pb.PreFilterRequest) (*pb.PreFilterReply, error)
+	JudgeGroups(context.Context, *pb.JudgeGroupsRequest) (*pb.JudgeGroupsReply, error)
 	FilterWhatIf(context.Context, *pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error)
 	Reserve(context.Context, *pb.ReserveRequest) (*pb.ReserveReply, error)
 	ReserveBatch(context.Context, *pb.ReserveBatchRequest) (*pb.ReserveBatchReply, error)
@@ -113,6 +116,10 @@ func (f *frameClient) Hello(ctx context.Context, in *pb.HelloRequest) (*pb.Hello
 
 func (f *frameClient) PreFilter(ctx context.Context, in *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
 	return unary(ctx, f, pb.Method_METHOD_PRE_FILTER, in, &pb.PreFilterReply{})
+}
+
+func (f *frameClient) JudgeGroups(ctx context.Context, in *pb.JudgeGroupsRequest) (*pb.JudgeGroupsReply, error) {
+	return unary(ctx, f, pb.Method_METHOD_JUDGE_GROUPS, in, &pb.JudgeGroupsReply{})
 }
 
 func (f *frameClient) FilterWhatIf(ctx context.Context, in *pb.FilterWhatIfRequest) (*pb.FilterWhatIfReply, error) {

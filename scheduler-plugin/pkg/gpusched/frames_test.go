@@ -70,6 +70,7 @@ func unaryMethods(srv pb.SchedulingServer) map[pb.Method]func(context.Context, [
 	return map[pb.Method]func(context.Context, []byte) (proto.Message, error){
 		pb.Method_METHOD_HELLO:          served(srv.Hello),
 		pb.Method_METHOD_PRE_FILTER:     served(srv.PreFilter),
+		pb.Method_METHOD_JUDGE_GROUPS:   served(srv.JudgeGroups),
 		pb.Method_METHOD_FILTER_WHAT_IF: served(srv.FilterWhatIf),
 		pb.Method_METHOD_RESERVE:        served(srv.Reserve),
 		pb.Method_METHOD_RESERVE_BATCH:  served(srv.ReserveBatch),

@@ -33,13 +33,14 @@ var rpcDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
 	StabilityLevel: metrics.ALPHA,
 }, []string{"rpc", "code"})
 
-// answersTotal counts PreFilter answers by who gave them: "plugin" (from the
-// core's cacheable answers for the pod's spec, no round trip) or "core" (asked).
+// answersTotal counts PreFilter answers by who gave them: "plugin" (from the core's cacheable
+// answers for the pod's spec, no round trip), "judged" (from them once the core judged the few
+// groups they lacked: one small round trip) or "core" (the whole cycle asked).
 var answersTotal = metrics.NewCounterVec(&metrics.CounterOpts{
 	Namespace:      "gpusched",
 	Subsystem:      "plugin",
 	Name:           "prefilter_answers_total",
-	Help:           "PreFilter answers by source: plugin (from the core's cacheable answers for the pod's spec) or core (asked over RPC).",
+	Help:           "PreFilter answers by source: plugin (from the core's cacheable answers for the pod's spec), judged (from them once the core judged the groups they lacked) or core (the whole cycle asked over RPC).",
 	StabilityLevel: metrics.ALPHA,
 }, []string{"source"})
 

@@ -299,7 +299,7 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return nil // not a GPU pod (or PreFilter never ran): nothing to reserve
 	}
 	if a.fromCache && p.core.answers.assume(a.key, a.table, nodeName) {
-		state.Write(reservationKey, &reservation{confirm: p.core.confirms.later(pod, nodeName)})
+		state.Write(reservationKey, &reservation{confirm: p.core.confirms.later(pod, a.key, nodeName)})
 		return nil
 	}
 	reply, err := p.core.reserve(ctx, pod, nodeName, a.fromCache)

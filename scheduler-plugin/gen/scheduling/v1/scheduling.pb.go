@@ -53,6 +53,7 @@ const (
 	Method_METHOD_PERMITTED      Method = 6
 	Method_METHOD_WATCH_REQUEUE  Method = 7
 	Method_METHOD_RESERVE_BATCH  Method = 8
+	Method_METHOD_JUDGE_GROUPS   Method = 9
 )
 
 // Enum value maps for Method.
@@ -67,6 +68,7 @@ var (
 		6: "METHOD_PERMITTED",
 		7: "METHOD_WATCH_REQUEUE",
 		8: "METHOD_RESERVE_BATCH",
+		9: "METHOD_JUDGE_GROUPS",
 	}
 	Method_value = map[string]int32{
 		"METHOD_UNSPECIFIED":    0,
@@ -78,6 +80,7 @@ var (
 		"METHOD_PERMITTED":      6,
 		"METHOD_WATCH_REQUEUE":  7,
 		"METHOD_RESERVE_BATCH":  8,
+		"METHOD_JUDGE_GROUPS":   9,
 	}
 )
 
@@ -698,6 +701,178 @@ func (x *Groups) GetLedgerVersion() uint64 {
 	return 0
 }
 
+type JudgeGroupsRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion      uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod             *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`                                                 // judged as any pod of its spec: its own reservations left out
+	TableGeneration uint64                 `protobuf:"varint,3,opt,name=table_generation,json=tableGeneration,proto3" json:"table_generation,omitempty"` // the table positions index
+	Positions       []uint32               `protobuf:"varint,4,rep,packed,name=positions,proto3" json:"positions,omitempty"`                             // at most 1024 table positions, one node per group wanted
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *JudgeGroupsRequest) Reset() {
+	*x = JudgeGroupsRequest{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JudgeGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JudgeGroupsRequest) ProtoMessage() {}
+
+func (x *JudgeGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JudgeGroupsRequest.ProtoReflect.Descriptor instead.
+func (*JudgeGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JudgeGroupsRequest) GetApiVersion() uint32 {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return 0
+}
+
+func (x *JudgeGroupsRequest) GetPod() *Pod {
+	if x != nil {
+		return x.Pod
+	}
+	return nil
+}
+
+func (x *JudgeGroupsRequest) GetTableGeneration() uint64 {
+	if x != nil {
+		return x.TableGeneration
+	}
+	return 0
+}
+
+func (x *JudgeGroupsRequest) GetPositions() []uint32 {
+	if x != nil {
+		return x.Positions
+	}
+	return nil
+}
+
+// Per requested position, in request order, the cacheable answer for the node's group: what a
+// PreFilterReply of the pod's spec gives every node of that group.
+type JudgeGroupsReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Not judged by group (the table changed, the answer is not cacheable, the core is not ready):
+	// the plugin asks PreFilter as before.
+	NotJudged     string   `protobuf:"bytes,1,opt,name=not_judged,json=notJudged,proto3" json:"not_judged,omitempty"`
+	Grouping      uint64   `protobuf:"varint,2,opt,name=grouping,proto3" json:"grouping,omitempty"`
+	Ids           []byte   `protobuf:"bytes,3,opt,name=ids,proto3" json:"ids,omitempty"`                                            // per position: one uint32 (little-endian) group id
+	Verdicts      []byte   `protobuf:"bytes,4,opt,name=verdicts,proto3" json:"verdicts,omitempty"`                                  // per position: one Verdict
+	ReasonIndex   []uint32 `protobuf:"varint,5,rep,packed,name=reason_index,json=reasonIndex,proto3" json:"reason_index,omitempty"` // per position: index into reasons
+	Reasons       []string `protobuf:"bytes,6,rep,name=reasons,proto3" json:"reasons,omitempty"`                                    // the distinct reasons; reasons[0] is ""
+	Scores        []byte   `protobuf:"bytes,7,opt,name=scores,proto3" json:"scores,omitempty"`                                      // per position: 0..100
+	Moves         []byte   `protobuf:"bytes,8,opt,name=moves,proto3" json:"moves,omitempty"`                                        // per position: one uint32 (little-endian), as PreFilterReply.moves
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JudgeGroupsReply) Reset() {
+	*x = JudgeGroupsReply{}
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JudgeGroupsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JudgeGroupsReply) ProtoMessage() {}
+
+func (x *JudgeGroupsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JudgeGroupsReply.ProtoReflect.Descriptor instead.
+func (*JudgeGroupsReply) Descriptor() ([]byte, []int) {
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JudgeGroupsReply) GetNotJudged() string {
+	if x != nil {
+		return x.NotJudged
+	}
+	return ""
+}
+
+func (x *JudgeGroupsReply) GetGrouping() uint64 {
+	if x != nil {
+		return x.Grouping
+	}
+	return 0
+}
+
+func (x *JudgeGroupsReply) GetIds() []byte {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *JudgeGroupsReply) GetVerdicts() []byte {
+	if x != nil {
+		return x.Verdicts
+	}
+	return nil
+}
+
+func (x *JudgeGroupsReply) GetReasonIndex() []uint32 {
+	if x != nil {
+		return x.ReasonIndex
+	}
+	return nil
+}
+
+func (x *JudgeGroupsReply) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
+func (x *JudgeGroupsReply) GetScores() []byte {
+	if x != nil {
+		return x.Scores
+	}
+	return nil
+}
+
+func (x *JudgeGroupsReply) GetMoves() []byte {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 type FilterWhatIfRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -717,7 +892,7 @@ type FilterWhatIfRequest struct {
 
 func (x *FilterWhatIfRequest) Reset() {
 	*x = FilterWhatIfRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +904,7 @@ func (x *FilterWhatIfRequest) String() string {
 func (*FilterWhatIfRequest) ProtoMessage() {}
 
 func (x *FilterWhatIfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[7]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +917,7 @@ func (x *FilterWhatIfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilterWhatIfRequest.ProtoReflect.Descriptor instead.
 func (*FilterWhatIfRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{7}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FilterWhatIfRequest) GetApiVersion() uint32 {
@@ -796,7 +971,7 @@ type NodePods struct {
 
 func (x *NodePods) Reset() {
 	*x = NodePods{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +983,7 @@ func (x *NodePods) String() string {
 func (*NodePods) ProtoMessage() {}
 
 func (x *NodePods) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[8]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +996,7 @@ func (x *NodePods) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodePods.ProtoReflect.Descriptor instead.
 func (*NodePods) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{8}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodePods) GetUids() []string {
@@ -841,7 +1016,7 @@ type FilterWhatIfReply struct {
 
 func (x *FilterWhatIfReply) Reset() {
 	*x = FilterWhatIfReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +1028,7 @@ func (x *FilterWhatIfReply) String() string {
 func (*FilterWhatIfReply) ProtoMessage() {}
 
 func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[9]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +1041,7 @@ func (x *FilterWhatIfReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilterWhatIfReply.ProtoReflect.Descriptor instead.
 func (*FilterWhatIfReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{9}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FilterWhatIfReply) GetVerdict() Verdict {
@@ -898,7 +1073,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1085,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[10]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1098,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{10}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReserveRequest) GetApiVersion() uint32 {
@@ -965,14 +1140,19 @@ type ReserveReply struct {
 	Barrier *Barrier `protobuf:"bytes,5,opt,name=barrier,proto3" json:"barrier,omitempty"`
 	// The groups once this reservation is taken (set when reserved), so the plugin's next cycle
 	// judges the node by its new group.
-	Groups        *Groups `protobuf:"bytes,6,opt,name=groups,proto3" json:"groups,omitempty"`
+	Groups *Groups `protobuf:"bytes,6,opt,name=groups,proto3" json:"groups,omitempty"`
+	// In a ReserveBatch reply, for a reservation taken: the cacheable answer a pod of this pod's spec
+	// gets on the node in the group it is in once the batch is taken (one entry, as JudgeGroups
+	// answers it), so the plugin judges the node's new group with no JudgeGroups of its own; unset
+	// where not cacheable.
+	Next          *JudgeGroupsReply `protobuf:"bytes,7,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveReply) Reset() {
 	*x = ReserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1164,7 @@ func (x *ReserveReply) String() string {
 func (*ReserveReply) ProtoMessage() {}
 
 func (x *ReserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[11]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1177,7 @@ func (x *ReserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveReply.ProtoReflect.Descriptor instead.
 func (*ReserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{11}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReserveReply) GetReserved() bool {
@@ -1042,6 +1222,13 @@ func (x *ReserveReply) GetGroups() *Groups {
 	return nil
 }
 
+func (x *ReserveReply) GetNext() *JudgeGroupsReply {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
 type ReserveBatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -1052,7 +1239,7 @@ type ReserveBatchRequest struct {
 
 func (x *ReserveBatchRequest) Reset() {
 	*x = ReserveBatchRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1251,7 @@ func (x *ReserveBatchRequest) String() string {
 func (*ReserveBatchRequest) ProtoMessage() {}
 
 func (x *ReserveBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[12]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1264,7 @@ func (x *ReserveBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBatchRequest.ProtoReflect.Descriptor instead.
 func (*ReserveBatchRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{12}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReserveBatchRequest) GetApiVersion() uint32 {
@@ -1104,7 +1291,7 @@ type ReserveBatchReply struct {
 
 func (x *ReserveBatchReply) Reset() {
 	*x = ReserveBatchReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1303,7 @@ func (x *ReserveBatchReply) String() string {
 func (*ReserveBatchReply) ProtoMessage() {}
 
 func (x *ReserveBatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[13]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1316,7 @@ func (x *ReserveBatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBatchReply.ProtoReflect.Descriptor instead.
 func (*ReserveBatchReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{13}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReserveBatchReply) GetReplies() []*ReserveReply {
@@ -1160,7 +1347,7 @@ type Barrier struct {
 
 func (x *Barrier) Reset() {
 	*x = Barrier{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1359,7 @@ func (x *Barrier) String() string {
 func (*Barrier) ProtoMessage() {}
 
 func (x *Barrier) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[14]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1372,7 @@ func (x *Barrier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Barrier.ProtoReflect.Descriptor instead.
 func (*Barrier) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{14}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Barrier) GetGang() string {
@@ -1220,7 +1407,7 @@ type PermittedRequest struct {
 
 func (x *PermittedRequest) Reset() {
 	*x = PermittedRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1419,7 @@ func (x *PermittedRequest) String() string {
 func (*PermittedRequest) ProtoMessage() {}
 
 func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[15]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1432,7 @@ func (x *PermittedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedRequest.ProtoReflect.Descriptor instead.
 func (*PermittedRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{15}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PermittedRequest) GetApiVersion() uint32 {
@@ -1281,7 +1468,7 @@ type PermittedReply struct {
 
 func (x *PermittedReply) Reset() {
 	*x = PermittedReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1480,7 @@ func (x *PermittedReply) String() string {
 func (*PermittedReply) ProtoMessage() {}
 
 func (x *PermittedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[16]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1493,7 @@ func (x *PermittedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermittedReply.ProtoReflect.Descriptor instead.
 func (*PermittedReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{16}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PermittedReply) GetPermitted() bool {
@@ -1349,7 +1536,7 @@ type UnreserveRequest struct {
 
 func (x *UnreserveRequest) Reset() {
 	*x = UnreserveRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1548,7 @@ func (x *UnreserveRequest) String() string {
 func (*UnreserveRequest) ProtoMessage() {}
 
 func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[17]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1561,7 @@ func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
 func (*UnreserveRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{17}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UnreserveRequest) GetApiVersion() uint32 {
@@ -1413,7 +1600,7 @@ type UnreserveReply struct {
 
 func (x *UnreserveReply) Reset() {
 	*x = UnreserveReply{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1612,7 @@ func (x *UnreserveReply) String() string {
 func (*UnreserveReply) ProtoMessage() {}
 
 func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[18]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1625,7 @@ func (x *UnreserveReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreserveReply.ProtoReflect.Descriptor instead.
 func (*UnreserveReply) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{18}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{20}
 }
 
 type WatchRequeueRequest struct {
@@ -1451,7 +1638,7 @@ type WatchRequeueRequest struct {
 
 func (x *WatchRequeueRequest) Reset() {
 	*x = WatchRequeueRequest{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1650,7 @@ func (x *WatchRequeueRequest) String() string {
 func (*WatchRequeueRequest) ProtoMessage() {}
 
 func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[19]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1663,7 @@ func (x *WatchRequeueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequeueRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequeueRequest) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{19}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequeueRequest) GetApiVersion() uint32 {
@@ -1503,7 +1690,7 @@ type RequeueBatch struct {
 
 func (x *RequeueBatch) Reset() {
 	*x = RequeueBatch{}
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1702,7 @@ func (x *RequeueBatch) String() string {
 func (*RequeueBatch) ProtoMessage() {}
 
 func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[20]
+	mi := &file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1715,7 @@ func (x *RequeueBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequeueBatch.ProtoReflect.Descriptor instead.
 func (*RequeueBatch) Descriptor() ([]byte, []int) {
-	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{20}
+	return file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RequeueBatch) GetPods() []string {
@@ -1597,7 +1784,23 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\bgrouping\x18\x01 \x01(\x04R\bgrouping\x12)\n" +
 	"\x10table_generation\x18\x02 \x01(\x04R\x0ftableGeneration\x12\x10\n" +
 	"\x03ids\x18\x03 \x01(\fR\x03ids\x12%\n" +
-	"\x0eledger_version\x18\x04 \x01(\x04R\rledgerVersion\"\xa2\x02\n" +
+	"\x0eledger_version\x18\x04 \x01(\x04R\rledgerVersion\"\xad\x01\n" +
+	"\x12JudgeGroupsRequest\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\rR\n" +
+	"apiVersion\x12-\n" +
+	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12)\n" +
+	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\x12\x1c\n" +
+	"\tpositions\x18\x04 \x03(\rR\tpositions\"\xe6\x01\n" +
+	"\x10JudgeGroupsReply\x12\x1d\n" +
+	"\n" +
+	"not_judged\x18\x01 \x01(\tR\tnotJudged\x12\x1a\n" +
+	"\bgrouping\x18\x02 \x01(\x04R\bgrouping\x12\x10\n" +
+	"\x03ids\x18\x03 \x01(\fR\x03ids\x12\x1a\n" +
+	"\bverdicts\x18\x04 \x01(\fR\bverdicts\x12!\n" +
+	"\freason_index\x18\x05 \x03(\rR\vreasonIndex\x12\x18\n" +
+	"\areasons\x18\x06 \x03(\tR\areasons\x12\x16\n" +
+	"\x06scores\x18\a \x01(\fR\x06scores\x12\x14\n" +
+	"\x05moves\x18\b \x01(\fR\x05moves\"\xa2\x02\n" +
 	"\x13FilterWhatIfRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
@@ -1616,14 +1819,15 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12,\n" +
-	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\"\xea\x02\n" +
+	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\"\xa8\x03\n" +
 	"\fReserveReply\x12\x1a\n" +
 	"\breserved\x18\x01 \x01(\bR\breserved\x12\x18\n" +
 	"\arefusal\x18\x02 \x01(\tR\arefusal\x12W\n" +
 	"\vannotations\x18\x03 \x03(\v25.gpusched.scheduling.v1.ReserveReply.AnnotationsEntryR\vannotations\x12\x18\n" +
 	"\asummary\x18\x04 \x01(\tR\asummary\x129\n" +
 	"\abarrier\x18\x05 \x01(\v2\x1f.gpusched.scheduling.v1.BarrierR\abarrier\x126\n" +
-	"\x06groups\x18\x06 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x1a>\n" +
+	"\x06groups\x18\x06 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x12<\n" +
+	"\x04next\x18\a \x01(\v2(.gpusched.scheduling.v1.JudgeGroupsReplyR\x04next\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
@@ -1664,7 +1868,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x0eplugin_version\x18\x02 \x01(\tR\rpluginVersion\":\n" +
 	"\fRequeueBatch\x12\x12\n" +
 	"\x04pods\x18\x01 \x03(\tR\x04pods\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason*\xd8\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason*\xf1\x01\n" +
 	"\x06Method\x12\x16\n" +
 	"\x12METHOD_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fMETHOD_HELLO\x10\x01\x12\x15\n" +
@@ -1674,15 +1878,17 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x10METHOD_UNRESERVE\x10\x05\x12\x14\n" +
 	"\x10METHOD_PERMITTED\x10\x06\x12\x18\n" +
 	"\x14METHOD_WATCH_REQUEUE\x10\a\x12\x18\n" +
-	"\x14METHOD_RESERVE_BATCH\x10\b*C\n" +
+	"\x14METHOD_RESERVE_BATCH\x10\b\x12\x17\n" +
+	"\x13METHOD_JUDGE_GROUPS\x10\t*C\n" +
 	"\aVerdict\x12\x10\n" +
 	"\fVERDICT_FITS\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_NOT_NOW\x10\x01\x12\x11\n" +
-	"\rVERDICT_NEVER\x10\x022\x8a\x06\n" +
+	"\rVERDICT_NEVER\x10\x022\xef\x06\n" +
 	"\n" +
 	"Scheduling\x12Q\n" +
 	"\x05Hello\x12$.gpusched.scheduling.v1.HelloRequest\x1a\".gpusched.scheduling.v1.HelloReply\x12]\n" +
-	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12f\n" +
+	"\tPreFilter\x12(.gpusched.scheduling.v1.PreFilterRequest\x1a&.gpusched.scheduling.v1.PreFilterReply\x12c\n" +
+	"\vJudgeGroups\x12*.gpusched.scheduling.v1.JudgeGroupsRequest\x1a(.gpusched.scheduling.v1.JudgeGroupsReply\x12f\n" +
 	"\fFilterWhatIf\x12+.gpusched.scheduling.v1.FilterWhatIfRequest\x1a).gpusched.scheduling.v1.FilterWhatIfReply\x12W\n" +
 	"\aReserve\x12&.gpusched.scheduling.v1.ReserveRequest\x1a$.gpusched.scheduling.v1.ReserveReply\x12f\n" +
 	"\fReserveBatch\x12+.gpusched.scheduling.v1.ReserveBatchRequest\x1a).gpusched.scheduling.v1.ReserveBatchReply\x12]\n" +
@@ -1703,7 +1909,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_rawDescGZIP() []byte {
 }
 
 var file_gpusched_api_scheduling_v1_scheduling_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_gpusched_api_scheduling_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(Method)(0),                 // 0: gpusched.scheduling.v1.Method
 	(Verdict)(0),                // 1: gpusched.scheduling.v1.Verdict
@@ -1714,63 +1920,69 @@ var file_gpusched_api_scheduling_v1_scheduling_proto_goTypes = []any{
 	(*PreFilterRequest)(nil),    // 6: gpusched.scheduling.v1.PreFilterRequest
 	(*PreFilterReply)(nil),      // 7: gpusched.scheduling.v1.PreFilterReply
 	(*Groups)(nil),              // 8: gpusched.scheduling.v1.Groups
-	(*FilterWhatIfRequest)(nil), // 9: gpusched.scheduling.v1.FilterWhatIfRequest
-	(*NodePods)(nil),            // 10: gpusched.scheduling.v1.NodePods
-	(*FilterWhatIfReply)(nil),   // 11: gpusched.scheduling.v1.FilterWhatIfReply
-	(*ReserveRequest)(nil),      // 12: gpusched.scheduling.v1.ReserveRequest
-	(*ReserveReply)(nil),        // 13: gpusched.scheduling.v1.ReserveReply
-	(*ReserveBatchRequest)(nil), // 14: gpusched.scheduling.v1.ReserveBatchRequest
-	(*ReserveBatchReply)(nil),   // 15: gpusched.scheduling.v1.ReserveBatchReply
-	(*Barrier)(nil),             // 16: gpusched.scheduling.v1.Barrier
-	(*PermittedRequest)(nil),    // 17: gpusched.scheduling.v1.PermittedRequest
-	(*PermittedReply)(nil),      // 18: gpusched.scheduling.v1.PermittedReply
-	(*UnreserveRequest)(nil),    // 19: gpusched.scheduling.v1.UnreserveRequest
-	(*UnreserveReply)(nil),      // 20: gpusched.scheduling.v1.UnreserveReply
-	(*WatchRequeueRequest)(nil), // 21: gpusched.scheduling.v1.WatchRequeueRequest
-	(*RequeueBatch)(nil),        // 22: gpusched.scheduling.v1.RequeueBatch
-	nil,                         // 23: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	nil,                         // 24: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	(*JudgeGroupsRequest)(nil),  // 9: gpusched.scheduling.v1.JudgeGroupsRequest
+	(*JudgeGroupsReply)(nil),    // 10: gpusched.scheduling.v1.JudgeGroupsReply
+	(*FilterWhatIfRequest)(nil), // 11: gpusched.scheduling.v1.FilterWhatIfRequest
+	(*NodePods)(nil),            // 12: gpusched.scheduling.v1.NodePods
+	(*FilterWhatIfReply)(nil),   // 13: gpusched.scheduling.v1.FilterWhatIfReply
+	(*ReserveRequest)(nil),      // 14: gpusched.scheduling.v1.ReserveRequest
+	(*ReserveReply)(nil),        // 15: gpusched.scheduling.v1.ReserveReply
+	(*ReserveBatchRequest)(nil), // 16: gpusched.scheduling.v1.ReserveBatchRequest
+	(*ReserveBatchReply)(nil),   // 17: gpusched.scheduling.v1.ReserveBatchReply
+	(*Barrier)(nil),             // 18: gpusched.scheduling.v1.Barrier
+	(*PermittedRequest)(nil),    // 19: gpusched.scheduling.v1.PermittedRequest
+	(*PermittedReply)(nil),      // 20: gpusched.scheduling.v1.PermittedReply
+	(*UnreserveRequest)(nil),    // 21: gpusched.scheduling.v1.UnreserveRequest
+	(*UnreserveReply)(nil),      // 22: gpusched.scheduling.v1.UnreserveReply
+	(*WatchRequeueRequest)(nil), // 23: gpusched.scheduling.v1.WatchRequeueRequest
+	(*RequeueBatch)(nil),        // 24: gpusched.scheduling.v1.RequeueBatch
+	nil,                         // 25: gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	nil,                         // 26: gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
 }
 var file_gpusched_api_scheduling_v1_scheduling_proto_depIdxs = []int32{
 	4,  // 0: gpusched.scheduling.v1.PreFilterRequest.pod:type_name -> gpusched.scheduling.v1.Pod
 	5,  // 1: gpusched.scheduling.v1.PreFilterReply.table:type_name -> gpusched.scheduling.v1.NodeTable
 	8,  // 2: gpusched.scheduling.v1.PreFilterReply.groups:type_name -> gpusched.scheduling.v1.Groups
-	4,  // 3: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	4,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
-	4,  // 5: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
-	10, // 6: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
-	1,  // 7: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
-	4,  // 8: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	23, // 9: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
-	16, // 10: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
-	8,  // 11: gpusched.scheduling.v1.ReserveReply.groups:type_name -> gpusched.scheduling.v1.Groups
-	12, // 12: gpusched.scheduling.v1.ReserveBatchRequest.reservations:type_name -> gpusched.scheduling.v1.ReserveRequest
-	13, // 13: gpusched.scheduling.v1.ReserveBatchReply.replies:type_name -> gpusched.scheduling.v1.ReserveReply
-	8,  // 14: gpusched.scheduling.v1.ReserveBatchReply.groups:type_name -> gpusched.scheduling.v1.Groups
-	4,  // 15: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	24, // 16: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
-	4,  // 17: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
-	2,  // 18: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
-	6,  // 19: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
-	9,  // 20: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
-	12, // 21: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
-	14, // 22: gpusched.scheduling.v1.Scheduling.ReserveBatch:input_type -> gpusched.scheduling.v1.ReserveBatchRequest
-	19, // 23: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
-	17, // 24: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
-	21, // 25: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
-	3,  // 26: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
-	7,  // 27: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
-	11, // 28: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
-	13, // 29: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
-	15, // 30: gpusched.scheduling.v1.Scheduling.ReserveBatch:output_type -> gpusched.scheduling.v1.ReserveBatchReply
-	20, // 31: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
-	18, // 32: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
-	22, // 33: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	4,  // 3: gpusched.scheduling.v1.JudgeGroupsRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	4,  // 4: gpusched.scheduling.v1.FilterWhatIfRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	4,  // 5: gpusched.scheduling.v1.FilterWhatIfRequest.removed:type_name -> gpusched.scheduling.v1.Pod
+	4,  // 6: gpusched.scheduling.v1.FilterWhatIfRequest.added:type_name -> gpusched.scheduling.v1.Pod
+	12, // 7: gpusched.scheduling.v1.FilterWhatIfRequest.node_pods:type_name -> gpusched.scheduling.v1.NodePods
+	1,  // 8: gpusched.scheduling.v1.FilterWhatIfReply.verdict:type_name -> gpusched.scheduling.v1.Verdict
+	4,  // 9: gpusched.scheduling.v1.ReserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	25, // 10: gpusched.scheduling.v1.ReserveReply.annotations:type_name -> gpusched.scheduling.v1.ReserveReply.AnnotationsEntry
+	18, // 11: gpusched.scheduling.v1.ReserveReply.barrier:type_name -> gpusched.scheduling.v1.Barrier
+	8,  // 12: gpusched.scheduling.v1.ReserveReply.groups:type_name -> gpusched.scheduling.v1.Groups
+	10, // 13: gpusched.scheduling.v1.ReserveReply.next:type_name -> gpusched.scheduling.v1.JudgeGroupsReply
+	14, // 14: gpusched.scheduling.v1.ReserveBatchRequest.reservations:type_name -> gpusched.scheduling.v1.ReserveRequest
+	15, // 15: gpusched.scheduling.v1.ReserveBatchReply.replies:type_name -> gpusched.scheduling.v1.ReserveReply
+	8,  // 16: gpusched.scheduling.v1.ReserveBatchReply.groups:type_name -> gpusched.scheduling.v1.Groups
+	4,  // 17: gpusched.scheduling.v1.PermittedRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	26, // 18: gpusched.scheduling.v1.PermittedReply.annotations:type_name -> gpusched.scheduling.v1.PermittedReply.AnnotationsEntry
+	4,  // 19: gpusched.scheduling.v1.UnreserveRequest.pod:type_name -> gpusched.scheduling.v1.Pod
+	2,  // 20: gpusched.scheduling.v1.Scheduling.Hello:input_type -> gpusched.scheduling.v1.HelloRequest
+	6,  // 21: gpusched.scheduling.v1.Scheduling.PreFilter:input_type -> gpusched.scheduling.v1.PreFilterRequest
+	9,  // 22: gpusched.scheduling.v1.Scheduling.JudgeGroups:input_type -> gpusched.scheduling.v1.JudgeGroupsRequest
+	11, // 23: gpusched.scheduling.v1.Scheduling.FilterWhatIf:input_type -> gpusched.scheduling.v1.FilterWhatIfRequest
+	14, // 24: gpusched.scheduling.v1.Scheduling.Reserve:input_type -> gpusched.scheduling.v1.ReserveRequest
+	16, // 25: gpusched.scheduling.v1.Scheduling.ReserveBatch:input_type -> gpusched.scheduling.v1.ReserveBatchRequest
+	21, // 26: gpusched.scheduling.v1.Scheduling.Unreserve:input_type -> gpusched.scheduling.v1.UnreserveRequest
+	19, // 27: gpusched.scheduling.v1.Scheduling.Permitted:input_type -> gpusched.scheduling.v1.PermittedRequest
+	23, // 28: gpusched.scheduling.v1.Scheduling.WatchRequeue:input_type -> gpusched.scheduling.v1.WatchRequeueRequest
+	3,  // 29: gpusched.scheduling.v1.Scheduling.Hello:output_type -> gpusched.scheduling.v1.HelloReply
+	7,  // 30: gpusched.scheduling.v1.Scheduling.PreFilter:output_type -> gpusched.scheduling.v1.PreFilterReply
+	10, // 31: gpusched.scheduling.v1.Scheduling.JudgeGroups:output_type -> gpusched.scheduling.v1.JudgeGroupsReply
+	13, // 32: gpusched.scheduling.v1.Scheduling.FilterWhatIf:output_type -> gpusched.scheduling.v1.FilterWhatIfReply
+	15, // 33: gpusched.scheduling.v1.Scheduling.Reserve:output_type -> gpusched.scheduling.v1.ReserveReply
+	17, // 34: gpusched.scheduling.v1.Scheduling.ReserveBatch:output_type -> gpusched.scheduling.v1.ReserveBatchReply
+	22, // 35: gpusched.scheduling.v1.Scheduling.Unreserve:output_type -> gpusched.scheduling.v1.UnreserveReply
+	20, // 36: gpusched.scheduling.v1.Scheduling.Permitted:output_type -> gpusched.scheduling.v1.PermittedReply
+	24, // 37: gpusched.scheduling.v1.Scheduling.WatchRequeue:output_type -> gpusched.scheduling.v1.RequeueBatch
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_gpusched_api_scheduling_v1_scheduling_proto_init() }
@@ -1784,7 +1996,7 @@ func file_gpusched_api_scheduling_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc), len(file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Scheduling_Hello_FullMethodName        = "/gpusched.scheduling.v1.Scheduling/Hello"
 	Scheduling_PreFilter_FullMethodName    = "/gpusched.scheduling.v1.Scheduling/PreFilter"
+	Scheduling_JudgeGroups_FullMethodName  = "/gpusched.scheduling.v1.Scheduling/JudgeGroups"
 	Scheduling_FilterWhatIf_FullMethodName = "/gpusched.scheduling.v1.Scheduling/FilterWhatIf"
 	Scheduling_Reserve_FullMethodName      = "/gpusched.scheduling.v1.Scheduling/Reserve"
 	Scheduling_ReserveBatch_FullMethodName = "/gpusched.scheduling.v1.Scheduling/ReserveBatch"
@@ -56,6 +57,10 @@ type SchedulingClient interface {
 	Hello(ctx context.Context, in *HelloRequest, opts ...grpc.CallOption) (*HelloReply, error)
 	// The pod judged against every node: verdicts, reasons and scores for the whole cycle.
 	PreFilter(ctx context.Context, in *PreFilterRequest, opts ...grpc.CallOption) (*PreFilterReply, error)
+	// A pod's spec judged on a few nodes of the table (issue 43): the plugin holds cacheable answers
+	// for the spec but not for the groups some nodes moved to (telemetry regrouped them: a foreign
+	// process appeared or left), and asks for one node per such group instead of the whole cycle.
+	JudgeGroups(ctx context.Context, in *JudgeGroupsRequest, opts ...grpc.CallOption) (*JudgeGroupsReply, error)
 	// Filter on a node kube-scheduler changed in this cycle (PreFilterExtensions AddPod/RemovePod):
 	// its preemption dry run removed lower-priority pods from the node (adding some back to spare
 	// them), or it placed pods nominated to the node before judging one of lower priority. The pod
@@ -104,6 +109,16 @@ func (c *schedulingClient) PreFilter(ctx context.Context, in *PreFilterRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PreFilterReply)
 	err := c.cc.Invoke(ctx, Scheduling_PreFilter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulingClient) JudgeGroups(ctx context.Context, in *JudgeGroupsRequest, opts ...grpc.CallOption) (*JudgeGroupsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JudgeGroupsReply)
+	err := c.cc.Invoke(ctx, Scheduling_JudgeGroups_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +202,10 @@ type SchedulingServer interface {
 	Hello(context.Context, *HelloRequest) (*HelloReply, error)
 	// The pod judged against every node: verdicts, reasons and scores for the whole cycle.
 	PreFilter(context.Context, *PreFilterRequest) (*PreFilterReply, error)
+	// A pod's spec judged on a few nodes of the table (issue 43): the plugin holds cacheable answers
+	// for the spec but not for the groups some nodes moved to (telemetry regrouped them: a foreign
+	// process appeared or left), and asks for one node per such group instead of the whole cycle.
+	JudgeGroups(context.Context, *JudgeGroupsRequest) (*JudgeGroupsReply, error)
 	// Filter on a node kube-scheduler changed in this cycle (PreFilterExtensions AddPod/RemovePod):
 	// its preemption dry run removed lower-priority pods from the node (adding some back to spare
 	// them), or it placed pods nominated to the node before judging one of lower priority. The pod
@@ -226,6 +245,9 @@ func (UnimplementedSchedulingServer) Hello(context.Context, *HelloRequest) (*Hel
 }
 func (UnimplementedSchedulingServer) PreFilter(context.Context, *PreFilterRequest) (*PreFilterReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method PreFilter not implemented")
+}
+func (UnimplementedSchedulingServer) JudgeGroups(context.Context, *JudgeGroupsRequest) (*JudgeGroupsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method JudgeGroups not implemented")
 }
 func (UnimplementedSchedulingServer) FilterWhatIf(context.Context, *FilterWhatIfRequest) (*FilterWhatIfReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method FilterWhatIf not implemented")
@@ -298,6 +320,24 @@ func _Scheduling_PreFilter_Handler(srv interface{}, ctx context.Context, dec fun
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SchedulingServer).PreFilter(ctx, req.(*PreFilterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduling_JudgeGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JudgeGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulingServer).JudgeGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduling_JudgeGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulingServer).JudgeGroups(ctx, req.(*JudgeGroupsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -417,6 +457,10 @@ var Scheduling_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PreFilter",
 			Handler:    _Scheduling_PreFilter_Handler,
+		},
+		{
+			MethodName: "JudgeGroups",
+			Handler:    _Scheduling_JudgeGroups_Handler,
 		},
 		{
 			MethodName: "FilterWhatIf",
