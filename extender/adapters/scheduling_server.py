@@ -132,7 +132,7 @@ class SchedulingServicer:
                                                    f"most {MAX_RESERVE_BATCH}")
         asked = [(*self._placement_request(r, f"reservations[{i}]", context), r.answered_by_plugin)
                  for i, r in enumerate(request.reservations)]
-        answers, groups = self._plugin.reserve_all(asked)
+        answers, groups = self._plugin.reserve_all(asked, [r.want_next for r in request.reservations])
         reply = pb.ReserveBatchReply()
         for answer in answers:
             _write_reservation(reply.replies.add(), answer)

@@ -339,23 +339,27 @@ class PluginService:
         answer = self._reserve_one(pod, node, answered_by_plugin)
         return replace(answer, groups=self._groups()) if answer.reserved else answer
 
-    def reserve_all(self, requests: Sequence[tuple[PodRef, str, bool]]) -> tuple[list[ReserveAnswer], GroupIds | None]:
+    def reserve_all(self, requests: Sequence[tuple[PodRef, str, bool]],
+                    wants_next: Sequence[bool] | None = None) -> tuple[list[ReserveAnswer], GroupIds | None]:
         """Reservations the plugin took on its own (issue 43: a pod answered from cacheable answers
         is reserved in kube-scheduler at once and confirmed here off its scheduling cycle, many at
         a time): each ``(pod, node, answered_by_plugin)`` reserved as :meth:`reserve` would, in
-        order, each refused on its own; the groups once, after the last."""
+        order, each refused on its own; the groups once, after the last. Each reservation taken
+        whose ``wants_next`` is set (all, without it) carries its ``next``."""
         answers = [self._reserve_one(pod, node, by_plugin) for pod, node, by_plugin in requests]
-        return self._with_next(requests, answers), self._groups()
+        wanted = wants_next if wants_next is not None else [True] * len(requests)
+        return self._with_next(requests, answers, wanted), self._groups()
 
-    def _with_next(self, requests: Sequence[tuple[PodRef, str, bool]],
-                   answers: list[ReserveAnswer]) -> list[ReserveAnswer]:
-        """``answers`` with each reservation's ``next``: its node judged, once the batch is taken,
-        for a pod of its spec (one :meth:`judge_groups` per spec in the batch). The plugin would
-        otherwise ask JudgeGroups for these very groups as soon as this reply renewed its ids."""
+    def _with_next(self, requests: Sequence[tuple[PodRef, str, bool]], answers: list[ReserveAnswer],
+                   wanted: Sequence[bool]) -> list[ReserveAnswer]:
+        """``answers`` with the ``next`` of each one ``wanted``: its node judged, once the batch is
+        taken, for a pod of its spec (one :meth:`judge_groups` per spec in the batch). The plugin
+        would otherwise ask JudgeGroups for these very groups as soon as this reply renewed its ids;
+        it wants none where it holds the answer for the group it moved the node to already."""
         table = self._tables.current()
         by_spec: dict[bytes, list[int]] = {}
-        for i, ((pod, node, _), answer) in enumerate(zip(requests, answers, strict=True)):
-            if answer.reserved and pod.spec_digest is not None and node in table.position:
+        for i, ((pod, node, _), answer, want) in enumerate(zip(requests, answers, wanted, strict=True)):
+            if want and answer.reserved and pod.spec_digest is not None and node in table.position:
                 by_spec.setdefault(pod.spec_digest, []).append(i)
         out = list(answers)
         for indices in by_spec.values():

@@ -546,9 +546,11 @@ def test_moves_are_named_for_the_best_scored_groups_first(tmp_path, monkeypatch)
         core.close()
 
 
-def reserve_batch(core: Core, *reservations: tuple[dict[str, Any], str], version: int = API_VERSION) -> pb.ReserveBatchReply:
+def reserve_batch(core: Core, *reservations: tuple[dict[str, Any], str], version: int = API_VERSION,
+                  want_next: bool = False) -> pb.ReserveBatchReply:
     return core.stub.ReserveBatch(pb.ReserveBatchRequest(api_version=version, reservations=[
-        pb.ReserveRequest(api_version=version, pod=wire_pod(pod), node=node, answered_by_plugin=True)
+        pb.ReserveRequest(api_version=version, pod=wire_pod(pod), node=node, answered_by_plugin=True,
+                          want_next=want_next)
         for pod, node in reservations]))
 
 
@@ -572,15 +574,17 @@ def test_a_batch_of_reservations_is_each_reserved_or_refused_in_order_and_groupe
 
 
 def test_a_batch_names_each_reserved_nodes_next_answer_for_its_spec(tmp_path):
-    """Each reservation of a batch carries what a pod of its spec gets on its node once the batch is
-    taken (issue 43): exactly what a PreFilter of the spec answers for that node then, group and
+    """Each reservation of a batch that asks for it carries what a pod of its spec gets on its node
+    once the batch is taken (issue 43): exactly what a PreFilter of the spec answers for that node then, group and
     move included, so the plugin need not ask JudgeGroups for the groups the batch moved nodes to."""
     core = Core(tmp_path / "s.sock", fleet_of(6))
     try:
         one = {"gpus": 1, "model": "meta-llama/Llama-3.1-8B-Instruct"}
         tp2 = {"gpus": 2, "model": "meta-llama/Llama-3.1-70B-Instruct", "tp": 2}
         placed = [(one, "a0", 0), (one, "a1", 0), (tp2, "b0", 1), (one, "a2", 3)]
-        reply = reserve_batch(core, *[(make_pod(name, **spec), f"n{node:02d}") for spec, name, node in placed])
+        reply = reserve_batch(core, *[(make_pod(name, **spec), f"n{node:02d}") for spec, name, node in placed],
+                              want_next=True)
+        assert not reserve_batch(core, (make_pod("unasked", **one), "n04")).replies[0].HasField("next")
         for r, (spec, name, node) in zip(reply.replies, placed, strict=True):
             now = pre_filter(core, make_pod(f"probe-{name}", **spec))
             assert r.reserved and r.next.not_judged == "" and r.next.grouping == now.groups.grouping, name

@@ -197,16 +197,18 @@ class FilterWhatIfReply(_message.Message):
     def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("api_version", "pod", "node", "answered_by_plugin")
+    __slots__ = ("api_version", "pod", "node", "answered_by_plugin", "want_next")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_PLUGIN_FIELD_NUMBER: _ClassVar[int]
+    WANT_NEXT_FIELD_NUMBER: _ClassVar[int]
     api_version: int
     pod: Pod
     node: str
     answered_by_plugin: bool
-    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., answered_by_plugin: _Optional[bool] = ...) -> None: ...
+    want_next: bool
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., answered_by_plugin: _Optional[bool] = ..., want_next: _Optional[bool] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
     __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups", "next")

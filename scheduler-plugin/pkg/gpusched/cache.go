@@ -506,6 +506,20 @@ func (c *answerCache) assume(key string, table *nodeTable, node string) bool {
 	return true
 }
 
+// knowsMove says whether the answers for key hold the group node is judged by while its
+// reservations are unconfirmed (its assumed move): if not, the plugin asks the core's confirmation
+// for the node's next answer.
+func (c *answerCache) knowsMove(key, node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assumed := c.assumed[node]
+	if assumed == nil || assumed.gid == 0 {
+		return false
+	}
+	_, ok := c.specs[key][assumed.gid]
+	return ok
+}
+
 // settle takes the core's answer to reservations assumed on nodes (one entry per reservation, in
 // order): the groups it named once they were taken (nil: none, e.g. the core was not reached), and
 // whether each was reserved. A node with no reservation unconfirmed is judged by the core's groups

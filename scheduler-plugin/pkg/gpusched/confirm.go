@@ -124,7 +124,7 @@ func (c *core) confirmBatch(batch []*confirmation) {
 			continue
 		}
 		req.Reservations = append(req.Reservations, &pb.ReserveRequest{ApiVersion: APIVersion, Pod: wire, Node: conf.node,
-			AnsweredByPlugin: true})
+			AnsweredByPlugin: true, WantNext: !c.answers.knowsMove(conf.key, conf.node)})
 		asked = append(asked, conf)
 	}
 	var reply *pb.ReserveBatchReply

@@ -2,6 +2,7 @@ package gpusched
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -366,7 +367,8 @@ type nextCore struct {
 	mu      sync.Mutex
 	ids     []uint32
 	version uint64
-	judging int // JudgeGroups calls
+	judging int    // JudgeGroups calls
+	wants   []bool // want_next of each reservation batched
 }
 
 func (c *nextCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
@@ -406,6 +408,7 @@ func (c *nextCore) ReserveBatch(_ context.Context, r *pb.ReserveBatchRequest) (*
 	defer c.mu.Unlock()
 	reply := &pb.ReserveBatchReply{}
 	for _, res := range r.GetReservations() {
+		c.wants = append(c.wants, res.GetWantNext())
 		c.ids[strings.Index("abcd", res.GetNode())] = 3
 		c.version++
 		reply.Replies = append(reply.Replies, &pb.ReserveReply{Reserved: true, Next: &pb.JudgeGroupsReply{Grouping: 11,
@@ -429,7 +432,17 @@ func TestAConfirmedNodesNextAnswerComesWithItsConfirmation(t *testing.T) {
 	}
 	// b is in group 3 now, which only the confirmation's next answered: judged without asking.
 	scheduleCycle(t, p, "r2", "b", []bool{false, true, true, false})
+	for deadline := time.Now().Add(5 * time.Second); len(p.core.answers.assumedNodes()) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the core never confirmed r2's reservation")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	f.mu.Lock()
+	// r1's move (group 3) was unknown: its next asked for; r2's (group 2, full) was known.
+	if !slices.Equal(f.wants, []bool{true, false}) {
+		t.Errorf("want_next of the reservations batched: %v, want [true false]", f.wants)
+	}
 	defer f.mu.Unlock()
 	if f.judging != 0 {
 		t.Fatalf("JudgeGroups asked %d times; the confirmation named group 3's answer", f.judging)

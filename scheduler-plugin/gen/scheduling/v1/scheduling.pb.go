@@ -1067,8 +1067,11 @@ type ReserveRequest struct {
 	// has not judged this pod yet, and judges its demand now. Reserve stays authoritative: the
 	// core chooses the GPUs on its own state and refuses when the node no longer fits.
 	AnsweredByPlugin bool `protobuf:"varint,4,opt,name=answered_by_plugin,json=answeredByPlugin,proto3" json:"answered_by_plugin,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// In a ReserveBatch: the plugin holds no answer for the group it judges the node by meanwhile
+	// (its move), and asks for the reply's next.
+	WantNext      bool `protobuf:"varint,5,opt,name=want_next,json=wantNext,proto3" json:"want_next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -1129,6 +1132,13 @@ func (x *ReserveRequest) GetAnsweredByPlugin() bool {
 	return false
 }
 
+func (x *ReserveRequest) GetWantNext() bool {
+	if x != nil {
+		return x.WantNext
+	}
+	return false
+}
+
 type ReserveReply struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Reserved    bool                   `protobuf:"varint,1,opt,name=reserved,proto3" json:"reserved,omitempty"`
@@ -1141,10 +1151,10 @@ type ReserveReply struct {
 	// The groups once this reservation is taken (set when reserved), so the plugin's next cycle
 	// judges the node by its new group.
 	Groups *Groups `protobuf:"bytes,6,opt,name=groups,proto3" json:"groups,omitempty"`
-	// In a ReserveBatch reply, for a reservation taken: the cacheable answer a pod of this pod's spec
-	// gets on the node in the group it is in once the batch is taken (one entry, as JudgeGroups
-	// answers it), so the plugin judges the node's new group with no JudgeGroups of its own; unset
-	// where not cacheable.
+	// In a ReserveBatch reply, for a reservation taken that asked for it (want_next): the cacheable
+	// answer a pod of this pod's spec gets on the node in the group it is in once the batch is taken
+	// (one entry, as JudgeGroups answers it), so the plugin judges the node's new group with no
+	// JudgeGroups of its own; unset where not cacheable.
 	Next          *JudgeGroupsReply `protobuf:"bytes,7,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1813,13 +1823,14 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x04uids\x18\x01 \x03(\tR\x04uids\"f\n" +
 	"\x11FilterWhatIfReply\x129\n" +
 	"\averdict\x18\x01 \x01(\x0e2\x1f.gpusched.scheduling.v1.VerdictR\averdict\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xa2\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbf\x01\n" +
 	"\x0eReserveRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12,\n" +
-	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\"\xa8\x03\n" +
+	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\x12\x1b\n" +
+	"\twant_next\x18\x05 \x01(\bR\bwantNext\"\xa8\x03\n" +
 	"\fReserveReply\x12\x1a\n" +
 	"\breserved\x18\x01 \x01(\bR\breserved\x12\x18\n" +
 	"\arefusal\x18\x02 \x01(\tR\arefusal\x12W\n" +
