@@ -407,15 +407,25 @@ func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, 
 		Verdicts: make([]byte, len(c.ids)), Scores: make([]byte, len(c.ids)), ReasonIndex: make([]uint32, len(c.ids)),
 		Summary: "answered by the GpuSched plugin from the core's answers for this pod's spec"}
 	reasonAt := map[string]uint32{"": 0}
+	// Each group resolved once, in a slot by group id (its answer looked up and its reason indexed
+	// once, not per node): 100 -> 29 us at 5,000 nodes in 300 groups (BenchmarkAnswerFromCache).
+	slot := resolvedSlots(c.ids)
 	for i, gid := range c.ids {
-		a, ok := known[gid]
-		if !ok {
+		r := slot(gid)
+		if !r.seen {
+			a, ok := known[gid]
+			*r = resolvedAnswer{seen: true, known: ok, verdict: a.verdict, score: a.score}
+			if ok {
+				r.reasonIndex = reasonIndex(reply, reasonAt, a.reason)
+			}
+		}
+		if !r.known {
 			if _, assumed := c.assumed[table.names[i]]; assumed {
 				continue // left "fits" (the zero verdict): judged by its assumed group below
 			}
 			return nil, false
 		}
-		setAnswer(reply, reasonAt, i, a)
+		reply.Verdicts[i], reply.Scores[i], reply.ReasonIndex[i] = r.verdict, r.score, r.reasonIndex
 	}
 	c.patchAssumedLocked(known, reply, table, reasonAt)
 	if bytes.IndexByte(reply.Verdicts, byte(pb.Verdict_VERDICT_FITS)) < 0 {
@@ -424,15 +434,52 @@ func (c *answerCache) answer(key string, table *nodeTable) (*pb.PreFilterReply, 
 	return reply, true
 }
 
+// resolvedAnswer is one group's answer as answer writes it into a reply (seen: resolved already;
+// known: the spec has one).
+type resolvedAnswer struct {
+	seen        bool
+	known       bool
+	verdict     byte
+	score       byte
+	reasonIndex uint32
+}
+
+// resolvedSlots returns each group id's slot for answer: a slice by id while the ids are dense (a
+// grouping's ids count up from 1, and a long-lived one with much churn may outgrow it), else a map.
+func resolvedSlots(ids []uint32) func(uint32) *resolvedAnswer {
+	var maxID uint32
+	if len(ids) > 0 {
+		maxID = slices.Max(ids)
+	}
+	if int(maxID) <= 4*len(ids)+1024 {
+		dense := make([]resolvedAnswer, maxID+1)
+		return func(gid uint32) *resolvedAnswer { return &dense[gid] }
+	}
+	sparse := map[uint32]*resolvedAnswer{}
+	return func(gid uint32) *resolvedAnswer {
+		r := sparse[gid]
+		if r == nil {
+			r = &resolvedAnswer{}
+			sparse[gid] = r
+		}
+		return r
+	}
+}
+
 func setAnswer(reply *pb.PreFilterReply, reasonAt map[string]uint32, i int, a groupAnswer) {
 	reply.Verdicts[i], reply.Scores[i] = a.verdict, a.score
-	ri, ok := reasonAt[a.reason]
+	reply.ReasonIndex[i] = reasonIndex(reply, reasonAt, a.reason)
+}
+
+// reasonIndex is reason's index in reply.Reasons, appended the first time (reasonAt indexes them).
+func reasonIndex(reply *pb.PreFilterReply, reasonAt map[string]uint32, reason string) uint32 {
+	ri, ok := reasonAt[reason]
 	if !ok {
 		ri = uint32(len(reply.Reasons))
-		reasonAt[a.reason] = ri
-		reply.Reasons = append(reply.Reasons, a.reason)
+		reasonAt[reason] = ri
+		reply.Reasons = append(reply.Reasons, reason)
 	}
-	reply.ReasonIndex[i] = ri
+	return ri
 }
 
 // patchAssumedLocked answers each assumed node of table that reply has fitting by its assumed

@@ -326,6 +326,20 @@ func TestAGroupTelemetryMovedANodeIntoIsJudgedAloneNotTheWholeCycle(t *testing.T
 	}
 }
 
+func TestGroupIdsFarApartAnswerAsDenseOnes(t *testing.T) {
+	table := &nodeTable{generation: 7, names: []string{"a", "b", "c", "d"}}
+	for _, ids := range [][]uint32{{1, 1, 2, 3}, {1, 1, 1 << 30, 3}} { // a slice by id, then a map
+		c := newAnswerCache(time.Second, time.Now)
+		r := cacheable()
+		r.Groups = groupsOf(11, 7, ids...)
+		c.learn("spec", r)
+		reply, ok := c.answer("spec", table)
+		if answeredAs(t, reply, ok, []byte{0, 0, 1, 2}) && reasonOf(reply, 2) != "0 of 8 GPUs free" {
+			t.Errorf("ids %v: c's reason %q", ids, reasonOf(reply, 2))
+		}
+	}
+}
+
 func TestAGroupAnsweredTwoWaysIsNotLearned(t *testing.T) {
 	c := newAnswerCache(time.Second, time.Now)
 	r := cacheable()
