@@ -305,7 +305,7 @@ def test_the_fixed_budget_ratio_is_judged_over_valid_rounds_only(valid_rounds, w
     rows = [r for rnd, ratio in ratios.items() for r in (
         fb_row("a", rnd, 100.0, rnd in valid_rounds, 0.1, busy=0.99 if rnd not in valid_rounds else 0.5),
         fb_row("d", rnd, 100.0 * ratio, rnd in valid_rounds, 1.5, busy=0.99 if rnd not in valid_rounds else 0.5))]
-    head = {h["metric"].split(" at ")[0]: h for h in fixed_budget_headline(rows)}
+    head = {h["metric"].split(" at ")[0]: h for h in fixed_budget_headline(rows, [])}
     d = head["d/a"]
     assert (d["measured"], d["met"]) == (want_ratio, want_met)
     assert ("NO VALID ROUND" in d["anchor"]) is (not valid_rounds)
@@ -314,3 +314,27 @@ def test_the_fixed_budget_ratio_is_judged_over_valid_rounds_only(valid_rounds, w
     added = head["(d) gpusched's added CPU per scheduled pod"]
     # (1.5 + 4.0) - (0.1 + 4.0) in every round, valid or not, against the 1.0 ms target
     assert (added["measured"], added["met"], added["target"]) == (1.4, False, "≤ 1.0 ms")
+
+
+@pytest.mark.parametrize("nodes,agents,want_target", [
+    pytest.param(5000, True, "≤ 2.0 ms", id="5000-nodes-agents-streaming-judged"),
+    pytest.param(5000, False, "—", id="no-agents-not-judged"),
+    pytest.param(1000, True, "—", id="another-size-not-judged"),
+])
+def test_the_fixed_budget_prefilter_p99_is_the_median_round_with_its_round_trips(nodes, agents, want_target):
+    """Issue 43: plugin mode's PreFilter p99 as kube-scheduler times it, median over the rounds,
+    judged against 2 ms only at 5,000 nodes with agents streaming, naming how many PreFilters made a
+    round trip to the core (asked whole or JudgeGroups) and the stock profile's p99 beside it."""
+    def row(config: str, rnd: int, p99: float, answers: dict | None = None) -> dict:
+        r = {**fb_row(config, rnd, 100.0, True, 0.5), "nodes": nodes,
+             "extension_points": {"PreFilter": {"calls": 2000, "p50_ms": 0.1, "p99_ms": p99}}}
+        return {**r, "prefilter_answers": answers} if answers else r
+    rows = [row("a", 0, 0.2), row("d", 0, 1.3, {"core": 1, "judged": 15, "plugin": 1984}),
+            row("a", 1, 0.3), row("d", 1, 2.5, {"core": 1, "judged": 39, "plugin": 1960}),
+            row("a", 2, 0.2), row("d", 2, 1.6, {"core": 1, "judged": 9, "plugin": 1990})]
+    fleets = [{"nodes": nodes, **({"agents": {"streams_open": 1000}} if agents else {})}]
+    head = {h["metric"].split(" at ")[0]: h for h in fixed_budget_headline(rows, fleets)}
+    p99 = head["(d) PreFilter p99"]
+    assert (p99["measured"], p99["target"]) == (1.6, want_target)
+    assert p99["met"] is (True if want_target != "—" else None)
+    assert "0.50%–2.00%" in p99["anchor"] and "(a) stock p99 0.20–0.30 ms" in p99["anchor"]
