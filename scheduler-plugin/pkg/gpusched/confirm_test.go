@@ -169,6 +169,7 @@ type batchingCore struct {
 	refuse   string
 	arrived  chan struct{}
 	gate     chan struct{}
+	move     uint32 // the group a fitting node moves to (0: 2, full)
 }
 
 func (c *batchingCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
@@ -181,7 +182,7 @@ func (c *batchingCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb
 		if gid == 2 {
 			verdicts[i], reasons[i] = pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free"
 		} else {
-			scores[i], moves[i] = 50, 2
+			scores[i], moves[i] = 50, max(c.move, 2)
 		}
 	}
 	r := vectors(7, strings.Split("abcde"[:n], ""), true, verdicts, reasons, scores)
@@ -359,33 +360,14 @@ func TestTheReservationsOfALingerGoInOneBatch(t *testing.T) {
 	}
 }
 
-// nextCore is a fake core over nodes a, b, c, d: group 1 (8 GPUs free) fits and moves to 3 (7
-// free), which fits and moves to 2 (full, as d is: the first answer teaches groups 1 and 2). Reserve fills a node; ReserveBatch moves each node from 1 to 3
-// and names, in each reply's next, the answer for group 3, which no PreFilter named.
+// nextCore is batchingCore over nodes a, b, c, d whose fitting group 1 (8 GPUs free) moves to 3 (7
+// free), which fits and moves to 2 (full, as d is: the first answer teaches groups 1 and 2).
+// Reserve fills a node (batchingCore's); ReserveBatch moves each node to 3 and names, in each
+// reply's next, the answer for group 3, which no PreFilter named.
 type nextCore struct {
-	fakeCore
-	mu      sync.Mutex
-	ids     []uint32
-	version uint64
+	batchingCore
 	judging int    // JudgeGroups calls
 	wants   []bool // want_next of each reservation batched
-}
-
-func (c *nextCore) PreFilter(_ context.Context, _ *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := len(c.ids)
-	verdicts, reasons, scores, moves := make([]pb.Verdict, n), make([]string, n), make([]byte, n), make([]uint32, n)
-	for i, gid := range c.ids {
-		if gid == 2 {
-			verdicts[i], reasons[i] = pb.Verdict_VERDICT_NOT_NOW, "0 of 8 GPUs free"
-		} else {
-			scores[i], moves[i] = 50, 3
-		}
-	}
-	r := vectors(7, []string{"a", "b", "c", "d"}, true, verdicts, reasons, scores)
-	r.Cacheable, r.Groups, r.Moves = true, versioned(groupsOf(11, 7, c.ids...), c.version), le32(moves...)
-	return r, nil
 }
 
 func (c *nextCore) JudgeGroups(_ context.Context, _ *pb.JudgeGroupsRequest) (*pb.JudgeGroupsReply, error) {
@@ -393,14 +375,6 @@ func (c *nextCore) JudgeGroups(_ context.Context, _ *pb.JudgeGroupsRequest) (*pb
 	defer c.mu.Unlock()
 	c.judging++
 	return &pb.JudgeGroupsReply{NotJudged: "this fake judges nothing"}, nil
-}
-
-func (c *nextCore) Reserve(_ context.Context, r *pb.ReserveRequest) (*pb.ReserveReply, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.ids[strings.Index("abcd", r.GetNode())] = 2
-	c.version++
-	return &pb.ReserveReply{Reserved: true, Groups: versioned(groupsOf(11, 7, c.ids...), c.version)}, nil
 }
 
 func (c *nextCore) ReserveBatch(_ context.Context, r *pb.ReserveBatchRequest) (*pb.ReserveBatchReply, error) {
@@ -420,7 +394,7 @@ func (c *nextCore) ReserveBatch(_ context.Context, r *pb.ReserveBatchRequest) (*
 }
 
 func TestAConfirmedNodesNextAnswerComesWithItsConfirmation(t *testing.T) {
-	f := &nextCore{ids: []uint32{1, 1, 1, 2}, version: 1}
+	f := &nextCore{batchingCore: batchingCore{ids: []uint32{1, 1, 1, 2}, version: 1, move: 3}}
 	p, _ := startLingering(t, f, 5*time.Second, time.Second, 0, false)
 	scheduleCycle(t, p, "r0", "a", []bool{true, true, true})  // asked: reserved by the core (a full)
 	scheduleCycle(t, p, "r1", "b", []bool{false, true, true}) // answered and reserved by the plugin
