@@ -113,10 +113,14 @@ class FrameworkDecider:
 
     # -- inputs ------------------------------------------------------------------------------
     def demand(self, pod: PodRef) -> PodDemand | DemandProblem:
-        """The pod's demand, remembered as the one it was last judged with (what reserve takes)."""
+        """The pod's demand, remembered as the one it was last judged with (what reserve takes). A
+        pod without a UID is judged as any pod of its spec (the plugin's JudgeGroups) and not
+        remembered: it must not replace what the pod of that name was judged with, whose reserve
+        may be on its way on another connection."""
         parsed = self._parsed_demand(pod)
-        with self._lock:
-            self._by_pod.put(pod.key, (pod.uid, parsed))
+        if pod.uid:
+            with self._lock:
+                self._by_pod.put(pod.key, (pod.uid, parsed))
         return parsed
 
     def _parsed_demand(self, pod: PodRef) -> PodDemand | DemandProblem:

@@ -525,6 +525,17 @@ def test_groups_are_not_judged_for_another_table_past_its_end_nor_for_a_gang_mem
     assert raised.value.code == Code.INVALID_ARGUMENT and "at most" in raised.value.message
 
 
+def test_judging_a_pods_spec_leaves_what_the_pod_itself_was_judged_with(core):
+    """JudgeGroups judges a pod's spec, not the pod: a prefetch naming a pod whose reservation is on
+    its way (another connection) must not replace the demand and UID that reservation is checked
+    against (CI, plugin mode: "the pod was filtered with UID (none) but bind names UID ...")."""
+    pod = make_pod("r12", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+    reply = pre_filter(core, pod)
+    assert judge_groups(core, pod, reply.table_generation, [0, 1]).not_judged == ""
+    answer = reserve(core, pod, "h1")
+    assert answer.reserved, answer.refusal
+
+
 def test_moves_are_named_for_the_best_scored_groups_first(tmp_path, monkeypatch):
     """With more fitting groups than moves named, the moves named are a best-scored group's (the
     plugin reserves there itself; at 5,000 nodes the first groups in table order missed the node
