@@ -363,12 +363,12 @@ class PluginService:
                 by_spec.setdefault(pod.spec_digest, []).append(i)
         out = list(answers)
         for indices in by_spec.values():
-            positions = list(dict.fromkeys(table.position[requests[i][1]] for i in indices))
-            judged = self.judge_groups(requests[indices[0]][0], table.generation, positions)
+            at = {position: j for j, position in enumerate(dict.fromkeys(table.position[requests[i][1]] for i in indices))}
+            judged = self.judge_groups(requests[indices[0]][0], table.generation, list(at))
             if judged.not_judged:
                 continue
             for i in indices:
-                out[i] = replace(out[i], next=judged.entry(positions.index(table.position[requests[i][1]])))
+                out[i] = replace(out[i], next=judged.entry(at[table.position[requests[i][1]]]))
         return out
 
     def _groups(self) -> GroupIds | None:

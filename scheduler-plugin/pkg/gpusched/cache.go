@@ -234,9 +234,8 @@ func (c *answerCache) learn(key string, reply *pb.PreFilterReply) {
 
 // mergeAnswers keeps in known, per group id of ids, the answer at its index in the other vectors
 // (moves may be empty: none named), marked judged when from JudgeGroups; the newest answer for a
-// group wins. A group answered two ways
-// in one reply (never, from a core that marks the answer cacheable) is dropped. The vectors are of
-// ids' length (the caller checks).
+// group wins. A group answered two ways in one reply (never, from a core that marks the answer
+// cacheable) is dropped. The vectors are of ids' length (the caller checks).
 func mergeAnswers(known map[uint32]groupAnswer, ids []uint32, verdicts, scores []byte, reasonIndex []uint32,
 	reasons []string, moves []uint32, judged bool) {
 	thisReply := map[uint32]groupAnswer{}

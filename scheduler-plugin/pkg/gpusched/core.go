@@ -169,9 +169,12 @@ func (c *core) preFilter(ctx context.Context, pod *v1.Pod) (*answer, error) {
 // there were none to ask for, or the core did not judge them (the caller asks the whole cycle).
 func (c *core) judgeGroups(ctx context.Context, pod *v1.Pod, key string, table *nodeTable) bool {
 	positions := c.answers.unjudged(key, table)
-	if len(positions) == 0 {
-		return false
-	}
+	return len(positions) > 0 && c.askJudged(ctx, pod, key, table, positions)
+}
+
+// askJudged asks JudgeGroups for key's spec (pod one of it) on the nodes at positions of table and
+// keeps the answers; false when the core was not reached or did not judge them.
+func (c *core) askJudged(ctx context.Context, pod *v1.Pod, key string, table *nodeTable, positions []uint32) bool {
 	wire, err := wirePod(pod)
 	if err != nil {
 		return false
@@ -201,15 +204,7 @@ func (c *core) prefetch() {
 				return
 			}
 			for _, job := range jobs {
-				wire, err := wirePod(job.pod)
-				if err != nil {
-					continue
-				}
-				reply, err := call(context.Background(), c, func(ctx context.Context) (*pb.JudgeGroupsReply, error) {
-					return c.client.JudgeGroups(ctx, &pb.JudgeGroupsRequest{ApiVersion: APIVersion, Pod: wire,
-						TableGeneration: table.generation, Positions: job.positions})
-				})
-				if err != nil || !c.answers.learnJudged(job.key, len(job.positions), reply) {
+				if !c.askJudged(context.Background(), job.pod, job.key, table, job.positions) {
 					return // the core cannot judge them now: the next renewal tries again
 				}
 			}
