@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import cast
+from urllib.parse import quote
 
+import orjson
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -45,12 +47,16 @@ def api_client(kubeconfig: str | None, token_file: str | None = None) -> client.
 
 
 def _apiserver_message(exc: ApiException) -> str:
-    import json
+    return _status_message(exc.body or b"", exc.reason)
 
+
+def _status_message(body: bytes | str, reason: object) -> str:
+    """The ``message`` of the apiserver's Status answer, else the HTTP reason."""
     try:
-        return json.loads(exc.body or "").get("message") or str(exc.reason)
-    except (TypeError, ValueError):
-        return str(exc.reason)
+        status = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return str(reason)
+    return (status.get("message") if isinstance(status, dict) else None) or str(reason)
 
 
 class KubeEvictor:
@@ -79,45 +85,55 @@ class KubeEvictor:
 
 
 class KubeBinder:
+    """Writes a pod's ``pods/binding`` as one prepared request: the Binding's JSON by orjson and
+    the POST on the API client's own connection pool, with its authentication (a refreshed token
+    included) and its user agent. The generated ``create_namespaced_pod_binding`` validated every
+    argument with pydantic and serialized the model object by object: ~10 % of the core's CPU in
+    extender mode, for a body of six fields (issue 43)."""
+
     def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
-        self._core = client.CoreV1Api(api)
-        self._timeout = request_timeout_s
+        self._api = api
+        self._timeout = urllib3.Timeout(total=request_timeout_s)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid,
-                                         annotations=dict(annotations) or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        metadata: dict[str, object] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body = orjson.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                             "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        headers = {**self._api.default_headers, "Content-Type": "application/json", "Accept": "application/json"}
+        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
         try:
-            # _preload_content=False: the generated client cannot deserialize the Binding reply.
-            # The raw response must then be drained and released, or urllib3 never returns the
-            # connection to the pool and every bind pays a new TCP + TLS handshake (seen as ~20 %
-            # of the extender's samples under load).
-            response = cast(urllib3.BaseHTTPResponse, self._core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=self._timeout))
-            response.read()
+            response = self._api.rest_client.pool_manager.request(
+                "POST", self._api.configuration.host + path, body=body, headers=headers, timeout=self._timeout,
+                preload_content=False)
+            # Drained and released, or urllib3 never returns the connection to the pool and every
+            # bind pays a new TCP + TLS handshake (seen as ~20 % of the extender's samples under load).
+            answer = response.read()
             response.release_conn()
-        except ApiException as exc:
-            hint = ""
-            if exc.status == 403:
-                # Also what a just-restarted apiserver answers until its RBAC informers have synced
-                # (kubernetes/kubernetes#121635; seen in tests/e2e/test_faults.py): then a retry passes.
-                hint = (" — the extender's service account lacks this permission (check the gpusched-extender "
-                        "ClusterRole in manifests/: needs pods/binding: create), or the apiserver has just started "
-                        "and not yet loaded its RBAC rules (kube-scheduler's retry then succeeds)")
-            message = _apiserver_message(exc)
-            # 409 "pod ... is already assigned to node ...": an earlier write of this pod's binding
-            # landed although its answer was lost (an apiserver restarted mid-write). The pod runs
-            # on what that write named, which a retry on the same node chooses again
-            # (FrameworkDecider._choice_within): released now, those GPUs went to the next pod
-            # while this one held them (tests/e2e/test_faults.py, apiserver restarted).
-            already_bound = exc.status == 409 and "already assigned" in message
-            raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
-                            f"HTTP {exc.status}: {message}{hint}", temporary=exc.status in _TEMPORARY,
-                            may_have_landed=exc.status is None or exc.status >= 500 or already_bound) from None
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
             raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True,
                             may_have_landed=True) from None
+        if 200 <= response.status < 300:
+            return
+        status, message = response.status, _status_message(answer, response.reason)
+        hint = ""
+        if status == 403:
+            # Also what a just-restarted apiserver answers until its RBAC informers have synced
+            # (kubernetes/kubernetes#121635; seen in tests/e2e/test_faults.py): then a retry passes.
+            hint = (" — the extender's service account lacks this permission (check the gpusched-extender "
+                    "ClusterRole in manifests/: needs pods/binding: create), or the apiserver has just started "
+                    "and not yet loaded its RBAC rules (kube-scheduler's retry then succeeds)")
+        # 409 "pod ... is already assigned to node ...": an earlier write of this pod's binding
+        # landed although its answer was lost (an apiserver restarted mid-write). The pod runs
+        # on what that write named, which a retry on the same node chooses again
+        # (FrameworkDecider._choice_within): released now, those GPUs went to the next pod
+        # while this one held them (tests/e2e/test_faults.py, apiserver restarted).
+        already_bound = status == 409 and "already assigned" in message
+        raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
+                        f"HTTP {status}: {message}{hint}", temporary=status in _TEMPORARY,
+                        may_have_landed=status >= 500 or already_bound)
 
 
 class KubeClaimReader:
@@ -129,8 +145,6 @@ class KubeClaimReader:
         self._timeout = request_timeout_s
 
     def claim(self, namespace: str, name: str) -> DraClaim | None:
-        import orjson
-
         from extender.adapters.dra import decode_claim
 
         try:

@@ -1,27 +1,102 @@
-"""The binder's errors name what to fix (issue 22): a 403 on pods/binding is either the extender's
-RBAC or an apiserver that has just restarted and not yet loaded its RBAC rules (the fault suite saw
-the latter after every apiserver restart), so the message gives both, never only the first."""
+"""The binder writes one ``pods/binding`` (issue 43: a prepared request on the API client's own
+pool, not the generated method), against a local HTTP server standing in for the apiserver's
+answers: the request is the Binding the apiserver expects, authenticated with the client's
+(refreshed) token; its errors name what to fix (issue 22): a 403 on pods/binding is either the
+extender's RBAC or an apiserver that has just restarted and not yet loaded its RBAC rules (the
+fault suite saw the latter after every apiserver restart), so the message gives both."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from extender.adapters.kube import KubeBinder
 from extender.service.ports import BindError
 
 
-class RefusingCore:
-    def __init__(self, status: int, message: str) -> None:
-        self.status, self.message = status, message
+@dataclass
+class Answer:
+    """What the stand-in apiserver answers next: a status and Status message, or no answer at all."""
 
-    def create_namespaced_pod_binding(self, *args, **kwargs):
-        exc = ApiException(status=self.status, reason="Refused")
-        exc.body = json.dumps({"message": self.message})
-        raise exc
+    status: int = 201
+    message: str = ""
+    hang_up: bool = False
+
+
+@dataclass
+class Apiserver:
+    answer: Answer = field(default_factory=Answer)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+def apiserver() -> Iterator[Apiserver]:
+    state = Apiserver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            state.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body)})
+            if state.answer.hang_up:
+                self.close_connection = True
+                return
+            payload = json.dumps({"kind": "Status", "message": state.answer.message} if state.answer.message
+                                 else json.loads(body)).encode()
+            self.send_response(state.answer.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def binder_for(apiserver: Apiserver, tokens: tuple[str, ...] = ()) -> KubeBinder:
+    fresh = iter(tokens)
+    configuration = client.Configuration(host=apiserver.url)
+    configuration.api_key = {"BearerToken": "first-token"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+
+    def refresh(conf: client.Configuration) -> None:  # as the in-cluster loader's hook rereads the token file
+        conf.api_key["BearerToken"] = next(fresh, conf.api_key["BearerToken"])
+
+    configuration.refresh_api_key_hook = refresh  # pyright: ignore[reportAttributeAccessIssue]  # typed None upstream
+    return KubeBinder(client.ApiClient(configuration), request_timeout_s=5.0)
+
+
+def test_the_binding_is_the_pods_subresource_with_the_annotations_and_a_fresh_token(apiserver):
+    binder = binder_for(apiserver, tokens=("rotated-token",))
+    binder.bind("team a", "p/1", "uid-p", "n1", {"gpusched.io/assigned-gpus": "GPU-1,GPU-2"})
+    binder.bind("ns", "q", "uid-q", "n2", {})
+    first, second = apiserver.requests
+    assert first["path"] == "/api/v1/namespaces/team%20a/pods/p%2F1/binding"
+    assert first["body"] == {"apiVersion": "v1", "kind": "Binding",
+                             "metadata": {"name": "p/1", "namespace": "team a", "uid": "uid-p",
+                                          "annotations": {"gpusched.io/assigned-gpus": "GPU-1,GPU-2"}},
+                             "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
+    assert first["headers"]["authorization"] == "Bearer rotated-token"
+    assert first["headers"]["Content-Type"] == "application/json"
+    assert first["headers"]["User-Agent"].startswith("OpenAPI-Generator/")
+    assert second["path"] == "/api/v1/namespaces/ns/pods/q/binding"
+    assert "annotations" not in second["body"]["metadata"] and second["body"]["target"]["name"] == "n2"
 
 
 @pytest.mark.parametrize(("status", "temporary", "hints"), [
@@ -30,11 +105,10 @@ class RefusingCore:
     pytest.param(503, True, (), id="unavailable"),
     pytest.param(504, True, (), id="timeout"),
 ])
-def test_a_refused_binding_says_why_and_whether_a_retry_may_pass(status, temporary, hints):
-    binder = KubeBinder(client.ApiClient())
-    binder._core = RefusingCore(status, 'pods "p" is refused')  # the apiserver's answer, scripted
+def test_a_refused_binding_says_why_and_whether_a_retry_may_pass(apiserver, status, temporary, hints):
+    apiserver.answer = Answer(status, 'pods "p" is refused')
     with pytest.raises(BindError) as caught:
-        binder.bind("ns", "p", "uid-p", "n1", {})
+        binder_for(apiserver).bind("ns", "p", "uid-p", "n1", {})
     message = str(caught.value)
     assert f"HTTP {status}" in message and 'pods "p" is refused' in message and "ns/p" in message
     assert all(h in message for h in hints), message
@@ -42,24 +116,18 @@ def test_a_refused_binding_says_why_and_whether_a_retry_may_pass(status, tempora
     assert caught.value.may_have_landed is (status >= 500)  # a 5xx does not say the write did not happen
 
 
-class BrokenConnectionCore:
-    def create_namespaced_pod_binding(self, *args, **kwargs):
-        raise ConnectionResetError("connection reset by peer")
-
-
-def test_a_binding_with_no_answer_may_have_landed():
-    binder = KubeBinder(client.ApiClient())
-    binder._core = BrokenConnectionCore()
+def test_a_binding_with_no_answer_may_have_landed(apiserver):
+    apiserver.answer = Answer(hang_up=True)
     with pytest.raises(BindError) as caught:
-        binder.bind("ns", "p", "uid-p", "n1", {})
+        binder_for(apiserver).bind("ns", "p", "uid-p", "n1", {})
     assert caught.value.temporary and caught.value.may_have_landed
+    assert len(apiserver.requests) == 1
 
 
-def test_a_binding_refused_as_already_assigned_landed_before():
+def test_a_binding_refused_as_already_assigned_landed_before(apiserver):
     """409 "already assigned": an earlier write of the binding landed although its answer was lost
     (an apiserver restarted mid-write, tests/e2e/test_faults.py): the GPUs it named stay held."""
-    binder = KubeBinder(client.ApiClient())
-    binder._core = RefusingCore(409, 'pod p is already assigned to node "n1"')
+    apiserver.answer = Answer(409, 'pod p is already assigned to node "n1"')
     with pytest.raises(BindError) as caught:
-        binder.bind("ns", "p", "uid-p", "n1", {})
+        binder_for(apiserver).bind("ns", "p", "uid-p", "n1", {})
     assert caught.value.may_have_landed and "already assigned" in str(caught.value)
