@@ -18,6 +18,7 @@ from extender.api.admission import build_admission_router
 from extender.api.fast_path import VerbFastPath, request_only_posts
 from extender.api.routes import build_router, install_openapi
 from extender.api.standby import build_standby_router
+from extender.api.verbs import build_verbs
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
@@ -64,8 +65,9 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
         ["verb"], registry=c.metrics.registry)
     app = FastAPI(title="gpusched extender", version="0.1.0",
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
-    router = build_router(settings, service, c.metrics, internal_errors, c.ready, c.debug_nodes, c.debug_gangs,
-                          c.on_rejected)
+    verbs = build_verbs(service, c.metrics, internal_errors, serves_bind=settings.serves_http_bind,
+                        on_rejected=c.on_rejected)
+    router = build_router(settings, service, c.metrics, verbs, c.ready, c.debug_nodes, c.debug_gangs)
     app.include_router(router)
     app.add_middleware(VerbFastPath, verbs=request_only_posts(router))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])

@@ -28,7 +28,7 @@ class BadRequest(Exception):
         self.details = details
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """orjson's fallback: read-only mappings (decision records share the decision's own
     mappings instead of copying them) are encoded as objects."""
     if isinstance(value, Mapping):
@@ -44,7 +44,7 @@ class OrjsonResponse(Response):
     def render(self, content: Any) -> bytes:
         if isinstance(content, bytes):
             return content
-        return orjson.dumps(content, default=_jsonable)
+        return orjson.dumps(content, default=jsonable)
 
 
 async def read_capped(request: Request, limit_bytes: int, timeout_s: float = float("inf")) -> bytes:

@@ -1,26 +1,26 @@
-"""HTTP routes: the three extender verbs, health, metrics and the debug endpoints.
+"""HTTP routes: the extender verbs, health, metrics and the debug endpoints.
 
-Each verb route reads a size-capped body, validates it against the wire model, calls the service
-and answers 200 with the wire result. Client mistakes are answered 4xx with a message; a fault of
-gpusched's own is answered 200 with the protocol's ``Error`` field (kube-scheduler then backs
-the pod off and shows the message) and counted in ``gpusched_extender_internal_errors_total``.
+Each verb route reads a size-capped body and answers it with the verb's :class:`Verb` (the body
+validated against the wire model, the service called, 200 with the wire result). Client mistakes
+are answered 4xx with a message; a fault of gpusched's own is answered 200 with the protocol's
+``Error`` field (kube-scheduler then backs the pod off and shows the message) and counted in
+``gpusched_extender_internal_errors_total``.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, FastAPI, Query, Request
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from extender.api.bodies import BadRequest, OrjsonResponse, parse_body, read_capped
-from extender.api.encode import encode_filter_result, encode_host_priorities
+from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
+from extender.api.verbs import Verb
 from extender.api.wire import (
     ErrorBody,
     ExtenderArgs,
@@ -32,43 +32,18 @@ from extender.api.wire import (
     HostPriority,
 )
 from extender.metrics import ExtenderMetrics
-from extender.model.nodemaps import UniqueNames
-from extender.service import ExtenderService, PodRef
+from extender.service import ExtenderService
 from extender.settings import Settings
-
-log = logging.getLogger("gpusched.extender")
-
 
 # Every verb may answer with an ErrorBody: a malformed (400), late (408), oversized (413) or invalid (422) body.
 _ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for code in (400, 408, 413, 422)})
 
 
-def _pod_ref(args: ExtenderArgs, raw: dict[str, Any]) -> PodRef:
-    meta = args.Pod.metadata
-    return PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {})
-
-
-def _candidates(args: ExtenderArgs, raw: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]] | None]:
-    """Candidate node names in request order and, when kube-scheduler sent full Node objects
-    (nodeCacheCapable: false), those objects by name. ``NodeNames`` go on as sent: the framework
-    drops repeated names with the lookup it does anyway (a separate pass here cost ~0.2 ms at
-    5,000 names); node objects are deduplicated by name here."""
-    if args.NodeNames is not None:
-        return args.NodeNames, None
-    items = (raw.get("Nodes") or {}).get("items") or []
-    objects: dict[str, dict[str, Any]] = {}
-    for item in items:
-        objects.setdefault(item["metadata"]["name"], item)
-    return UniqueNames(objects), objects
-
-
-def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics,
-                 internal_errors: Counter, ready: Callable[[], tuple[bool, str]],
-                 debug_nodes: Callable[[], dict[str, Any]],
-                 debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []},
-                 on_rejected: Callable[[PodRef, Sequence[str]], object] = lambda pod, nodes: None) -> APIRouter:
-    """``on_rejected(pod, nodes)``: told of each pod the filter found no node for among ``nodes``, or
-    kube-scheduler asks to preempt for on ``nodes`` (extender mode's preemption)."""
+def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics, verbs: Mapping[str, Verb],
+                 ready: Callable[[], tuple[bool, str]], debug_nodes: Callable[[], dict[str, Any]],
+                 debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []}) -> APIRouter:
+    """The verbs of ``verbs`` (``extender.api.verbs``) at ``<verb prefix>/<name>``, the probes,
+    /metrics and /debug."""
     router = APIRouter()
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
@@ -80,98 +55,31 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     prefix = settings.verb_prefix
     limit, body_timeout_s = settings.max_body_bytes, settings.client_timeout_s
 
-    async def answer(verb: str, request: Request, handle: Callable[[bytes], Any],
-                     limiter: anyio.CapacityLimiter | None = None) -> Response:
-        """Read the capped body and answer ``handle(body)``: run in a worker thread under
-        ``limiter`` when given, else on the event loop (``handle`` must then not block)."""
-        started = time.perf_counter()
-        try:
-            body = await read_capped(request, limit, body_timeout_s)
-            if limiter is None:
-                status, content = 200, handle(body)
+    def endpoint(verb: Verb) -> Callable[[Request], Awaitable[Response]]:
+        async def answer(request: Request) -> Response:
+            """Read the capped body and answer it in a worker thread under the verb's limiter."""
+            started = time.perf_counter()
+            try:
+                body = await read_capped(request, limit, body_timeout_s)
+            except BadRequest as exc:
+                answered = verb.refused(exc, started)
             else:
-                status, content = 200, await anyio.to_thread.run_sync(handle, body, limiter=limiter)
-        except BadRequest as exc:
-            status, content = exc.status, ErrorBody(error=exc.message, details=exc.details).model_dump(exclude_none=True)
-        metrics.request_seconds.labels(verb=verb).observe(time.perf_counter() - started)
-        metrics.requests.labels(verb=verb, code=str(status)).inc()
-        # A body cut short (413 while streaming, 408) leaves the rest unread: close, don't keep alive.
-        headers = {"connection": "close"} if status in (408, 413) else None
-        return OrjsonResponse(content, status_code=status, headers=headers)
+                answered = await anyio.to_thread.run_sync(verb.answer, body, started,
+                                                          limiter=judge_limiter if verb.judges else bind_limiter)
+            return Response(answered.body, status_code=answered.status, media_type="application/json",
+                            headers={"connection": "close"} if answered.close else None)
+        answer.__name__ = verb.name
+        return answer
 
-    def internal(verb: str, exc: Exception) -> str:
-        internal_errors.labels(verb=verb).inc()
-        log.exception("internal error in %s", verb)
-        return f"gpusched internal error in {verb}: {type(exc).__name__}: {exc}"
-
-    @router.post(f"{prefix}/filter", openapi_extra=_body_schema(ExtenderArgs),
-                 responses={200: {"model": ExtenderFilterResult}, **_ERRORS})
-    async def filter_(request: Request) -> Response:
-        def handle(body: bytes) -> bytes | dict[str, Any]:
-            args, raw = parse_body(body, ExtenderArgs)
-            names, objects = _candidates(args, raw)
-            pod = _pod_ref(args, raw)
-            try:
-                outcome = service.filter(pod, names, objects)
-            except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
-                return ExtenderFilterResult(Error=internal("filter", exc)).model_dump()
-            if not outcome.feasible and not outcome.error:
-                on_rejected(pod, names)
-            if objects is None:
-                return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable,
-                                            outcome.error)
-            nodes = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
-            return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
-        return await answer("filter", request, handle, judge_limiter)
-
-    @router.post(f"{prefix}/preempt", openapi_extra=_body_schema(ExtenderPreemptionArgs),
-                 responses={200: {"model": ExtenderPreemptionResult}, **_ERRORS})
-    async def preempt(request: Request) -> Response:
-        """kube-scheduler's DefaultPreemption proposes victims its in-tree dry run chose by count;
-        gpusched never takes them (no node): it preempts for the pods it rejected itself, by its
-        own rules (``service.preemptor``). A pod kube-scheduler's own filters rejected by count
-        reaches the extender only here, so it is told to the preemptor as rejected too."""
-        def handle(body: bytes) -> dict[str, Any]:
-            args, raw = parse_body(body, ExtenderPreemptionArgs)
-            meta = args.Pod.metadata
-            candidates = raw.get("NodeNameToMetaVictims") or raw.get("NodeNameToVictims") or {}
-            on_rejected(PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {}),
-                        [str(n) for n in candidates] if isinstance(candidates, dict) else [])
-            return {"NodeNameToMetaVictims": {}}
-        return await answer("preempt", request, handle, judge_limiter)
-
-    @router.post(f"{prefix}/prioritize", openapi_extra=_body_schema(ExtenderArgs),
-                 responses={200: {"model": list[HostPriority]}, **_ERRORS})
-    async def prioritize(request: Request) -> Response:
-        def handle(body: bytes) -> bytes:
-            args, raw = parse_body(body, ExtenderArgs)
-            names, objects = _candidates(args, raw)
-            try:
-                outcome = service.prioritize(_pod_ref(args, raw), names, objects)
-            except Exception as exc:  # prioritize errors are ignored by kube-scheduler; answer neutral
-                internal("prioritize", exc)
-                return b"[]"
-            return encode_host_priorities(names, outcome.scores)
-        return await answer("prioritize", request, handle, judge_limiter)
-
-    async def bind(request: Request) -> Response:
-        def handle(body: bytes) -> dict[str, str]:
-            args, _ = parse_body(body, ExtenderBindingArgs)
-            pod = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=args.PodUID)
-            try:
-                error = service.bind(pod, args.Node)
-            except Exception as exc:
-                error = internal("bind", exc)
-            return {"Error": error}
-        # Binds are concurrent (one kube-scheduler goroutine per pod) and block on the apiserver:
-        # each runs in a worker thread of its own pool, never behind a filter or another bind.
-        return await answer("bind", request, handle, bind_limiter)
-
-    # Plugin mode: the GpuSched kube-scheduler binds its pods itself, so this process offers no way
-    # to write a Binding (issue 39); a call finds no route (404).
-    if settings.serves_http_bind:
-        router.post(f"{prefix}/bind", openapi_extra=_body_schema(ExtenderBindingArgs),
-                    responses={200: {"model": ExtenderBindingResult}, **_ERRORS})(bind)
+    for name, model, result in (("filter", ExtenderArgs, {"model": ExtenderFilterResult}),
+                                ("preempt", ExtenderPreemptionArgs, {"model": ExtenderPreemptionResult}),
+                                ("prioritize", ExtenderArgs, {"model": list[HostPriority]}),
+                                ("bind", ExtenderBindingArgs, {"model": ExtenderBindingResult})):
+        # Plugin mode: the GpuSched kube-scheduler binds its pods itself, so this process offers no
+        # way to write a Binding (issue 39); a call finds no route (404).
+        if name in verbs:
+            router.post(f"{prefix}/{name}", openapi_extra=_body_schema(model),
+                        responses={200: result, **_ERRORS})(endpoint(verbs[name]))
 
     @router.get("/healthz")
     async def healthz() -> Response:
