@@ -27,12 +27,13 @@ class Pod:
         return http_ok(f"{self.extender.base}/readyz", timeout_s=1.0)
 
     def serves(self) -> bool:
-        """Its extender answers a filter call 200 (a standby answers 503)."""
+        """Its extender answers a filter call 200 on the verbs' listener kube-scheduler calls (a
+        standby answers 503)."""
         import urllib.error
         import urllib.request
 
         body = b'{"Pod": {"metadata": {"name": "probe", "namespace": "default", "uid": "probe"}}, "NodeNames": []}'
-        request = urllib.request.Request(f"{self.extender.base}/gpusched/filter", data=body,
+        request = urllib.request.Request(f"http://127.0.0.1:{self.extender.verbs_port}/gpusched/filter", data=body,
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=1.0) as resp:
@@ -50,9 +51,10 @@ def start_pod(stack: Stack, hostname: str, *extra_args: str) -> Pod:
     """The extender (standby until it leads; waited on for /healthz only) then its kube-scheduler,
     both as ``hostname``, with the manifests' identities and config."""
     cp = stack.cp
-    port, telemetry_port, webhook_port = free_port(), free_port(), free_port()
+    port, verbs_port, telemetry_port, webhook_port = free_port(), free_port(), free_port(), free_port()
     kubeconfig = stack.identity_kubeconfig(EXTENDER_SA)
-    argv = [PYTHON, "-m", "extender", "--leader-elect", "--port", str(port), "--kubeconfig", str(kubeconfig),
+    argv = [PYTHON, "-m", "extender", "--leader-elect", "--port", str(port), "--verbs-port", str(verbs_port),
+            "--kubeconfig", str(kubeconfig),
             "--telemetry-address", f"127.0.0.1:{telemetry_port}",
             "--telemetry-tls-cert", str(cp.pki / "telemetry.crt"), "--telemetry-tls-key", str(cp.pki / "telemetry.key"),
             "--scheduling-address", f"unix://{cp.workdir / f'scheduling-{hostname}.sock'}", "--http-bind-in-plugin-mode",
@@ -64,7 +66,7 @@ def start_pod(stack: Stack, hostname: str, *extra_args: str) -> Pod:
                   env=python_component_env())
     cp.components.append(c)
     c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 60)
-    extender = Extender(c, port, "/gpusched")
+    extender = Extender(c, port, "/gpusched", verbs_port)
     scheduler = stack.start_scheduler(f"kube-scheduler-{hostname}", extender=extender, hostname=hostname)
     stack.schedulers.remove(scheduler)  # this pod's, not the stack's: the test stops it
     return Pod(hostname, extender, scheduler, telemetry_port)

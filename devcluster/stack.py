@@ -48,9 +48,13 @@ def agent_pod_manifest(node: str, account: str = AGENT_SA, image: str = AGENT_PO
 
 
 class Extender:
-    def __init__(self, component: Component, port: int, url_prefix: str):
+    """A running extender: ``port`` serves the verbs, probes, /metrics and /debug; ``verbs_port``
+    the verbs' own listener, where the manifests point kube-scheduler's urlPrefix."""
+
+    def __init__(self, component: Component, port: int, url_prefix: str, verbs_port: int):
         self.component = component
         self.port = port
+        self.verbs_port = verbs_port
         self.base = f"http://127.0.0.1:{port}"
         self.url_prefix = url_prefix
 
@@ -112,15 +116,17 @@ class Stack:
     def start_extender(self, *extra_args: str, port: int | None = None, telemetry_host: str | None = None) -> Extender:
         """Start the extender (on ``port`` to restart one that kube-scheduler already points at).
         ``telemetry_host``: the address its telemetry port listens on from now on (default: the
-        previous one, loopback at first); the port stays the same across restarts."""
+        previous one, loopback at first); the telemetry and verbs ports stay the same across restarts."""
         port = port or free_port()
+        self.verbs_port = getattr(self, "verbs_port", None) or free_port()
         self.telemetry_host = telemetry_host or self.telemetry_host
         self.telemetry_port = getattr(self, "telemetry_port", None) or free_port()
         self.webhook_port = self.cp.webhook_port  # the apiserver presents its client certificate there
         kubeconfig = self.identity_kubeconfig(EXTENDER_SA)
         # The DRA-claims webhook listens always; only a test that registers its configuration
         # (enable_dra_claims) sends it reviews.
-        c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--kubeconfig", str(kubeconfig),
+        c = Component("extender", [PYTHON, "-m", "extender", "--port", str(port), "--verbs-port", str(self.verbs_port),
+                                   "--kubeconfig", str(kubeconfig),
                                    "--telemetry-address", f"{self.telemetry_host}:{self.telemetry_port}",
                                    "--telemetry-tls-cert", str(self.cp.pki / "telemetry.crt"),
                                    "--telemetry-tls-key", str(self.cp.pki / "telemetry.key"),
@@ -134,7 +140,7 @@ class Stack:
                       self.cp.workdir / "logs" / f"extender-{port}.log", env=python_component_env())
         self.cp.components.append(c)
         c.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60)
-        self.extender = Extender(c, port, "/gpusched")
+        self.extender = Extender(c, port, "/gpusched", self.verbs_port)
         return self.extender
 
     @property
@@ -235,13 +241,14 @@ class Stack:
     def scheduler_config(self, extender: Extender, kubeconfig: Path,
                          adjust: Callable[[dict[str, Any]], None] | None = None,
                          manifest: Path = SCHEDULER_CONFIG) -> dict[str, Any]:
-        """The manifests' config (``manifest``) pointed at this control plane and this extender's port
-        (extenders) or socket (the GpuSched plugin's args)."""
+        """The manifests' config (``manifest``) pointed at this control plane and this extender's verbs
+        port (extenders: the manifests point urlPrefix at --verbs-port) or socket (the GpuSched
+        plugin's args)."""
         config = copy.deepcopy(scheduler_config_from_manifests(manifest))
         config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
         for ext in config.get("extenders", []):
             url = urllib.parse.urlsplit(ext["urlPrefix"])
-            ext["urlPrefix"] = urllib.parse.urlunsplit((url.scheme, f"127.0.0.1:{extender.port}", url.path, "", ""))
+            ext["urlPrefix"] = urllib.parse.urlunsplit((url.scheme, f"127.0.0.1:{extender.verbs_port}", url.path, "", ""))
         for profile in config.get("profiles", []):
             for plugin in profile.get("pluginConfig", []):
                 if plugin.get("name") == "GpuSched":

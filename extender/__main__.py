@@ -13,8 +13,9 @@ import sys
 import uvicorn
 
 from extender.adapters.http_server import http_config
-from extender.app import create_app
+from extender.app import create_app, verb_routes
 from extender.assembly import StartupError, assemble
+from extender.assembly.servers import serve_verbs
 from extender.heap import settle_heap
 from extender.settings import Settings
 from gpusched_runtime import settings as runtime_settings
@@ -62,8 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("gpusched.extender").warning("serving before the cluster view synced: %s", why)
     settle_heap()
     app = create_app(settings, assembled.collaborators)
+    routes = verb_routes(app)
+    try:
+        verbs = serve_verbs(settings, lambda: routes)
+    except StartupError as exc:
+        print(f"gpusched extender: {exc}", file=sys.stderr)
+        return 2
     uvicorn.Server(http_config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                                header_timeout_s=settings.client_timeout_s)).run()
+    if verbs is not None:
+        verbs.stop()
     return 0
 
 

@@ -7,8 +7,9 @@ fakes in unit tests, no cluster at all in the standalone mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,7 +19,7 @@ from extender.api.admission import build_admission_router
 from extender.api.fast_path import VerbFastPath, request_only_posts
 from extender.api.routes import build_router, install_openapi
 from extender.api.standby import build_standby_router
-from extender.api.verbs import build_verbs
+from extender.api.verbs import Verb, build_verbs
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
@@ -73,8 +74,14 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])
     app.state.settings = settings
     app.state.service = service
+    app.state.verb_routes = MappingProxyType({f"{settings.verb_prefix}/{name}": v for name, v in verbs.items()})
     app.state.metrics = c.metrics
     return app
+
+
+def verb_routes(app: FastAPI) -> Mapping[str, Verb]:
+    """{path: Verb} of an app made by :func:`create_app`: what the verbs' own listener serves."""
+    return app.state.verb_routes
 
 
 def create_webhook_app(admission: ClaimAdmission, body_timeout_s: float = 10.0) -> FastAPI:
@@ -100,9 +107,10 @@ class ServingGate:
     election's thread has noticed. Lifespan events are not passed on (run uvicorn with
     ``lifespan="off"``; neither app has startup work)."""
 
-    def __init__(self, standby: Any, leading: Callable[[], bool]):
+    def __init__(self, standby: Any, leading: Callable[[], bool], standby_verbs: Mapping[str, Any]):
         self._standby = standby
         self._leading = leading
+        self._standby_verbs = standby_verbs
         self._serving: Any = None
 
     def open(self, app: Any) -> None:
@@ -111,6 +119,10 @@ class ServingGate:
 
     def serving(self) -> bool:
         return self._serving is not None and self._leading()
+
+    def verbs(self) -> Mapping[str, Any]:
+        """What the verbs' own listener serves now: the serving app's verbs, or the standby's."""
+        return verb_routes(self._serving) if self.serving() else self._standby_verbs
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         app = self._serving if self.serving() else self._standby

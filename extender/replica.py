@@ -27,8 +27,10 @@ from typing import Any
 import uvicorn
 
 from extender.adapters.http_server import http_config
+from extender.api.standby import standby_verbs
 from extender.app import ServingGate, create_app, create_standby_app
 from extender.assembly import StartupError, assemble
+from extender.assembly.servers import serve_verbs
 from extender.heap import settle_heap
 from extender.service.leadership import Campaign, LeaseElector
 from extender.settings import Settings
@@ -69,7 +71,7 @@ def run_replica(settings: Settings) -> int:
         standing = campaign.standing
         return f"{elector.identity}: {standing.reason}"
 
-    gate = ServingGate(create_standby_app(why), elector.leading)
+    gate = ServingGate(create_standby_app(why), elector.leading, standby_verbs(why, settings.verb_prefix))
 
     def take_over() -> None:
         started = time.monotonic()
@@ -92,12 +94,15 @@ def run_replica(settings: Settings) -> int:
     log.info("%s: standby, campaigning for Lease %s/%s%s", elector.identity, settings.namespace,
              settings.leader_elect_lease,
              f" while this pod's kube-scheduler holds {settings.leader_elect_follow}" if follow else "")
+    verbs = serve_verbs(settings, gate.verbs)
     campaign.start()
     # The same listener as a single extender's: slow clients are let go after --client-timeout.
     server = uvicorn.Server(http_config(gate, host=settings.host, port=settings.port, log_level=settings.log_level,
                                         header_timeout_s=settings.client_timeout_s, lifespan="off"))
     server.run()
     campaign.stop()  # graceful: release, so the standby takes over without waiting out the Lease
+    if verbs is not None:
+        verbs.stop()
     return 0
 
 

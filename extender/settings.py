@@ -61,6 +61,10 @@ class Settings(SettingsModel):
     """address to listen on (the shipped Deployment runs kube-scheduler in the same pod and uses loopback)"""
     port: Annotated[int, Field(ge=0, le=65535)] = 8888
     """HTTP port for the verbs, /healthz, /readyz, /metrics and /debug"""
+    verbs_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """port of the verbs' own listener on --host (filter, prioritize, preempt, bind; a thread per
+    connection, judged without an event loop or a thread hop: the cheaper way in for kube-scheduler's
+    urlPrefix); 0 = off, the verbs on --port only"""
     url_prefix: Annotated[str, AfterValidator(_url_prefix)] = "/gpusched"
     """path the verbs live under; kube-scheduler's urlPrefix must end with it (kube-scheduler calls
     urlPrefix + "/" + verb)"""
@@ -214,6 +218,8 @@ class Settings(SettingsModel):
             raise SettingsError(f"scheduling_address: {self.scheduling_address!r} would serve PreFilter and Reserve, "
                                 "which authenticate nobody, beyond this pod; use a unix:///path/to.sock in a volume "
                                 "only the scheduler container shares, or a loopback host:port (127.0.0.1:PORT)")
+        if self.verbs_port and self.verbs_port == self.port:
+            raise SettingsError(f"verbs_port: {self.verbs_port} is --port as well; give the verbs' listener a port of its own")
         if self.http_bind_in_plugin_mode and not self.scheduling_address:
             raise SettingsError("http_bind_in_plugin_mode: applies only with scheduling_address (plugin mode); "
                                 "extender mode always serves bind, so drop the flag")

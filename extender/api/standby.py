@@ -4,12 +4,15 @@ them, follow the leader), /healthz 200 (it is alive and campaigning), everything
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
+import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from extender.api.bodies import OrjsonResponse
+from extender.api.verbs import VERB_NAMES, VerbAnswer
 
 STANDBY_STATUS = 503
 
@@ -36,3 +39,25 @@ def build_standby_router(why: Callable[[], str]) -> APIRouter:
         return OrjsonResponse({"error": not_the_leader(why())}, status_code=STANDBY_STATUS)
 
     return router
+
+
+class StandbyVerb:
+    """A verb on the verbs' own listener (``--verbs-port``) while this replica is a standby: 503
+    with :func:`not_the_leader`, whatever the body."""
+
+    judges = False
+
+    def __init__(self, why: Callable[[], str]) -> None:
+        self._why = why
+
+    def answer(self, body: bytes, started: float) -> VerbAnswer:
+        return VerbAnswer(STANDBY_STATUS, orjson.dumps({"error": not_the_leader(self._why())}))
+
+    def refuse(self, status: int, message: str, started: float) -> VerbAnswer:
+        return self.answer(b"", started)
+
+
+def standby_verbs(why: Callable[[], str], prefix: str) -> Mapping[str, StandbyVerb]:
+    """{path: StandbyVerb} for every verb under ``prefix``."""
+    verb = StandbyVerb(why)
+    return MappingProxyType({f"{prefix}/{name}": verb for name in VERB_NAMES})

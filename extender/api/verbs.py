@@ -39,6 +39,8 @@ from extender.service import ExtenderService, PodRef
 
 log = logging.getLogger("gpusched.extender")
 
+VERB_NAMES = ("filter", "preempt", "prioritize", "bind")  # kube-scheduler's filterVerb ... bindVerb, as gpusched names them
+
 
 @dataclass(frozen=True)
 class VerbAnswer:
@@ -71,6 +73,10 @@ class Verb:
         """The answer to a request refused before its body was whole (408, 413) or as parsed."""
         return self._finish(exc.status, ErrorBody(error=exc.message, details=exc.details).model_dump(exclude_none=True),
                             started)
+
+    def refuse(self, status: int, message: str, started: float) -> VerbAnswer:
+        """:meth:`refused` for a listener that knows the status and message only (408, 413)."""
+        return self.refused(BadRequest(status, message), started)
 
     def _finish(self, status: int, content: Any, started: float) -> VerbAnswer:
         body = content if isinstance(content, bytes) else orjson.dumps(content, default=jsonable)
@@ -156,8 +162,6 @@ def build_verbs(service: ExtenderService, metrics: ExtenderMetrics, internal_err
             error = internal("bind", exc)
         return {"Error": error}
 
-    verbs = [Verb("filter", filter_, True, metrics), Verb("preempt", preempt, True, metrics),
-             Verb("prioritize", prioritize, True, metrics)]
-    if serves_bind:
-        verbs.append(Verb("bind", bind, False, metrics))
-    return MappingProxyType({v.name: v for v in verbs})
+    handles = {"filter": filter_, "preempt": preempt, "prioritize": prioritize, "bind": bind}
+    return MappingProxyType({name: Verb(name, handles[name], name != "bind", metrics) for name in VERB_NAMES
+                             if name != "bind" or serves_bind})

@@ -1,9 +1,10 @@
-"""The extender's other listeners: the plugin service (plugin mode) and the DRA-claims admission
-webhook. Each raises :class:`~extender.assembly.profile.StartupError` naming the flag to fix."""
+"""The extender's other listeners: the verbs' own (``--verbs-port``), the plugin service (plugin
+mode) and the DRA-claims admission webhook. Each raises
+:class:`~extender.assembly.profile.StartupError` naming the flag to fix."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,20 @@ from extender.model.catalog import Catalog
 from extender.model.snapshot import ClusterSnapshot
 from extender.service.requeue_feed import RequeueFeed
 from extender.settings import Settings
+
+
+def serve_verbs(settings: Settings, routes: Callable[[], Mapping[str, Any]]) -> Any:
+    """The verbs' own listener on ``--host:--verbs-port``, serving ``routes()`` (``{path: Verb}``)
+    under the main listener's bounds; None with ``--verbs-port 0``."""
+    from extender.adapters.verbs_server import VerbsServer
+
+    if not settings.verbs_port:
+        return None
+    try:
+        return VerbsServer(routes, settings.host, settings.verbs_port, max_body_bytes=settings.max_body_bytes,
+                           header_timeout_s=settings.client_timeout_s, body_timeout_s=settings.client_timeout_s).start()
+    except OSError as exc:
+        raise StartupError(f"--verbs-port {settings.verbs_port}: {exc}") from None
 
 
 def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot], collaborators: Collaborators,

@@ -1,6 +1,7 @@
-"""Slow clients cannot hold the extender's HTTP port (issue 22, item 3): the real uvicorn server
-the extender runs (``extender.adapters.http_server``), on loopback, with clients that connect and
-say nothing, send their headers or their body a byte at a time, or stay idle after a response.
+"""Slow clients cannot hold the extender's HTTP ports (issue 22, item 3): the real uvicorn server
+the extender runs (``extender.adapters.http_server``) and the verbs' own listener
+(``extender.adapters.verbs_server``, issue 43), on loopback, with clients that connect and say
+nothing, send their headers or their body a byte at a time, or stay idle after a response.
 
 While hundreds of them hold connections, kube-scheduler's filter calls are answered as usual; and
 every one of them is disconnected within the client timeout (headers) or answered 408 naming it
@@ -27,7 +28,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from devcluster.cluster import wait_until
 from extender.adapters.http_server import http_config
-from extender.app import create_app
+from extender.adapters.verbs_server import VerbsServer
+from extender.app import create_app, verb_routes
 from extender.assembly import assemble
 from extender.settings import Settings
 from tests.unit.builders import FLEET_INVENTORIES, make_k8s_node
@@ -37,6 +39,8 @@ POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-p"}, "spec": {"con
     {"name": "vllm", "args": ["serve", "meta-llama/Llama-3.1-8B-Instruct"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 FILTER_BODY = json.dumps({"Pod": POD, "Nodes": {"items": [NODE]}}).encode()
 HEAD = b"POST /gpusched/filter HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+# A whole filter call: what an idle kept-alive connection was last asked (every listener serves it).
+FILTER_CALL = HEAD + f"Content-Length: {len(FILTER_BODY)}\r\n\r\n".encode() + FILTER_BODY
 
 
 @dataclass
@@ -90,40 +94,90 @@ def open_slow_clients(port: int, per_kind: int) -> list[SlowClient]:
             SlowClient("silent", connect(port, b"")),
             SlowClient("headers-byte-by-byte", connect(port, b"P"), trickle=HEAD[1:] + b"X-Slow: " + b"s" * 10_000),
             SlowClient("body-byte-by-byte", connect(port, body_head + FILTER_BODY[:10]), trickle=FILTER_BODY[10:-1]),
-            SlowClient("idle-after-a-response", connect(port, b"GET /healthz HTTP/1.1\r\nHost: extender\r\n\r\n")),
+            SlowClient("idle-after-a-response", connect(port, FILTER_CALL)),
         ]
     return clients
 
 
-# uvicorn's two HTTP/1.1 parsers: httptools (a dependency of gpusched, so the one it runs) and h11.
+# uvicorn's two HTTP/1.1 parsers: httptools (a dependency of gpusched, so the one it runs) and h11;
+# and the verbs' own listener (httptools, a thread per connection).
 PROTOCOLS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
+LISTENERS = [*PROTOCOLS, "verbs"]
 
 
-@pytest.fixture(params=list(PROTOCOLS))
+class Held408:
+    """Holds the server's 408 until ``release`` (``answering`` says it is held): whatever a client
+    sends meanwhile is still unread in the server's receive buffer when the 408 is written and the
+    connection closed."""
+
+    def __init__(self) -> None:
+        self.answering, self.release = threading.Event(), threading.Event()
+
+    def hold(self) -> None:
+        self.answering.set()
+        self.release.wait(30)
+
+    def asgi(self, app: Any) -> Any:
+        """``app``, the 408's start held (blocking uvicorn's event loop: nothing is read meanwhile)."""
+        async def held(scope: Any, receive: Any, send: Any) -> None:
+            async def send_held(message: Any) -> None:
+                if message["type"] == "http.response.start" and message["status"] == 408:
+                    self.hold()
+                await send(message)
+            await app(scope, receive, send_held)
+        return held
+
+    def routes(self, routes: Any) -> Any:
+        """The verbs' routes, a refusal's answer held (the connection's thread reads nothing meanwhile)."""
+        hold = self.hold
+
+        class HeldRoute:
+            def __init__(self, route: Any) -> None:
+                self.route, self.judges = route, route.judges
+
+            def answer(self, body: bytes, started: float) -> Any:
+                return self.route.answer(body, started)
+
+            def refuse(self, status: int, message: str, started: float) -> Any:
+                if status == 408:
+                    hold()
+                return self.route.refuse(status, message, started)
+        return {path: HeldRoute(route) for path, route in routes.items()}
+
+
+@pytest.fixture(params=LISTENERS)
 def serve(request: pytest.FixtureRequest) -> Iterator:
-    """``serve(client_timeout_s, wrap=None)``: the standalone extender's app (``wrap(app)`` when
-    given) on the extender's real listener (uvicorn with the header deadline, over each parser) on
-    a loopback port; returns the port."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+    """``serve(client_timeout_s, held=None)``: the standalone extender's verbs on the listener of
+    the param — the extender's real uvicorn listener (with the header deadline, over each parser)
+    or the verbs' own — on a loopback port, its 408 held by ``held`` when given; returns the port."""
+    stops: list[Callable[[], None]] = []
 
-    def start(client_timeout_s: float, wrap: Callable[[Any], Any] | None = None) -> int:
+    def start(client_timeout_s: float, held: Held408 | None = None) -> int:
         settings = Settings(no_kube=True, client_timeout_s=client_timeout_s)
         app = create_app(settings, assemble(settings).collaborators)
-        app = wrap(app) if wrap else app
+        if request.param == "verbs":
+            routes = held.routes(verb_routes(app)) if held else verb_routes(app)
+            verbs = VerbsServer(lambda: routes, "127.0.0.1", 0, max_body_bytes=settings.max_body_bytes,
+                                header_timeout_s=client_timeout_s, body_timeout_s=client_timeout_s).start()
+            stops.append(verbs.stop)
+            return verbs.port
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(http_config(app, host="127.0.0.1", port=0, header_timeout_s=client_timeout_s,
-                                            log_level="warning", lifespan="off",
+        server = uvicorn.Server(http_config(held.asgi(app) if held else app, host="127.0.0.1", port=0,
+                                            header_timeout_s=client_timeout_s, log_level="warning", lifespan="off",
                                             base_protocol=PROTOCOLS[request.param]))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         wait_until(lambda: server.started, 30, "the extender's listener to start")
-        servers.append((server, thread))
+
+        def stop() -> None:
+            server.should_exit = True
+            thread.join(10)
+        stops.append(stop)
         return sock.getsockname()[1]
     yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(10)
+    for stop in stops:
+        stop()
 
 
 def filter_call(port: int) -> list[str]:
@@ -182,9 +236,9 @@ def test_every_slow_client_is_let_go_within_the_client_timeout(serve):
 
 
 def test_headers_beyond_the_bound_are_refused_and_the_connection_closed(serve, request):
-    """httptools (uvicorn's parser when installed) bounds no header size: before the bound, one
-    connection could make the server hold 100 MB of header lines (431 now). h11 has a bound of
-    its own (16 KiB: 400)."""
+    """httptools (uvicorn's parser when installed, and the verbs listener's) bounds no header
+    size: before the bound, one connection could make the server hold 100 MB of header lines (431
+    now). h11 has a bound of its own (16 KiB: 400)."""
     port = serve(client_timeout_s=60.0)
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     try:
@@ -194,7 +248,7 @@ def test_headers_beyond_the_bound_are_refused_and_the_connection_closed(serve, r
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-        if request.node.callspec.params["serve"] == "httptools":
+        if request.node.callspec.params["serve"] != "h11":
             assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
             assert b"request headers exceed 65536 bytes" in answer
         else:
@@ -219,20 +273,6 @@ def tcp_state(sock: socket.socket) -> int:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
-def holding_the_408(app: Any, answering: threading.Event, release: threading.Event) -> Any:
-    """``app``, but a 408 waits for ``release`` before it starts (``answering`` says it waits),
-    blocking the server's event loop: whatever a client sends meanwhile is still unread in the
-    server's receive buffer when uvicorn writes the 408 and closes (in one step of the loop)."""
-    async def held(scope: Any, receive: Any, send: Any) -> None:
-        async def send_held(message: Any) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 408:
-                answering.set()
-                release.wait(30)
-            await send(message)
-        await app(scope, receive, send_held)
-    return held
-
-
 def test_a_client_still_sending_its_body_reads_the_408_and_no_reset(serve):
     """The fresh-clone run's failure (issue 40), its interleaving arranged: a body-byte-by-byte
     client's next byte reaches the server after uvicorn last read the socket and before it closes
@@ -240,8 +280,9 @@ def test_a_client_still_sending_its_body_reads_the_408_and_no_reset(serve):
     fails: the slow client above gave up with ``received == b''``, the 408 unread in its buffer.
     The server must end the connection in stages (RFC 9112 section 9.6): its answer, then a
     half-close, reading and discarding what the client still sends, then the close."""
-    answering, release = threading.Event(), threading.Event()
-    port = serve(client_timeout_s=0.5, wrap=lambda app: holding_the_408(app, answering, release))
+    held = Held408()
+    answering, release = held.answering, held.release
+    port = serve(client_timeout_s=0.5, held=held)
     head = HEAD + f"Content-Length: {len(FILTER_BODY)}\r\n\r\n".encode()
     client = SlowClient("body-byte-by-byte", connect(port, head + FILTER_BODY[:10]), trickle=FILTER_BODY[10:-1])
     try:

@@ -27,7 +27,7 @@ class Leading:
 
 
 def gate(leading: Leading, opened: bool) -> TestClient:
-    g = ServingGate(create_standby_app(lambda: "the lease is held by pod-a_1"), leading)
+    g = ServingGate(create_standby_app(lambda: "the lease is held by pod-a_1"), leading, {})
     if opened:
         g.open(create_app(Settings(no_kube=True)))
     return TestClient(g)

@@ -14,7 +14,8 @@ from gpusched_runtime.settings import SettingsError, options, parse_seconds
 
 # The flags manifests/, the Helm chart, devcluster/ and the tests pass: renaming one breaks them.
 PUBLISHED_FLAGS = {
-    "--host": "host", "--port": "port", "--url-prefix": "url_prefix", "--max-body-bytes": "max_body_bytes",
+    "--host": "host", "--port": "port", "--verbs-port": "verbs_port", "--url-prefix": "url_prefix",
+    "--max-body-bytes": "max_body_bytes",
     "--decision-capacity": "decision_capacity", "--client-timeout": "client_timeout_s",
     "--no-annotation-requeue": "no_annotation_requeue",
     "--no-kube": "no_kube", "--kubeconfig": "kubeconfig",
@@ -157,6 +158,7 @@ def test_durations_read_like_kube_schedulers_config(text, seconds):
     pytest.param({"leader_elect_retry_period_s": 0}, "leader_elect_retry_period_s (--leader-elect-retry-period)",
                  id="zero-retry-period"),
     pytest.param({"no_such_setting": 1}, "no_such_setting: not a setting", id="unknown"),
+    pytest.param({"port": 8888, "verbs_port": 8888}, "verbs_port: 8888 is --port as well", id="verbs-on-the-main-port"),
 ])
 def test_bad_values_fail_naming_the_field(kwargs, needle):
     with pytest.raises(SettingsError) as caught:
