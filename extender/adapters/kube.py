@@ -12,6 +12,7 @@ filter and bind is never bound by mistake.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import cast
 from urllib.parse import quote
@@ -91,9 +92,15 @@ class KubeBinder:
     argument with pydantic and serialized the model object by object: ~10 % of the core's CPU in
     extender mode, for a body of six fields (issue 43)."""
 
+    # The client's authentication (its refresh hook rereads the token; the kubeconfig and in-cluster
+    # loaders also reassign the host, which rescans the environment for proxies) is asked at most
+    # this often, and again after a 401: a rotated service-account token is used within it.
+    AUTH_REFRESH_S = 30.0
+
     def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
         self._api = api
         self._timeout = urllib3.Timeout(total=request_timeout_s)
+        self._auth: tuple[float, dict[str, str]] | None = None  # (monotonic time asked, headers)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
@@ -102,8 +109,7 @@ class KubeBinder:
             metadata["annotations"] = dict(annotations)
         body = orjson.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                              "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
-        headers = {**self._api.default_headers, "Content-Type": "application/json", "Accept": "application/json"}
-        self._api.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
+        headers = self._headers(path)
         try:
             response = self._api.rest_client.pool_manager.request(
                 "POST", self._api.configuration.host + path, body=body, headers=headers, timeout=self._timeout,
@@ -118,6 +124,8 @@ class KubeBinder:
         if 200 <= response.status < 300:
             return
         status, message = response.status, _status_message(answer, response.reason)
+        if status == 401:
+            self._auth = None  # the token may have rotated: kube-scheduler's retry asks the client afresh
         hint = ""
         if status == 403:
             # Also what a just-restarted apiserver answers until its RBAC informers have synced
@@ -134,6 +142,16 @@ class KubeBinder:
         raise BindError(f"creating pods/binding for pod {namespace}/{name} (node {node}) failed: "
                         f"HTTP {status}: {message}{hint}", temporary=status in _TEMPORARY,
                         may_have_landed=status >= 500 or already_bound)
+
+
+    def _headers(self, path: str) -> dict[str, str]:
+        now = time.monotonic()
+        auth = self._auth
+        if auth is None or now - auth[0] >= self.AUTH_REFRESH_S:
+            headers = {**self._api.default_headers, "Content-Type": "application/json", "Accept": "application/json"}
+            self._api.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
+            self._auth = auth = (now, headers)
+        return auth[1]
 
 
 class KubeClaimReader:

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import httptools
@@ -140,7 +141,12 @@ class VerbsServer:
         # A connection is a thread; binds (gang members wait at their barrier inside one) need as
         # many as kube-scheduler binds at once: as many as the main listener's bind pool.
         self._slots = threading.BoundedSemaphore(max_connections)
+        # Threads are kept for the next connections: kube-scheduler opens one per concurrent bind,
+        # and starting a thread per connection cost ~4 % of the core's CPU.
+        self._threads = ThreadPoolExecutor(max_connections, thread_name_prefix="verbs-connection")
         self._judging = threading.Lock()
+        self._live: set[socket.socket] = set()
+        self._live_lock = threading.Lock()
         self._listener = socket.create_server((host, port), backlog=128)
         self._stopped = threading.Event()
         self._acceptor = threading.Thread(target=self._accept, name="verbs-accept", daemon=True)
@@ -154,12 +160,18 @@ class VerbsServer:
         return self
 
     def stop(self) -> None:
-        """Accept no more connections (those in progress end as their clients end them)."""
+        """Accept no more connections and end those open (an answer being written is cut short)."""
         self._stopped.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._acceptor.join(timeout=5)
+        with self._live_lock:
+            live = list(self._live)
+        for conn in live:  # end them, or the process's exit waits on their threads
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._threads.shutdown(wait=False)
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
@@ -174,17 +186,26 @@ class VerbsServer:
                     return
                 time.sleep(0.05)  # out of descriptors: let connections end, then accept again
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="verbs-connection", daemon=True).start()
+            try:
+                self._threads.submit(self._serve, conn)
+            except RuntimeError:  # no thread to be had (or stopping): this connection ends
+                conn.close()
+                self._slots.release()
 
     def _serve(self, conn: socket.socket) -> None:
+        with self._live_lock:
+            self._live.add(conn)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._serve_requests(conn)
+        except OSError:  # the client went away mid-answer, or stopped reading it within the client timeout
+            conn.close()
         except Exception:  # a fault of ours: the connection ends, the listener goes on
             log.exception("verbs connection failed")
-            with contextlib.suppress(OSError):
-                conn.close()
+            conn.close()
         finally:
+            with self._live_lock:
+                self._live.discard(conn)
             self._slots.release()
 
     def _serve_requests(self, conn: socket.socket) -> None:
@@ -225,6 +246,7 @@ class VerbsServer:
                 if answered.close or not request.keep_alive:
                     self._close(conn, _answer_bytes(answered.status, answered.body, True))
                     return
+                conn.settimeout(self._body_timeout_s)  # the client reads its answer within its own timeout
                 conn.sendall(_answer_bytes(answered.status, answered.body, False))
             reader.complete.clear()
             header_bytes = 0

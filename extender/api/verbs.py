@@ -61,6 +61,10 @@ class Verb:
         self.judges = judges
         self._handle = handle
         self._metrics = metrics
+        # The metrics' children for this verb, looked up once (a labels() call per request cost
+        # ~3 % of the core's CPU in extender mode).
+        self._seconds = metrics.request_seconds.labels(verb=name)
+        self._requests = {code: metrics.requests.labels(verb=name, code=str(code)) for code in (200, 400, 408, 413, 422)}
 
     def answer(self, body: bytes, started: float) -> VerbAnswer:
         """The answer to ``body``, a request whose headers arrived at ``started`` (perf_counter)."""
@@ -80,8 +84,9 @@ class Verb:
 
     def _finish(self, status: int, content: Any, started: float) -> VerbAnswer:
         body = content if isinstance(content, bytes) else orjson.dumps(content, default=jsonable)
-        self._metrics.request_seconds.labels(verb=self.name).observe(time.perf_counter() - started)
-        self._metrics.requests.labels(verb=self.name, code=str(status)).inc()
+        self._seconds.observe(time.perf_counter() - started)
+        counter = self._requests.get(status)
+        (counter or self._metrics.requests.labels(verb=self.name, code=str(status))).inc()
         return VerbAnswer(status, body, close=status in (408, 413))
 
 

@@ -99,6 +99,21 @@ def test_the_binding_is_the_pods_subresource_with_the_annotations_and_a_fresh_to
     assert "annotations" not in second["body"]["metadata"] and second["body"]["target"]["name"] == "n2"
 
 
+def test_the_token_is_asked_again_after_a_401_and_once_it_is_old(apiserver, monkeypatch):
+    binder = binder_for(apiserver, tokens=("second-token", "third-token", "fourth-token"))
+    binder.bind("ns", "p", "uid-p", "n1", {})  # asks the client: second-token
+    binder.bind("ns", "p", "uid-p", "n1", {})  # within AUTH_REFRESH_S: the same headers
+    apiserver.answer = Answer(401, "Unauthorized")
+    with pytest.raises(BindError):
+        binder.bind("ns", "p", "uid-p", "n1", {})
+    apiserver.answer = Answer()
+    binder.bind("ns", "p", "uid-p", "n1", {})  # after the 401: third-token
+    monkeypatch.setattr(KubeBinder, "AUTH_REFRESH_S", 0.0)
+    binder.bind("ns", "p", "uid-p", "n1", {})  # old: fourth-token
+    tokens = [r["headers"]["authorization"] for r in apiserver.requests]
+    assert tokens == ["Bearer second-token"] * 3 + ["Bearer third-token", "Bearer fourth-token"]
+
+
 @pytest.mark.parametrize(("status", "temporary", "hints"), [
     pytest.param(403, False, ("ClusterRole", "pods/binding: create", "apiserver has just started"), id="forbidden"),
     pytest.param(409, True, (), id="conflict"),

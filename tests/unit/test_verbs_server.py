@@ -220,3 +220,16 @@ def test_a_standby_replicas_gate_answers_not_the_leader_until_it_serves():
         assert status == 200 and "Nodes" in json.loads(answer)
     finally:
         server.stop()
+
+
+def test_stopping_ends_the_open_connections():
+    settings = Settings(no_kube=True)
+    routes = verb_routes(create_app(settings, assemble(settings).collaborators))
+    server = VerbsServer(lambda: routes, "127.0.0.1", 0, max_body_bytes=1 << 20, header_timeout_s=60,
+                         body_timeout_s=60).start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request("/gpusched/bind", b"{}"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 422 ")  # kept alive, idle
+        began = time.monotonic()
+        server.stop()
+        assert sock.recv(65536) == b"" and time.monotonic() - began < 5
