@@ -172,6 +172,8 @@ class HoldingDecider:
                node_objects: Mapping[str, Mapping[str, Any]] | None) -> FilterOutcome:
         outcome = self._inner.filter(pod, candidates, node_objects)
         holds = self._holds.against(pod) if outcome.feasible else []
+        if not holds:  # the usual case: no set of every feasible name to build
+            return outcome
         held = {h.node for h in holds} & set(outcome.feasible)
         if not held:
             return outcome
