@@ -77,12 +77,22 @@ async def read_capped(request: Request, limit_bytes: int, timeout_s: float = flo
 def parse_body(raw: bytes, model: type[M]) -> tuple[M, Any]:
     """Parse ``raw`` as JSON and validate it as ``model``; returns the model and the raw value
     (kept so that objects can be echoed back verbatim)."""
+    return validate_value(load_body(raw, model), model)
+
+
+def load_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """``raw`` parsed as JSON, to be validated as ``model`` (400 when it is not JSON)."""
     if not raw:
         raise BadRequest(400, f"empty body: expected a JSON object for {model.__name__}")
     try:
-        value = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+
+
+def validate_value(value: Any, model: type[M], name: str = "") -> tuple[M, Any]:
+    """``value`` (parsed JSON) validated as ``model`` (422 naming the first bad field, and the
+    body as ``name``, default the model's); returns the model and ``value``."""
     try:
         return model.model_validate(value), value
     except ValidationError as exc:
@@ -93,7 +103,7 @@ def parse_body(raw: bytes, model: type[M]) -> tuple[M, Any]:
         first = details[0]
         where = first["loc"] or "body"
         message = (
-            f"invalid {model.__name__}: {where}: {first['msg']}"
+            f"invalid {name or model.__name__}: {where}: {first['msg']}"
             + (f" (and {len(details) - 1} more)" if len(details) > 1 else "")
         )
         raise BadRequest(422, message, details) from None

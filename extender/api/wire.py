@@ -89,6 +89,16 @@ class ExtenderArgs(BaseModel):
     NodeNames: list[str] | None = None
 
 
+class ExtenderNodes(BaseModel):
+    """The candidates of an :class:`ExtenderArgs`, without its Pod: what prioritize validates when
+    the Pod is the one its filter just validated (``extender.api.verbs``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+
 class ExtenderFilterResult(BaseModel):
     """Filter response. ``FailedNodes`` may fit later (preemption may try them);
     ``FailedAndUnresolvableNodes`` never will; ``Error`` only for gpusched's own faults."""

@@ -82,6 +82,41 @@ def test_prioritize_is_a_top_level_array_of_host_scores(client):
     assert r.json() == [{"Host": "a", "Score": 1}, {"Host": "abcdefghijklmn", "Score": 10}]
 
 
+class PodRecordingDecider(ScriptedDecider):
+    def __init__(self):
+        super().__init__()
+        self.prioritized: list[tuple[str, str, str]] = []
+
+    def prioritize(self, pod, candidates, node_objects):
+        self.prioritized.append((pod.namespace, pod.name, pod.uid))
+        return super().prioritize(pod, candidates, node_objects)
+
+
+@pytest.mark.parametrize(("prioritized_pod", "status", "seen"), [
+    pytest.param(pod(), 200, ("ns", "p", "uid-1"), id="the-filtered-pod"),
+    pytest.param(pod(name="q", uid="uid-2"), 200, ("ns", "q", "uid-2"), id="another-pod"),
+    pytest.param({"metadata": {"name": ""}, "spec": {"containers": []}}, 422, None, id="a-malformed-pod"),
+    pytest.param({**pod(), "spec": {"containers": "not-a-list"}}, 422, None, id="the-filtered-pod-altered"),
+])
+def test_prioritize_after_a_filter_reads_its_own_pod_and_validates_any_other(binder, prioritized_pod, status, seen):
+    """A prioritize whose Pod equals the last filter's skips validating it again (issue 43); any
+    other Pod is validated and read as sent."""
+    decider = PodRecordingDecider()
+    client = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=binder)))
+    assert client.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["good"]}).status_code == 200
+    r = client.post("/gpusched/prioritize", json={"Pod": prioritized_pod, "NodeNames": ["good", "ab"]})
+    assert r.status_code == status, r.text
+    assert decider.prioritized == ([seen] if seen else [])
+    if status == 200:
+        assert r.json() == [{"Host": "good", "Score": 4}, {"Host": "ab", "Score": 2}]
+
+
+def test_prioritize_of_the_filtered_pod_still_validates_its_candidates(client):
+    assert client.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["good"]}).status_code == 200
+    r = client.post("/gpusched/prioritize", json={"Pod": pod(), "NodeNames": ["good", 7]})
+    assert r.status_code == 422 and r.json()["error"].startswith("invalid ExtenderArgs: NodeNames.1:"), r.text
+
+
 def test_bind_writes_the_reservation_and_decision_id_then_binds(client, binder):
     r = client.post("/gpusched/bind", json={"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-1", "Node": "good"})
     assert r.json() == {"Error": ""}
