@@ -28,8 +28,9 @@ from typing import Any
 DEFAULT_KEEP_ALIVE_S = 5  # uvicorn's own default, stated here because the tests rely on it
 # kube-scheduler's and the apiserver's request headers are a few hundred bytes; h11's own bound is 16 KiB.
 MAX_HEADER_BYTES = 64 * 1024
-_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-type: text/plain\r\n"
-              b"content-length: 36\r\n\r\nrequest headers exceed 65536 bytes\r\n")
+HEADERS_TOO_LARGE = (  # the answer to headers past MAX_HEADER_BYTES, on either listener
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-type: text/plain\r\n"
+    b"content-length: 36\r\n\r\nrequest headers exceed 65536 bytes\r\n")
 
 
 # How long a connection we closed goes on reading after its FIN: time for the client to read our
@@ -110,7 +111,7 @@ def guarded_protocol(base: type[Any], header_timeout_s: float,
                 self._header_bytes += len(data)
                 if self._header_bytes > MAX_HEADER_BYTES:
                     self._stop_header_timer()
-                    self.transport.write(_TOO_LARGE)
+                    self.transport.write(HEADERS_TOO_LARGE)
                     self.transport.close()
                     return
             self._watch_headers()

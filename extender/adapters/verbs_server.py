@@ -18,9 +18,9 @@ previous answer, in at most ``MAX_HEADER_BYTES`` (else 431 and close); a body la
 ``max_body_bytes`` is refused (413, on Content-Length before reading it and again while reading);
 a body still incomplete ``body_timeout_s`` after its headers is refused (408); a kept-alive
 connection idle for ``keep_alive_s`` is closed; at most ``max_connections`` connections are
-served at once (more wait in the listen backlog until one ends). A close answers, half-closes, and reads
-what the client still sends until it closes or ``LINGER_S`` passes (RFC 9112 section 9.6), so the
-client reads its answer instead of a reset. Only ``POST <verb path>`` is served; anything else is
+served at once (more wait in the listen backlog until one ends). A close answers, half-closes,
+and reads what the client still sends until it closes or ``LINGER_S`` passes (RFC 9112 section
+9.6), so the client reads its answer instead of a reset. Only ``POST <verb path>`` is served; anything else is
 404 (405 for another method on a verb path).
 """
 
@@ -38,7 +38,7 @@ from typing import Protocol
 import httptools
 import orjson
 
-from extender.adapters.http_server import _TOO_LARGE, DEFAULT_KEEP_ALIVE_S, LINGER_S, MAX_HEADER_BYTES
+from extender.adapters.http_server import DEFAULT_KEEP_ALIVE_S, HEADERS_TOO_LARGE, LINGER_S, MAX_HEADER_BYTES
 
 log = logging.getLogger("gpusched.extender.verbs")
 
@@ -230,27 +230,26 @@ class VerbsServer:
                 else:
                     self._close(conn, b"")
                 return
+            if reader.complete:  # answered in order, before anything said of the request after them
+                for request in reader.complete:
+                    answered = self._answer(request)
+                    if answered.close or not request.keep_alive:
+                        self._close(conn, _answer_bytes(answered.status, answered.body, True))
+                        return
+                    conn.settimeout(self._body_timeout_s)  # the client reads its answer within its own timeout
+                    _send(conn, _answer_head(answered.status, len(answered.body), False), answered.body)
+                reader.complete.clear()
+                header_bytes = 0
+                idle_since = time.monotonic()
+            elif not reader.headers_at:
+                header_bytes += got
+                if header_bytes > MAX_HEADER_BYTES:
+                    self._close(conn, HEADERS_TOO_LARGE)
+                    return
             if reader.headers_at and reader.declared_too_large:
                 self._close(conn, self._refusal(reader.url, 413, (
                     f"body of {reader.declared} bytes exceeds the limit of {self._max_body} bytes"), reader.headers_at))
                 return
-            if not reader.complete:
-                if not reader.headers_at:
-                    header_bytes += got
-                    if header_bytes > MAX_HEADER_BYTES:
-                        self._close(conn, _TOO_LARGE)
-                        return
-                continue
-            for request in reader.complete:
-                answered = self._answer(request)
-                if answered.close or not request.keep_alive:
-                    self._close(conn, _answer_bytes(answered.status, answered.body, True))
-                    return
-                conn.settimeout(self._body_timeout_s)  # the client reads its answer within its own timeout
-                _send(conn, _answer_head(answered.status, len(answered.body), False), answered.body)
-            reader.complete.clear()
-            header_bytes = 0
-            idle_since = time.monotonic()
 
     def _late(self, reader: _Reader) -> bool:
         return time.perf_counter() >= reader.headers_at + self._body_timeout_s

@@ -233,3 +233,12 @@ def test_stopping_ends_the_open_connections():
         began = time.monotonic()
         server.stop()
         assert sock.recv(65536) == b"" and time.monotonic() - began < 5
+
+
+def test_a_pipelined_request_is_answered_before_the_refusal_of_the_next(served):
+    """The first request complete, the second's headers declaring a body past the bound (its body
+    not sent): the first is answered, then the second refused 413 and the connection closed."""
+    oversized = request("/gpusched/filter", b"x" * 3000)
+    received = ended(served(max_body_bytes=2048), request("/gpusched/bind", b"{}") + oversized[:-3000])
+    first, _, rest = received.partition(b"HTTP/1.1 413 ")
+    assert first.startswith(b"HTTP/1.1 422 ") and b"body of 3000 bytes exceeds the limit of 2048" in rest, received[:400]
