@@ -271,7 +271,7 @@ class VerbsServer:
             self._close(conn, _answer_bytes(400, b'{"error":"protocol upgrades are not served here"}', True))
             return -1
         except httptools.HttpParserError as exc:
-            self._close(conn, _answer_bytes(400, b'{"error":"malformed HTTP request: %s"}' % _plain(exc), True))
+            self._close(conn, _answer_bytes(400, orjson.dumps({"error": f"malformed HTTP request: {exc}"[:300]}), True))
             return -1
         return len(data)
 
@@ -334,10 +334,6 @@ class _Plain:
         self.status, self.body, self.close = status, body, False
 
 
-def _plain(exc: Exception) -> bytes:
-    return str(exc).replace("\\", "").replace('"', "'").encode("ascii", "replace")[:200]
-
-
 def _answer_head(status: int, length: int, close: bool) -> bytes:
     return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n" % (
         status, _REASONS.get(status, b"Status"), length, b"connection: close\r\n" if close else b"")
@@ -352,5 +348,4 @@ def _send(conn: socket.socket, head: bytes, body: bytes) -> None:
 
 
 def _answer_bytes(status: int, body: bytes, close: bool) -> bytes:
-    return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        status, _REASONS.get(status, b"Status"), len(body), b"connection: close\r\n" if close else b"", body)
+    return _answer_head(status, len(body), close) + body
