@@ -12,8 +12,11 @@ filter and bind is never bound by mistake.
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote
 
@@ -21,8 +24,11 @@ import orjson
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.poolmanager import SSL_KEYWORDS
 from urllib3.util import parse_url
 
+from extender.adapters.apiserver_posts import KeptAliveConnections, PostAnswer
 from extender.model.dra import DraClaim
 from extender.service.ports import BindError
 
@@ -87,11 +93,13 @@ class KubeEvictor:
 
 
 class KubeBinder:
-    """Writes a pod's ``pods/binding`` as one prepared request: the Binding's JSON by orjson and
-    the POST on the API client's own connection pool, with its authentication (a refreshed token
-    included) and its user agent. The generated ``create_namespaced_pod_binding`` validated every
-    argument with pydantic and serialized the model object by object: ~10 % of the core's CPU in
-    extender mode, for a body of six fields (issue 43)."""
+    """Writes a pod's ``pods/binding`` as one prepared request: the Binding's JSON by orjson, POSTed
+    with the API client's authentication (a refreshed token included) and user agent on
+    connections kept alive to the apiserver (``extender.adapters.apiserver_posts``), made with the
+    client's own TLS settings. The generated ``create_namespaced_pod_binding`` validated every
+    argument with pydantic and serialized the model object by object (~10 % of the core's CPU in
+    extender mode, for a body of six fields), and urllib3's request machinery cost ~18 % more
+    (issue 43). Behind a proxy the client's own pool manager carries the request, as it would."""
 
     # The client's authentication (its refresh hook rereads the token; the kubeconfig and in-cluster
     # loaders also reassign the host, which rescans the environment for proxies) is asked at most
@@ -100,9 +108,10 @@ class KubeBinder:
 
     def __init__(self, api: client.ApiClient, request_timeout_s: float = 10.0):
         self._api = api
-        self._timeout = urllib3.Timeout(total=request_timeout_s)
+        self._timeout_s = request_timeout_s
         self._auth: tuple[float, dict[str, str]] | None = None  # (monotonic time asked, headers)
-        self._server: tuple[str, tuple[str | None, int | None, str | None]] | None = None  # (url, parsed)
+        self._apiserver: _Apiserver | None = None
+        self._lock = threading.Lock()
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
@@ -111,19 +120,14 @@ class KubeBinder:
             metadata["annotations"] = dict(annotations)
         body = orjson.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                              "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
-        headers = self._headers(path)
         try:
-            response = self._post(path, body, headers)
-            # Drained and released, or urllib3 never returns the connection to the pool and every
-            # bind pays a new TCP + TLS handshake (seen as ~20 % of the extender's samples under load).
-            answer = response.read()
-            response.release_conn()
+            answer = self._post(path, body)
         except Exception as exc:  # connection refused, timeouts: the apiserver may come back
             raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {exc}", temporary=True,
                             may_have_landed=True) from None
-        if 200 <= response.status < 300:
+        if 200 <= answer.status < 300:
             return
-        status, message = response.status, _status_message(answer, response.reason)
+        status, message = answer.status, _status_message(answer.body, answer.reason)
         if status == 401:
             self._auth = None  # the token may have rotated: kube-scheduler's retry asks the client afresh
         hint = ""
@@ -143,24 +147,41 @@ class KubeBinder:
                         f"HTTP {status}: {message}{hint}", temporary=status in _TEMPORARY,
                         may_have_landed=status >= 500 or already_bound)
 
+    def close(self) -> None:
+        """Close the kept-alive connections."""
+        with self._lock:
+            apiserver, self._apiserver = self._apiserver, None
+        if apiserver is not None:
+            apiserver.connections.close()
 
-    def _post(self, path: str, body: bytes, headers: Mapping[str, str]) -> urllib3.BaseHTTPResponse:
-        """POST on the apiserver's connection pool itself: the pool manager's own ``urlopen`` parses
-        the whole URL and picks the pool again per request (~3 % of the core's CPU in extender
-        mode). Behind a proxy (a ProxyManager, which rewrites requests) the manager is asked, as
-        the generated client would."""
+    def _post(self, path: str, body: bytes) -> PostAnswer:
+        headers = self._headers(path)
         manager = self._api.rest_client.pool_manager
-        if type(manager) is not urllib3.PoolManager:
-            return manager.request("POST", self._api.configuration.host + path, body=body, headers=headers,
-                                   timeout=self._timeout, preload_content=False)
         url = self._api.configuration.host
-        if self._server is None or self._server[0] != url:
-            parsed = parse_url(url)
-            self._server = (url, (parsed.host, parsed.port, parsed.scheme))
-        host, port, scheme = self._server[1]
-        pool = manager.connection_from_host(host, port, scheme)  # the manager's live pool for the apiserver
-        return pool.urlopen("POST", path, body=body, headers=headers, timeout=self._timeout, preload_content=False,
-                            redirect=False, assert_same_host=False)
+        if type(manager) is not urllib3.PoolManager:  # a proxy's manager rewrites requests: let it
+            response = manager.request("POST", url + path, body=body, headers=headers,
+                                       timeout=urllib3.Timeout(total=self._timeout_s), preload_content=False)
+            try:
+                return PostAnswer(response.status, str(response.reason or ""), response.read())
+            finally:
+                response.release_conn()
+        apiserver = self._apiserver_at(url, manager)
+        head = (f"POST {path} HTTP/1.1\r\nHost: {apiserver.host_header}\r\nContent-Length: {len(body)}\r\n"
+                + "".join(f"{key}: {value}\r\n" for key, value in headers.items()) + "\r\n")
+        return apiserver.connections.post(head.encode("latin-1"), body, self._timeout_s)
+
+    def _apiserver_at(self, url: str, manager: urllib3.PoolManager) -> _Apiserver:
+        """The kept-alive connections to ``url`` (new ones, the old closed, when the client's host
+        changed: a kubeconfig reloaded)."""
+        apiserver = self._apiserver
+        if apiserver is not None and apiserver.url == url:
+            return apiserver
+        with self._lock:
+            old, self._apiserver = self._apiserver, _Apiserver.of(url, manager)
+            apiserver = self._apiserver
+        if old is not None:
+            old.connections.close()
+        return apiserver
 
     def _headers(self, path: str) -> dict[str, str]:
         now = time.monotonic()
@@ -170,6 +191,41 @@ class KubeBinder:
             self._api.update_params_for_auth(headers, [], ["BearerToken"], path, "POST", None)
             self._auth = auth = (now, headers)
         return auth[1]
+
+
+@dataclass(frozen=True)
+class _Apiserver:
+    """Where the binder's POSTs go: the client's ``url``, its ``Host`` header, and connections to
+    it made by urllib3's own connection classes with the pool manager's TLS settings (CA, client
+    certificate, server name, hostname checks: exactly what the generated client would use)."""
+
+    url: str
+    host_header: str
+    connections: KeptAliveConnections
+
+    @classmethod
+    def of(cls, url: str, manager: urllib3.PoolManager) -> _Apiserver:
+        parsed = parse_url(url)
+        scheme = parsed.scheme or "http"
+        host = (parsed.host or "localhost").strip("[]")
+        port = parsed.port or (443 if scheme == "https" else 80)
+        secure = scheme == "https"
+        settings = {key: value for key, value in manager.connection_pool_kw.items()
+                    if key in _CONNECTION_KEYS or (secure and key in SSL_KEYWORDS)}
+        connection_class = HTTPSConnection if secure else HTTPConnection
+
+        def connect(timeout_s: float) -> socket.socket:
+            connection = connection_class(host, port, timeout=timeout_s, **settings)
+            connection.connect()
+            return cast(socket.socket, connection.sock)
+
+        host_header = parsed.netloc or host
+        return cls(url, host_header, KeptAliveConnections(connect))
+
+
+# What a pool manager's settings hold for a connection besides TLS (the rest — retries, pool size
+# — is the pool's).
+_CONNECTION_KEYS = frozenset({"socket_options", "source_address", "blocksize"})
 
 
 class KubeClaimReader:

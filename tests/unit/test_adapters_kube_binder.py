@@ -3,15 +3,22 @@ pool, not the generated method), against a local HTTP server standing in for the
 answers: the request is the Binding the apiserver expects, authenticated with the client's
 (refreshed) token; its errors name what to fix (issue 22): a 403 on pods/binding is either the
 extender's RBAC or an apiserver that has just restarted and not yet loaded its RBAC rules (the
-fault suite saw the latter after every apiserver restart), so the message gives both."""
+fault suite saw the latter after every apiserver restart), so the message gives both.
+
+The stand-in speaks HTTP/1.1 with keep-alive, in plain text and over TLS with a certificate from a
+CA the client is given (``ssl_ca_cert``, as a kubeconfig's or the in-cluster CA): the binder
+verifies it with the client's own settings and reuses its connections."""
 
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,13 +42,50 @@ class Apiserver:
     answer: Answer = field(default_factory=Answer)
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
+    connections: int = 0
+    ca: str | None = None  # the CA file that vouches for its certificate (https)
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    """``ca`` signs the stand-in's serving certificate (for 127.0.0.1); ``other-ca`` signs nothing
+    of it."""
+    d = tmp_path_factory.mktemp("pki")
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
+                "-days", "1", "-subj", f"/CN={ca}", cwd=d)
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=apiserver",
+            cwd=d)
+    (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "tls.crt",
+            "-days", "1", "-extfile", "ext", cwd=d)
+    return d
+
+
+@pytest.fixture(params=["http", "https"])
+def apiserver(request, pki) -> Iterator[Apiserver]:
+    yield from serve(request.param, pki)
 
 
 @pytest.fixture
-def apiserver() -> Iterator[Apiserver]:
+def tls_apiserver(pki) -> Iterator[Apiserver]:
+    yield from serve("https", pki)
+
+
+def serve(scheme: str, pki: Path) -> Iterator[Apiserver]:
     state = Apiserver()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the apiserver
+
+        def setup(self) -> None:
+            state.connections += 1
+            super().setup()
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body)})
@@ -60,18 +104,25 @@ def apiserver() -> Iterator[Apiserver]:
             return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    server.daemon_threads = True
+    if scheme == "https":
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki / "tls.crt", pki / "tls.key")
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        state.ca = str(pki / "ca.crt")
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    state.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     yield state
     server.shutdown()
     server.server_close()
     thread.join()
 
 
-def binder_for(apiserver: Apiserver, tokens: tuple[str, ...] = ()) -> KubeBinder:
+def binder_for(apiserver: Apiserver, tokens: tuple[str, ...] = (), ca: str | None = None) -> KubeBinder:
     fresh = iter(tokens)
     configuration = client.Configuration(host=apiserver.url)
+    configuration.ssl_ca_cert = ca or apiserver.ca
     configuration.api_key = {"BearerToken": "first-token"}
     configuration.api_key_prefix = {"BearerToken": "Bearer"}
 
@@ -146,3 +197,18 @@ def test_a_binding_refused_as_already_assigned_landed_before(apiserver):
     with pytest.raises(BindError) as caught:
         binder_for(apiserver).bind("ns", "p", "uid-p", "n1", {})
     assert caught.value.may_have_landed and "already assigned" in str(caught.value)
+
+
+def test_binds_go_on_one_kept_alive_connection(apiserver):
+    binder = binder_for(apiserver)
+    for i in range(4):
+        binder.bind("ns", f"p{i}", f"uid-{i}", "n1", {})
+    assert [r["body"]["metadata"]["name"] for r in apiserver.requests] == ["p0", "p1", "p2", "p3"]
+    assert apiserver.connections == 1
+    binder.close()
+
+
+def test_an_apiserver_certificate_the_clients_ca_does_not_vouch_for_is_refused(tls_apiserver, pki):
+    with pytest.raises(BindError, match="CERTIFICATE_VERIFY_FAILED") as caught:
+        binder_for(tls_apiserver, ca=str(pki / "other-ca.crt")).bind("ns", "p", "uid-p", "n1", {})
+    assert caught.value.temporary and tls_apiserver.requests == []
