@@ -127,15 +127,15 @@ class FrameworkDecider:
         """The pod's demand, parsed once per (uid, resourceVersion, DRA state), and once per spec
         (``model.demand.spec_digest``) for the replicas that share it."""
         rv = (pod.raw.get("metadata") or {}).get("resourceVersion", "")
-        dra: DraDemand | str | None = None
-        if self._dra is not None:
-            dra = self._dra.demand(pod.raw)
-        elif carries_dra_marker(pod.raw):
-            dra = NO_DRA_STATE
-        cache_key = (pod.uid, rv, dra) if pod.uid else None
+        # With DRA state the demand also depends on the claims (read each time); without it, on
+        # the pod alone: its version is the key, and its spec is read only when that misses.
+        dra: DraDemand | str | None = self._dra.demand(pod.raw) if self._dra is not None else None
+        cache_key = ((pod.uid, rv, dra) if self._dra is not None else (pod.uid, rv)) if pod.uid else None
         with self._lock:
             cached = self._demands.get(cache_key) if cache_key else None
         if cached is None:
+            if self._dra is None and carries_dra_marker(pod.raw):
+                dra = NO_DRA_STATE
             spec_key = (pod.spec_digest, dra) if pod.spec_digest is not None else None
             with self._lock:
                 shared = self._by_spec.get(spec_key) if spec_key else None
