@@ -91,12 +91,20 @@ def encode_reasons(reasons: Mapping[str, str]) -> bytes:
                        f'":{encoded[int(reasons.gids[-1])]}}}')
 
 
+def encode_names(names: Sequence[str]) -> bytes:
+    """A JSON array of ``names`` (what ``encode_filter_result`` writes as ``NodeNames``)."""
+    return orjson.dumps(tuple(names))
+
+
 def encode_filter_result(node_names: Sequence[str] | None, nodes: Any, failed: Mapping[str, str],
-                         unresolvable: Mapping[str, str], error: str) -> bytes:
-    """The ``ExtenderFilterResult`` object; ``nodes`` (a NodeList) is encoded by orjson."""
+                         unresolvable: Mapping[str, str], error: str, *, names_json: bytes | None = None) -> bytes:
+    """The ``ExtenderFilterResult`` object; ``nodes`` (a NodeList) is encoded by orjson.
+    ``names_json``: ``encode_names(node_names)`` when the caller has it already."""
+    if names_json is None:
+        names_json = b"null" if node_names is None else encode_names(node_names)
     return b"".join((
         b'{"Nodes":', orjson.dumps(nodes),
-        b',"NodeNames":', orjson.dumps(None if node_names is None else tuple(node_names)),
+        b',"NodeNames":', names_json,
         b',"FailedNodes":', encode_reasons(failed),
         b',"FailedAndUnresolvableNodes":', encode_reasons(unresolvable),
         b',"Error":', orjson.dumps(error), b"}",

@@ -25,7 +25,7 @@ import orjson
 from prometheus_client import Counter
 
 from extender.api.bodies import BadRequest, jsonable, load_body, parse_body, validate_value
-from extender.api.encode import encode_filter_result, encode_host_priorities
+from extender.api.encode import encode_filter_result, encode_host_priorities, encode_names
 from extender.api.wire import (
     ErrorBody,
     ExtenderArgs,
@@ -91,6 +91,42 @@ class Verb:
         return VerbAnswer(status, body, close=status in (408, 413))
 
 
+@dataclass(frozen=True)
+class _Filtered:
+    """The last filter: its Pod as sent (``pod_raw``) and as read (``pod``) and, when it was sent
+    names, the names it answered feasible and ``names_tail``, the end of a request naming exactly
+    those: ``,"NodeNames":[...]}``. kube-scheduler sends the prioritize that follows with the same
+    Pod and, as its NodeNames, exactly the names that filter answered, in order: its Pod, compared
+    equal, is not validated again, and its names are neither parsed, validated nor looked up again
+    (issue 43: each was a pass over up to 5,000 names per pod)."""
+
+    pod_raw: Any
+    pod: PodRef
+    names: Sequence[str] | None = None
+    names_tail: bytes = b""
+
+
+def _without_answered_names(body: bytes, last: _Filtered | None) -> dict[str, Any] | None:
+    """The request's JSON without its NodeNames when ``body`` ends with exactly the NodeNames the
+    last filter answered (``last.names_tail``), else None (the caller parses the whole body).
+
+    Why this is the body's own meaning: ``head`` is the body less that tail, closed with ``}``.
+    When ``head`` parses as a non-empty JSON object, its final ``}`` is the object's own closing
+    brace, at top level, right after a complete member: so the body is that object with one more
+    member, ``NodeNames``, whose value is the answered array (when the object has no NodeNames of
+    its own). Anything else — whitespace, other names, another order — does not end with the tail,
+    or does not parse, and takes the whole-body path."""
+    if last is None or not last.names_tail or not body.endswith(last.names_tail):
+        return None
+    try:
+        head = orjson.loads(body[:-len(last.names_tail)] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or not head or "NodeNames" in head:
+        return None
+    return head
+
+
 def _pod_ref(args: ExtenderArgs, raw: dict[str, Any]) -> PodRef:
     meta = args.Pod.metadata
     return PodRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, raw=raw.get("Pod") or {})
@@ -122,16 +158,14 @@ def build_verbs(service: ExtenderService, metrics: ExtenderMetrics, internal_err
         log.exception("internal error in %s", verb)
         return f"gpusched internal error in {verb}: {type(exc).__name__}: {exc}"
 
-    # The Pod of the last filter, as sent and as read: kube-scheduler sends the same Pod to the
-    # prioritize that follows, which then validates only its candidates (validating the Pod again
-    # cost ~2 % of the core's CPU in extender mode). Compared whole, so only an equal Pod is reused.
-    filtered: list[tuple[Any, PodRef]] = []
+    # The last filter, as read and as answered (see ``_Filtered``); one at a time, replaced whole.
+    filtered: list[_Filtered] = []
 
     def filter_(body: bytes) -> bytes | dict[str, Any]:
         args, raw = parse_body(body, ExtenderArgs)
         names, objects = _candidates(args, raw)
         pod = _pod_ref(args, raw)
-        filtered[:] = [(raw.get("Pod"), pod)]
+        filtered[:] = [_Filtered(raw.get("Pod"), pod)]
         try:
             outcome = service.filter(pod, names, objects)
         except Exception as exc:  # gpusched's own fault: say so in the protocol's Error field
@@ -139,7 +173,10 @@ def build_verbs(service: ExtenderService, metrics: ExtenderMetrics, internal_err
         if not outcome.feasible and not outcome.error:
             on_rejected(pod, names)
         if objects is None:
-            return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable, outcome.error)
+            names_json = encode_names(outcome.feasible)
+            filtered[:] = [_Filtered(raw.get("Pod"), pod, outcome.feasible, b',"NodeNames":' + names_json + b"}")]
+            return encode_filter_result(outcome.feasible, None, outcome.failed, outcome.unresolvable, outcome.error,
+                                        names_json=names_json)
         nodes = {"metadata": {}, "items": [objects[n] for n in outcome.feasible]}
         return encode_filter_result(None, nodes, outcome.failed, outcome.unresolvable, outcome.error)
 
@@ -156,14 +193,18 @@ def build_verbs(service: ExtenderService, metrics: ExtenderMetrics, internal_err
         return {"NodeNameToMetaVictims": {}}
 
     def prioritize(body: bytes) -> bytes:
-        raw = load_body(body, ExtenderArgs)
         last = filtered[0] if filtered else None
-        if last is not None and isinstance(raw, dict) and raw.get("Pod") == last[0]:
-            args, pod = validate_value(raw, ExtenderNodes, "ExtenderArgs")[0], last[1]
+        answered = _without_answered_names(body, last)
+        raw = answered if answered is not None else load_body(body, ExtenderArgs)
+        if last is not None and isinstance(raw, dict) and raw.get("Pod") == last.pod_raw:
+            args, pod = validate_value(raw, ExtenderNodes, "ExtenderArgs")[0], last.pod
         else:
             validated, _ = validate_value(raw, ExtenderArgs)
             args, pod = validated, _pod_ref(validated, raw)
-        names, objects = _candidates(args, raw)
+        if answered is not None and last is not None and last.names is not None:
+            names, objects = last.names, None  # the filter's own answer, object for object
+        else:
+            names, objects = _candidates(args, raw)
         try:
             outcome = service.prioritize(pod, names, objects)
         except Exception as exc:  # prioritize errors are ignored by kube-scheduler; answer neutral

@@ -74,7 +74,7 @@ class RecentAnswers:
         if len(names) < 2:
             return None
         answer = self._by_key.get((len(names), names[0], names[-1]))
-        if answer is None or tuple(names) != answer.names:
+        if answer is None or (names is not answer.names and tuple(names) != answer.names):
             return None
         return answer
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
@@ -115,6 +116,66 @@ def test_prioritize_of_the_filtered_pod_still_validates_its_candidates(client):
     assert client.post("/gpusched/filter", json={"Pod": pod(), "NodeNames": ["good"]}).status_code == 200
     r = client.post("/gpusched/prioritize", json={"Pod": pod(), "NodeNames": ["good", 7]})
     assert r.status_code == 422 and r.json()["error"].startswith("invalid ExtenderArgs: NodeNames.1:"), r.text
+
+
+class NamesRecordingDecider(ScriptedDecider):
+    def __init__(self):
+        super().__init__()
+        self.answered: list[tuple[str, ...]] = []
+        self.prioritized: list[Any] = []
+
+    def filter(self, pod, candidates, node_objects):
+        outcome = super().filter(pod, candidates, node_objects)
+        self.answered.append(outcome.feasible)
+        return outcome
+
+    def prioritize(self, pod, candidates, node_objects):
+        self.prioritized.append(candidates)
+        return super().prioritize(pod, candidates, node_objects)
+
+
+ANSWERED = ["good", "ab", "abcdefghijklmn"]
+
+
+def go_body(value: Any) -> bytes:
+    """JSON as kube-scheduler's ``json.Marshal`` writes an ExtenderArgs: compact, fields in order."""
+    return orjson.dumps(value)
+
+
+@pytest.mark.parametrize(("body", "same_names", "answer"), [
+    pytest.param(go_body({"Pod": pod(), "Nodes": None, "NodeNames": ANSWERED}), True, ANSWERED, id="the-answer"),
+    pytest.param(go_body({"Pod": pod(name="q", uid="uid-2"), "Nodes": None, "NodeNames": ANSWERED}), True, ANSWERED,
+                 id="the-answer-for-another-pod"),
+    pytest.param(orjson.dumps({"Pod": pod(), "Nodes": None, "NodeNames": ANSWERED}, option=orjson.OPT_INDENT_2),
+                 False, ANSWERED, id="the-answer-indented"),
+    pytest.param(go_body({"Pod": pod(), "Nodes": None, "NodeNames": ANSWERED[::-1]}), False, ANSWERED[::-1],
+                 id="another-order"),
+    pytest.param(go_body({"Pod": pod(), "NodeNames": ["ab"]})[:-1] + b',"NodeNames":' + go_body(ANSWERED) + b"}",
+                 False, ANSWERED, id="named-twice"),
+    pytest.param(go_body({"Pod": pod(), "Nodes": None, "NodeNames": ANSWERED[:2]}), False, ANSWERED[:2], id="fewer"),
+])
+def test_a_prioritize_naming_exactly_the_filters_answer_reuses_those_names(binder, body, same_names, answer):
+    """kube-scheduler's prioritize names exactly what the filter answered, in order: its names are
+    the filter's answer itself, not parsed again (issue 43); any other request is read whole, as
+    sent (the last of a repeated key, as JSON parsers do), and answered alike."""
+    decider = NamesRecordingDecider()
+    client = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=binder)))
+    filtered = client.post("/gpusched/filter", content=go_body({"Pod": pod(), "Nodes": None,
+                                                                "NodeNames": [*ANSWERED, "bad-u1"]}))
+    assert filtered.json()["NodeNames"] == ANSWERED
+    r = client.post("/gpusched/prioritize", content=body)
+    assert r.status_code == 200, r.text
+    assert r.json() == [{"Host": n, "Score": min(10, len(n))} for n in answer]
+    assert (decider.prioritized[-1] is decider.answered[-1]) is same_names
+    assert list(decider.prioritized[-1]) == answer
+
+
+def test_a_prioritize_that_is_only_the_answers_tail_is_not_json(binder):
+    decider = NamesRecordingDecider()
+    client = TestClient(create_app(Settings(), Collaborators(decider=decider, binder=binder)))
+    client.post("/gpusched/filter", content=go_body({"Pod": pod(), "Nodes": None, "NodeNames": ANSWERED}))
+    r = client.post("/gpusched/prioritize", content=b'{,"NodeNames":' + go_body(ANSWERED) + b"}")
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"], r.text
 
 
 def test_bind_writes_the_reservation_and_decision_id_then_binds(client, binder):
