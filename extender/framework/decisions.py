@@ -60,6 +60,10 @@ class FilterDecision:
     rejected_counts: Mapping[NodeVerdict, int] | None = field(default=None, compare=False, repr=False)
     # Group ids of ``feasible`` (None when built by hand): remembered with the answer.
     feasible_gids: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # Positions of ``feasible`` in the node index the request was located in (None when unknown):
+    # remembered with the answer, they outlive its grouping (a reservation between a pod's filter
+    # and its prioritize regroups the nodes but keeps their positions).
+    feasible_positions: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,7 @@ def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
     is_bad = present_tags != CODE_TAG[Code.SUCCESS]
     if not is_bad.any():
         feasible = names if isinstance(names, tuple) else tuple(names)
-        return FilterDecision(feasible, _NONE, _NONE, per_node, "", MappingProxyType({}), gids)
+        return FilterDecision(feasible, _NONE, _NONE, per_node, "", MappingProxyType({}), gids, request.positions)
     node_tags = _tag_per_name(present, present_tags, gids)
     feasible, feasible_gids, rejected_at = _kept_and_rejected(request, pick, node_tags, is_bad)
     bad_slots = slots[is_bad]
@@ -205,8 +209,11 @@ def decide_grouped(request: GroupedVerdicts) -> FilterDecision:
     failed, unresolvable = _failed_and_unresolvable(request, pick, reason_of_group, node_tags,
                                                     present_tags[is_bad], rejected_at)
     counts = _rejections_per_verdict(verdicts, bad_slots, request.tally[present[is_bad]])
+    positions = request.positions  # of the kept names: all but the rejected (none when all are)
+    feasible_positions = None if positions is None else positions[:0] if rejected_at is None else np.delete(
+        positions, rejected_at)
     return FilterDecision(feasible, failed, unresolvable, per_node, _fault_message(counts),
-                          MappingProxyType(counts), feasible_gids)
+                          MappingProxyType(counts), feasible_gids, feasible_positions)
 
 
 def _verdicts_by_slot(request: GroupedVerdicts) -> tuple[list[Any], np.ndarray, np.ndarray]:

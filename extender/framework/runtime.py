@@ -204,7 +204,8 @@ class Framework:
                                                   groups.index.names))
         # Answers with ids of their own must not be reused as the grouping's (prioritize after filter).
         if decision.feasible_gids is not None and self.memos and not len(at):
-            self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups))
+            self.recent_answers.remember(Answer(decision.feasible, decision.feasible_gids, groups,
+                                                decision.feasible_positions))
         return decision
 
     def _pre_filter(self, state: CycleState, demand: PodDemand) -> Status:
@@ -449,6 +450,9 @@ def _group_ids(groups: NodeGroups, requested: Sequence[str],
     answer = (requested.answer if isinstance(requested, UniqueNames) else None) or recent.find(requested)
     if answer is not None and answer.grouping is groups:
         return requested, np.asarray(answer.gids), True  # the framework remembers arrays: no copy
+    if (answer is not None and answer.positions is not None and isinstance(answer.grouping, NodeGroups)
+            and answer.grouping.index is groups.index):  # regrouped since (a reservation), same nodes
+        return requested, groups.gid_at[answer.positions], True
     names, positions = _locate(groups, requested)
     return names, groups.gid_at[positions], bool(len(positions) == 0 or positions.min() >= 0)
 

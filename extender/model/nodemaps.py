@@ -44,12 +44,15 @@ class UniqueNames(list):
 class Answer:
     """A feasible list filter answered: the names (a tuple, unique) and their group ids (a numpy
     integer array, or any sequence of ints) under ``grouping`` (an opaque object: the ids are
-    valid only while the caller's grouping is it)."""
+    valid only while the caller's grouping is it), and, when known, the names' ``positions`` in
+    the grouping's node index (valid for as long as that index is the caller's: groupings of one
+    node set share it)."""
 
-    __slots__ = ("names", "gids", "grouping")
+    __slots__ = ("names", "gids", "grouping", "positions")
 
-    def __init__(self, names: tuple[str, ...], gids: Sequence[int] | np.ndarray, grouping: object) -> None:
-        self.names, self.gids, self.grouping = names, gids, grouping
+    def __init__(self, names: tuple[str, ...], gids: Sequence[int] | np.ndarray, grouping: object,
+                 positions: np.ndarray | None = None) -> None:
+        self.names, self.gids, self.grouping, self.positions = names, gids, grouping, positions
 
 
 class RecentAnswers:

@@ -48,6 +48,9 @@ def test_prioritize_on_filters_answer_scores_as_a_fresh_list(seed, move_ledger):
 
     back = unique_names(fresh(decision.feasible), framework.recent_answers)
     assert back.answer is not None and back.answer.names == decision.feasible
+    # Its positions in the node index outlive the grouping (the ledger moved: another grouping).
+    assert back.answer.positions is not None
+    assert snapshot.groups().index.array[back.answer.positions].tolist() == list(decision.feasible)
     reused = framework.score(snapshot, demand, back).scores
     # Another framework instance: its per-group memo is its own, so a wrong reuse above cannot
     # leak into the reference.
