@@ -1567,8 +1567,12 @@ def main(argv: list[str] | None = None) -> int:
         write_results(out, result)
         if out and profiled:
             profile_out = out.with_name(out.stem + "_profiles.json")
-            for prof in profiled.values():
-                prof.get("core", {}).pop("raw_text", None)
+            for key, prof in profiled.items():  # the core's stacks beside it, for what the summary leaves out
+                raw_text = prof.get("core", {}).pop("raw_text", None)
+                if raw_text is not None:
+                    raw_out = out.with_name(f"{out.stem}_core_{key.replace('@', '_')}.raw.txt")
+                    raw_out.write_text(raw_text)
+                    prof["core"]["raw"] = raw_out.name
             profile_out.write_text(json.dumps({"run": run, "profiles": profiled}, indent=1) + "\n")
             print(f"wrote {profile_out}")
         for key, prof in profiled.items():
