@@ -316,8 +316,9 @@ class Framework:
                 results[gid] = self._node_score(values)
                 finals[gid] = results[gid].final
         names_json_safe = known and groups.index.names_json_safe
+        # Every group has its result when every name is a snapshot node (unknown names have none).
         return ScoreDecision(GroupedMapping(names, gid_array, finals, complete=True, names_json_safe=names_json_safe),
-                             GroupedMapping(names, gid_array, results))
+                             GroupedMapping(names, gid_array, results, complete=bool(known)))
 
     def _node_score(self, values: tuple[RawScore, ...]) -> NodeScore:
         """Raw scores (one per score plugin) normalised, weighted and mapped to 0..10."""

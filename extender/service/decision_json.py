@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from itertools import islice
 from typing import Any
 
+import numpy as np
+
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.nodemaps import GroupedMapping
 
@@ -23,6 +25,14 @@ def per_node_json(per_node: Mapping[str, Any], encode: Callable[[Any], Any], sha
     (the framework interns one per distinct result), so each object's JSON is made once and
     shared, read-only, by every record that shows it (``shared``): fresh JSON per record made the
     decision store the bulk of what each garbage collection walks."""
+    if isinstance(per_node, GroupedMapping) and per_node.complete:
+        # By group: each group's JSON looked up once, the names paired with it by C-level zip
+        # (a step per name here was ~5 % of a filter's CPU in extender mode, issue 43).
+        gids = per_node.gids[:MAX_VERDICTS_RECORDED]
+        gid_list: list[int] = gids.tolist() if isinstance(gids, np.ndarray) else list(gids)
+        by_group = per_node.by_group
+        encoded = {gid: shared.get(by_group[gid], encode) for gid in set(gid_list)}
+        return dict(zip(per_node.names[:MAX_VERDICTS_RECORDED], map(encoded.__getitem__, gid_list), strict=True))
     if isinstance(per_node, GroupedMapping):  # the first names' groups, read directly
         head = per_node.head(MAX_VERDICTS_RECORDED)
     else:
