@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import orjson
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -119,7 +118,7 @@ class Reflector:
                 raise _Gone() from None
             raise
         try:
-            for line in iter_resp_lines(resp):
+            for line in watch_lines(resp.stream(amt=None, decode_content=False)):
                 if self._stop.is_set():
                     return
                 if not line:
@@ -136,6 +135,21 @@ class Reflector:
                 yield resource_version
         finally:
             resp.release_conn()
+
+
+def watch_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The newline-terminated lines of a watch stream (one JSON event each), as bytes for orjson;
+    an unterminated rest when the stream ends is an event cut short and is dropped (the watch
+    resumes from the last whole one). The client library's ``iter_resp_lines`` decoded each line
+    into a ``str`` and copied its remaining buffer per line (issue 43). A line is as long as the
+    apiserver makes it (an event is one object, bounded by etcd's request limit)."""
+    pending = b""
+    for chunk in chunks:
+        if pending:
+            chunk = pending + chunk
+        lines = chunk.split(b"\n")
+        pending = lines.pop()
+        yield from lines
 
 
 RELIST_REASONS = ("start", "gone")

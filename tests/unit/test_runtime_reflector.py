@@ -11,7 +11,7 @@ import orjson
 import pytest
 from kubernetes.client.rest import ApiException
 
-from gpusched_runtime.reflector import Reflector
+from gpusched_runtime.reflector import Reflector, watch_lines
 
 
 @dataclass
@@ -145,3 +145,18 @@ def test_relists_are_counted_by_reason_and_exported(steps, relists):
     reflector.stop()
     for reason, count in relists.items():
         assert registry.get_sample_value("gpusched_watch_relists_total", {"resource": "pods", "reason": reason}) == count
+
+
+STREAM = b'{"a":1}\n{"b":"x\\ny"}\n\n{"c":[1,2]}\n'
+
+
+@pytest.mark.parametrize("cuts", [(), (1,), (7,), (8,), (9, 10, 11), tuple(range(1, len(STREAM)))],
+                         ids=["whole", "after-1", "before-newline", "after-newline", "mid-line", "every-byte"])
+def test_watch_lines_are_the_streams_lines_wherever_its_chunks_end(cuts):
+    chunks = [STREAM[a:b] for a, b in zip((0, *cuts), (*cuts, len(STREAM)), strict=True)]
+    assert list(watch_lines(chunks)) == [b'{"a":1}', b'{"b":"x\\ny"}', b"", b'{"c":[1,2]}']
+
+
+def test_a_line_the_stream_cuts_short_is_dropped():
+    """A watch ended mid-event resumes from the last whole one: the rest is not an event."""
+    assert list(watch_lines([b'{"a":1}\n{"b":', b'"cut'])) == [b'{"a":1}']
