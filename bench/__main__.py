@@ -30,12 +30,14 @@ READMES = (ROOT / "bench" / "README.md",)
 # The runs a benchmark's recorded results came from, where not its defaults alone (bench/README.md
 # says why): scheduler_throughput keeps 1,000 agents streaming at most (a 2-vCPU box cannot carry
 # 5,000 beside a scheduler), telemetry_ingest is recorded in both ingest layouts, and openb_replay
-# prints only unless told where to write (its full matrix takes tens of minutes on 2 CPUs).
+# and openb_ablation print only unless told where to write (their full matrices take tens of minutes
+# on 2 CPUs).
 RECORDED_RUNS: dict[str, tuple[tuple[str, ...], ...]] = {
     "scheduler_throughput": (("--agents-max", "1000"),),
     "telemetry_ingest": ((), ("--agents", "5000", "--ingest", "thread",
                               "--output", "bench/results/telemetry_ingest_thread.json")),
     "openb_replay": (("--output", "bench/results/openb_replay.json"),),
+    "openb_ablation": (("--output", "bench/results/openb_ablation.json"),),
 }
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from bench.openb.policies import BestFitPolicy, shape_popularity
+from bench.openb.policies import BestFitPolicy, GpuschedPolicy, shape_popularity, target_workload
 from bench.openb.replay import NodeState, fits_host
 from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
 from extender.framework.decisions import GpuChoice
@@ -49,6 +49,7 @@ from extender.framework.profile import ProfileConfig, load_profile
 from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.fragmentation import Scorer
 from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info, with_cpu_free
 from extender.plugins import default_profile, default_registry
@@ -60,6 +61,7 @@ MIB_PER_MILLI = 100  # one GPU milli of the trace, in MiB of a replayed GPU
 GPU_MIB = GPU_MILLI * MIB_PER_MILLI  # every replayed GPU: 100,000 MiB
 NAMESPACE = "openb"
 Resolution = Literal["final", "total"]
+GpuChoiceBy = Literal["core", "measure"]
 
 
 def node_info(node: TraceNode, cpu_free_milli: int | None = None) -> NodeInfo:
@@ -104,11 +106,17 @@ def workload_args(pods: Sequence[TracePod]) -> list[dict[str, Any]]:
             for (cpu, num_gpu, milli), p in popularity.items()]
 
 
-def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None) -> ProfileConfig:
+def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None,
+                 score_plugins: Sequence[str] | None = None) -> ProfileConfig:
     """The default profile with FragmentationScore's workload from ``pods`` and ``wholeGpuPods:
-    true``; ``overrides`` are merged into its args. Raises FieldError (gpusched_api.errors) for bad args."""
+    true``; ``overrides`` are merged into its args; ``score_plugins`` (weight 1 each) replace the
+    default's score plugins when given (the ablation's profiles). Raises FieldError
+    (gpusched_api.errors) for bad args or an unknown plugin."""
     args = {"workload": workload_args(pods), "wholeGpuPods": True, **(overrides or {})}
-    return load_profile({"pluginArgs": {FRAGMENTATION_SCORE: args}}, default_registry(), base=default_profile())
+    raw: dict[str, Any] = {"pluginArgs": {FRAGMENTATION_SCORE: args}}
+    if score_plugins is not None:
+        raw["scorePlugins"] = [{"name": name, "weight": 1} for name in score_plugins]
+    return load_profile(raw, default_registry(), base=default_profile())
 
 
 class CorePolicy:
@@ -117,10 +125,17 @@ class CorePolicy:
     ``ledger`` is the one the core would keep; after a replay it holds every GPU pod placed."""
 
     def __init__(self, nodes: Sequence[TraceNode], pods: Sequence[TracePod], *,
-                 resolution: Resolution = "final", name: str = "gpusched-core") -> None:
+                 resolution: Resolution = "final", name: str = "gpusched-core",
+                 score_plugins: Sequence[str] | None = None, gpu_choice: GpuChoiceBy = "core") -> None:
+        """``score_plugins``: the profile's score plugins instead of the default's (``core_profile``);
+        ``gpu_choice``: ``"core"`` (``Framework.choose_gpus``, as deployed) or ``"measure"`` (the
+        GPUs on the chosen node by the fragmentation measure, as the math chooses them: the
+        ablation's question of what the core's own GPU choice costs)."""
         self.name = name
         self.resolution = resolution
-        self.framework = Framework.from_profile(core_profile(pods), default_registry())
+        self.gpu_choice = gpu_choice
+        self._measure = GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
+        self.framework = Framework.from_profile(core_profile(pods, score_plugins=score_plugins), default_registry())
         self.ledger = GpuLedger()
         self._snapshot = ClusterSnapshot.build([node_info(n) for n in nodes], self.ledger.view())
         self._cpu_free = [n.cpu_milli for n in nodes]  # millicores, exact (the node infos: whole cores)
@@ -152,6 +167,8 @@ class CorePolicy:
         if not feasible:
             return None
         winner = self._best(snapshot, demand, feasible)
+        if self.gpu_choice == "measure":
+            return self._place_by_measure(states, pod, key, winner)
         choice = self.framework.choose_gpus(snapshot, demand, winner)
         if not isinstance(choice, GpuChoice):
             raise ValueError(f"pod {pod.name}: {winner} passed filter but choose_gpus says {choice.reason}")
@@ -162,6 +179,20 @@ class CorePolicy:
         self.choices.append(choice)
         self._take_cpu(self._index[winner], pod.cpu_milli)
         return self._index[winner], tuple(choice.gpu_indices)
+
+    def _place_by_measure(self, states: Sequence[NodeState], pod: TracePod, key: str,
+                          winner: str) -> tuple[int, tuple[int, ...]]:
+        """``pod`` on ``winner`` with the GPUs the fragmentation measure picks there (recorded in
+        the ledger as the core's own choice would be)."""
+        index = self._index[winner]
+        gpus = tuple(sorted(self._measure.gpus(states[index], pod)))
+        share = pod.gpu_milli * MIB_PER_MILLI if pod.sharing else 0
+        units = [gpu_uuid(winner, i) for i in gpus]
+        if not self.ledger.assume(f"{NAMESPACE}/{key}", winner, units, f"uid-{key}", share_mib=share,
+                                  capacity_mib=GPU_MIB if share else 0):
+            raise ValueError(f"pod {pod.name}: the ledger refused {units} on {winner}")
+        self._take_cpu(index, pod.cpu_milli)
+        return index, gpus
 
     def _take_cpu(self, index: int, cpu_milli: int) -> None:
         """A pod requesting ``cpu_milli`` landed on node ``index``: re-lay it if its whole free

@@ -115,3 +115,40 @@ def test_the_replay_command_builds_the_core_policies():
     assert make_policy("gpusched-core", workload, 42, nodes).name == "gpusched-core"
     total = make_policy("gpusched-core-total", workload, 42, nodes)
     assert isinstance(total, CorePolicy) and total.resolution == "total"
+
+
+def test_the_ablations_profile_takes_only_the_score_plugins_named():
+    nodes, workload = tiny_trace()
+    assert [r.name for r in core_profile(workload, score_plugins=("FragmentationScore",)).score_plugins] == [
+        "FragmentationScore"]
+    assert len(core_profile(workload).score_plugins) == 4, "the default profile's four otherwise"
+    with pytest.raises(FieldError, match="scorePlugins"):
+        core_profile(workload, score_plugins=("NoSuchPlugin",))
+
+
+def test_gpus_chosen_by_the_measure_are_what_the_ledger_records_and_the_replay_takes():
+    nodes, workload = tiny_trace()
+    policy = CorePolicy(nodes, workload, resolution="total", score_plugins=("FragmentationScore",),
+                        gpu_choice="measure")
+    result = replay(nodes, workload, policy, seed=0)  # raises where the ledger and the replay disagree
+    view = policy.ledger.view()
+    placed = len(workload) - result.failed - sum(1 for p in workload if p.num_gpu == 0)
+    assert len(view.assignments) == placed > 0 and not policy.choices, "no choice of the core's was used"
+    taken = sum(a.share_mib // MIB_PER_MILLI if a.is_share else GPU_MILLI * len(a.unit_ids)
+                for a in view.assignments.values())
+    assert taken == result.allocated_milli
+
+
+def test_the_ablation_rows_say_how_far_each_variant_stands_from_the_math_and_the_deployed_profile():
+    from bench.openb_ablation import BY_KEY, headline, run
+
+    nodes, workload = tiny_trace()
+    variants = [BY_KEY[k] for k in ("math", "frag-final", "default-final")]
+    results = run(nodes, workload, [0, 1], variants, "default")
+    rows = {r["metric"].split(" (mean")[0]: r for r in headline("default", results, [0, 1])}
+    assert set(results) == {"math", "frag-final", "default-final"}
+    assert all(set(e["seeds"]) == {"0", "1"} for e in results.values())  # type: ignore[arg-type]
+    frag = rows["default: core, FragmentationScore only, 0..10"]
+    math, deployed = results["math"]["mean_pct"], results["default-final"]["mean_pct"]
+    assert frag["anchor"].startswith(f"{frag['measured'] - math:+.2f} vs the math; "
+                                     f"{frag['measured'] - deployed:+.2f} vs as deployed")
