@@ -177,8 +177,10 @@ class KubeBinder:
         if apiserver is not None and apiserver.url == url:
             return apiserver
         with self._lock:
-            old, self._apiserver = self._apiserver, _Apiserver.of(url, manager)
-            apiserver = self._apiserver
+            old = self._apiserver
+            if old is not None and old.url == url:  # another bind made it meanwhile
+                return old
+            self._apiserver = apiserver = _Apiserver.of(url, manager)
         if old is not None:
             old.connections.close()
         return apiserver
