@@ -12,6 +12,8 @@ separate programs; what one writes and another reads is defined here once:
 - ``quantity``, ``untrusted``, ``validation`` and ``errors``: Kubernetes quantities, quoting
   untrusted values, pydantic failures in gpusched's words, and the one path+message ``FieldError``;
 - ``scores``: the score ranges of the extender protocol and of kube-scheduler's framework;
+- ``unit_choice``: which of a node's free GPUs a pod gets — the extender binds by it and the device
+  plugin answers by it for pods gpusched did not place;
 - ``scheduling/v1`` and ``telemetry/v1``: the wire protocols, their generated code beside them.
 
 It imports nothing of gpusched's (an import-linter contract), so every program may import it and

@@ -16,7 +16,8 @@ for p in (ROOT, ROOT / "engine-sidecar"):
 # Modules that run the real node (devcluster.realcluster): one node address, bridge and CNI
 # folders per machine, so they run one after another on one worker.
 REAL_NODE_MODULES = frozenset({
-    "test_device_plugin.py", "test_install.py", "test_node_agent_identity.py", "test_project_images.py",
+    "test_device_plugin.py", "test_device_plugin_packing.py", "test_install.py", "test_node_agent_identity.py",
+    "test_project_images.py",
     "test_real_node.py", "test_real_node_dra.py", "test_real_node_lifecycle.py", "test_real_node_shares.py",
 })
 

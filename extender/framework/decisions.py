@@ -22,8 +22,8 @@ import numpy as np
 from extender.framework.groupmemo import GroupAnswers
 from extender.framework.status import Code, Status
 from extender.model.nodemaps import GroupedMapping
-from extender.model.placement import Tier
 from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
+from gpusched_api.unit_choice import Tier
 
 
 @dataclass(frozen=True)

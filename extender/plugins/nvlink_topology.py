@@ -28,10 +28,11 @@ from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState, Scored
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
-from extender.model.placement import Placement, Tier, eligible, free_per_island
+from extender.model.placement import Placement, eligible, free_per_island
 from extender.model.snapshot import GpuUnit, NodeInfo
 from extender.model.spread import Siblings, Spread, root_label, roots_of, siblings_on
 from gpusched_api.names import INVENTORY_ANNOTATION
+from gpusched_api.unit_choice import Tier
 
 NAME = "NvlinkTopology"
 _OWNERS = f"{NAME}.siblingOwners"  # CycleState.data: (node, unit id) -> the sibling pod holding it

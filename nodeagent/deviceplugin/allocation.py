@@ -10,10 +10,11 @@ without saying which pod. The match rule (documented in docs/node-agent.md, "Dev
    answered. When several match, each one's set was judged valid by the extender, and the kubelet
    admits one pod at a time, so answering the oldest first keeps every set whole.
 2. **gpusched's rules**, for a pod gpusched did not place (another scheduler; an annotation
-   missing or no longer possible): ``size`` of the available units chosen by, in order — no unit
-   out of service; fewest units holding foreign memory (never a dirty unit while a clean one is
-   free); fewest NVLink islands; fewest NUMA nodes; the tightest island (the fewest free units
-   left in the islands used, keeping whole islands for larger groups); lowest indices.
+   missing or no longer possible): ``size`` of the available units chosen by the extender's own
+   placement rule, ``gpusched_api.unit_choice.choose`` — in service before out of service, clean
+   before holding foreign memory, one NVLink island (else PCIe switch, else NUMA node), the
+   tightest domain (a leftover GPU of an island already broken before one of a whole island), the
+   smallest unit, the lowest position. Devices the kubelet must include stay in the answer.
 
 Everything here is pure: the device plugin server (``nodeagent.deviceplugin.server``) feeds it.
 """
@@ -21,21 +22,23 @@ Everything here is pure: the device plugin server (``nodeagent.deviceplugin.serv
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import combinations
-from math import comb
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched_api.assignment import believed_units
-from nodeagent.gpu.model import GIB, GpuState
+from gpusched_api.unit_choice import UnitAsk, choose
+from nodeagent.gpu.model import GIB, MIB, GpuState
 
 FOREIGN_THRESHOLD_BYTES = GIB  # as the extender: less is jitter, not a tenant
-MAX_EXHAUSTIVE = 20_000  # subsets scored exhaustively; beyond, a greedy choice
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One device this plugin advertises: a whole GPU, or a MIG instance on a MIG GPU."""
+    """One device this plugin advertises: a whole GPU, or a MIG instance on a MIG GPU.
+    ``position``: its place among the node's units (GPUs by index, a MIG GPU's instances in
+    order), as the extender numbers them; ``pcie_switch``: the GPU's (None: unknown or alone);
+    ``memory_mib``: what an engine could use, its size less foreign memory in whole GiB, as the
+    extender's telemetry counts it (the rule takes the roomiest dirty unit first)."""
 
     id: str
     gpu_index: int
@@ -45,6 +48,9 @@ class Unit:
     failure: str = ""
     foreign_bytes: int = 0
     closed: str = ""  # why the unit may not be handed out now though the GPU works ("" open): share mode
+    position: int = field(kw_only=True)
+    pcie_switch: str | None = field(default=None, kw_only=True)
+    memory_mib: int | None = field(default=None, kw_only=True)
 
     @property
     def healthy(self) -> bool:
@@ -52,22 +58,34 @@ class Unit:
         return not self.failure and not self.closed
 
     @property
+    def foreign(self) -> bool:
+        """Processes outside any pod hold memory on it (as the extender judges it)."""
+        return self.foreign_bytes >= FOREIGN_THRESHOLD_BYTES
+
+    @property
     def clean(self) -> bool:
-        return self.healthy and self.foreign_bytes < FOREIGN_THRESHOLD_BYTES
+        return self.healthy and not self.foreign
 
 
 def units_of(state: GpuState, foreign: Mapping[str, int] | None = None) -> list[Unit]:
     """The node's schedulable units (MIG instances replace their GPU), with health and foreign use."""
     foreign = foreign or {}
+
+    def usable_mib(uuid: str, total_bytes: int) -> int:
+        used = foreign.get(uuid, 0)
+        return total_bytes // MIB if used < FOREIGN_THRESHOLD_BYTES else max(0, total_bytes - used) // GIB * (GIB // MIB)
+
     island_of = {index: i for i, island in enumerate(state.nvlink_islands) for index in island}
     units: list[Unit] = []
     for gpu in sorted(state.gpus, key=lambda g: g.index):
         if gpu.mig_enabled:
-            units += [Unit(m.uuid, gpu.index, gpu.numa_node, -1, True, gpu.failure, foreign.get(m.uuid, 0))
-                      for m in gpu.mig_devices]
+            units += [Unit(m.uuid, gpu.index, gpu.numa_node, -1, True, gpu.failure, foreign.get(m.uuid, 0),
+                           position=len(units) + k, pcie_switch=gpu.pcie_switch,
+                           memory_mib=usable_mib(m.uuid, m.memory_total_bytes)) for k, m in enumerate(gpu.mig_devices)]
         else:
             units.append(Unit(gpu.uuid, gpu.index, gpu.numa_node, island_of.get(gpu.index, -1), False, gpu.failure,
-                              foreign.get(gpu.uuid, 0)))
+                              foreign.get(gpu.uuid, 0), position=len(units), pcie_switch=gpu.pcie_switch,
+                              memory_mib=usable_mib(gpu.uuid, gpu.memory_total_bytes)))
     return units
 
 
@@ -122,30 +140,27 @@ def prefer(available: Sequence[str], must_include: Sequence[str], size: int, pod
         return Preference(tuple(u.id for u in fixed[:size]), "the devices the kubelet must include")
     if need > len(known):  # not ours to judge: the kubelet offers what it has
         return Preference(tuple(must_include) + tuple(u.id for u in known), "fewer devices than asked for")
-    chosen = sorted(fixed + _best(known, fixed, need, units), key=lambda u: (u.gpu_index, u.id))
+    chosen = sorted(_by_the_rules(known, fixed, need), key=lambda u: (u.gpu_index, u.id))
     return Preference(tuple(u.id for u in chosen),
-                      "gpusched's rules (no assignment matched): clean, one NVLink island, NUMA-local, tightest")
+                      "gpusched's rules (no assignment matched): placement's unit choice (clean, one NVLink "
+                      "island, the tightest domain)")
 
 
-def _best(pool: list[Unit], fixed: list[Unit], need: int, all_units: Sequence[Unit]) -> list[Unit]:
-    free_by_island: dict[int, int] = {}
-    for u in pool:
-        if u.island >= 0:
-            free_by_island[u.island] = free_by_island.get(u.island, 0) + 1
-
-    def cost(chosen: Sequence[Unit]) -> tuple:
-        group = [*fixed, *chosen]
-        islands = {u.island for u in group}
-        leftover = sum(free_by_island.get(i, 0) for i in islands if i >= 0) - sum(1 for u in chosen if u.island >= 0)
-        return (sum(1 for u in group if not u.healthy), sum(1 for u in group if not u.clean),
-                len(islands) if all(u.island >= 0 for u in group) else len(islands) + len(group),
-                len({u.numa_node for u in group}), leftover, tuple(u.gpu_index for u in chosen))
-
-    ordered = sorted(pool, key=lambda u: (not u.healthy, not u.clean, u.gpu_index, u.id))
-    if comb(len(ordered), need) <= MAX_EXHAUSTIVE:
-        return list(min(combinations(ordered, need), key=cost))
-    chosen: list[Unit] = []  # greedy: add the unit that keeps the cost lowest
-    for _ in range(need):
-        best = min((u for u in ordered if u not in chosen), key=lambda u: cost([*chosen, u]))
-        chosen.append(best)
-    return chosen
+def _by_the_rules(pool: list[Unit], fixed: list[Unit], need: int) -> list[Unit]:
+    """``fixed`` and ``need`` more of ``pool`` as ``unit_choice.choose`` picks them: among the
+    units in service when enough are (the kubelet offers only Healthy devices, but it may lag a
+    health change), with ``fixed`` when the rule's own set for all of them includes it, else the
+    rule's set of ``need`` beside ``fixed``. Where the rule finds no set (a group of MIG
+    instances: no interconnect between them), the lowest clean positions: the kubelet asked, and
+    refusing is not the device plugin's to do."""
+    healthy = [u for u in pool if u.healthy]
+    pool = healthy if len(healthy) >= need else pool
+    if fixed:
+        whole = [u for u in (*fixed, *pool) if not u.is_mig]
+        together = choose(whole, [u for u in (*fixed, *pool) if u.is_mig], UnitAsk(len(fixed) + need))
+        if together is not None and {u.id for u in fixed} <= {u.id for u in together.units}:
+            return list(together.units)
+    chosen = choose([u for u in pool if not u.is_mig], [u for u in pool if u.is_mig], UnitAsk(need))
+    if chosen is None:
+        return fixed + sorted(pool, key=lambda u: (not u.healthy, not u.clean, u.position))[:need]
+    return fixed + list(chosen.units)

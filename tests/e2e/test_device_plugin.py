@@ -32,22 +32,30 @@ DIRTY = (0, 1)
 NS = "default"
 
 
-def fleet_text(failures: dict[int, object] | None = None) -> str:
-    fleet = yaml.safe_load(PRESET.read_text())
+def fleet_text(failures: dict[int, object] | None = None, *, preset: Path = PRESET,
+               leftovers_gib: dict[int, int] | None = None) -> str:
+    """``preset`` with ``failures`` (GPU index -> XID) and foreign processes holding
+    ``leftovers_gib`` (GPU index -> GiB; default 70 GiB on each of ``DIRTY``)."""
+    fleet = yaml.safe_load(preset.read_text())
     for gpu in fleet["gpus"]:
         if failures and gpu["index"] in failures:
             gpu["failure"] = failures[gpu["index"]]
-    fleet["processes"] = [{"pid": 4000 + i, "gpu": i, "usedMiB": 70 * 1024} for i in DIRTY]
+    leftovers = {i: 70 for i in DIRTY} if leftovers_gib is None else leftovers_gib
+    fleet["processes"] = [{"pid": 4000 + i, "gpu": i, "usedMiB": gib * 1024} for i, gib in leftovers.items()]
     return yaml.safe_dump(fleet)
 
 
 class GpuNode:
-    def __init__(self, cluster: RealCluster, fleet: Path, metrics_port: int):
+    def __init__(self, cluster: RealCluster, fleet: Path, metrics_port: int, *, gpus: int = 8,
+                 dirty: tuple[int, ...] = DIRTY):
         self.cluster, self.fleet, self.metrics_port = cluster, fleet, metrics_port
         self.name = cluster.node.name
         self.core = client.CoreV1Api(cluster.cp.api_client())
-        self.uuids = [derived_uuid("GPU", self.name, i) for i in range(8)]
-        self.dirty = {self.uuids[i] for i in DIRTY}
+        self.uuids = [derived_uuid("GPU", self.name, i) for i in range(gpus)]
+        self.dirty = {self.uuids[i] for i in dirty}
+
+    def extenders_node(self) -> dict:
+        return next(n for n in self.cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == self.name)
 
     def agent_metric(self, name: str) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
@@ -61,8 +69,7 @@ class GpuNode:
         return {d: f"{ref[0]}/{ref[1]}" for d, ref in list_assignments(self.cluster.node.pod_resources_socket).items()}
 
     def ledger(self) -> dict[str, str]:
-        node = next(n for n in self.cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == self.name)
-        return {u["id"]: u["heldBy"] for u in node["units"] if u["heldBy"]}
+        return {u["id"]: u["heldBy"] for u in self.extenders_node()["units"] if u["heldBy"]}
 
     def run(self, name: str, gpus: int, *, scheduler: str = "gpusched", annotations: dict[str, str] | None = None,
             model: str = "meta-llama/Llama-3.1-8B-Instruct", node_name: str | None = None) -> client.V1Pod:
@@ -96,9 +103,8 @@ def gpu_node(tmp_path_factory):
         node = GpuNode(cluster, fleet, port)
         wait_until(lambda: node.allocatable() == 8, 30, "the device plugin's 8 GPUs in the Node's allocatable",
                    context=lambda: cluster.agents[0].tail(20))
-        wait_until(lambda: "foreign processes" in next(
-            n for n in cluster.stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node.name).get(
-            "foreign", ""), 30, "the extender to see the foreign memory on GPUs 0, 1")
+        wait_until(lambda: "foreign processes" in node.extenders_node().get("foreign", ""), 30,
+                   "the extender to see the foreign memory on GPUs 0, 1")
         yield node
     finally:
         cluster.stop()
@@ -249,6 +255,34 @@ def test_an_assignment_no_longer_possible_is_counted_and_recorded_and_the_ledger
                "the ledger to follow the kubelet", context=lambda: gpu_node.ledger())
     gpu_node.delete("stale")
     gpu_node.delete("holder")
+
+
+def test_stock_scheduled_pods_take_gpus_as_gpusched_would_and_keep_a_pcie_pair_whole(gpu_node: GpuNode):
+    """Issue 44 on the 8-GPU preset (one NVSwitch island; PCIe switches pair GPUs 0-1 ... 6-7), a
+    leftover added on GPU 4 beside the module's on GPUs 0, 1: a single-GPU pod of the stock
+    scheduler gets GPU 5, the partner the leftover already cut off, not the lowest clean GPU (2);
+    the next one GPU 2; a gpusched TP=2 pod then gets the clean switch pair left whole, (6, 7)."""
+    gpu_node.fleet.write_text(fleet_text(leftovers_gib={0: 70, 1: 70, 4: 30}))
+    try:
+        # The agent lays out its device-plugin units from the read it reports: once the extender
+        # sees the leftover, the plugin's rule does too.
+        wait_until(lambda: "GPU 4" in gpu_node.extenders_node().get("foreign", ""), 30,
+                   "the extender to see the leftover on GPU 4", context=lambda: gpu_node.extenders_node())
+        gpu_node.run("stock-a", 1, scheduler="default-scheduler")
+        assert gpu_node.visible_devices("stock-a") == [gpu_node.uuids[5]]
+        gpu_node.run("stock-b", 1, scheduler="default-scheduler")
+        assert gpu_node.visible_devices("stock-b") == [gpu_node.uuids[2]]
+        pod = gpu_node.run("tp2-pair", 2, annotations={"gpusched.io/gpu-memory-per-gpu": "40Gi"})
+        assigned = pod.metadata.annotations["gpusched.io/assigned-gpus"].split(",")
+        assert sorted(assigned) == sorted(gpu_node.uuids[i] for i in (6, 7))
+        assert sorted(gpu_node.visible_devices("tp2-pair")) == sorted(assigned)
+    finally:
+        for name in ("stock-a", "stock-b", "tp2-pair"):
+            if name in {p.metadata.name for p in gpu_node.core.list_namespaced_pod(NS).items}:
+                gpu_node.delete(name)
+        gpu_node.fleet.write_text(fleet_text())
+    wait_until(lambda: "GPU 4" not in gpu_node.extenders_node().get("foreign", ""), 30,
+               "the leftover on GPU 4 gone")
 
 
 def test_a_failed_gpu_turns_unhealthy_and_no_new_pod_gets_it(gpu_node: GpuNode):

@@ -17,8 +17,8 @@ from extender.framework.runtime import (
 )
 from extender.framework.status import Code, Status
 from extender.model.ledger import GpuLedger
-from extender.model.placement import Tier
 from gpusched_api.errors import FieldError
+from gpusched_api.unit_choice import Tier
 from tests.unit.builders import default_framework, make_demand, make_fleet, make_snapshot
 
 LLAMA70 = "meta-llama/Llama-3.1-70B-Instruct"

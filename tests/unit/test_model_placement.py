@@ -1,8 +1,9 @@
 import pytest
 
 from extender.model.ledger import GpuLedger
-from extender.model.placement import Tier, UnitRequest, find_placement, group_tier
+from extender.model.placement import UnitRequest, find_placement
 from extender.model.snapshot import NodeInfo
+from gpusched_api.unit_choice import Tier, group_tier
 from tests.unit.builders import (
     a100_inventory,
     h100_inventory,

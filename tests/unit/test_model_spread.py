@@ -10,9 +10,10 @@ from dataclasses import replace
 import pytest
 
 from extender.model.ledger import GpuLedger
-from extender.model.placement import Tier, UnitRequest, find_placement
+from extender.model.placement import UnitRequest, find_placement
 from extender.model.snapshot import NodeInfo
 from extender.model.spread import Spread, siblings_on
+from gpusched_api.unit_choice import Tier
 from tests.unit.builders import a100_inventory, h100_inventory, l40s_inventory, make_node, mig_inventory
 
 NODES = {"h100": h100_inventory, "a100": a100_inventory, "l40s": l40s_inventory, "mig": mig_inventory}

@@ -23,8 +23,10 @@ from nodeagent.gpu.fleet import parse_fleet
 GIB = 1 << 30
 
 
-def unit(i: int, *, island: int = 0, numa: int = 0, foreign_gib: int = 0, failure: str = "") -> Unit:
-    return Unit(f"GPU-{i}", i, numa, island, False, failure, foreign_gib * GIB)
+def unit(i: int, *, island: int = 0, numa: int = 0, foreign_gib: int = 0, failure: str = "",
+         switch: str | None = None) -> Unit:
+    return Unit(f"GPU-{i}", i, numa, island, False, failure, foreign_gib * GIB, position=i, pcie_switch=switch,
+                memory_mib=40960)
 
 
 EIGHT_SWITCHED = [unit(i, numa=i // 4) for i in range(8)]  # one NVSwitch island, two NUMA nodes
@@ -55,6 +57,18 @@ IDS = [u.id for u in EIGHT_SWITCHED]
     pytest.param(["GPU-0", "GPU-2", "GPU-3"], 2, FOUR_PAIRS, [], ("GPU-2", "GPU-3"), "rules", id="one-nvlink-island"),
     pytest.param(["GPU-0", "GPU-2", "GPU-3"], 1, FOUR_PAIRS, [], ("GPU-0",), "rules",
                  id="tightest-fit-keeps-the-whole-pair"),
+    # Issue 44: GPU 2 holds a leftover, so pair (2,3) is broken already: GPU 3 goes before a GPU of
+    # the last clean pair (the rule counted the dirty GPU as free and took GPU 0).
+    pytest.param(IDS[:4], 1, [*FOUR_PAIRS[:2], unit(2, island=1, numa=1, foreign_gib=30), FOUR_PAIRS[3]], [],
+                 ("GPU-3",), "rules", id="a-leftover-broke-the-pair-take-its-partner"),
+    pytest.param(IDS[:4], 2, [*FOUR_PAIRS[:2], unit(2, island=1, numa=1, foreign_gib=30), FOUR_PAIRS[3]], [],
+                 ("GPU-0", "GPU-1"), "rules", id="a-pair-asked-gets-the-clean-pair"),
+    pytest.param(IDS, 1, [unit(i, numa=i // 4, switch=f"sw{i // 2}") for i in range(8)], [], ("GPU-0",), "rules",
+                 id="one-gpu-from-the-tightest-switch"),
+    pytest.param(IDS[1:], 1, [unit(i, numa=i // 4, switch=f"sw{i // 2}") for i in range(8)], [], ("GPU-1",), "rules",
+                 id="one-gpu-keeps-the-other-switches-whole"),
+    pytest.param(IDS[1:], 2, [unit(i, numa=i // 4, switch=f"sw{i // 2}") for i in range(8)], [],
+                 ("GPU-2", "GPU-3"), "rules", id="a-pair-takes-a-whole-switch"),
 ])
 def test_preferred_allocation(available, size, units, pods, expected, why):
     choice = prefer(available, [], size, pods, units)
@@ -65,6 +79,9 @@ def test_preferred_allocation(available, size, units, pods, expected, why):
 def test_must_include_devices_are_always_in_the_answer():
     choice = prefer(IDS, ["GPU-6"], 2, [], EIGHT_SWITCHED)
     assert "GPU-6" in choice.units and len(choice.units) == 2
+    # With the rule's own set for all of them, then beside it when that set leaves it out.
+    assert prefer(["GPU-0", "GPU-2", "GPU-3"], ["GPU-1"], 2, [], FOUR_PAIRS).units == ("GPU-0", "GPU-1")
+    assert prefer(["GPU-2", "GPU-3"], ["GPU-0"], 2, [], FOUR_PAIRS).units == ("GPU-0", "GPU-2")
     matched = prefer(IDS, ["GPU-6"], 2, [Candidate("ns/a", "t", ("GPU-6", "GPU-7"))], EIGHT_SWITCHED)
     assert matched.units == ("GPU-6", "GPU-7") and matched.pod == "ns/a"
 

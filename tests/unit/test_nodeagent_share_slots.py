@@ -40,7 +40,7 @@ K = 4  # slots per GPU in these tests
 
 
 def gpu(i: int, *, foreign_gib: int = 0, failure: str = "", mig: bool = False) -> Unit:
-    return Unit(f"{'MIG' if mig else 'GPU'}-{i}", i, i // 2, 0, mig, failure, foreign_gib * GIB)
+    return Unit(f"{'MIG' if mig else 'GPU'}-{i}", i, i // 2, 0, mig, failure, foreign_gib * GIB, position=i)
 
 
 GPUS = [gpu(i) for i in range(4)]
