@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.openb.core import CorePolicy, GpuChoiceBy, Resolution
+from bench.openb.core import CorePolicy, CpuOnlyBy, GpuChoiceBy, Resolution
 from bench.openb.policies import GpuschedPolicy, shape_popularity, target_workload
 from bench.openb.replay import ARRIVE_RATIO, DecidingPolicy, Policy, capacity_milli, replay, sample_workload
 from bench.openb.trace import NODE_FILE, TraceNode, TracePod, load_nodes, load_pods, pod_file
@@ -55,25 +55,31 @@ class Variant:
     plugins: tuple[str, ...] | None
     resolution: Resolution | None
     gpu_choice: GpuChoiceBy = "core"
+    cpu_only: CpuOnlyBy = "core"
 
     def policy(self, nodes: Sequence[TraceNode], pods: Sequence[TracePod]) -> Policy | DecidingPolicy:
         if self.resolution is None:
             return GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
         return CorePolicy(nodes, pods, resolution=self.resolution, name=self.key, score_plugins=self.plugins,
-                          gpu_choice=self.gpu_choice)
+                          gpu_choice=self.gpu_choice, cpu_only=self.cpu_only)
 
 
 VARIANTS = (
     Variant("math", "the math (fragmentation measure called directly)", None, None),
-    Variant("frag-total", "core, FragmentationScore only, 0..100", (FRAGMENTATION_SCORE,), "total"),
+    Variant("frag-total-bestfit-cpu", "core, FragmentationScore only, 0..100 float, CPU-only pods by BestFit",
+            (FRAGMENTATION_SCORE,), "total", cpu_only="bestfit"),
+    Variant("frag-total", "core, FragmentationScore only, 0..100 float", (FRAGMENTATION_SCORE,), "total"),
+    Variant("frag-node", "core, FragmentationScore only, 0..100", (FRAGMENTATION_SCORE,), "node"),
     Variant("frag-final", "core, FragmentationScore only, 0..10", (FRAGMENTATION_SCORE,), "final"),
-    Variant("frag-total-measure", "core, FragmentationScore only, 0..100, GPUs chosen by the measure",
+    Variant("frag-total-measure", "core, FragmentationScore only, 0..100 float, GPUs chosen by the measure",
             (FRAGMENTATION_SCORE,), "total", "measure"),
-    Variant("frag+packing-total", "core, + TopologyPacking, 0..100", (FRAGMENTATION_SCORE, TOPOLOGY_PACKING), "total"),
-    Variant("frag+nvlink-total", "core, + NvlinkTopology, 0..100", (FRAGMENTATION_SCORE, NVLINK_TOPOLOGY), "total"),
-    Variant("frag+engine-total", "core, + EngineLoad, 0..100", (FRAGMENTATION_SCORE, ENGINE_LOAD), "total"),
-    Variant("default-total", "core, default profile (all four), 0..100", None, "total"),
+    Variant("frag+packing-node", "core, + TopologyPacking, 0..100", (FRAGMENTATION_SCORE, TOPOLOGY_PACKING), "node"),
+    Variant("frag+nvlink-node", "core, + NvlinkTopology, 0..100", (FRAGMENTATION_SCORE, NVLINK_TOPOLOGY), "node"),
+    Variant("frag+engine-node", "core, + EngineLoad, 0..100", (FRAGMENTATION_SCORE, ENGINE_LOAD), "node"),
+    Variant("default-node", "core, default profile (all four), 0..100: as deployed in plugin mode", None, "node"),
     Variant("default-final", "core, default profile (all four), 0..10: as deployed in extender mode", None, "final"),
+    Variant("default-final-bestfit-cpu", "core, default profile, 0..10, CPU-only pods by BestFit (before issue 44)",
+            None, "final", cpu_only="bestfit"),
 )
 BY_KEY = {v.key: v for v in VARIANTS}
 

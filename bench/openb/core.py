@@ -21,12 +21,17 @@ asks the deployed path, so its figure is what the cluster's plugins would reach 
   candidates; ``Framework.filter`` judges them; ``Framework.score`` scores the feasible ones; the
   highest score wins, lowest node index on ties; ``Framework.choose_gpus`` names the units and
   ``GpuLedger.assume`` (``share_mib``/``capacity_mib`` for a share, as the extender's reserve does)
-  records them. The score compared is ``resolution``: ``"final"`` (the node score the core sends,
-  0..10 over the extender protocol and the same value x 10 to the scheduler plugin) or
-  ``"total"`` (the weighted 0..100 float mean before that rounding, which neither mode sends).
+  records them. The score compared is ``resolution``: ``"final"`` (the 0..10 node score the core
+  sends over the extender protocol), ``"node"`` (the integer 0..100 it sends the scheduler
+  plugin: ``NodeScore.node_score``) or ``"total"`` (the weighted 0..100 float mean before either
+  rounding, which neither mode sends).
   kube-scheduler's own score plugins, which the cluster would add, are not modelled.
-* **CPU-only pods** never reach the core (it judges GPUs only): they go where the replay's
-  BestFit formula (``BestFitPolicy``: least CPU + memory + GPU left) says.
+* **CPU-only pods** are judged by the core too (``cpu_only="core"``): FragmentationScore's
+  ``cpuOnlyPods`` scores the GPUs their CPU leaves unusable, as FGD's simulator places every pod
+  by its measure, and as the plugin mode asks the core about them; the node with the highest score
+  wins as for GPU pods. ``cpu_only="bestfit"`` (the ablation's, and this replay's until issue 44)
+  places them by the replay's BestFit formula (``BestFitPolicy``: least CPU + memory + GPU left)
+  instead, as a scheduler that never asks gpusched about them might.
 * **Profile**: ``default_profile()`` with FragmentationScore's ``workload`` set to the trace's
   request types (gpus, gpuMilli, cpuMilli; CPU-only ones as ``gpus: 0``) weighted by popularity,
   as FGD builds its target workload, and ``wholeGpuPods: true``; loaded by ``load_profile``, so
@@ -60,8 +65,9 @@ from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 MIB_PER_MILLI = 100  # one GPU milli of the trace, in MiB of a replayed GPU
 GPU_MIB = GPU_MILLI * MIB_PER_MILLI  # every replayed GPU: 100,000 MiB
 NAMESPACE = "openb"
-Resolution = Literal["final", "total"]
+Resolution = Literal["final", "node", "total"]
 GpuChoiceBy = Literal["core", "measure"]
+CpuOnlyBy = Literal["core", "bestfit"]
 
 
 def node_info(node: TraceNode, cpu_free_milli: int | None = None) -> NodeInfo:
@@ -81,11 +87,12 @@ def gpu_uuid(node: str, index: int) -> str:
 def pod_json(pod: TracePod, key: str) -> dict[str, Any]:
     """A Kubernetes Pod (JSON) asking for what ``pod`` asks in GPUs; ``key`` is its name.
 
-    Raises ValueError for a CPU-only pod: the core does not judge those."""
-    if pod.num_gpu == 0:
-        raise ValueError(f"pod {pod.name} asks for no GPU: the core does not judge it")
+    A CPU-only pod asks its CPU only."""
     annotations: dict[str, str] = {}
-    if pod.sharing:
+    limits: dict[str, str] = {}
+    if pod.num_gpu == 0:
+        pass
+    elif pod.sharing:
         annotations[SHARE_MEMORY_ANNOTATION] = f"{pod.gpu_milli * MIB_PER_MILLI}Mi"
         limits = {SHARE_RESOURCE: "1"}
     else:
@@ -126,14 +133,17 @@ class CorePolicy:
 
     def __init__(self, nodes: Sequence[TraceNode], pods: Sequence[TracePod], *,
                  resolution: Resolution = "final", name: str = "gpusched-core",
-                 score_plugins: Sequence[str] | None = None, gpu_choice: GpuChoiceBy = "core") -> None:
+                 score_plugins: Sequence[str] | None = None, gpu_choice: GpuChoiceBy = "core",
+                 cpu_only: CpuOnlyBy = "core") -> None:
         """``score_plugins``: the profile's score plugins instead of the default's (``core_profile``);
         ``gpu_choice``: ``"core"`` (``Framework.choose_gpus``, as deployed) or ``"measure"`` (the
         GPUs on the chosen node by the fragmentation measure, as the math chooses them: the
-        ablation's question of what the core's own GPU choice costs)."""
+        ablation's question of what the core's own GPU choice costs); ``cpu_only``: who places
+        CPU-only pods (module docstring)."""
         self.name = name
         self.resolution = resolution
         self.gpu_choice = gpu_choice
+        self.cpu_only = cpu_only
         self._measure = GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
         self.framework = Framework.from_profile(core_profile(pods, score_plugins=score_plugins), default_registry())
         self.ledger = GpuLedger()
@@ -152,7 +162,7 @@ class CorePolicy:
         hosts = [i for i, s in enumerate(states) if fits_host(s, pod)]
         if not hosts:
             return None
-        if pod.num_gpu == 0:
+        if pod.num_gpu == 0 and self.cpu_only == "bestfit":
             placed = self._place_cpu_only(states, hosts, pod)
             self._take_cpu(placed[0], pod.cpu_milli)
             return placed
@@ -167,6 +177,9 @@ class CorePolicy:
         if not feasible:
             return None
         winner = self._best(snapshot, demand, feasible)
+        if pod.num_gpu == 0:
+            self._take_cpu(self._index[winner], pod.cpu_milli)
+            return self._index[winner], ()
         if self.gpu_choice == "measure":
             return self._place_by_measure(states, pod, key, winner)
         choice = self.framework.choose_gpus(snapshot, demand, winner)
@@ -215,6 +228,8 @@ class CorePolicy:
             scores = decision.scores
             return max(feasible, key=lambda n: (scores[n], -index[n]))
         per_node = decision.per_node
+        if self.resolution == "node":
+            return max(feasible, key=lambda n: (per_node[n].node_score, -index[n]))
         return max(feasible, key=lambda n: (per_node[n].total, -index[n]))
 
     def _place_cpu_only(self, states: Sequence[NodeState], hosts: list[int],

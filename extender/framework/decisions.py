@@ -80,14 +80,33 @@ class PluginScore:
 class NodeScore:
     plugins: tuple[PluginScore, ...]
     total: float  # weighted mean of normalised scores, 0..MAX_NODE_SCORE
-    final: int  # 0..MAX_EXTENDER_SCORE, what the wire carries
+    final: int  # 0..MAX_EXTENDER_SCORE, what the extender protocol carries
+
+    @property
+    def node_score(self) -> int:
+        """0..MAX_NODE_SCORE, what the plugin mode carries (kube-scheduler's own resolution)."""
+        return to_node_score(self.total)
 
 
 @dataclass(frozen=True)
 class ScoreDecision:
+    """``scores``: 0..MAX_EXTENDER_SCORE per node (the extender protocol's); ``per_node``: each
+    node's breakdown (nodes the snapshot does not know have none: they score 0)."""
+
     scores: Mapping[str, int]
     per_node: Mapping[str, NodeScore]
     error: str = ""
+
+    def node_scores(self) -> Mapping[str, int]:
+        """0..MAX_NODE_SCORE per node of ``scores``, at kube-scheduler's resolution (what the
+        plugin mode carries), grouped as ``scores`` where it is."""
+        scores, per_node = self.scores, self.per_node
+        if isinstance(scores, GroupedMapping) and isinstance(per_node, GroupedMapping):
+            by_group = dict.fromkeys(scores.by_group, 0)
+            by_group.update((gid, result.node_score) for gid, result in per_node.by_group.items())
+            return GroupedMapping(scores.names, scores.gids, by_group, complete=scores.complete,
+                                  names_json_safe=scores.names_json_safe)
+        return {name: result.node_score if (result := per_node.get(name)) is not None else 0 for name in scores}
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,11 @@ class GpuChoice:
     share_mib: int = 0  # > 0: a share of the one unit, ``promised_mib`` already promised there
     promised_mib: int = 0
     share_capacity_mib: int = 0  # what the unit's sharers may have together, as judged
+
+
+def to_node_score(total: float) -> int:
+    """0..100 to kube-scheduler's integer 0..100, rounding half up."""
+    return int(min(max(total, 0.0), float(MAX_NODE_SCORE)) + 0.5)
 
 
 def to_extender_score(total: float) -> int:

@@ -10,8 +10,16 @@ the node) so that among placements that fragment alike, empty nodes stay empty.
 The node's state in GPU milli (1000 = one whole GPU): a free whole GPU counts its share capacity
 (its size less foreign memory) over its size, a shared GPU the room left for shares over its size,
 a GPU held whole, out of service or a MIG GPU 0. A whole-GPU pod asks ``count x 1000``; a share its
-memory over the chosen GPU's size. Pods on MIG instances, or taking no GPU, are not judged
-(``Abstain``: the weight is left out).
+memory over the chosen GPU's size. Pods on MIG instances are not judged (``Abstain``: the weight is
+left out).
+
+A **CPU-only pod** (``cpuOnlyPods: true``, the default) is judged where the node's free CPU is
+known: it takes GPU milli nowhere, but the CPU it takes can leave a node's free GPUs unusable to
+the mix (FGD counts the same: its simulator places every pod by the measure). A node without GPUs
+costs nothing, so such pods go where they fragment no GPU; on the openb replay this is ~1.9 of
+the 2-point gap between the deployed core and its math (bench/README.md, ``openb_ablation``). They
+reach the core only where kube-scheduler asks it about them: the plugin mode's profile does when
+this score judges them (``judges_cpu_only_pods``).
 
 CPU: where the node's free CPU is known (``NodeInfo.cpu_free_milli``: allocatable less the bound
 pods' requests, in whole cores) the math counts it: the pod takes its ``PodDemand.cpu_milli``, a
@@ -87,12 +95,14 @@ class FragmentationScoreArgs(PluginArgs):
     """``workload``: the typical mix (module docstring); ``packing``: weight of the free GPU milli
     left on the node (0.03: a whole free GPU weighs as 30 milli of fragmentation); ``balance``:
     weight of the rise in stranded GPU where the node's CPU is known (the math's default, 3);
-    ``whole_gpu_pods``: judge whole-GPU pods too (module docstring)."""
+    ``whole_gpu_pods``: judge whole-GPU pods too; ``cpu_only_pods``: judge pods that take no GPU
+    (module docstring)."""
 
     workload: tuple[PodTypeArgs, ...] = field(default_factory=_default_workload)
     packing: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1), Say("must be a number from 0 to 1",
                                                                       kinds=BOUNDS)] = 0.03
     whole_gpu_pods: StrictBool = False
+    cpu_only_pods: StrictBool = True
     balance: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100), Say("must be a number from 0 to 100",
                                                                        kinds=BOUNDS)] = DEFAULT_BALANCE
 
@@ -110,6 +120,8 @@ class FragmentationScore:
         placement = state.placement(node)
         if placement is None:
             return 0
+        if not placement.units and state.request.count <= 0:
+            return self._cpu_only(state, demand, node)
         if not placement.units or placement.uses_mig:
             return Abstain("no whole GPU or share taken: fragmentation not judged")
         if not (placement.share_mib or self.args.whole_gpu_pods):
@@ -119,6 +131,24 @@ class FragmentationScore:
         request = _request(placement, demand.cpu_milli)
         if len(taken) != len(placement.units) or any(free.gpu_free_milli[i] < request.gpu_milli for i in taken):
             return Abstain("GPU memory unknown here: fragmentation not judged")
+        return self._scored(free, request, taken)
+
+    @property
+    def judges_cpu_only_pods(self) -> bool:
+        """Whether a pod that takes no GPU gets a score here (the plugin mode then asks the core
+        about such pods instead of skipping them)."""
+        return self.args.cpu_only_pods
+
+    def _cpu_only(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> Scored | Abstain:
+        if not self.args.cpu_only_pods:
+            return Abstain("no GPU taken: fragmentation not judged (cpuOnlyPods: false)")
+        if node.cpu_free_milli is None:
+            return Abstain("no GPU taken and the node's free CPU unknown: fragmentation not judged")
+        free, _ = node_free(node, state.free_units(node))
+        return self._scored(free, Request(0, 0, demand.cpu_milli), ())
+
+    def _scored(self, free: NodeFree, request: Request, taken: tuple[int, ...]) -> Scored:
+        """The raw score of ``request`` taking ``taken`` on a node with ``free`` (module docstring)."""
         before = self.workload.fragmentation(free)
         left = after(free, request, taken)
         rise = self.workload.fragmentation(left) - before

@@ -78,8 +78,14 @@ class FilterOutcome:
 
 @dataclass(frozen=True)
 class ScoreOutcome:
-    scores: Mapping[str, int]  # 0..10 per node
+    """``scores``: 0..10 per node (the extender protocol's range); ``node_scores``: 0..100 per node
+    at kube-scheduler's resolution (the plugin mode's), None where the decider scores only in
+    the extender's range (the plugin then scales ``scores`` as kube-scheduler scales an
+    extender's)."""
+
+    scores: Mapping[str, int]
     details: Mapping[str, Any] = field(default_factory=dict)
+    node_scores: Mapping[str, int] | None = None
 
 
 def _open_already() -> str:
@@ -346,13 +352,13 @@ class ExtenderService:
         the decider's what-if, not recorded (a dry run asks it once per candidate victim)."""
         return self.decider.what_if(pod, node, removed, added, present)
 
-    def judge_nodes(self, pod: PodRef, candidates: Sequence[str]) -> tuple[FilterOutcome, Mapping[str, int]]:
+    def judge_nodes(self, pod: PodRef, candidates: Sequence[str]) -> tuple[FilterOutcome, ScoreOutcome]:
         """The pod judged and its feasible nodes scored among ``candidates``, not recorded: the
         plugin filling in its cached answers for a spec (a few nodes per call), whose pods are
         each recorded when they are reserved."""
         outcome = self.decider.filter(pod, candidates, None)
-        scores = self.decider.prioritize(pod, outcome.feasible, None).scores if outcome.feasible else {}
-        return outcome, scores
+        scored = self.decider.prioritize(pod, outcome.feasible, None) if outcome.feasible else ScoreOutcome({})
+        return outcome, scored
 
     def judge(self, pod: PodRef) -> None:
         """The plugin answered the pod's PreFilter from its cache: the decider judges it now."""

@@ -287,7 +287,7 @@ class FrameworkDecider:
         demand = self.demand(pod)
         decision = self.framework.score(self._snapshot_for(node_objects), demand, candidates)
         breakdown = per_node_json(decision.per_node, score_json, self._json)
-        return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown})
+        return ScoreOutcome(scores=decision.scores, details={"breakdown": breakdown}, node_scores=decision.node_scores())
 
     def reserve(self, pod: PodRef, node: str, decision_id: str) -> Reservation | Refusal:
         judged = self._judged(pod)

@@ -45,7 +45,7 @@ import numpy as np
 from extender.model.gang import declares_gang
 from extender.model.nodemaps import GroupedMapping
 from extender.model.snapshot_groups import NodeGroups
-from extender.service.core import Barrier, ExtenderService, PodRef, Refusal
+from extender.service.core import Barrier, ExtenderService, PodRef, Refusal, ScoreOutcome
 from extender.service.preemption import NoBudgets, VictimRules
 from gpusched_api.names import DRA_MARKER_RESOURCE, SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 from gpusched_api.scores import MAX_EXTENDER_SCORE, MAX_NODE_SCORE
@@ -262,8 +262,9 @@ class PluginService:
         outcome = self._service.filter(pod, table.names)
         if outcome.error:
             return CycleAnswer(table, error=outcome.error)
-        scores = self._service.prioritize(pod, outcome.feasible).scores if outcome.feasible else {}
-        answer = _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary)
+        scores, scale = _plugin_scores(self._service.prioritize(pod, outcome.feasible) if outcome.feasible
+                                       else ScoreOutcome({}))
+        answer = _vectors(table, outcome.failed, outcome.unresolvable, scores, outcome.summary, scale)
         if outcome.only_nodes is not None and outcome.feasible:
             answer = replace(answer, only_nodes=tuple(outcome.only_nodes))
         elif outcome.groups is not None and (groups := GroupIds.of(outcome.groups, table)) is not None:
@@ -291,12 +292,13 @@ class PluginService:
         if positions and max(positions) >= len(table.names):
             return GroupsJudged(not_judged=f"position {max(positions)} is past the table's {len(table.names)} nodes")
         names = [table.names[p] for p in positions]
-        outcome, scores = self._service.judge_nodes(replace(pod, uid=""), names)
+        outcome, scored = self._service.judge_nodes(replace(pod, uid=""), names)
+        scores, scale = _plugin_scores(scored)
         if (outcome.error or outcome.only_nodes is not None or outcome.groups is None
                 or GroupIds.of(outcome.groups, table) is None):
             return GroupsJudged(not_judged=outcome.error or "the answer is judged per pod, not by group")
         verdicts, reason_index, reasons, score_bytes = _vectors_by_name(names, outcome.failed, outcome.unresolvable,
-                                                                        scores)
+                                                                        scores, scale)
         gids = outcome.groups.gid_at[np.asarray(positions, dtype=np.intp)]
         moved = outcome.moves(scores) if outcome.moves is not None else {}
         moves = np.fromiter((moved.get(gid, 0) for gid in gids.tolist()), dtype="<u4", count=len(gids))
@@ -396,24 +398,32 @@ class PluginService:
 
 
 def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
-             scores: Mapping[str, int], summary: str) -> CycleAnswer:
+             scores: Mapping[str, int], summary: str, scale: int) -> CycleAnswer:
     """Per-node vectors over ``table`` from the extender-shaped outcome. A node the decider named
-    in neither map is feasible; its score is scaled 0..10 -> 0..100 as kube-scheduler scales an
-    extender's (MaxNodeScore / MaxExtenderPriority). The framework's grouped answers (any cluster
-    of 16 nodes or more) are gathered per group with numpy; anything else is read name by name."""
-    vectors = _grouped_vectors(table, failed, unresolvable, scores) or _vectors_by_name(
-        table.names, failed, unresolvable, scores)
+    in neither map is feasible; its score is ``scores``' x ``scale`` (``_plugin_scores``). The
+    framework's grouped answers (any cluster of 16 nodes or more) are gathered per group with
+    numpy; anything else is read name by name."""
+    vectors = _grouped_vectors(table, failed, unresolvable, scores, scale) or _vectors_by_name(
+        table.names, failed, unresolvable, scores, scale)
     verdicts, reason_index, reasons, score_bytes = vectors
     return CycleAnswer(table, verdicts=verdicts, reason_index=reason_index, reasons=reasons, scores=score_bytes,
                        summary=summary)
 
 
+def _plugin_scores(scored: ScoreOutcome) -> tuple[Mapping[str, int], int]:
+    """The scores the plugin carries, and the factor to 0..100: the decider's own 0..100 where it
+    has them (kube-scheduler's resolution, the plugin mode's reason to exist beside the extender),
+    else its 0..10 scaled as kube-scheduler scales an extender's (MaxNodeScore / MaxExtenderPriority)."""
+    if scored.node_scores is not None:
+        return scored.node_scores, 1
+    return scored.scores, MAX_NODE_SCORE // MAX_EXTENDER_SCORE
+
+
 Vectors = tuple[bytes, tuple[int, ...], tuple[str, ...], bytes]
-_SCALE = MAX_NODE_SCORE // MAX_EXTENDER_SCORE  # the decider answers in the extender's range
 
 
 def _vectors_by_name(names: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str],
-                     scores: Mapping[str, int]) -> Vectors:
+                     scores: Mapping[str, int], scale: int) -> Vectors:
     reasons: dict[str, int] = {"": 0}
     verdicts = bytearray(len(names))
     reason_index = [0] * len(names)
@@ -425,14 +435,14 @@ def _vectors_by_name(names: Sequence[str], failed: Mapping[str, str], unresolvab
         elif (reason := failed.get(name)) is not None:
             verdicts[i] = NOT_NOW
         else:
-            score_bytes[i] = max(0, min(MAX_NODE_SCORE, scores.get(name, 0) * _SCALE))
+            score_bytes[i] = max(0, min(MAX_NODE_SCORE, scores.get(name, 0) * scale))
             continue
         reason_index[i] = reasons.setdefault(reason, len(reasons))
     return bytes(verdicts), tuple(reason_index), tuple(reasons), bytes(score_bytes)
 
 
 def _grouped_vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],
-                     scores: Mapping[str, int]) -> Vectors | None:
+                     scores: Mapping[str, int], scale: int) -> Vectors | None:
     """The same vectors by group: a value per group id, gathered with numpy. The framework's
     rejection maps are grouped over the rejected names (a value per group id); their table
     positions come from the table's index (one lookup per rejected node, none per fitting one).
@@ -463,13 +473,13 @@ def _grouped_vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: 
         named = has_value[gids]  # names whose group has no value are absent from the map
         verdicts[positions[named]] = verdict
         reason_at[positions[named]] = reason_of[gids[named]]
-    score_bytes = _grouped_scores(table, verdicts, scores)
+    score_bytes = _grouped_scores(table, verdicts, scores, scale)
     if score_bytes is None:
         return None
     return verdicts.tobytes(), tuple(reason_at.tolist()), tuple(reasons), score_bytes
 
 
-def _grouped_scores(table: NodeTable, verdicts: np.ndarray, scores: Mapping[str, int]) -> bytes | None:
+def _grouped_scores(table: NodeTable, verdicts: np.ndarray, scores: Mapping[str, int], scale: int) -> bytes | None:
     """Scores 0..100 at the fitting positions from a complete grouped score map over exactly the
     fitting nodes, in table order (the framework keeps request order); else None."""
     fitting = np.flatnonzero(verdicts == FITS)
@@ -484,5 +494,5 @@ def _grouped_scores(table: NodeTable, verdicts: np.ndarray, scores: Mapping[str,
     per_group = np.zeros(max([int(gids.max()), *scores.by_group]) + 1, dtype=np.int64)
     for gid, value in scores.by_group.items():
         per_group[gid] = value
-    out[fitting] = np.clip(per_group[gids] * _SCALE, 0, MAX_NODE_SCORE)
+    out[fitting] = np.clip(per_group[gids] * scale, 0, MAX_NODE_SCORE)
     return out.tobytes()

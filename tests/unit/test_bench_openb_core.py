@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from bench.openb.core import GPU_MIB, MIB_PER_MILLI, CorePolicy, core_profile, gpu_uuid, node_info, pod_json
-from bench.openb.replay import replay
+from bench.openb.replay import NodeState, replay
 from bench.openb.trace import GPU_MILLI, TraceNode, TracePod
 from bench.openb_replay import make_policy
 from extender.model.catalog import builtin_catalog
@@ -43,9 +43,23 @@ def test_trace_pods_become_the_demands_the_core_parses(trace_pod, gpus, share_mi
     assert demand.share_bytes == (None if share_mib is None else share_mib * MIB)
 
 
-def test_a_cpu_only_pod_is_not_the_cores():
-    with pytest.raises(ValueError, match="asks for no GPU"):
-        pod_json(pod("c", 0, 0), "p1")
+def test_a_cpu_only_pod_asks_its_cpu_alone():
+    demand = parse_pod_demand(pod_json(pod("c", 0, 0, cpu=3500), "p1"), builtin_catalog())
+    assert isinstance(demand, PodDemand), demand
+    assert (demand.gpu_count, demand.share_bytes, demand.cpu_milli) == (0, None, 3500)
+
+
+def test_a_cpu_only_pod_goes_where_it_strands_no_gpu():
+    """Issue 44: a CPU-only pod taking most of a GPU node's CPU leaves its GPU unusable to the mix
+    (the share type asks 4 cores); the core (FragmentationScore's cpuOnlyPods) sends it to the node
+    without GPUs. Placed by BestFit (``cpu_only="bestfit"``), the core is not asked."""
+    nodes = [node("gpu", 1, cpu=32000), node("cpu", 0, cpu=64000)]
+    cpu_pod = pod("c", 0, 0, cpu=30000)
+    mix = [pod("share", 1, 500, cpu=4000), cpu_pod]
+    states = [NodeState.empty(n) for n in nodes]
+    policy = CorePolicy(nodes, mix)
+    assert policy.decide(states, cpu_pod) == (1, ())
+    assert policy._cpu_free == [32000, 34000]  # noqa: SLF001 - the replay's exact account of free CPU
 
 
 def test_nodes_have_whole_gpus_of_one_size():

@@ -22,6 +22,7 @@ import random
 
 import pytest
 
+from extender.framework.decisions import to_node_score
 from extender.framework.runtime import Framework
 from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot
@@ -75,6 +76,9 @@ def test_memos_on_and_off_give_the_same_answers(seed):
             for candidates in (list(a.feasible), list(reversed(a.feasible))):
                 sa, sb = memoised.score(snapshot, demand, candidates), reference.score(snapshot, demand, candidates)
                 assert dict(sa.scores) == dict(sb.scores) and sa.error == sb.error, f"seed {seed} step {step}: score"
+                # The plugin mode's 0..100: each node's own total, rounded (0 for an unknown node).
+                expected = {n: to_node_score(r.total) if (r := sb.per_node.get(n)) else 0 for n in sb.scores}
+                assert dict(sa.node_scores()) == dict(sb.node_scores()) == expected, f"seed {seed} step {step}"
         # The ledger moves: a pod takes a free unit somewhere, or one leaves; the snapshot follows.
         if held and rng.random() < 0.3:
             ledger.forget(held.pop(rng.randrange(len(held))))

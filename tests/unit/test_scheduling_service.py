@@ -171,7 +171,7 @@ def test_prefilter_says_what_the_extender_says(core, pod):
     names = list(reply.table.names)
     ref = PodRef("default", pod["metadata"]["name"], pod["metadata"]["uid"], pod)
     extender = core.service.filter(ref, names)
-    scores = core.service.prioritize(ref, extender.feasible).scores if extender.feasible else {}
+    scored = core.service.prioritize(ref, extender.feasible) if extender.feasible else None
     expected = {}
     for name in names:
         if name in extender.unresolvable:
@@ -179,7 +179,10 @@ def test_prefilter_says_what_the_extender_says(core, pod):
         elif name in extender.failed:
             expected[name] = (NOT_NOW, extender.failed[name], 0)
         else:
-            expected[name] = (0, "", scores[name] * MAX_NODE_SCORE // 10)
+            # The plugin carries the core's own 0..100 (kube-scheduler's resolution), not 0..10 x 10.
+            assert scored is not None and scored.node_scores is not None
+            expected[name] = (0, "", scored.node_scores[name])
+            assert abs(scored.node_scores[name] - scored.scores[name] * MAX_NODE_SCORE // 10) <= 5
     assert by_node(reply, names) == expected
     assert not reply.skip and not reply.error
 
@@ -349,13 +352,14 @@ def test_vectors_gathered_by_group_equal_those_read_by_name(tmp_path, pod, verdi
         ref = PodRef("default", pod["metadata"]["name"], pod["metadata"]["uid"], pod)
         table = core.plugin_tables.current()
         outcome = core.service.filter(ref, table.names)
-        scores = core.service.prioritize(ref, outcome.feasible).scores if outcome.feasible else {}
+        scored = core.service.prioritize(ref, outcome.feasible) if outcome.feasible else None
+        scores = scored.node_scores if scored is not None and scored.node_scores is not None else {}
         rejected = [m for m in (outcome.failed, outcome.unresolvable) if len(m)]
         assert verdicts_seen == {NEVER} or all(m.positions is not None and m.source is table.source for m in rejected), \
             "the framework's rejections should carry their positions in the table's source"
-        grouped = plugin_module._grouped_vectors(table, outcome.failed, outcome.unresolvable, scores)
+        grouped = plugin_module._grouped_vectors(table, outcome.failed, outcome.unresolvable, scores, 1)
         assert grouped is not None, "the framework's grouped answer should take the numpy path"
-        by_name = plugin_module._vectors_by_name(table.names, outcome.failed, outcome.unresolvable, scores)
+        by_name = plugin_module._vectors_by_name(table.names, outcome.failed, outcome.unresolvable, scores, 1)
 
         def per_node(vectors):  # reasons may be numbered in another order; what each node gets may not differ
             verdicts, index, reasons, node_scores = vectors
