@@ -72,7 +72,7 @@ class SchedulingServicer:
                                   table_generation=answer.table.generation, verdicts=answer.verdicts,
                                   reason_index=answer.reason_index, reasons=answer.reasons, scores=answer.scores,
                                   summary=answer.summary, only_nodes=answer.only_nodes, cacheable=answer.cacheable,
-                                  moves=answer.moves)
+                                  moves=answer.moves, score_only=answer.score_only)
         if answer.groups is not None:
             _write_groups(reply.groups, answer.groups)
         if request.table_generation != answer.table.generation:

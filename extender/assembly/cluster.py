@@ -97,7 +97,8 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets,
         on_rejected=trigger.rejected)
     if settings.scheduling_address:
-        servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed),)
+        servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed,
+                                     scores_cpu_only_pods=framework.scores_cpu_only_pods),)
     if settings.webhook_port:
         servers += (serve_webhook(settings, api, lambda: framework_decider.catalog, profile_requires_nvlink(profile)),)
     return collaborators, state, watches, servers

@@ -31,9 +31,10 @@ def serve_verbs(settings: Settings, routes: Callable[[], Mapping[str, Any]]) -> 
 
 
 def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot], collaborators: Collaborators,
-                     requeue_feed: RequeueFeed) -> Any:
+                     requeue_feed: RequeueFeed, *, scores_cpu_only_pods: bool) -> Any:
     """The plugin service (plugin mode) over the same decider, decision store and metrics as the
-    extender's verbs, so both ways into kube-scheduler decide alike."""
+    extender's verbs, so both ways into kube-scheduler decide alike; ``scores_cpu_only_pods``: the
+    profile scores pods that ask for no GPU (``Framework.scores_cpu_only_pods``)."""
     from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
     from extender.service.core import ExtenderService
     from extender.service.plugin import NodeTables, PluginService
@@ -43,7 +44,7 @@ def serve_scheduling(settings: Settings, snapshot: Callable[[], ClusterSnapshot]
     service = ExtenderService(collaborators.decider, collaborators.binder, collaborators.decisions, collaborators.metrics)
     tables = NodeTables(lambda: snapshot().groups().index.names)
     plugin = PluginService(service, tables, collaborators.ready, VictimRules(collaborators.budgets),
-                           groups_now=lambda: snapshot().groups())
+                           groups_now=lambda: snapshot().groups(), scores_cpu_only_pods=scores_cpu_only_pods)
     try:
         service_seconds = collaborators.metrics.plugin_service_seconds
         return SchedulingServer(SchedulingServicer(plugin, requeue_feed), settings.scheduling_address,

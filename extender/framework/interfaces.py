@@ -98,6 +98,14 @@ class ShapeOnlyPlugin(Plugin, Protocol):
 
 
 @runtime_checkable
+class CpuOnlyScorePlugin(Plugin, Protocol):
+    """A score plugin that declares whether it scores pods asking for no GPU (a plugin that
+    declares nothing does not: kube-scheduler need not ask the core about such pods for it)."""
+
+    judges_cpu_only_pods: bool
+
+
+@runtime_checkable
 class PreFilterPlugin(Plugin, Protocol):
     def pre_filter(self, state: CycleState, demand: PodDemand) -> Status: ...
 

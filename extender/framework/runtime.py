@@ -46,6 +46,7 @@ from extender.framework.decisions import (
 from extender.framework.groupmemo import GroupAnswers
 from extender.framework.interfaces import (
     Abstain,
+    CpuOnlyScorePlugin,
     CycleState,
     FilterPlugin,
     NormalizeScorePlugin,
@@ -111,6 +112,12 @@ class Framework:
                 raise FieldError(f"{ROOT}.scorePlugins[{i}].name", f"plugin {ref.name!r} does not implement Score")
         return cls([built[n] for n in profile.filter_plugins],
                    [(built[r.name], r.weight) for r in profile.score_plugins], memos=memos)
+
+    @property
+    def scores_cpu_only_pods(self) -> bool:
+        """Whether a score plugin judges pods that ask for no GPU (the plugin mode then asks the
+        core about them for Score instead of skipping them)."""
+        return any(isinstance(p, CpuOnlyScorePlugin) and p.judges_cpu_only_pods for p, _ in self._scores)
 
     @property
     def answers_by_group(self) -> bool:

@@ -18,8 +18,8 @@ known: it takes GPU milli nowhere, but the CPU it takes can leave a node's free 
 the mix (FGD counts the same: its simulator places every pod by the measure). A node without GPUs
 costs nothing, so such pods go where they fragment no GPU; on the openb replay this is ~1.9 of
 the 2-point gap between the deployed core and its math (bench/README.md, ``openb_ablation``). They
-reach the core only where kube-scheduler asks it about them: the plugin mode's profile does when
-this score judges them (``judges_cpu_only_pods``).
+reach the core only where kube-scheduler asks it about them: the plugin mode asks when this score judges them
+(``judges_cpu_only_pods``; ``Framework.scores_cpu_only_pods``).
 
 CPU: where the node's free CPU is known (``NodeInfo.cpu_free_milli``: allocatable less the bound
 pods' requests, in whole cores) the math counts it: the pod takes its ``PodDemand.cpu_milli``, a
@@ -115,6 +115,8 @@ class FragmentationScore:
     def __init__(self, args: FragmentationScoreArgs) -> None:
         self.args = args
         self.workload = TargetWorkload.of(t.pod_type() for t in args.workload)
+        # A pod that takes no GPU gets a score here: the plugin mode asks the core about such pods.
+        self.judges_cpu_only_pods = args.cpu_only_pods
 
     def score(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> int | Scored | Abstain:
         placement = state.placement(node)
@@ -133,11 +135,6 @@ class FragmentationScore:
             return Abstain("GPU memory unknown here: fragmentation not judged")
         return self._scored(free, request, taken)
 
-    @property
-    def judges_cpu_only_pods(self) -> bool:
-        """Whether a pod that takes no GPU gets a score here (the plugin mode then asks the core
-        about such pods instead of skipping them)."""
-        return self.args.cpu_only_pods
 
     def _cpu_only(self, state: CycleState, demand: PodDemand, node: NodeInfo) -> Scored | Abstain:
         if not self.args.cpu_only_pods:

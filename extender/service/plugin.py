@@ -146,7 +146,9 @@ class CycleAnswer:
     Exactly one of three shapes: ``skip`` (the pod asks for no GPUs), ``unresolvable`` or
     ``error`` set (the pod can run nowhere, or the core cannot judge now), or per-node vectors
     (``verdicts``, ``reason_index`` into ``reasons`` with ``reasons[0] == ""``, ``scores``
-    0..100), each of ``len(table.names)`` entries."""
+    0..100), each of ``len(table.names)`` entries. ``score_only``: the pod asks for no GPUs but
+    the profile scores such pods (``Framework.scores_cpu_only_pods``): every node fits, the
+    plugin skips Filter, reads Score, and reserves nothing."""
 
     table: NodeTable
     skip: bool = False
@@ -163,6 +165,7 @@ class CycleAnswer:
     cacheable: bool = False
     # With ``groups``: per node, the group it moves to once this pod is reserved there (GroupIds.moves).
     moves: bytes = b""
+    score_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,23 +242,28 @@ class PluginService:
 
     def __init__(self, service: ExtenderService, tables: NodeTables,
                  ready: Callable[[], tuple[bool, str]], victims: VictimRules | None = None,
-                 groups_now: Callable[[], NodeGroups] | None = None) -> None:
+                 groups_now: Callable[[], NodeGroups] | None = None, *, scores_cpu_only_pods: bool = False) -> None:
         """``victims``: which pods preemption may take (without: any but gang members).
         ``groups_now``: the current grouping of the nodes (the snapshot's), for Reserve's answer
-        (without: Reserve names no groups, and the plugin learns them from PreFilter alone)."""
+        (without: Reserve names no groups, and the plugin learns them from PreFilter alone).
+        ``scores_cpu_only_pods``: the profile scores pods that ask for no GPU (PreFilter answers
+        them ``score_only`` instead of ``skip``)."""
         self._service = service
         self._tables = tables
         self._ready = ready
         self._victims = victims if victims is not None else VictimRules(NoBudgets())
         self._groups_now = groups_now
+        self._scores_cpu_only_pods = scores_cpu_only_pods
 
     def ready(self) -> tuple[bool, str]:
         return self._ready()
 
     def pre_filter(self, pod: PodRef) -> CycleAnswer:
         table = self._tables.current()
-        if not asks_for_gpus(pod):  # a matter of the spec alone: the plugin skips its like without asking
-            return CycleAnswer(table, skip=True, cacheable=True)
+        if not asks_for_gpus(pod):
+            if self._scores_cpu_only_pods:
+                return self._score_only(pod, table)
+            return CycleAnswer(table, skip=True, cacheable=True)  # the spec alone: its like is skipped unasked
         ready, why = self._ready()
         if not ready:
             return CycleAnswer(table, error=f"gpusched is not ready: {why}")
@@ -271,6 +279,18 @@ class PluginService:
             moves = GroupIds.moves(outcome.groups, outcome.moves(scores)) if outcome.moves is not None else b""
             answer = replace(answer, groups=groups, cacheable=True, moves=moves)
         return answer
+
+    def _score_only(self, pod: PodRef, table: NodeTable) -> CycleAnswer:
+        """A pod asking for no GPU, scored on every node of ``table`` for the GPUs its CPU leaves
+        unusable (no GPU filter: every node fits as far as gpusched is concerned; kube-scheduler's
+        NodeResourcesFit judges the CPU). Not cacheable: the answer follows each node's free CPU."""
+        ready, why = self._ready()
+        if not ready:
+            return CycleAnswer(table, error=f"gpusched is not ready: {why}")
+        scores, scale = _plugin_scores(self._service.prioritize(pod, table.names))
+        answer = _vectors(table, {}, {}, scores, "asks for no GPU: scored for the GPUs its CPU leaves unusable",
+                          scale)
+        return replace(answer, score_only=True)
 
     def judge_groups(self, pod: PodRef, table_generation: int, positions: Sequence[int]) -> GroupsJudged:
         """The cacheable answer a pod of ``pod``'s spec gets on the nodes at ``positions`` of the

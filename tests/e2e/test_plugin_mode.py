@@ -123,19 +123,25 @@ def test_the_plugins_cached_answers_are_the_cores_on_a_seeded_sequence(admin, na
     assert not refused, f"the core refused reservations the plugin took: {refused[:3]}"
 
 
-def test_plugin_mode_binds_a_pod_without_gpus_through_the_default_binder(admin, namespace, extender: Extender,
-                                                                          plugin_scheduler: Component):
-    """GpuSched skips a pod that asks for no GPUs at PreFilter and at Bind: kube-scheduler's own
-    plugins place it and its DefaultBinder (after GpuSched at bind) binds it; the core records
-    no reservation."""
-    with gpu_fleet(admin, 2) as (fleet, (node,)):
+def test_plugin_mode_scores_a_pod_without_gpus_and_the_default_binder_binds_it(admin, namespace, extender: Extender,
+                                                                             plugin_scheduler: Component):
+    """A pod that asks for no GPUs (issue 44): GpuSched skips Filter for it, but the core scores
+    the nodes (FragmentationScore's cpuOnlyPods, on in the default profile): a node without GPUs
+    wins over one whose 8 free GPUs it would sit beside. GpuSched reserves nothing for it and the
+    DefaultBinder (after GpuSched at bind) binds it."""
+    with gpu_fleet(admin, 8, 0) as (fleet, (gpu_node, cpu_node)):
         pod = vllm_pod("web", gpus=0, scheduler=PLUGIN_MODE.scheduler_name)
         pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
         create_pod(admin, namespace, pod)
         bound = wait_until(lambda: pod_node(admin, namespace, "web"), 60, "web bound by the default binder",
                            context=lambda: pod_scheduled_message(admin, namespace, "web") + "\n" + plugin_scheduler.tail(20))
-        assert bound == node
-        assert "reserve" not in extender.get_json(f"/debug/decisions/{namespace}/web").get("decisions", {})
+        assert bound == cpu_node
+        decisions = extender.get_json(f"/debug/decisions/{namespace}/web").get("decisions", {})
+        assert "reserve" not in decisions and "bind" not in decisions, decisions.keys()
+        breakdown = decisions["prioritize"]["details"]["breakdown"]
+        fragmentation = {node: next(p for p in breakdown[node]["plugins"] if p["plugin"] == "FragmentationScore")
+                         for node in (gpu_node, cpu_node)}
+        assert fragmentation[cpu_node]["raw"] > fragmentation[gpu_node]["raw"], fragmentation
 
 
 def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(admin, namespace, extender: Extender,

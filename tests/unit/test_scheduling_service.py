@@ -15,7 +15,10 @@ import pytest
 
 from extender.adapters import scheduling_server
 from extender.adapters.scheduling_server import SchedulingServer, SchedulingServicer
+from extender.framework.profile import load_profile
+from extender.framework.runtime import Framework
 from extender.model.catalog import builtin_catalog
+from extender.plugins import default_profile, default_registry
 from extender.service import framework_decider
 from extender.service import plugin as plugin_module
 from extender.service.core import ExtenderService, PodRef
@@ -32,7 +35,6 @@ from gpusched_api.scores import MAX_NODE_SCORE
 from tests.unit.builders import (
     NullObserver,
     a100_inventory,
-    default_framework,
     h100_inventory,
     make_k8s_node,
     make_pod,
@@ -43,19 +45,25 @@ from tests.unit.builders import (
 class Core:
     """One core: cluster state fed by hand, the decider, the services, the gRPC server."""
 
-    def __init__(self, socket: Path, nodes: dict[str, Any]) -> None:
+    def __init__(self, socket: Path, nodes: dict[str, Any], *, cpu_only_pods: bool = True) -> None:
+        """``cpu_only_pods``: FragmentationScore's arg (the default profile's: true)."""
         self.state = ClusterState()
         self.state.nodes.replace([make_k8s_node(name, inventory) for name, inventory in nodes.items()])
         self.ready: tuple[bool, str] = (True, "")
-        inner = FrameworkDecider(default_framework(), builtin_catalog(), self.state.ledger, self.state.snapshot)
+        framework = Framework.from_profile(load_profile(
+            {"pluginArgs": {"FragmentationScore": {"cpuOnlyPods": cpu_only_pods}}}, default_registry(),
+            base=default_profile()), default_registry())
+        inner = FrameworkDecider(framework, builtin_catalog(), self.state.ledger, self.state.snapshot)
         self.gangs = GangIndex()  # no pod is fed by a watch here: the index knows pods from requests
         # As the composition root wires it: gangs through the coordinator, other pods straight through.
         self.decider = GangCoordinator(inner, self.gangs, self.state.ledger)
         self.decisions = DecisionStore()
         self.service = ExtenderService(self.decider, None, self.decisions, NullObserver())  # type: ignore[arg-type]
         self.plugin_tables = NodeTables(lambda: self.state.snapshot().groups().index.names)
+        # As the composition root wires it (extender/assembly/servers.py).
         self.plugin = PluginService(self.service, self.plugin_tables, lambda: self.ready,
-                                    groups_now=lambda: self.state.snapshot().groups())
+                                    groups_now=lambda: self.state.snapshot().groups(),
+                                    scores_cpu_only_pods=framework.scores_cpu_only_pods)
         self.requeue = RequeueFeed()
         self.served: list[tuple[str, float]] = []
         self.server = SchedulingServer(SchedulingServicer(self.plugin, self.requeue), f"unix://{socket}",
@@ -187,17 +195,32 @@ def test_prefilter_says_what_the_extender_says(core, pod):
     assert not reply.skip and not reply.error
 
 
-@pytest.mark.parametrize("resources,skip", [
+@pytest.mark.parametrize("cpu_only_pods", [True, False], ids=["scored", "not-scored"])
+@pytest.mark.parametrize("resources,no_gpu", [
     ({}, True),
     ({"requests": {"nvidia.com/gpu": "0"}, "limits": {"nvidia.com/gpu": "0"}}, True),
     ({"requests": {"cpu": "2"}}, True),
     ({"limits": {"nvidia.com/gpu": "1"}}, False),
     ({"limits": {"nvidia.com/gpu": "one"}}, False),  # the decider says what is wrong with it
 ], ids=["none", "zero", "cpu-only", "one", "malformed"])
-def test_a_pod_that_asks_for_no_gpus_is_skipped(core, resources, skip):
-    pod = make_pod("cpu", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
-    pod["spec"]["containers"][0]["resources"] = resources
-    assert pre_filter(core, pod).skip is skip
+def test_a_pod_that_asks_for_no_gpus_is_skipped_or_scored_only(tmp_path, resources, no_gpu, cpu_only_pods):
+    """Issue 44: where FragmentationScore judges CPU-only pods (cpuOnlyPods, the default), such a
+    pod is answered score-only: every node fits, each scored as prioritize scores it (the plugin
+    skips Filter and reserves nothing); else it is skipped."""
+    core = Core(tmp_path / "s.sock", {"h1": h100_inventory("h1"), "c1": None}, cpu_only_pods=cpu_only_pods)
+    try:
+        pod = make_pod("cpu", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
+        pod["spec"]["containers"][0]["resources"] = resources
+        reply = pre_filter(core, pod)
+        assert (reply.skip, reply.score_only) == (no_gpu and not cpu_only_pods, no_gpu and cpu_only_pods)
+        if reply.score_only:
+            names = list(reply.table.names)
+            ref = PodRef("default", "cpu", pod["metadata"]["uid"], pod)
+            node_scores = core.service.prioritize(ref, names).node_scores
+            assert node_scores is not None and not reply.cacheable
+            assert by_node(reply, names) == {n: (0, "", node_scores[n]) for n in names}
+    finally:
+        core.close()
 
 
 def gang_member(name: str, size: int = 2) -> dict[str, Any]:
@@ -634,6 +657,10 @@ def test_a_gang_member_is_never_cacheable_and_a_skip_always_is(tmp_path):
         assert not reply.cacheable, "a gang member is judged by its group's state, not by its spec alone"
         plain = pre_filter(core, make_pod("plain", gpus=1))
         assert plain.cacheable and not plain.only_nodes
+    finally:
+        core.close()
+    core = Core(tmp_path / "t.sock", fleet_of(30), cpu_only_pods=False)
+    try:
         cpu_only = pre_filter(core, make_pod("cpu-only", gpus=0))
         assert cpu_only.skip and cpu_only.cacheable, "a skip is a matter of the spec alone"
     finally:

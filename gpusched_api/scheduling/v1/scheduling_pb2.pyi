@@ -91,7 +91,7 @@ class PreFilterRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., table_generation: _Optional[int] = ...) -> None: ...
 
 class PreFilterReply(_message.Message):
-    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes", "groups", "cacheable", "moves")
+    __slots__ = ("skip", "error", "unresolvable", "table_generation", "table", "verdicts", "reason_index", "reasons", "scores", "summary", "only_nodes", "groups", "cacheable", "moves", "score_only")
     SKIP_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     UNRESOLVABLE_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class PreFilterReply(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     CACHEABLE_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    SCORE_ONLY_FIELD_NUMBER: _ClassVar[int]
     skip: bool
     error: str
     unresolvable: str
@@ -120,7 +121,8 @@ class PreFilterReply(_message.Message):
     groups: Groups
     cacheable: bool
     moves: bytes
-    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., cacheable: _Optional[bool] = ..., moves: _Optional[bytes] = ...) -> None: ...
+    score_only: bool
+    def __init__(self, skip: _Optional[bool] = ..., error: _Optional[str] = ..., unresolvable: _Optional[str] = ..., table_generation: _Optional[int] = ..., table: _Optional[_Union[NodeTable, _Mapping]] = ..., verdicts: _Optional[bytes] = ..., reason_index: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ..., scores: _Optional[bytes] = ..., summary: _Optional[str] = ..., only_nodes: _Optional[_Iterable[str]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., cacheable: _Optional[bool] = ..., moves: _Optional[bytes] = ..., score_only: _Optional[bool] = ...) -> None: ...
 
 class Groups(_message.Message):
     __slots__ = ("grouping", "table_generation", "ids", "ledger_version")

@@ -135,6 +135,11 @@ type answer struct {
 
 func (a *answer) Clone() fwk.StateData { return a }
 
+// placesGPUs: the pod asks for GPUs and the core judged it, so Reserve, Unreserve and the
+// preemption dry run's AddPod/RemovePod have GPUs of gpusched's to account for. A skipped pod
+// (no GPUs) and a score-only one (no GPUs, scored for the CPU it takes) have none.
+func (a *answer) placesGPUs() bool { return a.table != nil && !a.reply.GetScoreOnly() }
+
 // reservation holds the annotations Reserve got from the core, for Bind to write, and for a
 // gang member its place at the Permit barrier; or, for a reservation the plugin took itself, its
 // confirmation (Bind takes the annotations from the core's answer to it).
@@ -165,6 +170,8 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	reply := a.reply
 	switch {
 	case reply.GetSkip(): // no GPUs asked: Filter (and, via PreScore, Score) are skipped
+		return nil, fwk.NewStatus(fwk.Skip)
+	case reply.GetScoreOnly(): // no GPUs asked, but the core scores the nodes: Filter alone is skipped
 		return nil, fwk.NewStatus(fwk.Skip)
 	case reply.GetError() != "":
 		return nil, fwk.AsStatus(fmt.Errorf("%s; the pod is retried", reply.GetError()))
@@ -254,7 +261,8 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	return nil, fwk.NewStatus(fwk.Unschedulable)
 }
 
-// PreScore skips Score for pods PreFilter skipped (a Skip from PreFilter skips only Filter).
+// PreScore skips Score for pods PreFilter skipped (a Skip from PreFilter skips only Filter); a
+// score-only pod's answer has a table, so it is scored.
 func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
 	a, st := readAnswer(state)
 	if st != nil {
@@ -295,7 +303,7 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 // authoritative: it reserves on its own state, as Reserve would, and nothing is promised twice.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	a, st := readAnswer(state)
-	if st != nil || a.table == nil {
+	if st != nil || !a.placesGPUs() {
 		return nil // not a GPU pod (or PreFilter never ran): nothing to reserve
 	}
 	if a.fromCache && p.core.answers.assume(a.key, a.table, nodeName) {
@@ -360,7 +368,7 @@ func (p *Plugin) Permit(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 // and refuse the same pod's Reserve in the binding cycle that follows.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	ctx = context.WithoutCancel(ctx)
-	if a, st := readAnswer(state); st != nil || a.table == nil {
+	if a, st := readAnswer(state); st != nil || !a.placesGPUs() {
 		return
 	}
 	reason := "kube-scheduler unreserved the pod"

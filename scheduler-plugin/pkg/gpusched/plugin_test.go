@@ -734,3 +734,42 @@ func TestPodsOfOneSpecSignAlikeAndAnyOtherSpecOtherwise(t *testing.T) {
 		}
 	}
 }
+
+// A pod asking for no GPU that the core scores (issue 44: FragmentationScore judges the CPU such
+// pods take): Filter is skipped, Score reads the core's scores, and nothing is reserved, unreserved
+// or bound by gpusched (the default binder binds it).
+func TestAScoreOnlyAnswerIsScoredAndNeverReserved(t *testing.T) {
+	names := []string{"gpu-node", "cpu-node"}
+	reply := vectors(1, names, true, []pb.Verdict{pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_FITS}, []string{"", ""}, []byte{12, 97})
+	reply.ScoreOnly = true
+	core := &fakeCore{
+		preFilter: func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) { return reply, nil },
+		reserve: func(*pb.ReserveRequest) (*pb.ReserveReply, error) {
+			t.Error("Reserve reached the core for a pod that asks for no GPU")
+			return &pb.ReserveReply{Reserved: true}, nil
+		},
+	}
+	p, _ := start(t, core, time.Second)
+	state, pod := framework.NewCycleState(), makePod("cpu-only")
+	if _, st := p.PreFilter(context.Background(), state, pod, nil); !st.IsSkip() {
+		t.Fatalf("PreFilter = %v, want Skip (no GPU filter)", st)
+	}
+	if st := p.PreScore(context.Background(), state, pod, nil); st != nil {
+		t.Fatalf("PreScore = %v, want success: the core scored the nodes", st)
+	}
+	for i, name := range names {
+		if score, st := p.Score(context.Background(), state, pod, nodeInfo(name)); st != nil || score != int64(reply.Scores[i]) {
+			t.Errorf("Score(%s) = %d %v, want %d", name, score, st, reply.Scores[i])
+		}
+	}
+	if st := p.Reserve(context.Background(), state, pod, "cpu-node"); !st.IsSuccess() {
+		t.Errorf("Reserve = %v, want Success without the core", st)
+	}
+	p.Unreserve(context.Background(), state, pod, "cpu-node")
+	if len(core.unreserved) != 0 {
+		t.Errorf("Unreserve reached the core: %v", core.unreserved)
+	}
+	if st := p.Bind(context.Background(), state, pod, "cpu-node"); !st.IsSkip() {
+		t.Errorf("Bind = %v, want Skip (the default binder binds it)", st)
+	}
+}

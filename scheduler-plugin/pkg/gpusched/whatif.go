@@ -75,7 +75,7 @@ func indexOf(pods []*pb.Pod, uid types.UID) int {
 // AddPod: a pod the cycle removed from the node is back (a spared victim); any other pod is placed
 // there (a nominated pod), after those added before it.
 func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podInfo fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
-	if a, st := readAnswer(state); st != nil || a.table == nil {
+	if a, st := readAnswer(state); st != nil || !a.placesGPUs() {
 		return nil // not a GPU pod's cycle: nothing of ours to judge differently
 	}
 	pc := changesOn(state, nodeInfo.Node().Name)
@@ -84,7 +84,7 @@ func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podI
 
 // RemovePod: a pod the cycle added is gone again; any other pod leaves the node (a victim).
 func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podInfo fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
-	if a, st := readAnswer(state); st != nil || a.table == nil {
+	if a, st := readAnswer(state); st != nil || !a.placesGPUs() {
 		return nil
 	}
 	pc := changesOn(state, nodeInfo.Node().Name)

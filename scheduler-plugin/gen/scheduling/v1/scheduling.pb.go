@@ -494,7 +494,11 @@ type PreFilterReply struct {
 	// With groups: per table node, one uint32 (little-endian): the group the node moves to once
 	// this pod is reserved there (the GPUs Reserve would choose on it now); 0 where not named. What
 	// the plugin judges a node it reserved on by until the core confirms (ReserveBatch).
-	Moves         []byte `protobuf:"bytes,14,opt,name=moves,proto3" json:"moves,omitempty"`
+	Moves []byte `protobuf:"bytes,14,opt,name=moves,proto3" json:"moves,omitempty"`
+	// The pod asks for no GPUs, but the core scores the nodes for it (FragmentationScore judges
+	// CPU-only pods: the CPU they take can leave a node's GPUs unusable): the plugin skips Filter
+	// and reads Score from “scores“; it reserves and binds nothing (the default binder binds).
+	ScoreOnly     bool `protobuf:"varint,15,opt,name=score_only,json=scoreOnly,proto3" json:"score_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -625,6 +629,13 @@ func (x *PreFilterReply) GetMoves() []byte {
 		return x.Moves
 	}
 	return nil
+}
+
+func (x *PreFilterReply) GetScoreOnly() bool {
+	if x != nil {
+		return x.ScoreOnly
+	}
+	return false
 }
 
 // The core's grouping of the table's nodes: nodes of one group (same GPU shape, same free units)
@@ -1772,7 +1783,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12)\n" +
-	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xd8\x03\n" +
+	"\x10table_generation\x18\x03 \x01(\x04R\x0ftableGeneration\"\xf7\x03\n" +
 	"\x0ePreFilterReply\x12\x12\n" +
 	"\x04skip\x18\x01 \x01(\bR\x04skip\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\"\n" +
@@ -1789,7 +1800,9 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"only_nodes\x18\v \x03(\tR\tonlyNodes\x126\n" +
 	"\x06groups\x18\f \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x12\x1c\n" +
 	"\tcacheable\x18\r \x01(\bR\tcacheable\x12\x14\n" +
-	"\x05moves\x18\x0e \x01(\fR\x05moves\"\x88\x01\n" +
+	"\x05moves\x18\x0e \x01(\fR\x05moves\x12\x1d\n" +
+	"\n" +
+	"score_only\x18\x0f \x01(\bR\tscoreOnly\"\x88\x01\n" +
 	"\x06Groups\x12\x1a\n" +
 	"\bgrouping\x18\x01 \x01(\x04R\bgrouping\x12)\n" +
 	"\x10table_generation\x18\x02 \x01(\x04R\x0ftableGeneration\x12\x10\n" +
