@@ -76,10 +76,12 @@ TARGET_DEFAULT_PCT = 96.0  # issue 20: gpusched >= 96 % on default; above publis
 # The recorded run (the defaults): every trace of issue 20, seeds 42-51, every policy.
 RECORDED_TRACES = ("default", "gpushare100", "multigpu50", "gpuspec33")
 RECORDED_POLICIES = ("random", "bestfit", "fgd", "gpusched", "gpusched-core", "gpusched-core-plugin")
-# gpusched-core: the deployed decision core (bench.openb.core), compared on the 0..10 node score
-# the extender protocol carries; gpusched-core-plugin: the same core, compared on the integer
-# 0..100 the plugin mode carries (kube-scheduler's resolution); gpusched-core-total: on the float
-# 0..100 mean neither mode sends.
+# gpusched-core: the deployed decision core (bench.openb.core) as extender mode runs it: the 0..10
+# node score the extender protocol carries, and CPU-only pods never asked about (kube-scheduler calls
+# an extender only for pods asking its managedResources; the replay's BestFit places them);
+# gpusched-core-plugin: as plugin mode runs it: the integer 0..100 (kube-scheduler's resolution),
+# CPU-only pods scored by the core (PreFilter's score_only); gpusched-core-total: the plugin mode's
+# core compared on the float 0..100 mean neither mode sends.
 POLICY_NAMES = (*MATH_POLICY_NAMES, "gpusched-core", "gpusched-core-plugin", "gpusched-core-total")
 CORE_WITHIN_MATH_PCT = 0.3  # issue 44: the deployed core (plugin mode) within 0.3 points of the math
 
@@ -97,7 +99,7 @@ def make_policy(name: str, pods: tuple[TracePod, ...], seed: int, nodes: tuple[T
     if name == "gpusched":
         return GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
     if name == "gpusched-core":
-        return CorePolicy(nodes, pods)
+        return CorePolicy(nodes, pods, resolution="final", cpu_only="bestfit")
     if name == "gpusched-core-plugin":
         return CorePolicy(nodes, pods, resolution="node", name=name)
     if name == "gpusched-core-total":

@@ -21,6 +21,7 @@ from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
 from devcluster.controlplane import PLUGIN_SCHEDULER_CONFIG, build_scheduler_plugin
+from devcluster.fleet import create_preset_node
 from devcluster.gangs import gang_pods
 from devcluster.invariants import settled_violations
 from devcluster.modes import PLUGIN_MODE
@@ -129,7 +130,10 @@ def test_plugin_mode_scores_a_pod_without_gpus_and_the_default_binder_binds_it(a
     the nodes (FragmentationScore's cpuOnlyPods, on in the default profile): a node without GPUs
     wins over one whose 8 free GPUs it would sit beside. GpuSched reserves nothing for it and the
     DefaultBinder (after GpuSched at bind) binds it."""
-    with gpu_fleet(admin, 8, 0) as (fleet, (gpu_node, cpu_node)):
+    fleet, gpu_node, cpu_node = unique("plugin"), unique("h100"), unique("cpu")
+    create_preset_node(admin, gpu_node, "h100", labels={FLEET_LABEL: fleet})  # its inventory: 8 known GPUs
+    create_gpu_node(admin, cpu_node, 0, labels={FLEET_LABEL: fleet})
+    try:
         pod = vllm_pod("web", gpus=0, scheduler=PLUGIN_MODE.scheduler_name)
         pod["spec"]["nodeSelector"] = {FLEET_LABEL: fleet}
         create_pod(admin, namespace, pod)
@@ -142,6 +146,9 @@ def test_plugin_mode_scores_a_pod_without_gpus_and_the_default_binder_binds_it(a
         fragmentation = {node: next(p for p in breakdown[node]["plugins"] if p["plugin"] == "FragmentationScore")
                          for node in (gpu_node, cpu_node)}
         assert fragmentation[cpu_node]["raw"] > fragmentation[gpu_node]["raw"], fragmentation
+    finally:
+        for name in (gpu_node, cpu_node):
+            client.CoreV1Api(admin).delete_node(name)
 
 
 def test_plugin_mode_pod_that_fits_nowhere_stays_pending_with_gpuscheds_reason(admin, namespace, extender: Extender,

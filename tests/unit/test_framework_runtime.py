@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from extender.framework.decisions import to_node_score
 from extender.framework.interfaces import CycleState
 from extender.framework.profile import ProfileConfig, ScorePluginRef
 from extender.framework.registry import PluginFactory, Registry
@@ -213,6 +214,12 @@ def test_from_profile_rejects_plugins_lacking_the_extension_point() -> None:
 @pytest.mark.parametrize(("total", "final"), [(0, 0), (4.9, 0), (5, 1), (62.5, 6), (65, 7), (100, 10), (130, 10)])
 def test_to_extender_score(total, final) -> None:
     assert to_extender_score(total) == final
+
+
+@pytest.mark.parametrize(("total", "node"), [(-3, 0), (0, 0), (0.49, 0), (0.5, 1), (62.5, 63), (99.6, 100), (130, 100)])
+def test_to_node_score(total, node) -> None:
+    """The plugin mode's 0..100: the total rounded half up, clamped (kube-scheduler's MaxNodeScore)."""
+    assert to_node_score(total) == node
 
 
 def test_identical_nodes_share_one_verdict() -> None:
