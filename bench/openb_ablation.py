@@ -4,9 +4,11 @@ The replay (``bench.openb_replay``, FGD's protocol: GPU allocation at 130 % arri
 deployed decision core (``bench.openb.core.CorePolicy``) with its profile taken apart, every
 variant on the same sampled workload per seed:
 
-* the score resolution: ``final`` (the 0..10 node score the extender protocol carries) against
-  ``total`` (the weighted 0..100 mean before that rounding — what a full-resolution plugin mode
-  would compare);
+* who places CPU-only pods: the core (FragmentationScore's ``cpuOnlyPods``, as plugin mode asks it
+  about them) or the replay's BestFit (``cpu_only="bestfit"``: as extender mode leaves them to
+  kube-scheduler, which never asks the extender about them);
+* the score resolution: ``node`` (the integer 0..100 the plugin mode carries), ``final`` (the
+  0..10 the extender protocol carries) and ``total`` (the float 0..100 mean neither sends);
 * the score plugins: FragmentationScore alone, then with each other default score plugin added
   (TopologyPacking, NvlinkTopology, EngineLoad), then the default profile (all four);
 * the GPU choice on the chosen node: the core's (``Framework.choose_gpus``: placement's rules)
@@ -105,9 +107,9 @@ def run(nodes: tuple[TraceNode, ...], pods: tuple[TracePod, ...], seeds: Sequenc
 
 def headline(trace: str, results: dict[str, dict[str, object]], seeds: Sequence[int]) -> list[dict[str, object]]:
     """One row per variant: its mean, and how far it stands from the math and from the deployed
-    (extender-mode) profile."""
+    profile as plugin mode runs it (``default-node``)."""
     math = results.get("math", {}).get("mean_pct")
-    deployed = results.get("default-final", {}).get("mean_pct")
+    deployed = results.get("default-node", {}).get("mean_pct")
     fgd = PUBLISHED.get(trace, {}).get("fgd")
     span = f"seeds {seeds[0]}-{seeds[-1]}" if list(seeds) == list(range(seeds[0], seeds[-1] + 1)) else (
         "seeds " + ",".join(map(str, seeds)))
@@ -118,8 +120,8 @@ def headline(trace: str, results: dict[str, dict[str, object]], seeds: Sequence[
         anchors = []
         if isinstance(math, float) and key != "math":
             anchors.append(f"{mean - math:+.2f} vs the math")
-        if isinstance(deployed, float) and key not in ("default-final", "math"):
-            anchors.append(f"{mean - deployed:+.2f} vs as deployed")
+        if isinstance(deployed, float) and key not in ("default-node", "math"):
+            anchors.append(f"{mean - deployed:+.2f} vs plugin mode as deployed")
         if fgd is not None:
             anchors.append(f"FGD published {fgd:.2f} %")
         rows.append({"metric": f"{trace}: {entry['label']} (mean, {span})", "measured": mean, "unit": "%",

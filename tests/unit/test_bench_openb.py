@@ -304,6 +304,22 @@ def test_headline_judges_gpusched_against_the_target(trace: str, mean: float, me
     assert str(PUBLISHED[trace]["fgd"]) in str(rows[0]["anchor"])
 
 
+@pytest.mark.parametrize(("plugin", "met"), [
+    pytest.param(95.60, True, id="above-fgd-within-0.3-of-the-math"),
+    pytest.param(95.50, False, id="above-fgd-but-0.36-below-the-math"),
+    pytest.param(95.30, False, id="below-published-fgd"),
+])
+def test_headline_judges_the_plugin_modes_core_against_fgd_and_the_math(plugin: float, met: bool) -> None:
+    """Issue 44: the deployed core in plugin mode >= FGD's published figure and within 0.3 points
+    of the math; extender mode's figure is recorded beside it without a target."""
+    traces = {"default": {"policies": {"gpusched": {"mean_pct": 95.86}, "gpusched-core": {"mean_pct": 94.5},
+                                       "gpusched-core-plugin": {"mean_pct": plugin}}}}
+    rows = {str(r["metric"]).split(":")[1].split(",")[0].strip(): r
+            for r in headline(traces, list(range(42, 52)))}  # type: ignore[arg-type]
+    assert rows["gpusched-core in plugin mode (0..100)"]["met"] is met
+    assert rows["gpusched-core in extender mode (0..10)"]["met"] is None
+
+
 def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["--trace-dir", str(tiny_trace_dir(tmp_path)), "--trace", "tiny", "--policies", "worstfit"])
