@@ -79,9 +79,10 @@ VARIANTS = (
     Variant("frag+nvlink-node", "core, + NvlinkTopology, 0..100", (FRAGMENTATION_SCORE, NVLINK_TOPOLOGY), "node"),
     Variant("frag+engine-node", "core, + EngineLoad, 0..100", (FRAGMENTATION_SCORE, ENGINE_LOAD), "node"),
     Variant("default-node", "core, default profile (all four), 0..100: as deployed in plugin mode", None, "node"),
-    Variant("default-final", "core, default profile (all four), 0..10: as deployed in extender mode", None, "final"),
-    Variant("default-final-bestfit-cpu", "core, default profile, 0..10, CPU-only pods by BestFit (before issue 44)",
-            None, "final", cpu_only="bestfit"),
+    Variant("default-final", "core, default profile (all four), 0..10 (the extender's resolution alone)", None,
+            "final"),
+    Variant("default-final-bestfit-cpu", "core, default profile, 0..10, CPU-only pods by BestFit: as extender mode "
+            "runs it (and all modes before issue 44)", None, "final", cpu_only="bestfit"),
 )
 BY_KEY = {v.key: v for v in VARIANTS}
 

@@ -16,8 +16,9 @@ left out).
 A **CPU-only pod** (``cpuOnlyPods: true``, the default) is judged where the node's free CPU is
 known: it takes GPU milli nowhere, but the CPU it takes can leave a node's free GPUs unusable to
 the mix (FGD counts the same: its simulator places every pod by the measure). A node without GPUs
-costs nothing, so such pods go where they fragment no GPU; on the openb replay this is ~1.9 of
-the 2-point gap between the deployed core and its math (bench/README.md, ``openb_ablation``). They
+costs nothing, so such pods go where they fragment no GPU; on the openb replay this closed all but
+0.06 of the 1.3-1.8-point gap between the deployed core and its math (bench/README.md,
+``openb_ablation``). They
 reach the core only where kube-scheduler asks it about them: the plugin mode asks when this score judges them
 (``judges_cpu_only_pods``; ``Framework.scores_cpu_only_pods``).
 
