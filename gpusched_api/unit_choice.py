@@ -32,6 +32,7 @@ search.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -257,10 +258,6 @@ def _single(whole: Sequence[U], mig: Sequence[U], ask: UnitAsk) -> Choice[U] | N
     return best
 
 
-def _sizes(units: Sequence[ChoosableUnit], key: _Key) -> dict[object, int]:
-    sizes: dict[object, int] = {}
-    for unit in units:
-        k = key(unit)
-        if k is not None:
-            sizes[k] = sizes.get(k, 0) + 1
-    return sizes
+def _sizes(units: Sequence[ChoosableUnit], key: _Key) -> Counter[object]:
+    """How many of ``units`` each domain holds (units outside any domain of ``key`` left out)."""
+    return Counter(k for unit in units if (k := key(unit)) is not None)

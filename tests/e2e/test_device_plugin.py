@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -90,24 +92,33 @@ class GpuNode:
         delete_pod_and_wait(self.core, NS, name)
 
 
-@pytest.fixture(scope="module")
-def gpu_node(tmp_path_factory):
+@contextmanager
+def running_gpu_node(tmp_path_factory, fleet: str, *, gpus: int, dirty: tuple[int, ...]) -> Iterator[GpuNode]:
+    """A real node with the stock default-scheduler beside gpusched's and the node agent in
+    device-plugin mode on ``fleet`` (YAML), once the Node shows its ``gpus`` and the extender the
+    foreign memory on each of ``dirty``; stopped afterwards."""
     cluster = RealCluster()
     try:
         cluster.start()
         cluster.stack.start_scheduler("default-scheduler", adjust=default_scheduler_config)
-        fleet = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
-        fleet.write_text(fleet_text())
+        path = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
+        path.write_text(fleet)
         port = free_port()
-        cluster.start_agent(fleet, metrics_port=port)
-        node = GpuNode(cluster, fleet, port)
-        wait_until(lambda: node.allocatable() == 8, 30, "the device plugin's 8 GPUs in the Node's allocatable",
+        cluster.start_agent(path, metrics_port=port)
+        node = GpuNode(cluster, path, port, gpus=gpus, dirty=dirty)
+        wait_until(lambda: node.allocatable() == gpus, 30, f"the device plugin's {gpus} GPUs in the Node's allocatable",
                    context=lambda: cluster.agents[0].tail(20))
-        wait_until(lambda: "foreign processes" in node.extenders_node().get("foreign", ""), 30,
-                   "the extender to see the foreign memory on GPUs 0, 1")
+        wait_until(lambda: all(f"GPU {i}" in node.extenders_node().get("foreign", "") for i in dirty), 30,
+                   f"the extender to see the foreign memory on GPUs {dirty}", context=lambda: node.extenders_node())
         yield node
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_node(tmp_path_factory):
+    with running_gpu_node(tmp_path_factory, fleet_text(), gpus=8, dirty=DIRTY) as node:
+        yield node
 
 
 def default_scheduler_config(config: dict) -> None:

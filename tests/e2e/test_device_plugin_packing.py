@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.cluster import wait_until
-from devcluster.processes import free_port
-from devcluster.realcluster import RealCluster
-from tests.e2e.test_device_plugin import GpuNode, default_scheduler_config, fleet_text
+from tests.e2e.test_device_plugin import GpuNode, fleet_text, running_gpu_node
 
 pytestmark = pytest.mark.e2e
 A100_PAIRS = Path(__file__).resolve().parents[2] / "nodeagent" / "gpu" / "presets" / "a100.yaml"
@@ -26,22 +23,9 @@ LEFTOVER = 2
 
 @pytest.fixture(scope="module")
 def pairs_node(tmp_path_factory):
-    cluster = RealCluster()
-    try:
-        cluster.start()
-        cluster.stack.start_scheduler("default-scheduler", adjust=default_scheduler_config)
-        fleet = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
-        fleet.write_text(fleet_text(preset=A100_PAIRS, leftovers_gib={LEFTOVER: 30}))
-        port = free_port()
-        cluster.start_agent(fleet, metrics_port=port)
-        node = GpuNode(cluster, fleet, port, gpus=4, dirty=(LEFTOVER,))
-        wait_until(lambda: node.allocatable() == 4, 30, "the device plugin's 4 GPUs in the Node's allocatable",
-                   context=lambda: cluster.agents[0].tail(20))
-        wait_until(lambda: "GPU 2" in node.extenders_node().get("foreign", ""), 30,
-                   "the extender to see the leftover on GPU 2", context=lambda: node.extenders_node())
+    fleet = fleet_text(preset=A100_PAIRS, leftovers_gib={LEFTOVER: 30})
+    with running_gpu_node(tmp_path_factory, fleet, gpus=4, dirty=(LEFTOVER,)) as node:
         yield node
-    finally:
-        cluster.stop()
 
 
 def test_a_stock_pod_takes_the_broken_pairs_gpu_and_a_tp2_requiring_nvlink_runs_on_the_clean_pair(
