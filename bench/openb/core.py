@@ -90,12 +90,10 @@ def pod_json(pod: TracePod, key: str) -> dict[str, Any]:
     A CPU-only pod asks its CPU only."""
     annotations: dict[str, str] = {}
     limits: dict[str, str] = {}
-    if pod.num_gpu == 0:
-        pass
-    elif pod.sharing:
+    if pod.sharing:
         annotations[SHARE_MEMORY_ANNOTATION] = f"{pod.gpu_milli * MIB_PER_MILLI}Mi"
         limits = {SHARE_RESOURCE: "1"}
-    else:
+    elif pod.num_gpu:
         limits = {"nvidia.com/gpu": str(pod.num_gpu)}
     container = {"name": "main", "image": "openb",
                  "resources": {"limits": limits, "requests": {"cpu": f"{pod.cpu_milli}m"}}}
