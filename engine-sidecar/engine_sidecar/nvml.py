@@ -1,6 +1,7 @@
 """The ``nvml`` GPU backend: facts from NVIDIA's management library (``pynvml``).
 
-NVML is initialised once per process. Memory comes from ``nvmlDeviceGetMemoryInfo`` v2 (which
+NVML is initialised once per backend object (``nvmlInit`` is reference-counted by NVML, so two
+backends in one process are fine). Memory comes from ``nvmlDeviceGetMemoryInfo`` v2 (which
 separates driver-reserved memory) with a v1 fallback for older drivers. ``NVML_ERROR_NOT_SUPPORTED``
 means "feature absent" (no MIG on a consumer GPU, no NVLink on PCIe), never an error. The module
 object is injectable so tests run with a fake.
@@ -15,10 +16,6 @@ from typing import Any
 from engine_sidecar.errors import InputError
 from engine_sidecar.gpus import GpuInfo, GpuSet
 
-_init_lock = threading.Lock()
-_initialised: set[int] = set()
-
-
 class NvmlGpus:
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
@@ -27,17 +24,19 @@ class NvmlGpus:
             except ImportError as exc:  # pragma: no cover - dependency of the project
                 raise InputError(f"pynvml is not importable ({exc})", "install nvidia-ml-py") from None
         self._nvml = nvml
+        self._init_lock = threading.Lock()
+        self._initialised = False
 
     def _init(self) -> None:
-        with _init_lock:
-            if id(self._nvml) in _initialised:
+        with self._init_lock:
+            if self._initialised:
                 return
             try:
                 self._nvml.nvmlInit()
             except self._nvml.NVMLError as exc:
                 raise InputError(f"NVML could not be initialised ({exc})",
                                  "run with the NVIDIA container runtime, or choose --gpu-backend cpu|file explicitly") from None
-            _initialised.add(id(self._nvml))
+            self._initialised = True
 
     def read(self) -> GpuSet:
         self._init()
