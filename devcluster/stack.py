@@ -167,8 +167,10 @@ class Stack:
 
         assert self.extender is not None
         admin = self.cp.kubeconfig(self.cp.admin_token, "admin")
-        argv = [PYTHON, "-m", "gpusched_cli", *args, "--url", self.extender.base]
-        if args and args[0] == "explain":
+        argv = [PYTHON, "-m", "gpusched_cli", *args]
+        if args and args[0] in ("explain", "nodes"):
+            argv += ["--url", self.extender.base]
+        if args and args[0] in ("explain", "workload"):
             argv += ["--kubeconfig", str(admin)]
         proc = subprocess.run(argv, capture_output=True, text=True, env=python_component_env(), timeout=60)
         assert proc.returncode == 0, f"gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"

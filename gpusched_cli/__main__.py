@@ -4,6 +4,7 @@
   gpusched nodes                   GPU inventory and holders per node, as gpusched sees them
   gpusched tune                    tuned vLLM parameters for a model on given GPUs (no cluster needed)
   gpusched claim POD.yaml          the ResourceClaimTemplate and rewritten pod a GPU pod becomes in DRA mode
+  gpusched workload PODS.json      FragmentationScore's workload argument from a cluster's own pods
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
-    from gpusched_cli import claim, tune
+    from gpusched_cli import claim, tune, workload
 
     tune.add_parser(sub)
     claim.add_parser(sub)
+    workload.add_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     measure_args = tune.split_measure(argv)
     args = p.parse_args(argv)
@@ -47,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "claim":
         text, code = claim.run(args)
         emit(text, sys.stdout if code == 0 else sys.stderr)
+        return code
+    if args.command == "workload":
+        fragment, summary, code = workload.run(args)
+        if fragment:
+            emit(fragment)
+        emit(summary, sys.stderr)
         return code
     if args.command == "tune":
         from engine_sidecar.errors import SidecarError

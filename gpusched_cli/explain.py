@@ -37,7 +37,7 @@ def fetch_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict[str, A
                            "`kubectl -n gpusched-system port-forward deploy/gpusched-scheduler 8888` first") from None
 
 
-def _load_config(kubeconfig: str | None) -> None:
+def load_config(kubeconfig: str | None) -> None:
     """``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else — inside a pod, e.g. the extender's
     container — the pod's own service account."""
     import os
@@ -56,7 +56,7 @@ def pod_status_lines(namespace: str, name: str, kubeconfig: str | None) -> list[
     try:
         from kubernetes import client
 
-        _load_config(kubeconfig)
+        load_config(kubeconfig)
         # A list by name, not a get: the extender's own account (explain run in its container) may
         # list pods but not get them, and the answer is the same.
         found = client.CoreV1Api().list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items

@@ -185,11 +185,17 @@ def _free_milli(unit: GpuUnit, open_whole: set[int], promised: dict[int, int]) -
     return 0
 
 
+def share_milli(share_mib: int, gpu_mib: int) -> int:
+    """A share of ``share_mib`` on a GPU of ``gpu_mib`` as the math counts it: GPU milli rounded
+    up, 1..1000 (a share is never counted as nothing, nor as more than its GPU)."""
+    return max(1, min(GPU_MILLI, -(-GPU_MILLI * share_mib // max(1, gpu_mib))))
+
+
 def _request(placement: Placement, cpu_milli: int) -> Request:
     if placement.share_mib:
         unit = placement.units[0]
         size = unit.static_memory_mib or unit.memory_mib or placement.share_mib
-        return Request(1, max(1, min(GPU_MILLI, -(-GPU_MILLI * placement.share_mib // size))), cpu_milli)
+        return Request(1, share_milli(placement.share_mib, size), cpu_milli)
     return Request(len(placement.units), GPU_MILLI, cpu_milli)
 
 

@@ -9,6 +9,7 @@ the same placements, GPUs and reasons are expected from each."""
 
 from __future__ import annotations
 
+import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, vllm_pod, wait_until
@@ -126,3 +127,24 @@ def test_contradictory_pod_is_rejected_on_every_node_with_the_extenders_reason(a
                "the extender's reason in the PodScheduled condition",
                context=lambda: pod_scheduled_message(admin, namespace, "contradiction"))
     assert pod_node(admin, namespace, "contradiction") is None
+
+
+def test_the_workload_command_reads_a_namespaces_pods_from_the_apiserver(admin, namespace, stack):
+    """``gpusched workload --cluster``: the pods as the real apiserver serves them (paged JSON),
+    through the admin's kubeconfig, become FragmentationScore's workload (issue 44). The pods name
+    no scheduler that runs, so they stay Pending and touch no fleet."""
+    def pod(name: str, cpu: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+                "spec": {"schedulerName": "nobody", "containers": [
+                    {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                     "resources": {"limits": limits, "requests": {"cpu": cpu}}}]}}
+
+    for i in range(3):
+        create_pod(admin, namespace, pod(f"tp2-{i}", "1500m", {"nvidia.com/gpu": "2"}))
+    create_pod(admin, namespace, pod("share", "1", {"gpusched.io/gpu-share": "1"}, {"gpusched.io/gpu-memory": "20Gi"}))
+    create_pod(admin, namespace, pod("cpu", "250m", {}))
+    out = stack.cli("workload", "--cluster", "--namespace", namespace, "--gpu-memory", "80Gi")
+    assert yaml.safe_load(out) == {"pluginArgs": {"FragmentationScore": {"workload": [
+        {"gpus": 2, "cpuMilli": 1500, "weight": 3},
+        {"gpus": 0, "cpuMilli": 250, "weight": 1},
+        {"gpus": 1, "gpuMilli": 250, "cpuMilli": 1000, "weight": 1}]}}}, out
