@@ -23,6 +23,8 @@ ablation in bench/README.md.
     .venv/bin/python -m bench.openb_ablation --output bench/results/openb_ablation.json   # as recorded
     .venv/bin/python -m bench.openb_ablation --trace default --seeds 42 --variants math,frag-final
     .venv/bin/python -m bench.openb_ablation --quick   # the same, prints only
+    .venv/bin/python -m bench.openb_ablation --variants default-node,default-final --merge \
+        --output bench/results/openb_ablation.json   # after a change to the default profile
 """
 
 from __future__ import annotations
@@ -130,6 +132,20 @@ def headline(trace: str, results: dict[str, dict[str, object]], seeds: Sequence[
     return rows
 
 
+def load_recorded(path: Path | None, trace: str, seeds: Sequence[int]) -> tuple[dict[str, dict[str, object]], float]:
+    """The variants and run seconds of the results file at ``path``, to merge a new run into;
+    ValueError naming the file when it is absent or of another trace or seeds."""
+    if path is None or not path.is_file():
+        raise ValueError("needs --output naming an existing results file")
+    data = json.loads(path.read_text())
+    if data.get("benchmark") != "openb_ablation" or not isinstance(data.get("variants"), dict):
+        raise ValueError(f"{path}: not an openb_ablation results file")
+    if data.get("trace") != trace or data.get("protocol", {}).get("seeds") != list(seeds):
+        raise ValueError(f"{path}: recorded on trace {data.get('trace')} seeds {data.get('protocol', {}).get('seeds')}, "
+                         f"not {trace} {list(seeds)}")
+    return dict(data["variants"]), float(data.get("seconds") or 0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.openb_ablation", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--trace", default="default")
@@ -137,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="42-51")
     ap.add_argument("--variants", default=",".join(BY_KEY), help=f"comma-separated, of {', '.join(BY_KEY)}")
     ap.add_argument("--output", type=Path, default=None, help="write the results file (JSON) here")
+    ap.add_argument("--merge", action="store_true", help="lay the variants run over the --output file's recorded "
+                    "ones (same trace and seeds) instead of rewriting it, e.g. after a change to the default profile")
     ap.add_argument("--quick", action="store_true", help="seed 42, the math and FragmentationScore alone; prints only")
     args = ap.parse_args(argv)
     if args.quick:
@@ -146,10 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         variants = [BY_KEY[k.strip()] for k in args.variants.split(",") if k.strip()]
     except (ValueError, KeyError) as exc:
         ap.error(f"{exc}: variants are {', '.join(BY_KEY)}")
+    recorded: dict[str, dict[str, object]] = {}
+    recorded_seconds = 0.0
+    if args.merge:
+        try:
+            recorded, recorded_seconds = load_recorded(args.output, args.trace, seeds)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--merge: {exc}")
     nodes = load_nodes(args.trace_dir / NODE_FILE)
     pods = load_pods(pod_file(args.trace_dir, args.trace))
     t0 = time.monotonic()
-    results = run(nodes, pods, seeds, variants, args.trace)
+    fresh = run(nodes, pods, seeds, variants, args.trace)
+    results = {key: fresh.get(key, entry) for key, entry in recorded.items()} | fresh
     rows = headline(args.trace, results, seeds)
     for row in rows:
         print(f"  {row['metric']}: {row['measured']:.2f} % ({row['anchor']})")
@@ -157,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         data = {"benchmark": "openb_ablation", "trace": args.trace,
                 "protocol": {"arrive_ratio": ARRIVE_RATIO, "seeds": seeds, "replay": "bench.openb_replay's, "
                              "every variant on the same sampled workload per seed"},
-                "variants": results, "headline": rows, "seconds": round(time.monotonic() - t0, 1)}
+                "variants": results, "headline": rows,
+                "seconds": round(recorded_seconds + time.monotonic() - t0, 1)}
         args.output.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.output}")
     return 0

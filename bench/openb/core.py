@@ -59,6 +59,7 @@ from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot, NodeInfo, make_node_info, with_cpu_free
 from extender.plugins import default_profile, default_registry
 from extender.plugins.fragmentation_score import NAME as FRAGMENTATION_SCORE
+from gpusched_api.errors import FieldError
 from gpusched_api.inventory import GpuDevice, NodeGpuInventory
 from gpusched_api.names import SHARE_MEMORY_ANNOTATION, SHARE_RESOURCE
 
@@ -112,16 +113,25 @@ def workload_args(pods: Sequence[TracePod]) -> list[dict[str, Any]]:
 
 
 def core_profile(pods: Sequence[TracePod], overrides: Mapping[str, Any] | None = None,
-                 score_plugins: Sequence[str] | None = None) -> ProfileConfig:
+                 score_plugins: Sequence[str] | None = None,
+                 weights: Mapping[str, int] | None = None) -> ProfileConfig:
     """The default profile with FragmentationScore's workload from ``pods`` and ``wholeGpuPods:
     true``; ``overrides`` are merged into its args; ``score_plugins`` (weight 1 each) replace the
-    default's score plugins when given (the ablation's profiles). Raises FieldError
-    (gpusched_api.errors) for bad args or an unknown plugin."""
+    default's score plugins when given (the ablation's profiles); ``weights`` (plugin name: weight)
+    replace the weights of the score plugins they name (the weights grid's profiles). Raises
+    FieldError (gpusched_api.errors) for bad args, an unknown plugin or a weight naming a score
+    plugin the profile lacks."""
+    base = default_profile()
     args = {"workload": workload_args(pods), "wholeGpuPods": True, **(overrides or {})}
     raw: dict[str, Any] = {"pluginArgs": {FRAGMENTATION_SCORE: args}}
-    if score_plugins is not None:
-        raw["scorePlugins"] = [{"name": name, "weight": 1} for name in score_plugins]
-    return load_profile(raw, default_registry(), base=default_profile())
+    refs = ([(name, 1) for name in score_plugins] if score_plugins is not None
+            else [(ref.name, ref.weight) for ref in base.score_plugins])
+    if score_plugins is not None or weights:
+        unknown = sorted(set(weights or {}) - {name for name, _ in refs})
+        if unknown:
+            raise FieldError("scorePlugins", f"weights name {', '.join(unknown)}, not a score plugin of the profile")
+        raw["scorePlugins"] = [{"name": name, "weight": (weights or {}).get(name, weight)} for name, weight in refs]
+    return load_profile(raw, default_registry(), base=base)
 
 
 class CorePolicy:
@@ -132,8 +142,9 @@ class CorePolicy:
     def __init__(self, nodes: Sequence[TraceNode], pods: Sequence[TracePod], *,
                  resolution: Resolution = "final", name: str = "gpusched-core",
                  score_plugins: Sequence[str] | None = None, gpu_choice: GpuChoiceBy = "core",
-                 cpu_only: CpuOnlyBy = "core") -> None:
-        """``score_plugins``: the profile's score plugins instead of the default's (``core_profile``);
+                 cpu_only: CpuOnlyBy = "core", weights: Mapping[str, int] | None = None) -> None:
+        """``score_plugins``: the profile's score plugins instead of the default's, ``weights``
+        their weights where not the profile's (``core_profile``);
         ``gpu_choice``: ``"core"`` (``Framework.choose_gpus``, as deployed) or ``"measure"`` (the
         GPUs on the chosen node by the fragmentation measure, as the math chooses them: the
         ablation's question of what the core's own GPU choice costs); ``cpu_only``: who places
@@ -143,7 +154,8 @@ class CorePolicy:
         self.gpu_choice = gpu_choice
         self.cpu_only = cpu_only
         self._measure = GpuschedPolicy(Scorer(target_workload(shape_popularity(pods))))
-        self.framework = Framework.from_profile(core_profile(pods, score_plugins=score_plugins), default_registry())
+        self.framework = Framework.from_profile(core_profile(pods, score_plugins=score_plugins, weights=weights),
+                                                default_registry())
         self.ledger = GpuLedger()
         self._snapshot = ClusterSnapshot.build([node_info(n) for n in nodes], self.ledger.view())
         self._cpu_free = [n.cpu_milli for n in nodes]  # millicores, exact (the node infos: whole cores)

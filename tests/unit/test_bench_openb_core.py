@@ -5,6 +5,7 @@ twice, no GPU whole and shared at once, shares within the GPU's capacity."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 
 import pytest
@@ -166,3 +167,78 @@ def test_the_ablation_rows_say_how_far_each_variant_stands_from_the_math_and_the
     math, deployed = results["math"]["mean_pct"], results["default-node"]["mean_pct"]
     assert frag["anchor"].startswith(f"{frag['measured'] - math:+.2f} vs the math; "
                                      f"{frag['measured'] - deployed:+.2f} vs plugin mode as deployed")
+
+
+def test_weights_replace_only_the_plugins_they_name():
+    _, workload = tiny_trace()
+    profile = core_profile(workload, weights={"FragmentationScore": 4})
+    assert {r.name: r.weight for r in profile.score_plugins} == {
+        "NvlinkTopology": 1, "TopologyPacking": 1, "EngineLoad": 1, "FragmentationScore": 4}
+    with pytest.raises(FieldError, match="weights name NoSuchPlugin, not a score plugin of the profile"):
+        core_profile(workload, weights={"NoSuchPlugin": 2})
+
+
+WEIGHT_GAINS = [
+    ("the largest mean gain wins", {"1": {"a": 0.0, "b": 0.0}, "2": {"a": 0.1, "b": 0.1}, "4": {"a": 0.3, "b": 0.1}},
+     "4"),
+    ("a gain that loses a trace by more than the bound is not chosen",
+     {"1": {"a": 0.0, "b": 0.0}, "2": {"a": 0.1, "b": 0.0}, "4": {"a": 0.5, "b": -0.11}}, "2"),
+    ("within the tie bound the lighter weight wins",
+     {"1": {"a": 0.0, "b": 0.0}, "2": {"a": 0.2, "b": 0.19}, "8": {"a": 0.21, "b": 0.2}}, "2"),
+    ("nothing better: weight 1 stays", {"1": {"a": 0.0}, "3": {"a": -0.05}}, "1"),
+]
+
+
+@pytest.mark.parametrize(("gains", "chosen"), [c[1:] for c in WEIGHT_GAINS], ids=[c[0] for c in WEIGHT_GAINS])
+def test_the_weight_is_chosen_by_its_gain_over_every_trace(gains, chosen):
+    from bench.openb_weights import choose
+
+    assert choose(gains) == chosen
+
+
+def test_the_weights_grid_records_paired_gains_and_combines_split_runs(tmp_path):
+    from bench.openb_weights import combine, gains, headline, main, run
+
+    nodes, workload = tiny_trace()
+    results = run(nodes, workload, [0, 1], [1, 3], "tiny")
+    assert set(results) == {"1", "3"} and all(set(e["seeds"]) == {"0", "1"} for e in results.values())  # type: ignore[arg-type]
+    by_trace = {"tiny": results, "other": results}
+    got = gains(by_trace)
+    assert got["1"] == {"tiny": 0.0, "other": 0.0}
+    assert got["3"]["tiny"] == round(results["3"]["mean_pct"] - results["1"]["mean_pct"], 3)  # type: ignore[operator]
+    rows = headline(by_trace, "3", [0, 1])
+    assert [r["met"] for r in rows] == [None, True] and rows[1]["target"] == "chosen"
+    for name in ("tiny", "other"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"protocol": {"seeds": [0, 1]}, "traces": {name: results},
+                                                           "seconds": 2.5}))
+    assert combine([tmp_path / "tiny.json", tmp_path / "other.json"]) == (by_trace, [0, 1], 5.0)
+    (tmp_path / "late.json").write_text(json.dumps({"protocol": {"seeds": [5]}, "traces": {"late": results}}))
+    with pytest.raises(ValueError, match="late.json: seeds"):
+        combine([tmp_path / "tiny.json", tmp_path / "late.json"])
+    assert main(["--combine", str(tmp_path / "tiny.json"), "--output", str(tmp_path / "out.json")]) == 0
+    assert json.loads((tmp_path / "out.json").read_text())["chosen_fragmentation_weight"] in (1, 3)
+
+
+def test_the_ablation_merges_a_rerun_variant_into_its_recorded_file(tmp_path):
+    """``--merge``: the variants run replace theirs, the others stay as recorded; another trace's
+    or other seeds' file is refused."""
+    from bench.openb_ablation import main
+
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                                                           "n0,32000,65536,2,T4\nn1,32000,65536,4,T4\n")
+    (tmp_path / "openb_pod_list_tiny.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                                                      "a,4000,1024,1,1000\nb,2000,1024,1,500\nc,8000,1024,0,0\n")
+    out = tmp_path / "ablation.json"
+    common = ["--trace-dir", str(tmp_path), "--trace", "tiny", "--seeds", "0,1", "--output", str(out)]
+    assert main([*common, "--variants", "math,frag-node"]) == 0
+    before = json.loads(out.read_text())
+    before["variants"]["frag-node"]["seeds"]["0"] = -1.0  # so the rerun shows it replaced the entry
+    out.write_text(json.dumps(before))
+    assert main([*common, "--variants", "frag-node", "--merge"]) == 0
+    after = json.loads(out.read_text())
+    assert list(after["variants"]) == ["math", "frag-node"]
+    assert after["variants"]["math"] == before["variants"]["math"]
+    assert after["variants"]["frag-node"]["seeds"]["0"] >= 0
+    assert len(after["headline"]) == 2
+    with pytest.raises(SystemExit):
+        main([*common[:-2], "--seeds", "5", "--output", str(out), "--variants", "math", "--merge"])
