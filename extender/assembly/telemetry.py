@@ -43,7 +43,7 @@ def telemetry_parts(settings: Settings, api: Any, decisions: DecisionStore, requ
     every(0.5, capacity.flush)
     listeners: list[Callable[[str], None]] = [capacity.rose]
     if not settings.no_annotation_requeue:
-        listeners.append(NodeNudger(api, waiting=lambda: bool(decisions.waiting_pods())).capacity_rose)
+        listeners.append(NodeNudger(api, waiting=decisions.has_waiting_pods).capacity_rose)
     return TelemetryParts(TelemetryStore(stale_after_periods=settings.stale_after_periods), tuple(listeners))
 
 

@@ -8,6 +8,10 @@ record of each verb — per pod that exists: ``forget_pod`` (told of each deleti
 drops a deleted pod's index entry, so the index follows the live pods instead of filling to its
 bound with pods long gone (the soak's RSS drift, issue 22). A forgotten pod's records stay in the
 recent list while it holds them, and ``for_pod`` still finds them there.
+
+The pods a capacity rise might help (``waiting_pods``) are an index kept as records arrive and
+leave, not a walk of the per-pod index: a capacity rise asks ``has_waiting_pods`` (O(1)) on the
+telemetry path, up to several times a second on a large fleet (issue 45).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class DecisionStore:
         self._capacity = capacity
         self._recent: deque[DecisionRecord] = deque(maxlen=capacity)
         self._by_pod: OrderedDict[tuple[str, str], dict[str, DecisionRecord]] = OrderedDict()
+        self._waiting: dict[tuple[str, str], None] = {}  # keys of _by_pod whose records wait (ordered set)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}"
@@ -79,8 +84,10 @@ class DecisionStore:
             verbs = self._by_pod.pop(key, {})
             verbs[record.verb] = record
             self._by_pod[key] = verbs
+            self._index_waiting(key, verbs)
             while len(self._by_pod) > self._capacity:
-                self._by_pod.popitem(last=False)
+                evicted, _ = self._by_pod.popitem(last=False)
+                self._waiting.pop(evicted, None)
 
     def forget_pod(self, namespace: str, pod: str, uid: str = "") -> None:
         """The pod ``namespace/pod`` (incarnation ``uid``; "" = any) was deleted: its records leave
@@ -94,8 +101,18 @@ class DecisionStore:
             kept = {verb: r for verb, r in verbs.items() if uid and r.uid and r.uid != uid}
             if kept:
                 self._by_pod[key] = kept
+                self._index_waiting(key, kept)
             else:
                 del self._by_pod[key]
+                self._waiting.pop(key, None)
+
+    def _index_waiting(self, key: tuple[str, str], verbs: Mapping[str, DecisionRecord]) -> None:
+        """Keep ``key`` in the waiting index exactly while ``verbs`` wait (``waiting_pods``); under
+        the lock."""
+        if _waits(verbs):
+            self._waiting[key] = None
+        else:
+            self._waiting.pop(key, None)
 
     def recent(self, *, namespace: str | None = None, pod: str | None = None,
                result: str | None = None, limit: int = 100) -> list[DecisionRecord]:
@@ -139,15 +156,12 @@ class DecisionStore:
         sees only the nodes kube-scheduler's own filters passed, it is the moment between filter
         and bind. A pod that never fits (unresolvable) is not waiting."""
         with self._lock:
-            items = list(self._by_pod.items())
-        waiting = []
-        for key, verbs in items:
-            f = verbs.get("filter")
-            if f is None or f.result not in ("unschedulable", "feasible"):
-                continue
-            if not any(r is not None and r.at_unix >= f.at_unix for r in (verbs.get(v) for v in PLACEMENT_VERBS)):
-                waiting.append(key)
-        return waiting
+            return list(self._waiting)
+
+    def has_waiting_pods(self) -> bool:
+        """Whether ``waiting_pods`` would name any pod (O(1))."""
+        with self._lock:
+            return bool(self._waiting)
 
     def __len__(self) -> int:
         with self._lock:
@@ -158,6 +172,15 @@ class DecisionStore:
         store holds."""
         with self._lock:
             return len(self._by_pod)
+
+
+def _waits(verbs: Mapping[str, DecisionRecord]) -> bool:
+    """The newest filter found no node for now, or nodes but no placement came after it
+    (``DecisionStore.waiting_pods``)."""
+    f = verbs.get("filter")
+    if f is None or f.result not in ("unschedulable", "feasible"):
+        return False
+    return not any(r is not None and r.at_unix >= f.at_unix for r in (verbs.get(v) for v in PLACEMENT_VERBS))
 
 
 class ForgetDeletedPods:

@@ -148,3 +148,26 @@ def test_the_index_follows_the_live_pods_under_churn():
         if i >= 10:
             forget.apply_pod("DELETED", pod_event(f"p{i - 10}", uid=f"u{i - 10}"))
     assert store.indexed_pods() == 10
+
+
+def test_the_waiting_index_matches_a_walk_of_the_per_pod_index_through_random_histories():
+    """``waiting_pods`` is kept as records arrive, are evicted and forgotten (issue 45); seeded
+    random histories over few pods and a small capacity agree with the walk it replaced."""
+    import random
+
+    from extender.service.decisions import _waits
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        store = DecisionStore(4)
+        for step in range(120):
+            name, uid = f"p{rng.randrange(6)}", f"u{rng.randrange(2)}"
+            if rng.random() < 0.15:
+                store.forget_pod("ns", name, rng.choice([uid, ""]))
+            else:
+                verb = rng.choice(["filter", "filter", "bind", "reserve", "prioritize"])
+                result = rng.choice(["unschedulable", "feasible", "unresolvable"]) if verb == "filter" else "done"
+                record(store, name, verb=verb, result=result, at=float(step), uid=uid)
+            walked = [key for key, verbs in store._by_pod.items() if _waits(verbs)]  # the walk it replaced
+            assert sorted(store.waiting_pods()) == sorted(walked), (seed, step)
+            assert store.has_waiting_pods() is bool(walked)
