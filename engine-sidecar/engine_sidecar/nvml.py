@@ -16,6 +16,7 @@ from typing import Any
 from engine_sidecar.errors import InputError
 from engine_sidecar.gpus import GpuInfo, GpuSet
 
+
 class NvmlGpus:
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
