@@ -41,8 +41,9 @@ def default_profile() -> ProfileConfig:
     return ProfileConfig(
         filter_plugins=(tensor_parallel.NAME, mig_isolation.NAME, gpu_fit.NAME, nvlink_topology.NAME),
         score_plugins=(ScorePluginRef(nvlink_topology.NAME, 1), ScorePluginRef(topology_packing.NAME, 1),
-                       # FragmentationScore's 2: chosen on the openb replay (bench/openb_weights.py,
-                       # results/openb_weights.json); it abstains for whole-GPU pods by default.
-                       ScorePluginRef(engine_load.NAME, 1), ScorePluginRef(fragmentation_score.NAME, 2)),
+                       # All 1: FragmentationScore's weight measured on the openb replay in both modes
+                       # (bench/openb_weights.py, results/openb_weights.json); every other weight loses
+                       # somewhere in extender mode's 0..10.
+                       ScorePluginRef(engine_load.NAME, 1), ScorePluginRef(fragmentation_score.NAME, 1)),
         plugin_args=MappingProxyType({}),
     )

@@ -202,17 +202,17 @@ def test_the_weights_grid_records_paired_gains_and_combines_split_runs(tmp_path)
     nodes, workload = tiny_trace()
     results = run(nodes, workload, [0, 1], [1, 3], "tiny")
     assert set(results) == {"1", "3"} and all(set(e["seeds"]) == {"0", "1"} for e in results.values())  # type: ignore[arg-type]
-    by_trace = {"tiny": results, "other": results}
-    got = gains(by_trace)
+    by_case = {"tiny": results, "other": results}
+    got = gains(by_case)
     assert got["1"] == {"tiny": 0.0, "other": 0.0}
     assert got["3"]["tiny"] == round(results["3"]["mean_pct"] - results["1"]["mean_pct"], 3)  # type: ignore[operator]
-    rows = headline(by_trace, "3", [0, 1])
+    rows = headline(by_case, "3", [0, 1])
     assert [r["met"] for r in rows] == [None, True] and rows[1]["target"] == "chosen"
     for name in ("tiny", "other"):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"protocol": {"seeds": [0, 1]}, "traces": {name: results},
+        (tmp_path / f"{name}.json").write_text(json.dumps({"protocol": {"seeds": [0, 1]}, "cases": {name: results},
                                                            "seconds": 2.5}))
-    assert combine([tmp_path / "tiny.json", tmp_path / "other.json"]) == (by_trace, [0, 1], 5.0)
-    (tmp_path / "late.json").write_text(json.dumps({"protocol": {"seeds": [5]}, "traces": {"late": results}}))
+    assert combine([tmp_path / "tiny.json", tmp_path / "other.json"]) == (by_case, [0, 1], 5.0)
+    (tmp_path / "late.json").write_text(json.dumps({"protocol": {"seeds": [5]}, "cases": {"late": results}}))
     with pytest.raises(ValueError, match="late.json: seeds"):
         combine([tmp_path / "tiny.json", tmp_path / "late.json"])
     assert main(["--combine", str(tmp_path / "tiny.json"), "--output", str(tmp_path / "out.json")]) == 0

@@ -123,7 +123,7 @@ def test_an_abstaining_plugin_leaves_the_other_scores_as_they_were():
     assert with_it.score(snapshot, pod, ["busy", "idle"]).scores == alone.score(snapshot, pod, ["busy", "idle"]).scores
     share = demand_of(make_share_pod("s", memory="30Gi"))
     judged = with_it.score(snapshot, share, ["busy", "idle"]).per_node["busy"].plugins
-    assert any(p.plugin == "FragmentationScore" and p.weight == 2 for p in judged)
+    assert any(p.plugin == "FragmentationScore" and p.weight == 1 for p in judged)
 
 
 # -- CPU: where the node's free CPU is known, the math counts it -----------------------------------
