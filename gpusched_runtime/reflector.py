@@ -2,7 +2,8 @@
 
 Contract (what client-go's reflector guarantees, and what the ledger relies on):
 - ``handler.replace(items)`` after every successful list: the full current set, so the handler
-  can drop what vanished while the watch was down;
+  can drop what vanished while the watch was down; the list is read in pages (``limit`` /
+  ``continue``) and handed over whole;
 - ``handler.apply(event_type, obj)`` for each ADDED / MODIFIED / DELETED event after that list;
 - a watch that ends is resumed from the last seen resourceVersion (bookmarks keep it fresh);
   ``410 Gone`` (the version is compacted away) means relist; any other failure is retried with
@@ -34,6 +35,7 @@ from prometheus_client.registry import Collector
 from gpusched_runtime.backoff import Backoff
 
 log = logging.getLogger("gpusched.runtime.reflector")
+LIST_PAGE_SIZE = 500  # client-go's pager default: a 50,000-node relist is 100 requests, none of them huge
 
 
 class Handler(Protocol):
@@ -51,13 +53,16 @@ class Reflector:
 
     def __init__(self, kind: str, list_call: Callable[..., Any], handler: Handler, *,
                  watch_timeout_s: int = 300, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 list_kwargs: Mapping[str, Any] | None = None):
+                 list_kwargs: Mapping[str, Any] | None = None, page_size: int = LIST_PAGE_SIZE):
         self.kind = kind
         self._list_call = list_call
         self._handler = handler
         self._watch_timeout_s = watch_timeout_s
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)  # here, so bad bounds fail the caller
         self._list_kwargs = dict(list_kwargs or {})
+        if page_size < 1:
+            raise ValueError(f"list page size must be at least 1, got {page_size}")
+        self._page_size = page_size
         self.synced = threading.Event()
         self.last_error: str = ""
         # Successful lists by the reason they ran: start (the first) or gone (a 410 after it).
@@ -95,17 +100,42 @@ class Reflector:
                     return
 
     def _list(self, reason: str) -> str:
-        resp = self._list_call(_preload_content=False, _request_timeout=60, **self._list_kwargs)
-        try:
-            body = orjson.loads(resp.data)
-        finally:
-            resp.release_conn()
-        items = body.get("items") or []
+        items, resource_version = self._list_pages()
         self._handler.replace(items)
         self.relists[reason] += 1
         self.synced.set()
         self.last_error = ""
-        return body["metadata"]["resourceVersion"]
+        return resource_version
+
+    def _list_pages(self) -> tuple[list[dict[str, Any]], str]:
+        """Every item, a page of ``page_size`` (default ``LIST_PAGE_SIZE``) at a time (``limit``/``continue``, as client-go's
+        pager lists), and the list's resourceVersion. A continue token that expired mid-list (410:
+        etcd compacted past it) falls back to one whole list, as client-go's pager does."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            paging: dict[str, Any] = {"limit": self._page_size}
+            if token:
+                paging["_continue"] = token
+            try:
+                body = self._get_list(paging)
+            except ApiException as exc:
+                if exc.status != 410 or not token:
+                    raise
+                log.info("%s list: continue token expired after %d items; listing whole", self.kind, len(items))
+                body = self._get_list({})
+                return body.get("items") or [], body["metadata"]["resourceVersion"]
+            items += body.get("items") or []
+            token = body["metadata"].get("continue")
+            if not token:
+                return items, body["metadata"]["resourceVersion"]
+
+    def _get_list(self, paging: Mapping[str, Any]) -> dict[str, Any]:
+        resp = self._list_call(_preload_content=False, _request_timeout=60, **self._list_kwargs, **paging)
+        try:
+            return orjson.loads(resp.data)
+        finally:
+            resp.release_conn()
 
     def _watch(self, resource_version: str) -> Iterator[str]:
         """Yields the resourceVersion after each event; returns when the server ends the watch."""
