@@ -81,6 +81,16 @@ class Recorder:
         self.seen.append((kind, obj["metadata"]["name"]))
 
 
+def run_script(steps: list) -> tuple[Script, Recorder, Reflector]:
+    """A reflector run against ``steps`` until the script runs out, then stopped."""
+    done = threading.Event()
+    script, handler = Script(steps, done), Recorder()
+    reflector = Reflector("pods", script, handler, backoff_initial_s=0.001, backoff_max_s=0.002).start()
+    assert done.wait(10), f"the reflector stopped calling: {script.calls}"
+    reflector.stop()
+    return script, handler, reflector
+
+
 @pytest.mark.parametrize("steps,calls,seen", [
     pytest.param([listing("10", "a"), events(event("ADDED", "b", "11"), event("DELETED", "a", "12"))],
                  [("list", None), ("watch", "10"), ("watch", "12")],
@@ -103,11 +113,7 @@ class Recorder:
                  [("replace", ("a",))], id="a-failed-list-is-retried"),
 ])
 def test_reflector_follows_the_list_watch_contract(steps, calls, seen):
-    done = threading.Event()
-    script, handler = Script(steps, done), Recorder()
-    reflector = Reflector("pods", script, handler, backoff_initial_s=0.001, backoff_max_s=0.002).start()
-    assert done.wait(10), f"the reflector stopped calling: {script.calls}"
-    reflector.stop()
+    script, handler, reflector = run_script(steps)
     assert script.calls[:len(calls)] == calls
     assert handler.seen == seen
     assert reflector.synced.is_set()
@@ -186,11 +192,7 @@ def test_a_line_the_stream_cuts_short_is_dropped():
 def test_lists_are_read_in_pages(steps, calls, limits, seen):
     """issue 45: a relist of a large fleet is read a page of 500 at a time (limit/continue), and
     the handler still gets the whole set once."""
-    done = threading.Event()
-    script, handler = Script(steps, done), Recorder()
-    reflector = Reflector("nodes", script, handler, backoff_initial_s=0.001, backoff_max_s=0.002).start()
-    assert done.wait(10), f"the reflector stopped calling: {script.calls}"
-    reflector.stop()
+    script, handler, _ = run_script(steps)
     assert script.calls[:len(calls)] == calls
     assert script.limits[:len(limits)] == limits
     assert handler.seen == seen
