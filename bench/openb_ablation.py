@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     pods = load_pods(pod_file(args.trace_dir, args.trace))
     t0 = time.monotonic()
     fresh = run(nodes, pods, seeds, variants, args.trace)
-    results = {key: fresh.get(key, entry) for key, entry in recorded.items()} | fresh
+    results = recorded | fresh  # a rerun variant keeps its place, with its new figures
     rows = headline(args.trace, results, seeds)
     for row in rows:
         print(f"  {row['metric']}: {row['measured']:.2f} % ({row['anchor']})")
