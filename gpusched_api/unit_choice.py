@@ -116,6 +116,18 @@ def choose(whole: Sequence[U], mig: Sequence[U], ask: UnitAsk) -> Choice[U] | No
     return fewest_foreign(whole, mig, lambda w, m: best_set(w, m, ask))
 
 
+def choose_unplaced(whole: Sequence[U], mig: Sequence[U], count: int) -> tuple[U, ...]:
+    """The ``count`` units a pod gpusched did not place gets among the free ``whole`` GPUs and
+    ``mig`` instances: the rules' set (``choose``), else — no set satisfies the rules, as for a
+    group of MIG instances — the lowest positions, clean first. The node's device plugin answers
+    the kubelet by it, and the extender's ledger expects it until the node reports what the
+    kubelet gave, so both sides expect the same devices. Fewer than ``count`` when fewer are free."""
+    chosen = choose(whole, mig, UnitAsk(count))
+    if chosen is not None:
+        return chosen.units
+    return tuple(sorted([*whole, *mig], key=lambda u: (u.foreign, u.position))[:count])
+
+
 def fewest_foreign(whole: Sequence[U], mig: Sequence[U],
                    attempt: Callable[[Sequence[U], Sequence[U]], T | None]) -> T | None:
     """``attempt`` on the clean units, then with the roomiest dirty unit admitted, then two, ...:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched_api.assignment import believed_units
-from gpusched_api.unit_choice import UnitAsk, choose
+from gpusched_api.unit_choice import UnitAsk, choose, choose_unplaced
 from nodeagent.gpu.model import GIB, MIB, GpuState
 
 FOREIGN_THRESHOLD_BYTES = GIB  # as the extender: less is jitter, not a tenant
@@ -150,9 +150,9 @@ def _by_the_rules(pool: list[Unit], fixed: list[Unit], need: int) -> list[Unit]:
     """``fixed`` and ``need`` more of ``pool`` as ``unit_choice.choose`` picks them: among the
     units in service when enough are (the kubelet offers only Healthy devices, but it may lag a
     health change), with ``fixed`` when the rule's own set for all of them includes it, else the
-    rule's set of ``need`` beside ``fixed``. Where the rule finds no set (a group of MIG
-    instances: no interconnect between them), the lowest clean positions: the kubelet asked, and
-    refusing is not the device plugin's to do."""
+    rule's set of ``need`` beside ``fixed`` (``unit_choice.choose_unplaced``, which the extender's
+    ledger expects too: where the rule finds no set, the lowest clean positions — the kubelet
+    asked, and refusing is not the device plugin's to do)."""
     healthy = [u for u in pool if u.healthy]
     pool = healthy if len(healthy) >= need else pool
     if fixed:
@@ -160,7 +160,4 @@ def _by_the_rules(pool: list[Unit], fixed: list[Unit], need: int) -> list[Unit]:
         together = choose(whole, [u for u in (*fixed, *pool) if u.is_mig], UnitAsk(len(fixed) + need))
         if together is not None and {u.id for u in fixed} <= {u.id for u in together.units}:
             return list(together.units)
-    chosen = choose([u for u in pool if not u.is_mig], [u for u in pool if u.is_mig], UnitAsk(need))
-    if chosen is None:
-        return fixed + sorted(pool, key=lambda u: (not u.healthy, not u.clean, u.position))[:need]
-    return fixed + list(chosen.units)
+    return fixed + list(choose_unplaced([u for u in pool if not u.is_mig], [u for u in pool if u.is_mig], need))

@@ -66,8 +66,8 @@ class ClusterState:
                            if telemetry is not None else None)
         self.dra = self._dra_state(listeners) if dra else None
         self.nodes = NodeHandler(self._tables)
-        self.pods = PodHandler(self.ledger, self._tables, cpu, self.reconciler, listeners, clock)
         self._layout = Layout(self._tables, self.ledger, cpu, self.reconciler, self.dra)
+        self.pods = PodHandler(self.ledger, self._tables, cpu, self.reconciler, listeners, self._layout.judged, clock)
         self._no_counts: Counter[str] = Counter()  # what the telemetry counters read without telemetry
 
     def _dra_state(self, listeners: StateListeners) -> DraState:

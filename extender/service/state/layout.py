@@ -69,6 +69,13 @@ class Layout:
             base = self._base
         return base.with_ledger(self._ledger.view())
 
+    def judged(self, name: str) -> NodeInfo | None:
+        """Node ``name`` with its telemetry laid in (which units hold foreign memory, which are out
+        of service) as the next snapshot will judge it; None for a node the watch does not know.
+        Built afresh for the caller: the watch asks it for the rare pod another scheduler placed."""
+        static = self._tables.node(name)
+        return None if static is None else self._effective_info(static)
+
     def _lay(self, static: NodeInfo) -> NodeInfo:
         """Under the lock: ``static`` with its free CPU, DRA units and telemetry laid in."""
         info = with_cpu_free(self._effective_info(static), self._cpu.free_locked(static))

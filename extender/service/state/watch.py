@@ -6,8 +6,9 @@ and :class:`PodHandler`. Ledger rules for pods seen by the watch:
 - bound (``spec.nodeName``), not terminal, with ``gpusched.io/assigned-gpus``: it holds those
   units (the observation replaces our own assumption);
 - bound and requesting ``nvidia.com/gpu`` but placed by someone else (no annotation): it holds
-  that many units, attributed to the lowest free ones — with NVIDIA's device plugin the kubelet
-  picks the devices and only the node agent can say which (``state.reconcile`` records them);
+  that many units, those gpusched's device plugin gives such a pod (``unit_choice.choose_unplaced``)
+  until the node agent says which the kubelet gave (``state.reconcile`` records them; with
+  NVIDIA's device plugin only the agent can say);
 - bound with ``gpusched.io/assigned-gpus`` and asking for a share (``gpusched_api.share``): it
   holds its ``gpusched.io/gpu-memory`` of that one GPU, beside the GPU's other sharers;
 - a pod whose GPUs come through DRA holds what its allocated claims say (``extender.service.dra``);
@@ -28,7 +29,7 @@ from typing import Any
 
 from extender.model.cpu import CPU_RESOURCE, pod_cpu_request_milli
 from extender.model.ledger import EntryState, GpuLedger
-from extender.model.snapshot import node_info_from_k8s
+from extender.model.snapshot import NodeInfo, node_info_from_k8s
 from extender.model.telemetry import MIB
 from extender.service.dra import CLAIM_HOLDER_PREFIX
 from extender.service.state.cpu import CpuAccount
@@ -39,6 +40,7 @@ from gpusched_api.assignment import believed_units, requested_gpus
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, INVENTORY_ANNOTATION
 from gpusched_api.share import share_request_bytes
 from gpusched_api.thirdparty import GPU_RESOURCE
+from gpusched_api.unit_choice import choose_unplaced
 
 log = logging.getLogger("gpusched.extender.state")
 _TERMINAL = ("Succeeded", "Failed")
@@ -114,8 +116,10 @@ class PodHandler:
     and where each pod is bound (the Pod reflector's handler, or behind a ``PodFeed``)."""
 
     def __init__(self, ledger: GpuLedger, tables: StateTables, cpu: CpuAccount, telemetry: TelemetryReconciler | None,
-                 listeners: StateListeners, clock: Callable[[], float] = time.monotonic) -> None:
+                 listeners: StateListeners, judged: Callable[[str], NodeInfo | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._ledger = ledger
+        self._judged = judged  # a node with its telemetry laid in (state.layout.Layout.judged)
         self._tables = tables
         self._cpu = cpu
         self._telemetry = telemetry
@@ -229,12 +233,16 @@ class PodHandler:
                         key, node, ASSIGNED_GPUS_ANNOTATION, reason, f": {detail}" if detail else "")
 
     def _observe_unattributed(self, key: str, node: str, count: int, uid: str) -> None:
-        info = self._tables.node(node)
+        """Pod ``key``, placed by someone else, holds ``count`` units of ``node``: those the node's
+        device plugin gives it by gpusched's rules (``unit_choice.choose_unplaced``, judged with
+        the node's telemetry), until the node reports which the kubelet gave. Guessing otherwise
+        (the lowest free ones, as before) promised a TP=2 pod the one GPU a stock pod had just got."""
+        info = self._judged(node)
         if info is None:
             ids = tuple(f"{node}/unattributed/{key}/{i}" for i in range(count))
         else:
             free = info.free_units(self._ledger.view().held_on(node))
-            ids = tuple(u.id for u in (free.whole + free.mig)[:count])
+            ids = tuple(u.id for u in choose_unplaced(free.whole, free.mig, count))
         self._ledger.observe(key, node, ids, uid)
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
