@@ -8,8 +8,9 @@ the child — stream termination and TLS, TokenReview once per stream, the per-n
 the bounds, protobuf decoding, coalescing to the newest report per node and the "did anything
 judged change" test (``service.ingest_batch.Coalescer``) — and the core only applies what the
 child sends every ``interval_s`` (0.2 s): one :class:`~extender.service.ingest_batch.IngestBatch`
-per interval, whole values only for nodes whose judged state changed, (node, received_at,
-sequence) for the rest, applied in one step with one snapshot re-layout.
+per interval, whole values only for nodes whose judged state changed and, of the rest, only
+the freshness transitions (the child judges freshness: ``service.freshness``), applied in one
+step with one snapshot re-layout.
 
 One duplex pipe (``multiprocessing``, spawn: no fork of a threaded parent), pickled frozen values:
 
@@ -18,8 +19,10 @@ One duplex pipe (``multiprocessing``, spawn: no fork of a threaded parent), pick
 * core → child: :class:`CountersRequest` (at each /metrics scrape: the child's counters are read
   then, as the in-process ones were, so a refusal is counted by the time the agent sees it) and
   :class:`PodsGone` (streams whose token's pod the core's pod watch no longer shows on its node:
-  the child ends them, ``pod-gone``, within ``recheck_s`` + ``check_pods_every_s``). The child
-  also sends its counters unasked every second (request 0).
+  the child ends them, ``pod-gone``, within ``recheck_s`` + ``check_pods_every_s``), and
+  :class:`Seed` once per child as it starts (the nodes the core holds fresh: each goes stale in
+  the child's judgement unless its agent reports there in time). The child also sends its
+  counters unasked every second (request 0).
 
 Lifetimes: the child dies with the parent (it exits when the pipe reaches EOF, and on Linux
 ``PR_SET_PDEATHSIG`` kills it if the parent is SIGKILLed mid-write). The parent notices a dead
@@ -51,6 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer, start_grpc_server
+from extender.service.freshness import Stamps
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
 from extender.service.telemetry import TokenIdentity
 from gpusched_runtime.backoff import Backoff
@@ -72,6 +76,7 @@ class IngestConfig:
     limits: StreamLimits = StreamLimits()
     tls: tuple[bytes, bytes] | None = None  # (certificate chain PEM, private key PEM)
     interval_s: float = 0.2
+    stale_after_periods: float = 3.0  # the extender's --stale-after-periods: the child judges freshness
     log_level: str = "INFO"
 
 
@@ -100,6 +105,13 @@ class CountersReply:
 @dataclass(frozen=True)
 class PodsGone:
     pods: frozenset[StreamPod]
+
+
+@dataclass(frozen=True)
+class Seed:
+    """The nodes the core holds fresh, sent to each child as it starts (``Coalescer.seed``)."""
+
+    nodes: tuple[tuple[str, float, Stamps], ...]
 
 
 def token_review_verifier(kubeconfig: str | None, token_file: str | None) -> Callable[[str], TokenIdentity]:
@@ -154,7 +166,7 @@ class _Verdicts:
 
 async def _serve_child(config: IngestConfig, link: _Link) -> None:
     registry = CollectorRegistry()
-    coalescer = Coalescer()
+    coalescer = Coalescer(config.stale_after_periods)
     verdicts = _Verdicts()
 
     def on_stream(identity: TokenIdentity, opened: bool) -> None:
@@ -169,8 +181,12 @@ async def _serve_child(config: IngestConfig, link: _Link) -> None:
         return
     link.send(Ready(port))
     log.info("telemetry ingest process serving on port %d", port)
-    threading.Thread(target=_listen, args=(link, registry, verdicts), name="ingest-listen", daemon=True).start()
     loop = asyncio.get_running_loop()
+
+    def seed(nodes: tuple[tuple[str, float, Stamps], ...]) -> None:  # from the listener thread, onto the loop
+        loop.call_soon_threadsafe(coalescer.seed, nodes)
+
+    threading.Thread(target=_listen, args=(link, registry, verdicts, seed), name="ingest-listen", daemon=True).start()
     sender = ThreadPoolExecutor(1, thread_name_prefix="ingest-send")
     counted_at = time.monotonic()
     while True:
@@ -192,7 +208,8 @@ def _counters(registry: CollectorRegistry, request: int) -> CountersReply:
     return CountersReply(request, families_of(registry), usage.ru_utime + usage.ru_stime)
 
 
-def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts) -> None:
+def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts,
+            seed: Callable[[tuple[tuple[str, float, Stamps], ...]], None]) -> None:
     while True:
         try:
             message = link.conn.recv()
@@ -203,6 +220,8 @@ def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts) -> No
             link.send(_counters(registry, message.request))
         elif isinstance(message, PodsGone):
             verdicts.gone = message.pods
+        elif isinstance(message, Seed):
+            seed(message.nodes)
 
 
 def families_of(registry: CollectorRegistry) -> tuple[Family, ...]:
@@ -295,13 +314,15 @@ class IngestProcess:
     the first child serves (``port`` is bound) or raises :class:`IngestStartError`."""
 
     def __init__(self, config: IngestConfig, apply: Callable[[IngestBatch], None],
-                 pods_gone: Callable[[list[StreamPod]], frozenset[StreamPod]] = lambda pods: frozenset(), *,
+                 pods_gone: Callable[[list[StreamPod]], frozenset[StreamPod]] = lambda pods: frozenset(),
+                 fresh_nodes: Callable[[], tuple[tuple[str, float, Stamps], ...]] = tuple, *,
                  spawn: Callable[[IngestConfig], ChildHandle] = spawn_process, start_timeout_s: float = 60.0,
                  backoff_s: tuple[float, float] = (1.0, 30.0), check_pods_every_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
         self._config = config
         self._apply = apply
         self._pods_gone = pods_gone
+        self._fresh_nodes = fresh_nodes
         self._spawn = spawn
         self._start_timeout_s = start_timeout_s
         # One child to restart, by one parent: no herd to spread, and the log says when it comes back.
@@ -370,6 +391,8 @@ class IngestProcess:
                 first = False
                 self._started.set()
                 began = self._clock()
+                # Before any batch: a node held fresh whose agent never reaches this child goes stale.
+                self._send(child, Seed(self._fresh_nodes()))
                 self._relay(child)
                 code = child.wait(5.0)
                 if code is None:
@@ -541,8 +564,9 @@ class IngestMetrics(Collector):
 
 
 def ingest_config(address: str, agent_username: str, limits: StreamLimits, tls: tuple[bytes, bytes] | None,
-                  kubeconfig: str | None, token_file: str | None, log_level: str) -> IngestConfig:
+                  kubeconfig: str | None, token_file: str | None, log_level: str,
+                  stale_after_periods: float) -> IngestConfig:
     """The production config: TokenReview through the extender's own credentials, in the child."""
     return IngestConfig(address=address, agent_username=agent_username,
                         verifier=functools.partial(token_review_verifier, kubeconfig, token_file),
-                        limits=limits, tls=tls, log_level=log_level)
+                        limits=limits, tls=tls, log_level=log_level, stale_after_periods=stale_after_periods)

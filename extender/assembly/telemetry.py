@@ -100,9 +100,10 @@ def _start_ingest_process(settings: Settings, state: ClusterState, registry: Any
         return state.pods_gone(streams) if pods_synced() else frozenset()
 
     config = ingest_config(settings.telemetry_address, settings.agent_service_account, limits, tls,
-                           settings.kubeconfig, settings.token_file, settings.log_level)
+                           settings.kubeconfig, settings.token_file, settings.log_level, settings.stale_after_periods)
+    assert state.telemetry is not None, "the state is built with the telemetry store"
     try:
-        ingest = IngestProcess(config, state.apply_telemetry, pods_gone).start()
+        ingest = IngestProcess(config, state.apply_telemetry, pods_gone, state.telemetry.fresh_nodes).start()
     except IngestStartError as exc:
         raise StartupError(f"--telemetry-address {settings.telemetry_address}: cannot serve: {exc}") from None
     registry.register(IngestMetrics(ingest))

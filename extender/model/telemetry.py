@@ -86,9 +86,6 @@ class NodeTelemetry:
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.received_at)
 
-    def is_fresh(self, now: float, stale_after_periods: float) -> bool:
-        return self.age_s(now) <= stale_after_periods * self.period_s
-
     def actual_assignments(self) -> dict[str, tuple[str, ...]]:
         """pod key -> device UUIDs the kubelet actually gave it (PodResources)."""
         out: dict[str, list[str]] = {}

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from extender.model.telemetry import NodeTelemetry
+from extender.service.freshness import FreshnessTracker, Stamps
 from extender.service.telemetry_change import Judged, JudgedReports
 
 if TYPE_CHECKING:
@@ -114,9 +115,10 @@ class Changes:
 
     judged: tuple[str, ...] = ()  # nodes whose judged state changed (memory key, headroom, assignments)
     rose: tuple[str, ...] = ()  # nodes whose usable units rose, heard again after going stale, or new
+    stale: tuple[str, ...] = ()  # nodes whose telemetry turned stale
 
     def __bool__(self) -> bool:
-        return bool(self.judged or self.rose)
+        return bool(self.judged or self.rose or self.stale)
 
 
 class TelemetryStore:
@@ -124,13 +126,17 @@ class TelemetryStore:
 
     Fed one report at a time (``ingest``, from the telemetry event loop on a thread of the
     extender) or one batch at a time (``apply``, from the ingest process's link thread: see
-    ``adapters.ingest_process``); both return :class:`Changes`. Read by the snapshot and the
-    staleness sweep (``get``, ``freshness``). Per node it keeps the newest whole value and, apart,
-    when the node was last heard from (:class:`Heard`): a batch moves a node's whole value only
-    when what is judged changed, and otherwise just its :class:`Heard`; ``get`` and ``view`` return
-    the value with the newest ``received_at``, ``sequence`` and ``sampled_at_unix``. Whether a
-    report changed what is judged is :class:`~extender.service.telemetry_change.JudgedReports`'
-    answer, the same the ingest process ships by.
+    ``adapters.ingest_process``); both return :class:`Changes`. Read by the snapshot (``get``,
+    ``is_fresh``). Per node it keeps the newest whole value and, apart, the stamps of the last
+    report it heard of (:class:`Heard`); ``get`` and ``view`` return the value with those stamps.
+    Whether a report changed what is judged is
+    :class:`~extender.service.telemetry_change.JudgedReports`' answer, the same the ingest process
+    ships by.
+
+    Freshness is told, not swept here (``service.freshness``): a batch names the nodes heard again
+    after going stale and those gone stale, and only those; a node's stamps move when its value
+    changed or its freshness did, so for a fresh node they may be older than its last report.
+    Under in-process ingest the store keeps the tracker itself and :meth:`sweep` asks it.
     """
 
     def __init__(self, *, stale_after_periods: float = 3.0, clock: Callable[[], float] = time.monotonic):
@@ -142,20 +148,23 @@ class TelemetryStore:
         self._view: MappingProxyType = MappingProxyType({})
         self._dirty = False
         self._judged = JudgedReports()
+        self._stale: set[str] = set()  # nodes told stale and not heard from since
+        self._tracker = FreshnessTracker(stale_after_periods)  # in-process ingest only (``ingest``, ``sweep``)
         self.reports = 0
 
     def ingest(self, report: NodeTelemetry) -> Changes:
         """One report (called per report, on the telemetry event loop)."""
         judged = self._judged.judge(report)  # outside the lock: decisions never wait on it
+        stamps = (report.received_at, report.sequence, report.sampled_at_unix)
         with self._lock:
             self.reports += 1
-            changed, rose = self._take(report.node, (report.received_at, report.sequence, report.sampled_at_unix),
-                                       report, judged)
+            self._tracker.heard(report.node, stamps, report.period_s)
+            changed, rose = self._take(report.node, stamps, report, judged)
         return Changes((report.node,) if changed else (), (report.node,) if rose else ())
 
     def apply(self, batch: IngestBatch) -> Changes:
         """One :class:`~extender.service.ingest_batch.IngestBatch` in one step (one lock): its whole
-        values, then the nodes only heard from."""
+        values, the nodes heard again after going stale, then those gone stale."""
         judged = [(report, self._judged.judge(report)) for report in batch.changed]  # outside the lock
         changed: list[str] = []
         rose: list[str] = []
@@ -168,22 +177,39 @@ class TelemetryStore:
                     changed.append(report.node)
                 if r:
                     rose.append(report.node)
-            for node, received_at, sequence, sampled_at in batch.heard:
+            for node, received_at, sequence, sampled_at in batch.back:
                 if node in self._nodes and self._take(node, (received_at, sequence, sampled_at))[1]:
                     rose.append(node)
-        return Changes(tuple(changed), tuple(rose))
+            stale = self._told_stale(batch.stale)
+        return Changes(tuple(changed), tuple(rose), stale)
+
+    def sweep(self, now: float) -> Changes:
+        """In-process ingest: the nodes whose telemetry turned stale by ``now`` (monotonic), told
+        once each. Nothing to do under the ingest process, which tells them in its batches."""
+        with self._lock:
+            return Changes(stale=self._told_stale(self._tracker.sweep(now)))
+
+    def _told_stale(self, told: Iterable[tuple[str, Stamps]]) -> tuple[str, ...]:
+        """Under the lock: ``(node, its last report's stamps)`` turned stale; those that were fresh here."""
+        stale = []
+        for node, stamps in told:
+            if node in self._nodes and node not in self._stale:
+                self._stale.add(node)
+                self._heard[node] = stamps
+                self._dirty = True
+                stale.append(node)
+        return tuple(stale)
 
     def _take(self, node: str, heard: tuple[float, int, float], report: NodeTelemetry | None = None,
               judged: Judged | None = None) -> tuple[bool, bool]:
         """Under the lock: record that ``node`` was heard from, and its new whole value when given.
         Returns (judged change, capacity rose)."""
-        before = self._heard.get(node)
         previous = self._nodes.get(node)
         self._heard[node] = heard
         self._dirty = True
         # Back after having gone stale: capacity (the stale assumption's 10 %) comes back.
-        came_back = before is None or previous is None or \
-            heard[0] - before[0] > self.stale_after_periods * previous.period_s
+        came_back = previous is None or node in self._stale
+        self._stale.discard(node)
         if report is None or judged is None:
             return False, came_back
         self._nodes[node] = report
@@ -220,12 +246,17 @@ class TelemetryStore:
             fields = self._heard.get(node)
         return Heard(*fields) if fields is not None else None
 
-    def freshness(self, now: float) -> dict[str, bool]:
-        """node -> whether its telemetry is fresh at ``now`` (monotonic), in one pass under the lock."""
-        periods = self.stale_after_periods
+    def is_fresh(self, node: str) -> bool:
+        """``node`` has telemetry and was not told stale since it was last heard from."""
         with self._lock:
-            nodes = self._nodes
-            return {node: now - heard[0] <= periods * nodes[node].period_s for node, heard in self._heard.items()}
+            return node in self._nodes and node not in self._stale
+
+    def fresh_nodes(self) -> tuple[tuple[str, float, Stamps], ...]:
+        """``(node, period_s, its stamps)`` of every fresh node: what a new ingest process is seeded
+        with (``FreshnessTracker.seed``), so a node whose agent never reconnects still goes stale."""
+        with self._lock:
+            return tuple((node, report.period_s, self._heard[node]) for node, report in self._nodes.items()
+                         if node not in self._stale)
 
     def __len__(self) -> int:
         return len(self._heard)

@@ -65,7 +65,7 @@ def report(node: str, seq: int, foreign_gib: int = 0) -> telemetry_pb2.NodeRepor
 def ingest():
     store = TelemetryStore()
     config = IngestConfig(address="127.0.0.1:0", agent_username=AGENT, verifier=stub_verifier, interval_s=0.05)
-    process = IngestProcess(config, store.apply, backoff_s=(0.1, 0.2)).start()
+    process = IngestProcess(config, store.apply, fresh_nodes=store.fresh_nodes, backoff_s=(0.1, 0.2)).start()
     registry = CollectorRegistry()
     registry.register(IngestMetrics(process))
     yield process, store, registry
@@ -100,6 +100,23 @@ def test_a_killed_child_is_restarted_on_the_same_port(ingest):
     assert send(port, "node:n1", [report("n1", 7)]) is None
     wait_for(lambda: (h := store.heard("n1")) is not None and h.sequence == 7, "a report through the new child")
     assert registry.get_sample_value("gpusched_telemetry_reports_total") == 2, "the dead child's count kept"
+
+
+def test_a_silent_node_goes_stale_by_the_childs_judgement_also_after_a_restart(ingest):
+    """Issue 45: the child judges freshness and tells the core the transitions. A node whose agent
+    never reaches a restarted child still goes stale: the core seeds each child with its fresh nodes."""
+    process, store, _ = ingest
+    assert send(process.port, "node:n1", [report("n1", 1)]) is None
+    wait_for(lambda: store.get("n1") is not None and store.is_fresh("n1"), "n1 fresh")
+    wait_for(lambda: not store.is_fresh("n1"), "n1 stale: silent for 3 periods of 1 s", timeout_s=30)
+    assert send(process.port, "node:n1", [report("n1", 2)]) is None
+    wait_for(lambda: store.is_fresh("n1"), "n1 fresh again: heard", timeout_s=30)
+    first_pid = process.pid
+    assert first_pid is not None
+    os.kill(first_pid, signal.SIGKILL)
+    wait_for(lambda: process.pid != first_pid and process.ready()[0], "a restarted child")
+    wait_for(lambda: not store.is_fresh("n1"), "n1 stale by the new child's judgement, never having reached it",
+             timeout_s=30)
 
 
 PARENT = """

@@ -22,6 +22,7 @@ from extender.adapters.ingest_process import (
     IngestStartError,
     PodsGone,
     Ready,
+    Seed,
     StartFailed,
     describe_exit,
 )
@@ -70,6 +71,7 @@ class FakeChild:
         self.conn = Duplex(down_out, up_in)
         self.reports = reports
         self.gone: list[frozenset] = []
+        self.seeds: list[tuple] = []
         self.code: int | None = None
         self.killed = False
         self._ended = threading.Event()
@@ -89,6 +91,8 @@ class FakeChild:
                     ("gauge", "gpusched_telemetry_streams_open", "Open.", (), (((), 3.0),))), cpu_s=1.5))
             elif isinstance(message, PodsGone):
                 self.gone.append(message.pods)
+            elif isinstance(message, Seed):
+                self.seeds.append(message.nodes)
 
     def send(self, message: Any) -> None:
         self._up_out.send(message)
@@ -136,7 +140,7 @@ def test_batches_are_applied_and_counters_read_on_request():
     spawner = Spawner()
     ingest, applied = supervisor(spawner)
     assert ingest.ready() == (True, "telemetry ingest process serving (pid 100)") and ingest.port == 4242
-    batch = IngestBatch(heard=(("n1", 1.0, 1, 0.0),), reports=1)
+    batch = IngestBatch(back=(("n1", 1.0, 1, 0.0),), reports=1)
     spawner.children[0].send(batch)
     wait_for(lambda: applied == [batch], "the batch to be applied")
     reply = ingest.counters()
@@ -156,6 +160,18 @@ def test_a_dead_child_is_reported_not_ready_then_restarted_on_the_same_port():
     batch = IngestBatch(reports=2)
     spawner.children[2].send(batch)
     wait_for(lambda: applied == [batch], "the new child's batch to be applied")
+    ingest.stop()
+
+
+def test_every_child_is_seeded_with_the_nodes_the_core_holds_fresh_at_its_start():
+    spawner = Spawner()
+    held = [(("a", 1.0, (5.0, 3, 0.0)),)]
+    ingest, _ = supervisor(spawner, fresh_nodes=lambda: held[0])
+    wait_for(lambda: spawner.children[0].seeds == [held[0]], "the first child's seed")
+    held[0] = (("a", 1.0, (9.0, 7, 0.0)), ("b", 2.0, (8.0, 1, 0.0)))
+    spawner.children[0].die(-9)
+    wait_for(lambda: len(spawner.children) == 2 and spawner.children[1].seeds == [held[0]],
+             "the restarted child seeded with what the core holds then")
     ingest.stop()
 
 

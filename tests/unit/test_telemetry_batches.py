@@ -1,7 +1,8 @@
 """Issue 18: the ingest process coalesces reports into batches, and the core applies a batch in one
-step. A batch carries a node's whole value only when what is judged changed; every other node that
-reported moves on only in when it was heard from — and the store, the snapshot, the staleness sweep
-and the capacity-rise hook see the same as when every report was ingested one by one."""
+step. A batch carries a node's whole value only when what is judged changed; of every other node
+only a freshness transition (issue 45: the child judges freshness, the core hears nothing of a node
+that reported without a change) — and the store, the snapshot, staleness and the capacity-rise hook
+see the same as when every report was ingested one by one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from extender.adapters.telemetry_server import report_to_telemetry
 from extender.service.ingest_batch import Coalescer, IngestBatch
 from extender.service.state import ClusterState
-from extender.service.telemetry import Heard, TelemetryStore
+from extender.service.telemetry import Changes, Heard, TelemetryStore
 from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from tests.unit.builders import h100_inventory, make_k8s_node
 
@@ -38,6 +39,19 @@ def telemetry(seq: int, at: float, **kwargs):
     return report_to_telemetry(report(seq, **kwargs), at)
 
 
+class Clock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def coalescer(clock: Clock | None = None) -> Coalescer:
+    """A coalescer judging staleness at 3 periods, sweeping at every flush."""
+    return Coalescer(3.0, clock=clock or Clock(), sweep_every_s=0.0)
+
+
 @pytest.mark.parametrize("second,whole", [
     pytest.param(dict(free_gib=40.6), False, id="jitter-inside-the-GiB"),
     pytest.param(dict(free_gib=30.5), True, id="free-memory-crosses-a-GiB"),
@@ -46,21 +60,26 @@ def telemetry(seq: int, at: float, **kwargs):
     pytest.param(dict(kv=0.9), True, id="engine-headroom"),
 ])
 def test_a_node_is_shipped_whole_only_when_what_is_judged_changed(second, whole):
-    c = Coalescer()
+    clock = Clock(1.0)
+    c = coalescer(clock)
     c.ingest(telemetry(1, 1.0))
     first = c.flush()
-    assert first is not None and [r.node for r in first.changed] == ["n1"] and first.heard == ()
-    c.ingest(telemetry(2, 2.0, **second))
+    assert first is not None and [r.node for r in first.changed] == ["n1"] and first.back == ()
+    clock.now = 1.5
+    c.ingest(telemetry(2, 1.5, **second))
     batch = c.flush()
-    assert batch is not None and batch.reports == 1
     if whole:
-        assert [r.sequence for r in batch.changed] == [2] and batch.heard == ()
+        assert batch is not None and batch.reports == 1
+        assert [r.sequence for r in batch.changed] == [2] and batch.back == () and batch.stale == ()
     else:
-        assert batch.changed == () and batch.heard == (("n1", 2.0, 2, pytest.approx(1.7e9)),)
+        assert batch is None, "a report that changes nothing judged costs the core nothing"
+        clock.now = 2.0
+        counted = c.flush()
+        assert counted == IngestBatch(reports=1), "a quiet ingest still counts its reports, once a second"
 
 
 def test_only_the_newest_report_per_node_reaches_the_batch():
-    c = Coalescer()
+    c = coalescer()
     for seq in range(1, 6):
         c.ingest(telemetry(seq, float(seq), node="a"))
     c.ingest(telemetry(1, 1.5, node="b"))
@@ -71,17 +90,16 @@ def test_only_the_newest_report_per_node_reaches_the_batch():
 
 
 def test_a_change_that_reverts_within_one_interval_is_not_shipped():
-    c = Coalescer()
+    c = coalescer()
     c.ingest(telemetry(1, 1.0))
     c.flush()
     c.ingest(telemetry(2, 2.0, foreign_gib=20))
     c.ingest(telemetry(3, 3.0))
-    batch = c.flush()
-    assert batch is not None and batch.changed == () and [h[2] for h in batch.heard] == [3]
+    assert c.flush() is None
 
 
 def test_streams_opened_and_closed_travel_with_the_batch():
-    c = Coalescer()
+    c = coalescer()
     c.stream_opened(("gpusched-system/agent-a", "a"))
     c.stream_closed(("gpusched-system/agent-a", "a"))
     batch = c.flush()
@@ -90,29 +108,39 @@ def test_streams_opened_and_closed_travel_with_the_batch():
 
 
 def test_a_batch_pickles_with_its_whole_values():
-    c = Coalescer()
+    c = coalescer()
     c.ingest(telemetry(1, 1.0, kv=0.3, pods=("p",)))
     batch = c.flush()
     again = pickle.loads(pickle.dumps(batch))
     assert again == batch and dict(again.changed[0].gpus) == dict(batch.changed[0].gpus)
 
 
-def fed(reports: list[tuple[int, float, dict]], *, batched: bool) -> tuple[TelemetryStore, list[str], list[str]]:
-    """The same reports into a store, one by one or through a coalescer flushed after each."""
+def fed(reports: list[tuple[int, float, dict]], *, batched: bool
+        ) -> tuple[TelemetryStore, list[str], list[str], list[str]]:
+    """The same reports into a store, one by one (the store sweeping for staleness before each) or
+    through a coalescer flushed before and after each (it judges staleness at its flushes)."""
     store = TelemetryStore(stale_after_periods=3.0)
     changes: list[str] = []
     rises: list[str] = []
-    c = Coalescer()
+    stale: list[str] = []
+    clock = Clock()
+    c = coalescer(clock)
+
+    def took(changed: Changes) -> None:
+        changes.extend(changed.judged)
+        rises.extend(changed.rose)
+        stale.extend(changed.stale)
     for seq, at, kwargs in reports:
         t = telemetry(seq, at, **kwargs)
+        clock.now = at
         if batched:
-            c.ingest(t)
-            changed = store.apply(c.flush())  # type: ignore[arg-type]
+            for batch in (c.flush(), c.ingest(t), c.flush()):
+                if isinstance(batch, IngestBatch):
+                    took(store.apply(batch))
         else:
-            changed = store.ingest(t)
-        changes += changed.judged
-        rises += changed.rose
-    return store, changes, rises
+            took(store.sweep(at))
+            took(store.ingest(t))
+    return store, changes, rises, stale
 
 
 STORY = [(1, 1.0, {}), (2, 2.0, {"free_gib": 40.7}), (3, 3.0, {"foreign_gib": 20}), (4, 4.0, {"foreign_gib": 20}),
@@ -120,10 +148,11 @@ STORY = [(1, 1.0, {}), (2, 2.0, {"free_gib": 40.7}), (3, 3.0, {"foreign_gib": 20
 
 
 def test_batches_judge_as_reports_one_by_one():
-    one, one_changes, one_rises = fed(STORY, batched=False)
-    batched, changes, rises = fed(STORY, batched=True)
-    assert (changes, rises) == (one_changes, one_rises)
+    one, one_changes, one_rises, one_stale = fed(STORY, batched=False)
+    batched, changes, rises, stale = fed(STORY, batched=True)
+    assert (changes, rises, stale) == (one_changes, one_rises, one_stale)
     assert rises == ["n1", "n1", "n1"], "first report, foreign process gone, back after going stale"
+    assert stale == ["n1"], "silent from 5.0 to 20.0: stale once"
     a, b = one.get("n1"), batched.get("n1")
     assert a is not None and b is not None
     assert (b.sequence, b.received_at, b.sampled_at_unix) == (a.sequence, a.received_at, a.sampled_at_unix) == \
@@ -133,19 +162,60 @@ def test_batches_judge_as_reports_one_by_one():
     assert batched.reports == one.reports == len(STORY)
 
 
-def test_freshness_follows_when_a_node_was_heard_not_when_it_changed():
+def test_the_core_applies_freshness_as_told_by_the_ingest_process():
     store = TelemetryStore(stale_after_periods=3.0)
     store.apply(IngestBatch(changed=(telemetry(1, 1.0),), reports=1))
-    store.apply(IngestBatch(heard=(("n1", 10.0, 9, 0.0),), reports=1))
-    assert store.freshness(12.0) == {"n1": True}
-    assert store.freshness(14.0) == {"n1": False}
-    assert store.view()["n1"].received_at == 10.0
+    assert store.is_fresh("n1") and store.sweep(100.0) == Changes(), "the core does not sweep what it is told"
+    told = store.apply(IngestBatch(stale=(("n1", (10.0, 9, 0.0)),)))
+    assert told == Changes(stale=("n1",)) and not store.is_fresh("n1")
+    assert store.view()["n1"].received_at == 10.0, "a stale node shows its last report's stamps"
+    assert store.apply(IngestBatch(stale=(("n1", (10.0, 9, 0.0)),))) == Changes(), "told once"
+    back = store.apply(IngestBatch(back=(("n1", 30.0, 12, 0.0),), reports=1))
+    assert back == Changes(rose=("n1",)) and store.is_fresh("n1")
 
 
-def test_heard_about_a_node_never_seen_whole_is_ignored():
+@pytest.mark.parametrize("batch", [
+    pytest.param(IngestBatch(back=(("ghost", 1.0, 1, 0.0),), reports=1), id="back"),
+    pytest.param(IngestBatch(stale=(("ghost", (1.0, 1, 0.0)),)), id="stale"),
+])
+def test_news_of_a_node_never_seen_whole_is_ignored(batch):
     store = TelemetryStore()
-    store.apply(IngestBatch(heard=(("ghost", 1.0, 1, 0.0),), reports=1))
+    assert store.apply(batch) == Changes()
     assert store.get("ghost") is None and len(store) == 0
+
+
+def test_the_ingest_process_tells_each_transition_once_and_nothing_in_between():
+    clock = Clock(1.0)
+    c = coalescer(clock)
+    c.ingest(telemetry(1, 1.0, node="a"))
+    c.ingest(telemetry(1, 1.0, node="b"))
+    assert c.flush() is not None
+    for second in (2.0, 3.0, 4.0):  # a reports unchanged every period, b is silent
+        clock.now = second
+        c.ingest(telemetry(int(second), second, node="a"))
+        assert c.flush() in (None, IngestBatch(reports=1)), "nothing but the count while nothing changes"
+    clock.now = 4.5
+    c.ingest(telemetry(5, 4.5, node="a"))
+    batch = c.flush()
+    assert batch is not None and batch.stale == (("b", (1.0, 1, pytest.approx(1.7e9))),), "b: 3 periods silent"
+    clock.now = 5.0
+    assert c.flush() is None, "told once"
+    c.ingest(telemetry(2, 5.0, node="b"))
+    batch = c.flush()
+    assert batch is not None and batch.back == (("b", 5.0, 2, pytest.approx(1.7e9)),) and batch.changed == ()
+
+
+def test_a_new_ingest_process_lets_seeded_nodes_go_stale_unless_they_report():
+    clock = Clock(100.0)
+    c = coalescer(clock)
+    c.seed((("silent", 1.0, (90.0, 7, 0.0)), ("talks", 1.0, (90.0, 3, 0.0))))
+    clock.now = 102.5
+    c.ingest(telemetry(4, 102.5, node="talks"))
+    assert all(not b.stale for b in [c.flush()] if b is not None), "each has its allowance from the seed"
+    clock.now = 103.5
+    c.ingest(telemetry(5, 103.5, node="talks"))
+    batch = c.flush()
+    assert batch is not None and batch.stale == (("silent", (90.0, 7, 0.0)),)
 
 
 def cluster() -> tuple[ClusterState, TelemetryStore]:
@@ -158,7 +228,7 @@ def cluster() -> tuple[ClusterState, TelemetryStore]:
 
 def test_a_batch_is_laid_into_the_snapshot_in_one_step_before_the_next_decision():
     state, _ = cluster()
-    c = Coalescer()
+    c = coalescer()
     for node in ("n1", "n2"):
         c.ingest(telemetry(1, 1.5, node=node, foreign_gib=20))
     generation = state.snapshot().generation
@@ -169,15 +239,16 @@ def test_a_batch_is_laid_into_the_snapshot_in_one_step_before_the_next_decision(
     assert state.foreign_nodes() == {"n1", "n2"}
 
 
-def test_a_batch_of_heard_nodes_does_not_touch_the_snapshot():
-    state, _ = cluster()
-    c = Coalescer()
+def test_a_node_gone_stale_is_laid_again_on_the_stale_assumption():
+    state, store = cluster()
+    c = coalescer()
     c.ingest(telemetry(1, 1.5, node="n1"))
     state.apply_telemetry(c.flush())  # type: ignore[arg-type]
     generation = state.snapshot().generation
     c.ingest(telemetry(2, 1.9, node="n1", free_gib=40.8))
-    state.apply_telemetry(c.flush())  # type: ignore[arg-type]
-    assert state.snapshot().generation == generation
+    assert c.flush() is None, "an unchanged report does not reach the core"
+    state.apply_telemetry(IngestBatch(stale=(("n1", (1.9, 2, 0.0)),)))
+    assert state.snapshot().generation == generation + 1 and not store.is_fresh("n1")
 
 
 @pytest.mark.parametrize("pods,gone", [

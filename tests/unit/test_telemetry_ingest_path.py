@@ -127,7 +127,8 @@ def test_a_report_after_staleness_counts_as_a_capacity_rise_even_when_unchanged(
     first = report_to_telemetry(report(1), 1.0)
     rises = list(store.ingest(first).rose)
     rises += store.ingest(report_to_telemetry(report(2), 2.0, gpus=first.gpus)).rose
-    rises += store.ingest(report_to_telemetry(report(3), 10.0, gpus=first.gpus)).rose  # 8 s after: the node had gone stale
+    assert store.sweep(10.0).stale == ("n1",)  # 8 s after: the node had gone stale
+    rises += store.ingest(report_to_telemetry(report(3), 10.0, gpus=first.gpus)).rose
     assert rises == ["n1", "n1"]
 
 

@@ -88,7 +88,7 @@ class Layout:
         telemetry = self._telemetry
         if telemetry is None or (report := telemetry.store.get(static.name)) is None or static.inventory is None:
             return static
-        fresh = telemetry.is_fresh(static.name, report)  # as swept, so the record's note says the same
+        fresh = telemetry.is_fresh(static.name)  # as told, so the record's note says the same
         gpus = []
         for g in static.inventory.gpus:
             if g.mig_enabled:

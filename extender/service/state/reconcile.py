@@ -44,7 +44,6 @@ class TelemetryReconciler:
         self._tables = tables
         self._listeners = listeners
         self._clock = clock
-        self.fresh: dict[str, bool] = {}  # node -> freshness as laid (the last sweep, or a report back)
         self._foreign: frozenset[str] = frozenset()
         # node -> (the report's GPU samples, what its note says of them): a node's samples object
         # is kept while they are judged the same, so the note is made once per judged change.
@@ -85,12 +84,15 @@ class TelemetryReconciler:
     def act(self, changes: Changes) -> None:
         """The changed nodes are judged again; a node whose capacity rose is re-laid before the
         capacity listeners run. A node heard from again after going stale is judged the same but
-        fresh now: re-laid at once, not at the next staleness sweep, so the pod a nudge retries
-        sees it fresh."""
+        fresh now: re-laid at once, so the pod a nudge retries sees it fresh; a node gone stale is
+        re-laid on the stale assumption."""
         for node in changes.judged:
             self._judged_change(node)
+        if changes.stale:
+            with self._tables.lock:
+                for node in changes.stale:
+                    self._tables.mark_locked(node)
         for node in changes.rose:
-            self.fresh[node] = True  # what records say (telemetry_note) follows what is laid
             self._tables.mark(node)
             for listener in self._listeners.capacity_rose:
                 listener(node)
@@ -116,17 +118,10 @@ class TelemetryReconciler:
                 self._foreign = self._foreign | {node} if has_foreign else self._foreign - {node}
 
     def sweep_staleness(self) -> None:
-        """Mark nodes whose telemetry turned stale (or fresh again) for re-laying. Called
-        periodically: staleness is a matter of time passing, not of any event."""
-        flipped = []
-        for node, fresh in self.store.freshness(self._clock()).items():
-            if self.fresh.get(node) != fresh:
-                self.fresh[node] = fresh
-                flipped.append(node)
-        if flipped:
-            with self._tables.lock:
-                for node in flipped:
-                    self._tables.mark_locked(node)
+        """In-process ingest: re-lay the nodes whose telemetry turned stale. Called periodically:
+        staleness is a matter of time passing, not of any event. Under the ingest process the
+        store's tracker is empty (the batches tell the transitions) and this costs nothing."""
+        self.act(self.store.sweep(self._clock()))
 
     # -- reads -----------------------------------------------------------------------------------
     def foreign_nodes(self) -> frozenset[str]:
@@ -139,26 +134,24 @@ class TelemetryReconciler:
         with self._tables.lock:
             return {node: dict(entries) for node, entries in self._over_share.items()}
 
-    def is_fresh(self, node: str, report: NodeTelemetry) -> bool:
-        """The freshness ``node`` is laid out with: the last sweep's, so that a record never says
-        STALE beside a verdict judged on fresh numbers — or the reverse — in the moment between a
-        report ageing past the limit and the next sweep; the report's own before any sweep."""
-        fresh = self.fresh.get(node)
-        return report.is_fresh(self._clock(), self.store.stale_after_periods) if fresh is None else fresh
+    def is_fresh(self, node: str) -> bool:
+        """The freshness ``node`` is laid out with: as told (``TelemetryStore.is_fresh``), so that a
+        record never says STALE beside a verdict judged on fresh numbers, or the reverse."""
+        return self.store.is_fresh(node)
 
     def telemetry_note(self, node: str) -> tuple[str, str]:
         """(state, foreign usage) of a node's telemetry, as sentences for decision records."""
         report = self.store.get(node)
         if report is None:
             return ("no telemetry: judged on the static inventory", "")
-        age = report.age_s(self._clock())
         periods = self.store.stale_after_periods
-        if not self.is_fresh(node, report):
+        if not self.is_fresh(node):
+            age = report.age_s(self._clock())  # the last report's: a stale node's stamps are its last report's
             state = (f"STALE telemetry ({age:.1f}s old > {periods:g} periods of {report.period_s:g}s): judged on the "
                      f"static inventory and the ledger, assuming at most {int(STALE_MEMORY_FRACTION * 100)}% of each "
                      "GPU's memory free")
         else:
-            state = f"fresh telemetry ({age:.1f}s old, {report.gpu_backend} GPUs)"
+            state = f"fresh telemetry (heard within {periods:g} periods of {report.period_s:g}s, {report.gpu_backend} GPUs)"
         cached = self._usage_notes.get(node)
         if cached is not None and cached[0] is report.gpus:
             return state, cached[1]
