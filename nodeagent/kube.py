@@ -105,9 +105,14 @@ class InventoryPublisher(Generic[T]):
                 while self._wanted == self._written and not self._force:
                     self._cond.wait()
                 text = self._wanted
+                # Taken now, not cleared after the write: a rewrite() asked while this write is
+                # in flight (the object deleted meanwhile) must cause one more write.
+                forced, self._force = self._force, False
             try:
                 self._patch(text)
             except Exception as exc:  # retried with backoff; reports go on meanwhile
+                with self._cond:
+                    self._force = self._force or forced
                 self.last_error = str(exc)
                 wait_s = backoff.next_s()
                 log.warning("publishing %s failed (retrying in %.0fs): %s", self._what, wait_s, exc)
@@ -118,7 +123,6 @@ class InventoryPublisher(Generic[T]):
             self.published_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with self._cond:
                 self._written = text
-                self._force = False
 
 
 def inventory_patcher(core: Any, node: str, request_timeout_s: float = 10.0) -> Callable[[str], None]:
@@ -162,8 +166,14 @@ class ResourceSliceWriter:
 
     def __call__(self, devices: Sequence[SliceDevice]) -> None:
         if not self._listed:
-            self._current = self._adopt()
+            # Marked before listing: a relist() asked while the list is in flight (the slice
+            # deleted after the apiserver answered) makes the next call list again.
             self._listed = True
+            try:
+                self._current = self._adopt()
+            except Exception:
+                self._listed = False
+                raise
         spec = next_slice(self._current["spec"] if self._current else None, self._node, devices)
         if spec is None:
             return

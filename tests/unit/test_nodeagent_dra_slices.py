@@ -402,6 +402,48 @@ def test_after_the_kubelet_deletes_the_slice_a_registration_writes_it_again() ->
     assert len(writes(api)) == 2  # once per registration, not a loop
 
 
+def test_a_wipe_seen_while_the_writer_lists_is_written_again() -> None:
+    """Seen in CI under load: a registration's relist listed the slice; the kubelet's wipe deleted
+    it and the watch asked for a rewrite while that list was in flight. The answer (the slice still
+    there: nothing to write) swallowed the rewrite — the writer marked itself listed after the
+    list, the publisher cleared its force flag after the write — and the node kept no slice."""
+    import threading
+    import time
+
+    from nodeagent.kube import InventoryPublisher
+
+    api, state = FakeApi(), preset("a100")
+    writer = ResourceSliceWriter(api, api, "n1")
+    publisher = InventoryPublisher(writer, initial=None, what="the ResourceSlice", backoff_initial_s=0.01)
+
+    def the_watch_sees_the_wipe() -> None:
+        writer.relist()
+        publisher.rewrite()
+    listed = api.list_resource_slice
+    wiped = threading.Event()
+
+    def list_then_wipe(field_selector="", **kwargs):
+        answer = listed(field_selector, **kwargs)  # the slice is still in the answer ...
+        if api.slices and not wiped.is_set():
+            wiped.set()
+            api.slices.clear()  # ... and gone before the writer reads it
+            the_watch_sees_the_wipe()
+        return answer
+    publisher.publish(devices_of(state))
+    deadline = time.monotonic() + 5
+    while writes(api) != [f"create n1-{DRA_DRIVER}-0 gen 1"]:
+        assert time.monotonic() < deadline, writes(api)
+        time.sleep(0.005)
+    api.list_resource_slice = list_then_wipe  # type: ignore[method-assign]
+    writer.relist()  # the registration hook
+    publisher.rewrite()
+    assert wiped.wait(5)
+    while len(api.slices) != 1:
+        assert time.monotonic() < deadline, f"the wiped slice was not written again: {api.calls}"
+        time.sleep(0.005)
+    assert wiped.is_set() and writes(api)[-1] == f"create n1-{DRA_DRIVER}-1 gen 1"
+
+
 def _slice_named(name: str) -> dict:
     return {"metadata": {"name": name}, "spec": {}}
 
