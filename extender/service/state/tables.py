@@ -27,7 +27,7 @@ class StateTables:
         self.pod_nodes: dict[str, str] = {}  # pod key -> node, for bound, non-terminal pods (the watch's view)
         self.relay: set[str] = set()  # nodes to re-lay (static change, CPU, telemetry, DRA units, deletion)
         self.dirty = False  # something to lay out before the next snapshot is handed out
-        self.full_rebuild = True  # a relist: lay everything out afresh
+        self.full_rebuild = True  # the first layout builds everything (later ones re-lay the marked nodes)
 
     def mark_locked(self, node: str) -> None:
         """Lay ``node`` out again at the next snapshot."""

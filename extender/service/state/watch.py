@@ -70,6 +70,10 @@ class NodeHandler:
         self._tables = tables
 
     def replace(self, items: list[dict[str, Any]]) -> None:
+        """A (re)list: the nodes are exactly ``items``. Only what changed is marked for re-laying —
+        nodes whose read fields differ, and those gone — so a relist of a fleet that did not change
+        costs decisions nothing (issue 45: re-laying all 50,000 nodes held the lock ~0.4 s);
+        the layout rebuilds from scratch by itself when a quarter of the fleet changed."""
         names = set()
         for obj in items:
             self._upsert(obj)
@@ -79,8 +83,7 @@ class NodeHandler:
             for gone in set(tables.nodes) - names:
                 tables.nodes.pop(gone, None)
                 tables.node_keys.pop(gone, None)
-            tables.full_rebuild = True  # a relist: lay everything out afresh
-            tables.dirty = True
+                tables.mark_locked(gone)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         if event_type == "DELETED":
