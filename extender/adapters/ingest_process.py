@@ -54,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer, start_grpc_server
-from extender.service.freshness import Stamps
+from extender.service.freshness import FreshNode
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
 from extender.service.telemetry import TokenIdentity
 from gpusched_runtime.backoff import Backoff
@@ -111,7 +111,7 @@ class PodsGone:
 class Seed:
     """The nodes the core holds fresh, sent to each child as it starts (``Coalescer.seed``)."""
 
-    nodes: tuple[tuple[str, float, Stamps], ...]
+    nodes: tuple[FreshNode, ...]
 
 
 def token_review_verifier(kubeconfig: str | None, token_file: str | None) -> Callable[[str], TokenIdentity]:
@@ -183,7 +183,7 @@ async def _serve_child(config: IngestConfig, link: _Link) -> None:
     log.info("telemetry ingest process serving on port %d", port)
     loop = asyncio.get_running_loop()
 
-    def seed(nodes: tuple[tuple[str, float, Stamps], ...]) -> None:  # from the listener thread, onto the loop
+    def seed(nodes: tuple[FreshNode, ...]) -> None:  # from the listener thread, onto the loop
         loop.call_soon_threadsafe(coalescer.seed, nodes)
 
     threading.Thread(target=_listen, args=(link, registry, verdicts, seed), name="ingest-listen", daemon=True).start()
@@ -209,7 +209,7 @@ def _counters(registry: CollectorRegistry, request: int) -> CountersReply:
 
 
 def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts,
-            seed: Callable[[tuple[tuple[str, float, Stamps], ...]], None]) -> None:
+            seed: Callable[[tuple[FreshNode, ...]], None]) -> None:
     while True:
         try:
             message = link.conn.recv()
@@ -315,7 +315,7 @@ class IngestProcess:
 
     def __init__(self, config: IngestConfig, apply: Callable[[IngestBatch], None],
                  pods_gone: Callable[[list[StreamPod]], frozenset[StreamPod]] = lambda pods: frozenset(),
-                 fresh_nodes: Callable[[], tuple[tuple[str, float, Stamps], ...]] = tuple, *,
+                 fresh_nodes: Callable[[], tuple[FreshNode, ...]] = tuple, *,
                  spawn: Callable[[IngestConfig], ChildHandle] = spawn_process, start_timeout_s: float = 60.0,
                  backoff_s: tuple[float, float] = (1.0, 30.0), check_pods_every_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):

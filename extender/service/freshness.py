@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 Stamps = tuple[float, int, float]  # a report's (received_at, sequence, sampled_at_unix): ``service.telemetry.Heard``
+FreshNode = tuple[str, float, Stamps]  # (node, period_s, its last stamps): what a new ingest process is seeded with
 
 
 class FreshnessTracker:
@@ -39,7 +40,7 @@ class FreshnessTracker:
         self._last[node] = stamps
         return back
 
-    def seed(self, nodes: Iterable[tuple[str, float, Stamps]], now: float) -> None:
+    def seed(self, nodes: Iterable[FreshNode], now: float) -> None:
         """Nodes another process held fresh, as ``(node, period_s, its last stamps there)``: each
         not heard here yet has its full allowance from ``now`` to report here before it goes stale."""
         allowance = self.stale_after_periods

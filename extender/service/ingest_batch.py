@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from extender.model.telemetry import NodeTelemetry
-from extender.service.freshness import FreshnessTracker, Stamps
+from extender.service.freshness import FreshnessTracker, FreshNode, Stamps
 from extender.service.telemetry_change import JudgedReports
 
 StreamPod = tuple[str, str]  # (the stream token's pod "namespace/name", its node)
@@ -84,7 +84,7 @@ class Coalescer:
         self._unshipped += 1
         self.reports += 1
 
-    def seed(self, nodes: Iterable[tuple[str, float, Stamps]]) -> None:
+    def seed(self, nodes: Iterable[FreshNode]) -> None:
         """The nodes the core holds fresh (``TelemetryStore.fresh_nodes``), told to a new ingest
         process: each goes stale here unless its agent reports within its allowance."""
         self._freshness.seed(nodes, self._clock())

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from extender.model.telemetry import NodeTelemetry
-from extender.service.freshness import FreshnessTracker, Stamps
+from extender.service.freshness import FreshnessTracker, FreshNode, Stamps
 from extender.service.telemetry_change import Judged, JudgedReports
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class TelemetryStore:
         self.clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeTelemetry] = {}
-        self._heard: dict[str, tuple[float, int, float]] = {}  # node -> Heard's fields (cheaper than the tuple type)
+        self._heard: dict[str, Stamps] = {}  # node -> Heard's fields (cheaper than the tuple type)
         self._view: MappingProxyType = MappingProxyType({})
         self._dirty = False
         self._judged = JudgedReports()
@@ -200,7 +200,7 @@ class TelemetryStore:
                 stale.append(node)
         return tuple(stale)
 
-    def _take(self, node: str, heard: tuple[float, int, float], report: NodeTelemetry | None = None,
+    def _take(self, node: str, heard: Stamps, report: NodeTelemetry | None = None,
               judged: Judged | None = None) -> tuple[bool, bool]:
         """Under the lock: record that ``node`` was heard from, and its new whole value when given.
         Returns (judged change, capacity rose)."""
@@ -251,7 +251,7 @@ class TelemetryStore:
         with self._lock:
             return node in self._nodes and node not in self._stale
 
-    def fresh_nodes(self) -> tuple[tuple[str, float, Stamps], ...]:
+    def fresh_nodes(self) -> tuple[FreshNode, ...]:
         """``(node, period_s, its stamps)`` of every fresh node: what a new ingest process is seeded
         with (``FreshnessTracker.seed``), so a node whose agent never reconnects still goes stale."""
         with self._lock:

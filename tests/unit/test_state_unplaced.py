@@ -9,12 +9,15 @@ twice — until the node's next report corrected the ledger (seen once in CI und
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from extender.model.snapshot import GpuUnit
 from extender.model.telemetry import GpuSample, NodeTelemetry
 from extender.service.state import ClusterState
 from extender.service.telemetry import TelemetryStore
+from gpusched_api.inventory import NodeGpuInventory
 from nodeagent.deviceplugin.allocation import Unit, prefer
 from tests.unit.builders import a100_inventory, h100_inventory, make_k8s_node, make_pod
 
@@ -37,13 +40,13 @@ def leftover_report(node: str, gpus: int, dirty: dict[int, int]) -> NodeTelemetr
     return NodeTelemetry(node, 1, 0.0, 1.0, "fake", samples, ())
 
 
-def cluster(kind: tuple[str, object], dirty: dict[int, int]) -> ClusterState:
-    name, inventory = kind
+def cluster(kind: tuple[str, Callable[[str], NodeGpuInventory]], dirty: dict[int, int]) -> ClusterState:
+    name, inventory_of = kind
+    inventory = inventory_of(name)
     state = ClusterState(telemetry=TelemetryStore())
-    state.nodes.replace([make_k8s_node(name, inventory(name))])  # type: ignore[operator]
+    state.nodes.replace([make_k8s_node(name, inventory)])
     if dirty:
-        gpus = len(inventory(name).gpus)  # type: ignore[operator]
-        state.ingest_telemetry(leftover_report(name, gpus, dirty))
+        state.ingest_telemetry(leftover_report(name, len(inventory.gpus), dirty))
     return state
 
 
