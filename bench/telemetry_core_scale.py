@@ -65,7 +65,7 @@ def reports_for(name: str, preset: str) -> tuple[Any, Any]:
     """The node's report as the ingest process decodes it (``report_to_telemetry``), and the same
     with a 20 GiB foreign process on its first unit (a judged change)."""
     from devcluster.fleet import PRESETS
-    from extender.adapters.telemetry_server import report_to_telemetry
+    from extender.adapters.stream_view import report_to_telemetry
     from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 
     inventory = PRESETS[preset](name)

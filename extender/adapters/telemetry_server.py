@@ -32,18 +32,24 @@ What an agent sends is untrusted, so each stream is judged before it may cost mu
   allowance (``rate_slack`` reports per claimed period, the period clamped to
   ``[min_period_s, max_period_s]``, bursts of ``report_burst``), so a flooding agent costs a read
   per report and nothing more; ``replayed`` when its sequence is not above the stream's last
-  accepted one (replayed or reordered: every report is a complete picture, so an older one
-  would move the node back in time while looking fresh); ``clock-skew`` when it states a sample
-  time more than ``max_clock_skew_s`` from the receiver's wall clock (an hour-old report is old
-  data; an unset time, 0, is not judged). An honest agent never trips these, so the stream stays
-  open and the next good report lands.
+  accepted one (replayed or reordered: an older report would move the node back in time while
+  looking fresh); ``clock-skew`` when it states a sample time more than ``max_clock_skew_s`` from
+  the receiver's wall clock (an hour-old report is old data; an unset time, 0, is not judged). An
+  honest agent never trips these, so the stream stays open and the next good report lands;
+- a CHANGES report applies only on top of the report before it (``stream_view``): one that does
+  not follow the last applied report (``gap``: one in between was lost or dropped) or names a unit
+  the last FULL report lacked (``unknown-unit``) is dropped and counted too, and the stream asks the
+  agent for a FULL report at once (``StreamAck.full_report_wanted``; again each ``ack_interval_s``
+  while none comes), so one lost change costs the node at most two periods of a wrong picture; the
+  extender also asks for one when the last is ``full_report_every_s`` old. Asks are counted in
+  ``gpusched_telemetry_full_reports_asked_total{reason}``.
 Refusals say what to fix and are counted in ``gpusched_telemetry_streams_refused_total{reason}``;
 streams ended later in ``gpusched_telemetry_streams_ended_total{reason}``.
 
-Ingest is built for thousands of agents per core: a report whose units are unchanged in what the
-extender judges (free memory in whole GiB, foreign usage, assignments, each sharer's share, use in
-whole GiB and over/under state: :func:`gpu_report_key`) reuses the previous conversion, so it costs
-a key, a small value and a dict store; acks are sent for the first report and then every
+Ingest is built for tens of thousands of agents: agents send only what changed in what the
+extender judges (``gpusched_api.telemetry.v1.changes``), mostly an empty CHANGES report, the
+heartbeat, which costs a read, these checks and a small value; a unit whose judged key is unchanged
+keeps its earlier conversion (``stream_view``); acks are sent for the first report and then every
 ``ack_every``-th (see ``StreamAck`` in the proto).
 """
 
@@ -56,16 +62,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from extender.adapters.stream_view import StreamView, Unapplied
 from extender.adapters.telemetry_streams import ENDED_REASONS, OpenStream, OpenStreams
 from extender.metrics import ReasonCounts
-from extender.model.telemetry import QUANTUM_BYTES, EngineSample, GpuSample, NodeTelemetry, ShareSample
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
 from gpusched_api.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
 
@@ -78,7 +83,8 @@ log = logging.getLogger("gpusched.extender.telemetry")
 
 MAX_MESSAGE_BYTES = bounds.MAX_MESSAGE_BYTES
 RECONNECT_TRAILER = "gpusched-reconnect"
-REJECTED_REASONS = ("rate-limited", "replayed", "clock-skew")
+REJECTED_REASONS = ("rate-limited", "replayed", "clock-skew", "gap", "unknown-unit")
+FULL_ASKED_REASONS = ("gap", "unknown-unit", "refresh")
 
 
 @dataclass(frozen=True)
@@ -108,57 +114,16 @@ class StreamLimits:
     # How far a stated sample time may be from the receiver's wall clock (NTP keeps nodes within
     # milliseconds; minutes of slack for a node whose clock drifts before its time sync runs).
     max_clock_skew_s: float = 300.0
+    # A stream that has sent only CHANGES for this long is asked for a FULL report: what the
+    # extender shows but does not judge (free bytes inside a GiB) is refreshed, and a picture gone
+    # wrong by any means is mended, at the cost of one FULL report per node per this long.
+    full_report_every_s: float = 300.0
 
     @property
     def idle_s(self) -> float:
         """How long a stream may go without a report: ``idle_periods`` of ``max_period_s``, at
         least ``min_idle_s``."""
         return max(self.min_idle_s, self.idle_periods * self.max_period_s)
-
-
-def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
-                        gpus: Mapping[str, GpuSample] | None = None, max_period_s: float = float("inf")) -> NodeTelemetry:
-    """Proto → frozen model value (the decision core never sees protobuf).
-
-    ``gpus``: the mapping converted from an earlier report of the same stream whose
-    :func:`gpu_report_key` was equal — reused as is, so an unchanged report skips the per-unit
-    conversion and the store reuses what it derived from that mapping."""
-    cut = bounds.MAX_TEXT_CHARS  # free text is kept no longer than this (an engine's model name is a tenant's)
-    if gpus is None:
-        gpus = MappingProxyType({
-            g.uuid: GpuSample(g.uuid, g.index, g.memory_total_bytes, g.memory_free_bytes, g.foreign_used_bytes,
-                              g.is_mig, tuple([f"{p.namespace}/{p.name}" for p in g.assigned_pods]), g.failure[:cut],
-                              _shares(g) if g.shares else ())
-            for g in report.gpus})
-    engines = tuple([EngineSample(f"{e.pod.namespace}/{e.pod.name}", e.model[:cut], e.kv_cache_usage,
-                                  e.requests_running, e.requests_waiting, e.preemptions_total, e.kv_capacity_tokens,
-                                  tuple(e.gpu_uuids), e.stale, e.stale_reason[:cut])
-                     for e in report.engines]) if report.engines else ()
-    period_s = min(max(report.period_millis, 1) / 1000.0, max_period_s)
-    return NodeTelemetry(report.node_name, report.sequence, received_at, period_s, report.gpu_backend, gpus, engines,
-                         report.sampled_at_unix_nanos * 1e-9)
-
-
-def _shares(gpu: telemetry_pb2.GpuTelemetry) -> tuple[ShareSample, ...]:
-    return tuple([ShareSample(f"{s.pod.namespace}/{s.pod.name}", s.share_bytes, s.used_bytes if s.used_known else None)
-                  for s in gpu.shares])
-
-
-def gpu_report_key(report: telemetry_pb2.NodeReport) -> list:
-    """What of a report's units the extender judges, read straight from the proto: every field of
-    every unit except free memory and the sharers' use, which count in whole GiB (``QUANTUM_BYTES``)
-    as in ``effective_memory_mib`` and ``memory_key`` — with each sharer's over/under state exact.
-    Equal keys → the earlier conversion may stand in."""
-    return [(g.uuid, g.index, g.is_mig, g.memory_total_bytes, g.memory_free_bytes // QUANTUM_BYTES,
-             g.foreign_used_bytes, [(p.namespace, p.name) for p in g.assigned_pods] if g.assigned_pods else None,
-             g.failure, _shares_key(g) if g.shares else None)
-            for g in report.gpus]
-
-
-def _shares_key(gpu: telemetry_pb2.GpuTelemetry) -> list:
-    return [(s.pod.namespace, s.pod.name, s.share_bytes,
-             (s.used_bytes // QUANTUM_BYTES, s.used_bytes > s.share_bytes) if s.used_known else None)
-            for s in gpu.shares]
 
 
 class TelemetryMetrics:
@@ -178,9 +143,18 @@ class TelemetryMetrics:
                                 "Reports of accepted streams dropped without being applied, by reason (rate-limited: "
                                 "beyond the stream's allowance for its period; replayed: a sequence not above the "
                                 "stream's last accepted one, replayed or reordered; clock-skew: a sample time more "
-                                "than the allowed skew from the receiver's clock).", ["reason"], registry=registry)
+                                "than the allowed skew from the receiver's clock; gap: a CHANGES report not "
+                                "following the last applied one; unknown-unit: a CHANGES report naming a unit the "
+                                "last FULL report lacked — for these two a FULL report is asked for).", ["reason"],
+                                registry=registry)
         for reason in REJECTED_REASONS:
             self.rejected.labels(reason=reason)
+        self.full_asked = Counter("gpusched_telemetry_full_reports_asked_total",
+                                  "FULL reports the extender asked agents for, by reason (gap, unknown-unit: a "
+                                  "CHANGES report could not be applied; refresh: the stream's last FULL report is "
+                                  "older than the refresh interval).", ["reason"], registry=registry)
+        for reason in FULL_ASKED_REASONS:
+            self.full_asked.labels(reason=reason)
         self.streams = Gauge("gpusched_telemetry_streams_open", "Authenticated telemetry streams open.",
                              registry=registry)
         self._registry = registry
@@ -230,7 +204,7 @@ class _ReportsIngested(Collector):
 
 class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
     """One ``Stream`` per agent connection. Per report: node check, conversion (skipped for the
-    units when they are unchanged, see :func:`gpu_report_key`), ``store.ingest``. Acknowledged:
+    units when they are unchanged, ``stream_view``), ``store.ingest``. Acknowledged:
     the first report (the stream was accepted), then every ``ack_every``-th report or the first
     report ``ack_interval_s`` after the last ack, whichever comes first — an ack is a write with a
     completion of its own, and agents only need it as a sign of life, not per report."""
@@ -372,16 +346,15 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         min_period_s, slack, burst, max_skew_s = (limits.min_period_s, limits.rate_slack, limits.report_burst,
                                                   limits.max_clock_skew_s)
         allowance, filled_at = burst, clock()  # the flood bound: a bucket of reports, refilled per period
-        last_sequence = -1
+        view = StreamView(limits.max_period_s)
         warned: set[str] = set()
-        ack_every, ack_interval_s = self.ack_every, self.ack_interval_s
+        ack_every, ack_interval_s, full_every_s = self.ack_every, self.ack_interval_s, limits.full_report_every_s
         expires_at = stream.expires_at
         max_period_s, max_units, max_engines = limits.max_period_s, limits.max_units, limits.max_engines
         max_shares, max_holders = limits.max_shares_per_gpu, limits.max_holders_per_unit
-        last_key: list | None = None
-        gpus = None
         since_ack = ack_every  # the first report is acknowledged at once
         last_ack_at = 0.0
+        asked_at = float("-inf")  # when a FULL report was last asked for (again after ack_interval_s unanswered)
         report = first
         while True:
             if report.node_name != node:
@@ -411,8 +384,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
             stated_s = report.sampled_at_unix_nanos * 1e-9
             if allowance < 1.0:
                 self._reject("rate-limited", node, f"more than {slack:g} reports per {period_s:g}s period", warned)
-            elif report.sequence <= last_sequence:
-                self._reject("replayed", node, f"sequence {report.sequence} after {last_sequence}: replayed or "
+            elif report.sequence <= view.sequence:
+                self._reject("replayed", node, f"sequence {report.sequence} after {view.sequence}: replayed or "
                              "reordered", warned)
             elif stated_s and abs(stated_s - wall()) > max_skew_s:
                 self._reject("clock-skew", node, f"sampled at {stated_s:.0f} (Unix time), {stated_s - wall():+.0f}s "
@@ -420,17 +393,26 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                              "sync", warned)
             else:
                 allowance -= 1.0
-                last_sequence = report.sequence
-                key = gpu_report_key(report)
-                telemetry = report_to_telemetry(report, now, gpus if key == last_key else None, max_period_s)
-                last_key, gpus = key, telemetry.gpus
-                ingest(telemetry)
-                if since_ack >= ack_every or now - last_ack_at >= ack_interval_s:
-                    since_ack, last_ack_at = 0, now
-                    await context.write(telemetry_pb2.StreamAck(sequence=report.sequence,
+                telemetry = view.apply(report, now)
+                if isinstance(telemetry, Unapplied):
+                    self._reject(telemetry.reason, node, telemetry.message, warned)
+                    ask = telemetry.reason
+                else:
+                    ingest(telemetry)
+                    ask = "refresh" if now - view.full_at >= full_every_s else ""
+                    since_ack += 1
+                if ask and now - asked_at >= ack_interval_s:
+                    asked_at = now
+                    self._metrics.full_asked.labels(reason=ask).inc()
+                elif since_ack > ack_every or now - last_ack_at >= ack_interval_s:
+                    ask = ""
+                else:
+                    ask = None
+                if ask is not None:  # an ack: at the cadence, or at once to ask for a FULL report
+                    since_ack, last_ack_at = 1, now
+                    await context.write(telemetry_pb2.StreamAck(sequence=max(view.sequence, 0),
                                                                 period_millis=report.period_millis,
-                                                                ack_every=ack_every))
-                since_ack += 1
+                                                                ack_every=ack_every, full_report_wanted=bool(ask)))
             report = await read()
             if report is _EOF:
                 return

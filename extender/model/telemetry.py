@@ -1,14 +1,15 @@
 """Live GPU and engine telemetry of a node, as its agent last reported it (frozen values).
 
-The node agent streams a complete picture every period (memory per GPU and MIG instance, foreign
-usage, the kubelet's actual device assignment, engine KV-cache load). The extender keeps the
-newest per node and judges with it while it is fresh; ``received_at`` is the receiver's monotonic
+The node agent streams the node's state (memory per GPU and MIG instance, foreign usage, the
+kubelet's actual device assignment, engine KV-cache load): whole on connecting, then what changed
+in what is judged (``gpusched_api.telemetry.v1.changes``; ``adapters.stream_view`` rebuilds the
+picture), or a heartbeat when nothing did. The extender keeps the newest per node and judges with it while it is fresh; ``received_at`` is the receiver's monotonic
 clock, so agent clock skew never makes data look fresher than it is.
 
 ``received_at`` and ``sequence`` are always the newest report's. The per-unit values may come from
 an earlier report of the same stream when the newer one changed nothing judged (same whole GiB of
 free memory, same foreign usage and assignments, the same sharers each on the same side of its share
-and using the same whole GiB; the telemetry adapter's ``gpu_report_key``): they judge identically,
+and using the same whole GiB; ``gpusched_api.telemetry.v1.changes.unit_key``): they judge identically,
 and converting them again for every report is what made ingest expensive. With ingest in its own
 process (``adapters.ingest_process``) the same holds one step further: a node's whole value is
 shipped to the decision core only when what is judged changed; otherwise only ``received_at``,
@@ -24,6 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from gpusched_api.telemetry.v1.changes import QUANTUM_BYTES
+from gpusched_api.telemetry.v1.changes import engine_headroom as headroom
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,7 @@ def _node_telemetry(node: str, sequence: int, received_at: float, period_s: floa
 
 
 MIB = 1 << 20
-QUANTUM_MIB = 1024  # effective memory is judged in whole GiB, so ordinary jitter changes nothing
-QUANTUM_BYTES = QUANTUM_MIB * MIB
+QUANTUM_MIB = QUANTUM_BYTES // MIB  # effective memory is judged in whole GiB (gpusched_api...changes)
 STALE_MEMORY_FRACTION = 0.9  # a stale node is assumed to have at most 90 % of each unit free
 
 
@@ -153,10 +156,5 @@ def engine_headroom(report: NodeTelemetry) -> int | None:
     samples = [e for e in report.engines if not e.stale]
     if not samples:
         return None
-    worst = 1.0
-    for e in samples:
-        headroom = max(0.0, 1.0 - min(1.0, e.kv_cache_usage))
-        if e.requests_waiting and e.requests_waiting >= max(1, e.requests_running):
-            headroom /= 2
-        worst = min(worst, headroom)
+    worst = min(headroom(e.kv_cache_usage, e.requests_running, e.requests_waiting) for e in samples)
     return round(worst * 10)

@@ -8,7 +8,7 @@ and nothing else computes the key.
 
 A report's unit mapping implies its memory key, the kubelet's assignments and its usable units;
 those are computed once per mapping object (:func:`derive`): an unchanged report reuses the mapping
-of the one before (``adapters.telemetry_server.gpu_report_key``), so judging it costs a dict read
+of the one before (``adapters.stream_view``), so judging it costs a dict read
 and a few comparisons.
 """
 
@@ -37,7 +37,7 @@ class Judged(NamedTuple):
 
 def derive(report: NodeTelemetry, previous: Derived | None) -> Derived:
     """``previous`` again when ``report`` carries the very mapping it was computed from (an
-    unchanged report, see ``adapters.telemetry_server.gpu_report_key``); else computed afresh."""
+    unchanged report, see ``adapters.stream_view``); else computed afresh."""
     if previous is not None and previous.gpus is report.gpus:
         return previous
     return Derived(report.gpus, gpu_memory_key(report), report.actual_assignments(), usable_units(report))

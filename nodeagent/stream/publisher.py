@@ -1,8 +1,11 @@
 """Streams this node's telemetry to the extender, forever.
 
 Contract:
-- every report is the node's *current* complete state (``collect()`` is called when a report is
-  due), so after a reconnect the extender gets the present, never a backlog;
+- ``collect()`` is called when a report is due and gives the node's *current* complete state; the
+  first report of every stream sends it whole (FULL), so after a reconnect the extender gets the
+  present, never a backlog; later reports carry only what changed in what the extender judges
+  (CHANGES, ``nodeagent.stream.changes``), nothing at all when nothing did (the heartbeat); when an
+  ack says ``full_report_wanted`` the next report is FULL again;
 - the bearer token is re-read from its file on every connect (the kubelet rotates projected
   service-account tokens);
 - the extender acknowledges the first report of a stream and then only every few reports
@@ -34,6 +37,7 @@ import grpc
 
 from gpusched_api.telemetry.v1 import telemetry_pb2, telemetry_pb2_grpc
 from gpusched_runtime.backoff import Backoff
+from nodeagent.stream.changes import ChangeTracker
 
 # A ping every 5 s on an open stream, the connection dropped when one goes unanswered for 5 s.
 KEEPALIVE_TIME_MS = 5_000
@@ -56,6 +60,8 @@ class PublisherStatus:
     last_refusal: str = ""
     last_ack_at: float = 0.0
     sequence: int = 0
+    full_reports: int = 0  # FULL reports sent (the rest of reports_sent were CHANGES)
+    full_asked: int = 0  # acks that asked for a FULL report
     history: list[str] = field(default_factory=list)
 
 
@@ -77,6 +83,7 @@ class Publisher:
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self.status = PublisherStatus()
         self._stop = threading.Event()
+        self._full_wanted = threading.Event()  # set by the ack reader, taken by the report producer
         self._sequence = 0
 
     def stop(self) -> None:
@@ -97,15 +104,22 @@ class Publisher:
         return [("authorization", f"Bearer {token}")]
 
     def _reports(self) -> Iterator[telemetry_pb2.NodeReport]:
+        """One stream's reports: FULL first, then CHANGES unless the extender asks for FULL."""
+        changes = ChangeTracker()  # a new stream: its first report is FULL
+        self._full_wanted.clear()  # whatever the previous stream's extender asked is answered by that
         next_at = time.monotonic()
         while not self._stop.is_set():
             delay = next_at - time.monotonic()
             if delay > 0 and self._stop.wait(delay):
                 return
             next_at = max(next_at + self.period_s, time.monotonic())
+            if self._full_wanted.is_set():
+                self._full_wanted.clear()
+                changes.forget()
             self._sequence += 1
-            report = self._collect(self._sequence)
+            report = changes.next_report(self._collect(self._sequence))
             self.status.reports_sent += 1
+            self.status.full_reports += report.kind == telemetry_pb2.FULL
             self.status.sequence = self._sequence
             yield report
 
@@ -121,6 +135,9 @@ class Publisher:
                 self.status.connected = True
                 for ack in responses:
                     self.status.acks += 1
+                    if ack.full_report_wanted:
+                        self.status.full_asked += 1
+                        self._full_wanted.set()
                     self.status.ack_every = ack.ack_every
                     self.status.last_ack_at = time.monotonic()
                     backoff.reset()

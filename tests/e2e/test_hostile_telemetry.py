@@ -48,6 +48,18 @@ def report(node: str, sequence: int, *, free_gib: float = 40, skew_s: float = 0.
     return r
 
 
+def changes(node: str, sequence: int, *, free_gib: float | None = None, unit: str | None = None) -> telemetry_pb2.NodeReport:
+    """A CHANGES report: ``free_gib`` free on all eight units (None: nothing changed, a heartbeat),
+    or on one unit named ``unit`` (one the node's FULL report never had)."""
+    r = telemetry_pb2.NodeReport(node_name=node, sequence=sequence, period_millis=1000, kind=telemetry_pb2.CHANGES,
+                                 sampled_at_unix_nanos=int(time.time() * 1e9))
+    if unit is not None:
+        r.gpus.add(uuid=unit, index=9, memory_total_bytes=80 << 30, memory_free_bytes=int((free_gib or 0) * (1 << 30)))
+    elif free_gib is not None:
+        r.gpus.extend(report(node, sequence, free_gib=free_gib).gpus)
+    return r
+
+
 def stream(stack: Stack, token: str, reports: list[telemetry_pb2.NodeReport], pace_s: float = 0.6) -> None:
     """One stream carrying ``reports``, one per ``pace_s`` (within any period's allowance)."""
     channel = stack.telemetry_channel()
@@ -98,6 +110,7 @@ def metric(stack: Stack, name: str, reason: str) -> float:
 
 REJECTED = "gpusched_telemetry_reports_rejected_total"
 CLAMPED = "gpusched_telemetry_clamped_total"
+FULL_ASKED = "gpusched_telemetry_full_reports_asked_total"
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,7 @@ class Hostile:
     reports: Callable[[str], list[telemetry_pb2.NodeReport]]
     counted: dict[tuple[str, str], int]  # (metric, reason) -> at least this much more
     memory_gib: int
+    pace_s: float = 0.6  # between reports (0: back to back, a flood)
 
 
 size_gib = PRESETS["h100"]("x").gpus[0].memory_mib // GIB_MIB  # the inventory's size, whole GiB
@@ -127,6 +141,19 @@ CASES = {
     "more-gpus-and-memory": Hostile(lambda n: [report(n, 1, free_gib=10 * size_gib, extra_units=56)],
                                     {(CLAMPED, "unit-not-in-inventory"): 56, (CLAMPED, "memory-over-inventory"): 8},
                                     size_gib),
+    # CHANGES reports (issue 45) apply only on top of the report before them, to units the node reported.
+    "changes-for-a-unit-never-reported": Hostile(lambda n: [report(n, 1, free_gib=10),
+                                                            changes(n, 2, free_gib=70, unit=f"GPU-{n}-made-up")],
+                                                 {(REJECTED, "unknown-unit"): 1, (FULL_ASKED, "unknown-unit"): 1}, 10),
+    "changes-out-of-order": Hostile(lambda n: [report(n, 1, free_gib=10), changes(n, 3, free_gib=70), changes(n, 2)],
+                                    {(REJECTED, "gap"): 1, (FULL_ASKED, "gap"): 1}, 10),
+    "changes-replayed": Hostile(lambda n: [report(n, 1, free_gib=10), changes(n, 2), changes(n, 2, free_gib=70)],
+                                {(REJECTED, "replayed"): 1}, 10),
+    # 100 at once: the burst lands (70 GiB free), the rest is dropped — beyond the allowance, and
+    # (should it refill meanwhile) as not following the last applied one — and counted.
+    "a-flood-of-changes": Hostile(lambda n: [report(n, 1, free_gib=10)] + [changes(n, s, free_gib=70)
+                                                                          for s in range(2, 102)],
+                                  {(REJECTED, "rate-limited"): 90}, 70, pace_s=0),
 }
 
 
@@ -135,7 +162,7 @@ def test_a_hostile_stream_is_refused_or_clamped_and_counted(stack: Stack, gpu_no
     hostile = CASES[case]
     node, token = gpu_node()
     before = {key: metric(stack, *key) for key in hostile.counted}
-    stream(stack, token, hostile.reports(node))
+    stream(stack, token, hostile.reports(node), pace_s=hostile.pace_s)
     for (name, reason), at_least in hostile.counted.items():
         wait_until(lambda: metric(stack, name, reason) >= before[(name, reason)] + at_least, 15,
                    f"{name}{{reason={reason!r}}} to grow by {at_least}",

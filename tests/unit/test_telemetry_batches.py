@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from extender.adapters.telemetry_server import report_to_telemetry
+from extender.adapters.stream_view import report_to_telemetry
 from extender.service.ingest_batch import Coalescer, IngestBatch
 from extender.service.state import ClusterState
 from extender.service.telemetry import Changes, Heard, TelemetryStore

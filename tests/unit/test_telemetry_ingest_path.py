@@ -9,12 +9,11 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extender.adapters.stream_view import gpu_report_key, report_to_telemetry
 from extender.adapters.telemetry_server import (
     StreamLimits,
     TelemetryMetrics,
     TelemetryServicer,
-    gpu_report_key,
-    report_to_telemetry,
 )
 from extender.model.telemetry import ShareSample, gpu_memory_key
 from extender.service.state import ClusterState

@@ -13,12 +13,12 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extender.adapters.stream_view import report_to_telemetry
 from extender.adapters.telemetry_server import (
     RECONNECT_TRAILER,
     StreamLimits,
     TelemetryMetrics,
     TelemetryServicer,
-    report_to_telemetry,
 )
 from extender.adapters.token_review import TokenReviewVerifier, jwt_expiry
 from extender.service.telemetry import TelemetryStore, TokenIdentity, authorize_identity, authorize_node

@@ -25,25 +25,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)gpusched_api/telemetry/v1/telemetry.proto\x12\x15gpusched.telemetry.v1\"\xff\x01\n\nNodeReport\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1d\n\x15sampled_at_unix_nanos\x18\x03 \x01(\x03\x12\x15\n\rperiod_millis\x18\x04 \x01(\r\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x31\n\x04gpus\x18\x06 \x03(\x0b\x32#.gpusched.telemetry.v1.GpuTelemetry\x12\x37\n\x07\x65ngines\x18\x07 \x03(\x0b\x32&.gpusched.telemetry.v1.EngineTelemetry\x12\x13\n\x0bgpu_backend\x18\x08 \x01(\t\"\xce\x02\n\x0cGpuTelemetry\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06is_mig\x18\x03 \x01(\x08\x12\x14\n\x0cparent_index\x18\x04 \x01(\r\x12\x0f\n\x07profile\x18\x05 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x04\x12\x1d\n\x15memory_reserved_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12\x66oreign_used_bytes\x18\t \x01(\x04\x12\x34\n\rassigned_pods\x18\n \x03(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\x0f\n\x07\x66\x61ilure\x18\x0b \x01(\t\x12\x31\n\x06shares\x18\x0c \x03(\x0b\x32!.gpusched.telemetry.v1.ShareUsage\"u\n\nShareUsage\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\x13\n\x0bshare_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nused_known\x18\x04 \x01(\x08\"<\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\"\x87\x02\n\x0f\x45ngineTelemetry\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x18\n\x10requests_running\x18\x04 \x01(\r\x12\x18\n\x10requests_waiting\x18\x05 \x01(\r\x12\x19\n\x11preemptions_total\x18\x06 \x01(\x04\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\r\n\x05stale\x18\x08 \x01(\x08\x12\x14\n\x0cstale_reason\x18\t \x01(\t\x12\x11\n\tgpu_uuids\x18\n \x03(\t\"G\n\tStreamAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x15\n\rperiod_millis\x18\x02 \x01(\r\x12\x11\n\tack_every\x18\x03 \x01(\r2^\n\tTelemetry\x12Q\n\x06Stream\x12!.gpusched.telemetry.v1.NodeReport\x1a .gpusched.telemetry.v1.StreamAck(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)gpusched_api/telemetry/v1/telemetry.proto\x12\x15gpusched.telemetry.v1\"\xca\x02\n\nNodeReport\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1d\n\x15sampled_at_unix_nanos\x18\x03 \x01(\x03\x12\x15\n\rperiod_millis\x18\x04 \x01(\r\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x31\n\x04gpus\x18\x06 \x03(\x0b\x32#.gpusched.telemetry.v1.GpuTelemetry\x12\x37\n\x07\x65ngines\x18\x07 \x03(\x0b\x32&.gpusched.telemetry.v1.EngineTelemetry\x12\x13\n\x0bgpu_backend\x18\x08 \x01(\t\x12/\n\x04kind\x18\t \x01(\x0e\x32!.gpusched.telemetry.v1.ReportKind\x12\x18\n\x10\x65ngines_replaced\x18\n \x01(\x08\"\xce\x02\n\x0cGpuTelemetry\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06is_mig\x18\x03 \x01(\x08\x12\x14\n\x0cparent_index\x18\x04 \x01(\r\x12\x0f\n\x07profile\x18\x05 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x04\x12\x19\n\x11memory_free_bytes\x18\x07 \x01(\x04\x12\x1d\n\x15memory_reserved_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12\x66oreign_used_bytes\x18\t \x01(\x04\x12\x34\n\rassigned_pods\x18\n \x03(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\x0f\n\x07\x66\x61ilure\x18\x0b \x01(\t\x12\x31\n\x06shares\x18\x0c \x03(\x0b\x32!.gpusched.telemetry.v1.ShareUsage\"u\n\nShareUsage\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\x13\n\x0bshare_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nused_known\x18\x04 \x01(\x08\"<\n\x06PodRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\"\x87\x02\n\x0f\x45ngineTelemetry\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.gpusched.telemetry.v1.PodRef\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x18\n\x10requests_running\x18\x04 \x01(\r\x12\x18\n\x10requests_waiting\x18\x05 \x01(\r\x12\x19\n\x11preemptions_total\x18\x06 \x01(\x04\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\r\n\x05stale\x18\x08 \x01(\x08\x12\x14\n\x0cstale_reason\x18\t \x01(\t\x12\x11\n\tgpu_uuids\x18\n \x03(\t\"c\n\tStreamAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x15\n\rperiod_millis\x18\x02 \x01(\r\x12\x11\n\tack_every\x18\x03 \x01(\r\x12\x1a\n\x12\x66ull_report_wanted\x18\x04 \x01(\x08*#\n\nReportKind\x12\x08\n\x04\x46ULL\x10\x00\x12\x0b\n\x07\x43HANGES\x10\x01\x32^\n\tTelemetry\x12Q\n\x06Stream\x12!.gpusched.telemetry.v1.NodeReport\x1a .gpusched.telemetry.v1.StreamAck(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpusched_api.telemetry.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REPORTKIND']._serialized_start=1286
+  _globals['_REPORTKIND']._serialized_end=1321
   _globals['_NODEREPORT']._serialized_start=69
-  _globals['_NODEREPORT']._serialized_end=324
-  _globals['_GPUTELEMETRY']._serialized_start=327
-  _globals['_GPUTELEMETRY']._serialized_end=661
-  _globals['_SHAREUSAGE']._serialized_start=663
-  _globals['_SHAREUSAGE']._serialized_end=780
-  _globals['_PODREF']._serialized_start=782
-  _globals['_PODREF']._serialized_end=842
-  _globals['_ENGINETELEMETRY']._serialized_start=845
-  _globals['_ENGINETELEMETRY']._serialized_end=1108
-  _globals['_STREAMACK']._serialized_start=1110
-  _globals['_STREAMACK']._serialized_end=1181
-  _globals['_TELEMETRY']._serialized_start=1183
-  _globals['_TELEMETRY']._serialized_end=1277
+  _globals['_NODEREPORT']._serialized_end=399
+  _globals['_GPUTELEMETRY']._serialized_start=402
+  _globals['_GPUTELEMETRY']._serialized_end=736
+  _globals['_SHAREUSAGE']._serialized_start=738
+  _globals['_SHAREUSAGE']._serialized_end=855
+  _globals['_PODREF']._serialized_start=857
+  _globals['_PODREF']._serialized_end=917
+  _globals['_ENGINETELEMETRY']._serialized_start=920
+  _globals['_ENGINETELEMETRY']._serialized_end=1183
+  _globals['_STREAMACK']._serialized_start=1185
+  _globals['_STREAMACK']._serialized_end=1284
+  _globals['_TELEMETRY']._serialized_start=1323
+  _globals['_TELEMETRY']._serialized_end=1417
 # @@protoc_insertion_point(module_scope)
