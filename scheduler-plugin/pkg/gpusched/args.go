@@ -22,6 +22,11 @@ const DefaultConfirmLinger = 50 * time.Millisecond
 // maxConfirmLinger bounds args.confirmLinger: a pod's Bind waits this long at most for it.
 const maxConfirmLinger = time.Second
 
+// DefaultNarrowFromNodes is the table size from which PreFilter names the nodes a GPU pod can use
+// (its PreFilterResult) when the args name none: below it, kube-scheduler's message keeps
+// gpusched's reason for every node, which matters more than microseconds per node.
+const DefaultNarrowFromNodes = 1000
+
 // Args are GpuSched's pluginConfig args in a KubeSchedulerConfiguration:
 //
 //	pluginConfig:
@@ -31,6 +36,7 @@ const maxConfirmLinger = time.Second
 //	    timeout: 5s
 //	    answerMaxAge: 1s
 //	    confirmLinger: 50ms
+//	    narrowFromNodes: 1000
 type Args struct {
 	metav1.TypeMeta `json:",inline"`
 	// Address of the gpusched core's gpusched.scheduling.v1 service: unix:///path (the shipped
@@ -51,6 +57,13 @@ type Args struct {
 	// unset, 0s to send each at once (a batch then holds what queued while the last was sent).
 	// The core's CPU per pod falls with the batch's size; each pod's Bind waits at most this long.
 	ConfirmLinger *metav1.Duration `json:"confirmLinger,omitempty"`
+	// NarrowFromNodes: with at least this many nodes in the core's table, PreFilter returns the
+	// nodes a GPU pod can use as its PreFilterResult — those the core judged to fit now or once
+	// pods leave (preemption's candidates), never a node that could fit — so kube-scheduler
+	// filters and scores only those. kube-scheduler then counts every other node as "didn't
+	// satisfy plugin(s) [GpuSched]" in the pod's status (the reasons stay in gpusched explain).
+	// DefaultNarrowFromNodes if unset; 0 narrows at every size.
+	NarrowFromNodes *int `json:"narrowFromNodes,omitempty"`
 }
 
 // decodeArgs reads the args as kube-scheduler hands an out-of-tree plugin's: *runtime.Unknown
@@ -77,6 +90,10 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	if args.ConfirmLinger == nil {
 		args.ConfirmLinger = &metav1.Duration{Duration: DefaultConfirmLinger}
 	}
+	if args.NarrowFromNodes == nil {
+		n := DefaultNarrowFromNodes
+		args.NarrowFromNodes = &n
+	}
 	if args.Address == "" {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.address: required (e.g. unix:///run/gpusched/scheduling.sock)", Name)
 	}
@@ -93,6 +110,10 @@ func decodeArgs(obj runtime.Object) (Args, error) {
 	if l := args.ConfirmLinger.Duration; l < 0 || l > maxConfirmLinger {
 		return Args{}, fmt.Errorf("pluginConfig[%s].args.confirmLinger: must be between 0s (send at once) and %s "+
 			"(each pod's Bind waits this long at most), got %s", Name, maxConfirmLinger, l)
+	}
+	if *args.NarrowFromNodes < 0 {
+		return Args{}, fmt.Errorf("pluginConfig[%s].args.narrowFromNodes: must be >= 0 (0: at every size), got %d",
+			Name, *args.NarrowFromNodes)
 	}
 	return args, nil
 }
@@ -112,6 +133,10 @@ func (a *Args) DeepCopyObject() runtime.Object {
 	if a.ConfirmLinger != nil {
 		l := *a.ConfirmLinger
 		c.ConfirmLinger = &l
+	}
+	if a.NarrowFromNodes != nil {
+		n := *a.NarrowFromNodes
+		c.NarrowFromNodes = &n
 	}
 	return &c
 }

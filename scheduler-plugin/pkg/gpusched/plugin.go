@@ -50,6 +50,8 @@ type Plugin struct {
 	handle  fwk.Handle
 	core    *core
 	waiting *waitingGangs
+	// narrowFrom: the table size from which PreFilter returns a PreFilterResult (Args.NarrowFromNodes)
+	narrowFrom int
 }
 
 var (
@@ -83,7 +85,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		return nil, fmt.Errorf("pluginConfig[%s].args.address %q: %w", Name, args.Address, err)
 	}
 	p := newPlugin(handle, newCore(args.Address, args.Timeout.Duration, args.AnswerMaxAge.Duration, args.ConfirmLinger.Duration,
-		args.AnswerAudit, conn))
+		args.AnswerAudit, conn), *args.NarrowFromNodes)
 	go p.core.hello(ctx)
 	// The pod lister registered now, before kube-scheduler starts its informers.
 	podInformer := handle.SharedInformerFactory().Core().V1().Pods()
@@ -99,8 +101,8 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	return p, nil
 }
 
-func newPlugin(handle fwk.Handle, c *core) *Plugin {
-	return &Plugin{handle: handle, core: c, waiting: &waitingGangs{gang: map[types.UID]string{}}}
+func newPlugin(handle fwk.Handle, c *core, narrowFrom int) *Plugin {
+	return &Plugin{handle: handle, core: c, waiting: &waitingGangs{gang: map[types.UID]string{}}, narrowFrom: narrowFrom}
 }
 
 // Name implements fwk.Plugin.
@@ -180,7 +182,42 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	case len(reply.GetOnlyNodes()) > 0: // a gang member's planned node: filter no other
 		return &fwk.PreFilterResult{NodeNames: sets.New(reply.GetOnlyNodes()...)}, nil
 	}
-	return nil, nil
+	return a.usable(p.narrowFrom), nil
+}
+
+// narrowGain: a PreFilterResult is returned only when it leaves out at least one node in this many
+// of those it names. Building the set costs ~0.1 us per named node; a node left out saves every
+// Filter plugin's run on it (~8 us at kube-scheduler's defaults), so below this a set costs more
+// than it saves.
+const narrowGain = 64
+
+// usable is the PreFilterResult of a GPU pod's answer on a table of at least narrowFrom nodes: the
+// nodes the core judged to fit now or once pods leave (NOT_NOW: preemption's candidates, which
+// kube-scheduler only tries on nodes in the result). Only nodes judged NEVER are left out, whose
+// Filter would say UnschedulableAndUnresolvable anyway, so no node that could fit is dropped. nil
+// (every node) on a smaller table, when the set would leave out too few nodes to pay for itself,
+// and when it would be empty: a pod no node can take keeps gpusched's reasons in its status.
+func (a *answer) usable(narrowFrom int) *fwk.PreFilterResult {
+	names, verdicts := a.table.names, a.reply.GetVerdicts()
+	if len(names) < narrowFrom || len(verdicts) != len(names) {
+		return nil
+	}
+	never := 0
+	for _, v := range verdicts {
+		if pb.Verdict(v) == pb.Verdict_VERDICT_NEVER {
+			never++
+		}
+	}
+	if never == 0 || never == len(names) || never*narrowGain < len(names)-never {
+		return nil
+	}
+	usable := make(sets.Set[string], len(names)-never)
+	for i, v := range verdicts {
+		if pb.Verdict(v) != pb.Verdict_VERDICT_NEVER {
+			usable.Insert(names[i])
+		}
+	}
+	return &fwk.PreFilterResult{NodeNames: usable}
 }
 
 func readAnswer(state fwk.CycleState) (*answer, *fwk.Status) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -169,7 +171,8 @@ func startLingering(t *testing.T, f pb.SchedulingServer, timeout, answerMaxAge, 
 	t.Cleanup(func() { _ = conn.Close() })
 	cs := fake.NewClientset(objects...)
 	handle := fakeHandle{cs: cs, waiting: &waitingPods{pods: map[types.UID]*fakeWaitingPod{}}}
-	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, linger, answerAudit, conn)), cs
+	return newPlugin(handle, newCore("unix:///fake/scheduling.sock", timeout, answerMaxAge, linger, answerAudit, conn),
+		DefaultNarrowFromNodes), cs
 }
 
 func makePod(name string) *v1.Pod {
@@ -643,6 +646,8 @@ func TestDecodeArgs(t *testing.T) {
 			"pluginConfig[GpuSched].args.confirmLinger: must be between 0s (send at once) and 1s"},
 		{"linger past a second", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","confirmLinger":"2s"}`)}, "", 0,
 			"each pod's Bind waits this long at most), got 2s"},
+		{"negative narrowFromNodes", &runtime.Unknown{Raw: []byte(`{"address":"unix:///s","narrowFromNodes":-1}`)}, "", 0,
+			"pluginConfig[GpuSched].args.narrowFromNodes: must be >= 0 (0: at every size), got -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args, err := decodeArgs(tc.obj)
@@ -653,7 +658,7 @@ func TestDecodeArgs(t *testing.T) {
 				return
 			}
 			if err != nil || args.Address != tc.address || args.Timeout.Duration != tc.timeout ||
-				args.ConfirmLinger.Duration != DefaultConfirmLinger {
+				args.ConfirmLinger.Duration != DefaultConfirmLinger || *args.NarrowFromNodes != DefaultNarrowFromNodes {
 				t.Fatalf("= %+v %v, want %s %s (linger %s)", args, err, tc.address, tc.timeout, DefaultConfirmLinger)
 			}
 		})
@@ -703,7 +708,7 @@ func TestTheCoreGetsThePodWithoutItsManagedFields(t *testing.T) {
 }
 
 func TestPodsOfOneSpecSignAlikeAndAnyOtherSpecOtherwise(t *testing.T) {
-	p := newPlugin(fakeHandle{}, nil)
+	p := newPlugin(fakeHandle{}, nil, DefaultNarrowFromNodes)
 	sign := func(pod *v1.Pod) string {
 		fragments, st := p.SignPod(context.Background(), pod)
 		if !st.IsSuccess() || len(fragments) != 1 || fragments[0].Key != SpecSignerName {
@@ -772,4 +777,60 @@ func TestAScoreOnlyAnswerIsScoredAndNeverReserved(t *testing.T) {
 	if st := p.Bind(context.Background(), state, pod, "cpu-node"); !st.IsSkip() {
 		t.Errorf("Bind = %v, want Skip (the default binder binds it)", st)
 	}
+}
+
+func TestPreFilterNamesTheUsableNodesOnALargeEnoughTable(t *testing.T) {
+	const fits, notNow, never = pb.Verdict_VERDICT_FITS, pb.Verdict_VERDICT_NOT_NOW, pb.Verdict_VERDICT_NEVER
+	repeat := func(n int, v pb.Verdict) []pb.Verdict {
+		out := make([]pb.Verdict, n)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name       string
+		verdicts   []pb.Verdict
+		narrowFrom int
+		want       []string // nil: every node (no PreFilterResult)
+	}{
+		{"fits, not now and never: the first two", []pb.Verdict{fits, never, notNow, never}, 0, []string{"n0", "n2"}},
+		{"a table below narrowFrom", []pb.Verdict{fits, never, notNow, never}, 5, nil},
+		{"no node judged never", []pb.Verdict{fits, notNow, fits}, 0, nil},
+		{"every node judged never: the reasons stay in the status", repeat(4, never), 0, nil},
+		{"too few left out to pay for the set", append([]pb.Verdict{never}, repeat(99, fits)...), 0, nil},
+		{"enough left out", append(repeat(2, never), repeat(100, fits)...), 0, names(2, 102)},
+		{"one in 64 left out", append(repeat(2, never), repeat(128, notNow)...), 0, names(2, 130)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := names(0, len(tc.verdicts))
+			scores := make([]byte, len(table))
+			reply := vectors(1, table, true, tc.verdicts, make([]string, len(table)), scores)
+			p, _ := start(t, &fakeCore{preFilter: func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) { return reply, nil }},
+				time.Second)
+			p.narrowFrom = tc.narrowFrom
+			result, st := p.PreFilter(context.Background(), framework.NewCycleState(), makePod("p"), nil)
+			if !st.IsSuccess() {
+				t.Fatalf("PreFilter: %v", st)
+			}
+			if tc.want == nil {
+				if !result.AllNodes() {
+					t.Fatalf("PreFilterResult = %v, want every node", sets.List(result.NodeNames))
+				}
+				return
+			}
+			if result.AllNodes() || !result.NodeNames.Equal(sets.New(tc.want...)) {
+				t.Fatalf("PreFilterResult = %v, want %v", result, tc.want)
+			}
+		})
+	}
+}
+
+// names are n<from>..n<to-1>.
+func names(from, to int) []string {
+	out := make([]string, 0, to-from)
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("n%d", i))
+	}
+	return out
 }
