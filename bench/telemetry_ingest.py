@@ -43,6 +43,13 @@ Processes (the orchestrator starts both kinds and only waits):
   ~30 % of all reports judged changes (~1,500/s at 5,000 agents) contrary to the stated model.
   Reports are pre-serialised per agent (a few variants) and the scalar fields are
   appended per send (protobuf merge semantics), so the generators spend their CPU on gRPC.
+  ``--reports changes`` (the default, the agents' protocol since issue 45): a FULL report first on
+  each stream and when an ack asks for one, then CHANGES reports — what the agent's own
+  ``nodeagent.stream.changes.ChangeTracker`` makes of a change, else the pre-serialised empty one,
+  the heartbeat (the jitter above is inside what is judged, so the tracker would send nothing
+  either); ``--reports full``: a FULL report every period, as agents sent before. Given both, each
+  count runs both ways, interleaved; each row says which (``reports``), and the headline records
+  the ingest process's CPU per 1,000 reports/s of every row (the sizing figure for ingest).
 
 What is measured, in the extender process, over the ``--seconds`` window after every agent has
 reported and a warm-up:
@@ -289,7 +296,7 @@ def extender_main(args: argparse.Namespace) -> int:
         def ingest_cpu_s() -> float:
             return child_counters().cpu_s
 
-    decider = make_decider(state, telemetry=True)  # as assembly wires it: telemetry notes in decision records
+    decider = make_decider(state)  # state carries telemetry: notes in decision records, as assembly wires it
     service = ExtenderService(decider, RecordingBinder(), DecisionStore(2000), _NullObserver())
     churn = Churn(state, names)
     shape = next(s for s in SHAPES if s.name == "tp2")
@@ -568,6 +575,14 @@ class Agent:
         self.units = units
         self.foreign: str | None = None
         self.kv_level = rng.randint(1, 9)  # the engines' KV-cache load in tenths: what the extender judges
+        from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
+        from nodeagent.stream.changes import ChangeTracker
+        # --reports changes: the agents' protocol (FULL first on a stream and when asked, then CHANGES,
+        # an empty one — the heartbeat — when nothing judged changed), with the agent's own ChangeTracker
+        self.changes = ChangeTracker()
+        self.heartbeat = pb.NodeReport(node_name=node, period_millis=period_ms, kind=pb.CHANGES).SerializeToString()
+        self.full_next = True
+        self.pending: bytes | None = None  # the CHANGES report of a change, sent next
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -606,20 +621,34 @@ class Agent:
             return False
         if self.pods and self.rng.random() < 0.5:  # the engines' load moves to another tenth
             self.kv_level = self.rng.choice([level for level in range(1, 10) if level != self.kv_level])
-            self._rebuild()
-            return True
-        held = {u for _, ids in self.pods for u in ids}
-        free = [u["uuid"] for u in self.units if u["uuid"] not in held]
-        if not free:
-            return False
-        self.foreign = None if self.foreign else self.rng.choice(free)
+        else:
+            held = {u for _, ids in self.pods for u in ids}
+            free = [u["uuid"] for u in self.units if u["uuid"] not in held]
+            if not free:
+                return False
+            self.foreign = None if self.foreign else self.rng.choice(free)
         self._rebuild()
+        if not self.full_next:  # what the agent's tracker sends for the node as it is now
+            self.pending = self.changes.next_report(self._current()).SerializeToString()
         return True
 
-    def body(self, seq: int) -> bytes:
+    def _current(self) -> Any:
+        from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
+        return pb.NodeReport.FromString(self.variants[0])
+
+    def body(self, seq: int, full: bool) -> bytes:
+        """Report ``seq``: the complete state (``full``: every report, as agents sent before issue
+        45; or the first of a stream and when asked), else the pending change or the heartbeat."""
         from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
         tail = pb.NodeReport(sequence=seq, sampled_at_unix_nanos=time.time_ns()).SerializeToString()
-        return self.variants[seq % self.VARIANTS] + tail  # protobuf: later scalar fields win
+        if full or self.full_next:
+            if not full:
+                self.full_next, self.pending = False, None
+                self.changes.forget()
+                self.changes.next_report(self._current())
+            return self.variants[seq % self.VARIANTS] + tail  # protobuf: later scalar fields win
+        body, self.pending = self.pending or self.heartbeat, None
+        return body + tail
 
 
 def agents_main(args: argparse.Namespace) -> int:
@@ -635,7 +664,9 @@ def agents_main(args: argparse.Namespace) -> int:
     mine = [nd for i, nd in enumerate(nodes) if i % args.generators == args.index]
     rng = random.Random(SEED + 7 + args.index)
     agents = [Agent(node, preset, int(args.period * 1000), random.Random(rng.random())) for node, preset in mine]
-    stats = {"sent": 0, "acks": 0, "changes": 0, "errors": 0, "streams_acked": 0, "reconnects": 0}
+    stats = {"sent": 0, "acks": 0, "changes": 0, "errors": 0, "streams_acked": 0, "reconnects": 0, "full_asked": 0}
+    full_reports = args.reports == "full"
+    from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
     errors: dict[str, int] = {}
     late = array("d")
     stop_file = Path(args.stop_file)
@@ -648,8 +679,10 @@ def agents_main(args: argparse.Namespace) -> int:
             channel = (grpc.aio.secure_channel(args.target, tls, options=options) if tls
                        else grpc.aio.insecure_channel(args.target, options=options))
             token = real["tokens"][agent.node] if real else f"bench:{agent.node}"
-            call = channel.stream_stream(METHOD)(metadata=(("authorization", f"Bearer {token}"),))
+            call = channel.stream_stream(METHOD, response_deserializer=pb.StreamAck.FromString)(
+                metadata=(("authorization", f"Bearer {token}"),))
             first = [True]
+            agent.full_next = True  # a new stream
 
             async def read_acks() -> None:
                 while True:
@@ -660,6 +693,9 @@ def agents_main(args: argparse.Namespace) -> int:
                     if r is grpc.aio.EOF:
                         return
                     stats["acks"] += 1
+                    if r.full_report_wanted:
+                        stats["full_asked"] += 1
+                        agent.full_next = True
                     if first[0]:
                         first[0] = False
                         stats["streams_acked"] += 1
@@ -671,7 +707,7 @@ def agents_main(args: argparse.Namespace) -> int:
                     if agent.maybe_change(args.change_prob):
                         stats["changes"] += 1
                     late.append(loop.time() - next_at)
-                    await call.write(agent.body(seq))
+                    await call.write(agent.body(seq, full_reports))
                     stats["sent"] += 1
                     next_at += args.period * (1.0 + rng.uniform(-0.05, 0.05))
                     delay = next_at - loop.time()
@@ -715,7 +751,8 @@ def agents_main(args: argparse.Namespace) -> int:
 
 
 # ---- the orchestrator --------------------------------------------------------------------------
-def run_case(n: int, args: argparse.Namespace, cpus: list[int]) -> dict[str, Any]:
+def run_case(n: int, args: argparse.Namespace, cpus: list[int], reports: str) -> dict[str, Any]:
+    """One agent count with the agents sending ``reports`` ("changes" or "full")."""
     ext_cpu = cpus[0]
     gen_cpu = cpus[1] if len(cpus) > 1 else cpus[0]
     base = [sys.executable, "-m", "bench.telemetry_ingest", "--agents", str(n), "--period", str(args.period)]
@@ -738,7 +775,8 @@ def run_case(n: int, args: argparse.Namespace, cpus: list[int]) -> dict[str, Any
             gens.append(subprocess.Popen(
                 base + ["--role", "agents", "--cpu", str(gen_cpu), "--target", f"127.0.0.1:{port}",
                         "--generators", str(args.generators), "--index", str(i), "--ramp", str(args.ramp),
-                        "--change-prob", str(args.change_prob), "--stop-file", str(stop_file)],
+                        "--change-prob", str(args.change_prob), "--reports", reports,
+                        "--stop-file", str(stop_file)],
                 stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent))
         result: dict[str, Any] | None = None
         for line in ext.stdout:
@@ -757,6 +795,7 @@ def run_case(n: int, args: argparse.Namespace, cpus: list[int]) -> dict[str, Any
         if result is None:
             raise RuntimeError(f"extender exited {ext.returncode} without a result")
         result["generators"] = generators
+        result["reports"] = reports
         return result
     finally:
         stop_file.touch()
@@ -784,8 +823,11 @@ def verdict(r: dict[str, Any]) -> str:
     return "met" if kept_up and ages_p99(r) <= TARGET_AGE_P99_PERIODS else "NOT met"
 
 
-def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The figures issue 4 is judged on, from the 5,000-agent row (else the largest one measured)."""
+def headline(all_rows: list[dict[str, Any]], reports: str) -> list[dict[str, Any]]:
+    """The figures issue 4 is judged on, from the 5,000-agent row (else the largest one measured) of
+    the agents sending ``reports``; and the ingest process's CPU per 1,000 reports/s of every row
+    (issue 45's sizing figure), each way of reporting."""
+    rows = [x for x in all_rows if x.get("reports", "full") == reports]
     if not rows:
         return []
     r = next((x for x in rows if x["agents"] == 5000), max(rows, key=lambda x: x["agents"]))
@@ -819,7 +861,20 @@ def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry(f"filter + prioritize p99 while ingesting, {n}", r["filter_ingesting_ms"]["total"].get("p99", 0.0), "ms",
               "informational (extender_latency holds the latency target)", None),
         *(decisions_entry(x) for x in sorted(rows, key=lambda x: x["agents"])),
+        *(ingest_process_entry(x) for x in sorted(all_rows, key=lambda x: (x["agents"], x.get("reports", "full")))
+          if x.get("ingest") == "process"),
     ]
+
+
+def ingest_process_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """The ingest process's CPU per 1,000 reports/s: what one more ingest replica's core buys."""
+    per_report_us = r["cpu"].get("ingest_process_us_per_report", 0.0)
+    return {"metric": f"ingest process CPU per 1,000 reports/s, {r['agents']:,} agents, "
+                      f"{r.get('reports', 'full')} reports",
+            "measured": round(per_report_us / 1000, 3), "unit": "CPU s/s", "target": "informational (sizing)",
+            "met": None,
+            "anchor": f"{r['reports_per_s']:,.0f} reports/s, {r['judged_changes_per_s']:.1f} judged changes/s; "
+                      f"{generator_load(r)}"}
 
 
 DECISIONS_SLOWDOWN_TARGET = 1.2  # issue 18, item 3: ingest must not slow decisions (p50 within 20 %)
@@ -876,7 +931,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         fi, fb = r["filter_idle_ms"]["total"], r["filter_ingesting_ms"]["total"]
         gen_cpu = sum(g.get("cpu_per_wall_s", 0) for g in r["generators"])
         gen_late = max((g.get("send_late_ms", {}).get("p99", 0) for g in r["generators"]), default=0)
-        print(f"{r['agents']:>6} {r.get('ingest', 'thread'):>7} {r['reports_per_s']:>7.0f} "
+        print(f"{r['agents']:>6} {r.get('ingest', 'thread')[:4] + '/' + r.get('reports', 'full')[:2]:>7} "
+              f"{r['reports_per_s']:>7.0f} "
               f"{r['expected_reports_per_s']:>6.0f} "
               f"{c['process_per_wall_s']:>6.2f} {c['ingest_per_wall_s']:>6.2f} {c['ingest_us_per_report']:>6.0f} "
               f"{c.get('ingest_process_per_wall_s', 0):>5.2f} "
@@ -901,6 +957,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--filter-hz", type=float, default=4.0, help="filter+prioritize cycles per second (default 4)")
     parser.add_argument("--change-prob", type=float, default=0.002,
                         help="per report, chance a foreign process appears/leaves (default 0.002)")
+    parser.add_argument("--reports", choices=["changes", "full"], nargs="+", default=["changes"],
+                        help="what agents send: changes (the protocol since issue 45: FULL on connect and when asked, "
+                             "then CHANGES, mostly empty heartbeats; the default) or full (a FULL report every "
+                             "period, as before); both: each count run with each, interleaved; the headline is the "
+                             "first's")
     parser.add_argument("--ramp", type=float, default=10.0, help="agents connect spread over this many s (default 10)")
     parser.add_argument("--warmup", type=float, default=5.0, help="s after every node reported, before measuring")
     parser.add_argument("--idle-seconds", type=float, help="idle filter window, s (default min(seconds, 20))")
@@ -929,6 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return extender_main(args)
     if args.role == "agents":
         args.agents = args.agents[0]
+        args.reports = args.reports[0]
         return agents_main(args)
 
     sizes = args.agents or ([1000] if args.quick else [1000, 2500, 5000])
@@ -947,12 +1009,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"window {args.seconds:g} s, filter {args.filter_hz:g} Hz")
     rows = []
     for n in sizes:
-        print(f"# {n} agents ...", flush=True)
-        try:
-            rows.append(run_case(n, args, cpus))
-        except Exception as exc:  # say where it broke, keep the other sizes
-            print(f"# {n} agents: FAILED: {exc}", flush=True)
-            rows.append({"agents": n, "failed": str(exc)})
+        for reports in args.reports:
+            print(f"# {n} agents, {reports} reports ...", flush=True)
+            try:
+                rows.append(run_case(n, args, cpus, reports))
+            except Exception as exc:  # say where it broke, keep the other sizes
+                print(f"# {n} agents, {reports} reports: FAILED: {exc}", flush=True)
+                rows.append({"agents": n, "reports": reports, "failed": str(exc)})
     ok = [r for r in rows if "failed" not in r]
     print_table(ok)
     for r in ok:
@@ -962,7 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if r.get("profile_top"):
             print("\n".join(r["profile_top"]))
     target = {"agents": 5000, "age_p99_periods": TARGET_AGE_P99_PERIODS, "one_core": True}
-    by_n = {r["agents"]: r for r in ok}
+    by_n = {r["agents"]: r for r in ok if r["reports"] == args.reports[0]}
     if 5000 in by_n:
         target["verdict_5000"] = verdict(by_n[5000])
         print(f"# target (5,000 agents, snapshot age p99 <= {TARGET_AGE_P99_PERIODS} periods, one core): "
@@ -974,9 +1037,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.output:
                 r.pop("profile_top", None)
         out.write_text(json.dumps({
-            "headline": headline(ok), "why_not_met": why_not_met(ok), "machine": info, "target": target,
+            "headline": headline(ok, args.reports[0]),
+            "why_not_met": why_not_met([r for r in ok if r["reports"] == args.reports[0]]), "machine": info,
+            "target": target,
             "setup": {"period_s": args.period, "seconds": args.seconds, "idle_seconds": args.idle_seconds,
                       "generators": args.generators, "filter_hz": args.filter_hz, "change_prob": args.change_prob,
+                      "reports": args.reports,
                       "ramp_s": args.ramp, "warmup_s": args.warmup, "pod": "tp2 (Llama-3.1-8B, TP=2), service level",
                       "auth": "stub verifier (authenticated, node = claimed node); TokenReview runs once per stream "
                               "in production and is cached, so it is not the steady-state cost; e2e tests cover "
