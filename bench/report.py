@@ -38,7 +38,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 BEGIN = "<!-- bench-table:begin -->"
 END = "<!-- bench-table:end -->"
 # The order rows appear in (others follow alphabetically); also what `python -m bench` runs.
-BENCHMARKS = ("extender_latency", "telemetry_ingest", "telemetry_core_scale", "placement_quality", "gang_barrier",
+BENCHMARKS = ("extender_latency", "telemetry_ingest", "telemetry_core_scale", "relist_scale", "placement_quality", "gang_barrier",
               "scheduler_throughput", "engine_sidecar", "openb_replay", "openb_ablation", "openb_weights", "soak")
 # pyspy, agent_fleet: helpers.
 NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet"})
