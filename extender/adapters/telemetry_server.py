@@ -396,23 +396,20 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                 telemetry = view.apply(report, now)
                 if isinstance(telemetry, Unapplied):
                     self._reject(telemetry.reason, node, telemetry.message, warned)
-                    ask = telemetry.reason
+                    wanted = telemetry.reason  # why a FULL report is wanted ("" while none is)
                 else:
                     ingest(telemetry)
-                    ask = "refresh" if now - view.full_at >= full_every_s else ""
                     since_ack += 1
-                if ask and now - asked_at >= ack_interval_s:
+                    wanted = "refresh" if now - view.full_at >= full_every_s else ""
+                ask = bool(wanted) and now - asked_at >= ack_interval_s  # once per interval while unanswered
+                if ask:
                     asked_at = now
-                    self._metrics.full_asked.labels(reason=ask).inc()
-                elif since_ack > ack_every or now - last_ack_at >= ack_interval_s:
-                    ask = ""
-                else:
-                    ask = None
-                if ask is not None:  # an ack: at the cadence, or at once to ask for a FULL report
+                    self._metrics.full_asked.labels(reason=wanted).inc()
+                if ask or since_ack > ack_every or now - last_ack_at >= ack_interval_s:
                     since_ack, last_ack_at = 1, now
                     await context.write(telemetry_pb2.StreamAck(sequence=max(view.sequence, 0),
                                                                 period_millis=report.period_millis,
-                                                                ack_every=ack_every, full_report_wanted=bool(ask)))
+                                                                ack_every=ack_every, full_report_wanted=ask))
             report = await read()
             if report is _EOF:
                 return

@@ -3,13 +3,14 @@
 The node agent streams the node's state (memory per GPU and MIG instance, foreign usage, the
 kubelet's actual device assignment, engine KV-cache load): whole on connecting, then what changed
 in what is judged (``gpusched_api.telemetry.v1.changes``; ``adapters.stream_view`` rebuilds the
-picture), or a heartbeat when nothing did. The extender keeps the newest per node and judges with it while it is fresh; ``received_at`` is the receiver's monotonic
-clock, so agent clock skew never makes data look fresher than it is.
+picture), or a heartbeat when nothing did. The extender keeps the newest per node and judges with
+it while it is fresh; ``received_at`` is the receiver's monotonic clock, so agent clock skew never
+makes data look fresher than it is.
 
 ``received_at`` and ``sequence`` are always the newest report's. The per-unit values may come from
 an earlier report of the same stream when the newer one changed nothing judged (same whole GiB of
 free memory, same foreign usage and assignments, the same sharers each on the same side of its share
-and using the same whole GiB; ``gpusched_api.telemetry.v1.changes.unit_key``): they judge identically,
+and using the same whole GiB; ``gpusched_api.telemetry.v1.changes.unit_key``): they judge alike,
 and converting them again for every report is what made ingest expensive. With ingest in its own
 process (``adapters.ingest_process``) the same holds one step further: a node's whole value is
 shipped to the decision core only when what is judged changed; otherwise only ``received_at``,
