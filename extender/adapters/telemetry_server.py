@@ -409,7 +409,8 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                     since_ack, last_ack_at = 1, now
                     await context.write(telemetry_pb2.StreamAck(sequence=max(view.sequence, 0),
                                                                 period_millis=report.period_millis,
-                                                                ack_every=ack_every, full_report_wanted=ask))
+                                                                ack_every=ack_every, full_report_wanted=ask,
+                                                                accepts_changes=True))
             report = await read()
             if report is _EOF:
                 return

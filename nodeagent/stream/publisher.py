@@ -3,9 +3,10 @@
 Contract:
 - ``collect()`` is called when a report is due and gives the node's *current* complete state; the
   first report of every stream sends it whole (FULL), so after a reconnect the extender gets the
-  present, never a backlog; later reports carry only what changed in what the extender judges
-  (CHANGES, ``nodeagent.stream.changes``), nothing at all when nothing did (the heartbeat); when an
-  ack says ``full_report_wanted`` the next report is FULL again;
+  present, never a backlog; once an ack on the stream says the extender accepts CHANGES reports
+  (``accepts_changes``: an older extender would take one for the whole state), later reports carry
+  only what changed in what the extender judges (``nodeagent.stream.changes``), nothing at all
+  when nothing did (the heartbeat); when an ack says ``full_report_wanted`` the next is FULL again;
 - the bearer token is re-read from its file on every connect (the kubelet rotates projected
   service-account tokens);
 - the extender acknowledges the first report of a stream and then only every few reports
@@ -84,6 +85,7 @@ class Publisher:
         self.status = PublisherStatus()
         self._stop = threading.Event()
         self._full_wanted = threading.Event()  # set by the ack reader, taken by the report producer
+        self._changes_accepted = threading.Event()  # this stream's extender said accepts_changes
         self._sequence = 0
 
     def stop(self) -> None:
@@ -107,13 +109,14 @@ class Publisher:
         """One stream's reports: FULL first, then CHANGES unless the extender asks for FULL."""
         changes = ChangeTracker()  # a new stream: its first report is FULL
         self._full_wanted.clear()  # whatever the previous stream's extender asked is answered by that
+        self._changes_accepted.clear()  # until this stream's extender says it takes CHANGES
         next_at = time.monotonic()
         while not self._stop.is_set():
             delay = next_at - time.monotonic()
             if delay > 0 and self._stop.wait(delay):
                 return
             next_at = max(next_at + self.period_s, time.monotonic())
-            if self._full_wanted.is_set():
+            if self._full_wanted.is_set() or not self._changes_accepted.is_set():
                 self._full_wanted.clear()
                 changes.forget()
             self._sequence += 1
@@ -138,6 +141,8 @@ class Publisher:
                     if ack.full_report_wanted:
                         self.status.full_asked += 1
                         self._full_wanted.set()
+                    if ack.accepts_changes:
+                        self._changes_accepted.set()
                     self.status.ack_every = ack.ack_every
                     self.status.last_ack_at = time.monotonic()
                     backoff.reset()

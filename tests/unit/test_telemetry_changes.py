@@ -1,12 +1,16 @@
 """Agents report changes, not state (issue 45): the agent's ChangeTracker, the extender's StreamView
 and the servicer's rules for CHANGES reports — a gap, a unit never reported, a flood — each asked
-back for a FULL report; and, over random histories, the extender judging a node exactly as it would
-from FULL reports."""
+back for a FULL report; over random histories, the extender judging a node exactly as it would
+from FULL reports; and the agent's Publisher over real gRPC on loopback, sending CHANGES only to an
+extender that says it takes them."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -18,7 +22,9 @@ from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, T
 from extender.model.telemetry import engine_headroom, gpu_memory_key
 from extender.service.telemetry import TokenIdentity
 from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
+from gpusched_api.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 from nodeagent.stream.changes import ChangeTracker
+from nodeagent.stream.publisher import Publisher
 
 GIB, MIB = 1 << 30, 1 << 20
 AGENT = "system:serviceaccount:gpusched-system:gpusched-node-agent"
@@ -273,3 +279,60 @@ def test_heartbeats_land_as_the_same_units_with_newer_times():
     assert [t.received_at for t in sink.got] == [0.0, 1.0, 2.0, 3.0]
     assert all(t.gpus is sink.got[0].gpus for t in sink.got)
     assert [a.sequence for a in context.acks] == [1] and not asks(context)
+
+
+# ---- the agent's publisher: CHANGES only to an extender that says it takes them ----------------
+class Extender(pb_grpc.TelemetryServicer):
+    """Keeps the kind of every report it reads; acks each, saying ``accepts_changes`` or not, and
+    (``ask``) asking for a FULL report in its ack to the second CHANGES report (``asked_at``: its
+    position)."""
+
+    def __init__(self, accepts_changes: bool, ask: bool = False):
+        self.accepts, self.ask = accepts_changes, ask
+        self.kinds: list[int] = []
+        self.asked_at: int | None = None
+
+    def Stream(self, request_iterator, context):
+        for report in request_iterator:
+            self.kinds.append(report.kind)
+            asking = self.ask and self.asked_at is None and self.kinds.count(CHANGES) == 2
+            if asking:
+                self.asked_at = len(self.kinds) - 1
+            yield pb.StreamAck(sequence=report.sequence, ack_every=1, accepts_changes=self.accepts,
+                               full_report_wanted=asking)
+
+
+def published(extender: Extender, reports: int = 8) -> list[int]:
+    """The kinds an agent (``Publisher``, 20 ms period, an unchanging node) sent ``extender``."""
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_TelemetryServicer_to_server(extender, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    publisher = Publisher(f"127.0.0.1:{port}", lambda seq: state(seq), period_s=0.02, insecure=True)
+    agent = threading.Thread(target=publisher.run, daemon=True)
+    agent.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(extender.kinds) < reports and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        publisher.stop()
+        agent.join(10)
+        server.stop(None)
+    return extender.kinds[:reports]
+
+
+def test_an_agent_sends_changes_only_once_its_extender_says_it_takes_them():
+    """An older extender (no accepts_changes) would take a heartbeat for a node without GPUs."""
+    assert published(Extender(accepts_changes=False)) == [FULL] * 8
+    kinds = published(Extender(accepts_changes=True), reports=20)
+    first = kinds.index(CHANGES)  # once the first ack is in: how many reports that takes is timing
+    assert kinds[:first] == [FULL] * first and kinds[first:] == [CHANGES] * (20 - first), kinds
+
+
+def test_an_ack_asking_for_a_full_report_gets_one_then_changes_again():
+    extender = Extender(accepts_changes=True, ask=True)
+    kinds = published(extender, reports=30)
+    assert extender.asked_at is not None, kinds
+    later = kinds[extender.asked_at + 1:]
+    assert FULL in later and CHANGES in later[later.index(FULL):], kinds

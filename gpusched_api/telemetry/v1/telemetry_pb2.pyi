@@ -114,13 +114,15 @@ class EngineTelemetry(_message.Message):
     def __init__(self, pod: _Optional[_Union[PodRef, _Mapping]] = ..., model: _Optional[str] = ..., kv_cache_usage: _Optional[float] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., stale: _Optional[bool] = ..., stale_reason: _Optional[str] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamAck(_message.Message):
-    __slots__ = ("sequence", "period_millis", "ack_every", "full_report_wanted")
+    __slots__ = ("sequence", "period_millis", "ack_every", "full_report_wanted", "accepts_changes")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PERIOD_MILLIS_FIELD_NUMBER: _ClassVar[int]
     ACK_EVERY_FIELD_NUMBER: _ClassVar[int]
     FULL_REPORT_WANTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_CHANGES_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     period_millis: int
     ack_every: int
     full_report_wanted: bool
-    def __init__(self, sequence: _Optional[int] = ..., period_millis: _Optional[int] = ..., ack_every: _Optional[int] = ..., full_report_wanted: _Optional[bool] = ...) -> None: ...
+    accepts_changes: bool
+    def __init__(self, sequence: _Optional[int] = ..., period_millis: _Optional[int] = ..., ack_every: _Optional[int] = ..., full_report_wanted: _Optional[bool] = ..., accepts_changes: _Optional[bool] = ...) -> None: ...
