@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.telemetry_core_scale import rss_kib
+from bench.telemetry_ingest import pct
 
 RESULTS = Path(__file__).parent / "results" / "relist_scale.json"
 
@@ -75,15 +76,6 @@ class TimedHandler:
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
         self._feed.apply(event_type, obj)
-
-
-def pct(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    return {"p50": round(statistics.median(ordered), 2), "p99": round(ordered[min(len(ordered) - 1,
-                                                                                  int(0.99 * len(ordered)))], 2),
-            "max": round(ordered[-1], 2), "n": len(ordered)}
 
 
 def rss_mib() -> float:
@@ -173,8 +165,8 @@ def measure(api: Any, n: int, idle_s: float) -> dict[str, Any]:
             "first_list_replace_s": round(handler.replace_s[0], 2),
             "first_list_fetch_decode_s": round(first_list_s - handler.replace_s[0], 2),
             "relist_s": round(relist_s, 2), "relist_replace_s": round(handler.replace_s[-1], 3),
-            "decisions_idle_ms": pct(idle), "decisions_during_relist_ms": pct(during),
-            "decisions_ingesting_ms": pct(ingesting),
+            "decisions_idle_ms": pct(idle, 2), "decisions_during_relist_ms": pct(during, 2),
+            "decisions_ingesting_ms": pct(ingesting, 2),
             "p50_ingesting_over_idle": round(statistics.median(ratios), 2) if ratios else None,
             "p50_ingesting_over_idle_windows": [round(x, 2) for x in ratios],
             "ingest_batches_per_s": round(len(batches) / idle_s, 1),
