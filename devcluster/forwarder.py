@@ -75,6 +75,9 @@ class ReadyForwarder:
             except OSError:
                 client.close()
                 continue
+            # The timeout was for connecting: left on, a backend silent for 2 s (a telemetry
+            # stream between acks) would read as a broken connection and the pump would close it.
+            upstream.settimeout(None)
             self.connections += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
