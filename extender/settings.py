@@ -139,11 +139,17 @@ class Settings(SettingsModel):
         "clique=nvidia.com/gpu.clique,rack=topology.kubernetes.io/rack,zone=topology.kubernetes.io/zone")
     """the network tiers a group may ask to share (gpusched.io/topology-tier: NAME), as name=node-label
     pairs; a group may also name a node label directly"""
-    telemetry_ingest: Literal["process", "thread"] = "process"
+    telemetry_ingest: Literal["process", "thread", "replicas"] = "process"
     """where the telemetry server runs: process = a child process of the extender with an interpreter
     lock of its own, sending the decision core what changed every 0.2 s (decisions do not wait on
-    ingest; restarted if it dies); thread = a thread of the extender process, every report taking
-    the lock the decisions need (the layout before issue 18, for comparison and debugging)"""
+    ingest; restarted if it dies); replicas = agents stream to ingest replicas (python -m
+    extender.ingest_replica, a Deployment: manifests/overlays/ingest-replicas) and the telemetry
+    address serves the replicas' links instead, in that child process; thread = a thread of the
+    extender process, every report taking the lock the decisions need (the layout before issue 18,
+    for comparison and debugging)"""
+    ingest_replica_service_account: str = "system:serviceaccount:gpusched-system:gpusched-ingest"
+    """with --telemetry-ingest=replicas, the only user allowed to link (the pod-bound tokens of the
+    ingest replicas' Deployment)"""
     scheduler_http_timeout_s: Annotated[float, Field(gt=0), duration_flag("--scheduler-http-timeout")] = 60.0
     """the httpTimeout of this extender in the KubeSchedulerConfiguration (e.g. 60s): a gang member
     waits for its group inside one bind call, so a group's timeout is clamped below it"""

@@ -47,16 +47,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer, start_grpc_server
+from extender.adapters.ingest_link import MAX_LINK_MESSAGE_BYTES, IngestLinkServicer, LinkMetrics
+from extender.adapters.telemetry_server import (
+    MAX_MESSAGE_BYTES,
+    StreamLimits,
+    TelemetryMetrics,
+    TelemetryServicer,
+    start_grpc_server,
+)
 from extender.service.freshness import FreshNode
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
+from extender.service.ingest_sources import SourceArbiter
 from extender.service.telemetry import TokenIdentity
+from gpusched_api.telemetry.v1 import ingest_link_pb2_grpc, telemetry_pb2_grpc
 from gpusched_runtime.backoff import Backoff
 
 log = logging.getLogger("gpusched.extender.ingest")
@@ -78,6 +87,10 @@ class IngestConfig:
     interval_s: float = 0.2
     stale_after_periods: float = 3.0  # the extender's --stale-after-periods: the child judges freshness
     log_level: str = "INFO"
+    # "agents": the agents stream here; "replicas": ingest replicas link here (``adapters.ingest_link``),
+    # authenticated as ``replica_username``, and their batches are merged (``service.ingest_sources``).
+    serves: Literal["agents", "replicas"] = "agents"
+    replica_username: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,32 +179,49 @@ class _Verdicts:
 
 async def _serve_child(config: IngestConfig, link: _Link) -> None:
     registry = CollectorRegistry()
-    coalescer = Coalescer(config.stale_after_periods)
-    verdicts = _Verdicts()
+    loop = asyncio.get_running_loop()
+    source: Coalescer | SourceArbiter
+    if config.serves == "replicas":
+        source = SourceArbiter(config.stale_after_periods)
+        links = IngestLinkServicer(source, config.verifier(), config.replica_username, LinkMetrics(registry),
+                                   max_period_s=config.limits.max_period_s)
+        add, max_message_bytes = ingest_link_pb2_grpc.add_IngestLinkServicer_to_server, MAX_LINK_MESSAGE_BYTES
 
-    def on_stream(identity: TokenIdentity, opened: bool) -> None:
-        (coalescer.stream_opened if opened else coalescer.stream_closed)(stream_pod(identity))
+        def pods_gone(pods: frozenset[StreamPod]) -> None:  # from the listener thread, onto the loop
+            loop.call_soon_threadsafe(links.pods_gone, pods)
+        servicer: Any = links
+    else:
+        coalescer = source = Coalescer(config.stale_after_periods)
+        verdicts = _Verdicts()
 
-    servicer = TelemetryServicer(coalescer, config.verifier(), config.agent_username, TelemetryMetrics(registry),
-                                 limits=config.limits, pod_alive=verdicts.pod_alive, on_stream=on_stream)
+        def on_stream(identity: TokenIdentity, opened: bool) -> None:
+            (coalescer.stream_opened if opened else coalescer.stream_closed)(stream_pod(identity))
+
+        servicer = TelemetryServicer(coalescer, config.verifier(), config.agent_username, TelemetryMetrics(registry),
+                                     limits=config.limits, pod_alive=verdicts.pod_alive, on_stream=on_stream)
+        add, max_message_bytes = telemetry_pb2_grpc.add_TelemetryServicer_to_server, MAX_MESSAGE_BYTES
+
+        def pods_gone(pods: frozenset[StreamPod]) -> None:
+            verdicts.gone = pods
     try:
-        _server, port = await start_grpc_server(servicer, config.address, config.tls)
+        _server, port = await start_grpc_server(servicer, config.address, config.tls, add=add,
+                                                max_message_bytes=max_message_bytes)
     except Exception as exc:
         link.send(StartFailed(f"cannot serve on {config.address}: {exc}"))
         return
     link.send(Ready(port))
-    log.info("telemetry ingest process serving on port %d", port)
-    loop = asyncio.get_running_loop()
+    log.info("telemetry ingest process serving %s on port %d", config.serves, port)
 
     def seed(nodes: tuple[FreshNode, ...]) -> None:  # from the listener thread, onto the loop
-        loop.call_soon_threadsafe(coalescer.seed, nodes)
+        loop.call_soon_threadsafe(source.seed, nodes)
 
-    threading.Thread(target=_listen, args=(link, registry, verdicts, seed), name="ingest-listen", daemon=True).start()
+    threading.Thread(target=_listen, args=(link, registry, pods_gone, seed), name="ingest-listen",
+                     daemon=True).start()
     sender = ThreadPoolExecutor(1, thread_name_prefix="ingest-send")
     counted_at = time.monotonic()
     while True:
         await asyncio.sleep(config.interval_s)
-        batch = coalescer.flush()
+        batch = source.flush()
         if batch is not None:
             # Off the loop: a slow core delays the next flush (more coalescing), never the streams.
             await loop.run_in_executor(sender, link.send, batch)
@@ -208,7 +238,7 @@ def _counters(registry: CollectorRegistry, request: int) -> CountersReply:
     return CountersReply(request, families_of(registry), usage.ru_utime + usage.ru_stime)
 
 
-def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts,
+def _listen(link: _Link, registry: CollectorRegistry, pods_gone: Callable[[frozenset[StreamPod]], None],
             seed: Callable[[tuple[FreshNode, ...]], None]) -> None:
     while True:
         try:
@@ -219,7 +249,7 @@ def _listen(link: _Link, registry: CollectorRegistry, verdicts: _Verdicts,
         if isinstance(message, CountersRequest):
             link.send(_counters(registry, message.request))
         elif isinstance(message, PodsGone):
-            verdicts.gone = message.pods
+            pods_gone(message.pods)
         elif isinstance(message, Seed):
             seed(message.nodes)
 
@@ -565,8 +595,11 @@ class IngestMetrics(Collector):
 
 def ingest_config(address: str, agent_username: str, limits: StreamLimits, tls: tuple[bytes, bytes] | None,
                   kubeconfig: str | None, token_file: str | None, log_level: str,
-                  stale_after_periods: float) -> IngestConfig:
-    """The production config: TokenReview through the extender's own credentials, in the child."""
+                  stale_after_periods: float, replica_username: str | None = None) -> IngestConfig:
+    """The production config: TokenReview through the extender's own credentials, in the child.
+    ``replica_username``: serve ingest replicas' links (``--telemetry-ingest=replicas``), not agents."""
     return IngestConfig(address=address, agent_username=agent_username,
                         verifier=functools.partial(token_review_verifier, kubeconfig, token_file),
-                        limits=limits, tls=tls, log_level=log_level, stale_after_periods=stale_after_periods)
+                        limits=limits, tls=tls, log_level=log_level, stale_after_periods=stale_after_periods,
+                        serves="agents" if replica_username is None else "replicas",
+                        replica_username=replica_username or "")

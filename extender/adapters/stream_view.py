@@ -58,6 +58,32 @@ def report_to_telemetry(report: telemetry_pb2.NodeReport, received_at: float,
                          report.gpu_backend, gpus, engine_samples(report), report.sampled_at_unix_nanos * 1e-9)
 
 
+def telemetry_to_report(telemetry: NodeTelemetry) -> telemetry_pb2.NodeReport:
+    """The inverse of :func:`report_to_telemetry`: a FULL report carrying exactly what the model
+    value holds (an ingest replica forwards whole values this way: ``adapters.ingest_link``)."""
+
+    def pod(key: str, container: str = "") -> telemetry_pb2.PodRef:
+        namespace, _, name = key.partition("/")
+        return telemetry_pb2.PodRef(namespace=namespace, name=name, container=container)
+
+    gpus = [telemetry_pb2.GpuTelemetry(
+        uuid=g.uuid, index=g.index, is_mig=g.is_mig, memory_total_bytes=g.memory_total_bytes,
+        memory_free_bytes=g.memory_free_bytes, foreign_used_bytes=g.foreign_used_bytes, failure=g.failure,
+        assigned_pods=[pod(p) for p in g.assigned_pods],
+        shares=[telemetry_pb2.ShareUsage(pod=pod(s.pod), share_bytes=s.share_bytes, used_bytes=s.used_bytes or 0,
+                                         used_known=s.used_bytes is not None) for s in g.shares])
+        for g in telemetry.gpus.values()]
+    engines = [telemetry_pb2.EngineTelemetry(
+        pod=pod(e.pod), model=e.model, kv_cache_usage=e.kv_cache_usage, requests_running=e.requests_running,
+        requests_waiting=e.requests_waiting, preemptions_total=e.preemptions_total,
+        kv_capacity_tokens=e.kv_capacity_tokens, stale=e.stale, stale_reason=e.stale_reason,
+        gpu_uuids=list(e.gpu_uuids)) for e in telemetry.engines]
+    return telemetry_pb2.NodeReport(node_name=telemetry.node, sequence=telemetry.sequence,
+                                    sampled_at_unix_nanos=round(telemetry.sampled_at_unix * 1e9),
+                                    period_millis=round(telemetry.period_s * 1000), gpus=gpus, engines=engines,
+                                    gpu_backend=telemetry.gpu_backend)
+
+
 def _period_s(report: telemetry_pb2.NodeReport, max_period_s: float) -> float:
     return min(max(report.period_millis, 1) / 1000.0, max_period_s)
 

@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -464,10 +465,12 @@ class TelemetryServer:
 MIN_AGENT_PING_INTERVAL_MS = 4_000  # below the agents' 5 s keepalive, so jitter is no strike
 
 
-async def start_grpc_server(servicer: TelemetryServicer, address: str,
-                            tls: tuple[bytes, bytes] | None) -> tuple[grpc.aio.Server, int]:
+async def start_grpc_server(servicer: Any, address: str, tls: tuple[bytes, bytes] | None, *,
+                            add: Callable[[Any, grpc.aio.Server], None] = telemetry_pb2_grpc.add_TelemetryServicer_to_server,
+                            max_message_bytes: int = MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int]:
     """The telemetry ``grpc.aio`` server on the running loop, started; (server, bound port).
-    ``tls``: (certificate chain PEM, private key PEM), or None for cleartext."""
+    ``tls``: (certificate chain PEM, private key PEM), or None for cleartext. ``add``: the generated
+    registration of ``servicer`` (the agents' ``Telemetry``, or the replicas' ``IngestLink``)."""
     # A small fixed receive window per stream (no BDP growth): when the extender falls behind,
     # agents' sends block (each agent then reports its current state when it can) instead of
     # reports piling up in per-stream buffers that are read oldest first. 5,000 agents, back
@@ -476,10 +479,10 @@ async def start_grpc_server(servicer: TelemetryServicer, address: str,
     # Agents ping every 5 s to notice a silent partition (nodeagent.stream.publisher); the default
     # policy (one ping per 5 minutes without data, 2 strikes) would answer that with GOAWAY;
     # faster pingers still get it.
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.http2.lookahead_bytes", 4096), ("grpc.http2.bdp_probe", 0),
                                       ("grpc.http2.min_ping_interval_without_data_ms", MIN_AGENT_PING_INTERVAL_MS)])
-    telemetry_pb2_grpc.add_TelemetryServicer_to_server(servicer, server)
+    add(servicer, server)
     if tls:
         port = server.add_secure_port(address, grpc.ssl_server_credentials([(tls[1], tls[0])]))
     else:

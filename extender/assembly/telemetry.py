@@ -3,7 +3,8 @@ new capacity, and the gRPC endpoint the agents stream to.
 
 ``--telemetry-ingest=process`` (default): the server runs in a child process
 (``adapters.ingest_process``) and the core applies its batches; readiness then also says whether
-that process serves. ``thread``: the server on a thread of this process, one report at a time
+that process serves. ``replicas``: that process serves the ingest replicas' links
+(``adapters.ingest_link``) instead of the agents. ``thread``: the server on a thread of this process, one report at a time
 into the cluster state's reconciler (the layout before issue 18).
 """
 
@@ -63,7 +64,7 @@ def serve_telemetry(settings: Settings, api: Any, state: ClusterState, registry:
     count_refused_holders(registry, state.holders_refused)
     count_clamped_claims(registry, state.telemetry_clamped)
     limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
-    if settings.telemetry_ingest == "process":
+    if settings.telemetry_ingest in ("process", "replicas"):
         ingest = _start_ingest_process(settings, state, registry, pods_synced, limits, tls)
         return ingest, ingest.ready
     return _start_in_process(settings, api, state, registry, pods_synced, limits, tls), lambda: (True, "serving")
@@ -100,7 +101,8 @@ def _start_ingest_process(settings: Settings, state: ClusterState, registry: Any
         return state.pods_gone(streams) if pods_synced() else frozenset()
 
     config = ingest_config(settings.telemetry_address, settings.agent_service_account, limits, tls,
-                           settings.kubeconfig, settings.token_file, settings.log_level, settings.stale_after_periods)
+                           settings.kubeconfig, settings.token_file, settings.log_level, settings.stale_after_periods,
+                           settings.ingest_replica_service_account if settings.telemetry_ingest == "replicas" else None)
     assert state.telemetry is not None, "the state is built with the telemetry store"
     try:
         ingest = IngestProcess(config, state.apply_telemetry, pods_gone, state.telemetry.fresh_nodes).start()

@@ -49,6 +49,12 @@ class FreshnessTracker:
                 self._deadline[node] = now + allowance * period_s
                 self._last[node] = stamps
 
+    def forget(self, node: str) -> None:
+        """Stop tracking ``node`` (another process vouches for it now); a later :meth:`seed` may
+        give it an allowance again."""
+        self._deadline.pop(node, None)
+        self._last.pop(node, None)
+
     def sweep(self, now: float) -> list[tuple[str, Stamps]]:
         """The nodes that turned stale by ``now``, each with its last report's stamps; each is
         told once (until heard again). O(fresh nodes): the owner calls it a couple of times a second."""

@@ -21,6 +21,7 @@ Plain values only (the batch is pickled across the pipe); nothing here touches g
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -64,6 +65,7 @@ class Coalescer:
 
     def __init__(self, stale_after_periods: float, *, clock: Callable[[], float] = time.monotonic,
                  sweep_every_s: float = SWEEP_EVERY_S) -> None:
+        self._stale_after_periods = stale_after_periods
         self._pending: dict[str, NodeTelemetry] = {}
         self._shipped = JudgedReports()  # per node, the newest report judged; shipped whole when its key changed
         self._freshness = FreshnessTracker(stale_after_periods)
@@ -73,6 +75,7 @@ class Coalescer:
         self._swept_at = self._shipped_at = clock()
         self._opened: list[StreamPod] = []
         self._closed: list[StreamPod] = []
+        self._open = Counter[StreamPod]()
         self._unshipped = 0
         self.reports = 0
 
@@ -90,10 +93,27 @@ class Coalescer:
         self._freshness.seed(nodes, self._clock())
 
     def stream_opened(self, pod: StreamPod) -> None:
+        """A stream for ``pod``'s node opened: its first report ships whole, whatever was shipped
+        of the node before (with ingest replicas its agent may have reported elsewhere meanwhile:
+        ``service.ingest_sources``)."""
         self._opened.append(pod)
+        self._open[pod] += 1
+        self._shipped.forget(pod[1])
 
     def stream_closed(self, pod: StreamPod) -> None:
         self._closed.append(pod)
+        self._open[pod] -= 1
+        if self._open[pod] <= 0:
+            del self._open[pod]
+
+    def relink(self) -> None:
+        """An ingest replica's new link to the core (which may be a new core): everything is said
+        again — every node's next report ships whole, and the next batch names every open stream."""
+        self._shipped = JudgedReports()
+        self._freshness = FreshnessTracker(self._stale_after_periods)
+        self._back = set()
+        self._opened = list(self._open.elements())
+        self._closed = []
 
     def flush(self) -> IngestBatch | None:
         """Everything since the last flush as one batch; None when there is nothing to say (the

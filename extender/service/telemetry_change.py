@@ -70,6 +70,10 @@ class JudgedReports:
         self._judged[node] = judged
         return previous is None or previous.key != judged.key, previous
 
+    def forget(self, node: str) -> None:
+        """``node``'s next report counts as changed, whatever it says."""
+        self._judged.pop(node, None)
+
     def assignments(self, node: str) -> dict[str, tuple[str, ...]]:
         """pod key -> device UUIDs per the node's newest report ({} before any)."""
         judged = self._judged.get(node)

@@ -2,13 +2,15 @@
 
 The stack installs manifests/crds and manifests/base; manifests/observability is dry-run here
 against the CRDs it needs (the permissive ServiceMonitor/PrometheusRule ones in manifests/crds,
-installed with the stack). Overlays and the Helm chart: tests/e2e/test_packaging.py."""
+installed with the stack). Overlays and the Helm chart: tests/e2e/test_packaging.py; the ingest
+replicas' account (manifests/overlays/ingest-replicas) is applied here for its RBAC rows."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes import client
 
+from devcluster.cluster import wait_until
 from devcluster.controlplane import (
     AGENT_SA,
     EXTENDER_SA,
@@ -23,6 +25,7 @@ from devcluster.controlplane import (
 from devcluster.stack import Stack
 
 MANIFEST_FILES = manifest_files(("crds", "base", "observability", "examples"))
+INGEST_SA = "gpusched-ingest"  # manifests/overlays/ingest-replicas (issue 45); the stack installs the base only
 
 
 @pytest.mark.parametrize("path", MANIFEST_FILES, ids=lambda p: str(p.relative_to(MANIFESTS)))
@@ -37,7 +40,8 @@ def test_the_stack_installs_base_and_crds_only():
     assert installed == {"base", "crds"}
 
 
-@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra", "overlays/ha"])
+@pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra", "overlays/ha",
+                                    "overlays/ingest-replicas"])
 def test_kustomization_lists_every_file(folder):
     """Every file of the folder is a resource or a patch of its kustomization: none is left out."""
     import yaml
@@ -55,6 +59,16 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
         resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, subresource=subresource,
                                                         group=group, namespace=namespace, name=name)))
     return client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed
+
+
+@pytest.fixture(scope="module")
+def ingest_rbac(control_plane: ControlPlane, stack: Stack) -> None:
+    """The ingest-replicas overlay's account and grant, applied as the overlay ships them, once the
+    apiserver's authorizer has them (its RBAC cache follows a watch)."""
+    control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "overlays/ingest-replicas/rbac-ingest.yaml"]))
+    api = control_plane.api_client(control_plane.service_account_token(NAMESPACE, INGEST_SA))
+    wait_until(lambda: _can(api, "create", "tokenreviews", group="authentication.k8s.io"), 30,
+               "the ingest replicas' TokenReview grant in force")
 
 
 @pytest.mark.parametrize("account,verb,resource,subresource,group,allowed", [
@@ -95,9 +109,17 @@ def _can(api: client.ApiClient, verb: str, resource: str, *, subresource: str = 
     pytest.param(SCHEDULER_SA, "create", "serviceaccounts", "token", "", True, id="scheduler-mints-extender-token"),
     pytest.param(SCHEDULER_SA, "create", "serviceaccounts/" + AGENT_SA, "token", "", False,
                  id="scheduler-cannot-mint-agent-tokens"),
+    # Ingest replicas (issue 45): TokenReview of the agents' tokens and nothing else; the pod watch stays in the core.
+    pytest.param(INGEST_SA, "create", "tokenreviews", "", "authentication.k8s.io", True, id="ingest-reviews-tokens"),
+    pytest.param(INGEST_SA, "list", "pods", "", "", False, id="ingest-cannot-list-pods"),
+    pytest.param(INGEST_SA, "get", "secrets", "", "", False, id="ingest-cannot-read-secrets"),
+    pytest.param(INGEST_SA, "create", "pods", "binding", "", False, id="ingest-cannot-bind"),
+    pytest.param(INGEST_SA, "patch", "pods", "", "", False, id="ingest-cannot-patch-pods"),
+    pytest.param(INGEST_SA, "create", "subjectaccessreviews", "", "authorization.k8s.io", False,
+                 id="ingest-cannot-review-access"),
 ])
-def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane, stack: Stack, account, verb,
-                                                    resource, subresource, group, allowed):
+def test_identities_have_exactly_the_manifests_rbac(control_plane: ControlPlane, stack: Stack, ingest_rbac, account,
+                                                    verb, resource, subresource, group, allowed):
     """The tokens the e2e components run with belong to the manifests' service accounts, and those
     accounts can do what gpusched needs and nothing obviously more."""
     token = control_plane.service_account_token(NAMESPACE, account)

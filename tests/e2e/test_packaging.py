@@ -32,7 +32,8 @@ def _container(objects, kind, name):
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                                    "overlays/plugin-mode", "overlays/dra", "overlays/ha", "observability"])
+                                    "overlays/plugin-mode", "overlays/dra", "overlays/ha", "overlays/ingest-replicas",
+                                    "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects
@@ -473,7 +474,7 @@ def assert_serves_verified(cert: bytes, key: bytes, ca: bytes, server_name: str,
 _ALL_RENDERS = [
     *[pytest.param(lambda f=f: kustomize_build(MANIFESTS / f), id=f)
       for f in ("base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                "overlays/plugin-mode", "overlays/dra", "overlays/ha", "observability")],
+                "overlays/plugin-mode", "overlays/dra", "overlays/ha", "overlays/ingest-replicas", "observability")],
     *[pytest.param(lambda v=v: helm_template(v), id=f"helm-{i}")
       for i, v in (("defaults", {}), ("generated-tls", GENERATE), ("insecure-telemetry", INSECURE),
                    ("plugin", {**PLUGIN, **FAKE_GPUS}), ("ha", HA))],
@@ -551,6 +552,63 @@ def test_only_node_agent_pods_may_reach_the_telemetry_port(render):
     assert len(telemetry) == 1 and telemetry[0]["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpusched-system"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpusched-node-agent"}}}]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith(f"--{name}="))
+
+
+def test_the_ingest_replicas_overlay_puts_the_replicas_between_the_agents_and_the_core():
+    """Issue 45: the agents' Service leads to the replicas, which dial the core through the link
+    Service and verify it by the name in the base's certificate, each hop open only to its callers;
+    the extender only gains --telemetry-ingest=replicas and the agents are unchanged. (No Helm
+    values render this overlay yet, so it has no Helm parity row.)"""
+    ns = "gpusched-system"
+    base = normalised(kustomize_build(MANIFESTS / "base"))
+    overlay = normalised(kustomize_build(MANIFESTS / "overlays/ingest-replicas"))
+    assert overlay.keys() - base.keys() == {
+        ("ServiceAccount", ns, "gpusched-ingest"), ("ClusterRole", "", "gpusched-ingest"),
+        ("ClusterRoleBinding", "", "gpusched-ingest"), ("Deployment", ns, "gpusched-ingest"),
+        ("PodDisruptionBudget", ns, "gpusched-ingest"), ("Service", ns, "gpusched-ingest-link"),
+        ("NetworkPolicy", ns, "gpusched-ingest")} and base.keys() <= overlay.keys()
+    assert {k for k in base if base[k] != overlay[k]} == {
+        ("Deployment", ns, "gpusched-scheduler"), ("Service", ns, "gpusched-telemetry"),
+        ("NetworkPolicy", ns, "gpusched-scheduler")}
+    assert overlay[("ClusterRole", "", "gpusched-ingest")]["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
+
+    def container(objects, kind, name, container):
+        spec = objects[(kind, ns, name)]["spec"]["template"]["spec"]
+        return next(c for c in spec["containers"] if c["name"] == container)
+    extender = container(overlay, "Deployment", "gpusched-scheduler", "extender")
+    assert extender["args"] == [*container(base, "Deployment", "gpusched-scheduler", "extender")["args"],
+                                "--telemetry-ingest=replicas"]
+    replicas = overlay[("Deployment", ns, "gpusched-ingest")]["spec"]
+    replica = container(overlay, "Deployment", "gpusched-ingest", "ingest")
+    agent = container(overlay, "DaemonSet", "gpusched-node-agent", "agent")
+    assert overlay[("Service", ns, "gpusched-telemetry")]["spec"]["selector"] == replicas["selector"]["matchLabels"]
+    link = overlay[("Service", ns, "gpusched-ingest-link")]["spec"]
+    assert link["selector"] == base[("Deployment", ns, "gpusched-scheduler")]["spec"]["selector"]["matchLabels"]
+    assert _flag(replica["args"], "core") == f"gpusched-ingest-link.{ns}.svc:{link['ports'][0]['port']}"
+    assert link["ports"][0]["targetPort"] == int(_flag(extender["args"], "telemetry-address").rsplit(":", 1)[1])
+    # The base's certificate names the telemetry Service only: the replicas verify the core by it, as agents did.
+    assert _flag(replica["args"], "core-tls-server-name") == _flag(agent["args"], "tls-server-name")
+    assert _flag(replica["args"], "telemetry-period") == _flag(agent["args"], "period")
+
+    # Its own account's two tokens: the API one at the in-cluster path, the gpusched one for the link.
+    pod = replicas["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpusched-ingest" and pod["automountServiceAccountToken"] is False
+    mounts = {m["name"]: m["mountPath"] for m in replica["volumeMounts"]}
+    assert {mounts[v["name"]]: src["serviceAccountToken"].get("audience") for v in pod["volumes"]
+            for src in (v.get("projected") or {}).get("sources", []) if "serviceAccountToken" in src} == {
+        "/var/run/secrets/kubernetes.io/serviceaccount": None, "/var/run/secrets/gpusched": "gpusched"}
+
+    def telemetry_callers(policy):
+        (rule,) = [r for r in overlay[("NetworkPolicy", ns, policy)]["spec"]["ingress"]
+                   if {"port": 9443, "protocol": "TCP"} in r["ports"]]
+        return [f["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for f in rule["from"]]
+    assert telemetry_callers("gpusched-scheduler") == ["gpusched-ingest"]
+    assert telemetry_callers("gpusched-ingest") == ["gpusched-node-agent"]
 
 
 # -- plugin mode (issue 18) ------------------------------------------------------------------------
