@@ -58,11 +58,13 @@ def test_the_same_words_as_shlex(text):
     pytest.param('"' + "\\a" * 700_000 + '"', id="1.4MiB-of-escapes-in-quotes"),
 ])
 def test_a_long_token_costs_milliseconds(text):
-    """shlex took 8 CPU s for 400k characters (quadratic); linear, 1.4 MiB is a few ms.
-    Bounded in CPU time (not wall time), with a margin of ~10x the measured cost."""
+    """shlex took 8 CPU s for 400k characters (quadratic: ~100 s at 1.4 MiB); linear, 1.4 MiB
+    costs 5-25 ms of CPU on an idle machine. Bounded in CPU time (not wall time) at 0.5 s: far
+    below anything quadratic, and clear of what a busy CI machine does to CPU time (two busy loops
+    beside the suite took the escapes case past the 50 ms this bound used to be)."""
     started = time.process_time()
     split_shell_words(text)
-    assert time.process_time() - started < 0.05
+    assert time.process_time() - started < 0.5
 
 
 def engine_pod(command: list[str]) -> dict:
