@@ -29,9 +29,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from pydantic import Field, model_validator
 
 from extender.adapters.ingest_link import CoreLink
-from extender.adapters.ingest_process import stream_pod, token_review_verifier
-from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer, start_grpc_server
-from extender.service.ingest_batch import Coalescer, StreamPod
+from extender.adapters.ingest_process import agents_side, token_review_verifier
+from extender.adapters.telemetry_server import StreamLimits, start_grpc_server
 from extender.service.telemetry import TokenIdentity
 from gpusched_runtime import settings as runtime_settings
 from gpusched_runtime.settings import SettingsError, SettingsModel, duration_flag
@@ -90,42 +89,22 @@ class ReplicaSettings(SettingsModel):
         return self
 
 
-class _Gone:
-    """The streams the core says must end, swapped whole from the link and read per stream."""
-
-    def __init__(self) -> None:
-        self.pods: frozenset[StreamPod] = frozenset()
-
-    def set(self, pods: frozenset[StreamPod]) -> None:
-        self.pods = pods
-
-    def pod_alive(self, identity: TokenIdentity) -> bool:
-        return stream_pod(identity) not in self.pods
-
-
 async def serve(settings: ReplicaSettings, verify: Callable[[str], TokenIdentity] | None = None) -> None:
     """Serve the agents and the link until cancelled; raises ``OSError`` when a port cannot be bound.
     ``verify``: the agents' token verifier (default: TokenReview with ``--kubeconfig``'s credentials)."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    coalescer = Coalescer(settings.stale_after_periods)
-    gone = _Gone()
-
-    def on_stream(identity: TokenIdentity, opened: bool) -> None:
-        (coalescer.stream_opened if opened else coalescer.stream_closed)(stream_pod(identity))
-
     limits = StreamLimits(max_streams=settings.telemetry_max_streams, max_period_s=settings.telemetry_period_s)
-    servicer = TelemetryServicer(coalescer, verify or token_review_verifier(settings.kubeconfig, None),
-                                 settings.agent_service_account, TelemetryMetrics(registry), limits=limits,
-                                 pod_alive=gone.pod_alive, on_stream=on_stream)
+    side = agents_side(verify or token_review_verifier(settings.kubeconfig, None), settings.agent_service_account,
+                       limits, settings.stale_after_periods, registry)
     tls = None
     if settings.telemetry_tls_cert and settings.telemetry_tls_key:
         tls = (Path(settings.telemetry_tls_cert).read_bytes(), Path(settings.telemetry_tls_key).read_bytes())
     credentials = (grpc.ssl_channel_credentials(Path(settings.core_tls_ca).read_bytes())
                    if settings.core_tls_ca else None)
-    link = CoreLink(settings.core, coalescer, settings.core_token_file, credentials=credentials, on_gone=gone.set,
+    link = CoreLink(settings.core, side.source, settings.core_token_file, credentials=credentials, on_gone=side.pods_gone,
                     server_name=settings.core_tls_server_name)
-    _server, port = await start_grpc_server(servicer, settings.telemetry_address, tls)
+    _server, port = await start_grpc_server(side.servicer, settings.telemetry_address, tls)
     log.info("ingest replica serving agents on port %d, linking to the core at %s", port, settings.core)
     if settings.metrics_port:
         _serve_http(settings.metrics_port, registry, link)

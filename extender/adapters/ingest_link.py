@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from extender.adapters.stream_view import report_to_telemetry, telemetry_to_report
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
 from extender.service.ingest_sources import SourceArbiter
-from extender.service.telemetry import Refusal, TokenIdentity
+from extender.service.telemetry import TokenIdentity, authorize_identity
 from gpusched_api.telemetry.v1 import bounds, ingest_link_pb2, ingest_link_pb2_grpc, telemetry_pb2
 from gpusched_runtime.backoff import Backoff
 
@@ -111,24 +111,6 @@ def pods_gone_word(pods: frozenset[StreamPod]) -> ingest_link_pb2.CoreWord:
     return ingest_link_pb2.CoreWord(pods_gone=[_pod_ref(p) for p in sorted(pods)], pods_gone_set=True)
 
 
-def authorize_replica(identity: TokenIdentity | None, replica_username: str) -> Refusal | None:
-    """May this identity forward telemetry to the core? Only the ingest replicas' service account,
-    with a token bound to a pod (a replica's link is named by its pod)."""
-    if identity is None:
-        return Refusal("unauthenticated", "no bearer token: send 'authorization: Bearer <projected service-account "
-                       "token with audience gpusched>' metadata", permission=False)
-    if not identity.authenticated:
-        return Refusal("unauthenticated", f"token rejected by TokenReview: {identity.error or 'not authenticated'}",
-                       permission=False)
-    if identity.username != replica_username:
-        return Refusal("wrong-account", f"{identity.username} is not the ingest replicas' service account "
-                       f"({replica_username})", permission=True)
-    if not identity.pod_name:
-        return Refusal("not-pod-bound", "the token is not bound to a pod; use the projected service-account token "
-                       "of the replica's pod", permission=True)
-    return None
-
-
 # ---- the core's end ----------------------------------------------------------------------------
 class LinkMetrics:
     def __init__(self, registry: CollectorRegistry):
@@ -183,7 +165,8 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
                       if k == "authorization" and isinstance(v, str) and v.startswith("Bearer ")), "")
         identity = (await asyncio.get_running_loop().run_in_executor(self._reviews, self._verify, token)
                     if token else None)
-        refusal = authorize_replica(identity, self._replica_username)
+        refusal = authorize_identity(identity, self._replica_username, account="the ingest replicas' service account",
+                                     on_a_node=False)
         if refusal is not None:
             code = grpc.StatusCode.PERMISSION_DENIED if refusal.permission else grpc.StatusCode.UNAUTHENTICATED
             await self._refuse(context, refusal.reason, code, refusal.message)

@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -166,46 +166,76 @@ class _Link:
             self.conn.send(message)
 
 
-class _Verdicts:
-    """Streams the core says must end (``PodsGone``), swapped whole by the listener thread and
-    read on the event loop."""
+SourceT = TypeVar("SourceT", Coalescer, SourceArbiter)
+
+
+@dataclass(frozen=True)
+class Side(Generic[SourceT]):
+    """What an ingest process serves: the gRPC ``servicer`` (registered with ``add``, messages up to
+    ``max_message_bytes``), the ``source`` its batches are flushed from, and where the core's word
+    on pods gone goes (``pods_gone``, called on the event loop)."""
+
+    servicer: Any
+    add: Callable[[Any, Any], None]
+    max_message_bytes: int
+    source: SourceT
+    pods_gone: Callable[[frozenset[StreamPod]], None]
+
+
+def agents_side(verify: Callable[[str], TokenIdentity], agent_username: str, limits: StreamLimits,
+                stale_after_periods: float, registry: CollectorRegistry) -> Side[Coalescer]:
+    """The agents' streams into a coalescer: the ingest child's work, and an ingest replica's. A
+    stream whose token's pod the core says is gone ends at the stream's next recheck."""
+    coalescer = Coalescer(stale_after_periods)
+    gone = _GonePods()
+
+    def on_stream(identity: TokenIdentity, opened: bool) -> None:
+        (coalescer.stream_opened if opened else coalescer.stream_closed)(stream_pod(identity))
+
+    servicer = TelemetryServicer(coalescer, verify, agent_username, TelemetryMetrics(registry), limits=limits,
+                                 pod_alive=gone.pod_alive, on_stream=on_stream)
+    return Side(servicer, telemetry_pb2_grpc.add_TelemetryServicer_to_server, MAX_MESSAGE_BYTES, coalescer, gone.set)
+
+
+class _GonePods:
+    """The streams the core says must end (``PodsGone``), swapped whole, read per stream."""
 
     def __init__(self) -> None:
-        self.gone: frozenset[StreamPod] = frozenset()
+        self._pods: frozenset[StreamPod] = frozenset()
+
+    def set(self, pods: frozenset[StreamPod]) -> None:
+        self._pods = pods
 
     def pod_alive(self, identity: TokenIdentity) -> bool:
-        return stream_pod(identity) not in self.gone
+        return stream_pod(identity) not in self._pods
+
+
+def links_side(verify: Callable[[str], TokenIdentity], replica_username: str, limits: StreamLimits,
+               stale_after_periods: float, registry: CollectorRegistry) -> Side[SourceArbiter]:
+    """``--telemetry-ingest=replicas``: the replicas' links, their batches merged by a ``SourceArbiter``."""
+    arbiter = SourceArbiter(stale_after_periods)
+    links = IngestLinkServicer(arbiter, verify, replica_username, LinkMetrics(registry),
+                               max_period_s=limits.max_period_s)
+    return Side(links, ingest_link_pb2_grpc.add_IngestLinkServicer_to_server, MAX_LINK_MESSAGE_BYTES, arbiter,
+                links.pods_gone)
 
 
 async def _serve_child(config: IngestConfig, link: _Link) -> None:
     registry = CollectorRegistry()
     loop = asyncio.get_running_loop()
-    source: Coalescer | SourceArbiter
+    side: Side[Any]
     if config.serves == "replicas":
-        source = SourceArbiter(config.stale_after_periods)
-        links = IngestLinkServicer(source, config.verifier(), config.replica_username, LinkMetrics(registry),
-                                   max_period_s=config.limits.max_period_s)
-        add, max_message_bytes = ingest_link_pb2_grpc.add_IngestLinkServicer_to_server, MAX_LINK_MESSAGE_BYTES
-
-        def pods_gone(pods: frozenset[StreamPod]) -> None:  # from the listener thread, onto the loop
-            loop.call_soon_threadsafe(links.pods_gone, pods)
-        servicer: Any = links
+        side = links_side(config.verifier(), config.replica_username, config.limits, config.stale_after_periods,
+                          registry)
     else:
-        coalescer = source = Coalescer(config.stale_after_periods)
-        verdicts = _Verdicts()
+        side = agents_side(config.verifier(), config.agent_username, config.limits, config.stale_after_periods,
+                           registry)
 
-        def on_stream(identity: TokenIdentity, opened: bool) -> None:
-            (coalescer.stream_opened if opened else coalescer.stream_closed)(stream_pod(identity))
-
-        servicer = TelemetryServicer(coalescer, config.verifier(), config.agent_username, TelemetryMetrics(registry),
-                                     limits=config.limits, pod_alive=verdicts.pod_alive, on_stream=on_stream)
-        add, max_message_bytes = telemetry_pb2_grpc.add_TelemetryServicer_to_server, MAX_MESSAGE_BYTES
-
-        def pods_gone(pods: frozenset[StreamPod]) -> None:
-            verdicts.gone = pods
+    def pods_gone(pods: frozenset[StreamPod]) -> None:  # from the listener thread, onto the loop
+        loop.call_soon_threadsafe(side.pods_gone, pods)
     try:
-        _server, port = await start_grpc_server(servicer, config.address, config.tls, add=add,
-                                                max_message_bytes=max_message_bytes)
+        _server, port = await start_grpc_server(side.servicer, config.address, config.tls, add=side.add,
+                                                max_message_bytes=side.max_message_bytes)
     except Exception as exc:
         link.send(StartFailed(f"cannot serve on {config.address}: {exc}"))
         return
@@ -213,7 +243,7 @@ async def _serve_child(config: IngestConfig, link: _Link) -> None:
     log.info("telemetry ingest process serving %s on port %d", config.serves, port)
 
     def seed(nodes: tuple[FreshNode, ...]) -> None:  # from the listener thread, onto the loop
-        loop.call_soon_threadsafe(source.seed, nodes)
+        loop.call_soon_threadsafe(side.source.seed, nodes)
 
     threading.Thread(target=_listen, args=(link, registry, pods_gone, seed), name="ingest-listen",
                      daemon=True).start()
@@ -221,7 +251,7 @@ async def _serve_child(config: IngestConfig, link: _Link) -> None:
     counted_at = time.monotonic()
     while True:
         await asyncio.sleep(config.interval_s)
-        batch = source.flush()
+        batch = side.source.flush()
         if batch is not None:
             # Off the loop: a slow core delays the next flush (more coalescing), never the streams.
             await loop.run_in_executor(sender, link.send, batch)

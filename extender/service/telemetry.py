@@ -59,8 +59,11 @@ class Refusal:
     permission: bool  # True: PERMISSION_DENIED (who you are is known); False: UNAUTHENTICATED
 
 
-def authorize_identity(identity: TokenIdentity | None, agent_username: str) -> Refusal | None:
-    """May this identity open a telemetry stream at all? Judged before any message is read."""
+def authorize_identity(identity: TokenIdentity | None, agent_username: str, *,
+                       account: str = "the node agent's service account", on_a_node: bool = True) -> Refusal | None:
+    """May this identity open a telemetry stream at all? Judged before any message is read.
+    ``account`` names ``agent_username`` in the refusal; ``on_a_node``: the token's pod must be
+    bound to a node (an agent's; an ingest replica's link needs only a pod-bound token)."""
     if identity is None:
         return Refusal("unauthenticated", "no bearer token: send 'authorization: Bearer <projected service-account "
                        "token with audience gpusched>' metadata", permission=False)
@@ -68,9 +71,11 @@ def authorize_identity(identity: TokenIdentity | None, agent_username: str) -> R
         return Refusal("unauthenticated", f"token rejected by TokenReview: {identity.error or 'not authenticated'}",
                        permission=False)
     if identity.username != agent_username:
-        return Refusal("wrong-account", f"{identity.username} is not the node agent's service account "
-                       f"({agent_username})", permission=True)
-    if not identity.node_name or not identity.pod_name:
+        return Refusal("wrong-account", f"{identity.username} is not {account} ({agent_username})", permission=True)
+    if not on_a_node and not identity.pod_name:
+        return Refusal("not-pod-bound", "the token is not bound to a pod; use the projected service-account token "
+                       "of the pod", permission=True)
+    if on_a_node and (not identity.node_name or not identity.pod_name):
         # A Node-bound token carries a node name but no pod: only a pod-bound token proves the
         # stream comes from the agent pod the DaemonSet placed on that node.
         return Refusal("not-pod-bound", "the token is not bound to a pod scheduled on a node; use the projected "
