@@ -7,6 +7,13 @@ extender's ``--telemetry-ingest``) runs the telemetry server in the ingest child
 the layout the earlier figures were taken with (the server on a thread of the extender). Both
 run the same filter+prioritize loop idle and while ingesting, so the figures compare.
 
+``--ingest replicas`` (issue 45): the agents stream to one ingest replica process
+(``extender.ingest_replica.serve``, the same stub verifier for its agents), linked over loopback
+gRPC to the core's ingest process, which then serves links (``--telemetry-ingest=replicas``) and
+merges their batches; the replica's CPU (``cpu.replica_per_wall_s``, from /proc) is what one more
+replica's core takes per 1,000 reports/s, the ingest process's is the link's merge, and the core's
+is what it applies. Results go to the file ``--output`` names (``telemetry_ingest_replicas.json``).
+
 CPUs, honestly: the box has two. The extender's core process is pinned alone to CPU 0 — what is
 measured is what decisions get. In process mode the ingest child is re-pinned (it inherits the
 core's affinity at spawn) to CPU 1 *with the agent generators*: it then competes with the load
@@ -94,6 +101,8 @@ generator that could not keep up is visible rather than blamed on the extender.
     .venv/bin/python -m bench.telemetry_ingest                    # 1,000 / 2,500 / 5,000 agents, 60 s each
     .venv/bin/python -m bench.telemetry_ingest --agents 5000 --seconds 30
     .venv/bin/python -m bench.telemetry_ingest --quick            # 1,000 agents, 10 s, prints only
+    .venv/bin/python -m bench.telemetry_ingest --ingest replicas --agents 1000 2500 \
+        --output bench/results/telemetry_ingest_replicas.json      # through one ingest replica
     .venv/bin/python -m bench.telemetry_ingest --quick --ingest thread   # the same, the pre-issue-18 layout
     .venv/bin/python -m bench.telemetry_ingest --agents 5000 --ingest thread --profile   # cProfile the ingest loop
 
@@ -125,6 +134,8 @@ RESULTS = Path(__file__).parent / "results" / "telemetry_ingest.json"
 SAMPLED_PER_TICK = 500  # age samples per 100 ms tick (a rotating slice of the nodes)
 TARGET_AGE_P99_PERIODS = 1.5
 AGENT_USERNAME = "system:serviceaccount:gpusched-system:gpusched-node-agent"
+REPLICA_USERNAME = "system:serviceaccount:gpusched-system:gpusched-ingest"
+REPLICA_TOKEN = "bench-replica:gpusched-ingest-0"
 METHOD = "/gpusched.telemetry.v1.Telemetry/Stream"
 GIB = 1 << 30
 MIB = 1 << 20
@@ -196,10 +207,73 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def replica_main(args: argparse.Namespace) -> int:
+    """``--ingest replicas``: one ingest replica (``extender.ingest_replica.serve``, the stub verifier
+    for its agents) linked to the core's ingest process at ``--target``, serving the agents on
+    ``--replica-port``, /metrics on ``--metrics-port``."""
+    pin({args.cpu})
+    raise_nofile()
+    from extender.ingest_replica import ReplicaSettings, serve
+
+    token = Path(tempfile.mkdtemp(prefix="bench-replica-")) / "token"
+    token.write_text(REPLICA_TOKEN)
+    settings = ReplicaSettings(core=args.target, core_insecure=True, core_token_file=str(token),
+                               telemetry_address=f"127.0.0.1:{args.replica_port}", telemetry_insecure=True,
+                               telemetry_period_s=args.period, metrics_port=args.metrics_port, log_level="warning")
+    asyncio.run(serve(settings, verify=bench_verifier()))
+    return 0
+
+
 # ---- the extender process ----------------------------------------------------------------------
+def start_replica(args: argparse.Namespace, link_port: int) -> tuple[subprocess.Popen, int, str]:
+    """``--ingest replicas``: the replica process (on the ingest CPU), once it is linked; (process,
+    the agents' port, its /metrics URL)."""
+    import socket
+    import urllib.request
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    agents_port, metrics_port = free_port(), free_port()
+    replica = subprocess.Popen([sys.executable, "-m", "bench.telemetry_ingest", "--role", "replica", "--agents", "1",
+                                "--cpu", str(args.ingest_cpu), "--target", f"127.0.0.1:{link_port}",
+                                "--replica-port", str(agents_port), "--metrics-port", str(metrics_port),
+                                "--period", str(args.period)], cwd=Path(__file__).parent.parent)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=2).status == 200:
+                return replica, agents_port, f"http://127.0.0.1:{metrics_port}/metrics"
+        except OSError:
+            pass
+        if replica.poll() is not None or time.monotonic() > deadline:
+            replica.kill()
+            raise RuntimeError(f"the ingest replica did not link to the core (exit {replica.poll()})")
+        time.sleep(0.2)
+
+
+def scrape(url: str, name: str) -> float:
+    """The sum of ``name``'s samples at ``url`` (a Prometheus text endpoint)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
 def _bench_identity(token: str) -> Any:
     from extender.service.telemetry import TokenIdentity
 
+    if token.startswith("bench-replica:"):  # the replica's link to the core's ingest process
+        return TokenIdentity(True, REPLICA_USERNAME, node_name="bench", pod_name=token.removeprefix("bench-replica:"))
     node = token.removeprefix("bench:")
     return TokenIdentity(True, AGENT_USERNAME, node_name=node, pod_name=f"gpusched-node-agent-{node}")
 
@@ -249,6 +323,10 @@ def extender_main(args: argparse.Namespace) -> int:
     lags = array("d")
     recording = [False]
     ingest_process: Any = None
+    stop_replica: list[subprocess.Popen] = []
+
+    def replica_cpu_s() -> float:
+        return 0.0  # no replica: the agents stream to the ingest process (or the extender)
     if args.ingest == "thread":
         real_ingest = store.ingest
 
@@ -276,7 +354,10 @@ def extender_main(args: argparse.Namespace) -> int:
                 lags.extend([now - r.sampled_at_unix for r in batch.changed])
                 lags.extend([now - h[3] for h in batch.back])
             state.apply_telemetry(batch)
-        ingest_process = IngestProcess(IngestConfig("127.0.0.1:0", AGENT_USERNAME, bench_verifier), applying).start()
+        replicas = args.ingest == "replicas"
+        config = IngestConfig("127.0.0.1:0", AGENT_USERNAME, bench_verifier, serves="replicas" if replicas else "agents",
+                              replica_username=REPLICA_USERNAME)
+        ingest_process = IngestProcess(config, applying).start()
         port = ingest_process.port
         try:  # the child inherited this process's core; it belongs with the generators
             os.sched_setaffinity(ingest_process.pid, {args.ingest_cpu})
@@ -289,12 +370,22 @@ def extender_main(args: argparse.Namespace) -> int:
                 raise RuntimeError("the ingest process did not answer")
             return reply
 
-        def open_streams() -> float:
-            family = next(f for f in child_counters().families if f[1] == "gpusched_telemetry_streams_open")
-            return sum(v for _, v in family[4])
-
         def ingest_cpu_s() -> float:
             return child_counters().cpu_s
+
+        if replicas:  # the agents stream to one replica, linked to the ingest process (now serving links)
+            replica, port, metrics_url = start_replica(args, ingest_process.port)
+            stop_replica.append(replica)
+
+            def open_streams() -> float:
+                return scrape(metrics_url, "gpusched_telemetry_streams_open")
+
+            def replica_cpu_s() -> float:
+                return process_cpu_seconds(replica.pid)
+        else:
+            def open_streams() -> float:
+                family = next(f for f in child_counters().families if f[1] == "gpusched_telemetry_streams_open")
+                return sum(v for _, v in family[4])
 
     decider = make_decider(state)  # state carries telemetry: notes in decision records, as assembly wires it
     service = ExtenderService(decider, RecordingBinder(), DecisionStore(2000), _NullObserver())
@@ -338,7 +429,7 @@ def extender_main(args: argparse.Namespace) -> int:
             now_m, now_ns = time.monotonic(), time.time_ns()
             sampled = names[tick[0] % stride::stride]
             tick[0] += 1
-            if args.ingest == "process":
+            if args.ingest != "thread":
                 # The core holds no per-report stamps (issue 45: the child tells freshness
                 # transitions only): what it can be asked is whether it holds the node fresh.
                 known = [n for n in sampled if store.get(n) is not None]
@@ -416,7 +507,7 @@ def extender_main(args: argparse.Namespace) -> int:
     reports0, rises0, gen0, judged0 = store.reports, rises[0], state.generation, judged[0]
     sweep0, sampler0 = sweep_cpu[0], sampler_cpu[0]
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    child0 = ingest_cpu_s()
+    child0, replica0 = ingest_cpu_s(), replica_cpu_s()
     threads0 = thread_cpu()
     w0 = time.monotonic()
     recording[0] = True
@@ -428,7 +519,7 @@ def extender_main(args: argparse.Namespace) -> int:
     wall = time.monotonic() - w0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     threads1 = thread_cpu()
-    child_cpu = ingest_cpu_s() - child0
+    child_cpu, replica_cpu = ingest_cpu_s() - child0, replica_cpu_s() - replica0
     reports = store.reports - reports0
     rebuilds = state.generation - gen0
     sweep_s, sampler_s = sweep_cpu[0] - sweep0, sampler_cpu[0] - sampler0
@@ -450,6 +541,8 @@ def extender_main(args: argparse.Namespace) -> int:
     filter_loop(lambda: time.monotonic() > idle_end, idle)
     idle_cpu = (cpu_seconds() - i0) / (time.monotonic() - iw0)
     stop_all.set()
+    for replica in stop_replica:
+        replica.kill()
     try:
         if ingest_process is not None:
             ingest_process.stop()
@@ -463,7 +556,7 @@ def extender_main(args: argparse.Namespace) -> int:
     process_cpu = user + system
     result = {
         "agents": args.agents, "ingest": args.ingest, "pinned_cpus": pinned,
-        "ingest_process_cpus": [args.ingest_cpu] if args.ingest == "process" else None, "nofile": nofile,
+        "ingest_process_cpus": [args.ingest_cpu] if args.ingest != "thread" else None, "nofile": nofile,
         "window_s": round(wall, 2),
         "coverage_s": round(coverage_s, 2), "reported_nodes_at_start": reported,
         "reports_per_s": round(reports / wall, 1), "expected_reports_per_s": round(args.agents / period, 1),
@@ -477,6 +570,8 @@ def extender_main(args: argparse.Namespace) -> int:
                 "idle_process_per_wall_s": round(idle_cpu, 3),
                 "ingest_process_per_wall_s": round(child_cpu / wall, 3),
                 "ingest_process_us_per_report": round(child_cpu / max(reports, 1) * 1e6, 1),
+                "replica_per_wall_s": round(replica_cpu / wall, 3),
+                "replica_us_per_report": round(replica_cpu / max(reports, 1) * 1e6, 1),
                 "by_thread_per_wall_s": thread_cpu_delta(threads0, threads1, wall),
                 "voluntary_switches": ru1.ru_nvcsw - ru0.ru_nvcsw, "involuntary_switches": ru1.ru_nivcsw - ru0.ru_nivcsw},
         "age_store_periods": pct(store_ages), "age_data_periods": pct(data_ages),
@@ -812,7 +907,7 @@ def ages_p99(r: dict[str, Any]) -> float:
     """The worst age p99 the row is judged by, in periods: in-process ingest, the store's and the
     data's; the ingest process (issue 45: the core holds no per-report stamps), the age of a judged
     change when the core first judges by it (applied - the agent's sampled_at)."""
-    if r.get("ingest") == "process" and "change_age_periods" in r:
+    if r.get("ingest") in ("process", "replicas") and "change_age_periods" in r:
         return r["change_age_periods"].get("p99", float("inf"))
     return max(r["age_data_periods"].get("p99", float("inf")), r["age_store_periods"].get("p99", float("inf")))
 
@@ -839,7 +934,7 @@ def headline(all_rows: list[dict[str, Any]], reports: str) -> list[dict[str, Any
     store_p99 = r["age_store_periods"].get("p99", float("inf"))
     data_p99 = r["age_data_periods"].get("p99", float("inf"))
     generators = generator_load(r)
-    if r.get("ingest") == "process" and "change_age_periods" in r:
+    if r.get("ingest") in ("process", "replicas") and "change_age_periods" in r:
         change_p99 = r["change_age_periods"].get("p99", float("inf"))
         ages = [{**entry(f"judged-change age p99 when the core applies it (now - agent's sampled_at), {n}",
                          change_p99, "periods", age, change_p99 <= TARGET_AGE_P99_PERIODS), "anchor": generators},
@@ -863,6 +958,8 @@ def headline(all_rows: list[dict[str, Any]], reports: str) -> list[dict[str, Any
         *(decisions_entry(x) for x in sorted(rows, key=lambda x: x["agents"])),
         *(ingest_process_entry(x) for x in sorted(all_rows, key=lambda x: (x["agents"], x.get("reports", "full")))
           if x.get("ingest") == "process"),
+        *(entry for x in sorted(all_rows, key=lambda x: (x["agents"], x.get("reports", "full")))
+          if x.get("ingest") == "replicas" for entry in replica_entries(x)),
     ]
 
 
@@ -875,6 +972,23 @@ def ingest_process_entry(r: dict[str, Any]) -> dict[str, Any]:
             "met": None,
             "anchor": f"{r['reports_per_s']:,.0f} reports/s, {r['judged_changes_per_s']:.1f} judged changes/s; "
                       f"{generator_load(r)}"}
+
+
+def replica_entries(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--ingest replicas``: the replica's CPU per 1,000 reports/s (the sizing figure: what one more
+    replica's core takes), and the core's ingest process's, which only merges the links' batches."""
+    what = f"{r['agents']:,} agents, {r.get('reports', 'full')} reports, one replica"
+    anchor = (f"{r['reports_per_s']:,.0f} reports/s, {r['judged_changes_per_s']:.1f} judged changes/s; "
+              f"{generator_load(r)}")
+    return [{"metric": f"ingest replica CPU per 1,000 reports/s, {what}",
+             "measured": round(r["cpu"]["replica_us_per_report"] / 1000, 3), "unit": "CPU s/s",
+             "target": "informational (sizing)", "met": None, "anchor": anchor},
+            {"metric": f"core's ingest process (links) CPU per 1,000 reports/s, {what}",
+             "measured": round(r["cpu"]["ingest_process_us_per_report"] / 1000, 3), "unit": "CPU s/s",
+             "target": "informational", "met": None, "anchor": anchor},
+            {"metric": f"core CPU per wall second, {what}",
+             "measured": r["cpu"]["process_per_wall_s"], "unit": "CPU s/s",
+             "target": "informational (filter loop at the bench's rate included)", "met": None, "anchor": anchor}]
 
 
 DECISIONS_SLOWDOWN_TARGET = 1.2  # issue 18, item 3: ingest must not slow decisions (p50 within 20 %)
@@ -902,6 +1016,10 @@ def generator_load(r: dict[str, Any]) -> str:
     With the ingest process, it shares the generators' core (a 2-vCPU box has no third one)."""
     gen_cpu = sum(g.get("cpu_per_wall_s", 0) for g in r.get("generators", []))
     gen_late = max((g.get("send_late_ms", {}).get("p99", 0) for g in r.get("generators", [])), default=0)
+    if r.get("ingest") == "replicas":
+        replica, links = r["cpu"]["replica_per_wall_s"], r["cpu"]["ingest_process_per_wall_s"]
+        return (f"the replica, the core's ingest process and the load generators share CPU 1: replica {replica:.2f}, "
+                f"links {links:.2f}, generators {gen_cpu:.2f} CPU s/s; send lateness p99 {gen_late:.0f} ms")
     if r.get("ingest") == "process":
         child = r["cpu"].get("ingest_process_per_wall_s", 0.0)
         return (f"the ingest process and the load generators share CPU 1: ingest {child:.2f}, generators "
@@ -967,11 +1085,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, help="idle filter window, s (default min(seconds, 20))")
     parser.add_argument("--profile", action="store_true", help="cProfile the telemetry loop during the window "
                         "(perturbs the figures; printed, and stored only with --output)")
-    parser.add_argument("--ingest", choices=["process", "thread"], default="process",
-                        help="where the telemetry server runs, as the extender's --telemetry-ingest (default process)")
+    parser.add_argument("--ingest", choices=["process", "thread", "replicas"], default="process",
+                        help="where the telemetry server runs, as the extender's --telemetry-ingest (default process; "
+                             "replicas: one ingest replica process, linked to the core's ingest process)")
     parser.add_argument("--output", type=Path, help=f"results file (default {RESULTS}; not written with --quick)")
     # internal: the child processes
-    parser.add_argument("--role", choices=["extender", "agents"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["extender", "agents", "replica"], help=argparse.SUPPRESS)
+    parser.add_argument("--replica-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ingest-cpu", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -988,6 +1109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "extender":
         args.agents = args.agents[0]
         return extender_main(args)
+    if args.role == "replica":
+        return replica_main(args)
     if args.role == "agents":
         args.agents = args.agents[0]
         args.reports = args.reports[0]
@@ -1000,12 +1123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.extender_latency import machine
     info = machine()
     info["pinned_cpus"] = {"extender": [cpus[0]], "agents": [cpus[1] if len(cpus) > 1 else cpus[0]]}
-    if args.ingest == "process":
+    if args.ingest != "thread":
         info["pinned_cpus"]["ingest_process"] = info["pinned_cpus"]["agents"]
+    if args.ingest == "replicas":
+        info["pinned_cpus"]["replica"] = info["pinned_cpus"]["agents"]
     print(f"# {info['cpu']}, {info['cpus_online']} CPUs, Python {info['python']}, commit {info['git_commit'][:12]}"
           f"{' (dirty)' if info['git_dirty'] else ''}; extender on CPU {cpus[0]}, {args.generators} agent processes on "
           f"CPU {info['pinned_cpus']['agents'][0]}; ingest: {args.ingest}"
-          f"{' (on the agents CPU)' if args.ingest == 'process' else ' (a thread of the extender)'}; "
+          f"{' (a thread of the extender)' if args.ingest == 'thread' else ' (on the agents CPU)'}; "
           f"window {args.seconds:g} s, filter {args.filter_hz:g} Hz")
     rows = []
     for n in sizes:
