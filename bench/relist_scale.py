@@ -92,6 +92,7 @@ def measure(api: Any, n: int, idle_s: float) -> dict[str, Any]:
     from extender.service import DecisionStore, ExtenderService, PodRef, RecordingBinder
     from extender.service.state import ClusterState
     from extender.service.telemetry import TelemetryStore
+    from gpusched_runtime.collector_pause import CollectorPause
     from gpusched_runtime.reflector import Reflector
 
     core = client.CoreV1Api(api)
@@ -100,7 +101,8 @@ def measure(api: Any, n: int, idle_s: float) -> dict[str, Any]:
     handler = TimedHandler(state.nodes)
     rss0 = rss_mib()
     t0 = time.perf_counter()
-    first = Reflector("nodes", core.list_node, handler).start()
+    pause = CollectorPause()  # as the assembly gives every reflector of the process
+    first = Reflector("nodes", core.list_node, handler, collector_pause=pause).start()
     if not first.synced.wait(600):
         raise RuntimeError(f"the first list of {n} nodes did not complete in 600 s: {first.last_error}")
     first_list_s = time.perf_counter() - t0
@@ -156,7 +158,7 @@ def measure(api: Any, n: int, idle_s: float) -> dict[str, Any]:
             ratios.append(statistics.median(busy) / statistics.median(quiet))
     snapshot_before = state.snapshot()
     t1 = time.perf_counter()
-    again = Reflector("nodes", core.list_node, handler).start()  # a 410's relist: every page, then replace
+    again = Reflector("nodes", core.list_node, handler, collector_pause=pause).start()  # a 410's relist: every page, then replace
     during = loop(again.synced.is_set)
     relist_s = time.perf_counter() - t1
     again.stop()

@@ -24,6 +24,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 import orjson
@@ -33,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from gpusched_runtime.backoff import Backoff
+from gpusched_runtime.collector_pause import CollectorPause
 
 log = logging.getLogger("gpusched.runtime.reflector")
 LIST_PAGE_SIZE = 500  # client-go's pager default: a 50,000-node relist is 100 requests, none of them huge
@@ -53,8 +55,12 @@ class Reflector:
 
     def __init__(self, kind: str, list_call: Callable[..., Any], handler: Handler, *,
                  watch_timeout_s: int = 300, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 list_kwargs: Mapping[str, Any] | None = None, page_size: int = LIST_PAGE_SIZE):
+                 list_kwargs: Mapping[str, Any] | None = None, page_size: int = LIST_PAGE_SIZE,
+                 collector_pause: CollectorPause | None = None):
+        """``collector_pause``: the process's pause of the cyclic garbage collector, held while a
+        list is decoded and handed over (``gpusched_runtime.collector_pause``); None: never paused."""
         self.kind = kind
+        self._collector_pause = collector_pause
         self._list_call = list_call
         self._handler = handler
         self._watch_timeout_s = watch_timeout_s
@@ -100,8 +106,10 @@ class Reflector:
                     return
 
     def _list(self, reason: str) -> str:
-        items, resource_version = self._list_pages()
-        self._handler.replace(items)
+        with self._collector_pause.paused() if self._collector_pause is not None else nullcontext():
+            items, resource_version = self._list_pages()
+            self._handler.replace(items)
+            del items  # freed now, by reference counts, before the collector is back
         self.relists[reason] += 1
         self.synced.set()
         self.last_error = ""

@@ -20,6 +20,7 @@ from extender.service.gangs import GangIndex
 from extender.service.preemption import DisruptionBudgets
 from extender.service.state import PodFeed
 from extender.settings import Settings
+from gpusched_runtime.collector_pause import CollectorPause
 from gpusched_runtime.reflector import Reflector, count_relists
 
 log = logging.getLogger("gpusched.extender")
@@ -98,24 +99,27 @@ def cluster_watches(settings: Settings, api: Any, nodes: Any, pods: PodFeed, cat
 
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
+    pause = CollectorPause()  # one per process, as the garbage collector is: every list here holds it
     required = [
-        Reflector("nodes", core.list_node, nodes),
-        Reflector("pods", core.list_pod_for_all_namespaces, pods),
+        Reflector("nodes", core.list_node, nodes, collector_pause=pause),
+        Reflector("pods", core.list_pod_for_all_namespaces, pods, collector_pause=pause),
         Reflector("model-catalog", lambda **kw: core.list_namespaced_config_map(settings.namespace, **kw),
-                  catalog, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}),
-        Reflector("poddisruptionbudgets", client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces, budgets),
+                  catalog, list_kwargs={"field_selector": f"metadata.name={CATALOG_CONFIGMAP}"}, collector_pause=pause),
+        Reflector("poddisruptionbudgets", client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces, budgets,
+                  collector_pause=pause),
     ]
     if dra is not None:
-        required += _dra_watches(api, dra)
+        required += _dra_watches(api, dra, pause)
     pod_groups = Reflector("podgroups", lambda **kw: custom.list_cluster_custom_object(
-        "scheduling.x-k8s.io", "v1alpha1", "podgroups", **kw), gangs, backoff_max_s=10.0)
+        "scheduling.x-k8s.io", "v1alpha1", "podgroups", **kw), gangs, backoff_max_s=10.0, collector_pause=pause)
     # Grove's PodGang likewise: a cluster without Grove has no such CRD, and still schedules.
     pod_gangs = Reflector("podgangs", lambda **kw: custom.list_cluster_custom_object(
-        "scheduler.grove.io", "v1alpha1", "podgangs", **kw), gangs.pod_gang_feed, backoff_max_s=10.0)
+        "scheduler.grove.io", "v1alpha1", "podgangs", **kw), gangs.pod_gang_feed, backoff_max_s=10.0,
+        collector_pause=pause)
     return Watches(tuple(required), pod_groups, pod_gangs)
 
 
-def _dra_watches(api: Any, dra: DraState) -> list[Reflector]:
+def _dra_watches(api: Any, dra: DraState, pause: CollectorPause) -> list[Reflector]:
     """``--dra``: gpusched's ResourceSlices, all ResourceClaims and their templates into the
     cluster state's DRA part, which the decider reads (with the apiserver's claim at bind time).
     Part of readiness: judging a DRA pod without its claims would miscount it."""
@@ -126,7 +130,8 @@ def _dra_watches(api: Any, dra: DraState) -> list[Reflector]:
 
     resource = client.ResourceV1Api(api)
     return [Reflector("resourceslices", resource.list_resource_slice, SliceFeed(dra),
-                      list_kwargs={"field_selector": f"spec.driver={DRA_DRIVER}"}),
-            Reflector("resourceclaims", resource.list_resource_claim_for_all_namespaces, ClaimFeed(dra)),
+                      list_kwargs={"field_selector": f"spec.driver={DRA_DRIVER}"}, collector_pause=pause),
+            Reflector("resourceclaims", resource.list_resource_claim_for_all_namespaces, ClaimFeed(dra),
+                      collector_pause=pause),
             Reflector("resourceclaimtemplates", resource.list_resource_claim_template_for_all_namespaces,
-                      TemplateFeed(dra))]
+                      TemplateFeed(dra), collector_pause=pause)]

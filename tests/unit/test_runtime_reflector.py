@@ -4,6 +4,7 @@ relist on 410 — as an error event or as the watch call's status — and back o
 
 from __future__ import annotations
 
+import gc
 import threading
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ import orjson
 import pytest
 from kubernetes.client.rest import ApiException
 
+from gpusched_runtime.collector_pause import CollectorPause
 from gpusched_runtime.reflector import Reflector, watch_lines
 
 
@@ -196,3 +198,57 @@ def test_lists_are_read_in_pages(steps, calls, limits, seen):
     assert script.calls[:len(calls)] == calls
     assert script.limits[:len(limits)] == limits
     assert handler.seen == seen
+
+
+# ---- the collector paused while a list is decoded and handed over (issue 45) ---------------------
+class CollectorWatch(Recorder):
+    """Records, at each replace, whether the cyclic garbage collector was on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collector_on: list[bool] = []
+
+    def replace(self, items):
+        self.collector_on.append(gc.isenabled())
+        super().replace(items)
+
+
+def test_a_list_is_decoded_and_handed_over_with_the_collector_paused_and_its_survivors_frozen():
+    done, handler, pause = threading.Event(), CollectorWatch(), CollectorPause()
+    script = Script([listing("10", "a"), events(event("ADDED", "b", "11"))], done)
+    frozen_before = gc.get_freeze_count()
+    reflector = Reflector("pods", script, handler, collector_pause=pause).start()
+    try:
+        assert done.wait(10), script.calls
+    finally:
+        reflector.stop()
+    assert handler.collector_on == [False] and gc.isenabled(), "paused for the list only, on again after"
+    assert gc.get_freeze_count() > frozen_before, "what the list left alive joins the frozen heap"
+
+
+def test_the_collector_comes_back_when_the_last_of_overlapping_lists_ends_and_only_if_it_was_on():
+    pause = CollectorPause()
+    with pause.paused():
+        with pause.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "another list is still decoding"
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pause.paused():
+            pass
+        assert not gc.isenabled(), "a process that runs without the collector keeps running without it"
+    finally:
+        gc.enable()
+
+
+def test_a_list_that_fails_still_ends_the_pause():
+    done, pause = threading.Event(), CollectorPause()
+    script = Script([ApiException(status=503), listing("10", "a")], done)
+    reflector = Reflector("pods", script, Recorder(), collector_pause=pause, backoff_initial_s=0.001,
+                          backoff_max_s=0.002).start()
+    try:
+        assert done.wait(10), script.calls
+    finally:
+        reflector.stop()
+    assert gc.isenabled()
