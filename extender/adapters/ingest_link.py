@@ -116,7 +116,8 @@ class LinkMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.refused = Counter("gpusched_ingest_links_refused_total",
                                "Ingest replica links the core refused or ended, by reason (unauthenticated, "
-                               "wrong-account, not-pod-bound, too-many-links, bad-batch).", ["reason"],
+                               "wrong-account, not-pod-bound, too-many-links, bad-batch, token-expired: the link's token "
+                               "expired, the replica links again with its rotated one).", ["reason"],
                                registry=registry)
         self.links = Gauge("gpusched_ingest_links_open", "Ingest replicas linked to this core.", registry=registry)
         self.batches = Counter("gpusched_ingest_link_messages_total", "Batch messages received from ingest replicas.",
@@ -128,11 +129,13 @@ class LinkMetrics:
 
 
 class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
-    """One ``Forward`` per replica. Runs on the ingest process's event loop, as the arbiter does."""
+    """One ``Forward`` per replica. Runs on the ingest process's event loop, as the arbiter does. A
+    link ends at the first message after its token's expiry (``wall_clock``), as an agent's stream
+    does: the replica links again with its rotated token (and says everything again)."""
 
     def __init__(self, arbiter: SourceArbiter, verify: Callable[[str], TokenIdentity], replica_username: str,
                  metrics: LinkMetrics, *, max_period_s: float, max_links: int = MAX_LINKS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
         self._arbiter = arbiter
         self._verify = verify
         self._replica_username = replica_username
@@ -140,6 +143,7 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
         self._max_period_s = max_period_s
         self._max_links = max_links
         self._clock = clock
+        self._wall_clock = wall_clock
         self._links: dict[str, asyncio.Queue[ingest_link_pb2.CoreWord]] = {}
         self._gone = pods_gone_word(frozenset())
         self._counter = itertools.count(1)
@@ -179,10 +183,16 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
         self._metrics.links.inc()
         log.info("ingest replica linked: %s", source)
         writer = asyncio.create_task(self._write(context, queue))
+        expires_at = identity.expires_at if identity.expires_at is not None else float("inf")
         try:
             while True:
                 message = await context.read()
                 if message is _EOF:
+                    return
+                if self._wall_clock() >= expires_at:  # as agents' streams end: the replica links again, its token rotated
+                    writer.cancel()
+                    await self._refuse(context, "token-expired", grpc.StatusCode.UNAUTHENTICATED,
+                                       "the link's token expired; link again with the rotated token")
                     return
                 try:
                     batch = batch_of(message, self._clock(), self._max_period_s)

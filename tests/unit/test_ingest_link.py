@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import tempfile
+import time
 from pathlib import Path
 from types import MappingProxyType
 
@@ -180,3 +181,24 @@ def test_only_the_replicas_pod_bound_tokens_may_link(token, identity, reason, sa
 
     why_not, refused, sources = asyncio.run(scenario())
     assert says in why_not and refused >= 1 and sources == {}
+
+
+def test_a_link_ends_when_its_token_expires_and_the_replica_links_again():
+    async def scenario() -> tuple[float, int]:
+        ends = Ends("good", {"good": TokenIdentity(True, REPLICAS, pod_name="gpusched-ingest-abc",
+                                                   expires_at=time.time() + 0.3)})
+        link = await ends.start()
+        task = asyncio.create_task(link.run())
+        await until(lambda: link.linked)
+        sequence = iter(range(1, 10_000))
+        # Something to send (the expiry is judged per message): a report per check, each counted.
+        await until(lambda: ends.coalescer.ingest(value("n1", next(sequence))) or ends.refused("token-expired") >= 1)
+        await until(lambda: link.linked)  # again, with the token re-read
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert ends.server is not None
+        await ends.server.stop(0)
+        return ends.refused("token-expired"), len(ends.arbiter.sources())
+
+    refused, links = asyncio.run(scenario())
+    assert refused >= 1 and links == 0
