@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 
+import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node
@@ -29,9 +30,24 @@ def _gpu(node: str, index: int, product: str, memory_mib: int, numa: int | None,
                      mig_enabled=mig is not None, mig_instances=instances)
 
 
+H100_MIB = 81559  # an H100 80 GB as NVML reports it
+
+
+def h100_fleet_yaml(gpus: int, foreign_mib: Mapping[int, int]) -> str:
+    """A fake-backend fleet file (``nodeagent.gpu.fleet``) of ``gpus`` H100 80 GB on NVSwitch,
+    with a leftover process of ``foreign_mib[i]`` MiB on GPU i: what a test edits to make the
+    agent report a change."""
+    return yaml.safe_dump({
+        "version": 1, "nvswitch": True,
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": H100_MIB, "numaNode": 0,
+                  "pcieSwitch": "pcie0"} for i in range(gpus)],
+        "processes": [{"pid": 4000 + i, "gpu": i, "usedMiB": mib} for i, mib in foreign_mib.items()],
+    })
+
+
 def h100_nvswitch(node: str) -> NodeGpuInventory:
     """8 x H100 80 GB SXM on NVSwitch: one NVLink island of 8; two NUMA nodes."""
-    return NodeGpuInventory(tuple(_gpu(node, i, "NVIDIA H100 80GB HBM3", 81559, i // 4, f"pcie{i // 2}")
+    return NodeGpuInventory(tuple(_gpu(node, i, "NVIDIA H100 80GB HBM3", H100_MIB, i // 4, f"pcie{i // 2}")
                                   for i in range(8)), (tuple(range(8)),), nvswitch=True)
 
 

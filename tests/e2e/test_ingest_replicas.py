@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, unique, wait_until
@@ -36,6 +35,7 @@ from devcluster.controlplane import (
     manifest_documents,
     python_component_env,
 )
+from devcluster.fleet import H100_MIB, h100_fleet_yaml
 from devcluster.forwarder import Backend, ReadyForwarder
 from devcluster.processes import Component, free_port, http_ok
 from devcluster.stack import Extender, Stack
@@ -43,7 +43,7 @@ from gpusched_api.telemetry.v1 import ingest_link_pb2, ingest_link_pb2_grpc
 
 REPLICA_SA = "gpusched-ingest"
 OVERLAY = MANIFESTS / "overlays" / "ingest-replicas"
-UNIT_MIB, GIB_MIB = 81559, 1024
+GIB_MIB = 1024
 PERIOD_S = 0.5  # the agent's; the core judges stale after 3 periods
 
 
@@ -54,15 +54,6 @@ class CoreStack(Stack):
     @property
     def scheduling_socket(self) -> Path:
         return self.cp.workdir / "scheduling-ingest-replicas.sock"
-
-
-def fleet_yaml(foreign_mib: dict[int, int]) -> str:
-    return yaml.safe_dump({
-        "version": 1, "nvswitch": True,
-        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": UNIT_MIB, "numaNode": 0,
-                  "pcieSwitch": "pcie0"} for i in range(2)],
-        "processes": [{"pid": 4000 + i, "gpu": i, "usedMiB": mib} for i, mib in foreign_mib.items()],
-    })
 
 
 class Replica:
@@ -137,7 +128,7 @@ def test_a_replica_going_loses_nothing_and_all_gone_turns_the_node_stale(admin, 
     node = unique("replicated")
     create_gpu_node(admin, node, gpus=2)
     fleet = tmp_path / f"{node}.yaml"
-    fleet.write_text(fleet_yaml({}))
+    fleet.write_text(h100_fleet_yaml(2, {}))
     agent = core.start_agent(node, fleet, period_s=PERIOD_S, telemetry_port=service_port)
     try:
         wait_until(lambda: extender.knows_agent_node(node), 30, f"{node} fresh at the core through a replica",
@@ -145,8 +136,8 @@ def test_a_replica_going_loses_nothing_and_all_gone_turns_the_node_stale(admin, 
         assert extender.metric("gpusched_ingest_links_open") == 2
         (first,) = serving(replicas)
         first.kill()
-        fleet.write_text(fleet_yaml({1: 30 * GIB_MIB}))  # meanwhile a leftover process takes 30 GiB of GPU 1
-        free = UNIT_MIB - 30 * GIB_MIB
+        fleet.write_text(h100_fleet_yaml(2, {1: 30 * GIB_MIB}))  # meanwhile a leftover process takes 30 GiB of GPU 1
+        free = H100_MIB - 30 * GIB_MIB
         wait_until(lambda: [u["memoryMiB"] for u in extender.node_view(node)["units"]][1] == free - free % GIB_MIB,
                    30, "the core's view of GPU 1 after the agent moved to the other replica",
                    context=lambda: f"{extender.node_view(node)}\n{agent.tail(10)}")

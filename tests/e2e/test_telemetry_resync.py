@@ -20,28 +20,17 @@ from concurrent import futures
 
 import grpc
 import pytest
-import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, unique, wait_until
 from devcluster.controlplane import TELEMETRY_HOST
+from devcluster.fleet import H100_MIB, h100_fleet_yaml
 from devcluster.processes import free_port
 from devcluster.stack import Stack
 from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from gpusched_api.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 
 GIB_MIB = 1024
-UNIT_MIB = 81559  # the fleet's H100 80GB
-
-
-def fleet_yaml(foreign_mib: dict[int, int]) -> str:
-    """2 x H100 80 GB; a leftover process of ``foreign_mib[i]`` MiB on GPU i."""
-    return yaml.safe_dump({
-        "version": 1, "nvswitch": True,
-        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": UNIT_MIB, "numaNode": 0,
-                  "pcieSwitch": "pcie0"} for i in range(2)],
-        "processes": [{"pid": 4000 + i, "gpu": i, "usedMiB": mib} for i, mib in foreign_mib.items()],
-    })
 
 
 class LossyRelay(pb_grpc.TelemetryServicer):
@@ -95,7 +84,7 @@ def relayed_agent(admin, stack: Stack, tmp_path):
     node = unique("resync")
     create_gpu_node(admin, node, gpus=2)
     fleet = tmp_path / f"{node}.yaml"
-    fleet.write_text(fleet_yaml({}))
+    fleet.write_text(h100_fleet_yaml(2, {}))
     relay, port = LossyRelay(stack), free_port()
     servers = [serve(relay, stack, port)]
 
@@ -121,7 +110,7 @@ def unit_memory_mib(stack: Stack, node: str) -> list[int]:
 
 def judged_free(foreign_mib: int) -> int:
     """What the extender judges a unit with ``foreign_mib`` in use to have free, in MiB (whole GiB)."""
-    free = UNIT_MIB - foreign_mib
+    free = H100_MIB - foreign_mib
     return free - free % GIB_MIB
 
 
@@ -129,7 +118,7 @@ def test_a_dropped_change_is_mended_by_a_full_report_within_two_reports(stack: S
     node, fleet, relay, _ = relayed_agent
     asked = stack.extender.metric("gpusched_telemetry_full_reports_asked_total", {"reason": "gap"})
     relay.dropping.set()
-    fleet.write_text(fleet_yaml({0: 60 * GIB_MIB}))  # a leftover process takes 60 GiB of GPU 0
+    fleet.write_text(h100_fleet_yaml(2, {0: 60 * GIB_MIB}))  # a leftover process takes 60 GiB of GPU 0
     wait_until(lambda: relay.dropped, 15, "the agent's change of GPU 0 to be sent (and dropped)")
     relay.dropping.clear()
     lost = relay.dropped[0]
@@ -148,7 +137,7 @@ def test_after_the_relay_restarts_the_agents_first_report_is_full_and_the_view_c
                                                                                           relayed_agent):
     node, fleet, relay, restart_relay = relayed_agent
     before = len(relay.forwarded)
-    restart_relay(lambda: fleet.write_text(fleet_yaml({1: 30 * GIB_MIB})))
+    restart_relay(lambda: fleet.write_text(h100_fleet_yaml(2, {1: 30 * GIB_MIB})))
     wait_until(lambda: unit_memory_mib(stack, node)[1] == judged_free(30 * GIB_MIB), 30,
                "the extender's view of GPU 1 after the agent reconnected",
                context=lambda: f"units {unit_memory_mib(stack, node)}, forwarded {relay.forwarded[before:][:6]}")
