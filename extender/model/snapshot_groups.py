@@ -63,6 +63,29 @@ class NodeIndex:
         codes = [_POSITION.pack(i) for i in range(len(self.names))]
         self._codes = dict(zip(self.names, codes, strict=True))
 
+    @classmethod
+    def extending(cls, base: NodeIndex, names: Collection[str]) -> NodeIndex | None:
+        """The index of ``names`` built from ``base`` in O(new names) C-level steps plus copies —
+        equal to ``NodeIndex(names)`` — when ``names`` are ``base``'s names followed by new ones
+        (nodes joined, none left: what a node set gains, in the order its mapping keeps); None
+        otherwise. Rebuilding cost ~34 ms per change at 50,000 nodes (issue 45)."""
+        listed = tuple(names)
+        kept = len(base.names)
+        if len(listed) <= kept or listed[:kept] != base.names:
+            return None
+        added = tuple((name + "\0")[:-1] for name in listed[kept:])
+        index = cls.__new__(cls)
+        index.names = base.names + added
+        index.names_json_safe = base.names_json_safe and json_plain("".join(added))
+        index.position = {**base.position, **{name: kept + i for i, name in enumerate(added)}}
+        if len(index.position) != len(index.names):  # a name listed twice: not a node set
+            return None
+        tail = np.empty(len(added), dtype=object)
+        tail[:] = added
+        index.array = np.concatenate((base.array, tail))
+        index._codes = {**base._codes, **{name: _POSITION.pack(kept + i) for i, name in enumerate(added)}}
+        return index
+
     def locate(self, names: Sequence[str]) -> np.ndarray:
         """The position of each name, -1 for names not in the set (a read-only array)."""
         if len(names) >= 2:  # itemgetter of one name returns the item, not a tuple
@@ -202,8 +225,14 @@ def _regroup_changed_nodes(latest: NodeGroups, names: Collection[str], replaced:
     ``replaced`` and ``changed`` nodes; ``latest``'s index is reused when no name came or went."""
     position = latest.index.position
     same_names = all((name in names) == (name in position) for name in replaced)
+    extended = None if same_names else NodeIndex.extending(latest.index, names)
     if same_names:
         index, gid_at = latest.index, latest.gid_at.copy()
+    elif extended is not None:  # nodes only joined: the others keep their positions and group ids
+        index = extended
+        kept = len(latest.index.names)
+        gid_at = np.concatenate((latest.gid_at[:kept], np.full(len(index.names) - kept + 1, UNKNOWN_GROUP,
+                                                               latest.gid_at.dtype)))
     else:
         index = NodeIndex(names)
         gid_at = latest.gid_at[latest.index.locate(index.names)]  # new names: UNKNOWN, set below

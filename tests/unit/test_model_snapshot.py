@@ -77,6 +77,51 @@ def test_node_index_locate_matches_a_dict_lookup_at_scale():
     assert index.locate(request).tolist() == [index.position[n] for n in request]
 
 
+# ---- a node set that only gained nodes is indexed from the last one (issue 45) --------------------
+def _same_index(a: NodeIndex, b: NodeIndex) -> bool:
+    return (a.names == b.names and a.position == b.position and a.array.tolist() == b.array.tolist()
+            and a.names_json_safe == b.names_json_safe and a._codes == b._codes)
+
+
+@pytest.mark.parametrize("base,names,extends", [
+    pytest.param(("n0", "n1"), ("n0", "n1", "n2", "n3"), True, id="nodes-joined-at-the-end"),
+    pytest.param(("n0", "n1"), ("n0", "n1", 'we"ird'), True, id="a-name-json-must-escape"),
+    pytest.param(("n0", "n1", "n2"), ("n0", "n2", "n3"), False, id="one-left-one-joined"),
+    pytest.param(("n0", "n1"), ("n1", "n0", "n2"), False, id="another-order"),
+    pytest.param(("n0", "n1"), ("n0", "n1"), False, id="nothing-joined"),
+    pytest.param(("n0", "n1"), ("n0", "n1", "n2", "n2"), False, id="a-name-twice"),
+])
+def test_an_index_extended_by_joined_nodes_is_the_index_built_afresh(base, names, extends):
+    extended = NodeIndex.extending(NodeIndex(base), names)
+    assert (extended is not None) is extends
+    if extended is not None:
+        assert _same_index(extended, NodeIndex(names))
+        assert extended.locate(["n2", "ghost", "n0"]).tolist() == NodeIndex(names).locate(["n2", "ghost", "n0"]).tolist()
+
+
+def test_groups_of_a_node_set_that_gained_nodes_equal_groups_built_afresh(monkeypatch):
+    """The snapshot's regrouping takes the extension path for joined nodes (positions and group
+    ids of the others carried over) and ends where grouping every node from scratch ends."""
+    nodes = [make_node(f"n{i}", h100_inventory(f"n{i}") if i % 2 else mig_inventory()) for i in range(6)]
+    before = ClusterSnapshot.build(nodes[:4], GpuLedger().view())
+    before.groups()
+    extended: list[NodeIndex] = []
+    real = NodeIndex.extending.__func__  # type: ignore[attr-defined]
+
+    def noting(cls, base, names):
+        index = real(cls, base, names)
+        extended.append(index)
+        return index
+    monkeypatch.setattr(NodeIndex, "extending", classmethod(noting))
+    grown = before.with_nodes_replaced({n.name: n for n in nodes[4:]}, generation=1).groups()
+    built = ClusterSnapshot.build(nodes, GpuLedger().view()).groups()
+    assert extended and extended[0] is grown.index, "the joined nodes extended the last index"
+    assert _same_index(grown.index, built.index)
+    same_group = [[grown.gid(a.name) == grown.gid(b.name) for b in nodes] for a in nodes]
+    assert same_group == [[built.gid(a.name) == built.gid(b.name) for b in nodes] for a in nodes]
+    assert all(grown.gid(n.name) != 0 for n in nodes), "every node, joined ones included, has its group"
+
+
 @pytest.mark.parametrize("allocatable", ["8", ["nvidia.com/gpu"], 8, True],
                          ids=["string", "list", "number", "bool"])
 def test_a_node_whose_allocatable_is_not_an_object_is_an_inventory_error_not_a_crash(allocatable):
