@@ -116,8 +116,8 @@ class LinkMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.refused = Counter("gpusched_ingest_links_refused_total",
                                "Ingest replica links the core refused or ended, by reason (unauthenticated, "
-                               "wrong-account, not-pod-bound, too-many-links, bad-batch, token-expired: the link's token "
-                               "expired, the replica links again with its rotated one).", ["reason"],
+                               "wrong-account, not-pod-bound, too-many-links, review-backlog, bad-batch, token-expired: the "
+                               "link's token expired, the replica links again with its rotated one).", ["reason"],
                                registry=registry)
         self.links = Gauge("gpusched_ingest_links_open", "Ingest replicas linked to this core.", registry=registry)
         self.batches = Counter("gpusched_ingest_link_messages_total", "Batch messages received from ingest replicas.",
@@ -148,6 +148,14 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
         self._gone = pods_gone_word(frozenset())
         self._counter = itertools.count(1)
         self._reviews = ThreadPoolExecutor(4, thread_name_prefix="link-review")
+        self._pending_reviews = 0
+
+    async def _review(self, token: str) -> TokenIdentity:
+        self._pending_reviews += 1  # only touched on the event loop
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._reviews, self._verify, token)
+        finally:
+            self._pending_reviews -= 1
 
     def pods_gone(self, pods: frozenset[StreamPod]) -> None:
         """On the loop: tell every link (and every link to come) the streams that must end."""
@@ -167,8 +175,11 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
             return
         token = next((v[len("Bearer "):].strip() for k, v in context.invocation_metadata() or ()
                       if k == "authorization" and isinstance(v, str) and v.startswith("Bearer ")), "")
-        identity = (await asyncio.get_running_loop().run_in_executor(self._reviews, self._verify, token)
-                    if token else None)
+        if token and self._pending_reviews >= self._max_links:  # forged links must not queue TokenReviews unbounded
+            await self._refuse(context, "review-backlog", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"{self._pending_reviews} token reviews are in flight; retry later")
+            return
+        identity = await self._review(token) if token else None
         refusal = authorize_identity(identity, self._replica_username, account="the ingest replicas' service account",
                                      on_a_node=False)
         if refusal is not None:

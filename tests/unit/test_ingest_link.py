@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import MappingProxyType
@@ -202,3 +203,35 @@ def test_a_link_ends_when_its_token_expires_and_the_replica_links_again():
 
     refused, links = asyncio.run(scenario())
     assert refused >= 1 and links == 0
+
+
+def test_token_reviews_in_flight_are_bounded_so_forged_links_cannot_queue_them():
+    """TokenReview runs in a small pool; while as many reviews as the core serves links are in
+    flight (a slow apiserver, a flood of forged links), a further link is refused at once."""
+    released = threading.Event()
+
+    def slow_verify(token: str) -> TokenIdentity:
+        released.wait(10)
+        return TokenIdentity(False, error="unknown token")
+
+    async def scenario() -> float:
+        registry = CollectorRegistry()
+        servicer = IngestLinkServicer(SourceArbiter(3.0), slow_verify, REPLICAS, LinkMetrics(registry),
+                                      max_period_s=1.0, max_links=2)
+        server, port = await start_grpc_server(servicer, "127.0.0.1:0", None,
+                                               add=ingest_link_pb2_grpc.add_IngestLinkServicer_to_server)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = ingest_link_pb2_grpc.IngestLinkStub(channel)
+            calls = [stub.Forward(metadata=(("authorization", f"Bearer forged-{i}"),)) for i in range(3)]
+            waiting = [asyncio.ensure_future(call.read()) for call in calls]
+
+            def backlog() -> float:
+                return registry.get_sample_value("gpusched_ingest_links_refused_total",
+                                                 {"reason": "review-backlog"}) or 0.0
+            await until(lambda: backlog() >= 1)
+            released.set()
+            await asyncio.gather(*waiting, return_exceptions=True)
+        await server.stop(0)
+        return backlog()
+
+    assert asyncio.run(scenario()) == 1
