@@ -47,6 +47,17 @@ def agent_pod_manifest(node: str, account: str = AGENT_SA, image: str = AGENT_PO
                      "containers": [{"name": "agent", "image": image, "imagePullPolicy": "IfNotPresent"}]}}
 
 
+def scrape_metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of ``name``'s samples matching ``labels`` at a Prometheus text endpoint (0.0 when absent)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()))
+
+
 class Extender:
     """A running extender: ``port`` serves the verbs, probes, /metrics and /debug; ``verbs_port``
     the verbs' own listener, where the manifests point kube-scheduler's urlPrefix."""
@@ -60,17 +71,7 @@ class Extender:
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Value of one sample from /metrics (0.0 when absent)."""
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = urllib.request.urlopen(f"{self.base}/metrics", timeout=5).read().decode()
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                    total += sample.value
-        return total
+        return scrape_metric(f"{self.base}/metrics", name, labels)
 
     def node_view(self, node: str) -> dict[str, Any]:
         """The core's view of ``node`` (its entry in /debug/nodes), or {} while it has none."""

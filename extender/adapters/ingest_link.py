@@ -30,6 +30,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from extender.adapters.stream_view import report_to_telemetry, telemetry_to_report
+from extender.adapters.telemetry_server import GRPC_EOF
 from extender.service.ingest_batch import Coalescer, IngestBatch, StreamPod
 from extender.service.ingest_sources import SourceArbiter
 from extender.service.telemetry import TokenIdentity, authorize_identity
@@ -38,7 +39,6 @@ from gpusched_runtime.backoff import Backoff
 
 log = logging.getLogger("gpusched.extender.ingest_link")
 
-_EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]
 CHANGED_PER_MESSAGE = 64  # whole values per message: 64 reports at the agents' bound is 16 MiB
 ENTRIES_PER_MESSAGE = 4096  # heard-again, stale, opened and closed entries per message, each
 MAX_LINK_MESSAGE_BYTES = CHANGED_PER_MESSAGE * bounds.MAX_MESSAGE_BYTES + 8 * 1024 * 1024
@@ -198,7 +198,7 @@ class IngestLinkServicer(ingest_link_pb2_grpc.IngestLinkServicer):
         try:
             while True:
                 message = await context.read()
-                if message is _EOF:
+                if message is GRPC_EOF:
                     return
                 if self._wall_clock() >= expires_at:  # as agents' streams end: the replica links again, its token rotated
                     writer.cancel()

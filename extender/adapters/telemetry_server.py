@@ -77,7 +77,7 @@ from gpusched_api.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
 
 # What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
 # core at runtime; the type stubs do not declare it.
-_EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]
+GRPC_EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]
 
 log = logging.getLogger("gpusched.extender.telemetry")
 
@@ -317,7 +317,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
 
     async def _serve(self, context: grpc.aio.ServicerContext, stream: OpenStream) -> None:
         first = await context.read()  # however long: the idle deadline ends a stream that never reports
-        if first is _EOF:
+        if first is GRPC_EOF:
             return
         identity = stream.identity
         refusal = authorize_node(identity, first.node_name)
@@ -413,7 +413,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
                                                                 ack_every=ack_every, full_report_wanted=ask,
                                                                 accepts_changes=True))
             report = await read()
-            if report is _EOF:
+            if report is GRPC_EOF:
                 return
 
 

@@ -38,7 +38,7 @@ from devcluster.controlplane import (
 from devcluster.fleet import H100_MIB, h100_fleet_yaml
 from devcluster.forwarder import Backend, ReadyForwarder
 from devcluster.processes import Component, free_port, http_ok
-from devcluster.stack import Extender, Stack
+from devcluster.stack import Stack, scrape_metric
 from gpusched_api.telemetry.v1 import ingest_link_pb2, ingest_link_pb2_grpc
 
 REPLICA_SA = "gpusched-ingest"
@@ -94,7 +94,7 @@ class Replica:
         self.component.proc.wait(10)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
-        return Extender(self.component, self.metrics_port, "", 0).metric(name, labels)  # type: ignore[arg-type]
+        return scrape_metric(f"http://127.0.0.1:{self.metrics_port}/metrics", name, labels)
 
 
 @pytest.fixture(scope="module")
