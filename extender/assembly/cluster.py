@@ -37,6 +37,7 @@ from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSe
 from extender.service.preemption import DisruptionBudgets, VictimRules
 from extender.service.preemptor import BoundPods, HoldingDecider, Holds, PreemptionTrigger, Preemptor
 from extender.service.requeue_feed import RequeueFeed
+from extender.service.simulate import Simulator
 from extender.service.state import ClusterState, PodFeed, StateListeners
 from extender.settings import Settings
 
@@ -95,7 +96,9 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         decider=HoldingDecider(coordinator, holds), binder=binder, ready=ready, decisions=decisions, metrics=metrics,
         debug_nodes=lambda: debug_nodes(state),
         debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets,
-        on_rejected=trigger.rejected)
+        on_rejected=trigger.rejected,
+        simulate=Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
+                           gang_timeout_s=coordinator.default_timeout_s).simulate)
     if settings.scheduling_address:
         servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed,
                                      scores_cpu_only_pods=framework.scores_cpu_only_pods),)

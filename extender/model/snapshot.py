@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model.cpu import allocatable_of, node_cpu_allocatable_milli
+from extender.model.kube_filters import Taint, taints_of
 from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
 from gpusched_api.errors import FieldError
@@ -137,6 +138,9 @@ class NodeInfo:
     # the shape without splitting groups on small differences (None = unknown).
     cpu_allocatable_milli: int | None = None
     cpu_free_milli: int | None = None
+    # The taints that keep pods off (``model.kube_filters``): read where gpusched places pods
+    # without kube-scheduler (gang plans, simulate); kube-scheduler judges them itself.
+    taints: tuple[Taint, ...] = ()
     _free_cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -187,7 +191,8 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
                    share_capacity: Mapping[str, int] | None = None,
                    share_closed: Mapping[str, str] | None = None,
                    static_memory: Mapping[str, int] | None = None,
-                   cpu_allocatable_milli: int | None = None, cpu_free_milli: int | None = None) -> NodeInfo:
+                   cpu_allocatable_milli: int | None = None, cpu_free_milli: int | None = None,
+                   taints: tuple[Taint, ...] = ()) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
     ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
@@ -210,7 +215,7 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     shape = _shape_of(allocatable_gpus, islands, units, engine_headroom, cpu_free)
     return NodeInfo(name, MappingProxyType(dict(labels or {})), allocatable_gpus, inventory,
                     inventory_error, tuple(units), islands, unschedulable, shape, engine_headroom=engine_headroom,
-                    cpu_allocatable_milli=cpu_allocatable_milli, cpu_free_milli=cpu_free)
+                    cpu_allocatable_milli=cpu_allocatable_milli, cpu_free_milli=cpu_free, taints=taints)
 
 
 def with_cpu_free(node: NodeInfo, cpu_free_milli: int | None) -> NodeInfo:
@@ -316,7 +321,7 @@ def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = Non
         errors.append(str(exc))
     return make_node_info(name, inventory, allocatable_gpus=allocatable, labels=labels,
                           inventory_error="; ".join(errors) or None, unschedulable=unschedulable,
-                          cpu_allocatable_milli=cpu, cpu_free_milli=cpu_free_milli)
+                          cpu_allocatable_milli=cpu, cpu_free_milli=cpu_free_milli, taints=taints_of(node))
 
 
 def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:

@@ -17,9 +17,10 @@ budget protects) is the caller's rule, not this module's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from extender.model.ledger import Assignment, LedgerView
 from extender.model.snapshot import GpuUnit, NodeInfo, with_units
@@ -71,3 +72,80 @@ def _freed(unit: GpuUnit) -> GpuUnit:
     if room is None or unit.memory_mib is None or room <= unit.memory_mib:
         return unit
     return replace(unit, memory_mib=room)
+
+
+class _Overlaid(Mapping):
+    """``base`` with the keys of ``changed`` replaced: O(1) to read, O(changed) to make."""
+
+    def __init__(self, base: Mapping[Any, Any], changed: Mapping[Any, Any]) -> None:
+        self._base = base
+        self._changed = changed
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self._changed:
+            return self._changed[key]
+        return self._base[key]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._changed[key] if key in self._changed else self._base.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._changed or key in self._base
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._changed
+        yield from (k for k in self._base if k not in self._changed)
+
+    def __len__(self) -> int:
+        return len(self._changed) + sum(1 for k in self._base if k not in self._changed)
+
+
+class HeldAsWell:
+    """Ledger views of ``base`` with more pods holding units, added step by step: the placements a
+    simulation makes (a gang's members, a workload's replicas) without touching the ledger.
+
+    Each :meth:`add` returns a view of everything added so far; views of one ``HeldAsWell`` know
+    which nodes changed between them (``LedgerView.nodes_changed_since``), so a snapshot of them
+    regroups only those nodes. Reads cost O(1) per node and a step O(its assignments): nothing is
+    copied per node of the cluster. The base is judged as it is (an assumed entry stays; an
+    added pod the base holds already is ignored)."""
+
+    def __init__(self, base: LedgerView) -> None:
+        self._base = base
+        self._source = object()
+        self._log: list[str] = []
+        self._held: dict[str, frozenset[str]] = {}
+        self._shares: dict[str, Mapping[str, int]] = {}
+        self._pods: dict[str, frozenset[str]] = {}
+        self._assignments: dict[str, Assignment] = {}
+        self._view = self._make_view()
+
+    def view(self) -> LedgerView:
+        return self._view
+
+    def add(self, assignments: Iterable[Assignment]) -> LedgerView:
+        """The view with ``assignments`` holding their units as well (assumed)."""
+        base = self._base
+        for a in assignments:
+            if a.pod_key in base.assignments or a.pod_key in self._assignments:
+                continue
+            node = a.node
+            self._assignments[a.pod_key] = a
+            self._held[node] = self._held.get(node, base.held_on(node)) | a.unit_ids
+            self._pods[node] = self._pods.get(node, base.pods_on(node)) | {a.pod_key}
+            if a.is_share:
+                shares = dict(self._shares.get(node, base.shares_on(node)))
+                for unit in a.unit_ids:
+                    shares[unit] = shares.get(unit, 0) + a.share_mib
+                self._shares[node] = MappingProxyType(shares)
+            self._log.append(node)
+        self._view = self._make_view()
+        return self._view
+
+    def _make_view(self) -> LedgerView:
+        base = self._base
+        # Each step's own copies of the changed maps (O(changed)): a view never changes under its reader.
+        return LedgerView(len(self._log), _Overlaid(base.held_by_node, dict(self._held)),
+                          _Overlaid(base.assignments, dict(self._assignments)), list(self._log), 0, self._source,
+                          _Overlaid(base.shares_by_node, dict(self._shares)),
+                          _Overlaid(base.pods_by_node, dict(self._pods)))

@@ -204,6 +204,24 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
                context=lambda: pod_report(cluster))
     assert get(refused) == 403, "an identity without gpusched-metrics-reader must be refused"
     assert get(None) == 401
+    # Simulate (issue 46) through the same proxy: a POST is `create` on /debug/simulate (gpusched-planner).
+    cluster.kubectl("-n", WORKLOAD_NS, "create", "serviceaccount", "planner", check=False)
+    cluster.kubectl("create", "clusterrolebinding", "test-planner", "--clusterrole=gpusched-planner",
+                    f"--serviceaccount={WORKLOAD_NS}:planner", check=False)
+    planner = cluster.kubectl("-n", WORKLOAD_NS, "create", "token", "planner").stdout.strip()
+    engine = {"kind": "Pod", "metadata": {"name": "will-it-fit"},
+              "spec": {"containers": [{"name": "e", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+    def simulate(token: str) -> tuple[int, dict]:
+        r = verified.request("POST", "/debug/simulate", body=json.dumps({"objects": [engine], "namespace": WORKLOAD_NS}),
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        return r.status, (json.loads(r.data) if r.status == 200 else {})
+
+    answer = wait_until(lambda: (lambda got: got[1] if got[0] == 200 else None)(simulate(planner)), 30,
+                        "the planner's simulate accepted by kube-rbac-proxy", context=lambda: pod_report(cluster))
+    assert answer["pods"][0]["pod"] == f"{WORKLOAD_NS}/will-it-fit" and "fits" in answer["pods"][0], answer
+    assert simulate(allowed)[0] == 403, "reading /metrics must not let an identity simulate"
+    assert simulate(refused)[0] == 403
     # Verification is real: the same CA does not vouch for the certificate under another name.
     other_name = urllib3.HTTPSConnectionPool(pod_ip, 8443, ca_cert_data=base64.b64decode(secret.data["ca.crt"]).decode(),
                                              server_hostname=f"gpusched-telemetry.{NS}.svc", retries=False, timeout=5)

@@ -1,7 +1,7 @@
 """Admission: the first member of a group seen without a plan makes one for the whole group, or
 says why not.
 
-Every pending member is placed, with its own demand, on nodes matching its ``nodeSelector``,
+Every pending member is placed, with its own demand, on nodes kube-scheduler's own filters allow,
 against the ledger (which already holds other groups' plans: ``extender.service.gangs.simulation``).
 If every member fits, the plan is reserved in the ledger at once (assumed entries, one per member,
 movable until the member's bind pins them) and the group waits at its barrier; if not, the
@@ -11,7 +11,7 @@ coordinator's lock held, so two groups never hold half their GPUs each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from extender.model.gang import GangSpec
 from extender.service.core import PodRef
@@ -51,11 +51,10 @@ def admit(book: GangBook, gang: GangSpec, pod: PodRef) -> Plan | str:
     bound = [m for m in members if m.node or m.key in book.written]
     pending = sorted((m for m in members if not (m.node or m.key in book.written)), key=lambda m: m.key)
     if len(members) < gang.min_member:
-        status.reason = (f"gang {gang.key}: {len(members)} of {gang.min_member} members exist; waiting for the "
-                         "rest before reserving anything")
+        status.reason = members_missing(gang, len(members))
         book.index.await_members(gang.key, [m.key for m in pending])
         return status.reason
-    needed = needed_members(book, gang, bound, pending)
+    needed = needed_members(gang, bound, pending, lambda m: book.index.role_of(m.raw))
     if isinstance(needed, str):
         status.reason = needed
         book.index.await_members(gang.key, [m.key for m in pending])
@@ -88,17 +87,23 @@ def admit(book: GangBook, gang: GangSpec, pod: PodRef) -> Plan | str:
     return plan
 
 
-def needed_members(book: GangBook, gang: GangSpec, bound: Sequence[Member],
-                   pending: Sequence[Member]) -> list[Member] | str:
+def members_missing(gang: GangSpec, existing: int) -> str:
+    """Why a group with ``existing`` members (fewer than its minimum) reserves nothing yet."""
+    return f"gang {gang.key}: {existing} of {gang.min_member} members exist; waiting for the rest before reserving anything"
+
+
+def needed_members(gang: GangSpec, bound: Sequence[Member], pending: Sequence[Member],
+                   role_of: Callable[[Member], str]) -> list[Member] | str:
     """The pending members the plan must place: enough to reach minMember, and with roles,
-    enough of each role to reach its minimum (the rest go on their own once it is met)."""
+    enough of each role (``role_of``) to reach its minimum (the rest go on their own once it is
+    met)."""
     if not gang.shape.role_minimums:
         return list(pending[: max(0, gang.min_member - len(bound))])
     needed: list[Member] = []
     short: list[str] = []
     for role, minimum in gang.shape.role_minimums:
-        have = sum(1 for m in bound if book.index.role_of(m.raw) == role)
-        waiting = [m for m in pending if book.index.role_of(m.raw) == role]
+        have = sum(1 for m in bound if role_of(m) == role)
+        waiting = [m for m in pending if role_of(m) == role]
         missing = max(0, minimum - have)
         if len(waiting) < missing:
             short.append(f"{role} {have + len(waiting)} of {minimum}")

@@ -126,9 +126,12 @@ class GangIndex:
                     self._awaiting_group.setdefault((namespace, labels.get(POD_GROUP_LABEL, "")), set()).add(pod_key(pod))
             return gang
 
-    def spec_of(self, pod: Mapping[str, Any], default_timeout_s: float) -> GangSpec | GangProblem | None:
-        """``gang_of`` with this index's PodGroups, PodGangs and tier labels, remembering nothing."""
-        return gang_of(pod, self.pod_groups, default_timeout_s, self.tier_labels, self.pod_gangs)
+    def spec_of(self, pod: Mapping[str, Any], default_timeout_s: float,
+                pod_groups: Mapping[tuple[str, str], PodGroupInfo] | None = None) -> GangSpec | GangProblem | None:
+        """``gang_of`` with this index's PodGroups, PodGangs and tier labels, remembering nothing;
+        ``pod_groups`` (a simulation's) are read in place of the index's PodGroups of those names."""
+        groups = self.pod_groups if not pod_groups else {**self.pod_groups, **pod_groups}
+        return gang_of(pod, groups, default_timeout_s, self.tier_labels, self.pod_gangs)
 
     def role_of(self, pod: Mapping[str, Any]) -> str:
         """The pod's role in its group ("" when it has none): for a pod of a known Grove PodGang,

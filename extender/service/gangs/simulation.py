@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import GangSpec, MemberPlacement, Strategy, TierRule, role_of
+from extender.model.kube_filters import kube_refusal
 from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot
+from extender.model.what_if import HeldAsWell
 from extender.service.core import PodRef
 from extender.service.gangs.index import Member
 
@@ -70,7 +71,8 @@ def simulate_placements(gang: GangSpec, members: Sequence[Member], snapshot: Clu
     """Where every member in ``members`` goes, or the sentence saying which member fits nowhere and
     why. ``bound`` are the group's members already bound (their nodes anchor the tier and the
     strategy). Members are placed biggest first (fewer dead ends), each on the node the framework
-    scores best among those matching its ``nodeSelector`` and the group's shape. ``framework`` is
+    scores best among those kube-scheduler's own filters let it onto (``model.kube_filters``: its
+    node selector and affinity, taints, cordons) and the group's shape. ``framework`` is
     the one the single-pod path judges with (``Framework``); nothing is reserved here."""
     demands: list[MemberDemand] = []
     for m in members:
@@ -193,12 +195,12 @@ class _Sequential:
     def run(self, nodes: frozenset[str] | None, *, spread: bool, strict_spread: bool) -> dict[str, MemberPlacement] | str:
         plan: dict[str, MemberPlacement] = {}
         failed: list[tuple[MemberDemand, str]] = []
+        held = HeldAsWell(self.snapshot.ledger)
         for md in self.demands:
             member, demand = md.member, self._with_siblings(md, plan)
-            sim = self.snapshot.with_ledger(_with_holdings(self.snapshot.ledger, plan))
+            sim = self.snapshot.with_ledger(held.view())
             eligible = [n for n, info in sim.nodes.items()
-                        if (nodes is None or n in nodes) and not info.unschedulable
-                        and _selector_matches(member.raw, info.labels)]
+                        if (nodes is None or n in nodes) and not kube_refusal(member.raw, info)]
             used = set(self.anchors.values()) | {p.node for p in plan.values()}
             if spread:
                 unused = [n for n in eligible if n not in used]
@@ -208,7 +210,8 @@ class _Sequential:
             else:
                 decision = self.framework.filter(sim, demand, eligible)
             if not decision.feasible:
-                why = summarize_failures(decision) or "no node matches its nodeSelector"
+                why = summarize_failures(decision) or ("no node passes kube-scheduler's own filters (node selector or "
+                                                          "affinity, taints, cordons)")
                 if strict_spread and len(eligible) > len([n for n in eligible if n not in used]):
                     why = f"STRICT_SPREAD: every member needs a node of its own; {why}"
                 failed.append((md, why))
@@ -220,6 +223,7 @@ class _Sequential:
                 failed.append((md, choice.reason))
                 continue
             plan[member.key] = MemberPlacement(node, tuple(choice.unit_ids), tuple(choice.gpu_indices))
+            held.add([Assignment(member.key, node, frozenset(choice.unit_ids), EntryState.ASSUMED)])
         if failed:
             return self._shortfall(plan, failed)
         return plan
@@ -256,21 +260,6 @@ def _bound_units(view: LedgerView, bound: Iterable[Member]) -> dict[str, frozens
         if assignment is not None:
             out[m.key] = assignment.unit_ids
     return out
-
-
-def _with_holdings(view: LedgerView, planned: Mapping[str, MemberPlacement]) -> LedgerView:
-    """A ledger view plus the placements simulated so far, each held as an assumed entry."""
-    held = dict(view.held_by_node)
-    assignments = dict(view.assignments)
-    for key, placement in planned.items():
-        held[placement.node] = frozenset(held.get(placement.node, frozenset()) | set(placement.units))
-        assignments[key] = Assignment(key, placement.node, frozenset(placement.units), EntryState.ASSUMED)
-    return LedgerView(view.version, held, assignments)
-
-
-def _selector_matches(pod: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def _pod_ref(member: Member) -> PodRef:

@@ -59,7 +59,8 @@ def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
             (meta.get("annotations") or {}).get(INVENTORY_ANNOTATION),
             (status.get("allocatable") or {}).get(GPU_RESOURCE),
             (status.get("allocatable") or {}).get(CPU_RESOURCE),
-            (node.get("spec") or {}).get("unschedulable"))
+            (node.get("spec") or {}).get("unschedulable"),
+            repr((node.get("spec") or {}).get("taints")))
 
 
 class NodeHandler:
