@@ -169,7 +169,7 @@ class Stack:
         assert self.extender is not None
         admin = self.cp.kubeconfig(self.cp.admin_token, "admin")
         argv = [PYTHON, "-m", "gpusched_cli", *args]
-        if args and args[0] in ("explain", "nodes", "simulate"):
+        if args and args[0] in ("explain", "nodes", "simulate", "capacity"):
             argv += ["--url", self.extender.base]
         if args and args[0] in ("explain", "workload"):
             argv += ["--kubeconfig", str(admin)]

@@ -22,12 +22,11 @@ from extender.api.standby import build_standby_router
 from extender.api.verbs import Verb, build_verbs
 from extender.api.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority
 from extender.metrics import ExtenderMetrics
-from extender.model.workloads import Workloads
 from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, DisabledBinder, ExtenderService
+from extender.service.capacity import Planning
 from extender.service.core import PodRef
 from extender.service.dra.admission import ClaimAdmission
 from extender.service.preemption import BudgetSource, NoBudgets
-from extender.service.simulate import Simulation
 from extender.settings import Settings
 
 
@@ -50,8 +49,8 @@ class Collaborators:
     debug_gangs: Callable[[], dict] = lambda: {"gangs": []}
     # The PodDisruptionBudgets preemption honours (their watch's book in a cluster).
     budgets: BudgetSource = field(default_factory=NoBudgets)
-    # POST /debug/simulate: where a workload's pods would go now (None: no cluster view to judge).
-    simulate: Callable[[Workloads], Simulation] | None = None
+    # /debug/simulate and /debug/capacity (None: no cluster view to judge).
+    planning: Planning | None = None
     # Told of each pod the extender's filter found no node for: extender mode's preemption.
     on_rejected: Callable[[PodRef, Sequence[str]], object] = lambda pod, nodes: None
 
@@ -72,7 +71,7 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
     verbs = build_verbs(service, c.metrics, internal_errors, serves_bind=settings.serves_http_bind,
                         on_rejected=c.on_rejected)
-    router = build_router(settings, service, c.metrics, verbs, c.ready, c.debug_nodes, c.debug_gangs, c.simulate)
+    router = build_router(settings, service, c.metrics, verbs, c.ready, c.debug_nodes, c.debug_gangs, c.planning)
     app.include_router(router)
     app.add_middleware(VerbFastPath, verbs=request_only_posts(router))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])

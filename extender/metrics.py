@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # Filter/prioritize sit on kube-scheduler's serial critical path: buckets resolve 0.1 ms–1 s.
@@ -138,3 +138,23 @@ def count_refused_claims(registry: CollectorRegistry, refused: Mapping[str, int]
         "distinct pods: a squatter pod is counted again at each of its events (updates, relists). Such a pod "
         "holds what it requests, unattributed.",
         ("count-mismatch", "malformed", "unit-not-in-inventory", "held-by-another"), refused))
+
+
+class CapacityGauge(Collector):
+    """``gpusched_capacity_replicas{shape, node_class}`` read at scrape time from ``latest()``
+    (``service.capacity.CapacityBoard.latest``: shape name -> its last count), which a periodic
+    task refreshes: a scrape never judges anything."""
+
+    def __init__(self, latest: Any) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpusched_capacity_replicas",
+            "How many more replicas of each configured engine shape (the model catalog ConfigMap's shapes.yaml) "
+            "fit now, per node class (<count>x <GPU product>); sum by shape for the cluster's total.",
+            labels=["shape", "node_class"])
+        for name, capacity in sorted(self._latest().items()):
+            for cls in capacity.classes:
+                family.add_metric([name, cls.node_class], cls.replicas)
+        yield family

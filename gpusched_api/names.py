@@ -64,6 +64,10 @@ INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
 CAPACITY_GENERATION_ANNOTATION = "gpusched.io/capacity-generation"
 DEVICE_PLUGIN_NODE_LABEL = "gpusched.io/device-plugin"
 PRESET_NODE_LABEL = "gpusched.io/preset"  # the fake-GPU overlay's fleet preset of a node
+CORDONED_GPUS_ANNOTATION = "gpusched.io/cordoned-gpus"
+CORDON_REASON_ANNOTATION = "gpusched.io/cordon-reason"
+# The group whose members may cordon and uncordon GPUs (the admission policy gpusched-gpu-cordon).
+GPU_OPERATORS_GROUP = "gpusched:gpu-operators"
 
 # --- Reporting and file formats --------------------------------------------------------------------
 EVENTS_CONTROLLER = "gpusched.io/extender"  # events.k8s.io reportingController of the extender's Events
@@ -183,6 +187,12 @@ POD_API: tuple[Entry, ...] = (
           "published by the node agent."),
     Entry(CAPACITY_GENERATION_ANNOTATION, Kind.NODE_ANNOTATION, Writer.GPUSCHED,
           "Bumped when a node's usable GPU capacity rises while pods wait: the Node update requeues them."),
+    Entry(CORDONED_GPUS_ANNOTATION, Kind.NODE_ANNOTATION, Writer.YOU,
+          "GPUs taken out of service by an operator (`gpusched cordon NODE 0 3`): GPU indices (a MIG-mode GPU's "
+          "instances with it) or unit UUIDs, comma-separated. New pods never get them; running pods keep them. "
+          f"Only members of the group `{GPU_OPERATORS_GROUP}` (and cluster administrators) may change it."),
+    Entry(CORDON_REASON_ANNOTATION, Kind.NODE_ANNOTATION, Writer.YOU,
+          "Why the node's GPUs are cordoned (`gpusched cordon --reason`), shown beside them; held as the cordon is."),
     Entry(DEVICE_PLUGIN_NODE_LABEL, Kind.NODE_LABEL, Writer.YOU,
           "`true`: the node agent serves gpusched's device plugin on this node (keep NVIDIA's off it)."),
     Entry(PRESET_NODE_LABEL, Kind.NODE_LABEL, Writer.YOU,

@@ -6,6 +6,8 @@
   gpusched claim POD.yaml          the ResourceClaimTemplate and rewritten pod a GPU pod becomes in DRA mode
   gpusched workload PODS.json      FragmentationScore's workload argument from a cluster's own pods
   gpusched simulate -f FILE        where a workload's pods would go if applied now (reserves nothing)
+  gpusched capacity --model M      how many more replicas of an engine shape fit now, per node class
+  gpusched cordon NODE GPU...      take GPUs out of service (uncordon returns them)
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
-    from gpusched_cli import claim, simulate, tune, workload
+    from gpusched_cli import capacity, claim, cordon, simulate, tune, workload
 
     tune.add_parser(sub)
     claim.add_parser(sub)
     workload.add_parser(sub)
     simulate.add_parser(sub, DEFAULT_URL)
+    capacity.add_parser(sub, DEFAULT_URL)
+    cordon.add_parsers(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     measure_args = tune.split_measure(argv)
     args = p.parse_args(argv)
@@ -51,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "claim":
         text, code = claim.run(args)
         emit(text, sys.stdout if code == 0 else sys.stderr)
+        return code
+    if args.command in ("cordon", "uncordon"):
+        text, code = cordon.run(args)
+        emit(text, sys.stderr if code == 2 else sys.stdout)
+        return code
+    if args.command == "capacity":
+        text, code = capacity.run(args)
+        emit(text, sys.stderr if code == 2 else sys.stdout)
         return code
     if args.command == "simulate":
         text, code = simulate.run(args)

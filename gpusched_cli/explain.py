@@ -167,7 +167,8 @@ def render_nodes(nodes: dict[str, Any]) -> str:
         for i, u in enumerate(n["units"]):
             unit = f"{u['gpu']}" + (f" {u['profile']}" if u["profile"] else "")
             memory = f"{u['memoryMiB'] / 1024:.0f} GiB" if u["memoryMiB"] else "?"
-            holder = f"{u['heldBy']} ({u['state']})" if u["heldBy"] else "free"
+            holder = f"{u['heldBy']} ({u['state']})" if u["heldBy"] else "cordoned" if u.get("cordoned") else \
+                "out of service" if u.get("failure") else "free"
             rows.append((*(head if i == 0 else ("", "", "", "")), unit, memory, u["id"][:16], holder))
     return table(["NODE", "FREE", "NVLINK ISLANDS", "INVENTORY", "GPU", "MEMORY", "UUID", "HELD BY"], rows)
 

@@ -74,10 +74,16 @@ def read_objects(filename: str, stdin: TextIO | None = None) -> list[Any]:
         raise SimulateError(f"{filename} is not YAML or JSON: {exc}") from None
 
 
-def post_json(base_url: str, path: str, body: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+def post_json(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST ``body`` as JSON and return the JSON answer; a 4xx/5xx answer's ``error`` is raised."""
     url = base_url.rstrip("/") + path
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    return answer_of(urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"}),
+                     base_url)
+
+
+def answer_of(request: urllib.request.Request, base_url: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The JSON answer to ``request``; a 4xx/5xx answer's ``error`` is raised as SimulateError."""
+    url = request.full_url
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return json.loads(resp.read())

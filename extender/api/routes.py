@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
-from extender.api.planning import MAX_SIMULATE_BYTES, answer_simulation
+from extender.api.planning import MAX_SIMULATE_BYTES, answer_capacity, answer_simulation
 from extender.api.verbs import Verb
 from extender.api.wire import (
     ErrorBody,
@@ -33,9 +33,8 @@ from extender.api.wire import (
     HostPriority,
 )
 from extender.metrics import ExtenderMetrics
-from extender.model.workloads import Workloads
 from extender.service import ExtenderService
-from extender.service.simulate import Simulation
+from extender.service.capacity import Planning
 from extender.settings import Settings
 
 # Every verb may answer with an ErrorBody: a malformed (400), late (408), oversized (413) or invalid (422) body.
@@ -45,9 +44,10 @@ _ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for co
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics, verbs: Mapping[str, Verb],
                  ready: Callable[[], tuple[bool, str]], debug_nodes: Callable[[], dict[str, Any]],
                  debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []},
-                 simulate: Callable[[Workloads], Simulation] | None = None) -> APIRouter:
+                 planning: Planning | None = None) -> APIRouter:
     """The verbs of ``verbs`` (``extender.api.verbs``) at ``<verb prefix>/<name>``, the probes,
-    /metrics and /debug; ``simulate`` (None without a cluster view) answers /debug/simulate."""
+    /metrics and /debug; ``planning`` (None without a cluster view) answers /debug/simulate and
+    /debug/capacity."""
     router = APIRouter()
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
@@ -56,8 +56,10 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     # thread, one call at a time (kube-scheduler asks one pod at a time anyway), so however long a
     # judgement takes, the event loop goes on answering /healthz, /readyz and binds.
     judge_limiter = anyio.CapacityLimiter(1)
-    # A simulation judges a whole workload: one at a time, in a thread of its own, beside the verbs.
-    simulate_limiter = anyio.CapacityLimiter(1)
+    # A simulation or capacity count judges a whole workload or fleet: one at a time, in a thread of
+    # its own, beside the verbs.
+    planning_limiter = anyio.CapacityLimiter(1)
+    no_planning = {"error": "planning needs the cluster view; this extender runs standalone"}
     prefix = settings.verb_prefix
     limit, body_timeout_s = settings.max_body_bytes, settings.client_timeout_s
 
@@ -124,15 +126,23 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
         return OrjsonResponse(debug_nodes())
 
     @router.post("/debug/simulate")
-    async def simulate_(request: Request) -> Response:
-        if simulate is None:
-            return OrjsonResponse({"error": "simulate needs the cluster view; this extender runs standalone"},
-                                  status_code=404)
+    async def simulate(request: Request) -> Response:
+        if planning is None:
+            return OrjsonResponse(no_planning, status_code=404)
         try:
             body = await read_capped(request, MAX_SIMULATE_BYTES, body_timeout_s)
         except BadRequest as exc:
             return OrjsonResponse({"error": exc.message}, status_code=exc.status)
-        status, answer = await anyio.to_thread.run_sync(answer_simulation, body, simulate, limiter=simulate_limiter)
+        status, answer = await anyio.to_thread.run_sync(answer_simulation, body, planning.simulator.simulate,
+                                                        limiter=planning_limiter)
+        return OrjsonResponse(answer, status_code=status)
+
+    @router.get("/debug/capacity")
+    async def capacity(request: Request) -> Response:
+        if planning is None:
+            return OrjsonResponse(no_planning, status_code=404)
+        query = dict(request.query_params)
+        status, answer = await anyio.to_thread.run_sync(answer_capacity, query, planning, limiter=planning_limiter)
         return OrjsonResponse(answer, status_code=status)
 
     return router

@@ -9,6 +9,7 @@ watches when a request first asks — the one late-bound reference, and a read, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,9 @@ from extender.assembly.telemetry import TelemetryParts, serve_telemetry, serve_t
 from extender.assembly.watches import CatalogHandler, Watches, cluster_watches
 from extender.framework.profile import ProfileConfig
 from extender.framework.runtime import Framework
-from extender.metrics import ExtenderMetrics, GangMetrics, count_refused_claims
+from extender.metrics import CapacityGauge, ExtenderMetrics, GangMetrics, count_refused_claims
 from extender.model.catalog import builtin_catalog
+from extender.service.capacity import CAPACITY_REFRESH_S, CapacityBoard, CapacityCounter, Planning
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
 from extender.service.framework_decider import FrameworkDecider
@@ -78,7 +80,10 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     preemptor = Preemptor(framework_decider, VictimRules(budgets), bound_pods, holds, evictor, decisions, events)
     trigger = PreemptionTrigger(preemptor.preempt, holds)
     pods = PodFeed([GangWatch(gangs, coordinator.adopt), ForgetDeletedPods(decisions), bound_pods, trigger], state.pods)
-    watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog),
+    capacity = CapacityCounter(framework_decider, lambda: watches.synced())
+    board = CapacityBoard(capacity)
+    watches = cluster_watches(settings, api, state.nodes, pods, CatalogHandler(framework_decider.set_catalog,
+                                                                               board.set_shapes),
                               gangs, state.dra, budgets)
     count_refused_claims(metrics.registry, state.claims_refused)
     metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
@@ -86,6 +91,8 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     watches.start(metrics.registry)
     every(1.0, state.tick)  # assumptions whose bind was never observed are forgotten
     every(1.0, coordinator.tick)
+    metrics.registry.register(CapacityGauge(board.latest))
+    threading.Thread(target=board.refreshes, args=(CAPACITY_REFRESH_S,), name="capacity", daemon=True).start()
     if telemetry is not None:
         every(0.5, state.sweep_staleness)
     binder: Any = KubeBinder(api, settings.bind_write_timeout_s)
@@ -97,8 +104,9 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         debug_nodes=lambda: debug_nodes(state),
         debug_gangs=lambda: _with_pod_group_watch(coordinator.describe(), watches), budgets=budgets,
         on_rejected=trigger.rejected,
-        simulate=Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
-                           gang_timeout_s=coordinator.default_timeout_s).simulate)
+        planning=Planning(Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
+                                    gang_timeout_s=coordinator.default_timeout_s),
+                          capacity, board, lambda: framework_decider.catalog))
     if settings.scheduling_address:
         servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed,
                                      scores_cpu_only_pods=framework.scores_cpu_only_pods),)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.model.catalog import Catalog, CatalogError, catalog_from_configmap_data
+from extender.model.shapes import shapes_from_configmap_data
 from extender.service.dra import DraState
 from extender.service.gangs import GangIndex
 from extender.service.preemption import DisruptionBudgets
@@ -28,22 +29,26 @@ CATALOG_CONFIGMAP = "gpusched-model-catalog"
 
 
 class CatalogHandler:
-    """Hands the ConfigMap's model catalog to ``set_catalog`` when it changes; a malformed one is
-    logged and the previous catalog kept (the error says which entry and field to fix)."""
+    """Hands the ConfigMap's model catalog to ``set_catalog`` and its engine shapes
+    (``model.shapes``) to ``set_shapes`` when it changes; a malformed one is logged and the
+    previous catalog and shapes kept (the error says which entry and field to fix)."""
 
-    def __init__(self, set_catalog: Any) -> None:
+    def __init__(self, set_catalog: Any, set_shapes: Any = lambda shapes: None) -> None:
         self._set_catalog = set_catalog
+        self._set_shapes = set_shapes
         self.error = ""
 
     def _set(self, data: dict[str, str] | None) -> None:
         try:
             catalog: Catalog = catalog_from_configmap_data(data)
+            shapes = shapes_from_configmap_data(data, catalog)
         except CatalogError as exc:
             self.error = f"ConfigMap {CATALOG_CONFIGMAP}: {exc}"
-            log.error("%s; keeping the previous model catalog", self.error)
+            log.error("%s; keeping the previous model catalog and engine shapes", self.error)
             return
         self.error = ""
         self._set_catalog(catalog)
+        self._set_shapes(shapes)
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         self._set(items[0].get("data") if items else None)

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 CONFIGMAP_KEY = "models.yaml"
+SHAPES_KEY = "shapes.yaml"  # engine shapes for capacity (``model.shapes``), read beside the models
 
 
 class CatalogError(ValueError):
@@ -140,12 +141,14 @@ def catalog_from_configmap_data(data: Mapping[str, str] | None) -> Catalog:
     """Merge the ConfigMap's ``models.yaml`` entries over the built-ins.
 
     Raises ``CatalogError`` naming the key, model and field for anything malformed, and for any
-    data key other than ``models.yaml`` (a typo there would otherwise be silently ignored).
+    data key other than ``models.yaml`` and ``shapes.yaml`` (``model.shapes``; a typo there would
+    otherwise be silently ignored).
     """
     specs = list(BUILTIN_MODELS)
     for key in sorted(data or {}):
-        if key != CONFIGMAP_KEY:
-            raise CatalogError(f"{key}: unknown ConfigMap key; put model entries under {CONFIGMAP_KEY!r}")
+        if key not in (CONFIGMAP_KEY, SHAPES_KEY):
+            raise CatalogError(f"{key}: unknown ConfigMap key; put model entries under {CONFIGMAP_KEY!r} and engine "
+                               f"shapes under {SHAPES_KEY!r}")
     text = (data or {}).get(CONFIGMAP_KEY)
     if text is None or not text.strip():
         return Catalog(specs)

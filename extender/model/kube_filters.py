@@ -65,6 +65,9 @@ def kube_refusal(pod: Mapping[str, Any], node: NodeInfo) -> str:
     spec = pod.get("spec") or {}
     if not isinstance(spec, dict):
         return "the pod has no spec"
+    if not node.unschedulable and not node.taints and not (
+            spec.get("nodeName") or spec.get("nodeSelector") or spec.get("affinity")):
+        return ""  # nothing to judge (most pods on most nodes): a capacity count asks for every node
     tolerations = [*(t for t in spec.get("tolerations") or () if isinstance(t, dict)), *ADMITTED_TOLERATIONS]
     if node.unschedulable and not _tolerated(Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule"), tolerations):
         return "node(s) were unschedulable"

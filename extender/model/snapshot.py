@@ -25,13 +25,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from extender.model.cordon import CORDONED, cordoned_units
 from extender.model.cpu import allocatable_of, node_cpu_allocatable_milli
 from extender.model.kube_filters import Taint, taints_of
 from extender.model.ledger import EMPTY_VIEW, NO_SHARES, LedgerView
 from extender.model.snapshot_groups import Derivation, GroupRegistry, NodeGroups
 from gpusched_api.errors import FieldError
 from gpusched_api.inventory import NodeGpuInventory, decode_inventory, inventory_from_gfd_labels
-from gpusched_api.names import INVENTORY_ANNOTATION
+from gpusched_api.names import CORDON_REASON_ANNOTATION, CORDONED_GPUS_ANNOTATION, INVENTORY_ANNOTATION
 from gpusched_api.thirdparty import GPU_RESOURCE
 from gpusched_api.untrusted import shown, whole_number
 
@@ -66,6 +67,7 @@ class GpuUnit:
     share_closed: str = ""
     static_memory_mib: int | None = None  # the inventory's size (``memory_mib`` may be telemetry's free memory)
     dra: bool = False  # published as a device of the node's gpu.gpusched.io ResourceSlice (DRA pods can get it)
+    cordoned: bool = False  # out of service by an operator's cordon (``model.cordon``; ``failure`` says so)
 
     def share_room_mib(self, promised_mib: int) -> int:
         """MiB a new share could still get here, given ``promised_mib`` already promised."""
@@ -178,9 +180,12 @@ def capacity_held_back(node: NodeInfo) -> str:
     every node of a group gets the same sentence: per-node figures are the records' telemetry
     notes."""
     foreign = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units if u.foreign)
-    failed = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units if u.failure)
+    failed = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units
+                           if u.failure and not u.cordoned)
+    cordoned = dict.fromkeys(f"{'MIG' if u.is_mig else 'GPU'} {u.gpu_index}" for u in node.units if u.cordoned)
     notes = ([f"foreign processes (outside any pod) hold memory on {', '.join(foreign)}"] if foreign else []) + \
-        ([f"out of service: {', '.join(failed)}"] if failed else [])
+        ([f"out of service: {', '.join(failed)}"] if failed else []) + \
+        ([f"{CORDONED}: {', '.join(cordoned)}"] if cordoned else [])
     return "; ".join(notes)
 
 
@@ -192,10 +197,11 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
                    share_closed: Mapping[str, str] | None = None,
                    static_memory: Mapping[str, int] | None = None,
                    cpu_allocatable_milli: int | None = None, cpu_free_milli: int | None = None,
-                   taints: tuple[Taint, ...] = ()) -> NodeInfo:
+                   taints: tuple[Taint, ...] = (), cordons: Mapping[str, str] | None = None) -> NodeInfo:
     """Lay out a node's units. Without an inventory, ``allocatable_gpus`` synthetic whole GPUs
     (``<node>/gpu<i>``, memory unknown) stand in so that plain GPU counting still works.
-    ``failures``: unit id -> why it is out of service; ``foreign``: unit ids holding foreign
+    ``failures``: unit id -> why it is out of service; ``cordons``: unit id -> why an operator
+    cordoned it (``model.cordon``: out of service too, and marked so); ``foreign``: unit ids holding foreign
     memory; ``share_capacity``: GPU uuid -> MiB its sharers may have together (default: the GPU's
     size); ``share_closed``: GPU uuid -> why it takes no new shares (all from telemetry);
     ``static_memory``: GPU or MIG instance uuid -> the inventory's size when ``inventory`` carries
@@ -204,8 +210,8 @@ def make_node_info(name: str, inventory: NodeGpuInventory | None, *, allocatable
     units a ResourceSlice publishes."""
     if inventory is not None:
         islands = inventory.nvlink_islands
-        units = _lay_out_units(inventory, failures or {}, foreign, share_capacity or {}, share_closed or {},
-                               static_memory or {})
+        units = _lay_out_units(inventory, {**(failures or {}), **(cordons or {})}, foreign, share_capacity or {},
+                               share_closed or {}, static_memory or {}, frozenset(cordons or ()))
     else:
         islands = ()
         units = [GpuUnit(f"{name}/gpu{i}", i, i, None) for i in range(allocatable_gpus or 0)]
@@ -254,7 +260,7 @@ def quantise_cpu(cpu_free_milli: int | None) -> int | None:
 
 def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], foreign: frozenset[str],
                    share_capacity: Mapping[str, int], share_closed: Mapping[str, str],
-                   static_memory: Mapping[str, int]) -> list[GpuUnit]:
+                   static_memory: Mapping[str, int], cordoned: frozenset[str]) -> list[GpuUnit]:
     """The inventory's units in their fixed order: GPUs by index, a MIG-enabled GPU standing as
     its instances (in inventory order), a whole GPU with its NVLink island."""
     island_of = {index: i for i, island in enumerate(inventory.nvlink_islands) for index in island}
@@ -265,14 +271,16 @@ def _lay_out_units(inventory: NodeGpuInventory, failures: Mapping[str, str], for
                 units.append(GpuUnit(inst.uuid, len(units), gpu.index, inst.memory_mib, is_mig=True,
                                      profile=inst.profile, numa_node=gpu.numa_node, pcie_switch=gpu.pcie_switch,
                                      failure=failures.get(inst.uuid, ""), foreign=inst.uuid in foreign,
-                                     static_memory_mib=static_memory.get(inst.uuid, inst.memory_mib)))
+                                     static_memory_mib=static_memory.get(inst.uuid, inst.memory_mib),
+                                     cordoned=inst.uuid in cordoned))
         else:
             units.append(GpuUnit(gpu.uuid, len(units), gpu.index, gpu.memory_mib, numa_node=gpu.numa_node,
                                  pcie_switch=gpu.pcie_switch, island=island_of.get(gpu.index, -1),
                                  failure=failures.get(gpu.uuid, ""), foreign=gpu.uuid in foreign,
                                  share_capacity_mib=share_capacity.get(gpu.uuid, gpu.memory_mib),
                                  share_closed=share_closed.get(gpu.uuid, ""),
-                                 static_memory_mib=static_memory.get(gpu.uuid, gpu.memory_mib)))
+                                 static_memory_mib=static_memory.get(gpu.uuid, gpu.memory_mib),
+                                 cordoned=gpu.uuid in cordoned))
     return units
 
 
@@ -282,7 +290,7 @@ def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units
     identically)."""
     return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
-         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib, u.dra)
+         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib, u.dra, u.cordoned)
         for u in units), engine_headroom, cpu_free_milli))
 
 
@@ -314,6 +322,16 @@ def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = Non
         except FieldError as exc:
             errors.append(f"GPU Feature Discovery {exc}")
     unschedulable = bool((node.get("spec") or {}).get("unschedulable", False))
+    cordons: Mapping[str, str] = {}
+    cordon = annotations.get(CORDONED_GPUS_ANNOTATION)
+    if isinstance(cordon, str) and cordon.strip():
+        if inventory is None:
+            errors.append(f"annotation {CORDONED_GPUS_ANNOTATION}: the node publishes no GPU inventory to cordon")
+        else:
+            reason = annotations.get(CORDON_REASON_ANNOTATION)
+            cordons, problem = cordoned_units(inventory, cordon, reason if isinstance(reason, str) else "")
+            if problem:
+                errors.append(f"annotation {CORDONED_GPUS_ANNOTATION} {problem}")
     try:
         cpu = node_cpu_allocatable_milli(node)
     except ValueError as exc:
@@ -321,7 +339,8 @@ def node_info_from_k8s(node: Mapping[str, Any], cpu_free_milli: int | None = Non
         errors.append(str(exc))
     return make_node_info(name, inventory, allocatable_gpus=allocatable, labels=labels,
                           inventory_error="; ".join(errors) or None, unschedulable=unschedulable,
-                          cpu_allocatable_milli=cpu, cpu_free_milli=cpu_free_milli, taints=taints_of(node))
+                          cpu_allocatable_milli=cpu, cpu_free_milli=cpu_free_milli, taints=taints_of(node),
+                          cordons=cordons)
 
 
 def _allocatable_gpus(node: Mapping[str, Any], errors: list[str]) -> int:

@@ -42,7 +42,7 @@ def describe_nodes(snapshot: ClusterSnapshot,
             units.append({"id": u.id, "gpu": u.gpu_index, "memoryMiB": u.memory_mib, "mig": u.is_mig,
                           "profile": u.profile or None, "numaNode": u.numa_node, "pcieSwitch": u.pcie_switch,
                           "nvlinkIsland": u.island if u.island >= 0 else None, "heldBy": pod, "state": state,
-                          "failure": u.failure or None})
+                          "failure": u.failure or None, "cordoned": u.cordoned})
             if devices is not None:
                 units[-1]["draDevice"] = devices.get(u.id)
             if not u.is_mig and u.share_capacity_mib is not None:

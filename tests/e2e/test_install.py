@@ -222,6 +222,10 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
     assert answer["pods"][0]["pod"] == f"{WORKLOAD_NS}/will-it-fit" and "fits" in answer["pods"][0], answer
     assert simulate(allowed)[0] == 403, "reading /metrics must not let an identity simulate"
     assert simulate(refused)[0] == 403
+    capacity = verified.request("GET", "/debug/capacity?model=meta-llama/Llama-3.1-8B-Instruct",
+                                headers={"Authorization": f"Bearer {planner}"})
+    assert capacity.status == 200 and json.loads(capacity.data)["shapes"][0]["replicas"] >= 0, capacity.data
+    assert verified.request("GET", "/debug/capacity?model=x", headers={"Authorization": f"Bearer {refused}"}).status == 403
     # Verification is real: the same CA does not vouch for the certificate under another name.
     other_name = urllib3.HTTPSConnectionPool(pod_ip, 8443, ca_cert_data=base64.b64decode(secret.data["ca.crt"]).decode(),
                                              server_hostname=f"gpusched-telemetry.{NS}.svc", retries=False, timeout=5)

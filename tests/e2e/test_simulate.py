@@ -1,5 +1,6 @@
-"""Simulate (issue 46) against the real control plane: ``gpusched simulate`` answers where the next
-real apply lands, and reserves nothing.
+"""Simulate and capacity (issue 46) against the real control plane: ``gpusched simulate`` answers
+where the next real apply lands and reserves nothing; ``gpusched capacity`` counts the replicas
+that then bind, and its gauge follows the shapes ConfigMap.
 
 The fleet: two 8 x H100 nodes with their agents streaming telemetry, one clean, one whose GPUs
 0-4 carry a leftover process's memory (only 3 clean GPUs: no TP=4 engine fits there). A Deployment
@@ -20,12 +21,13 @@ import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
-from devcluster.controlplane import ControlPlane
+from devcluster.controlplane import NAMESPACE, ControlPlane
 from devcluster.fleet import h100_fleet_yaml
 from devcluster.modes import SchedulingMode
-from devcluster.stack import Stack
+from devcluster.stack import Stack, scrape_metric
 
 MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
+CATALOG = "gpusched-model-catalog"  # the ConfigMap of models and engine shapes
 LEFTOVER_MIB = 70_000  # of an 80 GB H100: what is left cannot hold a quarter of a 70B model
 
 
@@ -184,3 +186,48 @@ def test_a_gang_simulated_whole_binds_whole_and_one_simulated_partial_binds_noth
     given = sorted(sorted(int(i) for i in client.CoreV1Api(admin).read_namespaced_pod(p["metadata"]["name"], namespace)
                           .metadata.annotations["gpusched.io/assigned-gpu-indices"].split(",")) for p in whole)
     assert given == sorted(gpus for _, gpus in simulated.values())
+
+
+def test_capacity_equals_the_replicas_that_then_bind(admin, namespace, stack: Stack, mode: SchedulingMode, agent_fleet):
+    _clean, _dirty = agent_fleet(0), agent_fleet(5)
+    counted = json.loads(stack.cli("capacity", "--model", MODEL_70B, "--tp", "4", "--gpu-memory", "40Gi",
+                                   "--selector", f"gpusched.io/test-fleet={agent_fleet.fleet_id}", "--json"))
+    (shape,) = counted["shapes"]
+    fits = shape["replicas"]
+    assert fits == 2 and shape["classes"] == [{"nodeClass": "8x NVIDIA H100 80GB HBM3", "nodes": 2, "replicas": 2}], counted
+    names = [unique("replica") for _ in range(fits + 1)]
+    for name in names:
+        pod = engine_spec(agent_fleet.fleet_id, mode.scheduler_name)
+        pod["metadata"]["name"] = name
+        create_pod(admin, namespace, pod)
+    for name in names[:fits]:
+        wait_until(lambda name=name: pod_node(admin, namespace, name), 60, f"{name} to bind",
+                   context=lambda name=name: pod_scheduled_message(admin, namespace, name))
+    last = names[fits]
+    wait_until(lambda: "Unschedulable" in (c := scheduled_condition(admin, namespace, last)) and c, 30,
+               f"{last} to be found unschedulable")
+    assert pod_node(admin, namespace, last) is None
+
+
+def scheduled_condition(admin, namespace: str, name: str) -> str:
+    pod = client.CoreV1Api(admin).read_namespaced_pod(name, namespace)
+    return next((f"{c.reason}: {c.message}" for c in pod.status.conditions or [] if c.type == "PodScheduled"), "")
+
+
+def test_the_capacity_gauge_follows_the_shapes_configmap(admin, stack: Stack, agent_fleet):
+    agent_fleet(0), agent_fleet(5)
+    shape = unique("tp4")
+    core = client.CoreV1Api(admin)
+    assert not core.list_namespaced_config_map(NAMESPACE, field_selector=f"metadata.name={CATALOG}").items, \
+        "another test's catalog ConfigMap would be replaced"
+    shapes = {shape: {"model": MODEL_70B, "tp": 4, "gpuMemory": "40Gi",
+                      "nodeSelector": {"gpusched.io/test-fleet": agent_fleet.fleet_id}}}
+    core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": CATALOG},
+                                                  "data": {"shapes.yaml": yaml.safe_dump(shapes)}})
+    try:
+        labels = {"shape": shape, "node_class": "8x NVIDIA H100 80GB HBM3"}
+        gauge = wait_until(lambda: scrape_metric(f"{stack.extender.base}/metrics", "gpusched_capacity_replicas", labels)
+                           or None, 30, "the capacity gauge of the new shape")
+        assert gauge == 2.0
+    finally:
+        core.delete_namespaced_config_map(CATALOG, NAMESPACE)

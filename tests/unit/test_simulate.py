@@ -13,6 +13,7 @@ from extender.app import Collaborators, create_app
 from extender.model.catalog import builtin_catalog
 from extender.model.ledger import GpuLedger
 from extender.model.workloads import pods_of
+from extender.service.capacity import CapacityBoard, CapacityCounter, Planning
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangIndex
 from extender.service.simulate import Simulator
@@ -52,9 +53,9 @@ class World:
         for n, busy in nodes.items():
             if busy:
                 assert self.ledger.assume(f"other/busy-{n}", n, [f"GPU-{n}-{i}" for i in range(busy)], "u")
-        decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
-                                   lambda: make_snapshot(self.nodes, self.ledger.view()))
-        self.simulator = Simulator(decider, GangIndex())
+        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
+                                        lambda: make_snapshot(self.nodes, self.ledger.view()))
+        self.simulator = Simulator(self.decider, GangIndex())
 
     def simulate(self, *objects: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
         before = self.ledger.view()
@@ -133,7 +134,7 @@ def test_a_second_gang_sees_the_first_gangs_gpus():
     (orjson.dumps({"objects": [deployment("llama", 1, 4)]}), 200, "1 of 1 pods fit now"),
 ])
 def test_the_endpoint_answers_bad_input_with_what_to_fix(body, status, words):
-    http = TestClient(create_app(Settings(), Collaborators(simulate=World({"n": 0}).simulator.simulate)))
+    http = TestClient(create_app(Settings(), Collaborators(planning=planning_of(World({"n": 0})))))
     answer = http.post("/debug/simulate", content=body)
     assert answer.status_code == status and words in answer.text, answer.text
 
@@ -148,3 +149,8 @@ def test_the_cli_prints_a_row_per_pod_and_exits_1_when_some_would_wait():
     text = render_simulation(answer)
     assert "team/llama-simulated-2  waits" in text and "45.0 GiB < 60.0 GiB needed per GPU" in text
     assert text.endswith("2 of 3 pods fit now; nothing was reserved")
+
+
+def planning_of(world: World) -> Planning:
+    counter = CapacityCounter(world.decider)
+    return Planning(world.simulator, counter, CapacityBoard(counter), lambda: builtin_catalog())

@@ -65,7 +65,7 @@ class ClusterState:
         self.reconciler = (TelemetryReconciler(telemetry, self.ledger, self._tables, listeners, clock)
                            if telemetry is not None else None)
         self.dra = self._dra_state(listeners) if dra else None
-        self.nodes = NodeHandler(self._tables)
+        self.nodes = NodeHandler(self._tables, listeners)
         self._layout = Layout(self._tables, self.ledger, cpu, self.reconciler, self.dra)
         self.pods = PodHandler(self.ledger, self._tables, cpu, self.reconciler, listeners, self._layout.judged, clock)
         self._no_counts: Counter[str] = Counter()  # what the telemetry counters read without telemetry

@@ -110,7 +110,8 @@ class Layout:
                                              **{i.uuid: i.memory_mib for g in static.inventory.gpus
                                                 for i in g.mig_instances}},
                               cpu_allocatable_milli=static.cpu_allocatable_milli,
-                              cpu_free_milli=static.cpu_free_milli, taints=static.taints)
+                              cpu_free_milli=static.cpu_free_milli, taints=static.taints,
+                              cordons={u.id: u.failure for u in static.units if u.cordoned})
 
 
 def share_terms(static: NodeInfo, report: NodeTelemetry, fresh: bool) -> tuple[dict[str, int], dict[str, str]]:

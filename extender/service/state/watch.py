@@ -33,11 +33,16 @@ from extender.model.snapshot import NodeInfo, node_info_from_k8s
 from extender.model.telemetry import MIB
 from extender.service.dra import CLAIM_HOLDER_PREFIX
 from extender.service.state.cpu import CpuAccount
-from extender.service.state.listeners import StateListeners
+from extender.service.state.listeners import NO_LISTENERS, StateListeners
 from extender.service.state.reconcile import TelemetryReconciler
 from extender.service.state.tables import StateTables
 from gpusched_api.assignment import believed_units, requested_gpus
-from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, INVENTORY_ANNOTATION
+from gpusched_api.names import (
+    ASSIGNED_GPUS_ANNOTATION,
+    CORDON_REASON_ANNOTATION,
+    CORDONED_GPUS_ANNOTATION,
+    INVENTORY_ANNOTATION,
+)
 from gpusched_api.share import share_request_bytes
 from gpusched_api.thirdparty import GPU_RESOURCE
 from gpusched_api.unit_choice import choose_unplaced
@@ -57,6 +62,8 @@ def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
     status = node.get("status") or {}
     return (repr(sorted((meta.get("labels") or {}).items())),
             (meta.get("annotations") or {}).get(INVENTORY_ANNOTATION),
+            (meta.get("annotations") or {}).get(CORDONED_GPUS_ANNOTATION),
+            (meta.get("annotations") or {}).get(CORDON_REASON_ANNOTATION),
             (status.get("allocatable") or {}).get(GPU_RESOURCE),
             (status.get("allocatable") or {}).get(CPU_RESOURCE),
             (node.get("spec") or {}).get("unschedulable"),
@@ -65,10 +72,12 @@ def _node_key(node: Mapping[str, Any]) -> tuple[Any, ...]:
 
 class NodeHandler:
     """The Node reflector's handler: each node's static info, decoded only when what is read of
-    its object changed."""
+    its object changed. A node whose GPUs an operator uncordoned has capacity again: the capacity
+    listeners hear it (pods waiting for it are retried at once)."""
 
-    def __init__(self, tables: StateTables) -> None:
+    def __init__(self, tables: StateTables, listeners: StateListeners = NO_LISTENERS) -> None:
         self._tables = tables
+        self._listeners = listeners
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         """A (re)list: the nodes are exactly ``items``. Only what changed is marked for re-laying —
@@ -103,9 +112,13 @@ class NodeHandler:
                 return
         info = node_info_from_k8s(obj)  # decoded outside the lock: requests never wait on it
         with tables.lock:
+            before = tables.nodes.get(name)
             tables.nodes[name] = info
             tables.node_keys[name] = key
             tables.mark_locked(name)
+        if before is not None and _uncordoned(before, info):
+            for listener in self._listeners.capacity_rose:
+                listener(name)
 
     def _delete(self, name: str) -> None:
         tables = self._tables
@@ -113,6 +126,12 @@ class NodeHandler:
             if tables.nodes.pop(name, None) is not None:
                 tables.node_keys.pop(name, None)
                 tables.mark_locked(name)
+
+
+def _uncordoned(before: NodeInfo, after: NodeInfo) -> bool:
+    """Whether a unit cordoned in ``before`` is in service in ``after``."""
+    cordoned = {u.id for u in before.units if u.cordoned}
+    return bool(cordoned) and any(u.id in cordoned and not u.failure for u in after.units)
 
 
 class PodHandler:
