@@ -85,7 +85,8 @@ scheduler-plugin:
 vllm-venv:
 	$(STEP) vllm-venv bash hack/vllm-venv.sh >/dev/null
 
-# Debian's containerd, runc, CNI plugins, iptables and friends for the real test node (installed with
+# Debian's containerd, runc, CNI plugins, iptables and friends for the real test node, and chromium with its
+# driver for the fleet page's browser test (installed with
 # apt when missing; needs root — it fails saying so otherwise, the tests never skip).
 node-deps:
 	$(STEP) node-deps bash hack/real-node-deps.sh

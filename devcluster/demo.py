@@ -327,9 +327,13 @@ def run(keep: bool, mode: Mode) -> int:
             print("\n" + "\n".join(notes))
             print(f"\nPlacements that would fail at load time: count-only {count_failures}, gpusched {gpusched_failures}."
                   f"\nExplain any decision: gpusched explain demo-gpusched/<engine> --url {extender.base}")
+            print(f"The fleet page (every GPU, who holds it, pending pods and why, a simulate form): "
+                  f"{extender.base}/fleet — open it in a browser while the demo runs "
+                  f"({'it is running' if keep else 'make demo DEMO_ARGS=--keep keeps it running'}).", flush=True)
             if keep:
                 admin = cp.kubeconfig(cp.admin_token, "admin")
-                print(f"\n--keep: running. Debug: {extender.base}/debug/decisions  {extender.base}/debug/nodes\n"
+                print(f"\n--keep: running. Fleet page: {extender.base}/fleet  Debug: {extender.base}/debug/decisions  "
+                      f"{extender.base}/debug/nodes\n"
                       f"kubectl --kubeconfig {admin} get pods -A -o wide\nPress Ctrl-C to stop.", flush=True)
                 while True:
                     time.sleep(3600)

@@ -26,6 +26,7 @@ from extender.service import AcceptAllDecider, Binder, Decider, DecisionStore, D
 from extender.service.capacity import Planning
 from extender.service.core import PodRef
 from extender.service.dra.admission import ClaimAdmission
+from extender.service.fleet import FleetView
 from extender.service.preemption import BudgetSource, NoBudgets
 from extender.settings import Settings
 
@@ -51,6 +52,8 @@ class Collaborators:
     budgets: BudgetSource = field(default_factory=NoBudgets)
     # /debug/simulate and /debug/capacity (None: no cluster view to judge).
     planning: Planning | None = None
+    # The fleet page, /fleet (None: no cluster view to show).
+    fleet: FleetView | None = None
     # Told of each pod the extender's filter found no node for: extender mode's preemption.
     on_rejected: Callable[[PodRef, Sequence[str]], object] = lambda pod, nodes: None
 
@@ -71,7 +74,7 @@ def create_app(settings: Settings, collaborators: Collaborators | None = None) -
                   description="kube-scheduler extender for GPU-aware LLM inference placement")
     verbs = build_verbs(service, c.metrics, internal_errors, serves_bind=settings.serves_http_bind,
                         on_rejected=c.on_rejected)
-    router = build_router(settings, service, c.metrics, verbs, c.ready, c.debug_nodes, c.debug_gangs, c.planning)
+    router = build_router(settings, service, c.metrics, verbs, c.ready, c.debug_nodes, c.debug_gangs, c.planning, c.fleet)
     app.include_router(router)
     app.add_middleware(VerbFastPath, verbs=request_only_posts(router))
     install_openapi(app, [ExtenderArgs, ExtenderFilterResult, HostPriority, ExtenderBindingArgs, ExtenderBindingResult])

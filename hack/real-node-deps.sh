@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The host packages the real test node needs: containerd and runc (Debian's; the kubelet needs CRI
-# v1 only), the CNI plugins, iptables and conntrack (the kubelet's chains), buildah and debootstrap
-# (the project's images, built from its Dockerfiles without a Docker engine). Installs what is
-# missing with apt when it can; when it cannot (not root, no apt), fails saying exactly that —
-# the real-node tests never skip.
+# The host packages the tests need: for the real test node containerd and runc (Debian's; the
+# kubelet needs CRI v1 only), the CNI plugins, iptables and conntrack (the kubelet's chains),
+# buildah and debootstrap (the project's images, built from its Dockerfiles without a Docker
+# engine); for the fleet page's browser test Debian's chromium and its chromedriver. Installs what
+# is missing with apt when it can; when it cannot (not root, no apt), fails saying exactly that —
+# the tests never skip.
 set -euo pipefail
 
-need_cmds=(containerd runc ctr iptables conntrack buildah debootstrap)
+need_cmds=(containerd runc ctr iptables conntrack buildah debootstrap chromium chromedriver)
 need_files=(/usr/lib/cni/host-local /usr/lib/cni/bridge /usr/lib/cni/loopback)
-packages=(containerd runc containernetworking-plugins iptables conntrack buildah debootstrap)
+packages=(containerd runc containernetworking-plugins iptables conntrack buildah debootstrap chromium chromium-driver)
 
 missing=()
 for c in "${need_cmds[@]}"; do command -v "$c" >/dev/null || missing+=("$c"); done

@@ -1,4 +1,4 @@
-"""The planning endpoints' bodies and answers (issue 46).
+"""The planning endpoints (issue 46): their routes, bodies and answers.
 
 ``POST /debug/simulate``: workloads in, where their pods would go out.
 
@@ -23,12 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
 import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
 
+from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
 from extender.model.catalog import CatalogError
 from extender.model.shapes import EngineShape, engine_shape
 from extender.model.workloads import WorkloadProblem, Workloads, pods_of
 from extender.service.capacity import Planning
+from extender.service.fleet import FleetQuery, FleetView
 from extender.service.simulate import Simulation
 
 MAX_SIMULATE_BYTES = 4 * 1024 * 1024
@@ -94,3 +99,81 @@ def _shape_fields(query: Mapping[str, str]) -> dict[str, Any]:
             raise CatalogError("selector: label=value pairs separated by commas, e.g. pool=serving,zone=a")
         fields["nodeSelector"] = {k: v for k, _, v in pairs}
     return fields
+
+
+# The fleet page's files (extender/api/fleet_page, package data) and their media types: nothing
+# else is served from there.
+PAGE_ASSETS = {"fleet.js": "text/javascript; charset=utf-8", "fleet.css": "text/css; charset=utf-8",
+               "js-yaml.min.js": "text/javascript; charset=utf-8"}
+# The page loads only its own files and talks only to its own origin; no inline script or style.
+PAGE_HEADERS = {"content-security-policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                                           "base-uri 'none'; form-action 'none'",
+                "x-content-type-options": "nosniff", "cache-control": "no-cache"}
+
+
+def page_file(name: str) -> bytes:
+    """One of the fleet page's files (``index.html`` or a name of ``PAGE_ASSETS``)."""
+    from importlib.resources import files
+
+    return files("extender.api").joinpath("fleet_page", name).read_bytes()
+
+
+def answer_fleet(params: Mapping[str, str], fleet: FleetView) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON answer) for ``GET /fleet/data``."""
+    try:
+        query = FleetQuery.parse(params)
+    except ValueError as exc:
+        return 400, {"error": str(exc)}
+    return 200, fleet.data(query)
+
+
+def build_planning_router(planning: Planning | None, fleet: FleetView | None, body_timeout_s: float) -> APIRouter:
+    """``/debug/simulate``, ``/debug/capacity`` and the fleet page; each answers 404 saying why
+    when the extender has no cluster view (``planning``/``fleet`` None). Every answer that judges
+    or walks the fleet is made in a worker thread, never on the event loop that answers probes
+    and binds: simulations and counts one at a time, fleet views one at a time."""
+    router = APIRouter()
+    planning_limiter, fleet_limiter = anyio.CapacityLimiter(1), anyio.CapacityLimiter(1)
+    standalone = OrjsonResponse({"error": "planning needs the cluster view; this extender runs standalone"},
+                                status_code=404)
+
+    async def off_loop(limiter: anyio.CapacityLimiter, answer: Callable[..., tuple[int, dict[str, Any]]],
+                       *args: Any) -> Response:
+        status, body = await anyio.to_thread.run_sync(answer, *args, limiter=limiter)
+        return OrjsonResponse(body, status_code=status)
+
+    @router.post("/debug/simulate")
+    async def simulate(request: Request) -> Response:
+        if planning is None:
+            return standalone
+        try:
+            body = await read_capped(request, MAX_SIMULATE_BYTES, body_timeout_s)
+        except BadRequest as exc:
+            return OrjsonResponse({"error": exc.message}, status_code=exc.status)
+        return await off_loop(planning_limiter, answer_simulation, body, planning.simulator.simulate)
+
+    @router.get("/debug/capacity")
+    async def capacity(request: Request) -> Response:
+        if planning is None:
+            return standalone
+        return await off_loop(planning_limiter, answer_capacity, dict(request.query_params), planning)
+
+    @router.get("/fleet")
+    async def fleet_page() -> Response:
+        if fleet is None:
+            return standalone
+        return Response(page_file("index.html"), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+    @router.get("/fleet/assets/{name}")
+    async def fleet_asset(name: str) -> Response:
+        if fleet is None or name not in PAGE_ASSETS:
+            return OrjsonResponse({"error": f"no such file: {name[:64]!r}"}, status_code=404)
+        return Response(page_file(name), media_type=PAGE_ASSETS[name], headers=PAGE_HEADERS)
+
+    @router.get("/fleet/data")
+    async def fleet_data(request: Request) -> Response:
+        if fleet is None:
+            return standalone
+        return await off_loop(fleet_limiter, answer_fleet, dict(request.query_params), fleet)
+
+    return router

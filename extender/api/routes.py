@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
-from extender.api.planning import MAX_SIMULATE_BYTES, answer_capacity, answer_simulation
+from extender.api.planning import build_planning_router
 from extender.api.verbs import Verb
 from extender.api.wire import (
     ErrorBody,
@@ -35,6 +35,7 @@ from extender.api.wire import (
 from extender.metrics import ExtenderMetrics
 from extender.service import ExtenderService
 from extender.service.capacity import Planning
+from extender.service.fleet import FleetView
 from extender.settings import Settings
 
 # Every verb may answer with an ErrorBody: a malformed (400), late (408), oversized (413) or invalid (422) body.
@@ -44,10 +45,10 @@ _ERRORS: Mapping[int, Any] = MappingProxyType({code: {"model": ErrorBody} for co
 def build_router(settings: Settings, service: ExtenderService, metrics: ExtenderMetrics, verbs: Mapping[str, Verb],
                  ready: Callable[[], tuple[bool, str]], debug_nodes: Callable[[], dict[str, Any]],
                  debug_gangs: Callable[[], dict[str, Any]] = lambda: {"gangs": []},
-                 planning: Planning | None = None) -> APIRouter:
+                 planning: Planning | None = None, fleet: FleetView | None = None) -> APIRouter:
     """The verbs of ``verbs`` (``extender.api.verbs``) at ``<verb prefix>/<name>``, the probes,
     /metrics and /debug; ``planning`` (None without a cluster view) answers /debug/simulate and
-    /debug/capacity."""
+    /debug/capacity; ``fleet`` (likewise) the fleet page, /fleet."""
     router = APIRouter()
     # Gang members wait at the bind barrier in a worker thread each; binds get a pool of their own,
     # sized past any sane gang, so waiting members can never starve other binds of threads.
@@ -56,10 +57,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     # thread, one call at a time (kube-scheduler asks one pod at a time anyway), so however long a
     # judgement takes, the event loop goes on answering /healthz, /readyz and binds.
     judge_limiter = anyio.CapacityLimiter(1)
-    # A simulation or capacity count judges a whole workload or fleet: one at a time, in a thread of
-    # its own, beside the verbs.
-    planning_limiter = anyio.CapacityLimiter(1)
-    no_planning = {"error": "planning needs the cluster view; this extender runs standalone"}
+
     prefix = settings.verb_prefix
     limit, body_timeout_s = settings.max_body_bytes, settings.client_timeout_s
 
@@ -125,26 +123,7 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     async def nodes() -> Response:
         return OrjsonResponse(debug_nodes())
 
-    @router.post("/debug/simulate")
-    async def simulate(request: Request) -> Response:
-        if planning is None:
-            return OrjsonResponse(no_planning, status_code=404)
-        try:
-            body = await read_capped(request, MAX_SIMULATE_BYTES, body_timeout_s)
-        except BadRequest as exc:
-            return OrjsonResponse({"error": exc.message}, status_code=exc.status)
-        status, answer = await anyio.to_thread.run_sync(answer_simulation, body, planning.simulator.simulate,
-                                                        limiter=planning_limiter)
-        return OrjsonResponse(answer, status_code=status)
-
-    @router.get("/debug/capacity")
-    async def capacity(request: Request) -> Response:
-        if planning is None:
-            return OrjsonResponse(no_planning, status_code=404)
-        query = dict(request.query_params)
-        status, answer = await anyio.to_thread.run_sync(answer_capacity, query, planning, limiter=planning_limiter)
-        return OrjsonResponse(answer, status_code=status)
-
+    router.include_router(build_planning_router(planning, fleet, body_timeout_s))
     return router
 
 

@@ -34,6 +34,7 @@ from extender.model.catalog import builtin_catalog
 from extender.service.capacity import CAPACITY_REFRESH_S, CapacityBoard, CapacityCounter, Planning
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
+from extender.service.fleet import FleetView
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
 from extender.service.preemption import DisruptionBudgets, VictimRules
@@ -106,7 +107,11 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         on_rejected=trigger.rejected,
         planning=Planning(Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
                                     gang_timeout_s=coordinator.default_timeout_s),
-                          capacity, board, lambda: framework_decider.catalog))
+                          capacity, board, lambda: framework_decider.catalog),
+        fleet=FleetView(state.snapshot, state.telemetry.get if state.telemetry is not None else lambda node: None,
+                        decisions.pending, tier_labels=settings.tier_labels,
+                        roles=lambda node: {p.ref.key: role for p in bound_pods.on_node(node)
+                                            if (role := gangs.role_of(p.ref.raw))}))
     if settings.scheduling_address:
         servers += (serve_scheduling(settings, state.snapshot, collaborators, requeue_feed,
                                      scores_cpu_only_pods=framework.scores_cpu_only_pods),)

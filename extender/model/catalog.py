@@ -149,18 +149,25 @@ def catalog_from_configmap_data(data: Mapping[str, str] | None) -> Catalog:
         if key not in (CONFIGMAP_KEY, SHAPES_KEY):
             raise CatalogError(f"{key}: unknown ConfigMap key; put model entries under {CONFIGMAP_KEY!r} and engine "
                                f"shapes under {SHAPES_KEY!r}")
-    text = (data or {}).get(CONFIGMAP_KEY)
-    if text is None or not text.strip():
-        return Catalog(specs)
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{CONFIGMAP_KEY}: not valid YAML ({exc})") from exc
-    if not isinstance(document, dict):
-        raise CatalogError(f"{CONFIGMAP_KEY}: must be a mapping from model id to fields")
+    document = configmap_mapping(data, CONFIGMAP_KEY, "model id")
     for name, fields in document.items():
         specs.append(_parse_entry(str(name), fields))
     return Catalog(specs)
+
+
+def configmap_mapping(data: Mapping[str, str] | None, key: str, what: str) -> dict[Any, Any]:
+    """The YAML mapping under the ConfigMap's ``key`` (empty when absent or blank), from ``what``
+    (e.g. "model id") to fields; CatalogError naming the key when it is not one."""
+    text = (data or {}).get(key)
+    if text is None or not text.strip():
+        return {}
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{key}: not valid YAML ({exc})") from exc
+    if not isinstance(document, dict):
+        raise CatalogError(f"{key}: must be a mapping from {what} to fields")
+    return document
 
 
 _FIELDS = frozenset({"attentionHeads", "kvHeads", "layers", "hiddenSize", "headDim", "paramsBillion",

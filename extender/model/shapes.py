@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
-from extender.model.catalog import SHAPES_KEY, Catalog, CatalogError
+from extender.model.catalog import SHAPES_KEY, Catalog, CatalogError, configmap_mapping
 from extender.model.demand import DemandProblem, parse_pod_demand
 from extender.model.heads import tp_problem
 from gpusched_api.names import MEMORY_PER_GPU_ANNOTATION
@@ -106,15 +104,7 @@ def engine_shape(name: str, fields: Mapping[str, Any], catalog: Catalog, where: 
 
 def shapes_from_configmap_data(data: Mapping[str, str] | None, catalog: Catalog) -> tuple[EngineShape, ...]:
     """The shapes of the ConfigMap's ``shapes.yaml`` (none when absent), judged with ``catalog``."""
-    text = (data or {}).get(SHAPES_KEY)
-    if text is None or not text.strip():
-        return ()
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{SHAPES_KEY}: not valid YAML ({exc})") from exc
-    if not isinstance(document, dict):
-        raise CatalogError(f"{SHAPES_KEY}: must be a mapping from shape name to fields")
+    document = configmap_mapping(data, SHAPES_KEY, "shape name")
     if len(document) > MAX_SHAPES:
         raise CatalogError(f"{SHAPES_KEY}: {len(document)} shapes; at most {MAX_SHAPES}")
     shapes = []

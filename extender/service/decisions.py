@@ -158,6 +158,23 @@ class DecisionStore:
         with self._lock:
             return list(self._waiting)
 
+    def pending(self, limit: int = 200) -> list[DecisionRecord]:
+        """The newest filter record of each pod whose newest filter found no node (unschedulable,
+        unresolvable or error) with no placement after it, most recently judged first, at most
+        ``limit``: the fleet page's pending pods and their reasons. O(pods indexed)."""
+        out: list[DecisionRecord] = []
+        with self._lock:
+            for verbs in reversed(self._by_pod.values()):
+                f = verbs.get("filter")
+                if f is None or f.result not in ("unschedulable", "unresolvable", "error"):
+                    continue
+                if any(r is not None and r.at_unix >= f.at_unix for r in (verbs.get(v) for v in PLACEMENT_VERBS)):
+                    continue
+                out.append(f)
+                if len(out) >= limit:
+                    break
+        return out
+
     def has_waiting_pods(self) -> bool:
         """Whether ``waiting_pods`` would name any pod (O(1))."""
         with self._lock:

@@ -18,6 +18,7 @@ from devcluster.controlplane import (
     build_scheduler_plugin,
     manifest_documents,
 )
+from devcluster.fleet import h100_fleet_yaml
 from devcluster.modes import MODES, PLUGIN_MODE, SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
@@ -185,4 +186,33 @@ def dra_nodes(admin, stack: Stack, tmp_path):
         agent.stop()
         for s in slices(admin, node):
             client.ResourceV1Api(admin).delete_resource_slice(s["metadata"]["name"])
+        client.CoreV1Api(admin).delete_node(node)
+
+
+LEFTOVER_MIB = 70_000  # of an 80 GB H100
+
+
+@pytest.fixture
+def agent_fleet(admin, stack: Stack, tmp_path: Path) -> Iterator[Any]:
+    """``add(dirty_gpus, name=None) -> node``: an 8 x H100 node of this test's fleet with its agent
+    running, GPUs ``0..dirty_gpus-1`` holding a leftover process's memory (``LEFTOVER_MIB``: what is
+    left cannot hold a quarter of a 70B model); the fleet id is ``add.fleet_id``."""
+    fleet_id = unique("sim")
+    started: list[tuple[str, Any]] = []
+
+    def add(dirty_gpus: int = 0, name: str | None = None) -> str:
+        node = name or unique("n")
+        create_gpu_node(admin, node, gpus=8, labels={"gpusched.io/test-fleet": fleet_id})
+        fleet = tmp_path / f"{node}.yaml"
+        fleet.write_text(h100_fleet_yaml(8, {i: LEFTOVER_MIB for i in range(dirty_gpus)}))
+        agent = stack.start_agent(node, fleet)
+        started.append((node, agent))
+        wait_until(lambda: stack.extender.knows_agent_node(node), 30,
+                   f"fresh telemetry and the inventory of {node} in the core", context=lambda: agent.tail(20))
+        return node
+
+    add.fleet_id = fleet_id  # type: ignore[attr-defined]
+    yield add
+    for node, agent in started:
+        agent.stop()
         client.CoreV1Api(admin).delete_node(node)

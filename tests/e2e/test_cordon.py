@@ -61,7 +61,7 @@ def test_a_cordoned_gpu_is_never_assigned_and_uncordon_returns_it(admin, namespa
                context=lambda: pod_scheduled_message(admin, namespace, first))
     assert indices(admin, namespace, first) == [4, 5, 6, 7]
     create_pod(admin, namespace, engine(second, fleet_id, mode))
-    record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/{second}")["decisions"].get("filter"),
+    record = wait_until(lambda: extender.get_json(f"/debug/decisions/{namespace}/{second}").get("decisions", {}).get("filter"),
                         30, f"{second}'s filter record")
     assert "cordoned by an operator: GPU 0, GPU 1, GPU 2, GPU 3" in json.dumps(record), record
     assert pod_node(admin, namespace, second) is None

@@ -34,3 +34,6 @@ def test_demo_prints_the_side_by_side_table_and_exits_zero(mode):
     assert "fits nowhere" in note and "members exist" not in note, note
     gang_row = next(line for line in out.splitlines() if line.startswith("llama405b-pp (gang)"))
     assert "1 of 2 bound" in gang_row and "0 of 2 bound" in gang_row, gang_row
+    # It ends saying how to open the fleet page (issue 46), at the extender it ran.
+    last = out.strip().splitlines()[-1]
+    assert re.search(r"The fleet page .*: http://127\.0\.0\.1:\d+/fleet ", last), last

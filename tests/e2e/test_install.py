@@ -226,6 +226,11 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
                                 headers={"Authorization": f"Bearer {planner}"})
     assert capacity.status == 200 and json.loads(capacity.data)["shapes"][0]["replicas"] >= 0, capacity.data
     assert verified.request("GET", "/debug/capacity?model=x", headers={"Authorization": f"Bearer {refused}"}).status == 403
+    for path, kind in (("/fleet", "text/html"), ("/fleet/assets/fleet.js", "text/javascript"),
+                       ("/fleet/data?limit=1", "application/json")):
+        page = verified.request("GET", path, headers={"Authorization": f"Bearer {planner}"})
+        assert page.status == 200 and page.headers["content-type"].startswith(kind), (path, page.status)
+    assert verified.request("GET", "/fleet", headers={"Authorization": f"Bearer {allowed}"}).status == 403
     # Verification is real: the same CA does not vouch for the certificate under another name.
     other_name = urllib3.HTTPSConnectionPool(pod_ip, 8443, ca_cert_data=base64.b64decode(secret.data["ca.crt"]).decode(),
                                              server_hostname=f"gpusched-telemetry.{NS}.svc", retries=False, timeout=5)

@@ -207,3 +207,28 @@ def make_dra_pod(name: str = "p", claim: str | None = "c", *, template: str | No
     if marker:
         resources.setdefault("limits", {})["gpusched.io/dra"] = "1"
     return pod
+
+
+class PlanningWorld:
+    """Nodes of 8 GPUs (named ``l40s*``: 8 x L40S 48 GB; any other: 8 x H100 80 GB), some held by
+    other pods, and the planning collaborators over them (issue 46): a real FrameworkDecider,
+    GpuLedger and GangIndex, the simulator and the capacity counter."""
+
+    def __init__(self, nodes: Mapping[str, int], labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """``nodes``: name -> how many of its GPUs (0, 1, …) another pod holds; ``labels`` per node."""
+        from extender.model.ledger import GpuLedger
+        from extender.service.capacity import CapacityCounter
+        from extender.service.framework_decider import FrameworkDecider
+        from extender.service.gangs import GangIndex
+        from extender.service.simulate import Simulator
+
+        self.ledger = GpuLedger()
+        self.nodes = [make_node(n, (l40s_inventory if n.startswith("l40s") else h100_inventory)(n),
+                                labels=(labels or {}).get(n)) for n in nodes]
+        for n, busy in nodes.items():
+            if busy:
+                assert self.ledger.assume(f"other/busy-{n}", n, [f"GPU-{n}-{i}" for i in range(busy)], "u")
+        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
+                                        lambda: make_snapshot(self.nodes, self.ledger.view()))
+        self.simulator = Simulator(self.decider, GangIndex())
+        self.counter = CapacityCounter(self.decider)

@@ -12,32 +12,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from extender.app import Collaborators, create_app
 from extender.metrics import CapacityGauge
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
-from extender.model.ledger import GpuLedger
 from extender.model.shapes import EngineShape, engine_shape, shapes_from_configmap_data
-from extender.service.capacity import CapacityBoard, CapacityCounter, Planning
-from extender.service.framework_decider import FrameworkDecider
+from extender.service.capacity import CapacityBoard, Planning
 from extender.service.gangs import GangIndex
 from extender.service.simulate import Simulator
 from extender.settings import Settings
 from gpusched_cli.capacity import render_capacity
-from tests.unit.builders import default_framework, h100_inventory, l40s_inventory, make_node, make_snapshot
+from tests.unit.builders import PlanningWorld
 
 MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-class World:
-    def __init__(self, nodes: dict[str, int], labels: dict[str, dict[str, str]] | None = None) -> None:
-        """``nodes``: name -> GPUs of its 8 held by another pod (``l40s*``: 8 x L40S, else 8 x H100)."""
-        self.ledger = GpuLedger()
-        self.nodes = [make_node(n, (l40s_inventory if n.startswith("l40s") else h100_inventory)(n),
-                                labels=(labels or {}).get(n)) for n in nodes]
-        for n, busy in nodes.items():
-            if busy:
-                assert self.ledger.assume(f"other/busy-{n}", n, [f"GPU-{n}-{i}" for i in range(busy)], "u")
-        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
-                                        lambda: make_snapshot(self.nodes, self.ledger.view()))
-        self.counter = CapacityCounter(self.decider)
+class World(PlanningWorld):
+    """The planning world (``builders.PlanningWorld``), counting shapes."""
 
     def count(self, **fields: Any) -> dict[str, Any]:
         before = self.ledger.view()

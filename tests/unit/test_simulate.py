@@ -11,15 +11,11 @@ from fastapi.testclient import TestClient
 
 from extender.app import Collaborators, create_app
 from extender.model.catalog import builtin_catalog
-from extender.model.ledger import GpuLedger
 from extender.model.workloads import pods_of
-from extender.service.capacity import CapacityBoard, CapacityCounter, Planning
-from extender.service.framework_decider import FrameworkDecider
-from extender.service.gangs import GangIndex
-from extender.service.simulate import Simulator
+from extender.service.capacity import CapacityBoard, Planning
 from extender.settings import Settings
 from gpusched_cli.simulate import render_simulation
-from tests.unit.builders import default_framework, h100_inventory, l40s_inventory, make_node, make_snapshot
+from tests.unit.builders import PlanningWorld
 
 MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
@@ -41,21 +37,8 @@ def deployment(name: str, replicas: int, tp: int, **kwargs: Any) -> dict[str, An
             "spec": {"replicas": replicas, "template": engine_template(tp, **kwargs)}}
 
 
-class World:
-    """Nodes, a ledger with some GPUs held, and the simulator over them."""
-
-    def __init__(self, nodes: dict[str, int], labels: dict[str, dict[str, str]] | None = None) -> None:
-        """``nodes``: name -> GPUs of its 8 already held by another pod; a node named ``l40s*`` has
-        8 x L40S 48 GB, any other 8 x H100 80 GB."""
-        self.ledger = GpuLedger()
-        self.nodes = [make_node(n, (l40s_inventory if n.startswith("l40s") else h100_inventory)(n),
-                                labels=(labels or {}).get(n)) for n in nodes]
-        for n, busy in nodes.items():
-            if busy:
-                assert self.ledger.assume(f"other/busy-{n}", n, [f"GPU-{n}-{i}" for i in range(busy)], "u")
-        self.decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
-                                        lambda: make_snapshot(self.nodes, self.ledger.view()))
-        self.simulator = Simulator(self.decider, GangIndex())
+class World(PlanningWorld):
+    """The planning world (``builders.PlanningWorld``), judging workloads."""
 
     def simulate(self, *objects: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
         before = self.ledger.view()
@@ -152,5 +135,4 @@ def test_the_cli_prints_a_row_per_pod_and_exits_1_when_some_would_wait():
 
 
 def planning_of(world: World) -> Planning:
-    counter = CapacityCounter(world.decider)
-    return Planning(world.simulator, counter, CapacityBoard(counter), lambda: builtin_catalog())
+    return Planning(world.simulator, world.counter, CapacityBoard(world.counter), lambda: builtin_catalog())
