@@ -34,6 +34,7 @@ from extender.model.catalog import builtin_catalog
 from extender.service.capacity import CAPACITY_REFRESH_S, CapacityBoard, CapacityCounter, Planning
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
+from extender.service.dra.cordon import CORDON_TAINTS_PERIOD_S, CordonTaints
 from extender.service.fleet import FleetView
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
@@ -96,6 +97,12 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     threading.Thread(target=board.refreshes, args=(CAPACITY_REFRESH_S,), name="capacity", daemon=True).start()
     if telemetry is not None:
         every(0.5, state.sweep_staleness)
+    if state.dra is not None:
+        from extender.adapters.dra.taint_rules import KubeTaintRules
+
+        taints = CordonTaints(state.snapshot, state.dra.device_names, KubeTaintRules(api),
+                              leading if leading is not None else lambda: True)
+        every(CORDON_TAINTS_PERIOD_S, taints.reconcile)
     binder: Any = KubeBinder(api, settings.bind_write_timeout_s)
     if leading is not None:
         binder = FencedBinder(binder, leading)

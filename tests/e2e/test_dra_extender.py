@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.controlplane import EXTENDER_SA, NAMESPACE, ControlPlane
 from devcluster.modes import SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
@@ -261,3 +262,48 @@ def test_a_gang_of_dra_pods_that_cannot_fit_binds_no_member(admin, namespace, dr
     for name in members:
         assert pod_node(admin, namespace, name) is None, pod_scheduled_message(admin, namespace, name)
         assert allocation(admin, namespace, name) == []
+
+
+def cordon_rules(admin, node: str) -> dict[str, dict[str, Any]]:
+    """The cordon's DeviceTaintRules of ``node``'s pool, by device."""
+    listed = json.loads(client.ResourceV1Api(admin).list_device_taint_rule(_preload_content=False).data)
+    return {r["spec"]["deviceSelector"]["device"]: r for r in listed["items"]
+            if r["metadata"]["name"].startswith("gpusched-cordon-") and r["spec"]["deviceSelector"].get("pool") == node}
+
+
+def test_a_cordoned_gpus_device_is_tainted_so_the_allocator_never_hands_it_out(
+        admin, namespace, dra_extender, dra_nodes, mode: SchedulingMode):
+    """Issue 46: in DRA mode the core keeps a NoSchedule DeviceTaintRule on each cordoned device, so
+    kube-scheduler's allocator (which picks the devices) skips them; uncordoning lifts it."""
+    fleet_id, add = dra_nodes
+    node = add("a100")  # 4 x A100 40 GB in NVLink pairs: gpu-0/gpu-1 and gpu-2/gpu-3
+    core = client.CoreV1Api(admin)
+    core.patch_node(node, {"metadata": {"annotations": {"gpusched.io/cordoned-gpus": "0,1"}}})
+    rules = wait_until(lambda: (found := cordon_rules(admin, node)) and set(found) == {"gpu-0", "gpu-1"} and found, 30,
+                       "the core's DeviceTaintRules on the cordoned devices")
+    assert {(r["spec"]["taint"]["key"], r["spec"]["taint"]["effect"]) for r in rules.values()} == \
+        {("gpu.gpusched.io/cordoned", "NoSchedule")}
+    first = dra_pod(admin, namespace, fleet_id, count=2, tp=2, model=SMALL_MODEL, scheduler=mode.scheduler_name)
+    _, results = bound(admin, dra_extender, namespace, first)
+    assert sorted(r["device"] for r in results) == ["gpu-2", "gpu-3"]
+    second = dra_pod(admin, namespace, fleet_id, count=1, tp=1, model=SMALL_MODEL, scheduler=mode.scheduler_name)
+    time.sleep(3)
+    assert pod_node(admin, namespace, second) is None, pod_scheduled_message(admin, namespace, second)
+    core.patch_node(node, {"metadata": {"annotations": {"gpusched.io/cordoned-gpus": None}}})
+    wait_until(lambda: not cordon_rules(admin, node), 30, "the rules lifted once uncordoned")
+    _, results = bound(admin, dra_extender, namespace, second)
+    assert [r["device"] for r in results] in (["gpu-0"], ["gpu-1"])
+
+
+def test_the_extender_may_taint_devices_only_as_the_cordon_does(control_plane: ControlPlane, dra_extender):
+    """The policy gpusched-extender-cordon-taints: a NoExecute rule (it would evict pods) or another
+    driver's is refused to the extender's identity."""
+    extender = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
+    for driver, effect in (("gpu.gpusched.io", "NoExecute"), ("gpu.nvidia.com", "NoSchedule")):
+        rule: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                     "metadata": {"name": unique("gpusched-cordon-x"), "labels": {"app.kubernetes.io/managed-by": "gpusched"}},
+                     "spec": {"deviceSelector": {"driver": driver, "pool": "n", "device": "gpu-0"},
+                              "taint": {"key": "gpu.gpusched.io/cordoned", "effect": effect}}}
+        with pytest.raises(client.ApiException) as refused:
+            extender.create_device_taint_rule(rule)
+        assert refused.value.status == 403 and "only its cordon's DeviceTaintRules" in refused.value.body

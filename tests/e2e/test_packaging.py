@@ -44,8 +44,9 @@ def test_overlays_change_only_the_node_agent():
     base = normalised(kustomize_build(MANIFESTS / "base"))
     # The fake-gpus demo's init container alone reads its Node: that overlay adds exactly that grant.
     # DRA mode adds the DeviceClasses its claims name, the agent's grant for its ResourceSlices and
-    # the claims webhook (its configuration, Service, the extender's grant and the policy on it); the
-    # extender container serves the webhook, and the NetworkPolicy opens its port.
+    # the claims webhook (its configuration, Service, the extender's grant and the policy on it), and
+    # the policy confining the extender's cordon DeviceTaintRules; the extender container serves the
+    # webhook, and the NetworkPolicy opens its port.
     added = {"overlays/fake-gpus": {("ClusterRole", "", "gpusched-node-agent-read-nodes"),
                                     ("ClusterRoleBinding", "", "gpusched-node-agent-read-nodes")},
              "overlays/dra": {("DeviceClass", "", "gpu.gpusched.io"), ("DeviceClass", "", "mig.gpusched.io"),
@@ -58,7 +59,9 @@ def test_overlays_change_only_the_node_agent():
                               ("ClusterRole", "", "gpusched-extender-claims"),
                               ("ClusterRoleBinding", "", "gpusched-extender-claims"),
                               ("ValidatingAdmissionPolicy", "", "gpusched-extender-claim-templates"),
-                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-claim-templates")}}
+                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-claim-templates"),
+                              ("ValidatingAdmissionPolicy", "", "gpusched-extender-cordon-taints"),
+                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-cordon-taints")}}
     agent = ("DaemonSet", "gpusched-system", "gpusched-node-agent")
     # DRA mode also turns on the extender's DRA watches (--dra) and its claims webhook (port, Secret).
     also_changed = {"overlays/dra": {("Deployment", "gpusched-system", "gpusched-scheduler"),
