@@ -2,8 +2,8 @@
 
 ``POST /debug/simulate``: workloads in, where their pods would go out.
 
-The body is JSON (the CLI turns YAML into it on the operator's machine, so no YAML parser reads
-untrusted input here)::
+The body is JSON (the CLI and the fleet page turn YAML into it on the operator's machine, so no
+YAML parser reads untrusted input here)::
 
     {"objects": [<Kubernetes objects>...], "namespace": "default", "replicas": 3}
 
@@ -16,6 +16,10 @@ while the core is not ready.
 ``?shape=NAME`` (one of ``shapes.yaml``), or given inline as a shape's fields
 (``?model=…&tp=4&pp=1&gpuMemory=40Gi&selector=pool=serving,zone=a``); with neither, every
 configured shape. Counted now (not the gauge's last refresh), in the same worker thread.
+
+``GET /fleet``, ``/fleet/assets/<file>`` and ``/fleet/data``: the fleet page, its files (package
+data of ``extender/api/fleet_page``) and its data (``service.fleet``; the page parses a simulated
+workload's YAML in the browser, and posts JSON).
 """
 
 from __future__ import annotations

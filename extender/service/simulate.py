@@ -185,11 +185,10 @@ class Simulator:
         if isinstance(demand, DemandProblem):
             return PodAnswer(ref.key, gang=gang, reason=demand.message, never=True)
         sim = run.snapshot()
-        candidates, refused = _admitted(raw, sim, demand.gpu_count if demand.share_bytes is None else 0)
+        candidates, refused = _admitted(raw, run, sim, demand.gpu_count if demand.share_bytes is None else 0)
         framework = self._judge.framework
         if not candidates:
-            return PodAnswer(ref.key, gang=gang, reason=_kube_summary(refused),
-                             never=not any(why.startswith("Insufficient") for why in refused.values()),
+            return PodAnswer(ref.key, gang=gang, reason=_kube_summary(refused), never=not _may_free(refused),
                              nodes=dict(sorted(refused.items())[:MAX_REASONS]))
         decision = framework.filter(sim, demand, candidates)
         if not decision.feasible:
@@ -198,8 +197,7 @@ class Simulator:
             reasons = dict((ours + sorted(refused.items()))[:MAX_REASONS])
             summary = "; ".join(filter(None, (summarize_failures(decision) or decision.error,
                                               _kube_summary(refused) if refused else "")))
-            # kube-scheduler's count of free GPUs may change; its other refusals are unresolvable, as gpusched's.
-            never = not decision.failed and not any(why.startswith("Insufficient") for why in refused.values())
+            never = not decision.failed and not _may_free(refused)
             return PodAnswer(ref.key, gang=gang, reason=summary, never=never, nodes=reasons,
                              preemption=self._preemption_plan(ref, candidates, run))
         scored = framework.score(sim, demand, list(decision.feasible))
@@ -254,12 +252,25 @@ class Simulator:
 
 
 class _Run:
-    """One simulation's snapshot lineage and the units its pods were given so far."""
+    """One simulation's snapshot lineage, the units its pods were given so far, and kube-scheduler's
+    own refusals per pod spec (replicas of one template are judged against the nodes once)."""
 
     def __init__(self, base: ClusterSnapshot, held: HeldAsWell) -> None:
         self._base = base
         self._held = held
+        self._refused: dict[str, Mapping[str, str]] = {}
         self.held = 0
+
+    def kube_refused(self, raw: Mapping[str, Any]) -> Mapping[str, str]:
+        """Node -> why ``kube_refusal`` keeps the pod off it, for the nodes it does."""
+        spec = raw.get("spec") or {}
+        key = repr([spec.get(k) for k in ("nodeName", "nodeSelector", "affinity", "tolerations")]) \
+            if isinstance(spec, dict) else ""
+        refused = self._refused.get(key)
+        if refused is None:
+            refused = self._refused[key] = {name: why for name, info in self._base.nodes.items()
+                                            if (why := kube_refusal(raw, info))}
+        return refused
 
     def snapshot(self) -> ClusterSnapshot:
         return self._base.with_ledger(self._held.view())
@@ -270,23 +281,29 @@ class _Run:
         self.held += 1
 
 
-def _admitted(raw: Mapping[str, Any], snapshot: ClusterSnapshot, gpus: int) -> tuple[list[str], dict[str, str]]:
+def _admitted(raw: Mapping[str, Any], run: _Run, snapshot: ClusterSnapshot,
+              gpus: int) -> tuple[list[str], dict[str, str]]:
     """The nodes kube-scheduler's own filters let the pod onto, and why each other node is refused.
     Besides ``kube_refusal``, NodeResourcesFit's count of ``nvidia.com/gpu``: the node's allocatable
     less the GPUs held whole there (kube-scheduler counts the requests of the pods bound there,
     which are what the ledger holds whole)."""
     admitted: list[str] = []
-    refused: dict[str, str] = {}
+    refused = dict(run.kube_refused(raw))
     view = snapshot.ledger
     for name, info in snapshot.nodes.items():
-        why = kube_refusal(raw, info)
-        if not why and gpus and gpus > info.allocatable_gpus - (len(view.held_on(name)) - len(view.shares_on(name))):
-            why = f"Insufficient {GPU_RESOURCE}"
-        if why:
-            refused[name] = why
+        if name in refused:
+            continue
+        if gpus and gpus > info.allocatable_gpus - (len(view.held_on(name)) - len(view.shares_on(name))):
+            refused[name] = f"Insufficient {GPU_RESOURCE}"
         else:
             admitted.append(name)
     return admitted, refused
+
+
+def _may_free(refused: Mapping[str, str]) -> bool:
+    """Whether a refusal of kube-scheduler's own may lift by itself: its count of free GPUs
+    (Unschedulable); its other refusals are unresolvable (node affinity, taints, cordoned nodes)."""
+    return any(why.startswith("Insufficient") for why in refused.values())
 
 
 def _kube_summary(refused: Mapping[str, str]) -> str:
