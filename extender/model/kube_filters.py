@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 MAX_TAINTS = 64  # a node's taints read; the rest are ignored (the API server allows far fewer in practice)
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+NOT_SELECTED = "node(s) didn't match Pod's node affinity/selector"
 _BLOCKING = ("NoSchedule", "NoExecute")
 # What the DefaultTolerationSeconds admission plugin adds to every pod (for 300 s): a pod judged
 # here never passed admission, so it is given them as the real pod would have them.
@@ -78,7 +79,7 @@ def kube_refusal(pod: Mapping[str, Any], node: NodeInfo) -> str:
         if not _tolerated(taint, tolerations):
             return f"node(s) had untolerated taint {taint.describe()}"
     if not _selector_matches(spec.get("nodeSelector"), node.labels) or not _affinity_matches(spec, node):
-        return "node(s) didn't match Pod's node affinity/selector"
+        return NOT_SELECTED
     return ""
 
 

@@ -32,7 +32,7 @@ from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import DEFAULT_TIMEOUT_S, GangKey, GangProblem, GangSpec, PodGroupInfo
-from extender.model.kube_filters import kube_refusal
+from extender.model.kube_filters import NOT_SELECTED, kube_refusal
 from extender.model.ledger import Assignment, EntryState
 from extender.model.snapshot import ClusterSnapshot
 from extender.model.what_if import HeldAsWell
@@ -85,7 +85,8 @@ class PodAnswer:
     gang: str = ""
     reason: str = ""
     never: bool = False
-    nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why not (at most MAX_REASONS)
+    # node -> why not (at most MAX_REASONS; the nodes its selector or affinity leaves out are only counted in ``reason``)
+    nodes: Mapping[str, str] = field(default_factory=dict)
     preemption: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -189,12 +190,12 @@ class Simulator:
         framework = self._judge.framework
         if not candidates:
             return PodAnswer(ref.key, gang=gang, reason=_kube_summary(refused), never=not _may_free(refused),
-                             nodes=dict(sorted(refused.items())[:MAX_REASONS]))
+                             nodes=_listed(refused))
         decision = framework.filter(sim, demand, candidates)
         if not decision.feasible:
             # gpusched's reasons first, then kube-scheduler's for the nodes it would not have asked about.
             ours = sorted({**dict(decision.unresolvable), **dict(decision.failed)}.items())
-            reasons = dict((ours + sorted(refused.items()))[:MAX_REASONS])
+            reasons = dict((ours + list(_listed(refused).items()))[:MAX_REASONS])
             summary = "; ".join(filter(None, (summarize_failures(decision) or decision.error,
                                               _kube_summary(refused) if refused else "")))
             never = not decision.failed and not _may_free(refused)
@@ -298,6 +299,14 @@ def _admitted(raw: Mapping[str, Any], run: _Run, snapshot: ClusterSnapshot,
         else:
             admitted.append(name)
     return admitted, refused
+
+
+def _listed(refused: Mapping[str, str]) -> dict[str, str]:
+    """The per-node reasons an answer lists of kube-scheduler's own refusals (at most
+    ``MAX_REASONS``, by name): not the nodes the pod's selector or affinity leaves out, which are
+    counted in the summary only (in a shared cluster they are most nodes, and would crowd out the
+    nodes the pod could use)."""
+    return dict(sorted((n, why) for n, why in refused.items() if why != NOT_SELECTED)[:MAX_REASONS])
 
 
 def _may_free(refused: Mapping[str, str]) -> bool:

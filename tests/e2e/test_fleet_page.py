@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -54,13 +55,16 @@ def shown(driver: WebDriver, css: str, timeout: float = 20.0, what: str = "") ->
 
 
 def test_the_fleet_page_shows_the_fleet_pending_pods_their_decisions_and_a_cordon(
-        admin, namespace, stack: Stack, control_plane: ControlPlane, agent_fleet, browser: WebDriver, tmp_path):
+        admin, namespace, stack: Stack, control_plane: ControlPlane, agent_fleet, browser: WebDriver, tmp_path,
+        request: pytest.FixtureRequest):
     token = unique("page")
     fleet_id = agent_fleet.fleet_id
-    for preset in ("h100", "a100", "l40s", "mig"):
-        create_preset_node(admin, f"{token}-{preset}", preset, labels={"gpusched.io/test-fleet": fleet_id})
+    presets = [f"{token}-{preset}" for preset in ("h100", "a100", "l40s", "mig")]
+    for name in presets:
+        create_preset_node(admin, name, name.rsplit("-", 1)[1], labels={"gpusched.io/test-fleet": fleet_id})
+        request.addfinalizer(lambda name=name: client.CoreV1Api(admin).delete_node(name))
     dirty = agent_fleet(3, name=f"{token}-dirty")  # GPUs 0-2 hold a leftover process's memory
-    for name in (f"{token}-h100", f"{token}-l40s", f"{token}-a100", f"{token}-mig"):
+    for name in presets:
         wait_until(lambda name=name: bool(stack.extender.node_view(name)), 30, f"the core to know {name}")
 
     island = vllm_pod("island", gpus=8, args=["--tensor-parallel-size", "8"])

@@ -136,3 +136,10 @@ def test_the_cli_prints_a_row_per_pod_and_exits_1_when_some_would_wait():
 
 def planning_of(world: World) -> Planning:
     return Planning(world.simulator, world.counter, CapacityBoard(world.counter), lambda: builtin_catalog())
+
+
+def test_nodes_the_selector_leaves_out_are_counted_not_listed():
+    world = World({"a": 6, "b": 0, "c": 0}, labels={"a": {"pool": "x"}})
+    pod = world.simulate(deployment("llama", 1, 4, selector={"pool": "x"}))["pods"][0]
+    assert pod["nodes"] == {"a": "Insufficient nvidia.com/gpu"}, pod
+    assert "2 node(s) didn't match Pod's node affinity/selector" in pod["reason"] and not pod["never"]
