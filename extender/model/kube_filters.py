@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from extender.model.ledger import LedgerView
     from extender.model.snapshot import NodeInfo
 
 MAX_TAINTS = 64  # a node's taints read; the rest are ignored (the API server allows far fewer in practice)
@@ -148,3 +149,10 @@ def _requirement_matches(requirement: Any, labels: Mapping[str, str]) -> bool:
             return False
         return have > bound if operator == "Gt" else have < bound
     return False
+
+
+def gpus_left(node: NodeInfo, view: LedgerView) -> int:
+    """``nvidia.com/gpu`` kube-scheduler's NodeResourcesFit still counts free on ``node``: its
+    allocatable less the units held whole there (kube-scheduler counts the requests of the pods
+    bound there, which are what the ledger holds whole; a shared unit is asked for as a share slot)."""
+    return node.allocatable_gpus - (len(view.held_on(node.name)) - len(view.shares_on(node.name)))

@@ -32,7 +32,7 @@ from typing import Any
 from extender.framework.status import Status
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, PodDemand
-from extender.model.kube_filters import kube_refusal
+from extender.model.kube_filters import gpus_left, kube_refusal
 from extender.model.ledger import Assignment, EntryState
 from extender.model.shapes import EngineShape
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
@@ -88,18 +88,16 @@ class CapacityCounter:
         per_class: Counter[str] = Counter()
         nodes: Counter[str] = Counter()
         memo: dict[tuple[int, int, int], int] = {}
-        classes_of: dict[tuple[str, ...], str] = {}  # the GPUs' products -> node class
+        class_of = NodeClasses()
         for info in snapshot.nodes.values():
             if kube_refusal(raw, info):
                 continue
-            left = _gpus_left(info, snapshot)
+            left = gpus_left(info, snapshot.ledger)
             key = (id(info.shape), snapshot.free_units(info).mask, left)
             fits = memo.get(key)
             if fits is None:
                 fits = memo[key] = self._fits_on(snapshot, demand, info, left)
-            products = (tuple(g.product for g in info.inventory.gpus) if info.inventory is not None
-                        else ("\0no inventory", str(info.allocatable_gpus)))
-            cls = classes_of.get(products) or classes_of.setdefault(products, node_class(info))
+            cls = class_of(info)
             nodes[cls] += 1
             per_class[cls] += fits
         classes = tuple(ClassCapacity(c, nodes[c], per_class[c]) for c in sorted(nodes))
@@ -121,13 +119,6 @@ class CapacityCounter:
         return count
 
 
-def _gpus_left(info: NodeInfo, snapshot: ClusterSnapshot) -> int:
-    """``nvidia.com/gpu`` kube-scheduler would still count free on the node (allocatable less the
-    units held whole)."""
-    view = snapshot.ledger
-    return info.allocatable_gpus - (len(view.held_on(info.name)) - len(view.shares_on(info.name)))
-
-
 def node_class(info: NodeInfo) -> str:
     """``<count>x <product>`` of the node's GPUs (most common product first), or its count of
     ``nvidia.com/gpu`` when it publishes no inventory."""
@@ -135,6 +126,22 @@ def node_class(info: NodeInfo) -> str:
         return f"{info.allocatable_gpus}x unknown GPU"
     products = Counter(g.product for g in info.inventory.gpus)
     return " + ".join(f"{n}x {product}" for product, n in products.most_common())
+
+
+class NodeClasses:
+    """``node_class`` of each node asked, worked out once per set of GPU products (a fleet has a
+    handful of classes and many nodes)."""
+
+    def __init__(self) -> None:
+        self._by_products: dict[tuple[str, ...], str] = {}
+
+    def __call__(self, info: NodeInfo) -> str:
+        key = (tuple(g.product for g in info.inventory.gpus) if info.inventory is not None
+               else ("\0no inventory", str(info.allocatable_gpus)))
+        found = self._by_products.get(key)
+        if found is None:
+            found = self._by_products[key] = node_class(info)
+        return found
 
 
 class CapacityBoard:

@@ -23,7 +23,7 @@ from typing import Any
 from extender.model.gang import DEFAULT_TIER_LABELS
 from extender.model.snapshot import ClusterSnapshot, GpuUnit, NodeInfo
 from extender.model.telemetry import NodeTelemetry
-from extender.service.capacity import node_class
+from extender.service.capacity import NodeClasses
 from extender.service.decisions import DecisionRecord
 
 DEFAULT_LIMIT = 100
@@ -164,13 +164,11 @@ class _Fleet:
         classes: dict[str, str] = {}
         racks: dict[str, str] = {}
         per_class_group: Counter[tuple[str, int]] = Counter()
-        class_names: dict[tuple[str, ...], str] = {}
+        class_of = NodeClasses()
         sample: dict[int, NodeInfo] = {}
         for position, name in enumerate(groups.index.names):
             info = snapshot.nodes[name]
-            products = tuple(g.product for g in info.inventory.gpus) if info.inventory is not None else ()
-            key = products or ("\0", str(info.allocatable_gpus))
-            cls_name = class_names.get(key) or class_names.setdefault(key, node_class(info))
+            cls_name = class_of(info)
             classes[name] = cls_name
             racks[name] = next((info.labels[label] for label in rack_labels if info.labels.get(label)), "")
             gid = gid_at[position]

@@ -32,7 +32,7 @@ from extender.framework.runtime import Framework, summarize_failures
 from extender.framework.status import Status
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.gang import DEFAULT_TIMEOUT_S, GangKey, GangProblem, GangSpec, PodGroupInfo
-from extender.model.kube_filters import NOT_SELECTED, kube_refusal
+from extender.model.kube_filters import NOT_SELECTED, gpus_left, kube_refusal
 from extender.model.ledger import Assignment, EntryState
 from extender.model.snapshot import ClusterSnapshot
 from extender.model.what_if import HeldAsWell
@@ -175,7 +175,7 @@ class Simulator:
         return Simulation(tuple(answers), tuple(gang_answers))
 
     def _problem(self, raw: Mapping[str, Any], problem: GangProblem) -> PodAnswer:
-        return PodAnswer(_key(raw), reason=problem.message, never=not problem.may_resolve)
+        return PodAnswer(_ref(raw).key, reason=problem.message, never=not problem.may_resolve)
 
     def _single(self, raw: Mapping[str, Any], run: _Run, gang: str = "") -> PodAnswer:
         ref = _ref(raw)
@@ -225,7 +225,7 @@ class Simulator:
 
     def _gang(self, spec: GangSpec, raws: list[Mapping[str, Any]], run: _Run) -> tuple[list[PodAnswer], GangAnswer]:
         key = str(spec.key)
-        members = sorted((Member(_key(raw), "", raw, None) for raw in raws), key=lambda m: m.key)
+        members = sorted((Member(_ref(raw).key, "", raw, None) for raw in raws), key=lambda m: m.key)
         if len(members) < spec.min_member:
             reason = members_missing(spec, len(members))
             return [PodAnswer(m.key, gang=key, reason=reason) for m in members], GangAnswer(key, len(members), False, reason)
@@ -285,16 +285,14 @@ class _Run:
 def _admitted(raw: Mapping[str, Any], run: _Run, snapshot: ClusterSnapshot,
               gpus: int) -> tuple[list[str], dict[str, str]]:
     """The nodes kube-scheduler's own filters let the pod onto, and why each other node is refused.
-    Besides ``kube_refusal``, NodeResourcesFit's count of ``nvidia.com/gpu``: the node's allocatable
-    less the GPUs held whole there (kube-scheduler counts the requests of the pods bound there,
-    which are what the ledger holds whole)."""
+    Besides ``kube_refusal``, NodeResourcesFit's count of ``nvidia.com/gpu`` (``gpus_left``)."""
     admitted: list[str] = []
     refused = dict(run.kube_refused(raw))
     view = snapshot.ledger
     for name, info in snapshot.nodes.items():
         if name in refused:
             continue
-        if gpus and gpus > info.allocatable_gpus - (len(view.held_on(name)) - len(view.shares_on(name))):
+        if gpus and gpus > gpus_left(info, view):
             refused[name] = f"Insufficient {GPU_RESOURCE}"
         else:
             admitted.append(name)
@@ -322,11 +320,6 @@ def _kube_summary(refused: Mapping[str, str]) -> str:
     counts = Counter(refused.values())
     parts = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{n} {why}" for why, n in parts) + " (kube-scheduler's own filters: gpusched is not asked)"
-
-
-def _key(raw: Mapping[str, Any]) -> str:
-    meta = raw.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
 def _ref(raw: Mapping[str, Any]) -> PodRef:
