@@ -158,3 +158,17 @@ class CapacityGauge(Collector):
             for cls in capacity.classes:
                 family.add_metric([name, cls.node_class], cls.replicas)
         yield family
+
+
+SLICE_INPUT_IGNORED = ("other-driver", "no-node", "no-uuid", "wrong-type", "duplicate-uuid")
+
+
+def count_ignored_slice_input(registry: CollectorRegistry, ignored: Mapping[str, int]) -> None:
+    """Export ``gpusched_dra_slice_input_ignored_total{reason}`` from ``DraState.ignored``: what
+    the ResourceSlice decoder left out (``extender.adapters.dra.feeds``), per slice event."""
+    registry.register(ReasonCounts(
+        "gpusched_dra_slice_input_ignored",
+        "ResourceSlice input the extender left out, by reason: other-driver (a slice not of the judged DRA driver), "
+        "no-node (a slice bound to no node), no-uuid (a device without a string uuid attribute: no GPU to map it "
+        "to), wrong-type (an attribute of another type than the driver publishes, read as absent), duplicate-uuid "
+        "(a second device naming a GPU already seen). Counted per slice event.", SLICE_INPUT_IGNORED, ignored))

@@ -120,6 +120,11 @@ class Settings(SettingsModel):
     """read DRA state: gpu.gpusched.io ResourceSlices, ResourceClaims and ResourceClaimTemplates (pods
     whose GPUs come through claims are judged by their claims' counts, and allocated claims hold their
     devices in the ledger); needs the gpusched-extender-dra grant of manifests/overlays/dra"""
+    dra_driver: Literal["gpusched", "nvidia"] = "gpusched"
+    """with --dra, whose DRA devices pods get: "gpusched" (the node agents' own driver gpu.gpusched.io,
+    agents run with --dra) or "nvidia" (NVIDIA's driver gpu.nvidia.com owns the GPUs, the agents run
+    without --dra for telemetry only; gpusched maps its devices to the agents' GPUs by UUID and steers
+    its allocator with DeviceTaintRules: docs/dra.md)"""
     telemetry_insecure: bool = False
     """serve the telemetry port without TLS, so the agents' tokens travel in cleartext (loopback tests,
     or a service mesh that encrypts pod traffic); without it, TLS is required"""
@@ -213,6 +218,8 @@ class Settings(SettingsModel):
             raise SettingsError("telemetry_address: without TLS the node agents' bearer tokens would cross the network "
                                 "in cleartext; give --telemetry-tls-cert/--telemetry-tls-key (hack/telemetry-certs.sh "
                                 "or cert-manager make the Secret) or choose cleartext with --telemetry-insecure")
+        if self.dra_driver != "gpusched" and not self.dra:
+            raise SettingsError(f"dra_driver: {self.dra_driver!r} has effect only with --dra; add --dra or drop it")
         if self.telemetry_insecure and self.telemetry_tls_cert:
             raise SettingsError("telemetry_insecure: contradicts telemetry_tls_cert; drop one")
         if self.scheduling_address and not (self.scheduling_address.startswith("unix:")

@@ -41,6 +41,11 @@ DRA_DRIVER = "gpu.gpusched.io"  # the node agent's DRA driver: its ResourceSlice
 DRA_GPU_CLASS = "gpu.gpusched.io"  # DeviceClass of whole GPUs (manifests/overlays/dra/deviceclasses.yaml)
 DRA_MIG_CLASS = "mig.gpusched.io"  # DeviceClass of MIG instances
 DRA_CLAIMS_NAMESPACE_LABEL = "gpusched.io/dra-claims"
+# Device taints gpusched sets for the DRA allocator, on any driver's devices: in its agent's own slices
+# (nodeagent.dra.slices) and as DeviceTaintRules from the core (extender.service.dra.device_taints).
+DRA_CORDON_TAINT = f"{DRA_DRIVER}/cordoned"
+DRA_FOREIGN_TAINT = f"{DRA_DRIVER}/foreign-memory"
+DRA_UNHEALTHY_TAINT = f"{DRA_DRIVER}/unhealthy"
 
 # --- Groups (gangs) --------------------------------------------------------------------------------
 GANG_NAME_ANNOTATION = "gpusched.io/gang-name"

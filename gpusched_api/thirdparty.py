@@ -18,3 +18,13 @@ GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"
 GFD_CLIQUE = "nvidia.com/gpu.clique"  # a multi-node NVLink domain: the "clique" network tier
+
+# NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, pinned at release v0.4.1, commit
+# 764900e7): its ResourceSlices' spec.driver and the DeviceClasses its Helm chart installs
+# (templates/deviceclass-gpu.yaml, deviceclass-mig.yaml). Device attributes in its slices are bare
+# names in the driver's domain (uuid, type, productName, ...) plus the standard
+# resource.kubernetes.io/pciBusID and resource.kubernetes.io/pcieRoot; no NVLink attribute.
+NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
+NVIDIA_DRA_GPU_CLASS = "gpu.nvidia.com"
+NVIDIA_DRA_MIG_CLASS = "mig.nvidia.com"
+NVIDIA_DRA_RELEASE = "v0.4.1"

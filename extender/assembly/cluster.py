@@ -29,12 +29,12 @@ from extender.assembly.telemetry import TelemetryParts, serve_telemetry, serve_t
 from extender.assembly.watches import CatalogHandler, Watches, cluster_watches
 from extender.framework.profile import ProfileConfig
 from extender.framework.runtime import Framework
-from extender.metrics import CapacityGauge, ExtenderMetrics, GangMetrics, count_refused_claims
+from extender.metrics import CapacityGauge, ExtenderMetrics, GangMetrics, count_ignored_slice_input, count_refused_claims
 from extender.model.catalog import builtin_catalog
 from extender.service.capacity import CAPACITY_REFRESH_S, CapacityBoard, CapacityCounter, Planning
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
 from extender.service.dra import ClaimRecorder
-from extender.service.dra.cordon import CORDON_TAINTS_PERIOD_S, CordonTaints
+from extender.service.dra.device_taints import DEVICE_TAINTS_PERIOD_S, DeviceTaints
 from extender.service.fleet import FleetView
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangHooks, GangIndex, GangSettings, GangWatch
@@ -44,6 +44,7 @@ from extender.service.requeue_feed import RequeueFeed
 from extender.service.simulate import Simulator
 from extender.service.state import ClusterState, PodFeed, StateListeners
 from extender.settings import Settings
+from gpusched_api.dra_drivers import DRA_DRIVERS
 
 
 def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Framework,
@@ -88,6 +89,8 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
                                                                                board.set_shapes),
                               gangs, state.dra, budgets)
     count_refused_claims(metrics.registry, state.claims_refused)
+    if state.dra is not None:
+        count_ignored_slice_input(metrics.registry, state.dra.ignored)
     metrics.shares_over.set_function(lambda: sum(len(v) for v in state.over_shares().values()))
     metrics.ledger_entries.set_function(lambda: len(state.ledger))
     watches.start(metrics.registry)
@@ -100,9 +103,9 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
     if state.dra is not None:
         from extender.adapters.dra.taint_rules import KubeTaintRules
 
-        taints = CordonTaints(state.snapshot, state.dra.device_names, KubeTaintRules(api),
+        taints = DeviceTaints(state.snapshot, state.dra.device_names, state.dra.driver, KubeTaintRules(api),
                               leading if leading is not None else lambda: True)
-        every(CORDON_TAINTS_PERIOD_S, taints.reconcile)
+        every(DEVICE_TAINTS_PERIOD_S, taints.reconcile)
     binder: Any = KubeBinder(api, settings.bind_write_timeout_s)
     if leading is not None:
         binder = FencedBinder(binder, leading)
@@ -133,7 +136,8 @@ def _cluster_state(settings: Settings, telemetry: TelemetryParts | None, decisio
     leaving) goes to the requeue nudges; over-shares, assignment mismatches and DRA conflicts to
     decision records."""
     capacity = telemetry.capacity if telemetry is not None else ()
-    return ClusterState(telemetry=telemetry.store if telemetry is not None else None, dra=settings.dra,
+    return ClusterState(telemetry=telemetry.store if telemetry is not None else None,
+                        dra=DRA_DRIVERS[settings.dra_driver] if settings.dra else None,
                         listeners=StateListeners(released=capacity, capacity_rose=capacity,
                                                  over_share=(over_share_recorder(decisions, metrics, events),),
                                                  mismatch=(mismatch_recorder(decisions, metrics),),

@@ -125,17 +125,16 @@ def cluster_watches(settings: Settings, api: Any, nodes: Any, pods: PodFeed, cat
 
 
 def _dra_watches(api: Any, dra: DraState, pause: CollectorPause) -> list[Reflector]:
-    """``--dra``: gpusched's ResourceSlices, all ResourceClaims and their templates into the
+    """``--dra``: the judged driver's ResourceSlices (``--dra-driver``), all ResourceClaims and their templates into the
     cluster state's DRA part, which the decider reads (with the apiserver's claim at bind time).
     Part of readiness: judging a DRA pod without its claims would miscount it."""
     from kubernetes import client
 
     from extender.adapters.dra import ClaimFeed, SliceFeed, TemplateFeed
-    from gpusched_api.names import DRA_DRIVER
 
     resource = client.ResourceV1Api(api)
     return [Reflector("resourceslices", resource.list_resource_slice, SliceFeed(dra),
-                      list_kwargs={"field_selector": f"spec.driver={DRA_DRIVER}"}, collector_pause=pause),
+                      list_kwargs={"field_selector": f"spec.driver={dra.driver.name}"}, collector_pause=pause),
             Reflector("resourceclaims", resource.list_resource_claim_for_all_namespaces, ClaimFeed(dra),
                       collector_pause=pause),
             Reflector("resourceclaimtemplates", resource.list_resource_claim_template_for_all_namespaces,

@@ -65,9 +65,9 @@ from extender.model.cpu import pod_cpu_request_milli
 from extender.model.dra import DraDemand
 from extender.model.gang import POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.vllm_args import WHOLE_NUMBER, CommandLineError, VllmArgs, mentions_vllm, parse_positive
+from gpusched_api.dra_drivers import DRA_DRIVERS
 from gpusched_api.names import (
     ATTENTION_HEADS_ANNOTATION,
-    DRA_GPU_CLASS,
     DRA_MARKER_RESOURCE,
     GANG_NAME_ANNOTATION,
     GANG_SIZE_ANNOTATION,
@@ -287,6 +287,9 @@ def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name
     )
 
 
+_DRA_CLASSES = " or ".join(sorted(c for d in DRA_DRIVERS.values() for c in d.device_classes))
+
+
 def _dra_count(dra: DraDemand | None, containers: Sequence[Mapping[str, Any]], gpu_count: int,
                share_bytes: int | None) -> int:
     """The pod's GPU count when its GPUs come through DRA (``gpu_count`` otherwise)."""
@@ -294,8 +297,8 @@ def _dra_count(dra: DraDemand | None, containers: Sequence[Mapping[str, Any]], g
     if dra is None:
         if marked:
             raise _Invalid(f"the pod carries {DRA_MARKER_RESOURCE} (GPUs through DRA) but none of its "
-                           f"spec.resourceClaims asks for DeviceClass {DRA_GPU_CLASS} or mig.gpusched.io; add the "
-                           f"claim, or drop {DRA_MARKER_RESOURCE} and ask for {GPU_RESOURCE}")
+                           f"spec.resourceClaims asks for a GPU DeviceClass of the cluster's DRA driver "
+                           f"({_DRA_CLASSES}); add the claim, or drop {DRA_MARKER_RESOURCE} and ask for {GPU_RESOURCE}")
         return gpu_count
     if share_bytes is not None or gpu_count:
         what = SHARE_RESOURCE if share_bytes is not None else GPU_RESOURCE

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from extender.model.demand import PodDemand
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
 from extender.model.spread import Spread, siblings_on
-from gpusched_api.names import DRA_GPU_CLASS
 from gpusched_api.unit_choice import Choice, Tier, UnitAsk, best_set, domain_size, fewest_foreign, fits_memory
 
 MIB = 2**20
@@ -62,8 +61,8 @@ class UnitRequest:
         if demand.share_bytes is not None:
             return cls(1, share_mib=-(-demand.share_bytes // MIB), allow_mig=False)
         need = demand.memory_per_gpu_bytes
-        # Through DRA the DeviceClass decides: gpu.gpusched.io never yields a MIG instance.
-        allow_mig = demand.dra is None or demand.dra.device_class != DRA_GPU_CLASS
+        # Through DRA the DeviceClass decides: a driver's whole-GPU class never yields a MIG instance.
+        allow_mig = demand.dra is None or demand.dra.mig
         return cls(demand.gpu_count, None if need is None else -(-need // MIB), allow_mig=allow_mig,
                    spread_from=demand.spread_from_units)
 

@@ -39,6 +39,9 @@ from gpusched_api.untrusted import shown, whole_number
 CPU_QUANTUM_MILLI = 1000  # a node's free CPU is known to whole cores (floor): it keys the shape
 
 
+ORDER_UNKNOWN = -1  # ``GpuUnit.dra_rank`` of a candidate device whose place in first fit's order is unknown
+
+
 @dataclass(frozen=True)
 class GpuUnit:
     """One schedulable unit. ``position`` is its place in ``NodeInfo.units`` (bit in masks);
@@ -66,7 +69,10 @@ class GpuUnit:
     share_capacity_mib: int | None = None
     share_closed: str = ""
     static_memory_mib: int | None = None  # the inventory's size (``memory_mib`` may be telemetry's free memory)
-    dra: bool = False  # published as a device of the node's gpu.gpusched.io ResourceSlice (DRA pods can get it)
+    dra: bool = False  # published as a device of the node's ResourceSlice (DRA pods can get it)
+    # Its place in the order kube-scheduler's DRA allocator tries the node's devices in (first fit):
+    # None where the slice taints it or it is not published, ORDER_UNKNOWN where that order is unknown.
+    dra_rank: int | None = None
     cordoned: bool = False  # out of service by an operator's cordon (``model.cordon``; ``failure`` says so)
 
     def share_room_mib(self, promised_mib: int) -> int:
@@ -234,12 +240,13 @@ def with_cpu_free(node: NodeInfo, cpu_free_milli: int | None) -> NodeInfo:
     return replace(node, cpu_free_milli=cpu, shape=shape, _free_cache={})
 
 
-def with_dra_units(node: NodeInfo, dra_units: frozenset[str]) -> NodeInfo:
-    """``node`` with ``GpuUnit.dra`` set for exactly ``dra_units`` (the ids its ResourceSlice
-    publishes) and its shape to match; the same object when nothing changes."""
-    if all(u.dra == (u.id in dra_units) for u in node.units):
+def with_dra_units(node: NodeInfo, dra_ranks: Mapping[str, int | None]) -> NodeInfo:
+    """``node`` with ``GpuUnit.dra`` set for exactly the ids of ``dra_ranks`` (those its
+    ResourceSlice publishes) and ``GpuUnit.dra_rank`` from it, its shape to match; the same object
+    when nothing changes."""
+    if all(u.dra == (u.id in dra_ranks) and u.dra_rank == dra_ranks.get(u.id) for u in node.units):
         return node
-    units = tuple(replace(u, dra=u.id in dra_units) for u in node.units)
+    units = tuple(replace(u, dra=u.id in dra_ranks, dra_rank=dra_ranks.get(u.id)) for u in node.units)
     shape = _shape_of(node.allocatable_gpus, node.islands, units, node.engine_headroom, node.cpu_free_milli)
     return replace(node, units=units, shape=shape, _free_cache={})
 
@@ -290,7 +297,7 @@ def _shape_of(allocatable_gpus: int, islands: tuple[tuple[int, ...], ...], units
     identically)."""
     return Shape((allocatable_gpus, islands, tuple(
         (u.gpu_index, u.memory_mib, u.is_mig, u.profile, u.numa_node, u.pcie_switch, u.island, bool(u.failure),
-         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib, u.dra, u.cordoned)
+         u.foreign, u.share_capacity_mib, u.share_closed, u.static_memory_mib, u.dra, u.dra_rank, u.cordoned)
         for u in units), engine_headroom, cpu_free_milli))
 
 

@@ -31,7 +31,7 @@ from extender.framework.status import Status
 from extender.model.demand import PodDemand
 from extender.model.placement import MIB, eligible
 from extender.model.snapshot import FreeUnits, GpuUnit, NodeInfo
-from gpusched_api.names import DRA_DRIVER, INVENTORY_ANNOTATION, SHARE_RESOURCE
+from gpusched_api.names import INVENTORY_ANNOTATION, SHARE_RESOURCE
 from gpusched_api.quantity import format_gib
 from gpusched_api.thirdparty import GPU_RESOURCE
 
@@ -62,7 +62,7 @@ class GpuFit:
         if demand.dra is not None:  # the node's ResourceSlice, not its nvidia.com/gpu, offers the devices
             published = sum(1 for u in node.units if u.dra)
             if published < need:
-                return Status.unresolvable(NAME, f"node publishes {published} {DRA_DRIVER} devices (ResourceSlice); "
+                return Status.unresolvable(NAME, f"node publishes {published} {demand.dra.device_class} devices (ResourceSlice); "
                                                  f"the pod's claims need {need}")
         elif node.allocatable_gpus < need:
             return Status.unresolvable(NAME, f"node advertises {node.allocatable_gpus} {GPU_RESOURCE}; "

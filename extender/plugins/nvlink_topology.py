@@ -6,6 +6,14 @@ one NVLink island of free GPUs. Nodes without NVLink, without a large enough isl
 topology is unknown are unresolvable; nodes whose islands are merely busy, or short of memory only
 as telemetry judges it (foreign processes, stale telemetry), are unschedulable.
 
+A DRA pod whose claims do not keep its devices in one island themselves (no ``matchAttribute``
+on the driver's island attribute: NVIDIA's driver publishes none, issue 47) is placed by
+kube-scheduler's allocator, first fit over the node's free untainted devices in slice order
+(``GpuUnit.dra_rank``), whatever island that gives. So on top of the island, the devices first fit
+would pick here must lie in one island — all of the candidates where the order is unknown (a pool
+of several slices) — else the node is unschedulable now, with the islands those devices span in
+the reason: it fits once the free devices move.
+
 Score (always): the tier of the best set placement finds — NVLink island > same PCIe switch >
 same NUMA node > across sockets — mapped through the configurable tier scores. Single-GPU pods
 score ``nvlinkScore`` everywhere (no interconnect involved), so the plugin does not bias them.
@@ -28,8 +36,8 @@ from extender.framework.args import PluginArgs, Score
 from extender.framework.interfaces import CycleState, Scored
 from extender.framework.status import Status
 from extender.model.demand import PodDemand
-from extender.model.placement import Placement, eligible, free_per_island
-from extender.model.snapshot import GpuUnit, NodeInfo
+from extender.model.placement import Placement, UnitRequest, eligible, free_per_island
+from extender.model.snapshot import ORDER_UNKNOWN, GpuUnit, NodeInfo
 from extender.model.spread import Siblings, Spread, root_label, roots_of, siblings_on
 from gpusched_api.names import INVENTORY_ANNOTATION
 from gpusched_api.unit_choice import Tier
@@ -81,6 +89,8 @@ class NvlinkTopology:
         if request.require_tier is not Tier.NVLINK or request.count < 2:
             return Status.success(NAME)
         if state.placement(node) is not None:
+            if demand.dra is not None and not demand.dra.island_matched:
+                return _first_fit_in_one_island(node, state.free_units(node).whole, request)
             return Status.success(NAME)
         need = request.count
         if node.inventory is None or not node.inventory.topology_known:
@@ -133,6 +143,27 @@ class NvlinkTopology:
         return Scored(max(0, tier_score - penalty),
                       f"replica shares PCIe root {roots} and a PCIe switch (no {wanted} free under another root "
                       f"or switch); {holders}; -{penalty}")
+
+
+def _first_fit_in_one_island(node: NodeInfo, free: tuple[GpuUnit, ...], request: UnitRequest) -> Status:
+    """Whether every set the DRA allocator could give ``request`` here lies in one NVLink island:
+    the first ``count`` candidates in first-fit order (free, published untainted, in service, no
+    leftover memory — gpusched taints those — and of the memory asked), or all candidates where the
+    order is unknown."""
+    candidates = [u for u in eligible(free, request) if u.dra_rank is not None and not u.failure and not u.foreign]
+    unordered = any(u.dra_rank == ORDER_UNKNOWN for u in candidates)
+    picked = candidates if unordered else sorted(candidates, key=lambda u: u.dra_rank or 0)[:request.count]
+    islands = sorted({u.island for u in picked})
+    if len(picked) >= request.count and len(islands) == 1 and islands[0] >= 0:
+        return Status.success(NAME)
+    spans = ", ".join(f"GPU {u.gpu_index} (island {u.island})" if u.island >= 0 else f"GPU {u.gpu_index} (no NVLink)"
+                      for u in sorted(picked, key=lambda u: u.gpu_index))
+    which = "could give it any of" if unordered else "would give it"
+    return Status.unschedulable(
+        NAME, f"the pod's claim does not keep its {request.count} devices in one NVLink island (its DRA driver "
+              f"publishes no island attribute to matchAttribute on), and kube-scheduler's first-fit allocator "
+              f"{which} {spans} here, across NVLink islands; waits until the devices first fit picks here lie in "
+              "one island")
 
 
 def _holders(state: CycleState, node: NodeInfo, units: tuple[GpuUnit, ...]) -> str:

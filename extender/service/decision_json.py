@@ -86,5 +86,6 @@ def demand_json(demand: PodDemand | DemandProblem) -> dict[str, Any]:
             "model": demand.model, "attentionHeads": demand.attention_heads, "kvHeads": demand.kv_heads,
             "memoryPerGpuBytes": demand.memory_per_gpu_bytes, "requireNvlink": demand.require_nvlink,
             **({"dra": {"claims": list(demand.dra.claims), "count": demand.dra.count,
-                        "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template}}
+                        "deviceClass": demand.dra.device_class, "fromTemplate": demand.dra.from_template,
+                        "islandInClaim": demand.dra.island_matched}}
                if demand.dra is not None else {})}

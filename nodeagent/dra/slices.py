@@ -39,12 +39,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched_api.names import DRA_DRIVER
+from gpusched_api.names import DRA_DRIVER, DRA_FOREIGN_TAINT, DRA_UNHEALTHY_TAINT
 from nodeagent.gpu.model import GIB, GpuState
 
 API_VERSION = "resource.k8s.io/v1"
-FOREIGN_TAINT = f"{DRA_DRIVER}/foreign-memory"
-UNHEALTHY_TAINT = f"{DRA_DRIVER}/unhealthy"
+FOREIGN_TAINT = DRA_FOREIGN_TAINT
+UNHEALTHY_TAINT = DRA_UNHEALTHY_TAINT
 NO_SCHEDULE = "NoSchedule"
 DEFAULT_MIN_FREE_FRACTION = 0.9  # taint a unit when foreign memory leaves less than 90 % of it free
 # ResourceSliceMaxDevicesWithAdvancedFeatures: a slice with device taints holds at most 64 devices

@@ -295,15 +295,17 @@ def test_a_cordoned_gpus_device_is_tainted_so_the_allocator_never_hands_it_out(
     assert [r["device"] for r in results] in (["gpu-0"], ["gpu-1"])
 
 
-def test_the_extender_may_taint_devices_only_as_the_cordon_does(control_plane: ControlPlane, dra_extender):
-    """The policy gpusched-extender-cordon-taints: a NoExecute rule (it would evict pods) or another
-    driver's is refused to the extender's identity."""
+def test_the_extender_may_taint_devices_only_as_its_device_taints_do(control_plane: ControlPlane, dra_extender):
+    """The policy gpusched-extender-device-taints: a NoExecute rule (it would evict pods), another
+    driver's, or a name that does not match its taint key is refused to the extender's identity."""
     extender = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
-    for driver, effect in (("gpu.gpusched.io", "NoExecute"), ("gpu.nvidia.com", "NoSchedule")):
+    for prefix, driver, key, effect in (("gpusched-cordon-x", "gpu.gpusched.io", "gpu.gpusched.io/cordoned", "NoExecute"),
+                                        ("gpusched-cordon-x", "example.com/gpu", "gpu.gpusched.io/cordoned", "NoSchedule"),
+                                        ("gpusched-leftover-x", "gpu.nvidia.com", "gpu.gpusched.io/cordoned", "NoSchedule")):
         rule: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-                     "metadata": {"name": unique("gpusched-cordon-x"), "labels": {"app.kubernetes.io/managed-by": "gpusched"}},
+                     "metadata": {"name": unique(prefix), "labels": {"app.kubernetes.io/managed-by": "gpusched"}},
                      "spec": {"deviceSelector": {"driver": driver, "pool": "n", "device": "gpu-0"},
-                              "taint": {"key": "gpu.gpusched.io/cordoned", "effect": effect}}}
+                              "taint": {"key": key, "effect": effect}}}
         with pytest.raises(client.ApiException) as refused:
             extender.create_device_taint_rule(rule)
-        assert refused.value.status == 403 and "only its cordon's DeviceTaintRules" in refused.value.body
+        assert refused.value.status == 403 and "only its device taints' DeviceTaintRules" in refused.value.body

@@ -60,8 +60,8 @@ def test_overlays_change_only_the_node_agent():
                               ("ClusterRoleBinding", "", "gpusched-extender-claims"),
                               ("ValidatingAdmissionPolicy", "", "gpusched-extender-claim-templates"),
                               ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-claim-templates"),
-                              ("ValidatingAdmissionPolicy", "", "gpusched-extender-cordon-taints"),
-                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-cordon-taints")}}
+                              ("ValidatingAdmissionPolicy", "", "gpusched-extender-device-taints"),
+                              ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-device-taints")}}
     agent = ("DaemonSet", "gpusched-system", "gpusched-node-agent")
     # DRA mode also turns on the extender's DRA watches (--dra) and its claims webhook (port, Secret).
     also_changed = {"overlays/dra": {("Deployment", "gpusched-system", "gpusched-scheduler"),

@@ -18,6 +18,7 @@ from extender.service.dra import CLAIM_HOLDER_PREFIX, ClaimRecorder, DraState
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.ports import StaticClaimReader
 from extender.service.state import ClusterState, StateListeners
+from gpusched_api.dra_drivers import GPUSCHED
 from gpusched_api.inventory import NodeGpuInventory
 from tests.unit.builders import (
     a100_inventory,
@@ -62,7 +63,7 @@ def test_a_claim_decodes_its_requests_allocation_and_the_pods_it_is_reserved_for
     obj["spec"]["devices"]["requests"].append({"name": "alt", "firstAvailable": [{"name": "a"}]})
     claim = decode_claim(obj)
     assert claim.key == "default/c" and [(r.device_class, r.count) for r in claim.requests] == [("gpu.gpusched.io", 4)]
-    assert [(d.pool, d.device) for d in claim.gpusched_devices()] == [("n1", "gpu-0"), ("n1", "gpu-1")]
+    assert [(d.pool, d.device) for d in claim.devices_of("gpu.gpusched.io")] == [("n1", "gpu-0"), ("n1", "gpu-1")]
     assert claim.reserved_for == (("p", "uid-p"),)
     assert decode_claim(make_claim_obj("all", mode="All")).requests[0].count is None
 
@@ -126,7 +127,7 @@ def dra_of(state: ClusterState) -> DraState:
 def cluster(*nodes: tuple[str, NodeGpuInventory], listeners: StateListeners | None = None) -> ClusterState:
     """ClusterState with DRA attached, nodes (name, inventory) advertising no nvidia.com/gpu,
     their slices published; ``listeners`` as the assembly gives them."""
-    state = ClusterState(dra=True, listeners=listeners or StateListeners())
+    state = ClusterState(dra=GPUSCHED, listeners=listeners or StateListeners())
     dra = dra_of(state)
     state.nodes.replace([make_k8s_node(n, inv, allocatable=0) for n, inv in nodes])
     SliceFeed(dra).replace([make_slice_obj(n, inv) for n, inv in nodes])
@@ -202,7 +203,7 @@ def test_a_device_held_for_another_pod_is_a_reported_conflict_never_two_holders(
 
 
 def test_a_slice_arriving_after_the_claim_re_maps_its_devices_and_marks_the_units():
-    state = ClusterState(dra=True)
+    state = ClusterState(dra=GPUSCHED)
     dra = dra_of(state)
     state.nodes.replace([make_k8s_node("n1", H100, allocatable=0)])
     ClaimFeed(dra).apply("ADDED", make_claim_obj("c", 1, allocated=[("n1", "gpu-2")], reserved_for=["p"]))
@@ -235,7 +236,7 @@ def test_a_dra_pods_nodes_are_judged_by_published_devices_and_the_same_plugins()
     assert "publishes 0 gpu.gpusched.io devices" in outcome.unresolvable["plain"]
     assert "NVLink" in outcome.unresolvable["pairs"] or "NVLink" in outcome.failed.get("pairs", ""), outcome
     assert outcome.details["demand"]["dra"] == {"claims": ["default/c"], "count": 4, "deviceClass": "gpu.gpusched.io",
-                                                "fromTemplate": False}
+                                                "fromTemplate": False, "islandInClaim": False}
 
 
 def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_everywhere_by_tensor_parallel():

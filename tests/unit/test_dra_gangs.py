@@ -26,6 +26,7 @@ from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangCoordinator, GangIndex, GangWatch
 from extender.service.plugin import NodeTables, PluginService
 from extender.service.state import ClusterState, PodFeed
+from gpusched_api.dra_drivers import GPUSCHED
 from gpusched_api.names import ASSIGNED_GPUS_ANNOTATION, GANG_COMMIT_ANNOTATION
 from tests.unit.builders import (
     NullObserver,
@@ -105,7 +106,7 @@ def test_pin_freezes_an_assumed_reservation_only():
 
 # --- through the DRA state's claim sync ---------------------------------------------------------
 def test_a_claim_allocated_on_a_siblings_reservation_is_a_swap_not_a_conflict():
-    state = ClusterState(dra=True)
+    state = ClusterState(dra=GPUSCHED)
     dra = dra_of(state)
     inv = h100_inventory("n1")
     state.nodes.replace([make_k8s_node("n1", inv, allocatable=0)])
@@ -154,7 +155,7 @@ class World:
     too, for a plain member beside DRA ones), the coordinator in front of the framework decider."""
 
     def __init__(self) -> None:
-        self.state = ClusterState(dra=True)
+        self.state = ClusterState(dra=GPUSCHED)
         self.dra = dra_of(self.state)
         self.inventory = h100_inventory("n1")
         self.state.nodes.replace([make_k8s_node("n1", self.inventory)])
@@ -280,5 +281,5 @@ def test_plugin_mode_reserves_a_dra_pod_without_choosing_and_records_its_claim_a
 
 
 def dra_of(state: ClusterState) -> DraState:
-    assert state.dra is not None, "built with dra=True"
+    assert state.dra is not None, "built with dra=GPUSCHED"
     return state.dra

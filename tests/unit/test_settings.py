@@ -28,7 +28,7 @@ PUBLISHED_FLAGS = {
     "--scheduler-max-backoff": "scheduler_max_backoff_s", "--bind-write-timeout": "bind_write_timeout_s",
     "--scheduling-address": "scheduling_address", "--http-bind-in-plugin-mode": "http_bind_in_plugin_mode",
     "--telemetry-ingest": "telemetry_ingest", "--ingest-replica-service-account": "ingest_replica_service_account",
-    "--topology-tiers": "topology_tiers", "--dra": "dra", "--webhook-port": "webhook_port",
+    "--topology-tiers": "topology_tiers", "--dra": "dra", "--dra-driver": "dra_driver", "--webhook-port": "webhook_port",
     "--webhook-host": "webhook_host", "--webhook-tls-cert": "webhook_tls_cert", "--webhook-tls-key": "webhook_tls_key",
     "--webhook-client-ca": "webhook_client_ca", "--webhook-allow-unauthenticated": "webhook_allow_unauthenticated",
     "--leader-elect": "leader_elect", "--leader-elect-lease": "leader_elect_lease",

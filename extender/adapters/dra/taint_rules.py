@@ -1,4 +1,4 @@
-"""The DeviceTaintRules gpusched manages (``service.dra.cordon``), at the apiserver."""
+"""The DeviceTaintRules gpusched manages (``service.dra.device_taints``), at the apiserver."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from extender.service.dra.cordon import MANAGED_BY, RULE_PREFIX
+from extender.service.dra.device_taints import MANAGED_BY, RULE_PREFIX
 
 
 class KubeTaintRules:
-    """``service.dra.cordon.TaintRules`` over ``resource.k8s.io/v1`` DeviceTaintRules, each call
+    """``service.dra.device_taints.TaintRules`` over ``resource.k8s.io/v1`` DeviceTaintRules, each call
     with a timeout; creating one that exists or deleting one that is gone is no error."""
 
     def __init__(self, api: Any, request_timeout_s: float = 10.0) -> None:

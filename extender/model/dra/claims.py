@@ -20,32 +20,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpusched_api.names import DRA_DRIVER, DRA_GPU_CLASS, DRA_MARKER_RESOURCE, DRA_MIG_CLASS
-
-DEVICE_CLASSES = frozenset({DRA_GPU_CLASS, DRA_MIG_CLASS})
+from gpusched_api.dra_drivers import GPUSCHED, DraDriver
+from gpusched_api.names import DRA_MARKER_RESOURCE
 
 
 @dataclass(frozen=True)
 class SliceDevice:
-    """One device of a gpusched ResourceSlice: its name in the pool and the GPU unit it is
-    (``uuid``: the GPU's or the MIG instance's UUID, the ledger's unit id)."""
+    """One device of a ResourceSlice: its name in the pool and the GPU unit it is (``uuid``: the
+    GPU's or the MIG instance's UUID, the ledger's unit id); ``tainted``: the slice itself taints
+    it NoSchedule or NoExecute (the allocator gives it to no claim that does not tolerate that)."""
 
     name: str
     uuid: str
     index: int | None = None
     kind: str = "gpu"  # "gpu" | "mig"
+    tainted: bool = False
 
 
 @dataclass(frozen=True)
 class DraSlice:
-    """A ResourceSlice of driver ``gpu.gpusched.io`` (``node``: ``spec.nodeName``; the agent
-    names the pool after the node)."""
+    """A ResourceSlice of the judged driver (``node``: ``spec.nodeName``; both drivers name the
+    pool after the node). ``devices`` in the slice's order: the order first fit tries them in.
+    ``pool_slices``: the pool's ``resourceSliceCount``."""
 
     name: str
     node: str
     pool: str
     generation: int
     devices: tuple[SliceDevice, ...]
+    pool_slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,18 @@ class ClaimRequest:
     device_class: str
     count: int | None
     mode: str = "ExactCount"
+
+
+@dataclass(frozen=True)
+class MatchAttribute:
+    """One ``spec.devices.constraints[]`` entry with ``matchAttribute``: every device allocated for
+    ``requests`` (empty: all of the claim's requests) has the same value of ``attribute``."""
+
+    attribute: str
+    requests: tuple[str, ...] = ()
+
+    def covers(self, request: str) -> bool:
+        return not self.requests or request in self.requests
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,7 @@ class DraClaim:
     requests: tuple[ClaimRequest, ...]
     allocated: tuple[AllocatedDevice, ...] = ()
     reserved_for: tuple[tuple[str, str], ...] = ()
+    constraints: tuple[MatchAttribute, ...] = ()
 
     @property
     def key(self) -> str:
@@ -88,9 +104,9 @@ class DraClaim:
     def is_allocated(self) -> bool:
         return bool(self.allocated)
 
-    def gpusched_devices(self) -> tuple[AllocatedDevice, ...]:
-        """The allocated devices of gpusched's driver (a claim may also hold other drivers')."""
-        return tuple(d for d in self.allocated if d.driver == DRA_DRIVER)
+    def devices_of(self, driver: str) -> tuple[AllocatedDevice, ...]:
+        """The allocated devices of ``driver`` (a claim may also hold other drivers')."""
+        return tuple(d for d in self.allocated if d.driver == driver)
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,7 @@ class DraTemplate:
     namespace: str
     name: str
     requests: tuple[ClaimRequest, ...]
+    constraints: tuple[MatchAttribute, ...] = ()
 
     @property
     def key(self) -> str:
@@ -110,12 +127,17 @@ class DraTemplate:
 class DraDemand:
     """A pod's GPUs through DRA: ``count`` devices of ``device_class`` in total, asked by
     ``claims`` (``namespace/name``; a template's ``namespace/name`` while ``from_template`` and
-    its claim does not exist yet)."""
+    its claim does not exist yet). ``mig``: the class is the driver's MIG instances';
+    ``island_matched``: every request for the driver's devices is under a ``matchAttribute`` on
+    the driver's NVLink-island attribute, so the allocator itself keeps each claim's devices in one
+    island (never so for a driver that publishes no island attribute)."""
 
     claims: tuple[str, ...]
     count: int
     device_class: str
     from_template: bool = False
+    mig: bool = False
+    island_matched: bool = False
     # Where each part of ``count`` is set, for messages: ``<claim>: spec.devices.requests[<name>].exactly.count``
     # (a template's: ``<template>: spec.spec.devices…``).
     count_fields: tuple[str, ...] = field(default=(), compare=False)
@@ -163,8 +185,8 @@ def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
 
 
 def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
-                       templates: Mapping[str, DraTemplate]) -> DraDemand | str | None:
-    """The pod's GPUs through gpusched's DeviceClasses, from the claims (``namespace/name`` ->
+                       templates: Mapping[str, DraTemplate], driver: DraDriver = GPUSCHED) -> DraDemand | str | None:
+    """The pod's GPUs through ``driver``'s DeviceClasses, from the claims (``namespace/name`` ->
     claim) and templates known; None when none of its claims asks for them; a sentence saying what
     to fix when the claims cannot be read as a GPU count (a claim or template not found, a mode
     other than ExactCount, both device classes in one pod)."""
@@ -177,6 +199,7 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
     fields: list[str] = []
     missing: list[str] = []
     from_template = False
+    island_matched = True
     for ref in refs:
         # A claim's requests are its spec.devices; a template's, the spec.devices of the claims it makes.
         if ref.claim is not None:
@@ -188,8 +211,11 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
         if source is None:
             missing.append(f"{kind} {namespace}/{ref.claim if ref.claim is not None else ref.template}")
             continue
-        ours = [r for r in source.requests if r.device_class in DEVICE_CLASSES]
+        ours = [r for r in source.requests if r.device_class in driver.device_classes]
         if ours:
+            island_matched = island_matched and all(
+                any(c.attribute == driver.island_attribute and c.covers(r.name) for c in source.constraints)
+                for r in ours)
             names.append(source.key)
             requests += ours
             fields += [f"{source.key}: {spec}.devices.requests[{r.name}].exactly.count" for r in ours]
@@ -207,4 +233,6 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
     if odd:
         return (f"request {odd[0].name!r} of {names[0]} uses allocationMode {odd[0].mode}; gpusched reads the GPU "
                 "count from exactly.count: set allocationMode ExactCount (the default) and count")
-    return DraDemand(tuple(names), sum(r.count or 0 for r in requests), classes[0], from_template, tuple(fields))
+    return DraDemand(tuple(names), sum(r.count or 0 for r in requests), classes[0], from_template,
+                     classes[0] == driver.mig_class, island_matched and driver.island_attribute is not None,
+                     tuple(fields))

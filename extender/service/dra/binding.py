@@ -70,10 +70,10 @@ class ClaimRecorder:
                      "gpus": gpus, "gpuIndices": indices})
 
     def _allocated(self, key: str) -> DraClaim | Refusal:
-        """Claim ``key`` with gpusched devices allocated: the watch's copy, else the apiserver's
+        """Claim ``key`` with devices of the judged driver allocated: the watch's copy, else the apiserver's
         (then put into the DRA state, as the watch will)."""
         claim = self._state.claim(key)
-        if (claim is None or not claim.gpusched_devices()) and self._reader is not None:
+        if (claim is None or not claim.devices_of(self._state.driver.name)) and self._reader is not None:
             namespace, _, name = key.partition("/")
             try:
                 claim = self._reader.claim(namespace, name)
@@ -81,7 +81,7 @@ class ClaimRecorder:
                 return Refusal(exc.message)
             if claim is not None:
                 self._state.put_claim(claim)
-        if claim is None or not claim.gpusched_devices():
+        if claim is None or not claim.devices_of(self._state.driver.name):
             return Refusal(f"ResourceClaim {key} is not allocated: the extender binds a DRA pod after "
                            "kube-scheduler's DynamicResources PreBind allocated it; kube-scheduler will retry")
         return claim

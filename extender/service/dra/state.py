@@ -1,12 +1,13 @@
-"""DRA state in the extender: gpusched's ResourceSlices, the ResourceClaims and their templates,
-and the ledger entries allocated claims make.
+"""DRA state in the extender: the judged driver's ResourceSlices (gpusched's own or NVIDIA's:
+``gpusched_api.dra_drivers``), the ResourceClaims and their templates, and the ledger entries
+allocated claims make.
 
 Fed by the adapters (``extender.adapters.dra``: the slice, claim and template watches, decoded);
 read by the decider (a pod's GPUs through DRA, a claim's allocated devices) and by
 :class:`~extender.service.state.ClusterState` (which units each node publishes as DRA devices).
 
 Ledger rules for claims (what kube-scheduler's DRA allocator itself treats as in use):
-- a claim with devices of driver gpu.gpusched.io in ``status.allocation`` holds them, mapped to
+- a claim with devices of the judged driver in ``status.allocation`` holds them, mapped to
   GPU units by the slice device's ``uuid`` attribute (a device no slice names yet is held under
   ``<pool>/dra/<device>`` until its slice arrives, then re-mapped);
 - the holder is the pod the claim is reserved for (the first, by name, when shared; all of a
@@ -36,23 +37,28 @@ from typing import Any
 
 from extender.model.dra import DraClaim, DraDemand, DraSlice, DraTemplate, SliceDevice, resolve_dra_demand
 from extender.model.ledger import EntryState, GpuLedger
+from extender.model.snapshot import ORDER_UNKNOWN
+from gpusched_api.dra_drivers import GPUSCHED, DraDriver
 
 log = logging.getLogger("gpusched.extender.dra")
 CLAIM_HOLDER_PREFIX = "claim:"
 _CONFLICTS_KEPT = 64
+_LOGGED_KEPT = 256  # distinct ignored-input messages logged once each
+Ranks = Mapping[str, int | None]  # unit id -> first-fit rank (None: the slice taints the device)
 
 
 class DraState:
-    def __init__(self, ledger: GpuLedger,
-                 on_units_changed: Callable[[str, frozenset[str]], None] | None = None) -> None:
-        """``on_units_changed(node, unit ids)`` after the units a node's slices publish changed
-        (called outside this object's lock)."""
+    def __init__(self, ledger: GpuLedger, on_units_changed: Callable[[str, Ranks], None] | None = None,
+                 driver: DraDriver = GPUSCHED) -> None:
+        """``on_units_changed(node, ranks)`` after the units a node's slices publish changed
+        (called outside this object's lock); ``driver``: whose slices and allocations are judged."""
         self.ledger = ledger
+        self.driver = driver
         self._on_units_changed = on_units_changed
         self._lock = threading.RLock()
         self._slices: dict[str, DraSlice] = {}
         self._devices: dict[tuple[str, str], tuple[str, SliceDevice]] = {}  # (pool, device) -> (node, device)
-        self._node_units: dict[str, frozenset[str]] = {}
+        self._node_units: dict[str, Ranks] = {}
         self._node_devices: dict[str, Mapping[str, str]] = {}  # node -> unit id -> device name
         self._claims: dict[str, DraClaim] = {}
         self._templates: dict[str, DraTemplate] = {}
@@ -63,20 +69,33 @@ class DraState:
         self.swaps: Counter[str] = Counter()  # gang siblings' reservations moved aside, by node
         self.recent_conflicts: deque[dict[str, Any]] = deque(maxlen=_CONFLICTS_KEPT)
         self._conflict_listeners: list[Callable[[str, str, str, tuple[str, ...]], None]] = []
+        self.ignored: Counter[str] = Counter()  # slice input left out, by reason (decode's)
+        self._logged: set[str] = set()
 
     def on_conflict(self, listener: Callable[[str, str, str, tuple[str, ...]], None]) -> None:
         """``listener(claim key, node, holder it displaced, unit ids)`` when an allocation names
         units the ledger held for another pod."""
         self._conflict_listeners.append(listener)
 
+    def ignore(self, reason: str, message: str) -> None:
+        """Count slice input the decoder left out (``reason``), and log each distinct message once
+        (a bounded number of them: a node rewrites its slice, and a bad one would repeat)."""
+        self.ignored[reason] += 1
+        if message not in self._logged and len(self._logged) < _LOGGED_KEPT:
+            self._logged.add(message)
+            log.warning("ignored: %s", message)
+
     # -- reads -----------------------------------------------------------------------------------
     def resolve(self, pod: Mapping[str, Any]) -> DraDemand | str | None:
         """The pod's GPUs through DRA (``extender.model.dra.resolve_dra_demand``)."""
-        return resolve_dra_demand(pod, self._claims, self._templates)
+        return resolve_dra_demand(pod, self._claims, self._templates, self.driver)
 
-    def units_of(self, node: str) -> frozenset[str]:
-        """Unit ids the node's gpu.gpusched.io slices publish (lock-free: one dict read)."""
-        return self._node_units.get(node, frozenset())
+    def ranks_of(self, node: str) -> Ranks:
+        """Unit id -> first-fit rank for the units the node's slices publish (lock-free: one dict
+        read): the device's place in its slice (kube-scheduler's allocator tries a pool's devices in
+        that order), None where the slice taints it, ``ORDER_UNKNOWN`` where the pool spans several
+        slices (whose order the allocator does not promise)."""
+        return self._node_units.get(node, MappingProxyType({}))
 
     def device_names(self, node: str) -> Mapping[str, str]:
         """Unit id -> device name in the node's pool."""
@@ -90,7 +109,7 @@ class DraState:
         name, GPU unit id and index as the slices give them ("" node when nothing is allocated)."""
         with self._lock:
             node, out = "", []
-            for d in claim.gpusched_devices():
+            for d in claim.devices_of(self.driver.name):
                 where, device = self._devices.get((d.pool, d.device), (d.pool, None))
                 node = node or where
                 out.append({"request": d.request, "pool": d.pool, "device": d.device, "node": where,
@@ -102,13 +121,14 @@ class DraState:
         with self._lock:
             claims = []
             for claim in sorted(self._claims.values(), key=lambda c: c.key):
-                if claim.gpusched_devices():
+                if claim.devices_of(self.driver.name):
                     node, devices = self.claim_devices(claim)
                     claims.append({"claim": claim.key, "node": node, "heldBy": self._claim_holder.get(claim.key),
                                    "reservedFor": [n for n, _ in claim.reserved_for], "devices": devices})
             return {"nodes": {n: dict(d) for n, d in sorted(self._node_devices.items())},
                     "claims": claims, "conflicts": list(self.recent_conflicts),
-                    "conflictsTotal": sum(self.conflicts.values()), "swapsTotal": sum(self.swaps.values())}
+                    "conflictsTotal": sum(self.conflicts.values()), "swapsTotal": sum(self.swaps.values()),
+                    "driver": self.driver.name, "ignoredSliceInput": dict(self.ignored)}
 
     # -- slices ----------------------------------------------------------------------------------
     def replace_slices(self, slices: list[DraSlice]) -> None:
@@ -133,7 +153,7 @@ class DraState:
             changed = self._reindex_pool(gone.pool) if gone is not None else []
         self._announce(changed)
 
-    def _reindex_pool(self, pool: str) -> list[tuple[str, frozenset[str]]]:
+    def _reindex_pool(self, pool: str) -> list[tuple[str, Ranks]]:
         """Rebuild one pool's device index from its newest generation's slices; re-map the claims
         allocated from it. Returns the (node, units) whose published units changed. Lock held."""
         slices = [s for s in self._slices.values() if s.pool == pool]
@@ -141,30 +161,35 @@ class DraState:
         nodes = {node for (p, _), (node, _) in self._devices.items() if p == pool}
         for key in [k for k in self._devices if k[0] == pool]:
             del self._devices[key]
-        for s in slices:
-            if s.generation == newest:
-                nodes.add(s.node)
-                for device in s.devices:
-                    self._devices[(pool, device.name)] = (s.node, device)
+        current = sorted((s for s in slices if s.generation == newest), key=lambda s: s.name)
+        ordered = len(current) == 1 and current[0].pool_slices == 1
+        for s in current:
+            nodes.add(s.node)
+            for device in s.devices:
+                self._devices[(pool, device.name)] = (s.node, device)
         changed = []
         for node in sorted(nodes):
-            devices = {d.uuid: d.name for (_, _), (n, d) in self._devices.items() if n == node}
-            units = frozenset(devices)
+            published = [d for (_, _), (n, d) in self._devices.items() if n == node]
+            devices = {d.uuid: d.name for d in published}
+            candidates = [d for d in published if not d.tainted]
+            units: Ranks = MappingProxyType({**{d.uuid: None for d in published if d.tainted},
+                                             **{d.uuid: (rank if ordered else ORDER_UNKNOWN)
+                                                for rank, d in enumerate(candidates)}})
             self._node_devices[node] = MappingProxyType(devices)
             if not devices:
                 del self._node_devices[node]
-            if self._node_units.get(node, frozenset()) != units:
+            if dict(self._node_units.get(node, {})) != dict(units):
                 if units:
                     self._node_units[node] = units
                 else:
                     self._node_units.pop(node, None)
                 changed.append((node, units))
         for holder in {self._claim_holder[c.key] for c in self._claims.values() if c.key in self._claim_holder
-                       and any(d.pool == pool for d in c.gpusched_devices())}:
+                       and any(d.pool == pool for d in c.devices_of(self.driver.name))}:
             self._sync_holder(holder)
         return changed
 
-    def _announce(self, changed: list[tuple[str, frozenset[str]]]) -> None:
+    def _announce(self, changed: list[tuple[str, Ranks]]) -> None:
         if self._on_units_changed is not None:
             for node, units in changed:
                 self._on_units_changed(node, units)
@@ -197,7 +222,7 @@ class DraState:
 
     def _put_claim(self, claim: DraClaim) -> None:
         self._claims[claim.key] = claim
-        holder = self._holder_of(claim) if claim.gpusched_devices() else None
+        holder = self._holder_of(claim) if claim.devices_of(self.driver.name) else None
         previous = self._claim_holder.get(claim.key)
         if previous is not None and previous != holder:
             self._unlink(claim.key, previous)
@@ -232,7 +257,7 @@ class DraState:
         for key in sorted(self._holder_claims.get(holder, ())):
             claim = self._claims[key]
             source = source or claim.key
-            for d in claim.gpusched_devices():
+            for d in claim.devices_of(self.driver.name):
                 where, device = self._devices.get((d.pool, d.device), (d.pool, None))
                 if node and where != node:
                     log.warning("claim %s allocates devices on %s and %s; the ledger records %s only",

@@ -30,6 +30,7 @@ from extender.model.ledger import GpuLedger
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
 from extender.model.telemetry import NodeTelemetry
 from extender.service.dra import DraState
+from extender.service.dra.state import Ranks
 from extender.service.ingest_batch import IngestBatch
 from extender.service.state.cpu import CpuAccount
 from extender.service.state.layout import Layout
@@ -38,6 +39,7 @@ from extender.service.state.reconcile import TelemetryReconciler
 from extender.service.state.tables import StateTables
 from extender.service.state.watch import NodeHandler, PodHandler, pod_key
 from extender.service.telemetry import TelemetryStore
+from gpusched_api.dra_drivers import DraDriver
 
 __all__ = ["EXPIRE_EVERY_S", "ClusterState", "PodFeed", "PodListener", "StateListeners", "TelemetryReconciler", "pod_key"]
 
@@ -48,11 +50,11 @@ EXPIRE_EVERY_S = 5.0
 class ClusterState:
     """The nodes, the pods' holdings and (optionally) the agents' telemetry and DRA claims, built
     complete: ``telemetry`` is the store the agents' reports go to (None: judged on the static
-    inventory), ``dra`` whether DRA claims are read, ``listeners`` who hears what (see
+    inventory), ``dra`` the DRA driver whose slices and claims are read (None: no DRA), ``listeners`` who hears what (see
     :class:`StateListeners`). ``assumed_ttl_s``: how long a bind's assumption waits to be observed."""
 
     def __init__(self, ledger: GpuLedger | None = None, *, telemetry: TelemetryStore | None = None,
-                 dra: bool = False, listeners: StateListeners = NO_LISTENERS, assumed_ttl_s: float = 120.0,
+                 dra: DraDriver | None = None, listeners: StateListeners = NO_LISTENERS, assumed_ttl_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         # "is not None", not "or": an empty ledger is falsy (it has a length), and must still be used.
         self.ledger = ledger if ledger is not None else GpuLedger()
@@ -64,20 +66,20 @@ class ClusterState:
         self.telemetry = telemetry
         self.reconciler = (TelemetryReconciler(telemetry, self.ledger, self._tables, listeners, clock)
                            if telemetry is not None else None)
-        self.dra = self._dra_state(listeners) if dra else None
+        self.dra = self._dra_state(listeners, dra) if dra is not None else None
         self.nodes = NodeHandler(self._tables, listeners)
         self._layout = Layout(self._tables, self.ledger, cpu, self.reconciler, self.dra)
         self.pods = PodHandler(self.ledger, self._tables, cpu, self.reconciler, listeners, self._layout.judged, clock)
         self._no_counts: Counter[str] = Counter()  # what the telemetry counters read without telemetry
 
-    def _dra_state(self, listeners: StateListeners) -> DraState:
+    def _dra_state(self, listeners: StateListeners, driver: DraDriver) -> DraState:
         """The DRA part, its conflict listeners given before this constructor returns it."""
-        dra = DraState(self.ledger, self._dra_units_changed)
+        dra = DraState(self.ledger, self._dra_units_changed, driver)
         for listener in listeners.dra_conflict:
             dra.on_conflict(listener)
         return dra
 
-    def _dra_units_changed(self, node: str, units: frozenset[str]) -> None:
+    def _dra_units_changed(self, node: str, ranks: Ranks) -> None:
         self._tables.mark(node)
 
     # -- reads -----------------------------------------------------------------------------------

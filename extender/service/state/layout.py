@@ -80,7 +80,7 @@ class Layout:
         """Under the lock: ``static`` with its free CPU, DRA units and telemetry laid in."""
         info = with_cpu_free(self._effective_info(static), self._cpu.free_locked(static))
         if self._dra is not None:
-            info = with_dra_units(info, self._dra.units_of(static.name))
+            info = with_dra_units(info, self._dra.ranks_of(static.name))
         return info
 
     def _effective_info(self, static: NodeInfo) -> NodeInfo:

@@ -68,7 +68,7 @@ class StateListeners:
     # ``listener(pod key, node, gpusched's units, the kubelet's units)`` when a container got other
     # devices than gpusched assigned (the ledger follows the kubelet); once per change.
     mismatch: Sequence[Callable[[str, str, tuple[str, ...], tuple[str, ...]], None]] = ()
-    # ``listener(claim key, node, holder it displaced, unit ids)`` (``dra=True``) when a claim's
+    # ``listener(claim key, node, holder it displaced, unit ids)`` (``dra`` given) when a claim's
     # allocation names units the ledger held for another pod (``DraState.on_conflict``).
     dra_conflict: Sequence[Callable[[str, str, str, tuple[str, ...]], None]] = ()
 
