@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER
+from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER, NVIDIA_DRA_GPU_CLASS, NVIDIA_DRA_MIG_CLASS
 from nodeagent.gpu.model import GpuInfo, GpuState
 
 # productName prefix -> (architecture, CUDA compute capability), as NVML reports them
@@ -66,3 +66,16 @@ def nvidia_slice(node: str, state: GpuState, *, generation: int = 1,
             "spec": {"driver": NVIDIA_DRA_DRIVER, "nodeName": node,
                      "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
                      "devices": [nvidia_device(gpus[i], driver_version) for i in indices]}}
+
+
+def nvidia_device_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses the release's Helm chart installs with ``resources.gpus.enabled``
+    (templates/deviceclass-gpu.yaml, deviceclass-mig.yaml, for resource.k8s.io/v1)."""
+    def selector(kind: str) -> list[dict[str, Any]]:
+        return [{"cel": {"expression": f"device.driver == '{NVIDIA_DRA_DRIVER}' && "
+                                       f"device.attributes['{NVIDIA_DRA_DRIVER}'].type == '{kind}'"}}]
+
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NVIDIA_DRA_GPU_CLASS},
+             "spec": {"selectors": selector("gpu"), "extendedResourceName": "nvidia.com/gpu"}},
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": NVIDIA_DRA_MIG_CLASS},
+             "spec": {"selectors": selector("mig")}}]

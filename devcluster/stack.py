@@ -320,8 +320,9 @@ class Stack:
         ResourceSlices, the extender's read-only grant for DRA state (its ``--dra`` is the caller's
         to pass) and the DeviceClasses (the base's admission policy confines the agent's grant)."""
         dra = MANIFESTS / "overlays" / "dra"
-        self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-dra.yaml", dra / "rbac-extender-dra.yaml",
-                                                            dra / "deviceclasses.yaml"]))
+        self.cp.apply(doc for _, doc in manifest_documents([
+            dra / "rbac-dra.yaml", MANIFESTS / "components" / "dra-extender" / "rbac-extender-dra.yaml",
+            dra / "deviceclasses.yaml"]))
 
     def enable_dra_claims(self) -> dict[str, Any]:
         """The DRA-claims webhook as manifests/overlays/dra installs it: the extender's grant for

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from gpusched_api.names import DRA_DRIVER, INVENTORY_ANNOTATION
+from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER
 from gpusched_runtime.backoff import Backoff
 from nodeagent.dra.slices import SliceDevice, next_slice, slice_object
 
@@ -132,6 +133,10 @@ def inventory_patcher(core: Any, node: str, request_timeout_s: float = 10.0) -> 
     return patch
 
 
+class AnotherDriverServes(Exception):
+    """Another DRA driver already publishes GPUs the agent would publish; the message says what to do."""
+
+
 class ResourceSliceWriter:
     """``write(devices)``: make the node's ResourceSlice publish ``devices`` (called from one thread,
     the publisher's). ``resource`` is ``kubernetes.client.ResourceV1Api``, ``core`` ``CoreV1Api``.
@@ -142,6 +147,12 @@ class ResourceSliceWriter:
     the Node; its uid comes from a no-op patch of the agent's own Node (the agent's one grant on
     Nodes, which the admission policy confines to that node), so the agent needs no read access to
     Nodes. A conflict or a vanished slice raises, and the next attempt lists again.
+
+    One driver per GPU: before each write it lists the node's slices of NVIDIA's driver
+    (``gpu.nvidia.com``), and where they name a GPU it would publish, it writes nothing and raises
+    :class:`AnotherDriverServes` (the publisher logs it and tries again later): on such a node
+    gpusched reads NVIDIA's devices (the extender's ``--dra-driver nvidia``) and the agent runs
+    without ``--dra``.
     """
 
     def __init__(self, resource: Any, core: Any, node: str, *, request_timeout_s: float = 10.0):
@@ -177,6 +188,7 @@ class ResourceSliceWriter:
         spec = next_slice(self._current["spec"] if self._current else None, self._node, devices)
         if spec is None:
             return
+        self._refuse_gpus_another_driver_serves(devices)
         if not self._node_uid:
             node = _json(self._core.patch_node(self._node, {}, _request_timeout=self._timeout, _preload_content=False))
             self._node_uid = node["metadata"]["uid"]
@@ -197,6 +209,20 @@ class ResourceSliceWriter:
         self.writes += 1
         log.info("published ResourceSlice %s (pool generation %d, %d devices)", self._current["metadata"]["name"],
                  spec["pool"]["generation"], len(devices))
+
+    def _refuse_gpus_another_driver_serves(self, devices: Sequence[SliceDevice]) -> None:
+        listed = _json(self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self._node},spec.driver={NVIDIA_DRA_DRIVER}",
+            _request_timeout=self._timeout, _preload_content=False))
+        theirs = {str(((d.get("attributes") or {}).get("uuid") or {}).get("string"))
+                  for s in listed.get("items") or [] for d in s["spec"].get("devices") or []}
+        ours = {str(d.attribute("uuid")) for d in devices}
+        both = sorted(theirs & ours)
+        if both:
+            raise AnotherDriverServes(
+                f"NVIDIA's DRA driver ({NVIDIA_DRA_DRIVER}) publishes {len(both)} of this node's GPUs ({', '.join(both[:4])}"
+                f"{', ...' if len(both) > 4 else ''}); one driver per GPU, so the agent publishes no {DRA_DRIVER} slice: "
+                "run the agent without --dra (telemetry only) and the extender with --dra --dra-driver nvidia")
 
     def _adopt(self) -> dict[str, Any] | None:
         listed = _json(self._resource.list_resource_slice(

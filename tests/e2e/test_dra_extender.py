@@ -300,7 +300,7 @@ def test_the_extender_may_taint_devices_only_as_its_device_taints_do(control_pla
     driver's, or a name that does not match its taint key is refused to the extender's identity."""
     extender = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
     for prefix, driver, key, effect in (("gpusched-cordon-x", "gpu.gpusched.io", "gpu.gpusched.io/cordoned", "NoExecute"),
-                                        ("gpusched-cordon-x", "example.com/gpu", "gpu.gpusched.io/cordoned", "NoSchedule"),
+                                        ("gpusched-cordon-x", "gpu.example.com", "gpu.gpusched.io/cordoned", "NoSchedule"),
                                         ("gpusched-leftover-x", "gpu.nvidia.com", "gpu.gpusched.io/cordoned", "NoSchedule")):
         rule: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
                      "metadata": {"name": unique(prefix), "labels": {"app.kubernetes.io/managed-by": "gpusched"}},

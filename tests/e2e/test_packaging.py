@@ -32,8 +32,8 @@ def _container(objects, kind, name):
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
-                                    "overlays/plugin-mode", "overlays/dra", "overlays/ha", "overlays/ingest-replicas",
-                                    "observability"])
+                                    "overlays/plugin-mode", "overlays/dra", "overlays/dra-nvidia", "overlays/ha",
+                                    "overlays/ingest-replicas", "observability"])
 def test_kustomize_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, folder):
     objects = kustomize_build(MANIFESTS / folder)
     assert objects
@@ -71,6 +71,22 @@ def test_overlays_change_only_the_node_agent():
         assert overlay.keys() - base.keys() == added.get(folder, set()) and base.keys() <= overlay.keys(), folder
         changed = {k for k in base if base[k] != overlay[k]}
         assert changed == {agent} | also_changed.get(folder, set()), folder
+
+
+def test_the_overlay_on_nvidias_driver_changes_only_the_extender():
+    """On NVIDIA's DRA driver the agent stays telemetry-only (no --dra, no kubelet plugin, no slice
+    grant) and gpusched ships no DeviceClass (NVIDIA's install does): the overlay adds the
+    extender's DRA grant and the policy on its DeviceTaintRules, and passes --dra --dra-driver=nvidia."""
+    base = normalised(kustomize_build(MANIFESTS / "base"))
+    objects = kustomize_build(MANIFESTS / "overlays/dra-nvidia")
+    overlay = normalised(objects)
+    assert overlay.keys() - base.keys() == {("ClusterRole", "", "gpusched-extender-dra"),
+                                            ("ClusterRoleBinding", "", "gpusched-extender-dra"),
+                                            ("ValidatingAdmissionPolicy", "", "gpusched-extender-device-taints"),
+                                            ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-device-taints")}
+    assert {k for k in base if base[k] != overlay[k]} == {("Deployment", "gpusched-system", "gpusched-scheduler")}
+    args = _container(objects, "Deployment", "extender")["args"]
+    assert "--dra" in args and "--dra-driver=nvidia" in args
 
 
 def test_dra_overlay_serves_the_claims_webhook_on_opted_in_namespaces_only():

@@ -280,3 +280,38 @@ def test_a_slice_deleted_behind_the_agents_back_is_written_again(dra_node: DraNo
     assert len(after) == 1 and len(after[0]["spec"]["devices"]) == 4
     assert dra_node.registrations() == registrations  # the watch did it, not a registration
     assert "was deleted (a starting kubelet wipes its node's slices); writing it again" in dra_node.agent_log()
+
+
+def test_beside_nvidias_driver_the_agent_serves_no_plugin_and_publishes_no_slice(dra_node: DraNode):
+    """Issue 47: where NVIDIA's DRA driver owns the GPUs (its slice stood in by devcluster.nvidia_dra,
+    the same UUIDs), the agent runs without --dra: it streams telemetry, registers no kubelet plugin
+    and writes no slice; started with --dra by mistake it still publishes none of those GPUs."""
+    from devcluster.nvidia_dra import nvidia_slice
+    from nodeagent.gpu.fake import FakeFleetReader
+
+    dra_node.stop_agent()
+    for s in dra_node.slices():
+        dra_node.resource.delete_resource_slice(s["metadata"]["name"])
+    theirs = dra_node.resource.create_resource_slice(
+        nvidia_slice(dra_node.name, FakeFleetReader(dra_node.fleet, node_name=dra_node.name).read()))
+    try:
+        telemetry_only = dra_node.cluster.start_agent(dra_node.fleet, device_plugin=False)
+        wait_until(lambda: dra_node.cluster.stack.extender is not None
+                   and dra_node.cluster.stack.extender.knows_agent_node(dra_node.name), 60,
+                   "the telemetry-only agent's reports in the core", context=lambda: dra_node.agent_log()[-2000:])
+        time.sleep(2)  # a few report periods: nothing may appear meanwhile
+        assert not dra_node.paths.registration.exists() and not dra_node.paths.endpoint.exists()
+        assert dra_node.slices() == []
+        telemetry_only.stop()
+        dra_node.cluster.agents.remove(telemetry_only)
+
+        dra_node.start_agent()  # --dra by mistake, beside NVIDIA's driver
+        refused = "one driver per GPU, so the agent publishes no gpu.gpusched.io slice"
+        wait_until(lambda: refused in dra_node.agent_log(), 30, "the agent to refuse its slice",
+                   context=lambda: dra_node.agent_log()[-2000:])
+        assert dra_node.slices() == []
+    finally:
+        dra_node.resource.delete_resource_slice(theirs.metadata.name)
+    # NVIDIA's driver gone: the --dra agent's next attempt publishes its slice.
+    wait_until(lambda: len(dra_node.slice_devices()) == 4, 60, "the agent's slice once NVIDIA's is gone",
+               context=lambda: dra_node.agent_log()[-2000:])

@@ -92,3 +92,38 @@ def test_reconcile_creates_the_missing_and_deletes_the_rest_only_while_leading()
 def test_a_name_too_long_for_an_object_is_hashed():
     long = rule_name("leftover", "n" * 250, "gpu-0")
     assert len(long) <= 253 and long.startswith("gpusched-leftover-") and long != rule_name("leftover", "n" * 250, "gpu-1")
+
+
+def test_rules_are_listed_once_then_followed_from_what_was_written_until_the_relist_or_a_failed_write():
+    class CountingRules(Rules):
+        lists = 0
+        fail = False
+
+        def names(self) -> set[str]:
+            self.lists += 1
+            return super().names()
+
+        def create(self, rule: dict[str, Any]) -> None:
+            if self.fail:
+                raise RuntimeError("apiserver unavailable")
+            super().create(rule)
+
+    rules, now = CountingRules(set()), [0.0]
+    snapshots = [snapshot_of("1")]
+    taints = DeviceTaints(lambda: snapshots[-1], devices, NVIDIA, rules, clock=lambda: now[0])
+    taints.reconcile()
+    taints.reconcile()  # the same node set: nothing to do, nothing listed
+    assert rules.lists == 1 and len(rules.created) == 1
+    snapshots.append(snapshot_of("1", foreign=(2,)))
+    taints.reconcile()
+    assert rules.lists == 1 and [r["metadata"]["name"] for r in rules.created][-1] == "gpusched-leftover-n0-gpu-2"
+    rules.fail = True
+    snapshots.append(snapshot_of("1", foreign=(2, 3)))
+    with pytest.raises(RuntimeError):
+        taints.reconcile()
+    rules.fail = False
+    taints.reconcile()
+    assert rules.lists == 2 and "gpusched-leftover-n0-gpu-3" in rules.have
+    now[0] = 31.0
+    taints.reconcile()
+    assert rules.lists == 3

@@ -285,7 +285,8 @@ def test_bind_of_a_dra_pod_records_the_claims_allocation_and_writes_no_gpu_annot
     assert answer.annotations == {}  # the allocation is the assignment: nothing to contradict it
     assert [(x["device"], x["gpu"]) for x in answer.details["dra"]["devices"]] == \
         [("gpu-0", "GPU-n1-0"), ("gpu-1", "GPU-n1-1")]
-    assert answer.details["dra"]["ledger"] == ["GPU-n1-0", "GPU-n1-1"] and "gpu-0, gpu-1" in answer.summary
+    assert answer.details["dra"]["ledger"] == ["GPU-n1-0", "GPU-n1-1"]
+    assert "gpu-0 (GPU 0, GPU-n1-0), gpu-1 (GPU 1, GPU-n1-1)" in answer.summary
     assert held(state) == {"default/p": ("n1", ["GPU-n1-0", "GPU-n1-1"])}
     d.unreserve(pod, "bind failed")  # the claim's entry is the watch's: unreserve leaves it
     assert held(state) == {"default/p": ("n1", ["GPU-n1-0", "GPU-n1-1"])}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpusched_api.names import DRA_DRIVER
+from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER
 from nodeagent.dra.slices import (
     FOREIGN_TAINT,
     MAX_DEVICES,
@@ -260,7 +261,8 @@ class FakeApi:
 
     def list_resource_slice(self, field_selector="", **_):
         self.calls.append(f"list {field_selector}")
-        return self._body({"items": list(self.slices.values())})
+        driver = dict(part.split("=", 1) for part in field_selector.split(",") if part).get("spec.driver")
+        return self._body({"items": [s for s in self.slices.values() if driver in (None, s["spec"]["driver"])]})
 
     def create_resource_slice(self, body, **_):
         obj = json.loads(json.dumps(body))
@@ -326,8 +328,26 @@ def test_a_conflict_raises_and_the_next_attempt_lists_again() -> None:
     with pytest.raises(Conflict):
         write(changed)
     write(changed)  # what the publisher's retry does
-    assert [c.split()[0] for c in api.calls if not c.startswith("patch")] == ["list", "create", "list", "replace"]
+    assert [c.split()[0] for c in api.calls if not c.startswith("patch") and NVIDIA_DRA_DRIVER not in c] == \
+        ["list", "create", "list", "replace"]
     assert writes(api)[-1] == f"replace n1-{DRA_DRIVER}-0 gen 2"
+
+
+def test_the_writer_publishes_no_gpu_nvidias_driver_already_serves() -> None:
+    from devcluster.nvidia_dra import nvidia_slice
+    from nodeagent.kube import AnotherDriverServes
+
+    state = preset("a100")
+    theirs = nvidia_slice("n1", state)
+    theirs["metadata"] = {"name": "n1-gpu.nvidia.com-x"}
+    api = FakeApi([theirs])
+    write = ResourceSliceWriter(api, api, "n1")
+    with pytest.raises(AnotherDriverServes, match="one driver per GPU.*--dra-driver nvidia"):
+        write(devices_of(state))
+    assert writes(api) == []
+    api.delete_resource_slice("n1-gpu.nvidia.com-x")  # NVIDIA's driver uninstalled
+    write(devices_of(state))
+    assert writes(api)[-1] == f"create n1-{DRA_DRIVER}-0 gen 1"
 
 
 # -- the agent's wiring ---------------------------------------------------------------------------

@@ -61,10 +61,9 @@ class ClaimRecorder:
         held = self._ledger.assignment(pod.key)
         gpus = [d["gpu"] or f"{d['pool']}/{d['device']}" for d in devices]
         indices = [d["gpuIndex"] for d in devices]
-        names = ", ".join(d["device"] for d in devices)
+        names = ", ".join(map(_device_label, devices))
         return Reservation(
-            summary=f"DRA: {', '.join(c.key for c in claims)} allocated {names} on {node} (GPUs {indices}); "
-                    "bound as allocated",
+            summary=f"DRA: {', '.join(c.key for c in claims)} allocated {names} on {node}; bound as allocated",
             details={"dra": {"claims": [c.key for c in claims], "devices": devices,
                              "ledger": sorted(held.unit_ids) if held is not None and held.node == node else []},
                      "gpus": gpus, "gpuIndices": indices})
@@ -85,3 +84,10 @@ class ClaimRecorder:
             return Refusal(f"ResourceClaim {key} is not allocated: the extender binds a DRA pod after "
                            "kube-scheduler's DynamicResources PreBind allocated it; kube-scheduler will retry")
         return claim
+
+
+def _device_label(device: Mapping[str, Any]) -> str:
+    """``gpu-3 (GPU 3, GPU-5f0c…)``: the device with the GPU it is — its index where the driver
+    publishes one (gpusched's does, NVIDIA's does not) and its UUID, what the ledger names it by."""
+    index = "" if device["gpuIndex"] is None else f"GPU {device['gpuIndex']}, "
+    return f"{device['device']} ({index}{device['gpu'] or 'a device no slice names yet'})"

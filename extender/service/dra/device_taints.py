@@ -22,7 +22,11 @@ node's pool and the device:
 One rule per device, for the first reason that applies in that order. Names longer than an object
 name may be are hashed. :class:`DeviceTaints` reconciles the rules it manages (label
 ``app.kubernetes.io/managed-by: gpusched`` and the prefix) with the snapshot: creates the
-missing, deletes the rest. The admission policy ``gpusched-extender-device-taints`` confines the
+missing, deletes the rest. It runs every ``DEVICE_TAINTS_PERIOD_S`` (0.5 s: half the agents'
+default report period, so a rule follows telemetry within two periods) but works only when the
+snapshot's nodes were laid out anew, and it lists the rules at the apiserver only on the first run, after a
+failed write, on becoming leader and every ``RELIST_S`` (someone deleted one by hand): between
+those, the names it wrote are what exists. The admission policy ``gpusched-extender-device-taints`` confines the
 extender's writes to exactly such rules.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -49,7 +54,8 @@ REASONS: Mapping[str, tuple[str, str]] = MappingProxyType({
 })
 MANAGED_BY: Mapping[str, str] = MappingProxyType({"app.kubernetes.io/managed-by": "gpusched"})
 MAX_NAME = 253
-DEVICE_TAINTS_PERIOD_S = 2.0  # how often the rules are reconciled with the snapshot
+DEVICE_TAINTS_PERIOD_S = 0.5  # how often the rules are reconciled with the snapshot
+RELIST_S = 30.0
 
 
 class TaintRules(Protocol):
@@ -115,26 +121,48 @@ def _rule(name: str, reason: str, driver: DraDriver, node: str, device: str) -> 
 
 
 class DeviceTaints:
-    """Keeps the managed DeviceTaintRules equal to what the snapshot says (the module docstring)."""
+    """Keeps the managed DeviceTaintRules equal to what the snapshot says (the module docstring).
+    Called from one thread."""
 
     def __init__(self, snapshot: Callable[[], ClusterSnapshot], device_names: Callable[[str], Mapping[str, str]],
-                 driver: DraDriver, rules: TaintRules, leading: Callable[[], bool] = lambda: True) -> None:
+                 driver: DraDriver, rules: TaintRules, leading: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``leading``: write only while this replica leads (a standby's view may lag)."""
         self._snapshot = snapshot
         self._device_names = device_names
         self._driver = driver
         self._rules = rules
         self._leading = leading
+        self._clock = clock
+        self._have: set[str] | None = None  # the rules that exist, as last listed and written; None: list
+        self._listed_at = 0.0
+        # The node set last reconciled (held, so identity cannot be reused): a snapshot that only
+        # changed its ledger view shares it, and a ledger change taints nothing.
+        self._judged: Mapping[str, Any] | None = None
 
     def reconcile(self) -> None:
         if not self._leading():
+            self._have = None
             return
-        wanted = device_rules(self._snapshot(), self._device_names, self._driver)
-        have = self._rules.names()
-        for name in sorted(set(wanted) - have):
-            self._rules.create(wanted[name])
-            log.info("tainted a device for the DRA allocator: DeviceTaintRule %s (%s)", name,
-                     wanted[name]["spec"]["taint"]["key"])
-        for name in sorted(have - set(wanted)):
-            self._rules.delete(name)
-            log.info("untainted a device: DeviceTaintRule %s deleted", name)
+        snapshot = self._snapshot()
+        relist = self._have is None or self._clock() - self._listed_at >= RELIST_S
+        if not relist and snapshot.nodes is self._judged:
+            return
+        wanted = device_rules(snapshot, self._device_names, self._driver)
+        if relist or self._have is None:
+            self._have, self._listed_at = self._rules.names(), self._clock()
+        have = self._have
+        try:
+            for name in sorted(set(wanted) - have):
+                self._rules.create(wanted[name])
+                have.add(name)
+                log.info("tainted a device for the DRA allocator: DeviceTaintRule %s (%s)", name,
+                         wanted[name]["spec"]["taint"]["key"])
+            for name in sorted(have - set(wanted)):
+                self._rules.delete(name)
+                have.discard(name)
+                log.info("untainted a device: DeviceTaintRule %s deleted", name)
+        except Exception:
+            self._have = None  # what exists is unknown now: list again next time
+            raise
+        self._judged = snapshot.nodes
