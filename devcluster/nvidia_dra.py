@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpusched_api.quantity import binary_quantity
 from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER, NVIDIA_DRA_GPU_CLASS, NVIDIA_DRA_MIG_CLASS
 from nodeagent.gpu.model import GpuInfo, GpuState
 
@@ -25,15 +26,6 @@ from nodeagent.gpu.model import GpuInfo, GpuState
 _ARCHITECTURES = (("NVIDIA H100", "Hopper", "9.0.0"), ("NVIDIA H200", "Hopper", "9.0.0"),
                   ("NVIDIA A100", "Ampere", "8.0.0"), ("NVIDIA L40S", "Ada Lovelace", "8.9.0"))
 CUDA_DRIVER_VERSION = "12.8.0"
-
-
-def binary_quantity(value: int) -> str:
-    """``value`` as Kubernetes writes a BinarySI quantity: the largest of Ki..Ei dividing it."""
-    for suffix, size in (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20),
-                         ("Ki", 1 << 10)):
-        if value and value % size == 0:
-            return f"{value // size}{suffix}"
-    return str(value)
 
 
 def nvidia_device(gpu: GpuInfo, driver_version: str) -> dict[str, Any]:

@@ -332,7 +332,7 @@ class Stack:
         the configuration registered; :meth:`disable_dra_claims` removes it."""
         import base64
 
-        dra = MANIFESTS / "overlays" / "dra"
+        dra = MANIFESTS / "components" / "dra-claims-webhook"
         self.cp.apply(doc for _, doc in manifest_documents([dra / "rbac-claims.yaml"]))
         (config,) = [doc for _, doc in manifest_documents([dra / "claims-webhook.yaml"])
                      if doc["kind"] == "MutatingWebhookConfiguration"]

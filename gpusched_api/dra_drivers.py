@@ -26,14 +26,16 @@ class DraDriver:
     allocation results it prepares; ``gpu_class``/``mig_class``: the DeviceClasses of whole GPUs
     and MIG instances; ``island_attribute``: the qualified device attribute that names a GPU's
     NVLink island (a claim's ``matchAttribute`` on it keeps a group in one island), None where
-    the driver publishes none; ``taints_own_devices``: its slices already taint devices that
-    leftover memory or ill health make unfit, so gpusched adds no DeviceTaintRule for those."""
+    the driver publishes none; ``mig_profile_attribute``: the attribute naming a MIG device's
+    profile (``3g.40gb``); ``taints_own_devices``: its slices already taint devices that leftover
+    memory or ill health make unfit, so gpusched adds no DeviceTaintRule for those."""
 
     key: str
     name: str
     gpu_class: str
     mig_class: str
     island_attribute: str | None
+    mig_profile_attribute: str
     taints_own_devices: bool
 
     @property
@@ -41,6 +43,8 @@ class DraDriver:
         return frozenset({self.gpu_class, self.mig_class})
 
 
-GPUSCHED = DraDriver("gpusched", DRA_DRIVER, DRA_GPU_CLASS, DRA_MIG_CLASS, f"{DRA_DRIVER}/nvlinkIsland", True)
-NVIDIA = DraDriver("nvidia", NVIDIA_DRA_DRIVER, NVIDIA_DRA_GPU_CLASS, NVIDIA_DRA_MIG_CLASS, None, False)
+GPUSCHED = DraDriver("gpusched", DRA_DRIVER, DRA_GPU_CLASS, DRA_MIG_CLASS, f"{DRA_DRIVER}/nvlinkIsland", "migProfile",
+                     True)
+# v0.4.1's CommonAttributesMig names a MIG device's profile "profile".
+NVIDIA = DraDriver("nvidia", NVIDIA_DRA_DRIVER, NVIDIA_DRA_GPU_CLASS, NVIDIA_DRA_MIG_CLASS, None, "profile", False)
 DRA_DRIVERS: Mapping[str, DraDriver] = MappingProxyType({d.key: d for d in (GPUSCHED, NVIDIA)})

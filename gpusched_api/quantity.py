@@ -98,3 +98,14 @@ def parse_cpu_milli(text: str) -> int:
     else:
         value = number * (_SMALL.get(suffix) or _BINARY.get(suffix) or _DECIMAL[suffix])
     return int((value * 1000).to_integral_value(rounding=ROUND_CEILING))
+
+
+def binary_quantity(n: int) -> str:
+    """``n`` bytes as the apiserver's canonical binary quantity: the largest power of 1024 that
+    divides it (``42949672960`` -> ``40Gi``), a plain number below 1024 (as Go's ``Quantity``)."""
+    if n < 1024:
+        return str(n)
+    for exponent, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        if n % 1024 ** exponent == 0:
+            return f"{n // 1024 ** exponent}{suffix}"
+    return str(n)

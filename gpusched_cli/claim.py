@@ -18,6 +18,7 @@ import yaml
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem
 from extender.model.dra.translation import apply_patch, claim_for_pod
+from gpusched_api.dra_drivers import DRA_DRIVERS
 
 
 def add_parser(sub: Any) -> None:
@@ -26,6 +27,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--require-nvlink", action="store_true",
                    help="a multi-GPU pod that does not set gpusched.io/require-nvlink needs one NVLink island "
                         "(the profile's NvlinkTopology requireNvlink; default: only when the pod says so)")
+    p.add_argument("--dra-driver", choices=sorted(DRA_DRIVERS), default="gpusched",
+                   help="whose DeviceClasses the template asks: gpusched's own driver (gpu.gpusched.io), or NVIDIA's "
+                        "(gpu.nvidia.com), as the extender's --dra-driver")
 
 
 def run(args: argparse.Namespace, stdin: TextIO | None = None) -> tuple[str, int]:
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace, stdin: TextIO | None = None) -> tuple[str, int
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         kind = pod.get("kind") if isinstance(pod, dict) else type(pod).__name__
         return f"gpusched claim: {args.manifest} holds a {kind}, not a Pod; give one Pod manifest", 2
-    out = claim_for_pod(pod, builtin_catalog(), require_nvlink=args.require_nvlink)
+    out = claim_for_pod(pod, builtin_catalog(), require_nvlink=args.require_nvlink, driver=DRA_DRIVERS[args.dra_driver])
     if isinstance(out, DemandProblem):
         return f"gpusched claim: {out.message}", 2
     namespace = (pod.get("metadata") or {}).get("namespace")

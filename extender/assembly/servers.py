@@ -60,8 +60,10 @@ def serve_webhook(settings: Settings, api: Any, catalog: Callable[[], Catalog], 
     from extender.adapters.dra.templates import KubeTemplateCreator, WebhookServer
     from extender.app import create_webhook_app
     from extender.service.dra.admission import ClaimAdmission
+    from gpusched_api.dra_drivers import DRA_DRIVERS
 
-    admission = ClaimAdmission(KubeTemplateCreator(api), catalog, require_nvlink=require_nvlink)
+    admission = ClaimAdmission(KubeTemplateCreator(api), catalog, require_nvlink=require_nvlink,
+                               driver=DRA_DRIVERS[settings.dra_driver])
     assert settings.webhook_tls_cert and settings.webhook_tls_key  # Settings requires them with a port
     for path in (settings.webhook_tls_cert, settings.webhook_tls_key):
         if not Path(path).is_file():

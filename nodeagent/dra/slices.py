@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched_api.names import DRA_DRIVER, DRA_FOREIGN_TAINT, DRA_UNHEALTHY_TAINT
+from gpusched_api.quantity import binary_quantity
 from nodeagent.gpu.model import GIB, GpuState
 
 API_VERSION = "resource.k8s.io/v1"
@@ -92,17 +93,6 @@ def _attribute(value: AttributeValue) -> dict[str, Any]:
     if isinstance(value, int):
         return {"int": value}
     return {"string": value}
-
-
-def binary_quantity(n: int) -> str:
-    """``n`` bytes as the apiserver's canonical binary quantity: the largest power of 1024 that
-    divides it (``42949672960`` -> ``40Gi``), a plain number below 1024 (as Go's ``Quantity``)."""
-    if n < 1024:
-        return str(n)
-    for exponent, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
-        if n % 1024 ** exponent == 0:
-            return f"{n // 1024 ** exponent}{suffix}"
-    return str(n)
 
 
 def check_min_free_fraction(value: float) -> float:

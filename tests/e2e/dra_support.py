@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import yaml
 from kubernetes import client
 
-from devcluster.cluster import pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.cluster import pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
 from nodeagent.gpu.fake import preset_path
 
 DRIVER = "gpu.gpusched.io"
@@ -97,3 +99,27 @@ def stays_unallocated(admin, namespace: str, name: str, needle: str, hold_s: flo
     return message
 
 
+OPT_IN = {"gpusched.io/dra-claims": "enabled"}
+
+
+@contextmanager
+def claims_webhook(stack: Any, admin: Any) -> Iterator[dict[str, Any]]:
+    """The claims webhook registered (with the extender's grant and its policy: ``Stack.enable_dra_claims``),
+    once the apiserver calls it: a dry-run create of a GPU pod in an opted-in namespace comes back
+    patched; unregistered afterwards."""
+    config = stack.enable_dra_claims()
+    probe_ns = unique("claims-probe")
+    core = client.CoreV1Api(admin)
+    core.create_namespace({"metadata": {"name": probe_ns, "labels": OPT_IN}})
+    try:
+        def patched() -> bool:
+            pod = core.create_namespaced_pod(probe_ns, vllm_pod(unique("probe"), gpus=1, scheduler="nobody"),
+                                             dry_run="All")
+            return bool(pod.spec.resource_claims)
+
+        wait_until(patched, 30, "the apiserver to call the claims webhook",
+                   context=lambda: stack.extender.component.tail(20) if stack.extender else "")
+        yield config
+    finally:
+        stack.disable_dra_claims(config)
+        core.delete_namespace(probe_ns)

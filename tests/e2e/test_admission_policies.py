@@ -363,7 +363,7 @@ def extender_templates(stack: Stack, control_plane: ControlPlane, admin) -> Any:
     grant (rbac-claims.yaml) and its policy applied, once the apiserver enforces the policy (it
     loads asynchronously: a template without the label is refused each try, else removed), and a
     namespace opted in to the claims webhook."""
-    control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "overlays/dra/rbac-claims.yaml"]))
+    control_plane.apply(doc for _, doc in manifest_documents([MANIFESTS / "components/dra-claims-webhook/rbac-claims.yaml"]))
     namespace = unique("vap-claims")
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": namespace, "labels": OPT_IN}})
     api = client.ResourceV1Api(control_plane.api_client(control_plane.service_account_token(NAMESPACE, EXTENDER_SA)))
@@ -399,7 +399,7 @@ def test_the_extender_may_create_and_get_gpusched_templates(extender_templates, 
     pytest.param("", {}, "gpu.gpusched.io", "has no such label", id="no-label"),
     pytest.param("", {"app.kubernetes.io/managed-by": "Helm"}, "gpu.gpusched.io", "is labelled Helm",
                  id="other-manager"),
-    pytest.param("", MANAGED, "gpu.nvidia.com", "of one request of the DeviceClass gpu.gpusched.io or mig.gpusched.io",
+    pytest.param("", MANAGED, "gpu.example.com", "of one request of the DeviceClass gpu.gpusched.io or mig.gpusched.io",
                  id="another-drivers-class"),
 ])
 def test_the_extender_cannot_create_templates_that_are_not_gpuscheds(extender_templates, name, labels, device_class,

@@ -23,10 +23,19 @@ from devcluster.cluster import pod_node, pod_scheduled_message, unique, vllm_pod
 from devcluster.controlplane import PYTHON, ControlPlane, python_component_env
 from devcluster.processes import Component
 from devcluster.stack import Stack
-from tests.e2e.dra_support import DRIVER, ISLAND, SCHEDULER, claim_and_pod, devices, preset, raw
+from tests.e2e.dra_support import (
+    DRIVER,
+    ISLAND,
+    OPT_IN,
+    SCHEDULER,
+    claim_and_pod,
+    claims_webhook,
+    devices,
+    preset,
+    raw,
+)
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 attention heads, 8 KV heads
-OPT_IN = {"gpusched.io/dra-claims": "enabled"}
 NVLINK = {"gpusched.io/require-nvlink": "true"}
 
 
@@ -41,23 +50,8 @@ def claim_controller(control_plane: ControlPlane) -> Iterator[Component]:
 
 @pytest.fixture(scope="module")
 def webhook(stack: Stack, admin, dra, claim_controller) -> Iterator[dict[str, Any]]:
-    """The claims webhook registered (with the extender's grant and its policy); waits until the
-    apiserver calls it: a dry-run create of a GPU pod in an opted-in namespace comes back patched."""
-    config = stack.enable_dra_claims()
-    probe_ns = unique("claims-probe")
-    core = client.CoreV1Api(admin)
-    core.create_namespace({"metadata": {"name": probe_ns, "labels": OPT_IN}})
-
-    def patched() -> bool:
-        pod = core.create_namespaced_pod(probe_ns, vllm_pod(unique("probe"), gpus=1, scheduler="nobody"),
-                                         dry_run="All")
-        return bool(pod.spec.resource_claims)
-
-    wait_until(patched, 30, "the apiserver to call the claims webhook", context=lambda: stack.extender.component.tail(20)
-               if stack.extender else "")
-    yield config
-    stack.disable_dra_claims(config)
-    core.delete_namespace(probe_ns)
+    with claims_webhook(stack, admin) as config:
+        yield config
 
 
 @pytest.fixture

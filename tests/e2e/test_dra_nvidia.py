@@ -4,7 +4,8 @@ v0.4.1 publishes, from the fleet file the node's agent reads, so the UUIDs agree
 DeviceClasses ``gpu.nvidia.com``/``mig.nvidia.com``, the extender restarted with
 ``--dra --dra-driver nvidia``, and agents without ``--dra`` (telemetry only: no slice of their own).
 
-What is checked, in both scheduling modes: a GPU with leftover memory gets gpusched's
+What is checked, in both scheduling modes: an unchanged vLLM pod (``nvidia.com/gpu: 2``) gets a
+claim template of NVIDIA's class from gpusched's claims webhook; a GPU with leftover memory gets gpusched's
 DeviceTaintRule (and loses it once the memory is freed), so first fit never hands it out while clean
 GPUs suffice; a TP=2 group that needs NVLink lands inside one A100 pair, or waits with a reason naming
 the islands where first fit would split it; TP=3 for a 64-head model is refused in vLLM's words; the
@@ -16,19 +17,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, wait_until
+from devcluster.cluster import create_gpu_node, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
+from devcluster.controlplane import ControlPlane
 from devcluster.fleet import h100_fleet_yaml
 from devcluster.modes import SchedulingMode
 from devcluster.nvidia_dra import nvidia_device_classes, nvidia_slice
 from devcluster.processes import Component, http_ok
 from devcluster.stack import Extender, Stack, scrape_metric
 from nodeagent.gpu.fake import FakeFleetReader, preset_path
+from tests.e2e.dra_support import OPT_IN, claims_webhook
 
 CLASS = "gpu.nvidia.com"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 attention heads (the builtin catalog)
@@ -262,6 +266,55 @@ def test_the_ledger_and_explain_show_nvidias_devices_by_uuid(admin, namespace, n
     assert held == wanted
     explained = stack.cli("explain", f"{namespace}/{name}")
     assert all(uuid in explained for uuid in wanted), explained
+
+
+@pytest.fixture
+def nvidia_webhook(stack: Stack, admin, nvidia_extender: Extender, control_plane: ControlPlane) -> Iterator[str]:
+    """The claims webhook registered beside the extender on NVIDIA's driver, kube-controller-manager's
+    resourceclaim controller (templates -> claims) running; yields an opted-in namespace."""
+    controllers = control_plane.start_controllers("resourceclaim-controller")
+    namespace = unique("nv-claims")
+    core = client.CoreV1Api(admin)
+    core.create_namespace({"metadata": {"name": namespace, "labels": OPT_IN}})
+    try:
+        with claims_webhook(stack, admin):
+            yield namespace
+    finally:
+        core.delete_namespace(namespace)
+        controllers.stop()
+        control_plane.components.remove(controllers)
+
+
+def test_an_unchanged_vllm_pod_gets_a_claim_of_nvidias_class_and_one_a100_pair(
+        admin, nvidia_webhook: str, nvidia_nodes: NvidiaNodes, stack: Stack):
+    """The webhook writes NVIDIA's class and no island constraint (there is no attribute for one);
+    the pod keeps require-nvlink, so gpusched sends it where first fit takes a pair."""
+    pairs_text = preset_path("a100").read_text()
+    nvidia_nodes.add(pairs_text, order=[0, 2, 1, 3])
+    good = nvidia_nodes.add(pairs_text)
+    name = unique("nv-tp2")
+    pod = vllm_pod(name, gpus=2, model=SMALL_MODEL, args=["--tensor-parallel-size", "2"], annotations=NVLINK)
+    pod["spec"]["nodeSelector"] = {"gpusched.io/test-fleet": nvidia_nodes.fleet_id}
+    client.CoreV1Api(admin).create_namespaced_pod(nvidia_webhook, pod)
+    created = json.loads(client.CoreV1Api(admin).read_namespaced_pod(name, nvidia_webhook, _preload_content=False).data)
+    (ref,) = created["spec"]["resourceClaims"]
+    template = json.loads(client.ResourceV1Api(admin).read_namespaced_resource_claim_template(
+        ref["resourceClaimTemplateName"], nvidia_webhook, _preload_content=False).data)
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert (request["exactly"]["deviceClassName"], request["exactly"]["count"]) == ("gpu.nvidia.com", 2)
+    assert "constraints" not in template["spec"]["spec"]["devices"]
+
+    def allocated() -> tuple[str, list[str]] | None:
+        status = json.loads(client.CoreV1Api(admin).read_namespaced_pod(name, nvidia_webhook,
+                                                                         _preload_content=False).data)["status"]
+        claim = next((s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []), None)
+        node = pod_node(admin, nvidia_webhook, name)
+        results = allocation(admin, nvidia_webhook, claim) if claim and node else []
+        return (node, sorted(r["device"] for r in results)) if node and results else None
+
+    placed = wait_until(allocated, 60, f"pod {name}'s claim made and allocated",
+                        context=lambda: pod_scheduled_message(admin, nvidia_webhook, name))
+    assert placed == (good, ["gpu-0", "gpu-1"])
 
 
 def test_a_device_without_uuid_or_with_a_wrong_typed_attribute_is_ignored_and_counted(

@@ -41,7 +41,8 @@ def test_the_stack_installs_base_and_crds_only():
 
 
 @pytest.mark.parametrize("folder", ["base", "observability", "overlays/plugin-mode", "overlays/dra", "overlays/dra-nvidia",
-                                    "overlays/ha", "overlays/ingest-replicas", "components/dra-extender"])
+                                    "overlays/ha", "overlays/ingest-replicas", "components/dra-extender",
+                                    "components/dra-claims-webhook"])
 def test_kustomization_lists_every_file(folder):
     """Every file of the folder is a resource or a patch of its kustomization: none is left out."""
     import yaml

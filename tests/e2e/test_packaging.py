@@ -76,17 +76,24 @@ def test_overlays_change_only_the_node_agent():
 def test_the_overlay_on_nvidias_driver_changes_only_the_extender():
     """On NVIDIA's DRA driver the agent stays telemetry-only (no --dra, no kubelet plugin, no slice
     grant) and gpusched ships no DeviceClass (NVIDIA's install does): the overlay adds the
-    extender's DRA grant and the policy on its DeviceTaintRules, and passes --dra --dra-driver=nvidia."""
+    extender's DRA grant, the policy on its DeviceTaintRules and the claims webhook, exactly as the
+    dra overlay has them, and passes --dra --dra-driver=nvidia."""
     base = normalised(kustomize_build(MANIFESTS / "base"))
+    dra = normalised(kustomize_build(MANIFESTS / "overlays/dra"))
     objects = kustomize_build(MANIFESTS / "overlays/dra-nvidia")
     overlay = normalised(objects)
-    assert overlay.keys() - base.keys() == {("ClusterRole", "", "gpusched-extender-dra"),
-                                            ("ClusterRoleBinding", "", "gpusched-extender-dra"),
-                                            ("ValidatingAdmissionPolicy", "", "gpusched-extender-device-taints"),
-                                            ("ValidatingAdmissionPolicyBinding", "", "gpusched-extender-device-taints")}
-    assert {k for k in base if base[k] != overlay[k]} == {("Deployment", "gpusched-system", "gpusched-scheduler")}
+    added = overlay.keys() - base.keys()
+    assert added == dra.keys() - base.keys() - {("DeviceClass", "", "gpu.gpusched.io"),
+                                                ("DeviceClass", "", "mig.gpusched.io"),
+                                                ("ClusterRole", "", "gpusched-node-agent-dra"),
+                                                ("ClusterRoleBinding", "", "gpusched-node-agent-dra")}
+    assert all(overlay[k] == dra[k] for k in added)
+    assert {k for k in base if base[k] != overlay[k]} == {("Deployment", "gpusched-system", "gpusched-scheduler"),
+                                                         ("NetworkPolicy", "gpusched-system", "gpusched-scheduler")}
+    assert overlay[("DaemonSet", "gpusched-system", "gpusched-node-agent")] == \
+        base[("DaemonSet", "gpusched-system", "gpusched-node-agent")]
     args = _container(objects, "Deployment", "extender")["args"]
-    assert "--dra" in args and "--dra-driver=nvidia" in args
+    assert "--dra" in args and "--dra-driver=nvidia" in args and "--webhook-port=9444" in args
 
 
 def test_dra_overlay_serves_the_claims_webhook_on_opted_in_namespaces_only():

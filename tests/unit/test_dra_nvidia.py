@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devcluster.nvidia_dra import binary_quantity, nvidia_slice
+from devcluster.nvidia_dra import nvidia_slice
 from extender.adapters.dra import ClaimFeed, SliceFeed, decode_slice
 from extender.model.catalog import builtin_catalog
 from extender.model.dra import resolve_dra_demand
@@ -72,10 +72,6 @@ def test_nvidias_slice_maps_each_device_to_the_agents_gpu_by_uuid_in_slice_order
     assert decoded is not None and (decoded.node, decoded.pool, decoded.pool_slices) == ("pairs", "pairs", 1)
     assert [(d.name, d.uuid, d.kind) for d in decoded.devices] == [(f"gpu-{i}", uuids[i], "gpu") for i in (2, 0, 3, 1)]
     assert decode_slice(nvidia_obj("a100", "pairs"), GPUSCHED) is None  # not the judged driver's
-
-
-def test_the_publisher_writes_memory_as_the_apiserver_stores_a_binary_quantity():
-    assert binary_quantity(40960 * 2**20) == "40Gi" and binary_quantity(81559 * 2**20) == "81559Mi"
 
 
 def bad(devices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:

@@ -13,13 +13,13 @@ import pytest
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem
 from extender.model.dra.translation import (
-    ISLAND_ATTRIBUTE,
     MANAGED_LABEL,
     PodClaim,
     apply_patch,
     asks_gpus,
     claim_for_pod,
 )
+from gpusched_api.dra_drivers import GPUSCHED, NVIDIA
 from tests.unit.builders import make_pod
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 heads, 8 KV heads
@@ -71,7 +71,7 @@ def test_a_gpu_pod_becomes_one_request_of_the_gpu_class(pod, kwargs, device_clas
     assert exactly.pop("selectors", []) == selectors
     assert exactly == {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     constraints = devices(c).get("constraints", [])
-    assert constraints == ([{"requests": ["gpus"], "matchAttribute": ISLAND_ATTRIBUTE}] if nvlink else [])
+    assert constraints == ([{"requests": ["gpus"], "matchAttribute": GPUSCHED.island_attribute}] if nvlink else [])
     assert (c.count, c.nvlink, c.device_class) == (count, nvlink, device_class)
 
 
@@ -87,6 +87,29 @@ def test_a_mig_instance_becomes_one_device_of_the_mig_class_with_its_profile():
     rewritten = apply_patch(pod, c.patch)
     assert rewritten["spec"]["containers"][0]["resources"] == {"limits": {"gpusched.io/dra": "1"},
                                                                "claims": [{"name": "gpus"}]}
+
+
+def test_on_nvidias_driver_the_template_asks_its_class_and_capacity_and_names_no_island():
+    annotations = {**NVLINK, "gpusched.io/gpu-memory-per-gpu": "40Gi"}
+    c = claim(make_pod(gpus=4, model=MODEL, tp=4, annotations=annotations), driver=NVIDIA)
+    (request,) = devices(c)["requests"]
+    assert request["exactly"] == {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4,
+        "selectors": [{"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"}}]}
+    assert "constraints" not in devices(c) and not c.nvlink  # NVIDIA's driver publishes no island attribute
+    # The pod keeps require-nvlink: gpusched's filter holds the group to one island (first fit's).
+    assert apply_patch(make_pod(gpus=4, model=MODEL, tp=4, annotations=annotations),
+                       c.patch)["metadata"]["annotations"]["gpusched.io/require-nvlink"] == "true"
+    assert c.template_name != claim(make_pod(gpus=4, model=MODEL, tp=4, annotations=annotations)).template_name
+
+
+def test_on_nvidias_driver_a_mig_instance_is_selected_by_its_profile_attribute():
+    pod = make_pod(gpus=0)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "1"}}
+    (request,) = devices(claim(pod, driver=NVIDIA))["requests"]
+    assert request["exactly"]["deviceClassName"] == "mig.nvidia.com"
+    assert request["exactly"]["selectors"] == [{"cel": {"expression":
+                                                        "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}]
 
 
 def test_the_pod_loses_the_gpu_resource_and_gains_the_claim():

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpusched_api.names import DRA_DRIVER
+from gpusched_api.quantity import binary_quantity
 from gpusched_api.thirdparty import NVIDIA_DRA_DRIVER
 from nodeagent.dra.slices import (
     FOREIGN_TAINT,
@@ -18,7 +19,6 @@ from nodeagent.dra.slices import (
     UNHEALTHY_TAINT,
     DeviceTaint,
     SliceDevice,
-    binary_quantity,
     comparable,
     devices_of,
     next_slice,

@@ -2,7 +2,7 @@
 listener.
 
 :class:`KubeTemplateCreator` gets the template by name and creates it when absent (``get`` and
-``create`` on resourceclaimtemplates: manifests/overlays/dra/rbac-claims.yaml; the
+``create`` on resourceclaimtemplates: manifests/components/dra-claims-webhook/rbac-claims.yaml; the
 ValidatingAdmissionPolicy gpusched-extender-claim-templates holds those writes to gpusched's own
 label and name). A template of that name is used only when it holds what the name promises: one
 that gpusched did not make, or whose spec is not the one gpusched would create (the label alone

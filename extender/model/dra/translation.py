@@ -1,6 +1,7 @@
 """DRA claims from what users already write: a pod asking ``nvidia.com/gpu: N`` becomes a pod
-with a ResourceClaimTemplate (``resource.k8s.io/v1``) asking the ``gpu.gpusched.io`` driver for
-the same GPUs, with what the pod's annotations say about them.
+with a ResourceClaimTemplate (``resource.k8s.io/v1``) asking the cluster's DRA driver
+(``gpusched_api.dra_drivers``: gpusched's ``gpu.gpusched.io``, or NVIDIA's ``gpu.nvidia.com``)
+for the same GPUs, with what the pod's annotations say about them.
 
 Called by ``gpusched claim`` (prints the template and the rewritten pod) and by the extender's
 mutating admission webhook (creates the template, answers the pod's patch); both go through
@@ -11,16 +12,19 @@ names and rules, reused: ``gpusched.io/tensor-parallel-size``, ``gpusched.io/req
 ``gpusched.io/gpu-memory-per-gpu``, vLLM's own flags, ...):
 
 * one request ``gpus``: ``exactly`` ``count: N`` (``allocationMode: ExactCount``) devices of the
-  DeviceClass ``gpu.gpusched.io`` (whole GPUs; the class never yields a MIG instance, so a TP
-  group never gets one);
+  driver's whole-GPU DeviceClass (``gpu.gpusched.io``, ``gpu.nvidia.com``; the class never yields a
+  MIG instance, so a TP group never gets one);
 * with a per-GPU memory (``gpusched.io/gpu-memory-per-gpu``) a CEL selector on the devices'
-  ``memory`` capacity: ``device.capacity['gpu.gpusched.io'].memory.compareTo(quantity('40Gi')) >= 0``;
+  ``memory`` capacity (both drivers publish it): ``device.capacity['gpu.gpusched.io'].memory.compareTo(quantity('40Gi')) >= 0``;
 * when the group needs NVLink (``require-nvlink`` true, or unset with ``require_nvlink`` given as
-  the default, and N >= 2: NvlinkTopology's rule) the constraint ``matchAttribute:
-  gpu.gpusched.io/nvlinkIsland`` over ``gpus``: every device in one NVLink island;
+  the default, and N >= 2: NvlinkTopology's rule) and the driver publishes an island attribute
+  (gpusched's), the constraint ``matchAttribute: gpu.gpusched.io/nvlinkIsland`` over ``gpus``:
+  every device in one NVLink island. NVIDIA's driver publishes none: the pod keeps its
+  ``require-nvlink`` and gpusched's filter keeps it to nodes where first fit lies in one island;
 * a MIG instance (``nvidia.com/mig-<profile>: 1``, NVIDIA's mixed strategy) is one device of the
-  ``mig.gpusched.io`` class with a selector on its ``migProfile``; never more than one (MIG
-  instances have no NVLink or P2P path: a group needs whole GPUs).
+  driver's MIG class with a selector on its profile attribute (``migProfile``, NVIDIA's
+  ``profile``); never more than one (MIG instances have no NVLink or P2P path: a group needs whole
+  GPUs).
 
 The pod: the GPU resource removed from that container's limits and requests, the marker
 ``gpusched.io/dra: 1`` added to its limits (what makes kube-scheduler ask the extender about it), ``spec.resourceClaims``
@@ -52,19 +56,17 @@ from typing import Any
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem, parse_pod_demand
 from extender.model.heads import tp_problem
+from gpusched_api.dra_drivers import GPUSCHED, DraDriver
 from gpusched_api.names import (
-    DRA_DRIVER,
-    DRA_GPU_CLASS,
     DRA_MARKER_RESOURCE,
-    DRA_MIG_CLASS,
     MEMORY_PER_GPU_ANNOTATION,
     REQUIRE_NVLINK_ANNOTATION,
     TENSOR_PARALLEL_ANNOTATION,
 )
+from gpusched_api.quantity import binary_quantity
 from gpusched_api.thirdparty import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpusched_api.untrusted import whole_number
 
-ISLAND_ATTRIBUTE = f"{DRA_DRIVER}/nvlinkIsland"
 REQUEST = "gpus"  # the request's name in the template, and the claim's in the pod
 API_VERSION = "resource.k8s.io/v1"
 TEMPLATE_PREFIX = "gpusched-"
@@ -92,7 +94,7 @@ class PodClaim:
     resource: str
     device_class: str
     count: int
-    nvlink: bool
+    nvlink: bool  # the template keeps the devices in one NVLink island (matchAttribute)
     memory_per_gpu_bytes: int | None
     template_name: str
     template_spec: Mapping[str, Any]
@@ -113,11 +115,13 @@ def asks_gpus(pod: Mapping[str, Any]) -> bool:
     return any(_gpu_resources(c) for c in _all_containers(pod))
 
 
-def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: bool = False) -> PodClaim | DemandProblem:
+def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: bool = False,
+                  driver: DraDriver = GPUSCHED) -> PodClaim | DemandProblem:
     """The claim template and pod patch for ``pod`` (a Pod as JSON, camelCase), or the problem.
 
     ``require_nvlink``: whether a group whose pod does not set ``gpusched.io/require-nvlink``
-    needs NVLink (NvlinkTopology's ``requireNvlink``; default False, as the built-in profile)."""
+    needs NVLink (NvlinkTopology's ``requireNvlink``; default False, as the built-in profile);
+    ``driver``: whose DeviceClasses the template asks."""
     meta = pod.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or meta.get("generateName") or "")
 
@@ -147,7 +151,7 @@ def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: b
                        f"({GPU_RESOURCE}) or one MIG instance, never both: drop one")
     (resource,) = resources
     if resource != GPU_RESOURCE:
-        return _mig_claim(pod, catalog, namespace, name, index, container, resource, problem)
+        return _mig_claim(pod, catalog, namespace, name, index, container, resource, problem, driver)
     demand = parse_pod_demand(pod, catalog)
     if isinstance(demand, DemandProblem):
         return demand
@@ -161,18 +165,18 @@ def claim_for_pod(pod: Mapping[str, Any], catalog: Catalog, *, require_nvlink: b
         if why := tp_problem(demand.attention_heads, demand.kv_heads, demand.tp):
             return problem(f"{why} Change the tensor-parallel size ({TENSOR_PARALLEL_ANNOTATION} or --tensor-parallel-size).")
     wants_nvlink = require_nvlink if demand.require_nvlink is None else demand.require_nvlink
-    nvlink = wants_nvlink and demand.gpu_count >= 2
+    island = driver.island_attribute if wants_nvlink and demand.gpu_count >= 2 else None
     selectors = []
     if demand.memory_per_gpu_bytes is not None:
-        selectors.append(_cel(f"device.capacity['{DRA_DRIVER}'].memory.compareTo("
-                              f"quantity('{_quantity(demand.memory_per_gpu_bytes)}')) >= 0"))
-    template_spec = _template_spec(DRA_GPU_CLASS, demand.gpu_count, selectors, nvlink)
-    return _claim(pod, namespace, name, index, container, resource, DRA_GPU_CLASS, demand.gpu_count, nvlink,
-                  demand.memory_per_gpu_bytes, template_spec)
+        selectors.append(_cel(f"device.capacity['{driver.name}'].memory.compareTo("
+                              f"quantity('{binary_quantity(demand.memory_per_gpu_bytes)}')) >= 0"))
+    template_spec = _template_spec(driver.gpu_class, demand.gpu_count, selectors, island)
+    return _claim(pod, namespace, name, index, container, resource, driver.gpu_class, demand.gpu_count,
+                  island is not None, demand.memory_per_gpu_bytes, template_spec)
 
 
 def _mig_claim(pod: Mapping[str, Any], catalog: Catalog, namespace: str, name: str, index: int,
-               container: Mapping[str, Any], resource: str, problem: Any) -> PodClaim | DemandProblem:
+               container: Mapping[str, Any], resource: str, problem: Any, driver: DraDriver) -> PodClaim | DemandProblem:
     """One MIG instance of the named profile; more than one, or an engine of more than one GPU
     (its parallel sizes read as demand parsing reads them, the instances counted as GPUs), is a
     problem."""
@@ -198,9 +202,9 @@ def _mig_claim(pod: Mapping[str, Any], catalog: Catalog, namespace: str, name: s
     if not MIG_PROFILE.fullmatch(profile):
         return problem(f"{where}: {profile!r} is not a MIG profile name (<g>g.<gb>gb or <c>c.<g>g.<gb>gb, e.g. "
                        f"{MIG_RESOURCE_PREFIX}3g.40gb); ask a profile your GPUs offer")
-    selectors = [_cel(f"device.attributes['{DRA_DRIVER}'].migProfile == '{profile}'")]
-    return _claim(pod, namespace, name, index, container, resource, DRA_MIG_CLASS, 1, False, None,
-                  _template_spec(DRA_MIG_CLASS, 1, selectors, False))
+    selectors = [_cel(f"device.attributes['{driver.name}'].{driver.mig_profile_attribute} == '{profile}'")]
+    return _claim(pod, namespace, name, index, container, resource, driver.mig_class, 1, False, None,
+                  _template_spec(driver.mig_class, 1, selectors, None))
 
 
 def _claim(pod: Mapping[str, Any], namespace: str, name: str, index: int, container: Mapping[str, Any],
@@ -213,13 +217,14 @@ def _claim(pod: Mapping[str, Any], namespace: str, name: str, index: int, contai
                     patch=_pod_patch(index, container, resource, template_name))
 
 
-def _template_spec(device_class: str, count: int, selectors: Sequence[Mapping[str, Any]], nvlink: bool) -> dict[str, Any]:
+def _template_spec(device_class: str, count: int, selectors: Sequence[Mapping[str, Any]],
+                   island_attribute: str | None) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if selectors:
         exactly["selectors"] = list(selectors)
     devices: dict[str, Any] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
-    if nvlink:
-        devices["constraints"] = [{"requests": [REQUEST], "matchAttribute": ISLAND_ATTRIBUTE}]
+    if island_attribute is not None:
+        devices["constraints"] = [{"requests": [REQUEST], "matchAttribute": island_attribute}]
     return {"spec": {"devices": devices}}
 
 
@@ -301,14 +306,6 @@ def _count(container: Mapping[str, Any], resource: str) -> int | None:
 
 def _cel(expression: str) -> dict[str, Any]:
     return {"cel": {"expression": expression}}
-
-
-def _quantity(num_bytes: int) -> str:
-    """Bytes as the largest exact binary quantity: ``40Gi``, ``1536Mi``, or plain bytes."""
-    for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-        if num_bytes % size == 0:
-            return f"{num_bytes // size}{suffix}"
-    return str(num_bytes)
 
 
 def _pointer(key: str) -> str:

@@ -2,7 +2,7 @@
 
 The apiserver sends a pod CREATE in a namespace opted in with the label
 ``gpusched.io/dra-claims: enabled`` (the MutatingWebhookConfiguration's namespaceSelector,
-manifests/overlays/dra/claims-webhook.yaml); only the apiserver can send one (the listener asks for
+manifests/components/dra-claims-webhook/claims-webhook.yaml); only the apiserver can send one (the listener asks for
 its client certificate, ``extender.adapters.dra.templates``), and the template goes into the
 namespace the review names (``request.namespace``), which the pod's own ``metadata.namespace``, when
 given, must match. Whether that namespace opted in is the apiserver's to enforce on the template's
@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from extender.model.catalog import Catalog
 from extender.model.demand import DemandProblem
 from extender.model.dra.translation import asks_gpus, claim_for_pod
+from gpusched_api.dra_drivers import GPUSCHED, DraDriver
 
 log = logging.getLogger("gpusched.claims")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as namespace names are
@@ -51,12 +52,15 @@ class BadReview(ValueError):
 
 class ClaimAdmission:
     """Answers AdmissionReviews; ``catalog`` is read per request (the ConfigMap may swap it),
-    ``require_nvlink`` is the default for pods that do not set ``gpusched.io/require-nvlink``."""
+    ``require_nvlink`` is the default for pods that do not set ``gpusched.io/require-nvlink``,
+    ``driver`` the DRA driver whose DeviceClasses the templates ask (the extender's ``--dra-driver``)."""
 
-    def __init__(self, creator: TemplateCreator, catalog: Callable[[], Catalog], *, require_nvlink: bool = False):
+    def __init__(self, creator: TemplateCreator, catalog: Callable[[], Catalog], *, require_nvlink: bool = False,
+                 driver: DraDriver = GPUSCHED):
         self._creator = creator
         self._catalog = catalog
         self._require_nvlink = require_nvlink
+        self._driver = driver
 
     def review(self, body: Any) -> dict[str, Any]:
         """The AdmissionReview to answer ``body`` with; raises :class:`BadReview` for a body that is
@@ -73,7 +77,7 @@ class ClaimAdmission:
             return _answer(uid, allowed=False, code=400, message=f"gpusched: {problem}")
         namespace = str(request["namespace"])
         pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": namespace}}
-        out = claim_for_pod(pod, self._catalog(), require_nvlink=self._require_nvlink)
+        out = claim_for_pod(pod, self._catalog(), require_nvlink=self._require_nvlink, driver=self._driver)
         who = f"pod {namespace}/{(pod['metadata'].get('name') or pod['metadata'].get('generateName') or '')}"
         if isinstance(out, DemandProblem):
             log.info("denied %s: %s", who, out.message)
