@@ -75,6 +75,37 @@ def allocation(admin, namespace: str, name: str) -> list[dict[str, Any]]:
     return ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
 
 
+def vllm_claim_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, device_class: str, model: str,
+                   island_attribute: str | None = None, annotations: dict[str, str] | None = None,
+                   name: str | None = None, scheduler: str = "gpusched") -> str:
+    """A ResourceClaim for ``count`` devices of ``device_class`` (all with one value of
+    ``island_attribute`` when given) and a vLLM pod of ``scheduler`` using it, held to the test's
+    fleet, with the gpusched.io/dra marker; returns their name."""
+    name = name or unique("dra-p")
+    spec: dict[str, Any] = {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": device_class, "count": count}}]}}
+    if island_attribute:
+        spec["devices"]["constraints"] = [{"requests": ["gpus"], "matchAttribute": island_attribute}]
+    claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+    client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
+    pod: Any = {
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"schedulerName": scheduler, "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
+                 "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
+                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                 "command": ["vllm", "serve", model, "--tensor-parallel-size", str(tp)],
+                                 "resources": {"claims": [{"name": "gpus"}], "limits": {"gpusched.io/dra": "1"}}}]}}
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
+    return name
+
+
+def extender_units(extender: Any, node: str) -> list[dict[str, Any]] | None:
+    """The node's units as the extender's /debug/nodes shows them (None: not known there)."""
+    found = [n for n in extender.get_json("/debug/nodes")["nodes"] if n["name"] == node]
+    return found[0]["units"] if found else None
+
+
 def allocated(admin, namespace: str, name: str, timeout_s: float = 30) -> tuple[str, list[dict[str, Any]]]:
     """(node, results) once the pod is bound and its claim allocated."""
     wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), timeout_s,

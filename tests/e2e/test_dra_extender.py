@@ -26,6 +26,8 @@ from devcluster.modes import SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 from nodeagent.gpu.fake import preset_path
+from tests.e2e.dra_support import allocation, vllm_claim_pod
+from tests.e2e.dra_support import extender_units as units
 
 DRIVER = "gpu.gpusched.io"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 attention heads, 8 KV heads (the builtin catalog)
@@ -72,11 +74,6 @@ def dra_nodes(admin, stack: Stack, tmp_path, dra_extender: Extender):
         client.CoreV1Api(admin).delete_node(node)
 
 
-def units(extender: Extender, node: str) -> list[dict[str, Any]] | None:
-    found = [n for n in extender.get_json("/debug/nodes")["nodes"] if n["name"] == node]
-    return found[0]["units"] if found else None
-
-
 def held_by(extender: Extender, node: str) -> dict[str, str | None]:
     """Device name -> the ledger's holder, for the node's published devices."""
     return {u["draDevice"]: u["heldBy"] for u in units(extender, node) or [] if u.get("draDevice")}
@@ -85,32 +82,12 @@ def held_by(extender: Extender, node: str) -> dict[str, str | None]:
 def dra_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, nvlink: bool = False,
             model: str = MODEL, annotations: dict[str, str] | None = None, name: str | None = None,
             scheduler: str = "gpusched") -> str:
-    """A ResourceClaim for ``count`` gpu.gpusched.io devices (one NVLink island when ``nvlink``) and
-    a vLLM pod of the gpusched scheduler using it, with the gpusched.io/dra marker; returns the name."""
-    name = name or unique("drx-p")
-    spec: dict[str, Any] = {"devices": {"requests": [
-        {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}
-    if nvlink:
-        spec["devices"]["constraints"] = [{"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkIsland"}]
-    claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
-    client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
-    annotations = {**({"gpusched.io/require-nvlink": "true"} if nvlink else {}), **(annotations or {})}
-    pod: Any = {
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"schedulerName": scheduler, "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
-                 "terminationGracePeriodSeconds": 0,
-                 "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
-                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                                 "command": ["vllm", "serve", model, "--tensor-parallel-size", str(tp)],
-                                 "resources": {"claims": [{"name": "gpus"}], "limits": {"gpusched.io/dra": "1"}}}]}}
-    client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
-    return name
-
-
-def allocation(admin, namespace: str, name: str) -> list[dict[str, Any]]:
-    claim = json.loads(client.ResourceV1Api(admin).read_namespaced_resource_claim(name, namespace,
-                                                                                  _preload_content=False).data)
-    return ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    """A claim for ``count`` gpu.gpusched.io devices (one NVLink island when ``nvlink``, which the
+    pod then requires) and a vLLM pod of ``scheduler`` using it; returns the name."""
+    return vllm_claim_pod(admin, namespace, fleet_id, count=count, tp=tp, device_class=DRIVER, model=model,
+                          island_attribute=f"{DRIVER}/nvlinkIsland" if nvlink else None,
+                          annotations={**({"gpusched.io/require-nvlink": "true"} if nvlink else {}), **(annotations or {})},
+                          name=name or unique("drx-p"), scheduler=scheduler)
 
 
 def decision(extender: Extender, namespace: str, name: str, verb: str) -> dict[str, Any] | None:

@@ -32,7 +32,8 @@ from devcluster.nvidia_dra import nvidia_device_classes, nvidia_slice
 from devcluster.processes import Component, http_ok
 from devcluster.stack import Extender, Stack, scrape_metric
 from nodeagent.gpu.fake import FakeFleetReader, preset_path
-from tests.e2e.dra_support import OPT_IN, claims_webhook
+from tests.e2e.dra_support import OPT_IN, allocation, claims_webhook, vllm_claim_pod
+from tests.e2e.dra_support import extender_units as units
 
 CLASS = "gpu.nvidia.com"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # 64 attention heads (the builtin catalog)
@@ -110,37 +111,13 @@ def nvidia_nodes(admin, stack: Stack, nvidia_extender: Extender, tmp_path: Path)
     nodes.close()
 
 
-def units(extender: Extender, node: str) -> list[dict[str, Any]] | None:
-    found = [n for n in extender.get_json("/debug/nodes")["nodes"] if n["name"] == node]
-    return found[0]["units"] if found else None
-
-
 def nvidia_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, model: str = MODEL,
                annotations: dict[str, str] | None = None, scheduler: str = "gpusched") -> str:
-    """A ResourceClaim for ``count`` devices of NVIDIA's class gpu.nvidia.com — as a user writes it
-    for NVIDIA's driver: no island constraint, there is no attribute for one — and a vLLM pod of
-    ``scheduler`` using it, with the gpusched.io/dra marker; returns the name."""
-    name = unique("nv-p")
-    claim: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-                  "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": CLASS,
-                                                                                  "count": count}}]}}}
-    client.ResourceV1Api(admin).create_namespaced_resource_claim(namespace, claim)
-    pod: Any = {
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": {"schedulerName": scheduler, "nodeSelector": {"gpusched.io/test-fleet": fleet_id},
-                 "terminationGracePeriodSeconds": 0,
-                 "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
-                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                                 "command": ["vllm", "serve", model, "--tensor-parallel-size", str(tp)],
-                                 "resources": {"claims": [{"name": "gpus"}], "limits": {"gpusched.io/dra": "1"}}}]}}
-    client.CoreV1Api(admin).create_namespaced_pod(namespace, pod)
-    return name
-
-
-def allocation(admin, namespace: str, name: str) -> list[dict[str, Any]]:
-    claim = json.loads(client.ResourceV1Api(admin).read_namespaced_resource_claim(name, namespace,
-                                                                                  _preload_content=False).data)
-    return ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    """A claim for ``count`` devices of NVIDIA's class gpu.nvidia.com — as a user writes it for
+    NVIDIA's driver: no island constraint, there is no attribute for one — and a vLLM pod of
+    ``scheduler`` using it; returns the name."""
+    return vllm_claim_pod(admin, namespace, fleet_id, count=count, tp=tp, device_class=CLASS, model=model,
+                          annotations=annotations, name=unique("nv-p"), scheduler=scheduler)
 
 
 def bound(admin, extender: Extender, namespace: str, name: str) -> tuple[str, list[str]]:
