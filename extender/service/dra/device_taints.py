@@ -22,9 +22,9 @@ node's pool and the device:
 One rule per device, for the first reason that applies in that order. Names longer than an object
 name may be are hashed. :class:`DeviceTaints` reconciles the rules it manages (label
 ``app.kubernetes.io/managed-by: gpusched`` and the prefix) with the snapshot: creates the
-missing, deletes the rest. It runs every ``DEVICE_TAINTS_PERIOD_S`` (0.5 s: half the agents'
-default report period, so a rule follows telemetry within two periods) but works only when the
-snapshot's nodes were laid out anew, and it lists the rules at the apiserver only on the first run, after a
+missing, deletes the rest. It runs every ``DEVICE_TAINTS_PERIOD_S`` (0.25 s: a rule follows a
+report within that and one write, inside two report periods even at the e2e's 0.5 s) but works
+only when the snapshot's nodes were laid out anew, and it lists the rules at the apiserver only on the first run, after a
 failed write, on becoming leader and every ``RELIST_S`` (someone deleted one by hand): between
 those, the names it wrote are what exists. The admission policy ``gpusched-extender-device-taints`` confines the
 extender's writes to exactly such rules.
@@ -54,7 +54,7 @@ REASONS: Mapping[str, tuple[str, str]] = MappingProxyType({
 })
 MANAGED_BY: Mapping[str, str] = MappingProxyType({"app.kubernetes.io/managed-by": "gpusched"})
 MAX_NAME = 253
-DEVICE_TAINTS_PERIOD_S = 0.5  # how often the rules are reconciled with the snapshot
+DEVICE_TAINTS_PERIOD_S = 0.25  # how often the rules are reconciled with the snapshot
 RELIST_S = 30.0
 
 
