@@ -40,6 +40,16 @@ def test_it_reads_stdin_and_applies_the_profile_default(monkeypatch, capsys):
         {"requests": ["gpus"], "matchAttribute": "gpu.gpusched.io/nvlinkIsland"}]
 
 
+def test_on_nvidias_driver_it_writes_nvidias_class_and_no_island_constraint(tmp_path, capsys):
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(VLLM))
+    assert main(["claim", str(path), "--dra-driver", "nvidia"]) == 0
+    template, pod = yaml.safe_load_all(capsys.readouterr().out)
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com" and "constraints" not in template["spec"]["spec"]["devices"]
+    assert pod["metadata"]["annotations"]["gpusched.io/require-nvlink"] == "true"  # gpusched's filter holds the island
+
+
 @pytest.mark.parametrize("text, needle", [
     pytest.param(yaml.safe_dump(make_pod(gpus=4, tp=3, model="meta-llama/Llama-3.1-70B-Instruct")),
                  "tensor-parallel-size (3)", id="bad-tp"),
