@@ -156,11 +156,12 @@ def test_a_gpu_with_leftover_memory_is_tainted_and_never_allocated_while_clean_o
     # The leftover process exits: the rule goes; a new one appears: a rule follows.
     started = time.monotonic()
     nvidia_nodes.fleets[node].write_text(h100_fleet_yaml(8, {1: LEFTOVER_MIB}))
-    wait_until(lambda: set(taint_rules(admin, node)) == {"gpu-1"}, 30, "the freed GPU's rule deleted")
+    wait_until(lambda: set(taint_rules(admin, node)) == {"gpu-1"}, 30, "the freed GPU's rule deleted", interval_s=0.05)
     freed_s = time.monotonic() - started
     started = time.monotonic()
     nvidia_nodes.fleets[node].write_text(h100_fleet_yaml(8, {0: LEFTOVER_MIB, 1: LEFTOVER_MIB}))
-    wait_until(lambda: set(taint_rules(admin, node)) == {"gpu-0", "gpu-1"}, 30, "the dirtied GPU's rule created")
+    wait_until(lambda: set(taint_rules(admin, node)) == {"gpu-0", "gpu-1"}, 30, "the dirtied GPU's rule created",
+               interval_s=0.05)
     print(f"\nDeviceTaintRule followed telemetry (agent period {AGENT_PERIOD_S} s): deleted {freed_s:.2f} s after "
           f"the memory was freed, created {time.monotonic() - started:.2f} s after it was taken")
 
