@@ -106,11 +106,18 @@ def extender_units(extender: Any, node: str) -> list[dict[str, Any]] | None:
     return found[0]["units"] if found else None
 
 
-def allocated(admin, namespace: str, name: str, timeout_s: float = 30) -> tuple[str, list[dict[str, Any]]]:
-    """(node, results) once the pod is bound and its claim allocated."""
+def allocated(admin, namespace: str, name: str, timeout_s: float = 30,
+              extender: Any = None) -> tuple[str, list[dict[str, Any]]]:
+    """(node, results) once the pod is bound and its claim allocated; on a timeout the message
+    says why the scheduler waits, and the extender's bind decision when ``extender`` is given."""
+    def why() -> str:
+        said = pod_scheduled_message(admin, namespace, name)
+        if extender is None:
+            return said
+        return f"{said}; {extender.get_json(f'/debug/decisions/{namespace}/{name}').get('decisions', {}).get('bind')}"
+
     wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), timeout_s,
-               f"pod {name} bound with its claim allocated",
-               context=lambda: pod_scheduled_message(admin, namespace, name))
+               f"pod {name} bound with its claim allocated", context=why)
     node = pod_node(admin, namespace, name)
     assert node is not None
     return node, allocation(admin, namespace, name)

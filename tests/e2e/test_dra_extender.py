@@ -26,7 +26,7 @@ from devcluster.modes import SchedulingMode
 from devcluster.processes import Component
 from devcluster.stack import Extender, Stack
 from nodeagent.gpu.fake import preset_path
-from tests.e2e.dra_support import allocation, vllm_claim_pod
+from tests.e2e.dra_support import allocated, allocation, vllm_claim_pod
 from tests.e2e.dra_support import extender_units as units
 
 DRIVER = "gpu.gpusched.io"
@@ -95,13 +95,7 @@ def decision(extender: Extender, namespace: str, name: str, verb: str) -> dict[s
 
 
 def bound(admin, extender: Extender, namespace: str, name: str) -> tuple[str, list[dict[str, Any]]]:
-    wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), 60,
-               f"pod {name} bound with its claim allocated",
-               context=lambda: f"{pod_scheduled_message(admin, namespace, name)}; "
-                               f"{decision(extender, namespace, name, 'bind')}")
-    node = pod_node(admin, namespace, name)
-    assert node is not None
-    return node, allocation(admin, namespace, name)
+    return allocated(admin, namespace, name, 60, extender)
 
 
 def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_with_the_tp_reason(admin, namespace, dra_extender, dra_nodes,

@@ -32,7 +32,7 @@ from devcluster.nvidia_dra import nvidia_device_classes, nvidia_slice
 from devcluster.processes import Component, http_ok
 from devcluster.stack import Extender, Stack, scrape_metric
 from nodeagent.gpu.fake import FakeFleetReader, preset_path
-from tests.e2e.dra_support import OPT_IN, allocation, claims_webhook, vllm_claim_pod
+from tests.e2e.dra_support import OPT_IN, allocated, allocation, claims_webhook, vllm_claim_pod
 from tests.e2e.dra_support import extender_units as units
 
 CLASS = "gpu.nvidia.com"
@@ -122,13 +122,7 @@ def nvidia_pod(admin, namespace: str, fleet_id: str, *, count: int, tp: int, mod
 
 def bound(admin, extender: Extender, namespace: str, name: str) -> tuple[str, list[str]]:
     """(node, allocated device names) once the pod is bound with its claim allocated."""
-    wait_until(lambda: pod_node(admin, namespace, name) and allocation(admin, namespace, name), 60,
-               f"pod {name} bound with its claim allocated",
-               context=lambda: f"{pod_scheduled_message(admin, namespace, name)}; "
-                               f"{extender.get_json(f'/debug/decisions/{namespace}/{name}')}")
-    node = pod_node(admin, namespace, name)
-    assert node is not None
-    results = allocation(admin, namespace, name)
+    node, results = allocated(admin, namespace, name, 60, extender)
     assert {r["driver"] for r in results} == {"gpu.nvidia.com"}, results
     return node, sorted(r["device"] for r in results)
 
