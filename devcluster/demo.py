@@ -15,6 +15,7 @@ devices the kubelet hands out.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -239,7 +240,19 @@ def start_gpusched(stack: Stack, mode: Mode) -> None:
         stack.start_scheduler("kube-scheduler-gpusched")
 
 
+def stop_like_ctrl_c(signum: int, _frame: object) -> None:
+    """SIGTERM (``kill``) and SIGHUP (a closed terminal) end the demo as Ctrl-C does: the control
+    plane and gpusched's processes run in sessions of their own (a terminal's signal never reaches
+    them), so only the demo's own way out — the ``with`` blocks unwinding — stops them. Later
+    signals are ignored so that a second ``kill`` cannot cut the clean-up short."""
+    for again in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(again, signal.SIG_IGN)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run(keep: bool, mode: Mode) -> int:
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, stop_like_ctrl_c)
     print("Building/locating the control plane (first run compiles Kubernetes from the Go module proxy) ...", flush=True)
     try:
         with running_stack() as stack:

@@ -95,5 +95,8 @@ go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3 >&2
 fi
 
 complete || { echo "error: build finished but binaries are missing in $out" >&2; exit 1; }
-for b in "${bins[@]}"; do "$out/$b" --version >&2 || true; done
+# Each binary's version, as the build log's last word on what was built (kubectl has no --version flag).
+for b in "${bins[@]}"; do
+  if [[ "$b" == kubectl ]]; then "$out/$b" version --client >&2; else "$out/$b" --version >&2; fi
+done
 echo "$out"

@@ -36,6 +36,26 @@ def test_a_step_is_timed_and_keeps_its_exit_status(tmp_path: Path, command: list
     assert 0 <= record["seconds"] < 30
 
 
+@pytest.mark.parametrize(("command", "rc"), [
+    (["sh", "-c", "echo go: downloading k8s.io/api; echo warning: pages of it >&2"], 0),
+    (["sh", "-c", "echo go: downloading k8s.io/api; echo error: the reason >&2; exit 4"], 4),
+])
+def test_a_quiet_step_keeps_its_tools_output_in_a_log_and_shows_it_only_when_it_fails(
+        tmp_path: Path, command: list[str], rc: int):
+    env = {**os.environ, "GPUSCHED_STEP_LOG": str(tmp_path / "steps.jsonl"), "GPUSCHED_RUN_ID": RUN}
+    proc = subprocess.run(["bash", str(ROOT / "hack" / "step.sh"), "--quiet", "control-plane", *command],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == rc
+    assert (tmp_path / "logs" / "control-plane.log").read_text().startswith("go: downloading k8s.io/api\n")
+    said = proc.stderr.splitlines()
+    assert proc.stdout == ""
+    assert said[0] == f"step control-plane: running (its output: {tmp_path}/logs/control-plane.log)"
+    if rc == 0:
+        assert len(said) == 2 and said[1].startswith("step control-plane: ") and said[1].endswith(" s"), said
+    else:  # the failure and the log's tail: the reason, without opening the file
+        assert "failed, exit 4" in said[1] and said[-1] == "error: the reason", said
+
+
 def test_a_step_name_that_is_not_a_plain_word_is_refused(tmp_path: Path):
     proc = run_step(tmp_path / "steps.jsonl", 'x", "rc": 0', "true")
     assert proc.returncode == 2
