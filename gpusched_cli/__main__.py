@@ -8,6 +8,10 @@
   gpusched simulate -f FILE        where a workload's pods would go if applied now (reserves nothing)
   gpusched capacity --model M      how many more replicas of an engine shape fit now, per node class
   gpusched cordon NODE GPU...      take GPUs out of service (uncordon returns them)
+  gpusched version                 the client's release and the extender's
+
+Installed also as ``kubectl-gpusched``, so kubectl runs it as a plugin: ``kubectl gpusched explain
+NAMESPACE/POD``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from gpusched_cli.explain import ExplainError, fetch_json, pod_status_lines, render_explain, render_nodes
@@ -29,8 +34,14 @@ def emit(text: str, stream: TextIO | None = None) -> None:
     print(terminal_safe(text), file=stream or sys.stdout)
 
 
+def program_name(invoked_as: str) -> str:
+    """``kubectl gpusched`` when kubectl runs this as its plugin (``kubectl-gpusched``), so usage
+    and errors name the command the user typed."""
+    return "kubectl gpusched" if Path(invoked_as).name.startswith("kubectl-") else "gpusched"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpusched", description="Inspect gpusched's placement decisions.")
+    p = argparse.ArgumentParser(prog=program_name(sys.argv[0]), description="Inspect gpusched's placement decisions.")
     sub = p.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("explain", help="why a pod is where it is, or why it waits")
     ex.add_argument("pod", metavar="NAMESPACE/POD")
@@ -39,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
-    from gpusched_cli import capacity, claim, cordon, simulate, tune, workload
+    from gpusched_cli import capacity, claim, cordon, simulate, tune, version, workload
 
     tune.add_parser(sub)
     claim.add_parser(sub)
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_parser(sub, DEFAULT_URL)
     capacity.add_parser(sub, DEFAULT_URL)
     cordon.add_parsers(sub)
+    version.add_parser(sub, DEFAULT_URL)
     argv = list(sys.argv[1:] if argv is None else argv)
     measure_args = tune.split_measure(argv)
     args = p.parse_args(argv)
@@ -59,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("cordon", "uncordon"):
         text, code = cordon.run(args)
         emit(text, sys.stderr if code == 2 else sys.stdout)
+        return code
+    if args.command == "version":
+        out, err, code = version.run(args)
+        if out:
+            emit(out)
+        if err:
+            emit(err, sys.stderr)
         return code
     if args.command == "capacity":
         text, code = capacity.run(args)

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from extender.api.bodies import BadRequest, OrjsonResponse, read_capped
 from extender.api.planning import build_planning_router
 from extender.api.verbs import Verb
+from extender.api.version import server_version
 from extender.api.wire import (
     ErrorBody,
     ExtenderArgs,
@@ -90,6 +91,10 @@ def build_router(settings: Settings, service: ExtenderService, metrics: Extender
     @router.get("/healthz")
     async def healthz() -> Response:
         return OrjsonResponse({"status": "ok"})
+
+    @router.get("/version")
+    async def version() -> Response:
+        return OrjsonResponse(server_version("leader"))
 
     @router.get("/readyz")
     async def readyz() -> Response:

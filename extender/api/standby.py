@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from extender.api.bodies import OrjsonResponse
 from extender.api.verbs import VERB_NAMES, VerbAnswer
+from extender.api.version import server_version
 
 STANDBY_STATUS = 503
 
@@ -29,6 +30,10 @@ def build_standby_router(why: Callable[[], str]) -> APIRouter:
     @router.get("/healthz")
     async def healthz() -> Response:
         return OrjsonResponse({"status": "ok", "role": "standby"})
+
+    @router.get("/version")
+    async def version() -> Response:
+        return OrjsonResponse(server_version("standby"))
 
     @router.get("/readyz")
     async def readyz() -> Response:

@@ -10,10 +10,14 @@ session's own kube-scheduler holds: it is stopped for this test and started agai
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +29,8 @@ from devcluster.controlplane import NAMESPACE
 from devcluster.gangs import gang_pods
 from devcluster.ha import Pod, start_pod, telemetry_service
 from devcluster.stack import Stack
+from extender.service.plugin import API_VERSION
+from gpusched_api.release import release
 
 TAKEOVER_BOUND_S = 15.0  # the issue's promise; the measured figure is printed
 
@@ -61,6 +67,18 @@ def post(base: str, path: str, body: dict) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def kubectl_gpusched(stack: Stack, *args: str) -> str:
+    """The CLI as kubectl's plugin: the session's real kubectl finds ``kubectl-gpusched`` (installed
+    with the package) on PATH and runs it with the arguments after ``gpusched`` (kubectl refuses its
+    own flags before a plugin's name: the kubeconfig goes by $KUBECONFIG, as a user's would)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    admin = stack.cp.kubeconfig(stack.cp.admin_token, "admin")
+    proc = subprocess.run([str(stack.cp.bin_dir / "kubectl"), "gpusched", *args], capture_output=True, text=True,
+                          env={**os.environ, "PATH": path, "KUBECONFIG": str(admin)}, timeout=60)
+    assert proc.returncode == 0, f"kubectl gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
+    return proc.stdout
 
 
 def leader_of(pods: list[Pod]) -> Pod | None:
@@ -103,6 +121,12 @@ def test_the_standby_takes_over_within_15s_with_nothing_double_booked(admin, nam
         code, text = post(standby.extender.base, "/gpusched/filter", {"Pod": {}, "NodeNames": []})
         assert code == 503 and "not the leader" in text, text
         assert standby.extender.get_json("/readyz")["status"] == 503
+        # Both replicas say which release they are and whether they lead (a rolling update's two
+        # releases can both be asked), through kubectl's plugin.
+        for replica, role in ((first, "leader"), (standby, "standby")):
+            said = kubectl_gpusched(stack, "version", "--url", replica.extender.base)
+            assert said == (f"Client Version: gpusched {release()}\nServer Version: gpusched {release()} ({role}; "
+                            f"scheduling API v{API_VERSION}, inventory gpusched.io/v1) at {replica.extender.base}\n"), said
         wait_until(lambda: first.extender.get_json("/debug/nodes"), 10, "the leader's view")
 
         def fresh_on(pod: Pod) -> bool:

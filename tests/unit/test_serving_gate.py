@@ -128,3 +128,12 @@ def test_a_standby_plugin_service_answers_every_call_unavailable_not_the_leader(
                 assert refused.value.code == Code.UNAVAILABLE and "not the leader" in refused.value.message
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("leading, role", [(False, "standby"), (True, "leader")])
+def test_both_replicas_say_their_release_so_a_rolling_updates_two_can_be_told_apart(leading, role):
+    from gpusched_api.release import release
+
+    answer = gate(Leading(leading), opened=True).get("/version")
+    assert answer.status_code == 200
+    assert answer.json() == {"gpusched": release(), "schedulingApi": 1, "inventory": "gpusched.io/v1", "role": role}
