@@ -240,6 +240,19 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
         urllib.request.urlopen(f"http://{pod_ip}:8888/metrics", timeout=5)
 
 
+def test_helm_install_refuses_a_value_outside_the_schema_naming_the_key_and_creates_nothing(cluster: RealCluster):
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
+                           f"--kubeconfig={kubeconfig}", "--set", "nodeAgent.fakeGpus.enabled=true",
+                           "--set", "nodeAgent.devicePlugin.enable=true"],  # `enabled`, misspelt
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0, f"helm install took a misspelt value:\n{proc.stdout}"
+    assert "at '/nodeAgent/devicePlugin': additional properties 'enable' not allowed" in proc.stderr, proc.stderr
+    assert cluster.kubectl("get", "namespace", NS, check=False).returncode != 0, "the refused install created objects"
+    assert not client.CoreV1Api(cluster.cp.api_client()).list_secret_for_all_namespaces(
+        label_selector="owner=helm").items, "the refused install left a release behind"
+
+
 def test_the_kustomize_overlay_installs_runs_and_places_a_pod(cluster: RealCluster):
     create_namespace_secrets_and_presets(cluster)
     cluster.kubectl("apply", "--server-side", "-k", str(MANIFESTS / "overlays" / "fake-gpus"))

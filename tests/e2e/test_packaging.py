@@ -5,6 +5,8 @@ template``), whose default render is the kustomize base, object for object, and 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -20,6 +22,10 @@ INSECURE = {"telemetry": {"tls": {"enabled": False}}}
 GENERATE = {"telemetry": {"tls": {"generate": True}}}
 PLUGIN = {"mode": "plugin"}
 HA = {"scheduler": {"replicas": 2}}
+DRA = {"dra": {"enabled": True}}
+DRA_NVIDIA = {"dra": {"enabled": True, "driver": "nvidia"}}
+# The chart makes the webhook's certificate; the CA's key is not kept, so any caller is let in.
+DRA_GENERATED_WEBHOOK = {"dra": {"enabled": True, "claimsWebhook": {"certificates": "generate", "clientAuth": "any"}}}
 
 
 def _daemonset(objects):
@@ -301,6 +307,8 @@ def test_the_node_agent_mounts_only_the_host_paths_its_mode_needs(render):
     pytest.param(DEVICE_PLUGIN, "overlays/device-plugin", id="devicePlugin=overlays/device-plugin"),
     pytest.param(PLUGIN, "overlays/plugin-mode", id="mode=plugin=overlays/plugin-mode"),
     pytest.param(HA, "overlays/ha", id="replicas=2=overlays/ha"),
+    pytest.param(DRA, "overlays/dra", id="dra=overlays/dra"),
+    pytest.param(DRA_NVIDIA, "overlays/dra-nvidia", id="dra-nvidia=overlays/dra-nvidia"),
 ])
 def test_helm_template_equals_the_kustomize_render(values, folder):
     helm = normalised(helm_template(values))
@@ -310,9 +318,10 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
         assert helm[key] == kustomize[key], key
 
 
-@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}, HA],
+@pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}, HA,
+                                    {**DRA, **FAKE_GPUS}, DRA_NVIDIA, {**DRA_GENERATED_WEBHOOK, **PLUGIN}],
                          ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin", "plugin-fake-gpus",
-                              "ha"])
+                              "ha", "dra-fake-gpus", "dra-nvidia", "dra-generated-webhook-plugin"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 
@@ -424,6 +433,36 @@ def test_the_generated_certificate_verifies_against_the_generated_ca(tmp_path):
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+def test_the_generated_webhook_certificate_verifies_for_its_service_and_is_the_configurations_ca_bundle(tmp_path):
+    import base64
+    import subprocess
+
+    objects = normalised(helm_template({**DRA_GENERATED_WEBHOOK, "namespace": "inference-system",
+                                        "createNamespace": False}))
+    secret = objects[("Secret", "inference-system", "gpusched-webhook-tls")]
+    (webhook,) = objects[("MutatingWebhookConfiguration", "", "gpusched-dra-claims")]["webhooks"]
+    assert webhook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert webhook["clientConfig"]["service"]["namespace"] == "inference-system"
+    for name in ("tls.crt", "ca.crt"):
+        (tmp_path / name).write_bytes(base64.b64decode(secret["data"][name]))
+    verify = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname",
+                             "gpusched-webhook.inference-system.svc", "tls.crt"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    args = _args(list(objects.values()), "Deployment", "extender")
+    assert "--webhook-allow-unauthenticated" in args and not any(a.startswith("--webhook-client-ca") for a in args)
+
+
+@pytest.mark.parametrize("values, said", [
+    ({"dra": {"enabled": True, "claimsWebhook": {"certificates": "generate"}}},
+     "generate makes a CA whose key the chart does not keep"),
+    ({**DRA, **DEVICE_PLUGIN}, "one driver per GPU"),
+])
+def test_the_chart_refuses_dra_combinations_that_cannot_work_saying_why(values, said):
+    with pytest.raises(AssertionError, match=said):
+        helm_template(values)
+
+
 def test_the_cert_script_makes_the_secret_and_ca_with_the_real_kubectl(control_plane: ControlPlane, tmp_path):
     """hack/telemetry-certs.sh, as a kustomize user runs it, against the real apiserver; rerun
     keeps the CA (the agents keep trusting it) and issues a new serving certificate."""
@@ -503,7 +542,8 @@ _ALL_RENDERS = [
                 "overlays/plugin-mode", "overlays/dra", "overlays/ha", "overlays/ingest-replicas", "observability")],
     *[pytest.param(lambda v=v: helm_template(v), id=f"helm-{i}")
       for i, v in (("defaults", {}), ("generated-tls", GENERATE), ("insecure-telemetry", INSECURE),
-                   ("plugin", {**PLUGIN, **FAKE_GPUS}), ("ha", HA))],
+                   ("plugin", {**PLUGIN, **FAKE_GPUS}), ("ha", HA), ("dra", DRA),
+                   ("dra-generated-webhook", DRA_GENERATED_WEBHOOK))],
 ]
 
 
@@ -794,7 +834,18 @@ def test_helm_refuses_a_mode_it_does_not_know_naming_the_allowed_ones(mode):
     with pytest.raises(AssertionError) as failed:
         helm_template({"mode": mode})
     message = str(failed.value)
-    assert "is not a mode of gpusched; set mode to extender" in message and "or plugin" in message, message
+    # values.schema.json refuses first (null removes the key in Helm: then it is missing) ...
+    assert ("at '/mode': value must be one of 'extender', 'plugin'" in message if mode is not None
+            else "missing property 'mode'" in message), message
+    # ... and the template refuses what a --skip-schema-validation lets through.
+    import subprocess
+
+    from devcluster.render import tool
+    proc = subprocess.run([str(tool("helm")), "template", "gpusched", str(CHART), "--skip-schema-validation",
+                           "--values", "-"], input=json.dumps({"mode": mode}), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert "is not a mode of gpusched; set mode to extender" in proc.stderr and "or plugin" in proc.stderr, proc.stderr
 
 
 def test_ha_overlay_changes_only_the_scheduler_pods_count_spread_update_and_budget():
