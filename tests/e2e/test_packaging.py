@@ -23,6 +23,7 @@ GENERATE = {"telemetry": {"tls": {"generate": True}}}
 PLUGIN = {"mode": "plugin"}
 HA = {"scheduler": {"replicas": 2}}
 DRA = {"dra": {"enabled": True}}
+INGEST = {"telemetry": {"ingest": {"replicas": 2}}}
 DRA_NVIDIA = {"dra": {"enabled": True, "driver": "nvidia"}}
 # The chart makes the webhook's certificate; the CA's key is not kept, so any caller is let in.
 DRA_GENERATED_WEBHOOK = {"dra": {"enabled": True, "claimsWebhook": {"certificates": "generate", "clientAuth": "any"}}}
@@ -33,8 +34,9 @@ def _daemonset(objects):
 
 
 def _container(objects, kind, name):
-    obj = next(o for o in objects if o["kind"] == kind)
-    return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    """The container ``name`` of the (only) object of ``kind`` that has one so named."""
+    return next(c for o in objects if o["kind"] == kind for c in o["spec"]["template"]["spec"]["containers"]
+                if c["name"] == name)
 
 
 @pytest.mark.parametrize("folder", ["base", "overlays/nvidia-runtime", "overlays/fake-gpus", "overlays/device-plugin",
@@ -308,6 +310,7 @@ def test_the_node_agent_mounts_only_the_host_paths_its_mode_needs(render):
     pytest.param(PLUGIN, "overlays/plugin-mode", id="mode=plugin=overlays/plugin-mode"),
     pytest.param(HA, "overlays/ha", id="replicas=2=overlays/ha"),
     pytest.param(DRA, "overlays/dra", id="dra=overlays/dra"),
+    pytest.param(INGEST, "overlays/ingest-replicas", id="ingest=overlays/ingest-replicas"),
     pytest.param(DRA_NVIDIA, "overlays/dra-nvidia", id="dra-nvidia=overlays/dra-nvidia"),
 ])
 def test_helm_template_equals_the_kustomize_render(values, folder):
@@ -319,9 +322,11 @@ def test_helm_template_equals_the_kustomize_render(values, folder):
 
 
 @pytest.mark.parametrize("values", [{}, FAKE_GPUS, INSECURE, GENERATE, DEVICE_PLUGIN, {**PLUGIN, **FAKE_GPUS}, HA,
-                                    {**DRA, **FAKE_GPUS}, DRA_NVIDIA, {**DRA_GENERATED_WEBHOOK, **PLUGIN}],
+                                    {**DRA, **FAKE_GPUS}, DRA_NVIDIA, {**DRA_GENERATED_WEBHOOK, **PLUGIN}, INGEST,
+                                    {"telemetry": {"ingest": {"replicas": 3}, "tls": {"enabled": False}}}],
                          ids=["defaults", "fake-gpus", "insecure", "generated-tls", "device-plugin", "plugin-fake-gpus",
-                              "ha", "dra-fake-gpus", "dra-nvidia", "dra-generated-webhook-plugin"])
+                              "ha", "dra-fake-gpus", "dra-nvidia", "dra-generated-webhook-plugin", "ingest",
+                              "ingest-insecure"])
 def test_helm_render_passes_server_side_dry_run(control_plane: ControlPlane, stack: Stack, values):
     control_plane.apply(helm_template(values), dry_run=True)
 
@@ -453,6 +458,19 @@ def test_the_generated_webhook_certificate_verifies_for_its_service_and_is_the_c
     assert "--webhook-allow-unauthenticated" in args and not any(a.startswith("--webhook-client-ca") for a in args)
 
 
+def test_the_ingest_replicas_follow_the_namespace_period_and_cleartext_choice():
+    objects = helm_template({"namespace": "inference-system", "createNamespace": False, "nodeAgent": {"period": "2s"},
+                             "telemetry": {"ingest": {"replicas": 3}, "tls": {"enabled": False}}})
+    by_key = normalised(objects)
+    assert by_key[("Deployment", "inference-system", "gpusched-ingest")]["spec"]["replicas"] == 3
+    assert _args(objects, "Deployment", "ingest") == [
+        "--core=gpusched-ingest-link.inference-system.svc:9443", "--core-insecure", "--telemetry-address=0.0.0.0:9443",
+        "--telemetry-period=2s", "--telemetry-insecure", "--metrics-port=8080"]
+    assert by_key[("Service", "inference-system", "gpusched-telemetry")]["spec"]["selector"] == {
+        "app.kubernetes.io/name": "gpusched-ingest"}
+    assert "--telemetry-ingest=replicas" in _args(objects, "Deployment", "extender")
+
+
 @pytest.mark.parametrize("values, said", [
     ({"dra": {"enabled": True, "claimsWebhook": {"certificates": "generate"}}},
      "generate makes a CA whose key the chart does not keep"),
@@ -543,7 +561,7 @@ _ALL_RENDERS = [
     *[pytest.param(lambda v=v: helm_template(v), id=f"helm-{i}")
       for i, v in (("defaults", {}), ("generated-tls", GENERATE), ("insecure-telemetry", INSECURE),
                    ("plugin", {**PLUGIN, **FAKE_GPUS}), ("ha", HA), ("dra", DRA),
-                   ("dra-generated-webhook", DRA_GENERATED_WEBHOOK))],
+                   ("dra-generated-webhook", DRA_GENERATED_WEBHOOK), ("ingest", INGEST))],
 ]
 
 
