@@ -354,6 +354,72 @@ def test_helm_values_reach_the_objects():
     assert config["leaderElection"]["resourceNamespace"] == "inference-system"
 
 
+def _pod_spec(objects, kind, name) -> dict:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)["spec"]["template"]
+
+
+PLACEMENT = {"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+             "priorityClassName": "platform-critical", "podAnnotations": {"example.com/owner": "platform"}}
+
+
+def test_helm_per_component_knobs_reach_each_pod():
+    """The conventions users expect of a chart: pull secrets on every pod; placement, priority, pod
+    annotations and resources per component; the agents' additions keep the GPU-node selector and
+    toleration; a given affinity replaces the HA spread."""
+    objects = helm_template({
+        "imagePullSecrets": [{"name": "regcred"}],
+        "scheduler": {**PLACEMENT, "replicas": 2, "resources": {"limits": {"memory": "1Gi"}}},
+        "metricsProxy": {"resources": {"requests": {"cpu": "50m"}}},
+        "nodeAgent": {**PLACEMENT, "resources": {"requests": {"cpu": "100m"}}},
+        "telemetry": {"ingest": {**PLACEMENT, "replicas": 2}}})
+    for kind, name in (("Deployment", "gpusched-scheduler"), ("DaemonSet", "gpusched-node-agent"),
+                       ("Deployment", "gpusched-ingest")):
+        pod = _pod_spec(objects, kind, name)
+        spec = pod["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}], name
+        assert spec["priorityClassName"] == "platform-critical", name
+        assert spec["affinity"] == PLACEMENT["affinity"], name
+        assert pod["metadata"]["annotations"] == {"example.com/owner": "platform"}, name
+        assert spec["nodeSelector"]["pool"] == "system", name
+        assert {"key": "dedicated", "operator": "Exists"} in spec["tolerations"], name
+    agent = _pod_spec(objects, "DaemonSet", "gpusched-node-agent")["spec"]
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "system"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in agent["tolerations"]
+    assert _container(objects, "DaemonSet", "agent")["resources"] == {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                                                       "limits": {"memory": "256Mi"}}
+    assert _container(objects, "Deployment", "kube-scheduler")["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
+    assert _container(objects, "Deployment", "metrics-proxy")["resources"]["requests"] == {"cpu": "50m",
+                                                                                          "memory": "20Mi"}
+
+
+@pytest.mark.parametrize("values, steps, absent", [
+    ({}, ["hack/telemetry-certs.sh gpusched-system", "spec.schedulerName: gpusched\n"], ["webhook-certs", "presets"]),
+    ({**DRA, **FAKE_GPUS, **GENERATE, "namespace": "inference-system"},
+     ["hack/webhook-certs.sh inference-system", "gpusched.io/dra-claims=enabled",
+      "create configmap gpusched-fleet-presets", "DRA on gpusched's driver (gpu.gpusched.io)"], ["telemetry-certs"]),
+    ({**PLUGIN, **DRA_GENERATED_WEBHOOK, **DEVICE_PLUGIN, "dra": {**DRA_GENERATED_WEBHOOK["dra"], "enabled": False}},
+     ["spec.schedulerName: gpusched-plugin", "gpusched.io/device-plugin=true"], ["webhook-certs"]),
+], ids=["defaults", "dra-fake-gpus-generated-tls", "plugin-device-plugin"])
+def test_helm_notes_say_what_is_left_to_do_for_the_values_given(control_plane: ControlPlane, values, steps, absent):
+    import subprocess
+
+    from devcluster.render import tool
+    admin = control_plane.kubeconfig(control_plane.admin_token, "admin")
+    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(CHART), "--dry-run=client",
+                           f"--kubeconfig={admin}", "--values", "-"], input=json.dumps(values),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("\nNOTES:\n", 1)[1]
+    for step in steps:
+        assert step in notes, f"{step!r} not in:\n{notes}"
+    for step in absent:
+        assert step not in notes, f"{step!r} in:\n{notes}"
+    assert "rollout status deployment/gpusched-scheduler" in notes and "helm test gpusched" in notes
+
+
 def test_helm_chart_ships_the_manifests_crds():
     for crd in (CHART / "crds").glob("*.yaml"):
         assert crd.read_text() == (MANIFESTS / "crds" / crd.name).read_text(), crd.name

@@ -29,3 +29,33 @@ gpusched-telemetry.{{ .Values.namespace }}.svc
 {{- else if include "gpusched.pluginMode" . }}gpusched-plugin
 {{- else }}gpusched{{ end }}
 {{- end }}
+
+{{/* A pod spec's imagePullSecrets (the global imagePullSecrets value), or nothing. */}}
+{{- define "gpusched.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}
+
+{{/* A pod's placement knobs from one component's values (`placement`): nodeSelector,
+     tolerations, affinity, priorityClassName, each only when set; `root` is the chart's context. */}}
+{{- define "gpusched.placement" -}}
+{{- $p := .placement }}
+{{- with $p.nodeSelector }}
+nodeSelector:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $p.tolerations }}
+tolerations:
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- with $p.affinity }}
+affinity:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $p.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- include "gpusched.imagePullSecrets" .root }}
+{{- end }}
