@@ -99,10 +99,11 @@ def create_webhook_app(admission: ClaimAdmission, body_timeout_s: float = 10.0) 
     return app
 
 
-def create_standby_app(why: Callable[[], str]) -> FastAPI:
-    """What a standby replica serves (``extender.api.standby``); ``why`` is the election's standing."""
+def create_standby_app(why: Callable[[], str], labelled: Callable[[], bool] = lambda: False) -> FastAPI:
+    """What a standby replica serves (``extender.api.standby``); ``why`` is the election's standing,
+    ``labelled`` whether its pod carries the standby label (then it is Ready)."""
     app = FastAPI(title="gpusched extender (standby)", openapi_url=None, docs_url=None, redoc_url=None)
-    app.include_router(build_standby_router(why))
+    app.include_router(build_standby_router(why, labelled))
     return app
 
 

@@ -32,7 +32,7 @@ from extender.app import ServingGate, create_app, create_standby_app
 from extender.assembly import StartupError, assemble
 from extender.assembly.servers import serve_verbs
 from extender.heap import settle_heap
-from extender.service.leadership import Campaign, LeaseElector
+from extender.service.leadership import Campaign, LeaseElector, RoleLabel
 from extender.settings import Settings
 
 log = logging.getLogger("gpusched.extender.replica")
@@ -62,6 +62,7 @@ def run_replica(settings: Settings) -> int:
     elector = LeaseElector(store, identity(hostname), timing, time.monotonic, time.time,
                            **({"may_lead": follow} if follow else {}))
     standbys = _standby_listeners(settings, lambda: why())
+    role = _role_label(api, settings, request_timeout_s, timing.retry_period_s)
     campaign = Campaign(elector, timing.retry_period_s, lambda: threading.Thread(
         target=take_over, name="take-over", daemon=True).start(), _exit_on_loss)
 
@@ -71,7 +72,8 @@ def run_replica(settings: Settings) -> int:
         standing = campaign.standing
         return f"{elector.identity}: {standing.reason}"
 
-    gate = ServingGate(create_standby_app(why), elector.leading, standby_verbs(why, settings.verb_prefix))
+    gate = ServingGate(create_standby_app(why, lambda: role is not None and role.written() == "standby"),
+                       elector.leading, standby_verbs(why, settings.verb_prefix))
 
     def take_over() -> None:
         started = time.monotonic()
@@ -87,6 +89,8 @@ def run_replica(settings: Settings) -> int:
             log.warning("serving before the cluster view synced: %s", assembled.collaborators.ready()[1])
         settle_heap()
         gate.open(create_app(settings, assembled.collaborators))
+        if role is not None:
+            role.want("leader")
         log.info("%s: serving as the leader, %.2fs after taking the Lease %s (servers up in %.2fs, then the "
                  "cluster view synced)", elector.identity, time.monotonic() - started, settings.leader_elect_lease,
                  assembled_s)
@@ -94,6 +98,8 @@ def run_replica(settings: Settings) -> int:
     log.info("%s: standby, campaigning for Lease %s/%s%s", elector.identity, settings.namespace,
              settings.leader_elect_lease,
              f" while this pod's kube-scheduler holds {settings.leader_elect_follow}" if follow else "")
+    if role is not None:
+        role.start().want("standby")  # first: a label left from this pod's last run may still say leader
     verbs = serve_verbs(settings, gate.verbs)
     campaign.start()
     # The same listener as a single extender's: slow clients are let go after --client-timeout.
@@ -104,6 +110,15 @@ def run_replica(settings: Settings) -> int:
     if verbs is not None:
         verbs.stop()
     return 0
+
+
+def _role_label(api: Any, settings: Settings, request_timeout_s: float, retry_s: float) -> RoleLabel | None:
+    """The role label of this replica's pod (``--pod-name``), or None without one."""
+    if not settings.pod_name:
+        return None
+    from extender.adapters.pod_role import KubePodRole
+
+    return RoleLabel(KubePodRole(api, settings.namespace, settings.pod_name, request_timeout_s).write, retry_s)
 
 
 def _warm_imports() -> None:

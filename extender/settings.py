@@ -193,6 +193,11 @@ class Settings(SettingsModel):
     with --leader-elect-follow, only while the kube-scheduler in this pod holds its own Lease); a
     standby answers the verbs, the plugin service and telemetry with "not the leader" and /readyz 503,
     and on taking over rebuilds its view from the cluster before it serves"""
+    pod_name: str = ""
+    """with --leader-elect: this replica's own pod (the downward API's metadata.name). The extender
+    labels it gpusched.io/scheduler-role=leader or standby, the telemetry and webhook Services select
+    the leader by it, and a standby is Ready once labelled — so a rolling update starts the new pod
+    before it stops an old one. "" = no label: a standby is never Ready"""
     leader_elect_lease: str = "gpusched-extender"
     """the Lease (coordination.k8s.io/v1, in --namespace) the extender replicas campaign for"""
     leader_elect_follow: str = "gpusched-scheduler"

@@ -63,6 +63,9 @@ ASSIGNED_GPU_INDICES_ANNOTATION = "gpusched.io/assigned-gpu-indices"
 GANG_COMMIT_ANNOTATION = "gpusched.io/gang-commit"
 DECISION_ID_ANNOTATION = "gpusched.io/decision-id"
 POD_REQUEUE_ANNOTATION = "gpusched.io/requeue-generation"
+# On gpusched's own scheduler pods (--leader-elect): `leader` or `standby`, which the telemetry and
+# webhook Services select on, so both pods can be Ready while only the leader gets that traffic.
+SCHEDULER_ROLE_LABEL = "gpusched.io/scheduler-role"
 
 # --- Nodes -----------------------------------------------------------------------------------------
 INVENTORY_ANNOTATION = "gpusched.io/gpu-inventory"
@@ -187,6 +190,10 @@ POD_API: tuple[Entry, ...] = (
           "The id of the decision that bound the pod (`gpusched explain` looks it up)."),
     Entry(POD_REQUEUE_ANNOTATION, Kind.POD_ANNOTATION, Writer.GPUSCHED,
           "Bumped to make kube-scheduler retry a pending pod at once when what it waited for appears."),
+    Entry(SCHEDULER_ROLE_LABEL, Kind.POD_LABEL, Writer.GPUSCHED,
+          "On gpusched's own scheduler pods run highly available: `leader` or `standby`, set by the extender on "
+          "its own pod; the telemetry and webhook Services select `leader`. Only the extender may change it, "
+          "on its own namespace's scheduler pods (admission policy `gpusched-extender`)."),
     Entry(INVENTORY_ANNOTATION, Kind.NODE_ANNOTATION, Writer.GPUSCHED,
           "The node's GPUs, MIG layout and interconnect as one JSON document (format `gpusched.io/v1`), "
           "published by the node agent."),

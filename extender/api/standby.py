@@ -1,6 +1,7 @@
 """What a standby replica answers on the extender's HTTP port (issue 22): the verbs 503 with a
 message saying it is not the leader, /readyz 503 (so the Service's endpoints, and the agents with
-them, follow the leader), /healthz 200 (it is alive and campaigning), everything else 503."""
+them, follow the leader) — or 200 once its pod is labelled standby (issue 48: the Services then
+select the leader by label) —, /healthz and /version 200, everything else 503."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ def not_the_leader(why: str) -> str:
             "kube-scheduler calls its extender, and agents reach the leader through the telemetry Service")
 
 
-def build_standby_router(why: Callable[[], str]) -> APIRouter:
+def build_standby_router(why: Callable[[], str], labelled: Callable[[], bool] = lambda: False) -> APIRouter:
+    """``labelled``: whether this replica's pod carries its standby label (``--pod-name``): then it
+    is Ready (/readyz 200) — the Services that must reach the leader select the leader's label, not
+    readiness — else /readyz 503, so readiness alone keeps the traffic on the leader."""
     router = APIRouter()
 
     @router.get("/healthz")
@@ -37,6 +41,8 @@ def build_standby_router(why: Callable[[], str]) -> APIRouter:
 
     @router.get("/readyz")
     async def readyz() -> Response:
+        if labelled():
+            return OrjsonResponse({"ready": True, "role": "standby", "reason": f"standby: {why()}"})
         return OrjsonResponse({"ready": False, "reason": f"standby: {why()}"}, status_code=STANDBY_STATUS)
 
     @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

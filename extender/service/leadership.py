@@ -265,3 +265,60 @@ class FencedEvictor:
         if not self._leading():
             return "this extender replica is no longer the leader (its Lease was not renewed in time)"
         return self._inner.evict(namespace, name, uid)
+
+
+class RoleLabel:
+    """Keeps this replica's pod labelled with its role (``leader`` or ``standby``; ``write`` is the
+    pod's label, ``extender.adapters.pod_role``): the Services that must reach the leader select the
+    label, so a standby may be Ready — a rolling update then starts the new pod before it stops an
+    old one. A failed write is retried every ``retry_s`` until it lands or another role is wanted.
+    ``written()`` is the role on the pod now, as far as this replica wrote it (None until then)."""
+
+    def __init__(self, write: Callable[[str], None], retry_s: float):
+        self._write = write
+        self._retry_s = retry_s
+        self._changed = threading.Condition()
+        self._wanted: str | None = None
+        self._written: str | None = None
+        self._stopped = False
+        self._said = ""
+
+    def start(self) -> RoleLabel:
+        threading.Thread(target=self._run, name="role-label", daemon=True).start()
+        return self
+
+    def want(self, role: str) -> None:
+        with self._changed:
+            self._wanted = role
+            self._changed.notify_all()
+
+    def written(self) -> str | None:
+        with self._changed:
+            return self._written if self._written == self._wanted else None
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopped and (self._wanted is None or self._wanted == self._written):
+                    self._changed.wait()
+                if self._stopped:
+                    return
+                role = self._wanted
+            assert role is not None
+            try:
+                self._write(role)
+            except Exception as exc:  # the apiserver's answer or the network: retry, say it once
+                if str(exc) != self._said:
+                    log.warning("role label not written (retrying every %.1fs): %s", self._retry_s, exc)
+                    self._said = str(exc)
+                with self._changed:
+                    self._changed.wait(self._retry_s)
+                continue
+            with self._changed:
+                self._written = role
+            log.info("this pod is labelled %s", role)

@@ -103,12 +103,46 @@ def test_the_extender_may_write_gpusched_annotations_on_pods_and_nodes(extender_
 @pytest.mark.parametrize("patch,needle", [
     pytest.param({"spec": {"containers": [{"name": "c", "image": "registry.local/evil:1"}]}}, "not its spec",
                  id="pod-image"),
-    pytest.param({"metadata": {"labels": {"app": "other"}}}, "not its spec, labels", id="pod-label"),
+    pytest.param({"metadata": {"labels": {"app": "other"}}}, "not its spec, other labels", id="pod-label"),
     pytest.param({"metadata": {"annotations": {"prometheus.io/scrape": "true"}}}, "prometheus.io/scrape",
                  id="pod-foreign-annotation"),
 ])
 def test_the_extender_cannot_change_a_pod_beyond_gpusched_annotations(extender_api, pod, namespace, patch, needle):
     body = refused(lambda: extender_api.patch_namespaced_pod(pod, namespace, patch))
+    assert "gpusched-extender" in body and needle in body, body
+
+
+ROLE = "gpusched.io/scheduler-role"
+
+
+@pytest.fixture
+def scheduler_pod(admin) -> str:
+    """A pod of gpusched's scheduler Deployment in gpusched's namespace (by its labels), never run."""
+    name = unique("gpusched-scheduler")
+    client.CoreV1Api(admin).create_namespaced_pod(NAMESPACE, {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpusched-scheduler"}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "registry.local/app:1"}]}})
+    yield name
+    client.CoreV1Api(admin).delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+
+def test_the_extender_may_label_its_scheduler_pods_leader_or_standby(extender_api, scheduler_pod):
+    for role in ("standby", "leader", "standby"):
+        patched = extender_api.patch_namespaced_pod(scheduler_pod, NAMESPACE, {"metadata": {"labels": {ROLE: role}}})
+        assert patched.metadata.labels[ROLE] == role
+
+
+@pytest.mark.parametrize("which, labels, needle", [
+    pytest.param("scheduler", {ROLE: "primary"}, "leader or standby", id="not-a-role"),
+    pytest.param("scheduler", {ROLE: "leader", "app": "x"}, "not its spec, other labels", id="another-label-too"),
+    pytest.param("scheduler", {"app.kubernetes.io/name": "gpusched-node-agent", ROLE: "leader"},
+                 "not its spec, other labels", id="relabelled-out-of-the-deployment"),
+    pytest.param("tenant", {ROLE: "leader"}, "only on gpusched's scheduler pods", id="a-tenants-pod"),
+])
+def test_the_extender_cannot_set_a_role_elsewhere_or_anything_beside_it(extender_api, scheduler_pod, pod, namespace,
+                                                                         which, labels, needle):
+    name, where = (scheduler_pod, NAMESPACE) if which == "scheduler" else (pod, namespace)
+    body = refused(lambda: extender_api.patch_namespaced_pod(name, where, {"metadata": {"labels": labels}}))
     assert "gpusched-extender" in body and needle in body, body
 
 

@@ -57,6 +57,7 @@ def pods(stack: Stack, own_scheduler_lease) -> Iterator[list[Pod]]:
     finally:
         for pod in started:
             pod.kill()
+            client.CoreV1Api(pod.admin).delete_namespaced_pod(pod.hostname, NAMESPACE, grace_period_seconds=0)
 
 
 def post(base: str, path: str, body: dict) -> tuple[int, str]:
@@ -117,10 +118,16 @@ def test_the_standby_takes_over_within_15s_with_nothing_double_booked(admin, nam
         assert lease_holder(admin, "gpusched-scheduler").startswith(f"{first.hostname}_"), \
             "the extender leads beside the leading kube-scheduler"
         assert lease_holder(admin, "gpusched-extender").startswith(f"{first.hostname}_")
-        # The standby refuses the verbs and is not ready; it names the leader's election.
+        # The standby refuses the verbs, naming the leader's election. It is Ready once its pod is
+        # labelled standby (issue 48: a rolling update waits for it), and the Service's selector, the
+        # leader label, keeps the agents on the leader.
         code, text = post(standby.extender.base, "/gpusched/filter", {"Pod": {}, "NodeNames": []})
         assert code == 503 and "not the leader" in text, text
-        assert standby.extender.get_json("/readyz")["status"] == 503
+        wait_until(lambda: standby.ready() and first.role_label() == "leader" and standby.role_label() == "standby",
+                   30, "the standby Ready and both pods labelled with their roles",
+                   context=lambda: f"{first.role_label()!r} {standby.role_label()!r} "
+                                   f"{standby.extender.get_json('/readyz')}")
+        assert standby.role() == "standby" and not standby.selected() and first.selected()
         # Both replicas say which release they are and whether they lead (a rolling update's two
         # releases can both be asked), through kubectl's plugin.
         for replica, role in ((first, "leader"), (standby, "standby")):
@@ -160,6 +167,11 @@ def test_the_standby_takes_over_within_15s_with_nothing_double_booked(admin, nam
         print("\n".join(line for line in standby.extender.component.tail(200).splitlines()
                         if "leading (" in line or "serving as the leader" in line))
         assert lease_holder(admin, "gpusched-extender").startswith(f"{standby.hostname}_")
+        # The new leader labels itself; the dead pod keeps its stale label but is not Ready: the
+        # Service selects the new leader only.
+        wait_until(lambda: standby.selected(), 30, "the new leader labelled leader",
+                   context=lambda: standby.extender.component.tail(20))
+        assert not first.selected()
 
         wanted = {p["metadata"]["name"] for p in singles} | {"pp-0", "pp-1"}
         wait_until(lambda: wanted <= set(bound(admin, namespace)), 90, "every pod of the burst bound",

@@ -13,6 +13,7 @@ import yaml
 from devcluster.controlplane import MANIFESTS, ControlPlane
 from devcluster.render import CHART, helm_template, kustomize_build, normalised
 from devcluster.stack import Stack
+from gpusched_api.names import SCHEDULER_ROLE_LABEL
 
 FAKE_GPUS = {"nodeAgent": {"fakeGpus": {"enabled": True}}}
 NVIDIA_RUNTIME = {"nodeAgent": {"runtimeClassName": "nvidia"}}
@@ -408,7 +409,7 @@ def test_helm_notes_say_what_is_left_to_do_for_the_values_given(control_plane: C
 
     from devcluster.render import tool
     admin = control_plane.kubeconfig(control_plane.admin_token, "admin")
-    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(CHART), "--dry-run=client",
+    proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(CHART), "--dry-run=client", "--take-ownership",
                            f"--kubeconfig={admin}", "--values", "-"], input=json.dumps(values),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -932,19 +933,36 @@ def test_helm_refuses_a_mode_it_does_not_know_naming_the_allowed_ones(mode):
     assert "is not a mode of gpusched; set mode to extender" in proc.stderr and "or plugin" in proc.stderr, proc.stderr
 
 
-def test_ha_overlay_changes_only_the_scheduler_pods_count_spread_update_and_budget():
-    """manifests/overlays/ha: two scheduler pods spread over nodes, replaced together on update, and
-    a budget that lets a drain evict the leader; leader election itself is the base's (--leader-elect)."""
+def test_ha_overlay_changes_only_the_scheduler_pods_count_spread_update_budget_and_the_telemetry_selector():
+    """manifests/overlays/ha: two scheduler pods spread over nodes, replaced one at a time with the new
+    one Ready first (the standby is Ready once labelled), a budget that drains one pod at a time, and
+    the telemetry Service selecting the pod its extender labelled leader (issue 48)."""
     base = normalised(kustomize_build(MANIFESTS / "base"))
     ha = normalised(kustomize_build(MANIFESTS / "overlays" / "ha"))
-    deployment, pdb = ("Deployment", "gpusched-system", "gpusched-scheduler"), \
-        ("PodDisruptionBudget", "gpusched-system", "gpusched-scheduler")
+    deployment, pdb, service = (("Deployment", "gpusched-system", "gpusched-scheduler"),
+                                ("PodDisruptionBudget", "gpusched-system", "gpusched-scheduler"),
+                                ("Service", "gpusched-system", "gpusched-telemetry"))
     assert ha.keys() == base.keys()
-    assert {k for k in base if base[k] != ha[k]} == {deployment, pdb}
+    assert {k for k in base if base[k] != ha[k]} == {deployment, service}  # the base's budget: one at a time
     spec = ha[deployment]["spec"]
-    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 2}
+    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     term = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert ha[pdb]["spec"]["maxUnavailable"] == 2
+    assert ha[pdb]["spec"]["maxUnavailable"] == 1
+    assert ha[service]["spec"]["selector"] == {"app.kubernetes.io/name": "gpusched-scheduler",
+                                               SCHEDULER_ROLE_LABEL: "leader"}
     extender = next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "extender")
-    assert "--leader-elect" in extender["args"]
+    assert "--leader-elect" in extender["args"] and "--pod-name=$(POD_NAME)" in extender["args"]
+    assert extender["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+
+
+def test_with_replicas_every_service_that_must_reach_the_leader_selects_its_label():
+    """The chart with scheduler.replicas: 2 and everything that listens on the scheduler pod: the
+    telemetry, webhook and ingest-link Services select the leader's label."""
+    objects = normalised(helm_template({**HA, **DRA, "telemetry": {"ingest": {"replicas": 2}}}))
+    for name in ("gpusched-webhook", "gpusched-ingest-link"):
+        assert objects[("Service", "gpusched-system", name)]["spec"]["selector"] == {
+            "app.kubernetes.io/name": "gpusched-scheduler", SCHEDULER_ROLE_LABEL: "leader"}, name
+    # With ingest replicas the agents' Service selects the replicas, which forward to the leader.
+    assert objects[("Service", "gpusched-system", "gpusched-telemetry")]["spec"]["selector"] == {
+        "app.kubernetes.io/name": "gpusched-ingest"}

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pytest
 
-from extender.service.leadership import ElectionTiming, LeaseConflict, LeaseElector, LeaseRecord
+from extender.service.leadership import ElectionTiming, LeaseConflict, LeaseElector, LeaseRecord, RoleLabel
 
 TIMING = ElectionTiming(lease_duration_s=6.0, renew_deadline_s=4.0, retry_period_s=1.0)
 
@@ -241,3 +243,57 @@ def test_never_two_leaders_while_the_leader_is_cut_off(outage):
         ticks += 1
     assert "a" in leaders_seen
     assert ("b" in leaders_seen) is (length > TIMING.lease_duration_s + TIMING.retry_period_s)
+
+
+class FlakyLabel:
+    """A pod's role label whose first ``failures`` writes are refused."""
+
+    def __init__(self, failures: int):
+        self.failures = failures
+        self.labels: list[str] = []
+        self.written = threading.Event()
+
+    def write(self, role: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("labelling pod gpusched-system/p: HTTP 503")
+        self.labels.append(role)
+        self.written.set()
+
+
+def written(label: RoleLabel, role: str) -> bool:
+    deadline = time.monotonic() + 5
+    while label.written() != role and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return label.written() == role
+
+
+@pytest.mark.parametrize("failures", [0, 3])
+def test_the_role_label_is_written_and_retried_until_it_lands(failures):
+    pod = FlakyLabel(failures)
+    label = RoleLabel(pod.write, retry_s=0.01).start()
+    try:
+        assert label.written() is None  # nothing asked yet: a standby is not Ready
+        label.want("standby")
+        assert written(label, "standby") and pod.labels == ["standby"]
+        label.want("leader")
+        assert written(label, "leader") and pod.labels == ["standby", "leader"]
+    finally:
+        label.stop()
+
+
+def test_a_role_wanted_but_not_yet_written_is_not_reported_written():
+    gate = threading.Event()
+
+    def slow_write(role: str) -> None:
+        gate.wait(5)
+
+    label = RoleLabel(slow_write, retry_s=0.01).start()
+    try:
+        label.want("standby")
+        time.sleep(0.05)
+        assert label.written() is None  # the write hangs: not labelled yet
+        gate.set()
+        assert written(label, "standby")
+    finally:
+        label.stop()

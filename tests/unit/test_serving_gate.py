@@ -137,3 +137,13 @@ def test_both_replicas_say_their_release_so_a_rolling_updates_two_can_be_told_ap
     answer = gate(Leading(leading), opened=True).get("/version")
     assert answer.status_code == 200
     assert answer.json() == {"gpusched": release(), "schedulingApi": 1, "inventory": "gpusched.io/v1", "role": role}
+
+
+@pytest.mark.parametrize("labelled, status", [(False, 503), (True, 200)])
+def test_a_standby_is_ready_once_its_pod_is_labelled_standby(labelled, status):
+    """With --pod-name the Services select the leader by label, so a labelled standby is Ready (a
+    rolling update waits for it); without the label, readiness alone keeps traffic on the leader."""
+    g = ServingGate(create_standby_app(lambda: "the lease is held by pod-a_1", lambda: labelled), Leading(False), {})
+    answer = TestClient(g).get("/readyz")
+    assert answer.status_code == status
+    assert answer.json()["ready"] is labelled and answer.json()["reason"] == "standby: the lease is held by pod-a_1"
