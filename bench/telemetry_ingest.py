@@ -681,11 +681,12 @@ class Agent:
         self._rebuild()
 
     def _rebuild(self) -> None:
+        from gpusched_api.release import release
         from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
         held = {u: pod for pod, ids in self.pods for u in ids}
         self.variants = []
         for _ in range(self.VARIANTS):
-            report = pb.NodeReport(node_name=self.node, period_millis=self.period_ms, agent_version="bench-0.1",
+            report = pb.NodeReport(node_name=self.node, period_millis=self.period_ms, agent_version=release(),
                                    gpu_backend="fake")
             for u in self.units:
                 total = u["total"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched_api.inventory import encode_inventory
+from gpusched_api.release import release
 from gpusched_api.telemetry.v1 import telemetry_pb2
 from nodeagent.deviceplugin.allocation import Unit, units_of
 from nodeagent.dra.slices import DEFAULT_MIN_FREE_FRACTION, SliceDevice, devices_of
@@ -38,7 +39,8 @@ from nodeagent.shares.usage import ShareUse
 from nodeagent.stream.bounds import fit_report
 
 log = logging.getLogger("gpusched.nodeagent")
-VERSION = "0.1.0"
+# The release this agent reports on its stream (the extender refuses one too far from its own).
+VERSION = release()
 
 
 @dataclass

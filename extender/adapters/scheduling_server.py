@@ -36,6 +36,7 @@ from extender.api.wire import NAME_MAX_LENGTH, UID_MAX_LENGTH, PodObject
 from extender.service.core import PodRef
 from extender.service.plugin import API_VERSION, GroupIds, GroupsJudged, PluginService, ReserveAnswer
 from extender.service.requeue_feed import RequeueFeed
+from gpusched_api.release import release
 from gpusched_api.scheduling.frames import Code
 from gpusched_api.scheduling.v1 import scheduling_pb2 as pb
 
@@ -45,7 +46,7 @@ MAX_WHAT_IF_PODS = 1024  # pods one FilterWhatIf may name (a node runs at most a
 MAX_REQUEUE_BATCH = 1000  # pod keys per streamed message (~100 KiB at most)
 MAX_RESERVE_BATCH = 256  # reservations one ReserveBatch may carry (the plugin sends at most this many)
 MAX_JUDGED_POSITIONS = 1024  # nodes one JudgeGroups may name (the plugin names one per group it lacks)
-CORE_VERSION = "0.1.0"
+CORE_VERSION = release()  # the core's release, told to the plugin in its hello
 
 
 class SchedulingServicer:

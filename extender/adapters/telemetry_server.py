@@ -73,6 +73,7 @@ from extender.adapters.stream_view import StreamView, Unapplied
 from extender.adapters.telemetry_streams import ENDED_REASONS, OpenStream, OpenStreams
 from extender.metrics import ReasonCounts
 from extender.service.telemetry import ReportSink, TokenIdentity, authorize_identity, authorize_node
+from gpusched_api.release import release, skew_problem
 from gpusched_api.telemetry.v1 import bounds, telemetry_pb2, telemetry_pb2_grpc
 
 # What context.read() returns when the client half-closed. grpc.aio re-exports it from its Cython
@@ -131,7 +132,7 @@ class TelemetryMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.refused = Counter("gpusched_telemetry_streams_refused_total",
                                "Telemetry streams refused, by reason (unauthenticated, wrong-account, not-pod-bound, "
-                               "wrong-node, bad-report, too-many-streams, review-backlog).", ["reason"],
+                               "wrong-node, bad-report, too-many-streams, review-backlog, incompatible-version).", ["reason"],
                                registry=registry)
         self.ended = Counter("gpusched_telemetry_streams_ended_total",
                              "Accepted telemetry streams the extender ended, by reason (token-expired: the token's exp "
@@ -236,6 +237,7 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         self._clock = clock
         self._streams = OpenStreams(idle_s=limits.idle_s, recheck_s=limits.recheck_s, pod_alive=pod_alive,
                                     clock=clock, wall_clock=wall_clock)
+        self._release = release()  # the agents' releases are checked against it (docs/upgrading.md)
         self._reviews = ThreadPoolExecutor(limits.review_workers, thread_name_prefix="token-review")
         self._pending_reviews = 0
         metrics.count_reports_of(store)
@@ -356,6 +358,10 @@ class TelemetryServicer(telemetry_pb2_grpc.TelemetryServicer):
         since_ack = ack_every  # the first report is acknowledged at once
         last_ack_at = 0.0
         asked_at = float("-inf")  # when a FULL report was last asked for (again after ack_interval_s unanswered)
+        if problem := skew_problem(self._release, first.agent_version, "node agent"):
+            await self._refuse(context, "incompatible-version", grpc.StatusCode.FAILED_PRECONDITION,
+                               f"node {node}: {problem}")
+            return
         report = first
         while True:
             if report.node_name != node:

@@ -253,3 +253,31 @@ def test_a_flood_from_one_agent_is_clamped_while_another_agents_reports_keep_lan
                                f"rate-limited {metric(stack, REJECTED, 'rate-limited') - rate_limited:.0f}")
     assert pub.status.reconnects == 0 and not pub.status.last_refusal, pub.status
     assert stack.extender.get_json("/readyz").get("ready") is True, "the extender is not ready after the flood"
+
+
+def test_an_agent_release_too_far_from_the_extenders_is_refused_naming_both(stack: Stack, gpu_node):
+    """Version skew (issue 48, docs/upgrading.md): the agent's release, stated in its first report,
+    is at most one minor release from the extender's; a stream from one further away is refused with
+    both releases named, counted, and applies nothing."""
+    import grpc
+
+    from gpusched_api.release import release
+
+    node, token = gpu_node()
+    major, minor = release().split(".")[:2]
+    far = f"{major}.{int(minor) + 2}.0"
+    first = report(node, 1, free_gib=10)
+    first.agent_version = far
+    before = metric(stack, "gpusched_telemetry_streams_refused_total", "incompatible-version")
+    with pytest.raises(grpc.RpcError) as refused:
+        stream(stack, token, [first])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert f"the node agent is release {far} and this gpusched is {release()}" in refused.value.details()
+    assert metric(stack, "gpusched_telemetry_streams_refused_total", "incompatible-version") == before + 1
+    view = next(n for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node)
+    assert not view.get("telemetry", "").startswith("fresh"), view
+    # The same stream from an agent of the extender's own release is taken.
+    first.agent_version = release()
+    stream(stack, token, [first])
+    applied(stack, gpu_node)
+    assert unit_memory(stack, node) == [10 * GIB_MIB] * 8, telemetry_of(stack, node)
