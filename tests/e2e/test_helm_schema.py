@@ -96,3 +96,14 @@ def test_helm_refuses_a_value_the_schema_does_not_allow_naming_the_key(values, s
 ])
 def test_helm_accepts_what_the_schema_allows(values):
     assert helm_template(values)
+
+
+def test_the_chart_images_and_components_carry_one_release():
+    """One number names a release (docs/upgrading.md): the chart's version and appVersion, gpusched's
+    image tags, and what the components report (the installed distribution's version)."""
+    from gpusched_api.release import release
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == release(), chart
+    ours = {k: v for k, v in VALUES["images"].items() if v.startswith("ghcr.io/gpusched/")}
+    assert ours and all(image.endswith(f":{release()}") for image in ours.values()), ours

@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -173,11 +174,12 @@ def check_gpusched_runs(cluster: RealCluster, pod_name: str, mode: tuple[str, st
     core.delete_namespaced_pod(pod_name, WORKLOAD_NS, grace_period_seconds=0)
 
 
-def extender_get(cluster: RealCluster, path: str) -> dict:
-    """GET on the extender's loopback port, from inside its own container (it listens nowhere else)."""
+def extender_get(cluster: RealCluster, path: str, pod: str = "") -> dict:
+    """GET on the extender's loopback port, from inside its own container (it listens nowhere else);
+    ``pod``: that scheduler pod's, else the Deployment's first."""
     script = f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8888{path}', timeout=5).read().decode())"
-    proc = cluster.kubectl("-n", NS, "exec", "deploy/gpusched-scheduler", "-c", "extender", "--", "python", "-c",
-                           script, check=False)
+    proc = cluster.kubectl("-n", NS, "exec", f"pod/{pod}" if pod else "deploy/gpusched-scheduler", "-c", "extender",
+                           "--", "python", "-c", script, check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr, "nodes": []}
 
 
@@ -319,4 +321,104 @@ def test_the_helm_chart_in_plugin_mode_installs_runs_and_places_a_pod(cluster: R
     check_gpusched_runs(cluster, "via-helm-plugin", PLUGIN_MODE)
     proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
                           capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+
+
+def scheduler_pods(cluster: RealCluster) -> list[client.V1Pod]:
+    core = client.CoreV1Api(cluster.cp.api_client())
+    return [p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/name=gpusched-scheduler").items
+            if p.metadata.deletion_timestamp is None]
+
+
+def is_ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def leader_pod(cluster: RealCluster) -> str:
+    """The Ready scheduler pod its extender labelled leader (what the telemetry Service selects)."""
+    leaders = [p.metadata.name for p in scheduler_pods(cluster)
+               if is_ready(p) and (p.metadata.labels or {}).get("gpusched.io/scheduler-role") == "leader"]
+    return leaders[0] if len(leaders) == 1 else ""
+
+
+def gpu_pod(name: str, scheduler_name: str) -> dict:
+    return {"metadata": {"name": name}, "spec": {
+        "schedulerName": scheduler_name, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+        "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+@pytest.mark.parametrize("mode", [EXTENDER_MODE, PLUGIN_MODE], ids=["extender", "plugin"])
+def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: RealCluster, mode):
+    """scheduler.replicas: 2 (issue 48): both pods Ready (the standby once labelled), the leader
+    selected by its label; `kubectl rollout restart` replaces one pod at a time with the new one
+    Ready first, so two pods are Ready throughout, and the GPU pods created during the rollout bind,
+    each to GPUs no other pod holds."""
+    scheduler_name, _ = mode
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
+    proc = subprocess.run([*helm, "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
+                           "--set", "nodeAgent.fakeGpus.enabled=true", "--set", "scheduler.replicas=2",
+                           "--set", f"mode={'plugin' if mode == PLUGIN_MODE else 'extender'}"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    create_namespace_secrets_and_presets(cluster, create_namespace=False)
+    wait_rolled_out(cluster)
+    core = client.CoreV1Api(cluster.cp.api_client())
+    wait_until(lambda: len([p for p in scheduler_pods(cluster) if is_ready(p)]) == 2 and leader_pod(cluster), 120,
+               "both scheduler pods Ready, one labelled leader", context=lambda: pod_report(cluster))
+    roles = sorted((p.metadata.labels or {}).get("gpusched.io/scheduler-role", "") for p in scheduler_pods(cluster))
+    assert roles == ["leader", "standby"], roles
+    core.create_namespaced_pod(WORKLOAD_NS, gpu_pod("ha-before", scheduler_name))
+    wait_until(lambda: core.read_namespaced_pod("ha-before", WORKLOAD_NS).spec.node_name, 90, "ha-before bound",
+               context=lambda: pod_report(cluster))
+
+    cluster.kubectl("-n", NS, "rollout", "restart", "deployment/gpusched-scheduler")
+    ready_counts, created, leaders = [], [], []
+    rollout = subprocess.Popen([str(cluster.cp.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", "-n", NS, "rollout",
+                                "status", "deployment/gpusched-scheduler", "--timeout=300s"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        next_pod = 0.0
+        while rollout.poll() is None:
+            ready_counts.append(len([p for p in scheduler_pods(cluster) if is_ready(p)]))
+            leaders.append((time.monotonic(), leader_pod(cluster)))
+            if time.monotonic() >= next_pod and len(created) < 4:
+                name = f"ha-during-{len(created)}"
+                core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, scheduler_name))
+                created.append(name)
+                next_pod = time.monotonic() + 5
+            time.sleep(0.5)
+        assert rollout.returncode == 0, rollout.stdout.read() if rollout.stdout else ""
+    finally:
+        if rollout.poll() is None:
+            rollout.kill()
+    leader = wait_until(lambda: leader_pod(cluster), 60, "a leader after the rollout")
+    leaders.append((time.monotonic(), leader))
+    gaps, since = [], None
+    for at, name in leaders:
+        if not name and since is None:
+            since = at
+        elif name and since is not None:
+            gaps.append(at - since)
+            since = None
+    in_turn = [n for i, (_, n) in enumerate(leaders) if n and (i == 0 or leaders[i - 1][1] != n)]
+    print(f"\nrollout ({scheduler_name}): Ready scheduler pods sampled {len(ready_counts)} times, min "
+          f"{min(ready_counts)}; leaders in turn {in_turn}; "
+          f"without a labelled Ready leader for {', '.join(f'{g:.1f}s' for g in gaps) or 'no sample'}; "
+          f"GPU pods created during it: {created}")
+    assert min(ready_counts) >= 2, f"fewer than two Ready scheduler pods during the rollout: {ready_counts}"
+    for name in ["ha-before", *created]:
+        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 120, f"{name} bound",
+                   context=lambda: pod_report(cluster))
+    assigned = [core.read_namespaced_pod(n, WORKLOAD_NS).metadata.annotations["gpusched.io/assigned-gpus"]
+                for n in ["ha-before", *created]]
+    assert len(set(assigned)) == len(assigned), f"a GPU promised twice: {assigned}"
+    # The agents' telemetry reaches the new leader through the Service that selects its label.
+    wait_until(lambda: any(x["name"] == cluster.node.name and x.get("telemetry", "").startswith("fresh telemetry")
+                           for x in extender_get(cluster, "/debug/nodes", pod=leader)["nodes"]), 60,
+               "fresh telemetry at the new leader", context=lambda: pod_report(cluster))
+    for name in ["ha-before", *created]:
+        core.delete_namespaced_pod(name, WORKLOAD_NS, grace_period_seconds=0)
+    proc = subprocess.run([*helm, "uninstall", "gpusched", "--wait"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
