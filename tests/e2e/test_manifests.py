@@ -158,3 +158,21 @@ def test_the_extender_judges_staleness_by_the_agents_period():
         return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == container)["args"]
     period = next(a.split("=", 1)[1] for a in args("DaemonSet", "agent") if a.startswith("--period="))
     assert f"--telemetry-period={period}" in args("Deployment", "extender")
+
+
+@pytest.mark.parametrize("name", ["vllm-engine.yaml", "vllm-share.yaml"])
+def test_the_example_engines_run_unprivileged_on_a_read_only_root(name):
+    """The example engine Deployments (issue 48): the image's own non-root user, no privilege
+    escalation, no capabilities, a read-only root with the caches' home and /tmp writable."""
+    import yaml
+
+    (deployment,) = [d for d in yaml.safe_load_all((MANIFESTS / "examples" / name).read_text())
+                     if d and d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"]:
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}}, container["name"]
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert {"/home/vllm", "/tmp", "/dev/shm"} <= mounts, mounts
