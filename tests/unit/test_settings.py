@@ -31,7 +31,7 @@ PUBLISHED_FLAGS = {
     "--topology-tiers": "topology_tiers", "--dra": "dra", "--dra-driver": "dra_driver", "--webhook-port": "webhook_port",
     "--webhook-host": "webhook_host", "--webhook-tls-cert": "webhook_tls_cert", "--webhook-tls-key": "webhook_tls_key",
     "--webhook-client-ca": "webhook_client_ca", "--webhook-allow-unauthenticated": "webhook_allow_unauthenticated",
-    "--leader-elect": "leader_elect", "--leader-elect-lease": "leader_elect_lease",
+    "--leader-elect": "leader_elect", "--pod-name": "pod_name", "--leader-elect-lease": "leader_elect_lease",
     "--leader-elect-follow": "leader_elect_follow", "--leader-elect-lease-duration": "leader_elect_lease_duration_s",
     "--leader-elect-renew-deadline": "leader_elect_renew_deadline_s",
     "--leader-elect-retry-period": "leader_elect_retry_period_s",
@@ -67,7 +67,8 @@ def test_every_flag_reaches_its_field():
             "--bind-write-timeout=15s", "--scheduling-address=unix:///run/gpusched/scheduling.sock",
             "--telemetry-ingest=thread", "--topology-tiers=rack=example.com/rack", "--webhook-port=9444",
             "--webhook-host=10.0.0.1", "--webhook-tls-cert=/wc", "--webhook-tls-key=/wk",
-            "--webhook-client-ca=/wca", "--leader-elect-lease=l", "--leader-elect-follow=", "--leader-elect-lease-duration=15s",
+            "--webhook-client-ca=/wca", "--pod-name=gpusched-scheduler-0", "--leader-elect-lease=l",
+            "--leader-elect-follow=", "--leader-elect-lease-duration=15s",
             "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s"]
     s = settings_from(parse_args(argv))
     assert s == Settings(host="0.0.0.0", port=9000, url_prefix="/", max_body_bytes=2048, decision_capacity=5,
@@ -79,7 +80,7 @@ def test_every_flag_reaches_its_field():
                          scheduling_address="unix:///run/gpusched/scheduling.sock", telemetry_ingest="thread",
                          topology_tiers="rack=example.com/rack", webhook_port=9444, webhook_host="10.0.0.1",
                          webhook_tls_cert="/wc", webhook_tls_key="/wk", webhook_client_ca="/wca",
-                         leader_elect_lease="l", leader_elect_follow="",
+                         pod_name="gpusched-scheduler-0", leader_elect_lease="l", leader_elect_follow="",
                          leader_elect_lease_duration_s=15.0, leader_elect_renew_deadline_s=10.0,
                          leader_elect_retry_period_s=2.0)
     assert s.verb_prefix == "" and s.barrier_timing.max_wait_s == 90 - 15 - 5

@@ -21,6 +21,7 @@ from extender.adapters.stream_view import StreamView, Unapplied
 from extender.adapters.telemetry_server import StreamLimits, TelemetryMetrics, TelemetryServicer
 from extender.model.telemetry import engine_headroom, gpu_memory_key
 from extender.service.telemetry import TokenIdentity
+from gpusched_api.release import release
 from gpusched_api.telemetry.v1 import telemetry_pb2 as pb
 from gpusched_api.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 from nodeagent.stream.changes import ChangeTracker
@@ -36,7 +37,7 @@ def state(seq: int = 1, *, free_gib: tuple[float, ...] = (40, 40), holders: tupl
           kv: tuple[float, ...] = (), backend: str = "fake", units: tuple[str, ...] | None = None) -> pb.NodeReport:
     """The node's complete state as the agent collects it: one unit per ``free_gib`` entry (uuids
     ``units``, default GPU-0..), held by ``holders`` ("" = free); one engine per ``kv`` entry."""
-    r = pb.NodeReport(node_name="n1", sequence=seq, period_millis=1000, gpu_backend=backend, agent_version="v")
+    r = pb.NodeReport(node_name="n1", sequence=seq, period_millis=1000, gpu_backend=backend, agent_version=release())
     uuids = units or tuple(f"GPU-{i}" for i in range(len(free_gib)))
     for i, (uuid, free) in enumerate(zip(uuids, free_gib, strict=True)):
         g = r.gpus.add(uuid=uuid, index=i, memory_total_bytes=80 * GIB, memory_free_bytes=int(free * GIB))
