@@ -3,7 +3,9 @@
 
 A replica starts as a standby: its HTTP port answers the verbs 503 "not the leader" and /readyz 503
 (``extender.api.standby``), and its telemetry and plugin-service addresses answer UNAVAILABLE
-(``extender.adapters.standby_grpc``); it watches no cluster state. It campaigns for the Lease
+(``extender.adapters.standby_grpc``); it watches no cluster state. With ``--pod-name`` it labels its
+own pod ``gpusched.io/scheduler-role=standby`` first and is Ready from then on, and labels it
+``leader`` once it serves: the Services that must reach the leader select that label (issue 48). It campaigns for the Lease
 ``--leader-elect-lease`` (``extender.service.leadership``), with ``--leader-elect-follow`` only while
 the kube-scheduler in its own pod leads. On taking the Lease it stops the standby listeners and
 builds everything as a fresh start would (``assemble``: the reflectors relist nodes and pods, the
@@ -107,6 +109,8 @@ def run_replica(settings: Settings) -> int:
                                         header_timeout_s=settings.client_timeout_s, lifespan="off"))
     server.run()
     campaign.stop()  # graceful: release, so the standby takes over without waiting out the Lease
+    if role is not None:
+        role.stop()  # the pod is going: its label is left as it is (a terminating pod is no endpoint)
     if verbs is not None:
         verbs.stop()
     return 0

@@ -942,7 +942,12 @@ def test_ha_overlay_changes_only_the_scheduler_pods_count_spread_update_budget_a
     deployment, pdb, service = (("Deployment", "gpusched-system", "gpusched-scheduler"),
                                 ("PodDisruptionBudget", "gpusched-system", "gpusched-scheduler"),
                                 ("Service", "gpusched-system", "gpusched-telemetry"))
-    assert ha.keys() == base.keys()
+    # Its own pod's role label: patch on pods of its namespace (plugin mode has no other pod write).
+    assert ha.keys() - base.keys() == {("Role", "gpusched-system", "gpusched-extender-pod-role"),
+                                       ("RoleBinding", "gpusched-system", "gpusched-extender-pod-role")}
+    assert ha[("Role", "gpusched-system", "gpusched-extender-pod-role")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert base.keys() <= ha.keys()
     assert {k for k in base if base[k] != ha[k]} == {deployment, service}  # the base's budget: one at a time
     spec = ha[deployment]["spec"]
     assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
