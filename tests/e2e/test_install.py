@@ -422,3 +422,77 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
         core.delete_namespaced_pod(name, WORKLOAD_NS, grace_period_seconds=0)
     proc = subprocess.run([*helm, "uninstall", "gpusched", "--wait"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
+
+
+# The chart as released before issue 48 (commit 66f88f7: `git archive 66f88f7 manifests/helm/gpusched`,
+# then `helm package`), to upgrade from.
+PREVIOUS_CHART = REPO / "tests" / "fixtures" / "gpusched-chart-66f88f7.tgz"
+
+
+def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_leader(cluster: RealCluster):
+    """`helm upgrade` from the previous release's chart (issue 48) with scheduler.replicas 2, GPU pods
+    bound and a gang waiting for its second member: the CRDs applied first as docs/upgrading.md says,
+    the upgrade rolls the scheduler pods, the pods created meanwhile bind, the gang binds whole after,
+    and no GPU is promised twice."""
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
+    values = ["--set", "nodeAgent.fakeGpus.enabled=true", "--set", "scheduler.replicas=2"]
+    proc = subprocess.run([*helm, "install", "gpusched", str(PREVIOUS_CHART), *values],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm install of the previous chart failed:\n{proc.stdout}\n{proc.stderr}"
+    create_namespace_secrets_and_presets(cluster, create_namespace=False)
+    core = client.CoreV1Api(cluster.cp.api_client())
+    # The previous chart's standby is never Ready: wait for one Ready pod whose extender serves.
+    wait_until(lambda: [p for p in scheduler_pods(cluster) if is_ready(p)], 240, "the previous release's leader Ready",
+               context=lambda: pod_report(cluster))
+    bound_before = ["up-before-0", "up-before-1"]
+    for name in bound_before:
+        core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, EXTENDER_MODE[0]))
+    for name in bound_before:
+        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 120, f"{name} bound",
+                   context=lambda: pod_report(cluster))
+    gang = [gpu_pod(f"up-gang-{i}", EXTENDER_MODE[0]) for i in range(2)]
+    for member in gang:
+        member["metadata"]["annotations"] = {"gpusched.io/gang-name": "up-gang", "gpusched.io/gang-size": "2"}
+    core.create_namespaced_pod(WORKLOAD_NS, gang[0])  # waits for its second member
+
+    for crd in ("scheduling.x-k8s.io_podgroups.yaml", "scheduler.grove.io_podgangs.yaml"):
+        cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / crd))
+    upgrade = subprocess.Popen([*helm, "upgrade", "gpusched", str(MANIFESTS / "helm" / "gpusched"), *values,
+                                "--wait", "--timeout=300s"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    created, samples = [], []
+    try:
+        next_pod = 0.0
+        while upgrade.poll() is None:
+            samples.append((len([p for p in scheduler_pods(cluster) if is_ready(p)]), leader_pod(cluster)))
+            if time.monotonic() >= next_pod and len(created) < 3:
+                name = f"up-during-{len(created)}"
+                core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, EXTENDER_MODE[0]))
+                created.append(name)
+                next_pod = time.monotonic() + 5
+            time.sleep(0.5)
+        output = upgrade.stdout.read() if upgrade.stdout else ""
+        assert upgrade.returncode == 0, f"helm upgrade failed:\n{output}\n{pod_report(cluster)}"
+    finally:
+        if upgrade.poll() is None:
+            upgrade.kill()
+    print(f"\nupgrade: {len(samples)} samples; Ready scheduler pods min {min(n for n, _ in samples)}; samples with a "
+          f"labelled leader {sum(1 for _, leader in samples if leader)}; GPU pods created during it: {created}")
+    assert min(n for n, _ in samples) >= 1, "the upgrade left no scheduler pod Ready"
+    wait_until(lambda: leader_pod(cluster), 120, "a labelled leader after the upgrade", context=lambda: pod_report(cluster))
+    core.create_namespaced_pod(WORKLOAD_NS, gang[1])
+    everyone = [*bound_before, *created, "up-gang-0", "up-gang-1"]
+    for name in everyone:
+        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 150, f"{name} bound",
+                   context=lambda: pod_report(cluster))
+    pods = {n: core.read_namespaced_pod(n, WORKLOAD_NS) for n in everyone}
+    assigned = [pods[n].metadata.annotations["gpusched.io/assigned-gpus"] for n in everyone]
+    assert len(set(assigned)) == len(assigned), f"a GPU promised twice: {assigned}"
+    for name in bound_before:  # bound before: kept exactly what they had
+        assert pods[name].metadata.annotations.get("gpusched.io/decision-id"), name
+    assert pods["up-gang-0"].metadata.annotations.get("gpusched.io/gang-commit") and \
+        pods["up-gang-1"].metadata.annotations.get("gpusched.io/gang-commit"), "the gang bound whole"
+    for name in everyone:
+        core.delete_namespaced_pod(name, WORKLOAD_NS, grace_period_seconds=0)
+    proc = subprocess.run([*helm, "uninstall", "gpusched", "--wait"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
