@@ -53,14 +53,24 @@ def kustomize_build(folder: Path) -> list[dict[str, Any]]:
 
 
 def helm_template(values: Mapping[str, Any] | None = None, release: str = "gpusched") -> list[dict[str, Any]]:
-    """``helm template RELEASE manifests/helm/gpusched`` with ``values`` (a values file), parsed."""
-    argv = [str(tool("helm")), "template", release, str(CHART)]
-    if values:
-        argv += ["--values", "-"]
-    proc = subprocess.run(argv, input=json.dumps(dict(values or {})), capture_output=True, text=True, timeout=120)
+    """``helm template RELEASE manifests/helm/gpusched`` with ``values`` (a values file), parsed:
+    what ``helm install`` applies (``helm test``'s hooks left out: :func:`helm_test_hooks`)."""
+    argv = [str(tool("helm")), "template", release, str(CHART), "--skip-tests", "--values", "-"]
+    return _objects(_run_with_input(argv, json.dumps(dict(values or {}))))
+
+
+def helm_test_hooks(values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The objects ``helm test`` creates (templates/tests/), parsed."""
+    argv = [str(tool("helm")), "template", "gpusched", str(CHART), "--show-only", "templates/tests/check.yaml",
+            "--values", "-"]
+    return _objects(_run_with_input(argv, json.dumps(dict(values or {}))))
+
+
+def _run_with_input(argv: list[str], text: str) -> str:
+    proc = subprocess.run(argv, input=text, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr}")
-    return _objects(proc.stdout)
+    return proc.stdout
 
 
 def normalised(objects: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:

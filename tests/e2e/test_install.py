@@ -274,9 +274,25 @@ def test_the_helm_chart_installs_runs_and_places_a_pod(cluster: RealCluster):
     create_namespace_secrets_and_presets(cluster, create_namespace=False)
     wait_rolled_out(cluster)
     check_gpusched_runs(cluster, "via-helm")
+    check_helm_test_passes(cluster)
     proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
+
+
+def check_helm_test_passes(cluster: RealCluster) -> None:
+    """`helm test` (templates/tests/check.yaml): its pod finds the scheduler answering, the real
+    node's agent streaming and a sample GPU pod judged; its grants are gone after."""
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    proc = subprocess.run([str(tool("helm")), "test", "gpusched", f"--kubeconfig={kubeconfig}", "--timeout=180s"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm test failed:\n{proc.stdout}\n{proc.stderr}\n{pod_report(cluster)}"
+    # Its log (helm test --logs looks in the release's namespace; the pod is in gpusched's).
+    report = cluster.kubectl("-n", NS, "logs", "pod/gpusched-check").stdout
+    assert "ok: the scheduler answers (1 GPU node(s), every agent streaming)" in report, report
+    assert "ok: a sample one-GPU vLLM pod was judged: fits on " + cluster.node.name in report, report
+    left = cluster.kubectl("-n", NS, "get", "serviceaccount,configmap,role,rolebinding", "-o", "name").stdout
+    assert "gpusched-check" not in left, left  # the pod stays, Succeeded: its log is the report
 
 
 def plugin_mode_with_fake_gpus(folder: Path) -> None:
@@ -319,6 +335,7 @@ def test_the_helm_chart_in_plugin_mode_installs_runs_and_places_a_pod(cluster: R
     wait_rolled_out(cluster)
     check_the_scheduler_is_the_gpusched_build(cluster)
     check_gpusched_runs(cluster, "via-helm-plugin", PLUGIN_MODE)
+    check_helm_test_passes(cluster)
     proc = subprocess.run([str(tool("helm")), "uninstall", "gpusched", f"--kubeconfig={kubeconfig}", "--wait"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

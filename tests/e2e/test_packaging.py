@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from devcluster.controlplane import MANIFESTS, ControlPlane
-from devcluster.render import CHART, helm_template, kustomize_build, normalised
+from devcluster.render import CHART, helm_template, helm_test_hooks, kustomize_build, normalised
 from devcluster.stack import Stack
 from gpusched_api.names import SCHEDULER_ROLE_LABEL
 
@@ -418,7 +418,30 @@ def test_helm_notes_say_what_is_left_to_do_for_the_values_given(control_plane: C
         assert step in notes, f"{step!r} not in:\n{notes}"
     for step in absent:
         assert step not in notes, f"{step!r} in:\n{notes}"
-    assert "rollout status deployment/gpusched-scheduler" in notes
+    assert "rollout status deployment/gpusched-scheduler" in notes and "helm test gpusched" in notes
+
+
+def test_helm_test_hooks_are_test_hooks_with_least_privilege(control_plane: ControlPlane, stack: Stack):
+    """templates/tests/ (run by `helm test`, never by install; on the real node in test_install): a
+    pod of the extender's image, unprivileged, whose account may list pods of gpusched's namespace
+    and act as gpusched-planner at the metrics proxy, nothing else; all but the pod deleted once it
+    passes."""
+    hooks = helm_test_hooks({"imagePullSecrets": [{"name": "regcred"}]})
+    assert {(o["kind"], o["metadata"]["name"]) for o in hooks} == {
+        ("ServiceAccount", "gpusched-check"), ("Role", "gpusched-check"), ("RoleBinding", "gpusched-check"),
+        ("ClusterRoleBinding", "gpusched-check-gpusched-system"), ("ConfigMap", "gpusched-check"),
+        ("Pod", "gpusched-check")}
+    for o in hooks:  # the pod stays once it passed: its log is the report (`helm test --logs`)
+        assert o["metadata"]["annotations"]["helm.sh/hook"] == "test", o["metadata"]["name"]
+        assert ("hook-succeeded" in o["metadata"]["annotations"]["helm.sh/hook-delete-policy"]) is (o["kind"] != "Pod")
+    by_kind = {o["kind"]: o for o in hooks}
+    assert by_kind["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert by_kind["ClusterRoleBinding"]["roleRef"]["name"] == "gpusched-planner"
+    pod = by_kind["Pod"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert by_kind["ConfigMap"]["data"]["check.py"] == (CHART / "files" / "check.py").read_text()
+    control_plane.apply(hooks, dry_run=True)
 
 
 def test_helm_chart_ships_the_manifests_crds():
