@@ -17,6 +17,11 @@ GPUSCHED_RUN_ID := $(shell date -u +%Y%m%dT%H%M%SZ)
 endif
 export GPUSCHED_RUN_ID
 SUBMAKE := $(MAKE) --no-print-directory
+# The targets $(1), one after another, each by a submake of its own: `-j1` on a submake under
+# `-j2` would work too, but GNU make then warns "-j1 forced in submake: resetting jobserver mode".
+# Call it on a `+` line: make does not see the submake inside $(call) as one and would not pass on
+# its jobserver ("jobserver unavailable").
+IN_TURN = for target in $(1); do $(SUBMAKE) $$target || exit 1; done
 
 # MODE: how gpusched's kube-scheduler asks the core — extender (HTTP, the default) or plugin (the
 # GpuSched kube-scheduler of scheduler-plugin/, gRPC; built first, ~5 minutes cold).
@@ -43,7 +48,7 @@ prepare:
 	@$(SUBMAKE) images
 
 prepare-go-builds:
-	@$(SUBMAKE) -j1 control-plane scheduler-plugin containerd tools go-checks
+	+@$(call IN_TURN,control-plane scheduler-plugin containerd tools go-checks)
 
 # The scheduler plugin's Go: formatted, vetted, its unit tests. Built with the plugin binary's flags
 # (-trimpath, no cgo) so they reuse the packages make scheduler-plugin compiled: 1.4 min instead of
@@ -53,9 +58,9 @@ go-checks:
 	  && export GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0 && go vet ./... && go test -count=1 ./...'
 
 prepare-installs:
-	@$(SUBMAKE) -j1 venv vllm-venv node-deps
+	+@$(call IN_TURN,venv vllm-venv node-deps)
 	@$(STEP) --quiet images-python bash hack/build-images.sh extender node-agent
-	@$(SUBMAKE) -j1 lint
+	@$(SUBMAKE) lint
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
 # mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
