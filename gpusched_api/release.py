@@ -32,14 +32,14 @@ def skew_problem(ours: str, theirs: str, peer: str) -> str:
     if not theirs:
         return ""
     mine, other = _major_minor(ours), _major_minor(theirs)
-    shown = repr(theirs[:40])
+    shown = "".join(c for c in theirs[:40] if c.isprintable())  # off the wire: no control characters echoed
     if mine is None:
         return ""  # this side's release is unknowable (an uninstalled tree): nothing to compare with
     if other is None:
-        return (f"the {peer} says it is release {shown}, not a MAJOR.MINOR.PATCH release this gpusched {ours} can "
+        return (f"the {peer} says it is release {shown!r}, not a MAJOR.MINOR.PATCH release this gpusched {ours} can "
                 f"check; run a {peer} of release {mine[0]}.{mine[1]}.x")
     if other[0] != mine[0] or abs(other[1] - mine[1]) > MAX_MINOR_SKEW:
-        return (f"the {peer} is release {theirs[:40]} and this gpusched is {ours}: they may differ by at most "
+        return (f"the {peer} is release {shown} and this gpusched is {ours}: they may differ by at most "
                 f"{MAX_MINOR_SKEW} minor release within one major (docs/upgrading.md); upgrade the older one")
     return ""
 

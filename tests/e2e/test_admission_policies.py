@@ -113,6 +113,7 @@ def test_the_extender_cannot_change_a_pod_beyond_gpusched_annotations(extender_a
 
 
 ROLE = "gpusched.io/scheduler-role"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
 @pytest.fixture
@@ -127,9 +128,11 @@ def scheduler_pod(admin) -> str:
 
 
 def test_the_extender_may_label_its_scheduler_pods_leader_or_standby(extender_api, scheduler_pod):
-    for role in ("standby", "leader", "standby"):
-        patched = extender_api.patch_namespaced_pod(scheduler_pod, NAMESPACE, {"metadata": {"labels": {ROLE: role}}})
-        assert patched.metadata.labels[ROLE] == role
+    """The role label and, with it, Kubernetes' deletion cost (the standby is replaced first)."""
+    for role, cost in (("standby", "0"), ("leader", "1000"), ("standby", "0")):
+        patched = extender_api.patch_namespaced_pod(scheduler_pod, NAMESPACE, {"metadata": {
+            "labels": {ROLE: role}, "annotations": {DELETION_COST: cost}}})
+        assert patched.metadata.labels[ROLE] == role and patched.metadata.annotations[DELETION_COST] == cost
 
 
 @pytest.mark.parametrize("which, labels, needle", [
@@ -144,6 +147,12 @@ def test_the_extender_cannot_set_a_role_elsewhere_or_anything_beside_it(extender
     name, where = (scheduler_pod, NAMESPACE) if which == "scheduler" else (pod, namespace)
     body = refused(lambda: extender_api.patch_namespaced_pod(name, where, {"metadata": {"labels": labels}}))
     assert "gpusched-extender" in body and needle in body, body
+
+
+def test_the_extender_cannot_set_a_tenants_deletion_cost(extender_api, pod, namespace):
+    body = refused(lambda: extender_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
+        DELETION_COST: "-1000"}}}))
+    assert "gpusched-extender" in body and DELETION_COST in body, body
 
 
 def test_the_extender_cannot_relabel_a_node(extender_api, nodes):

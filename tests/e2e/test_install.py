@@ -419,12 +419,16 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
         elif name and since is not None:
             gaps.append(at - since)
             since = None
-    in_turn = [n for i, (_, n) in enumerate(leaders) if n and (i == 0 or leaders[i - 1][1] != n)]
+    named = [n for _, n in leaders if n]
+    in_turn = [n for i, n in enumerate(named) if i == 0 or named[i - 1] != n]
     print(f"\nrollout ({scheduler_name}): Ready scheduler pods sampled {len(ready_counts)} times, min "
           f"{min(ready_counts)}; leaders in turn {in_turn}; "
           f"without a labelled Ready leader for {', '.join(f'{g:.1f}s' for g in gaps) or 'no sample'}; "
           f"GPU pods created during it: {created}")
     assert min(ready_counts) >= 2, f"fewer than two Ready scheduler pods during the rollout: {ready_counts}"
+    # The leader is the dearest pod to delete (controller.kubernetes.io/pod-deletion-cost): the old
+    # standby is replaced first, so the rollout hands over once.
+    assert len(in_turn) == 2, f"leaders in turn {in_turn}: one handover expected"
     for name in ["ha-before", *created]:
         wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 120, f"{name} bound",
                    context=lambda: pod_report(cluster))

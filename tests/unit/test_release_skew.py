@@ -33,3 +33,9 @@ def test_a_peer_too_far_away_or_unreadable_is_refused_naming_both(ours, theirs, 
     problem = skew_problem(ours, theirs, "node agent")
     assert said in problem, problem
     assert len(problem) < 400  # what came off the wire is echoed bounded
+
+
+def test_what_came_off_the_wire_is_echoed_without_control_characters():
+    problem = skew_problem("0.1.0", "0.9.\x1b[31mred\x07", "node agent")
+    assert "the node agent is release 0.9.[31mred and this gpusched is 0.1.0" in problem, problem
+    assert "\x1b" not in problem and "\x07" not in problem
