@@ -60,7 +60,7 @@ go-checks:
 prepare-installs:
 	+@$(call IN_TURN,venv vllm-venv node-deps)
 	@$(STEP) --quiet images-python bash hack/build-images.sh extender node-agent
-	@$(SUBMAKE) lint
+	+@$(SUBMAKE) lint
 
 # Layer contracts (import-linter), pyflakes/pycodestyle/import order/bugbear (ruff) and types in basic
 # mode over the product packages (pyright: the wheel bundles it, run with the machine's node).
