@@ -365,6 +365,45 @@ def gpu_pod(name: str, scheduler_name: str) -> dict:
                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 
 
+def sample_while(running: subprocess.Popen, cluster: RealCluster, prefix: str, pods: int,
+                 scheduler_name: str) -> tuple[list[tuple[float, int, str]], list[str]]:
+    """While ``running`` (a rollout or an upgrade) runs: every half second (when, Ready scheduler
+    pods, the labelled leader or ""), and a GPU pod ``<prefix>-<i>`` created every 5 s, ``pods`` in
+    all. Fails with its output if it failed; kills it if the sampling itself fails."""
+    core = client.CoreV1Api(cluster.cp.api_client())
+    samples: list[tuple[float, int, str]] = []
+    created: list[str] = []
+    try:
+        next_pod = 0.0
+        while running.poll() is None:
+            samples.append((time.monotonic(), len([p for p in scheduler_pods(cluster) if is_ready(p)]),
+                            leader_pod(cluster)))
+            if time.monotonic() >= next_pod and len(created) < pods:
+                name = f"{prefix}-{len(created)}"
+                core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, scheduler_name))
+                created.append(name)
+                next_pod = time.monotonic() + 5
+            time.sleep(0.5)
+        output = running.stdout.read() if running.stdout else ""
+        assert running.returncode == 0, f"{' '.join(running.args)} failed:\n{output}\n{pod_report(cluster)}"
+    finally:
+        if running.poll() is None:
+            running.kill()
+    return samples, created
+
+
+def bound_to_distinct_gpus(cluster: RealCluster, names: list[str]) -> dict[str, client.V1Pod]:
+    """Waits for each pod to be bound; fails if two of them hold a GPU in common."""
+    core = client.CoreV1Api(cluster.cp.api_client())
+    for name in names:
+        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 150, f"{name} bound",
+                   context=lambda: pod_report(cluster))
+    pods = {n: core.read_namespaced_pod(n, WORKLOAD_NS) for n in names}
+    assigned = [pods[n].metadata.annotations["gpusched.io/assigned-gpus"] for n in names]
+    assert len(set(assigned)) == len(assigned), f"a GPU promised twice: {assigned}"
+    return pods
+
+
 @pytest.mark.parametrize("mode", [EXTENDER_MODE, PLUGIN_MODE], ids=["extender", "plugin"])
 def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: RealCluster, mode):
     """scheduler.replicas: 2 (issue 48): both pods Ready (the standby once labelled), the leader
@@ -391,25 +430,12 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
                context=lambda: pod_report(cluster))
 
     cluster.kubectl("-n", NS, "rollout", "restart", "deployment/gpusched-scheduler")
-    ready_counts, created, leaders = [], [], []
     rollout = subprocess.Popen([str(cluster.cp.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", "-n", NS, "rollout",
                                 "status", "deployment/gpusched-scheduler", "--timeout=300s"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        next_pod = 0.0
-        while rollout.poll() is None:
-            ready_counts.append(len([p for p in scheduler_pods(cluster) if is_ready(p)]))
-            leaders.append((time.monotonic(), leader_pod(cluster)))
-            if time.monotonic() >= next_pod and len(created) < 4:
-                name = f"ha-during-{len(created)}"
-                core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, scheduler_name))
-                created.append(name)
-                next_pod = time.monotonic() + 5
-            time.sleep(0.5)
-        assert rollout.returncode == 0, rollout.stdout.read() if rollout.stdout else ""
-    finally:
-        if rollout.poll() is None:
-            rollout.kill()
+    samples, created = sample_while(rollout, cluster, "ha-during", 4, scheduler_name)
+    ready_counts = [ready for _, ready, _ in samples]
+    leaders = [(at, leader) for at, _, leader in samples]
     leader = wait_until(lambda: leader_pod(cluster), 60, "a leader after the rollout")
     leaders.append((time.monotonic(), leader))
     gaps, since = [], None
@@ -429,12 +455,7 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
     # The leader is the dearest pod to delete (controller.kubernetes.io/pod-deletion-cost): the old
     # standby is replaced first, so the rollout hands over once.
     assert len(in_turn) == 2, f"leaders in turn {in_turn}: one handover expected"
-    for name in ["ha-before", *created]:
-        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 120, f"{name} bound",
-                   context=lambda: pod_report(cluster))
-    assigned = [core.read_namespaced_pod(n, WORKLOAD_NS).metadata.annotations["gpusched.io/assigned-gpus"]
-                for n in ["ha-before", *created]]
-    assert len(set(assigned)) == len(assigned), f"a GPU promised twice: {assigned}"
+    bound_to_distinct_gpus(cluster, ["ha-before", *created])
     # The agents' telemetry reaches the new leader through the Service that selects its label.
     wait_until(lambda: any(x["name"] == cluster.node.name and x.get("telemetry", "").startswith("fresh telemetry")
                            for x in extender_get(cluster, "/debug/nodes", pod=leader)["nodes"]), 60,
@@ -481,34 +502,14 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
         cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / crd))
     upgrade = subprocess.Popen([*helm, "upgrade", "gpusched", str(MANIFESTS / "helm" / "gpusched"), *values,
                                 "--wait", "--timeout=300s"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    created, samples = [], []
-    try:
-        next_pod = 0.0
-        while upgrade.poll() is None:
-            samples.append((len([p for p in scheduler_pods(cluster) if is_ready(p)]), leader_pod(cluster)))
-            if time.monotonic() >= next_pod and len(created) < 3:
-                name = f"up-during-{len(created)}"
-                core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, EXTENDER_MODE[0]))
-                created.append(name)
-                next_pod = time.monotonic() + 5
-            time.sleep(0.5)
-        output = upgrade.stdout.read() if upgrade.stdout else ""
-        assert upgrade.returncode == 0, f"helm upgrade failed:\n{output}\n{pod_report(cluster)}"
-    finally:
-        if upgrade.poll() is None:
-            upgrade.kill()
-    print(f"\nupgrade: {len(samples)} samples; Ready scheduler pods min {min(n for n, _ in samples)}; samples with a "
-          f"labelled leader {sum(1 for _, leader in samples if leader)}; GPU pods created during it: {created}")
-    assert min(n for n, _ in samples) >= 1, "the upgrade left no scheduler pod Ready"
+    samples, created = sample_while(upgrade, cluster, "up-during", 3, EXTENDER_MODE[0])
+    print(f"\nupgrade: {len(samples)} samples; Ready scheduler pods min {min(n for _, n, _ in samples)}; samples "
+          f"with a labelled leader {sum(1 for _, _, leader in samples if leader)}; GPU pods created during it: {created}")
+    assert min(n for _, n, _ in samples) >= 1, "the upgrade left no scheduler pod Ready"
     wait_until(lambda: leader_pod(cluster), 120, "a labelled leader after the upgrade", context=lambda: pod_report(cluster))
     core.create_namespaced_pod(WORKLOAD_NS, gang[1])
     everyone = [*bound_before, *created, "up-gang-0", "up-gang-1"]
-    for name in everyone:
-        wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 150, f"{name} bound",
-                   context=lambda: pod_report(cluster))
-    pods = {n: core.read_namespaced_pod(n, WORKLOAD_NS) for n in everyone}
-    assigned = [pods[n].metadata.annotations["gpusched.io/assigned-gpus"] for n in everyone]
-    assert len(set(assigned)) == len(assigned), f"a GPU promised twice: {assigned}"
+    pods = bound_to_distinct_gpus(cluster, everyone)
     for name in bound_before:  # bound before: kept exactly what they had
         assert pods[name].metadata.annotations.get("gpusched.io/decision-id"), name
     assert pods["up-gang-0"].metadata.annotations.get("gpusched.io/gang-commit") and \

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from devcluster.controlplane import MANIFESTS, ControlPlane
-from devcluster.render import CHART, helm_template, helm_test_hooks, kustomize_build, normalised
+from devcluster.render import CHART, helm_template, helm_test_hooks, kustomize_build, normalised, tool
 from devcluster.stack import Stack
 from gpusched_api.names import SCHEDULER_ROLE_LABEL
 
@@ -407,7 +407,6 @@ def test_helm_per_component_knobs_reach_each_pod():
 def test_helm_notes_say_what_is_left_to_do_for_the_values_given(control_plane: ControlPlane, values, steps, absent):
     import subprocess
 
-    from devcluster.render import tool
     admin = control_plane.kubeconfig(control_plane.admin_token, "admin")
     proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(CHART), "--dry-run=client", "--take-ownership",
                            f"--kubeconfig={admin}", "--values", "-"], input=json.dumps(values),
@@ -948,7 +947,6 @@ def test_helm_refuses_a_mode_it_does_not_know_naming_the_allowed_ones(mode):
     # ... and the template refuses what a --skip-schema-validation lets through.
     import subprocess
 
-    from devcluster.render import tool
     proc = subprocess.run([str(tool("helm")), "template", "gpusched", str(CHART), "--skip-schema-validation",
                            "--values", "-"], input=json.dumps({"mode": mode}), capture_output=True, text=True,
                           timeout=120)
