@@ -23,7 +23,8 @@ def test_up_sh_parses_and_passes_shellcheck():
     subprocess.run(["bash", "-n", str(UP)], check=True)
     scripts = [UP, *(REPO / "hack" / s for s in ("build-tools.sh", "telemetry-certs.sh", "webhook-certs.sh",
                                                   "gen-wire-proto.sh", "build-scheduler-plugin.sh", "build-images.sh",
-                                                  "build-containerd.sh", "gen-proto.sh", "lib/serving-cert.sh"))]
+                                                  "build-containerd.sh", "gen-proto.sh", "lib/serving-cert.sh",
+                                                  "upgrade-crds.sh"))]
     proc = subprocess.run([str(tool("shellcheck")), "-x", "-P", "SCRIPTDIR", *map(str, scripts)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
