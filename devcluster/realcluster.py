@@ -45,13 +45,14 @@ class RealCluster:
     for installing gpusched as a user does (the install tests)."""
 
     def __init__(self, node_labels: dict[str, str] | None = None, *, gpusched_processes: bool = True,
-                 cdi: bool = False):
+                 cdi: bool = False, cdi_dir: Path | None = None):
         """``cdi``: the node runs containerd 2 (built or reused, ``hack/build-containerd.sh``), which
-        applies the CDI specs in ``cdi_dir`` (the DRA plugin's); without, Debian's containerd 1.6."""
+        applies the CDI specs in ``cdi_dir`` (the DRA plugin's): by default a folder of this
+        cluster's, where :meth:`start_agent`'s agent writes them; the chart's DaemonSet writes the
+        host's /var/run/cdi. Without ``cdi``, Debian's containerd 1.6."""
         self.cp = ControlPlane(build_binaries(), with_nodes=True)
-        self.cdi_dir = self.cp.workdir / "cdi"
+        self.cdi_dir = cdi_dir or self.cp.workdir / "cdi"
         if cdi:
-            self.cdi_dir.mkdir(parents=True, exist_ok=True)
             self.node = RealNode(self.cp, labels=node_labels, containerd_bin=build_containerd(),
                                  cdi_dirs=(self.cdi_dir,))
         else:

@@ -49,7 +49,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Host folders the kubelet, containerd and runc write to whatever their flags say: what was not
 # there before start() is removed by stop(), entry by entry.
 HOST_FOLDERS = (KUBELET_ROOT, DEVICE_PLUGINS, Path("/run/containerd"), RUNC_ROOT,
-                Path("/var/log/pods"), Path("/var/log/containers"))
+                Path("/var/log/pods"), Path("/var/log/containers"),
+                # The chart's DRA driver mounts these (hostPath DirectoryOrCreate): its CDI specs, NVIDIA's.
+                Path("/var/run/cdi"), Path("/etc/cdi"))
 NEEDED = ("containerd", "runc", "ctr", "iptables", "ip", "containerd-shim-runc-v2")
 CNI_PLUGINS = Path("/usr/lib/cni")
 # The kubelet reports DiskPressure (and refuses or evicts pods) below this much free space on its
@@ -130,6 +132,8 @@ class RealNode:
         try:
             self._preflight()
             self._remember_host_state()
+            for folder in self.cdi_dirs:  # watched by containerd from its start
+                folder.mkdir(parents=True, exist_ok=True)
             self._start_containerd()
             self._import_images()
             self._start_kubelet()

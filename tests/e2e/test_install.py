@@ -24,6 +24,11 @@ overlay's two files beside it (the node has no NVML), and ``helm install --set m
 scheduler pod runs the GpuSched kube-scheduler image, which asks the core in the extender
 container over their shared socket, and a ``schedulerName: gpusched-plugin`` pod is reserved by
 the core, bound by the plugin's Binding carrying its annotations, and run.
+
+The chart's other ways to hand out GPUs (issue 48), each in both modes: the agent as the kubelet's
+device plugin, and as the GPUs' DRA driver with the claims webhook (the node runs containerd 2, which
+applies the CDI specs the driver writes). Then HA (two replicas rolled one at a time) and `helm
+upgrade` from the previous release's chart, its CRDs included.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import pytest
 import urllib3
 from kubernetes import client
 
-from devcluster.cluster import wait_until
+from devcluster.cluster import envdump_visible_devices, wait_until
 from devcluster.controlplane import MANIFESTS, REPO
 from devcluster.images import project_images
 from devcluster.realcluster import RealCluster
@@ -61,7 +66,8 @@ METRICS_SERVICE_NAME = f"gpusched-extender-metrics.{NS}.svc"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    real = RealCluster(gpusched_processes=False)
+    # containerd 2 applying the CDI specs the chart's DRA driver writes on the host.
+    real = RealCluster(gpusched_processes=False, cdi=True, cdi_dir=Path("/var/run/cdi"))
     try:
         real.start()
         for image in project_images(real.cp.bin_dir):
@@ -469,16 +475,21 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
 # The chart as released before issue 48 (commit 66f88f7: `git archive 66f88f7 manifests/helm/gpusched`,
 # then `helm package`), to upgrade from.
 PREVIOUS_CHART = REPO / "tests" / "fixtures" / "gpusched-chart-66f88f7.tgz"
+CRDS = ("podgroups.scheduling.x-k8s.io", "podgangs.scheduler.grove.io")
 
 
 def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_leader(cluster: RealCluster):
     """`helm upgrade` from the previous release's chart (issue 48) with scheduler.replicas 2, GPU pods
-    bound and a gang waiting for its second member: the CRDs applied first as docs/upgrading.md says,
-    the upgrade rolls the scheduler pods, the pods created meanwhile bind, the gang binds whole after,
-    and no GPU is promised twice."""
+    bound and a gang waiting for its second member: the CRDs, as the previous chart's install created
+    them, upgraded first as docs/upgrading.md says (this release adds the PodGroup's Age column), the
+    upgrade rolls the scheduler pods, the pods created meanwhile bind, the gang binds whole after, and
+    no GPU is promised twice."""
     kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
     helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
     values = ["--set", "nodeAgent.fakeGpus.enabled=true", "--set", "scheduler.replicas=2"]
+    # The CRDs as a Helm user has them: created by the previous chart's install (its crds/), not by
+    # the module's kubectl apply.
+    cluster.kubectl("delete", "crd", *CRDS, "--wait=true")
     proc = subprocess.run([*helm, "install", "gpusched", str(PREVIOUS_CHART), *values],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install of the previous chart failed:\n{proc.stdout}\n{proc.stderr}"
@@ -497,9 +508,19 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
     for member in gang:
         member["metadata"]["annotations"] = {"gpusched.io/gang-name": "up-gang", "gpusched.io/gang-size": "2"}
     core.create_namespaced_pod(WORKLOAD_NS, gang[0])  # waits for its second member
+    client.CustomObjectsApi(cluster.cp.api_client()).create_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", WORKLOAD_NS, "podgroups",
+        {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "up-kept"},
+         "spec": {"minMember": 2}})
+    assert "AGE" not in cluster.kubectl("-n", WORKLOAD_NS, "get", "podgroups").stdout.splitlines()[0]
 
-    for crd in ("scheduling.x-k8s.io_podgroups.yaml", "scheduler.grove.io_podgangs.yaml"):
-        cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS / "crds" / crd))
+    proc = subprocess.run(["bash", str(REPO / "hack" / "upgrade-crds.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KUBECTL": f"{cluster.cp.bin_dir / 'kubectl'} --kubeconfig={kubeconfig}"})
+    assert proc.returncode == 0, f"hack/upgrade-crds.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.count("serverside-applied") == 2, proc.stdout
+    upgraded = wait_until(lambda: (t := cluster.kubectl("-n", WORKLOAD_NS, "get", "podgroups").stdout)
+                          and "AGE" in t.splitlines()[0] and t, 30, "the upgraded PodGroup CRD's Age column")
+    assert "up-kept" in upgraded, upgraded  # a PodGroup stored under the old CRD is still served
     upgrade = subprocess.Popen([*helm, "upgrade", "gpusched", str(MANIFESTS / "helm" / "gpusched"), *values,
                                 "--wait", "--timeout=300s"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples, created = sample_while(upgrade, cluster, "up-during", 3, EXTENDER_MODE[0])
@@ -516,5 +537,105 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
         pods["up-gang-1"].metadata.annotations.get("gpusched.io/gang-commit"), "the gang bound whole"
     for name in everyone:
         core.delete_namespaced_pod(name, WORKLOAD_NS, grace_period_seconds=0)
+    cluster.kubectl("-n", WORKLOAD_NS, "delete", "podgroup", "up-kept")
     proc = subprocess.run([*helm, "uninstall", "gpusched", "--wait"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
+
+
+# Each way the chart hands a node's GPUs to containers, in each mode (issue 48), on the fake GPU
+# backend (this machine has no NVML). Last in the module: a device plugin that registered and left
+# changes what the kubelet reports for nvidia.com/gpu.
+DRIVER_INSTALLS = {
+    "device-plugin": ["--set", "nodeAgent.devicePlugin.enabled=true"],
+    # The webhook's certificate made by the chart: this apiserver's admission configuration is not
+    # the test's to write (hack/webhook-certs.sh's way is test_dra_claims.py's).
+    "dra": ["--set", "dra.enabled=true", "--set", "dra.claimsWebhook.certificates=generate",
+            "--set", "dra.claimsWebhook.clientAuth=any"],
+}
+DRA_NS = "install-dra"
+
+
+@pytest.mark.parametrize(("mode", "driver"), [(EXTENDER_MODE, "device-plugin"), (PLUGIN_MODE, "device-plugin"),
+                                              (EXTENDER_MODE, "dra"), (PLUGIN_MODE, "dra")],
+                         ids=["extender-device-plugin", "plugin-device-plugin", "extender-dra", "plugin-dra"])
+def test_the_chart_s_gpu_driver_hands_a_pod_exactly_the_gpus_gpusched_chose(cluster: RealCluster, mode, driver):
+    """`helm install` with the agent as the kubelet's device plugin, or as the GPUs' DRA driver with
+    the claims webhook: the scheduler and the agent reach Ready on the real kubelet, and an unchanged
+    pod asking nvidia.com/gpu: 2 runs with exactly the GPUs gpusched chose in its
+    NVIDIA_VISIBLE_DEVICES — the assigned-gpus annotation through the device plugin, or the
+    claim's allocation through the agent's DRA plugin and CDI."""
+    scheduler_name, _ = mode
+    kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
+    helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
+    core = client.CoreV1Api(cluster.cp.api_client())
+    node = cluster.node.name
+    if driver == "device-plugin":
+        cluster.kubectl("label", "node", node, "gpusched.io/device-plugin=true", "--overwrite")
+        # nvidia.com/gpu from the device plugin alone: without the module's hand-written capacity the
+        # kubelet admits the pod only with the plugin's devices (else it admits a plain count).
+        cluster.kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(
+            [{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]), check=False)
+    namespace = WORKLOAD_NS
+    if driver == "dra":
+        namespace = DRA_NS
+        cluster.kubectl("create", "namespace", DRA_NS)
+        cluster.kubectl("label", "namespace", DRA_NS, "gpusched.io/dra-claims=enabled")
+    proc = subprocess.run([*helm, "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
+                           "--set", f"mode={'plugin' if mode == PLUGIN_MODE else 'extender'}",
+                           "--set", "nodeAgent.fakeGpus.enabled=true", *DRIVER_INSTALLS[driver]],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
+    create_namespace_secrets_and_presets(cluster, create_namespace=False)
+    wait_rolled_out(cluster)
+    if driver == "device-plugin":
+        wait_until(lambda: (core.read_node(node).status.allocatable or {}).get("nvidia.com/gpu") == str(PRESET_UNITS),
+                   90, "the kubelet to advertise the device plugin's GPUs", context=lambda: pod_report(cluster))
+    name = f"via-{driver}"
+    pod = gpu_pod(name, scheduler_name)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    # The webhook answers once the leader serves it: a create refused meanwhile is retried.
+    wait_until(lambda: create_pod(core, namespace, pod), 60, f"{name} created", context=lambda: pod_report(cluster))
+    running = wait_until(lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p, 120,
+                         f"{name} placed and running", context=lambda: cluster.kubectl(
+                             "-n", namespace, "describe", "pod", name, check=False).stdout + pod_report(cluster))
+    annotations = running.metadata.annotations or {}
+    assert annotations.get("gpusched.io/decision-id"), annotations
+    visible = envdump_visible_devices(core, namespace, name)
+    if driver == "device-plugin":
+        assigned = annotations["gpusched.io/assigned-gpus"].split(",")
+        assert len(assigned) == 2 and sorted(visible) == sorted(assigned), (visible, assigned)
+    else:
+        allocated = allocated_uuids(cluster, namespace, running)
+        assert len(allocated) == 2 and sorted(visible) == sorted(allocated), (visible, allocated)
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_until(lambda: name not in {p.metadata.name for p in core.list_namespaced_pod(namespace).items}, 60,
+               f"{name} gone (its devices given back)")
+    proc = subprocess.run([*helm, "uninstall", "gpusched", "--wait"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    if driver == "dra":
+        cluster.kubectl("delete", "namespace", DRA_NS, "--wait=true", timeout_s=240)
+    cluster.kubectl("label", "node", node, "gpusched.io/device-plugin-")
+
+
+def create_pod(core: client.CoreV1Api, namespace: str, pod: dict) -> bool:
+    try:
+        core.create_namespaced_pod(namespace, pod)
+        return True
+    except client.ApiException as refused:
+        if refused.status == 409:  # created by an attempt whose answer was lost
+            return True
+        print(f"create {pod['metadata']['name']} refused ({refused.status}): {refused.body}")
+        return False
+
+
+def allocated_uuids(cluster: RealCluster, namespace: str, pod: client.V1Pod) -> list[str]:
+    """The UUIDs of the devices allocated to ``pod``'s one ResourceClaim (the claim the webhook's
+    template made), through the ResourceSlice the agent published for the node."""
+    (status,) = pod.status.resource_claim_statuses or [None]
+    assert status is not None, f"{pod.metadata.name} has no ResourceClaim: {pod.spec}"
+    claim = json.loads(cluster.kubectl("-n", namespace, "get", "resourceclaim", status.resource_claim_name,
+                                       "-o", "json").stdout)
+    slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+    uuids = {(s["spec"]["pool"]["name"], d["name"]): d["attributes"]["uuid"]["string"]
+             for s in slices if s["spec"]["driver"] == "gpu.gpusched.io" for d in s["spec"]["devices"]}
+    return [uuids[(r["pool"], r["device"])] for r in claim["status"]["allocation"]["devices"]["results"]]
