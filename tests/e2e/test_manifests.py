@@ -160,6 +160,27 @@ def test_the_extender_judges_staleness_by_the_agents_period():
     assert f"--telemetry-period={period}" in args("Deployment", "extender")
 
 
+EXAMPLE_PODS = [(path.name, doc) for path, doc in manifest_documents(manifest_files(("examples",)))
+                if doc["kind"] == "Pod" or "template" in doc.get("spec", {})]
+
+
+@pytest.mark.parametrize(("name", "doc"), EXAMPLE_PODS, ids=[f"{n}:{d['metadata']['name']}" for n, d in EXAMPLE_PODS])
+def test_every_example_pod_passes_pod_security_restricted(control_plane: ControlPlane, name, doc):
+    """The apiserver's own Pod Security admission at level restricted (issue 48): each example's pod,
+    created (dry run) in a namespace that enforces it, is admitted."""
+    namespace = "examples-restricted"
+    core = client.CoreV1Api(control_plane.api_client())
+    if namespace not in {n.metadata.name for n in core.list_namespace().items}:
+        core.create_namespace({"metadata": {"name": namespace, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+    try:
+        core.create_namespaced_pod(namespace, {"metadata": {"name": doc["metadata"]["name"]}, "spec": spec},
+                                   dry_run="All")
+    except client.ApiException as refused:
+        pytest.fail(f"{name}: {doc['metadata']['name']} refused at Pod Security level restricted: {refused.body}")
+
+
 @pytest.mark.parametrize("name", ["vllm-engine.yaml", "vllm-share.yaml"])
 def test_the_example_engines_run_unprivileged_on_a_read_only_root(name):
     """The example engine Deployments (issue 48): the image's own non-root user, no privilege
