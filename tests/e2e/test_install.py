@@ -478,19 +478,29 @@ PREVIOUS_CHART = REPO / "tests" / "fixtures" / "gpusched-chart-66f88f7.tgz"
 CRDS = ("podgroups.scheduling.x-k8s.io", "podgangs.scheduler.grove.io")
 
 
-def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_leader(cluster: RealCluster):
-    """`helm upgrade` from the previous release's chart (issue 48) with scheduler.replicas 2, GPU pods
+# Per mode: the previous release's scheduler.replicas. Plugin mode under leader election was not
+# supported before issue 48 (the standby's core never served the GpuSched kube-scheduler), so that
+# release ran it with one replica; the upgrade takes it to two.
+PREVIOUS_REPLICAS = {"extender": 2, "plugin": 1}
+
+
+@pytest.mark.parametrize("mode", [EXTENDER_MODE, PLUGIN_MODE], ids=["extender", "plugin"])
+def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_leader(cluster: RealCluster, mode):
+    """`helm upgrade` from the previous release's chart (issue 48) to scheduler.replicas 2, GPU pods
     bound and a gang waiting for its second member: the CRDs, as the previous chart's install created
     them, upgraded first as docs/upgrading.md says (this release adds the PodGroup's Age column), the
     upgrade rolls the scheduler pods, the pods created meanwhile bind, the gang binds whole after, and
     no GPU is promised twice."""
+    scheduler_name, _ = mode
+    mode_name = "plugin" if mode == PLUGIN_MODE else "extender"
     kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
     helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
-    values = ["--set", "nodeAgent.fakeGpus.enabled=true", "--set", "scheduler.replicas=2"]
+    values = ["--set", "nodeAgent.fakeGpus.enabled=true", "--set", f"mode={mode_name}"]
     # The CRDs as a Helm user has them: created by the previous chart's install (its crds/), not by
     # the module's kubectl apply.
     cluster.kubectl("delete", "crd", *CRDS, "--wait=true")
-    proc = subprocess.run([*helm, "install", "gpusched", str(PREVIOUS_CHART), *values],
+    proc = subprocess.run([*helm, "install", "gpusched", str(PREVIOUS_CHART), *values,
+                           "--set", f"scheduler.replicas={PREVIOUS_REPLICAS[mode_name]}"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install of the previous chart failed:\n{proc.stdout}\n{proc.stderr}"
     create_namespace_secrets_and_presets(cluster, create_namespace=False)
@@ -500,11 +510,11 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
                context=lambda: pod_report(cluster))
     bound_before = ["up-before-0", "up-before-1"]
     for name in bound_before:
-        core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, EXTENDER_MODE[0]))
+        core.create_namespaced_pod(WORKLOAD_NS, gpu_pod(name, scheduler_name))
     for name in bound_before:
         wait_until(lambda n=name: core.read_namespaced_pod(n, WORKLOAD_NS).spec.node_name, 120, f"{name} bound",
                    context=lambda: pod_report(cluster))
-    gang = [gpu_pod(f"up-gang-{i}", EXTENDER_MODE[0]) for i in range(2)]
+    gang = [gpu_pod(f"up-gang-{i}", scheduler_name) for i in range(2)]
     for member in gang:
         member["metadata"]["annotations"] = {"gpusched.io/gang-name": "up-gang", "gpusched.io/gang-size": "2"}
     core.create_namespaced_pod(WORKLOAD_NS, gang[0])  # waits for its second member
@@ -522,9 +532,10 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
                           and "AGE" in t.splitlines()[0] and t, 30, "the upgraded PodGroup CRD's Age column")
     assert "up-kept" in upgraded, upgraded  # a PodGroup stored under the old CRD is still served
     upgrade = subprocess.Popen([*helm, "upgrade", "gpusched", str(MANIFESTS / "helm" / "gpusched"), *values,
+                                "--set", "scheduler.replicas=2",
                                 "--wait", "--timeout=300s"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    samples, created = sample_while(upgrade, cluster, "up-during", 3, EXTENDER_MODE[0])
-    print(f"\nupgrade: {len(samples)} samples; Ready scheduler pods min {min(n for _, n, _ in samples)}; samples "
+    samples, created = sample_while(upgrade, cluster, "up-during", 3, scheduler_name)
+    print(f"\nupgrade ({mode_name}): {len(samples)} samples; Ready scheduler pods min {min(n for _, n, _ in samples)}; samples "
           f"with a labelled leader {sum(1 for _, _, leader in samples if leader)}; GPU pods created during it: {created}")
     assert min(n for _, n, _ in samples) >= 1, "the upgrade left no scheduler pod Ready"
     wait_until(lambda: leader_pod(cluster), 120, "a labelled leader after the upgrade", context=lambda: pod_report(cluster))
