@@ -17,7 +17,6 @@ for p in (ROOT, ROOT / "engine-sidecar"):
 # folders per machine, so they run one after another on one worker.
 REAL_NODE_MODULES = frozenset({
     "test_device_plugin.py", "test_device_plugin_packing.py", "test_install.py", "test_node_agent_identity.py",
-    "test_project_images.py",
     "test_real_node.py", "test_real_node_dra.py", "test_real_node_lifecycle.py", "test_real_node_shares.py",
 })
 

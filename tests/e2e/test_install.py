@@ -34,6 +34,7 @@ upgrade` from the previous release's chart, its CRDs included.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import shutil
@@ -50,8 +51,9 @@ from kubernetes import client
 from devcluster.cluster import envdump_visible_devices, wait_until
 from devcluster.controlplane import MANIFESTS, REPO
 from devcluster.images import project_images
+from devcluster.processes import free_port
 from devcluster.realcluster import RealCluster
-from devcluster.render import tool
+from devcluster.render import kustomize_build, tool
 
 pytestmark = pytest.mark.e2e
 NS = "gpusched-system"
@@ -60,6 +62,13 @@ PRESET_UNITS = 8  # h100: what a device plugin would advertise
 # Per mode: the profile's schedulerName and the decision record that placed the pod.
 EXTENDER_MODE = ("gpusched", "bind")
 PLUGIN_MODE = ("gpusched-plugin", "reserve")
+
+
+def chart_mode(mode: tuple[str, str]) -> str:
+    """The chart's ``mode`` value for EXTENDER_MODE or PLUGIN_MODE."""
+    return "plugin" if mode == PLUGIN_MODE else "extender"
+
+
 # The metrics Service's name (manifests/observability), which the proxy's certificate is issued for.
 METRICS_SERVICE_NAME = f"gpusched-extender-metrics.{NS}.svc"
 
@@ -248,6 +257,170 @@ def check_metrics_only_through_the_proxy(cluster: RealCluster, pod_ip: str) -> N
         urllib.request.urlopen(f"http://{pod_ip}:8888/metrics", timeout=5)
 
 
+# -- The project's images (issue 16), each run on the real node under the shipped pod specs' security
+# settings before anything is installed: built from the Dockerfiles unchanged by hack/build-images.sh
+# (buildah, local stand-ins for the base images); kube-scheduler and kube-rbac-proxy are static
+# binaries at the tags the Deployment names. A Dockerfile that does not build fails with buildah's
+# own message. (They shared a module of their own until issue 48: one real node less to start.)
+IMAGES_NS = "default"
+LOCKED_DOWN = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def shipped_images() -> set[str]:
+    images = set()
+    for folder in ("base", "overlays/fake-gpus", "overlays/plugin-mode"):
+        for obj in kustomize_build(MANIFESTS / folder):
+            spec = (obj.get("spec") or {}).get("template", {}).get("spec", {})
+            images |= {c["image"] for c in spec.get("containers", []) + spec.get("initContainers", [])}
+    return images
+
+
+def run_pod(core: client.CoreV1Api, name: str, containers: list[dict], **spec) -> None:
+    """On the real node directly (these pods test images, not placement)."""
+    core.create_namespaced_pod(IMAGES_NS, {"metadata": {"name": name}, "spec": {
+        "nodeName": "gpusched-real-node", "hostNetwork": True, "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 1,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}, **spec,
+        "containers": [{"imagePullPolicy": "Never", "securityContext": LOCKED_DOWN, **c} for c in containers]}})
+
+
+def status_of(core: client.CoreV1Api, name: str, cluster: RealCluster) -> str:
+    pod = core.read_namespaced_pod(name, IMAGES_NS)
+    logs = ""
+    for c in pod.spec.containers:
+        try:
+            logs += f"--- {c.name} ---\n{core.read_namespaced_pod_log(name, IMAGES_NS, container=c.name, tail_lines=20)}\n"
+        except client.ApiException as exc:
+            logs += f"--- {c.name}: no log ({exc.status}) ---\n"
+    return f"{pod.status}\n{logs}--- kubelet ---\n{cluster.node.kubelet.tail(15)}"
+
+
+def test_the_shipped_manifests_name_exactly_the_images_built_here(cluster: RealCluster):
+    assert shipped_images() == {image.tag for image in project_images(cluster.cp.bin_dir)}
+
+
+def test_the_extender_image_becomes_ready_as_the_deployment_runs_it(cluster: RealCluster):
+    core = client.CoreV1Api(cluster.cp.api_client())
+    port = free_port()
+    probe = ["python", "-c", f"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/readyz', timeout=3)"]
+    run_pod(core, "extender-image", [{
+        "name": "extender", "image": "ghcr.io/gpusched/extender:0.1.0",
+        "args": ["--no-kube", "--host=127.0.0.1", f"--port={port}"],
+        "readinessProbe": {"exec": {"command": probe}, "periodSeconds": 2, "timeoutSeconds": 5}}],
+        securityContext={"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}})
+    wait_until(lambda: any(c.ready for c in core.read_namespaced_pod("extender-image", IMAGES_NS).status.container_statuses
+                           or []), 90, "the extender container Ready (its exec readiness probe passing)",
+               context=lambda: status_of(core, "extender-image", cluster))
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+    core.delete_namespaced_pod("extender-image", IMAGES_NS, grace_period_seconds=0)
+
+
+def test_the_node_agent_image_reads_the_fleet_and_the_kubelets_socket_without_capabilities(cluster: RealCluster):
+    core = client.CoreV1Api(cluster.cp.api_client())
+    preset = (REPO / "nodeagent" / "gpu" / "presets" / "h100.yaml").read_text()
+    core.create_namespaced_config_map(IMAGES_NS, {"metadata": {"name": "fleet"}, "data": {"fleet.yaml": preset}})
+    port = free_port()
+    socket_dir = str(cluster.node.pod_resources_socket.parent)
+    run_pod(core, "agent-image", [{
+        "name": "agent", "image": "ghcr.io/gpusched/node-agent:0.1.0",
+        "args": ["--gpu-backend=fake", "--fleet=/etc/gpusched/fleet.yaml", "--no-kube", "--extender=127.0.0.1:9",
+                 "--insecure-telemetry", f"--metrics-port={port}",
+                 "--podresources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"],
+        "env": [{"name": "NODE_NAME", "value": cluster.node.name}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": port}},
+        "volumeMounts": [{"name": "fleet", "mountPath": "/etc/gpusched", "readOnly": True},
+                         {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}]}],
+        volumes=[{"name": "fleet", "configMap": {"name": "fleet"}},
+                 {"name": "pod-resources", "hostPath": {"path": socket_dir, "type": "Directory"}}])
+
+    def metrics() -> str:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+        except OSError:
+            return ""
+    text = wait_until(lambda: (t := metrics()) and "gpusched_agent_reports_sent" in t and t, 90,
+                      "the agent's /metrics from inside its pod", context=lambda: status_of(core, "agent-image", cluster))
+    log = core.read_namespaced_pod_log("agent-image", IMAGES_NS)
+    # As root without capabilities it still connects to the kubelet's root-owned socket.
+    assert "no PodResources socket" not in log and "Permission denied" not in log, log
+    assert "gpusched_agent_engines" in text
+    core.delete_namespaced_pod("agent-image", IMAGES_NS, grace_period_seconds=0)
+    core.delete_namespaced_config_map("fleet", IMAGES_NS)
+
+
+@pytest.mark.parametrize("image,argv,expected", [
+    pytest.param("registry.k8s.io/kube-scheduler:v1.37.2", {"command": ["kube-scheduler", "--version"]},
+                 "Kubernetes v1.37.2", id="kube-scheduler-on-PATH"),
+    # Built FROM scratch by its Dockerfile: the plugin-mode Deployment calls it by name, too.
+    pytest.param("ghcr.io/gpusched/scheduler-plugin:0.1.0", {"command": ["kube-scheduler", "--version"]},
+                 "Kubernetes v1.37.2", id="gpusched-kube-scheduler-on-PATH"),
+    pytest.param("quay.io/brancz/kube-rbac-proxy:v0.18.1", {"args": ["--help"]}, "--secure-listen-address",
+                 id="kube-rbac-proxy-entrypoint"),
+])
+def test_the_static_images_run_the_way_the_deployment_calls_them(cluster: RealCluster, image, argv, expected):
+    core = client.CoreV1Api(cluster.cp.api_client())
+    name = image.split("/")[-1].split(":")[0]
+    run_pod(core, name, [{"name": "c", "image": image, **argv}], restartPolicy="Never",
+            securityContext={"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}})
+    wait_until(lambda: core.read_namespaced_pod(name, IMAGES_NS).status.phase == "Succeeded", 60, f"{name} to exit 0",
+               context=lambda: status_of(core, name, cluster))
+    assert expected in core.read_namespaced_pod_log(name, IMAGES_NS)
+    core.delete_namespaced_pod(name, IMAGES_NS, grace_period_seconds=0)
+
+
+def test_a_dockerfile_that_does_not_build_fails_with_buildahs_message(tmp_path: Path):
+    """A copy of the build context whose extender Dockerfile copies a path that does not exist."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO / "hack", work / "hack")
+    for name in ("pyproject.toml", "constraints.txt", "README.md", ".dockerignore"):
+        shutil.copy(REPO / name, work / name)
+    for folder in ("extender", "nodeagent", "engine-sidecar", "gpusched_cli", "gpusched_api", "gpusched_runtime", "images"):
+        shutil.copytree(REPO / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    dockerfile = work / "images" / "extender" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("COPY extender/ extender/", "COPY extendr/ extender/"))
+    proc = subprocess.run(["bash", "hack/build-images.sh", "extender"], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "GPUSCHED_IMAGE_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode != 0, proc.stdout
+    assert "buildah could not build images/extender/Dockerfile" in proc.stderr, proc.stderr
+    assert "extendr" in proc.stderr and "no such file or directory" in proc.stderr, proc.stderr
+
+
+PROBE = """
+import socket, ssl, urllib.request
+print("ip", socket.gethostbyname(socket.gethostname()))
+print("kubernetes", socket.gethostbyname("kubernetes.default.svc"))
+context = ssl.create_default_context(cafile="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+try:
+    urllib.request.urlopen("https://kubernetes.default.svc/version", context=context, timeout=5)
+except urllib.error.HTTPError as exc:
+    print("apiserver", exc.code)  # anonymous: 401/403 is the apiserver answering through the Service
+else:
+    print("apiserver", 200)
+try:
+    socket.create_connection(("203.0.113.1", 80), timeout=3)  # TEST-NET-3: even a wrong route leaks nothing real
+    print("outside reachable")
+except OSError as exc:
+    print("outside", exc.errno)
+"""
+
+
+def test_a_pod_off_the_host_network_resolves_services_reaches_the_apiserver_and_nothing_outside(
+        cluster: RealCluster):
+    core = client.CoreV1Api(cluster.cp.api_client())
+    core.create_namespaced_pod(IMAGES_NS, {"metadata": {"name": "net-probe"}, "spec": {
+        "nodeName": cluster.node.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "probe", "image": "ghcr.io/gpusched/extender:0.1.0", "imagePullPolicy": "Never",
+                        "command": ["python", "-c", PROBE]}]}})
+    wait_until(lambda: core.read_namespaced_pod("net-probe", IMAGES_NS).status.phase in ("Succeeded", "Failed"), 60,
+               "the probe pod to finish", context=lambda: status_of(core, "net-probe", cluster))
+    out = dict(line.split(" ", 1) for line in core.read_namespaced_pod_log("net-probe", IMAGES_NS).splitlines() if " " in line)
+    assert out.get("ip", "").startswith("198.19.0."), out
+    assert out.get("kubernetes") == "198.18.0.1", out
+    assert out.get("apiserver") in ("200", "401", "403"), out
+    assert out.get("outside") == str(errno.ENETUNREACH), out  # no route off the machine at all
+    core.delete_namespaced_pod("net-probe", IMAGES_NS, grace_period_seconds=0)
+
+
 def test_helm_install_refuses_a_value_outside_the_schema_naming_the_key_and_creates_nothing(cluster: RealCluster):
     kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
     proc = subprocess.run([str(tool("helm")), "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
@@ -421,7 +594,7 @@ def test_two_replicas_roll_one_pod_at_a_time_and_keep_a_leader_serving(cluster: 
     helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
     proc = subprocess.run([*helm, "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
                            "--set", "nodeAgent.fakeGpus.enabled=true", "--set", "scheduler.replicas=2",
-                           "--set", f"mode={'plugin' if mode == PLUGIN_MODE else 'extender'}"],
+                           "--set", f"mode={chart_mode(mode)}"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
     create_namespace_secrets_and_presets(cluster, create_namespace=False)
@@ -492,7 +665,7 @@ def test_helm_upgrade_from_the_previous_chart_keeps_every_reservation_and_a_lead
     upgrade rolls the scheduler pods, the pods created meanwhile bind, the gang binds whole after, and
     no GPU is promised twice."""
     scheduler_name, _ = mode
-    mode_name = "plugin" if mode == PLUGIN_MODE else "extender"
+    mode_name = chart_mode(mode)
     kubeconfig = cluster.cp.kubeconfig(cluster.cp.admin_token, "admin")
     helm = [str(tool("helm")), f"--kubeconfig={kubeconfig}"]
     values = ["--set", "nodeAgent.fakeGpus.enabled=true", "--set", f"mode={mode_name}"]
@@ -592,7 +765,7 @@ def test_the_chart_s_gpu_driver_hands_a_pod_exactly_the_gpus_gpusched_chose(clus
         cluster.kubectl("create", "namespace", DRA_NS)
         cluster.kubectl("label", "namespace", DRA_NS, "gpusched.io/dra-claims=enabled")
     proc = subprocess.run([*helm, "install", "gpusched", str(MANIFESTS / "helm" / "gpusched"),
-                           "--set", f"mode={'plugin' if mode == PLUGIN_MODE else 'extender'}",
+                           "--set", f"mode={chart_mode(mode)}",
                            "--set", "nodeAgent.fakeGpus.enabled=true", *DRIVER_INSTALLS[driver]],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install failed:\n{proc.stdout}\n{proc.stderr}"
@@ -625,7 +798,8 @@ def test_the_chart_s_gpu_driver_hands_a_pod_exactly_the_gpus_gpusched_chose(clus
     assert proc.returncode == 0, proc.stderr
     if driver == "dra":
         cluster.kubectl("delete", "namespace", DRA_NS, "--wait=true", timeout_s=240)
-    cluster.kubectl("label", "node", node, "gpusched.io/device-plugin-")
+    else:
+        cluster.kubectl("label", "node", node, "gpusched.io/device-plugin-")
 
 
 def create_pod(core: client.CoreV1Api, namespace: str, pod: dict) -> bool:
