@@ -126,6 +126,9 @@ class Reservation:
     details: Mapping[str, Any] = field(default_factory=dict)
     barrier: Barrier | None = None
     claims_at_bind: tuple[str, ...] = ()  # namespace/name
+    # The pod's own earlier hold on these GPUs, chosen again: that attempt's write may have landed
+    # (its answer lost), so this attempt's failure, however definite, must not free them.
+    keeps_earlier_hold: bool = False
 
     @property
     def completed_at_bind(self) -> bool:
@@ -292,7 +295,9 @@ class ExtenderService:
             # A write that may have landed keeps its reservation: the watch then shows the pod bound
             # to these GPUs, or the assumption expires. Released at once, the GPUs were promised to
             # another pod while this one ran on them (an apiserver restarted mid-burst, test_faults).
-            if not exc.may_have_landed:
+            # So does a retry of such a write, whatever its own error says: an apiserver that just
+            # restarted answered the retry 403 while the first write had landed (test_faults).
+            if not exc.may_have_landed and not reserved.keeps_earlier_hold:
                 self.decider.unreserve(pod, exc.message)
             self._record("bind", pod, "bind-failed", started, node=node, summary=exc.message,
                          details={"temporary": exc.temporary, **reserved.details}, record_id=decision_id)

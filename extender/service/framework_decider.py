@@ -307,6 +307,7 @@ class FrameworkDecider:
                 if cached is not None:
                     snapshot = ClusterSnapshot.build([*snapshot.nodes.values(), cached[1]], snapshot.ledger)
             choice = self._choice_within(snapshot, demand, node, stale) if stale is not None else None
+            keeps_earlier_hold = choice is not None
             if choice is None:
                 choice = self.framework.choose_gpus(snapshot, demand, node)
             if isinstance(choice, Status):
@@ -321,12 +322,13 @@ class FrameworkDecider:
             share = format_gib(choice.share_mib * MIB)
             left = format_gib((capacity - choice.promised_mib - choice.share_mib) * MIB)
             return Reservation(
+                keeps_earlier_hold=keeps_earlier_hold,
                 annotations=annotations, summary=f"a {share} share of GPU {indices} on {node} ({left} left for other shares)",
                 details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                          "share": {"memoryMiB": choice.share_mib, "promisedBeforeMiB": choice.promised_mib,
                                    "capacityMiB": capacity}})
         return Reservation(
-            annotations=annotations,
+            annotations=annotations, keeps_earlier_hold=keeps_earlier_hold,
             summary=f"GPUs [{indices}] on {node} ({choice.tier.label}{', MIG' if choice.uses_mig else ''})",
             details={"gpus": list(choice.unit_ids), "gpuIndices": list(choice.gpu_indices),
                      "interconnect": choice.tier.label, "mig": choice.uses_mig})

@@ -133,6 +133,35 @@ class LostAnswerBinder:
             raise BindError("connection reset by peer", temporary=True, may_have_landed=True)
 
 
+class LostThenRefusedBinder:
+    """The first bind's answer is lost although it landed; the retry is refused (403: an apiserver
+    that just restarted, its authorizer not yet warm), as in test_faults on 2026-12-07."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def bind(self, namespace, name, uid, node, annotations):
+        self.calls += 1
+        if self.calls == 1:
+            raise BindError("the apiserver closed the connection before answering", temporary=True,
+                            may_have_landed=True)
+        raise BindError("HTTP 403: forbidden", temporary=False)
+
+
+def test_a_refused_retry_of_a_bind_that_may_have_landed_keeps_its_gpus():
+    """The retry re-chooses the pod's own hold; its definite refusal must not free GPUs the first,
+    landed write gave the pod: another pod would be promised them (a GPU promised twice)."""
+    d, ledger = decider()
+    service = ExtenderService(d, LostThenRefusedBinder(), DecisionStore(), NullObserver())
+    p = pod("p", "uid-p", gpus=8)
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert "closed the connection" in service.bind(p, "h100")
+    assert service.filter(p, ["h100"]).feasible == ("h100",)
+    assert "HTTP 403" in service.bind(p, "h100")
+    assert ledger.view().assignments["default/p"].state is EntryState.ASSUMED
+    assert service.filter(pod("other", "uid-o", gpus=1), ["h100"]).feasible == ()  # still held against others
+
+
 def test_a_bind_whose_answer_was_lost_keeps_its_gpus_yet_its_retry_fits_and_binds():
     """The reservation of a bind that may have landed is kept (another pod must not get its GPUs),
     but kube-scheduler's retry of the same pod must find the node fitting, not full of its own hold."""
