@@ -292,11 +292,11 @@ class ExtenderService:
         try:
             self.binder.bind(pod.namespace, pod.name, pod.uid, node, annotations)
         except BindError as exc:
-            # A write that may have landed keeps its reservation: the watch then shows the pod bound
-            # to these GPUs, or the assumption expires. Released at once, the GPUs were promised to
-            # another pod while this one ran on them (an apiserver restarted mid-burst, test_faults).
-            # So does a retry of such a write, whatever its own error says: an apiserver that just
-            # restarted answered the retry 403 while the first write had landed (test_faults).
+            # A write that may have landed keeps its reservation, and so does a retry of such a write
+            # whatever its own error (a just-restarted apiserver answered one 403 after the first had
+            # landed): the watch then shows the pod bound to these GPUs, or the assumption expires.
+            # Released at once, the GPUs were promised to another pod while this one ran on them
+            # (an apiserver restarted mid-burst, test_faults).
             if not exc.may_have_landed and not reserved.keeps_earlier_hold:
                 self.decider.unreserve(pod, exc.message)
             self._record("bind", pod, "bind-failed", started, node=node, summary=exc.message,
