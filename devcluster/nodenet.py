@@ -20,6 +20,7 @@ may come and go beside it); ``PodNetwork`` to one ``RealNode``. Both undo everyt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -39,8 +40,16 @@ INTERFACE = "gpusched0"
 POD_BRIDGE = "gpusched-pods"
 CLUSTER_DOMAIN = "cluster.local"
 NETNS_DIR = Path("/var/run/netns")
+# containerd names a pod's network namespace cni-<uuid> (containerd pkg/netns): the node's to remove.
+# Other namespaces there belong to someone else — devcluster.partition's agents in a test running beside.
+POD_NETNS_PREFIX = "cni-"
 # What the pod network turns on and puts back.
 SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+
+
+def pod_namespaces() -> list[str]:
+    """The pods' network namespaces containerd holds on this machine, sorted."""
+    return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(POD_NETNS_PREFIX)) if NETNS_DIR.is_dir() else []
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -96,7 +105,7 @@ class PodNetwork:
 
     # -- before containerd -----------------------------------------------------------------------
     def prepare(self, cni_dir: Path) -> None:
-        self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else None
+        self._netns_before = set(pod_namespaces()) if NETNS_DIR.is_dir() else None
         self._prepared = True
         for key, value in SYSCTLS.items():
             path = Path("/proc/sys") / key
@@ -199,12 +208,14 @@ class PodNetwork:
         return errors
 
     def _remove_namespaces(self) -> None:
-        """The pods' network namespaces a killed runtime left (their veths go with them)."""
+        """The pods' network namespaces a killed runtime left (their veths go with them); only
+        containerd's, never another harness's namespace that appeared meanwhile."""
         if not NETNS_DIR.is_dir():
             return
-        for name in set(os.listdir(NETNS_DIR)) - (self._netns_before or set()):
+        for name in set(pod_namespaces()) - (self._netns_before or set()):
             run("umount", str(NETNS_DIR / name), check=False)
             (NETNS_DIR / name).unlink(missing_ok=True)
         if self._netns_before is None and not os.listdir(NETNS_DIR):
-            NETNS_DIR.rmdir()  # containerd made it for this node's pods
+            with contextlib.suppress(OSError):  # someone beside may have added a namespace since
+                NETNS_DIR.rmdir()  # containerd made it for this node's pods
 

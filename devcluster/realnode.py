@@ -33,7 +33,7 @@ import yaml
 
 from devcluster.controlplane import ComponentFailed, ControlPlane
 from devcluster.images import PAUSE_IMAGE, node_test_images
-from devcluster.nodenet import INTERFACE, NETNS_DIR, NODE_IP, POD_BRIDGE, SYSCTLS, PodNetwork, link_exists
+from devcluster.nodenet import INTERFACE, NODE_IP, POD_BRIDGE, SYSCTLS, PodNetwork, link_exists, pod_namespaces
 from devcluster.nodenet import run as _run
 from devcluster.processes import Component, free_port, http_ok
 
@@ -87,7 +87,7 @@ def host_state() -> dict[str, Any]:
                      for line in _run(tool, "-t", table, "-S", check=False).stdout.decode().splitlines()
                      if line.startswith(("-N KUBE-", "-N CNI-"))})
     return {"processes": sorted(procs), "interface": link_exists(INTERFACE), "pod bridge": link_exists(POD_BRIDGE),
-            "network namespaces": sorted(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else [],
+            "pod network namespaces": pod_namespaces(),
             "mounts": mounts, "iptables chains": chains,
             "cgroups": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods*")) if CGROUP_ROOT.is_dir() else [],
             "folders": {str(f): sorted(os.listdir(f)) if f.is_dir() else None for f in HOST_FOLDERS},

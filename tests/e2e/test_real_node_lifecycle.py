@@ -16,6 +16,8 @@ from kubernetes import client
 
 from devcluster.cluster import wait_until
 from devcluster.controlplane import ComponentFailed, ControlPlane, build_binaries
+from devcluster.nodenet import link_exists
+from devcluster.partition import AgentNetwork
 from devcluster.realnode import RealNode, host_state
 
 pytestmark = pytest.mark.e2e
@@ -58,24 +60,35 @@ def test_a_disk_too_full_for_the_node_is_refused_before_anything_starts(control_
 
 
 def test_a_node_stopped_with_a_pod_running_leaves_nothing_behind(control_plane_with_nodes):
+    """...and removes only what is its own: a partitioned agent's network namespace, made by a test
+    running beside while the node ran, outlives the node's stop (CI's test_partition once lost its
+    namespace, and its link, to a real-node test's teardown)."""
     before = host_state()
     node = RealNode(control_plane_with_nodes, "lifecycle-node").start()
-    core = client.CoreV1Api(control_plane_with_nodes.api_client())
-    for name, host_network in (("lifecycle", True), ("lifecycle-podnet", False)):
-        core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": {
-            "nodeName": node.name, "hostNetwork": host_network, "terminationGracePeriodSeconds": 30,
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never"}]}})
-    for name in ("lifecycle", "lifecycle-podnet"):
-        wait_until(lambda: core.read_namespaced_pod(name, "default").status.phase == "Running", 60, f"pod {name} running",
-                   context=lambda: node.kubelet.tail(20) if node.kubelet else "")
-    assert core.read_namespaced_pod("lifecycle-podnet", "default").status.pod_ip.startswith("198.19.0.")
-    during = host_state()
-    assert during["pod bridge"] and during["network namespaces"] and during["iptables chains"] != before["iptables chains"]
-    assert "kubelet" in during["processes"] and "containerd-shim-runc-v2" in during["processes"]
-    node.stop()
-    after = host_state()
-    assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    neighbour = AgentNetwork()
+    try:
+        neighbour_link = neighbour.create().add()
+        core = client.CoreV1Api(control_plane_with_nodes.api_client())
+        for name, host_network in (("lifecycle", True), ("lifecycle-podnet", False)):
+            core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": {
+                "nodeName": node.name, "hostNetwork": host_network, "terminationGracePeriodSeconds": 30,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "c", "image": "registry.local/envdump:gpusched", "imagePullPolicy": "Never"}]}})
+        for name in ("lifecycle", "lifecycle-podnet"):
+            wait_until(lambda: core.read_namespaced_pod(name, "default").status.phase == "Running", 60,
+                       f"pod {name} running", context=lambda: node.kubelet.tail(20) if node.kubelet else "")
+        assert core.read_namespaced_pod("lifecycle-podnet", "default").status.pod_ip.startswith("198.19.0.")
+        during = host_state()
+        assert during["pod bridge"] and during["pod network namespaces"]
+        assert during["iptables chains"] != before["iptables chains"]
+        assert "kubelet" in during["processes"] and "containerd-shim-runc-v2" in during["processes"]
+        node.stop()
+        after = host_state()
+        assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        assert Path("/var/run/netns", neighbour_link.netns).exists() and link_exists(neighbour_link.host_end), \
+            "the node's stop removed a network namespace that was not its own"
+    finally:
+        assert not neighbour.remove()
     for name in ("lifecycle", "lifecycle-podnet"):
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
     time.sleep(0.1)
