@@ -7,7 +7,8 @@ is unresolvable; one whose units are merely held by other pods now, or lack memo
 telemetry judges them (foreign processes hold it, or the node's telemetry is stale and its units
 are assumed partly taken), is unschedulable: it may fit later, and the pod must be retried then. A pod whose GPUs come
 through DRA (``PodDemand.dra``) counts the units the node's ResourceSlice publishes, not the
-node's ``nvidia.com/gpu``.
+node's ``nvidia.com/gpu``; a node with GPUs whose slice publishes none yet (its DRA driver is
+starting) is unschedulable, not unresolvable: the pod waits, and is retried when the slice comes.
 
 A share (``UnitRequest.share_mib``) needs one whole GPU with that much room for sharers: never on
 a node whose whole GPUs are all smaller (or of unknown memory); not now where each GPU is held
@@ -61,6 +62,12 @@ class GpuFit:
             return _fit_share(node, state.free_units(node), request.share_mib)
         if demand.dra is not None:  # the node's ResourceSlice, not its nvidia.com/gpu, offers the devices
             published = sum(1 for u in node.units if u.dra)
+            if published == 0 and node.units:
+                # GPUs by the inventory, none published yet: the node's DRA driver has not published
+                # (or not yet been seen to) — the pod waits for the slice and is retried when it comes.
+                return Status.unschedulable(NAME, f"node publishes no {demand.dra.device_class} devices yet "
+                                                  f"(ResourceSlice) for its {len(node.units)} GPU units; "
+                                                  f"the pod's claims need {need}")
             if published < need:
                 return Status.unresolvable(NAME, f"node publishes {published} {demand.dra.device_class} devices (ResourceSlice); "
                                                  f"the pod's claims need {need}")

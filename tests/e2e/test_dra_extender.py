@@ -145,6 +145,53 @@ def test_a_tp4_nvlink_dra_pod_is_bound_by_the_extender_after_prebind_allocated_i
     assert "allocated" in out and all(device in out for device in allocated), out
 
 
+def slice_the_core_cannot_read_yet(node: str, gpus: list[dict[str, Any]], *, with_uuids: bool,
+                                   generation: int) -> dict[str, Any]:
+    """The node's ResourceSlice as its agent writes it (``nodeagent.dra.slices``): ``gpu-<index>``
+    per GPU, its ``uuid``, ``index`` and ``type`` — without the uuids the core maps devices to its
+    GPU units by, the devices kube-scheduler allocates from are none the core can count."""
+    devices = [{"name": f"gpu-{u['gpu']}", "attributes": {
+        "index": {"int": u["gpu"]}, "type": {"string": "gpu"}, **({"uuid": {"string": u["id"]}} if with_uuids else {})}}
+        for u in gpus]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-test-slice"},
+            "spec": {"driver": DRIVER, "nodeName": node, "devices": devices,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}}}
+
+
+def test_a_dra_pod_judged_before_the_core_saw_its_nodes_slice_binds_once_it_does(
+        admin, namespace, stack: Stack, dra_extender, mode: SchedulingMode, tmp_path):
+    """kube-scheduler's DRA plugin may see a node's slice before the core does (two watches), and
+    a DRA pod judged in between is refused by gpusched alone: it must wait — unschedulable, not
+    refused for good — and be retried by gpusched once the core sees the devices (plugin mode: the
+    requeue stream; extender mode: the nudge). CI once saw such a pod wait out kube-scheduler's
+    5-minute unschedulable flush. The lag is made to last: the slice first lacks the ``uuid``
+    attribute the core maps devices by (so the core counts none), then gains it."""
+    fleet_id, node = unique("drx"), unique("drx-n")
+    create_gpu_node(admin, node, gpus=0, labels={"gpusched.io/test-fleet": fleet_id})
+    fleet = tmp_path / f"{node}.yaml"
+    fleet.write_text(preset_path("h100").read_text())
+    agent = stack.start_agent(node, fleet)  # no --dra: the GPUs reported, no slice of its own
+    resource = client.ResourceV1Api(admin)
+    try:
+        gpus = wait_until(lambda: units(dra_extender, node), 60, f"the extender to see {node}'s GPUs",
+                          context=lambda: agent.tail(20))
+        resource.create_resource_slice(slice_the_core_cannot_read_yet(node, gpus, with_uuids=False, generation=1))
+        name = dra_pod(admin, namespace, fleet_id, count=4, tp=4, scheduler=mode.scheduler_name)
+        wait_until(lambda: "publishes no gpu.gpusched.io devices yet" in pod_scheduled_message(admin, namespace, name),
+                   60, f"gpusched to keep pod {name} waiting for the node's devices",
+                   context=lambda: pod_scheduled_message(admin, namespace, name))
+        resource.replace_resource_slice(f"{node}-test-slice", {
+            **slice_the_core_cannot_read_yet(node, gpus, with_uuids=True, generation=2),
+            "metadata": resource.read_resource_slice(f"{node}-test-slice").metadata})
+        bound_to, results = allocated(admin, namespace, name, 60, dra_extender)
+        assert bound_to == node and len(results) == 4
+    finally:
+        agent.stop()
+        for s in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+            resource.delete_resource_slice(s.metadata.name)
+        client.CoreV1Api(admin).delete_node(node)
+
+
 def release_claim(admin, namespace: str, name: str) -> None:
     """What kube-controller-manager's resourceclaim controller does once the claim's pod is gone:
     reservation and allocation cleared, the scheduler's delete-protection finalizer dropped."""

@@ -216,6 +216,40 @@ def test_a_slice_arriving_after_the_claim_re_maps_its_devices_and_marks_the_unit
     assert not any(u.dra for u in state.snapshot().nodes["n1"].units)
 
 
+def tainted(slice_obj: dict, *devices: str, generation: int) -> dict:
+    """``slice_obj`` at ``generation`` with a NoSchedule taint on each named device."""
+    spec = {**slice_obj["spec"], "pool": {**slice_obj["spec"]["pool"], "generation": generation},
+            "devices": [{**d, "taints": [{"key": "k", "effect": "NoSchedule"}]} if d["name"] in devices else d
+                        for d in slice_obj["spec"]["devices"]]}
+    return {**slice_obj, "spec": spec}
+
+
+SLICE = make_slice_obj("n1", H100)
+
+
+@pytest.mark.parametrize("events, heard", [
+    pytest.param([("ADDED", SLICE)], ["n1"], id="first-slice"),
+    pytest.param([("ADDED", tainted(SLICE, "gpu-0", generation=1))], ["n1"], id="first-slice-partly-tainted"),
+    pytest.param([("ADDED", SLICE), ("MODIFIED", tainted(SLICE, generation=2))], ["n1"], id="unchanged-devices"),
+    pytest.param([("ADDED", SLICE), ("MODIFIED", tainted(SLICE, "gpu-3", generation=2))], ["n1"], id="a-taint-added"),
+    pytest.param([("ADDED", tainted(SLICE, "gpu-3", generation=1)), ("MODIFIED", tainted(SLICE, generation=2))],
+                 ["n1", "n1"], id="a-taint-removed"),
+    pytest.param([("ADDED", SLICE), ("DELETED", SLICE)], ["n1"], id="deleted"),
+])
+def test_a_slice_offering_a_unit_it_did_not_before_tells_the_capacity_listeners(events, heard):
+    """A DRA pod refused for want of published devices is retried when its node's slice offers
+    one (the plugin-mode requeue stream and extender mode's nudge hang on this); a slice that
+    offers nothing new — the same devices again, a taint added, the slice gone — says nothing."""
+    rose: list[str] = []
+    state = ClusterState(dra=GPUSCHED, listeners=StateListeners(capacity_rose=(rose.append,)))
+    state.nodes.replace([make_k8s_node("n1", H100, allocatable=0)])
+    for kind, obj in events:
+        SliceFeed(dra_of(state)).apply(kind, obj)
+    assert rose == heard
+    published = [u.dra for u in state.snapshot().nodes["n1"].units]
+    assert any(published) == (events[-1][0] != "DELETED")
+
+
 # --- decisions --------------------------------------------------------------------------------
 def decider(state: ClusterState, reader: StaticClaimReader | None = None) -> FrameworkDecider:
     return FrameworkDecider(default_framework(), builtin_catalog(), state.ledger, state.snapshot,
@@ -233,10 +267,32 @@ def test_a_dra_pods_nodes_are_judged_by_published_devices_and_the_same_plugins()
     pod = make_dra_pod(tp=4, annotations={"gpusched.io/require-nvlink": "true"})
     outcome = decider(state).filter(ref(pod), ["n1", "pairs", "plain"], None)
     assert outcome.feasible == ("n1",), outcome
-    assert "publishes 0 gpu.gpusched.io devices" in outcome.unresolvable["plain"]
+    # GPUs by its inventory, no slice yet: its DRA driver may still publish, so the pod waits for it.
+    assert "publishes no gpu.gpusched.io devices yet" in outcome.failed["plain"], outcome
     assert "NVLink" in outcome.unresolvable["pairs"] or "NVLink" in outcome.failed.get("pairs", ""), outcome
     assert outcome.details["demand"]["dra"] == {"claims": ["default/c"], "count": 4, "deviceClass": "gpu.gpusched.io",
                                                 "fromTemplate": False, "islandInClaim": False}
+
+
+@pytest.mark.parametrize("slice_gpus, result, reason", [
+    pytest.param(None, "unschedulable", "node publishes no gpu.gpusched.io devices yet (ResourceSlice) for its 8 "
+                 "GPU units; the pod's claims need 4", id="no-slice-yet-waits"),
+    pytest.param(2, "unresolvable", "node publishes 2 gpu.gpusched.io devices (ResourceSlice); the pod's claims "
+                 "need 4", id="too-few-published-never-fits"),
+])
+def test_a_gpu_node_whose_slice_has_not_come_keeps_a_dra_pod_waiting(slice_gpus, result, reason):
+    """The pod is retried when the slice comes (``waiting_pods`` names only unschedulable pods);
+    a slice that publishes too few devices is the node's answer, as too small an nvidia.com/gpu is."""
+    state = ClusterState(dra=GPUSCHED)
+    state.nodes.replace([make_k8s_node("n1", H100, allocatable=0)])
+    if slice_gpus is not None:
+        slice_obj = make_slice_obj("n1", H100)
+        slice_obj["spec"]["devices"] = slice_obj["spec"]["devices"][:slice_gpus]
+        SliceFeed(dra_of(state)).apply("ADDED", slice_obj)
+    ClaimFeed(dra_of(state)).apply("ADDED", make_claim_obj("c", 4))
+    outcome = decider(state).filter(ref(make_dra_pod(tp=4)), ["n1"], None)
+    assert outcome.result == result
+    assert {**outcome.failed, **outcome.unresolvable} == {"n1": reason}
 
 
 def test_a_tp3_dra_pod_for_a_64_head_model_is_refused_everywhere_by_tensor_parallel():

@@ -48,10 +48,12 @@ Ranks = Mapping[str, int | None]  # unit id -> first-fit rank (None: the slice t
 
 
 class DraState:
-    def __init__(self, ledger: GpuLedger, on_units_changed: Callable[[str, Ranks], None] | None = None,
+    def __init__(self, ledger: GpuLedger, on_units_changed: Callable[[str, Ranks, bool], None] | None = None,
                  driver: DraDriver = GPUSCHED) -> None:
-        """``on_units_changed(node, ranks)`` after the units a node's slices publish changed
-        (called outside this object's lock); ``driver``: whose slices and allocations are judged."""
+        """``on_units_changed(node, ranks, rose)`` after the units a node's slices publish changed
+        (called outside this object's lock; ``rose``: a unit a DRA pod may get now it could not
+        before — newly published, or no longer tainted); ``driver``: whose slices and allocations
+        are judged."""
         self.ledger = ledger
         self.driver = driver
         self._on_units_changed = on_units_changed
@@ -153,9 +155,10 @@ class DraState:
             changed = self._reindex_pool(gone.pool) if gone is not None else []
         self._announce(changed)
 
-    def _reindex_pool(self, pool: str) -> list[tuple[str, Ranks]]:
+    def _reindex_pool(self, pool: str) -> list[tuple[str, Ranks, bool]]:
         """Rebuild one pool's device index from its newest generation's slices; re-map the claims
-        allocated from it. Returns the (node, units) whose published units changed. Lock held."""
+        allocated from it. Returns (node, units, rose) for the nodes whose published units changed
+        (``rose``: a unit offered now that was absent or tainted before). Lock held."""
         slices = [s for s in self._slices.values() if s.pool == pool]
         newest = max((s.generation for s in slices), default=0)
         nodes = {node for (p, _), (node, _) in self._devices.items() if p == pool}
@@ -178,21 +181,23 @@ class DraState:
             self._node_devices[node] = MappingProxyType(devices)
             if not devices:
                 del self._node_devices[node]
-            if dict(self._node_units.get(node, {})) != dict(units):
+            before = self._node_units.get(node, {})
+            if dict(before) != dict(units):
                 if units:
                     self._node_units[node] = units
                 else:
                     self._node_units.pop(node, None)
-                changed.append((node, units))
+                rose = any(rank is not None and before.get(uuid) is None for uuid, rank in units.items())
+                changed.append((node, units, rose))
         for holder in {self._claim_holder[c.key] for c in self._claims.values() if c.key in self._claim_holder
                        and any(d.pool == pool for d in c.devices_of(self.driver.name))}:
             self._sync_holder(holder)
         return changed
 
-    def _announce(self, changed: list[tuple[str, Ranks]]) -> None:
+    def _announce(self, changed: list[tuple[str, Ranks, bool]]) -> None:
         if self._on_units_changed is not None:
-            for node, units in changed:
-                self._on_units_changed(node, units)
+            for node, units, rose in changed:
+                self._on_units_changed(node, units, rose)
 
     # -- claims and templates --------------------------------------------------------------------
     def replace_claims(self, claims: list[DraClaim]) -> None:

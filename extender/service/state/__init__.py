@@ -74,13 +74,16 @@ class ClusterState:
 
     def _dra_state(self, listeners: StateListeners, driver: DraDriver) -> DraState:
         """The DRA part, its conflict listeners given before this constructor returns it."""
-        dra = DraState(self.ledger, self._dra_units_changed, driver)
+        def units_changed(node: str, ranks: Ranks, rose: bool) -> None:
+            self._tables.mark(node)  # re-laid at the next snapshot, before a requeued pod is judged
+            if rose:  # a DRA pod refused for want of published devices may fit now
+                for listener in listeners.capacity_rose:
+                    listener(node)
+
+        dra = DraState(self.ledger, units_changed, driver)
         for listener in listeners.dra_conflict:
             dra.on_conflict(listener)
         return dra
-
-    def _dra_units_changed(self, node: str, ranks: Ranks) -> None:
-        self._tables.mark(node)
 
     # -- reads -----------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:

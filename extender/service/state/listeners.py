@@ -60,7 +60,8 @@ class StateListeners:
     released: Sequence[Callable[[str], None]] = ()
     # ``listener(node)`` when a node's telemetry says its usable units rose, it reported again
     # after going stale, or it reported for the first time — after the node is re-laid, so a pod
-    # retried at once is judged on the new numbers — or when an operator uncordoned its GPUs.
+    # retried at once is judged on the new numbers — when an operator uncordoned its GPUs, or when
+    # the node's DRA ResourceSlice offers a unit it did not before (published, or its taint gone).
     capacity_rose: Sequence[Callable[[str], None]] = ()
     # ``listener(pod key, node, GPU uuid, used bytes, share bytes)`` when a pod bound to ``node``
     # is first reported using more GPU memory than its share (again only after it was back under).
