@@ -150,7 +150,8 @@ class SchedulingServicer:
     def Unreserve(self, request: pb.UnreserveRequest, context: CallContext) -> pb.UnreserveReply:
         _check_version(request.api_version, context)
         pod = self._pods.read(request.pod, context)
-        self._plugin.unreserve(pod, request.node, request.reason or "kube-scheduler unreserved the pod")
+        self._plugin.unreserve(pod, request.node, request.reason or "kube-scheduler unreserved the pod",
+                               keep_hold=request.keep_hold)
         return pb.UnreserveReply()
 
     def WatchRequeue(self, request: pb.WatchRequeueRequest, context: CallContext) -> Iterator[pb.RequeueBatch]:
@@ -181,6 +182,7 @@ class SchedulingServicer:
 
 def _write_reservation(reply: pb.ReserveReply, answer: ReserveAnswer) -> None:
     reply.reserved, reply.refusal, reply.summary = answer.reserved, answer.refusal, answer.summary
+    reply.keeps_earlier_hold = answer.keeps_earlier_hold
     reply.annotations.update(answer.annotations)
     if answer.barrier is not None:
         reply.barrier.gang = answer.barrier.gang

@@ -369,9 +369,18 @@ class ExtenderService:
         """The plugin answered the pod's PreFilter from its cache: the decider judges it now."""
         self.decider.judge(pod)
 
-    def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
-        """The plugin's Unreserve: a step after Reserve failed; the reservation is released."""
+    def unreserve(self, pod: PodRef, node: str, reason: str, *, keep_hold: bool = False) -> None:
+        """The plugin's Unreserve: a step after Reserve failed; the reservation is released —
+        unless ``keep_hold``: the pod may be bound with these GPUs (its Binding's write may have
+        landed, or the reservation kept an earlier hold that may have), so they stay held until the
+        watch shows the pod bound or the assumption expires, as :meth:`bind` keeps them in
+        extender mode. Recorded ``released`` or ``kept``."""
         started = time.perf_counter()
+        if keep_hold:
+            self._record("unreserve", pod, "kept", started, node=node,
+                         summary=f"{reason}; the pod's Binding may have landed: its GPUs stay held until the pod is "
+                                 "seen bound or the assumption expires")
+            return
         self.decider.unreserve(pod, reason)
         self._record("unreserve", pod, "released", started, node=node, summary=reason)
 

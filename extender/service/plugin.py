@@ -206,6 +206,9 @@ class ReserveAnswer:
     # A batch's (reserve_all): the answer for a pod of this pod's spec on the node in the group it
     # is in once the batch is taken (one entry), where cacheable.
     next: GroupsJudged | None = None
+    # The reservation re-chose the pod's own earlier hold (``Reservation.keeps_earlier_hold``): the
+    # plugin's Unreserve of it asks the core to keep the hold.
+    keeps_earlier_hold: bool = False
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,8 @@ class PluginService:
         barrier = reserved.barrier
         if barrier is None and reserved.completed_at_bind:  # Bind must ask Permitted: see the module docstring
             barrier = Barrier(f"{DRA_BIND_GANG}{pod.key}", open=True)
-        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier)
+        return ReserveAnswer(True, annotations=annotations, summary=reserved.summary, barrier=barrier,
+                             keeps_earlier_hold=reserved.keeps_earlier_hold)
 
     def permitted(self, pod: PodRef, node: str) -> ReserveAnswer:
         granted, annotations = self._service.permitted(pod, node)
@@ -413,8 +417,8 @@ class PluginService:
             return ReserveAnswer(False, refusal=granted.reason)
         return ReserveAnswer(True, annotations=annotations, summary=granted.summary)
 
-    def unreserve(self, pod: PodRef, node: str, reason: str) -> None:
-        self._service.unreserve(pod, node, reason)
+    def unreserve(self, pod: PodRef, node: str, reason: str, *, keep_hold: bool = False) -> None:
+        self._service.unreserve(pod, node, reason, keep_hold=keep_hold)
 
 
 def _vectors(table: NodeTable, failed: Mapping[str, str], unresolvable: Mapping[str, str],

@@ -295,6 +295,26 @@ def test_reserve_assumes_and_unreserve_forgets(core):
     assert (records["reserve"].result, records["unreserve"].result) == ("reserved", "released")
 
 
+def test_an_unreserve_keeping_the_hold_keeps_the_gpus_and_the_retry_says_it_re_chose_them(core):
+    """The plugin's Bind failed with no answer saying the write did not land: the pod may run on
+    its GPUs, so they are not promised to another pod, and the pod's retry, choosing them again,
+    tells the plugin to keep them at its own Unreserve too."""
+    tp8 = [make_pod(f"tp8-{i}", gpus=8, model="meta-llama/Llama-3.1-70B-Instruct", tp=8) for i in range(2)]
+    for pod in tp8:
+        pre_filter(core, pod)
+    first = reserve(core, tp8[0], "h1")
+    assert first.reserved and not first.keeps_earlier_hold
+    core.stub.Unreserve(pb.UnreserveRequest(api_version=API_VERSION, pod=wire_pod(tp8[0]), node="h1",
+                                            reason="Binding failed: connection lost", keep_hold=True))
+    record = core.decisions.for_pod("default", "tp8-0")["unreserve"]
+    assert record.result == "kept" and "may have landed" in record.summary, record
+    assert not reserve(core, tp8[1], "h1").reserved  # never promised twice
+    pre_filter(core, tp8[0])
+    again = reserve(core, tp8[0], "h1")
+    assert again.reserved and again.keeps_earlier_hold
+    assert again.annotations[ASSIGNED_GPUS_ANNOTATION] == first.annotations[ASSIGNED_GPUS_ANNOTATION]
+
+
 def test_each_unary_call_is_timed_by_rpc_name_refusals_not(core):
     pod = make_pod("p", gpus=1, model="meta-llama/Llama-3.1-8B-Instruct")
     pre_filter(core, pod)

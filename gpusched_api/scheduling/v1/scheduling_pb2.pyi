@@ -213,7 +213,7 @@ class ReserveRequest(_message.Message):
     def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., answered_by_plugin: _Optional[bool] = ..., want_next: _Optional[bool] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
-    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups", "next")
+    __slots__ = ("reserved", "refusal", "annotations", "summary", "barrier", "groups", "next", "keeps_earlier_hold")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +228,7 @@ class ReserveReply(_message.Message):
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     NEXT_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_EARLIER_HOLD_FIELD_NUMBER: _ClassVar[int]
     reserved: bool
     refusal: str
     annotations: _containers.ScalarMap[str, str]
@@ -235,7 +236,8 @@ class ReserveReply(_message.Message):
     barrier: Barrier
     groups: Groups
     next: JudgeGroupsReply
-    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., next: _Optional[_Union[JudgeGroupsReply, _Mapping]] = ...) -> None: ...
+    keeps_earlier_hold: bool
+    def __init__(self, reserved: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., groups: _Optional[_Union[Groups, _Mapping]] = ..., next: _Optional[_Union[JudgeGroupsReply, _Mapping]] = ..., keeps_earlier_hold: _Optional[bool] = ...) -> None: ...
 
 class ReserveBatchRequest(_message.Message):
     __slots__ = ("api_version", "reservations")
@@ -293,16 +295,18 @@ class PermittedReply(_message.Message):
     def __init__(self, permitted: _Optional[bool] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., summary: _Optional[str] = ...) -> None: ...
 
 class UnreserveRequest(_message.Message):
-    __slots__ = ("api_version", "pod", "node", "reason")
+    __slots__ = ("api_version", "pod", "node", "reason", "keep_hold")
     API_VERSION_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KEEP_HOLD_FIELD_NUMBER: _ClassVar[int]
     api_version: int
     pod: Pod
     node: str
     reason: str
-    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    keep_hold: bool
+    def __init__(self, api_version: _Optional[int] = ..., pod: _Optional[_Union[Pod, _Mapping]] = ..., node: _Optional[str] = ..., reason: _Optional[str] = ..., keep_hold: _Optional[bool] = ...) -> None: ...
 
 class UnreserveReply(_message.Message):
     __slots__ = ()

@@ -346,13 +346,14 @@ func (c *core) permitted(ctx context.Context, pod *v1.Pod, node string) (*pb.Per
 	})
 }
 
-func (c *core) unreserve(ctx context.Context, pod *v1.Pod, node, reason string) error {
+func (c *core) unreserve(ctx context.Context, pod *v1.Pod, node, reason string, keepHold bool) error {
 	wire, err := wirePod(pod)
 	if err != nil {
 		return err
 	}
 	_, err = call(ctx, c, func(ctx context.Context) (*pb.UnreserveReply, error) {
-		return c.client.Unreserve(ctx, &pb.UnreserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node, Reason: reason})
+		return c.client.Unreserve(ctx, &pb.UnreserveRequest{ApiVersion: APIVersion, Pod: wire, Node: node, Reason: reason,
+			KeepHold: keepHold})
 	})
 	return err
 }

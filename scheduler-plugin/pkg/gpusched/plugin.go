@@ -20,12 +20,16 @@ package gpusched
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -146,10 +150,21 @@ func (a *answer) placesGPUs() bool { return a.table != nil && !a.reply.GetScoreO
 // gang member its place at the Permit barrier; or, for a reservation the plugin took itself, its
 // confirmation (Bind takes the annotations from the core's answer to it).
 type reservation struct {
-	annotations map[string]string
-	barrier     *pb.Barrier   // nil unless a gang member
-	permitRan   bool          // set by Permit: a member's Bind without it means Permit is not enabled
-	confirm     *confirmation // set when the plugin reserved on its cached answer (confirm.go)
+	annotations       map[string]string
+	barrier           *pb.Barrier   // nil unless a gang member
+	permitRan         bool          // set by Permit: a member's Bind without it means Permit is not enabled
+	confirm           *confirmation // set when the plugin reserved on its cached answer (confirm.go)
+	keepsEarlierHold  bool          // the core re-chose the pod's own earlier hold (ReserveReply.keeps_earlier_hold)
+	bindMayHaveLanded bool          // set by Bind: its Binding failed with no answer saying the write did not land
+}
+
+// mayBeBound says whether the pod may be bound with this reservation's GPUs, so its Unreserve
+// must ask the core to keep them held (UnreserveRequest.keep_hold).
+func (r *reservation) mayBeBound() bool {
+	if r.bindMayHaveLanded || r.keepsEarlierHold {
+		return true
+	}
+	return r.confirm != nil && r.confirm.err == nil && r.confirm.reply.GetKeepsEarlierHold()
 }
 
 func (r *reservation) Clone() fwk.StateData { return r }
@@ -360,7 +375,8 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Unschedulable, refusal)
 	}
 	klog.FromContext(ctx).V(4).Info("gpusched reserved", "pod", klog.KObj(pod), "node", nodeName, "summary", reply.GetSummary())
-	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations(), barrier: reply.GetBarrier()})
+	state.Write(reservationKey, &reservation{annotations: reply.GetAnnotations(), barrier: reply.GetBarrier(),
+		keepsEarlierHold: reply.GetKeepsEarlierHold()})
 	return nil
 }
 
@@ -427,9 +443,24 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		}
 		reason = fmt.Sprintf("kube-scheduler unreserved gang %s's member (timed out or rejected at Permit, or a later step failed)", gang)
 	}
-	if err := p.core.unreserve(ctx, pod, nodeName, reason); err != nil {
+	if err := p.core.unreserve(ctx, pod, nodeName, reason, r != nil && r.mayBeBound()); err != nil {
 		klog.FromContext(ctx).Error(err, "gpusched Unreserve failed", "pod", klog.KObj(pod), "node", nodeName)
 	}
+}
+
+// bindMayHaveLanded says whether a failed Binding's write may have landed: no answer said it did
+// not. An API status below 500 is the apiserver's refusal, but for 409 "already assigned" (an
+// earlier write of this binding landed, its answer lost); a timeout, a broken connection or a 5xx
+// may have landed. Freed then, the pod's GPUs would be promised to the next pod while it runs on
+// them (tests/e2e/test_faults.py restarts the apiserver mid-burst).
+func bindMayHaveLanded(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return true
+	}
+	answer := status.Status()
+	return answer.Code == 0 || answer.Code >= http.StatusInternalServerError ||
+		(answer.Code == http.StatusConflict && strings.Contains(answer.Message, "already assigned"))
 }
 
 // waitingGangs is which pod waiting at Permit belongs to which gang: what Permit's allow and
@@ -515,6 +546,7 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, no
 		Target:     v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
 	if err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		r.bindMayHaveLanded = bindMayHaveLanded(err)
 		return fwk.AsStatus(fmt.Errorf("gpusched: binding pod %s/%s to %s with its assigned GPUs: %w", pod.Namespace, pod.Name, nodeName, err))
 	}
 	return nil

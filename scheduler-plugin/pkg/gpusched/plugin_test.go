@@ -14,8 +14,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes"
@@ -37,6 +39,7 @@ type fakeCore struct {
 	generations []uint64 // table_generation of each PreFilter request
 	unreserved  []string // node of each Unreserve
 	reasons     []string // reason of each Unreserve
+	keepHolds   []bool   // keep_hold of each Unreserve
 }
 
 func (f *fakeCore) PreFilter(_ context.Context, r *pb.PreFilterRequest) (*pb.PreFilterReply, error) {
@@ -55,6 +58,7 @@ func (f *fakeCore) Unreserve(_ context.Context, r *pb.UnreserveRequest) (*pb.Unr
 	defer f.mu.Unlock()
 	f.unreserved = append(f.unreserved, r.GetNode())
 	f.reasons = append(f.reasons, r.GetReason())
+	f.keepHolds = append(f.keepHolds, r.GetKeepHold())
 	return &pb.UnreserveReply{}, nil
 }
 
@@ -456,6 +460,60 @@ func TestReserveAndBind(t *testing.T) {
 				if binding.Annotations[k] != v {
 					t.Errorf("Binding annotation %s = %q, want %q", k, binding.Annotations[k], v)
 				}
+			}
+		})
+	}
+}
+
+// A Binding whose write may have landed (no answer said it did not), or a reservation that re-chose
+// the pod's own earlier hold, must not free the GPUs at Unreserve: the pod may run on them, and
+// the next pod would be promised them (tests/e2e/test_faults.py restarts the apiserver mid-burst).
+func TestUnreserveAfterAFailedBindKeepsTheHoldWhereTheWriteMayHaveLanded(t *testing.T) {
+	pods := schema.GroupResource{Resource: "pods"}
+	for _, tc := range []struct {
+		name      string
+		bindErr   error
+		keptEarly bool
+		keep      bool
+	}{
+		{"connection lost", errors.New("http2: client connection lost"), false, true},
+		{"apiserver 500", apierrors.NewInternalError(errors.New("etcd leader changed")), false, true},
+		{"apiserver timeout", apierrors.NewServerTimeout(pods, "create", 1), false, true},
+		{"already assigned", apierrors.NewConflict(pods, "p", errors.New("pod p is already assigned to node \"a\"")), false, true},
+		{"another conflict", apierrors.NewConflict(pods, "p", errors.New("the object has been modified")), false, false},
+		{"forbidden", apierrors.NewForbidden(pods, "p", errors.New("RBAC: not allowed")), false, false},
+		{"forbidden, earlier hold kept", apierrors.NewForbidden(pods, "p", errors.New("RBAC: not allowed")), true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeCore{
+				preFilter: func(*pb.PreFilterRequest) (*pb.PreFilterReply, error) {
+					return vectors(1, []string{"a"}, true, []pb.Verdict{pb.Verdict_VERDICT_FITS}, []string{""}, []byte{50}), nil
+				},
+				reserve: func(*pb.ReserveRequest) (*pb.ReserveReply, error) {
+					return &pb.ReserveReply{Reserved: true, Annotations: map[string]string{"gpusched.io/decision-id": "d"},
+						KeepsEarlierHold: tc.keptEarly}, nil
+				},
+			}
+			pod := makePod("p")
+			p, cs := start(t, f, time.Second, pod)
+			cs.PrependReactor("create", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+				return action.GetSubresource() == "binding", nil, tc.bindErr
+			})
+			state := framework.NewCycleState()
+			if _, st := p.PreFilter(context.Background(), state, pod, nil); !st.IsSuccess() {
+				t.Fatalf("PreFilter: %v", st)
+			}
+			if st := p.Reserve(context.Background(), state, pod, "a"); !st.IsSuccess() {
+				t.Fatalf("Reserve: %v", st)
+			}
+			if st := p.Bind(context.Background(), state, pod, "a"); st.IsSuccess() {
+				t.Fatalf("Bind succeeded; the test's reactor fails it with %v", tc.bindErr)
+			}
+			p.Unreserve(context.Background(), state, pod, "a")
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.keepHolds) != 1 || f.keepHolds[0] != tc.keep {
+				t.Fatalf("Unreserve reached the core with keep_hold %v, want [%v]", f.keepHolds, tc.keep)
 			}
 		})
 	}

@@ -1166,9 +1166,13 @@ type ReserveReply struct {
 	// answer a pod of this pod's spec gets on the node in the group it is in once the batch is taken
 	// (one entry, as JudgeGroups answers it), so the plugin judges the node's new group with no
 	// JudgeGroups of its own; unset where not cacheable.
-	Next          *JudgeGroupsReply `protobuf:"bytes,7,opt,name=next,proto3" json:"next,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Next *JudgeGroupsReply `protobuf:"bytes,7,opt,name=next,proto3" json:"next,omitempty"`
+	// The reservation re-chose the pod's own earlier hold on these GPUs: that attempt's Binding may
+	// have landed (its answer lost), so an Unreserve of this one sends keep_hold, however definite
+	// this attempt's own failure.
+	KeepsEarlierHold bool `protobuf:"varint,8,opt,name=keeps_earlier_hold,json=keepsEarlierHold,proto3" json:"keeps_earlier_hold,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReserveReply) Reset() {
@@ -1248,6 +1252,13 @@ func (x *ReserveReply) GetNext() *JudgeGroupsReply {
 		return x.Next
 	}
 	return nil
+}
+
+func (x *ReserveReply) GetKeepsEarlierHold() bool {
+	if x != nil {
+		return x.KeepsEarlierHold
+	}
+	return false
 }
 
 type ReserveBatchRequest struct {
@@ -1546,11 +1557,16 @@ func (x *PermittedReply) GetSummary() string {
 }
 
 type UnreserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ApiVersion    uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
-	Pod           *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
-	Node          string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion uint32                 `protobuf:"varint,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Pod        *Pod                   `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node       string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Reason     string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The pod may be bound with this reservation's GPUs: its Binding's write may have landed (no
+	// answer said it did not: a broken connection, a 5xx, a 409 "already assigned"), or the
+	// reservation kept an earlier hold (ReserveReply.keeps_earlier_hold). The core keeps the GPUs
+	// held until its watch shows the pod bound, or the assumption expires, instead of freeing them.
+	KeepHold      bool `protobuf:"varint,5,opt,name=keep_hold,json=keepHold,proto3" json:"keep_hold,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1611,6 +1627,13 @@ func (x *UnreserveRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *UnreserveRequest) GetKeepHold() bool {
+	if x != nil {
+		return x.KeepHold
+	}
+	return false
 }
 
 type UnreserveReply struct {
@@ -1843,7 +1866,7 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12,\n" +
 	"\x12answered_by_plugin\x18\x04 \x01(\bR\x10answeredByPlugin\x12\x1b\n" +
-	"\twant_next\x18\x05 \x01(\bR\bwantNext\"\xa8\x03\n" +
+	"\twant_next\x18\x05 \x01(\bR\bwantNext\"\xd6\x03\n" +
 	"\fReserveReply\x12\x1a\n" +
 	"\breserved\x18\x01 \x01(\bR\breserved\x12\x18\n" +
 	"\arefusal\x18\x02 \x01(\tR\arefusal\x12W\n" +
@@ -1851,7 +1874,8 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\asummary\x18\x04 \x01(\tR\asummary\x129\n" +
 	"\abarrier\x18\x05 \x01(\v2\x1f.gpusched.scheduling.v1.BarrierR\abarrier\x126\n" +
 	"\x06groups\x18\x06 \x01(\v2\x1e.gpusched.scheduling.v1.GroupsR\x06groups\x12<\n" +
-	"\x04next\x18\a \x01(\v2(.gpusched.scheduling.v1.JudgeGroupsReplyR\x04next\x1a>\n" +
+	"\x04next\x18\a \x01(\v2(.gpusched.scheduling.v1.JudgeGroupsReplyR\x04next\x12,\n" +
+	"\x12keeps_earlier_hold\x18\b \x01(\bR\x10keepsEarlierHold\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x01\n" +
@@ -1878,13 +1902,14 @@ const file_gpusched_api_scheduling_v1_scheduling_proto_rawDesc = "" +
 	"\asummary\x18\x04 \x01(\tR\asummary\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x01\n" +
 	"\x10UnreserveRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
 	"apiVersion\x12-\n" +
 	"\x03pod\x18\x02 \x01(\v2\x1b.gpusched.scheduling.v1.PodR\x03pod\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x10\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tkeep_hold\x18\x05 \x01(\bR\bkeepHold\"\x10\n" +
 	"\x0eUnreserveReply\"]\n" +
 	"\x13WatchRequeueRequest\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\rR\n" +
