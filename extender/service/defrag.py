@@ -1,0 +1,235 @@
+"""Defragmentation plans (issue 49, first step): the fewest moves of running engines that make room
+for a target pod, judged on the live snapshot, **reserving nothing**.
+
+A *move* takes one engine replica — a pod holding whole GPUs on one node — off its node, and puts a
+replacement where gpusched would place it now (make-before-break, ``defrag apply``, brings the
+replacement up first). Given a target that fits nowhere now, :func:`plan_room` looks, for each node
+the target could use, for the smallest set of that node's movable engines whose departure lets the
+target fit there — by the framework's own choice of GPUs, so NVLink islands, memory and MIG count as
+they do for a real pod — and for a destination elsewhere for each of them: the framework's feasible
+nodes for the engine, best score first, with the plan's earlier moves placed. Plans compare by the
+number of moves, then by cost (each move's GPUs × the engine's expected seconds to serve again),
+then by node and pod names: the same snapshot gives the same plan.
+
+Bounded: at most ``max_moves`` moves; a node is tried only when its free whole GPUs and those of its
+``max_moves`` largest movable engines reach the target's count, with at most
+:data:`MAX_ENGINES_PER_NODE` of its engines; an engine's destinations are judged once over the fleet
+(the framework answers by node group), then re-judged only where an earlier move of the same plan
+landed, trying at most :data:`MAX_DESTINATIONS_TRIED` of them.
+
+Not modelled here: the CPU a moved engine frees on its node or takes at its destination beyond what
+the destination has free now (two moves to one node are judged on its GPUs only), shares (a move
+frees a fraction of a GPU), and gangs (moved whole or not at all: the caller marks members exempt
+until a plan can move a whole gang). What may not move at all is the caller's to say
+(:attr:`Engine.exempt`): an opt-out annotation, a PodDisruptionBudget that allows no disruption, a
+pod no controller would replace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+from extender.framework.decisions import GpuChoice
+from extender.framework.runtime import Framework
+from extender.model.demand import PodDemand
+from extender.model.ledger import Assignment, EntryState
+from extender.model.snapshot import ClusterSnapshot, NodeInfo
+from extender.model.what_if import node_what_if
+
+DEFAULT_MAX_MOVES = 2
+MAX_MOVES = 4  # a longer chain of restarts is not worth planning (and the search grows as C(n, k))
+MAX_ENGINES_PER_NODE = 16  # movable engines of one node a plan considers (the largest first)
+MAX_DESTINATIONS_TRIED = 64  # per engine and plan, best-scored first
+DEFAULT_RESTART_S = 300.0  # an engine's seconds to serve again when nothing measured says otherwise
+# The ledger key a planned replacement holds its units under: never a real pod's (keys have one "/").
+_PLANNED = "defrag://"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One running replica a plan may move: the GPUs it holds now (``held``), what its replacement
+    asks (``demand``, parsed from its pod as a new pod's is), the seconds it takes to serve again
+    once moved (``restart_s``: the sidecar's measured cold start, else :data:`DEFAULT_RESTART_S`),
+    and why it must not move (``exempt``; "" when it may)."""
+
+    held: Assignment
+    demand: PodDemand
+    restart_s: float = DEFAULT_RESTART_S
+    exempt: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.held.pod_key
+
+    @property
+    def gpus(self) -> int:
+        return len(self.held.unit_ids)
+
+    @property
+    def cost_gpu_s(self) -> float:
+        """GPU-seconds out of service while it restarts: what a move costs."""
+        return self.gpus * self.restart_s
+
+    @property
+    def movable(self) -> bool:
+        """Not exempt, holding whole GPUs, and bound (a pod still being placed is not an engine yet)."""
+        return not self.exempt and not self.held.is_share and self.held.state == EntryState.BOUND
+
+
+@dataclass(frozen=True)
+class Move:
+    """``pod`` leaves ``source`` (its GPUs ``frees`` there) for ``destination`` (GPUs ``gpus``)."""
+
+    pod: str
+    source: str
+    destination: str
+    frees: tuple[int, ...]
+    gpus: tuple[int, ...]
+    cost_gpu_s: float
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    """Where the target fits (``node``, GPUs ``target_gpus``) after ``moves`` — none when it fits
+    already — or, with ``node`` empty, why no plan of at most the allowed moves was found
+    (``reason``). ``nodes_tried``: nodes whose engines the search considered."""
+
+    node: str = ""
+    target_gpus: tuple[int, ...] = ()
+    moves: tuple[Move, ...] = ()
+    reason: str = ""
+    nodes_tried: int = 0
+
+    @property
+    def found(self) -> bool:
+        return bool(self.node)
+
+    @property
+    def cost_gpu_s(self) -> float:
+        return sum(m.cost_gpu_s for m in self.moves)
+
+
+def plan_room(framework: Framework, snapshot: ClusterSnapshot, target: PodDemand, engines: Iterable[Engine], *,
+              max_moves: int = DEFAULT_MAX_MOVES) -> RoomPlan:
+    """The cheapest plan of at most ``max_moves`` moves after which ``target`` fits on some node
+    (see the module docstring for the order and the bounds). ``engines``: the running replicas a
+    plan may consider (exempt ones are never moved); each holds GPUs in ``snapshot``'s ledger."""
+    if not 0 <= max_moves <= MAX_MOVES:
+        raise ValueError(f"max_moves must be 0..{MAX_MOVES}, got {max_moves}")
+    names = sorted(snapshot.nodes)
+    now = framework.filter(snapshot, target, names)
+    if now.feasible:
+        node = now.feasible[0]
+        choice = framework.choose_gpus(snapshot, target, node)
+        gpus = choice.gpu_indices if isinstance(choice, GpuChoice) else ()
+        return RoomPlan(node=node, target_gpus=gpus, reason="the target fits already: no move needed")
+    search = _Search(framework, snapshot, target, engines)
+    tried: set[str] = set()
+    for count in range(1, max_moves + 1):
+        best: tuple[tuple[float, str, tuple[str, ...]], RoomPlan] | None = None
+        for node in search.candidates(count):
+            tried.add(node)
+            for plan in search.plans_on(node, count):
+                rank = (plan.cost_gpu_s, node, tuple(m.pod for m in plan.moves))
+                if best is None or rank < best[0]:
+                    best = (rank, plan)
+        if best is not None:
+            return RoomPlan(best[1].node, best[1].target_gpus, best[1].moves, nodes_tried=len(tried))
+    movable = sum(1 for e in search.engines if e.movable)
+    return RoomPlan(reason=f"no plan of at most {max_moves} move(s) makes room: {len(tried)} node(s) could free "
+                           f"enough GPUs by moving {movable} movable engine(s), and on none did the target fit with "
+                           f"every moved engine placed elsewhere", nodes_tried=len(tried))
+
+
+class _Search:
+    """One planning pass over one snapshot: the movable engines per node, and each engine's
+    destinations in the snapshot as it is (computed when first asked)."""
+
+    def __init__(self, framework: Framework, snapshot: ClusterSnapshot, target: PodDemand,
+                 engines: Iterable[Engine]) -> None:
+        self.framework = framework
+        self.snapshot = snapshot
+        self.target = target
+        self.engines = tuple(sorted(engines, key=lambda e: e.key))
+        by_node: dict[str, list[Engine]] = {}
+        for engine in self.engines:
+            if engine.movable and engine.held.node in snapshot.nodes:
+                by_node.setdefault(engine.held.node, []).append(engine)
+        # The largest first (they free the most), then the cheapest: the bound keeps these.
+        self.movable_on = {node: sorted(found, key=lambda e: (-e.gpus, e.cost_gpu_s, e.key))[:MAX_ENGINES_PER_NODE]
+                           for node, found in by_node.items()}
+        self._destinations: dict[str, list[str]] = {}
+
+    def candidates(self, count: int) -> Iterator[str]:
+        """Nodes where moving ``count`` engines could free enough whole GPUs for the target."""
+        view = self.snapshot.ledger
+        for node, movable in sorted(self.movable_on.items()):
+            if len(movable) < count:
+                continue
+            info = self.snapshot.nodes[node]
+            free = sum(1 for u in info.units if not u.is_mig and u.id not in view.held_on(node))
+            if free + sum(e.gpus for e in movable[:count]) >= self.target.gpu_count:
+                yield node
+
+    def plans_on(self, node: str, count: int) -> Iterator[RoomPlan]:
+        """Every plan moving exactly ``count`` of ``node``'s engines after which the target fits there."""
+        info = self.snapshot.nodes[node]
+        for moved in combinations(self.movable_on[node], count):
+            emptied, view = node_what_if(info, self.snapshot.ledger, [e.held for e in moved])
+            target = self.framework.choose_gpus(ClusterSnapshot.build([emptied], view), self.target, node)
+            if not isinstance(target, GpuChoice):
+                continue
+            moves = self._place(moved, node, info)
+            if moves is not None:
+                yield RoomPlan(node, target.gpu_indices, moves)
+
+    def _place(self, moved: Sequence[Engine], source: str, info: NodeInfo) -> tuple[Move, ...] | None:
+        """A destination for each of ``moved`` (largest first) other than ``source``, each judged
+        with the ones before it placed; None when one has none."""
+        placed: list[Assignment] = []
+        moves: list[Move] = []
+        index_of = {u.id: u.gpu_index for u in info.units}
+        for engine in sorted(moved, key=lambda e: (-e.gpus, e.key)):
+            choice = self._destination(engine, source, placed)
+            if choice is None:
+                return None
+            placed.append(Assignment(f"{_PLANNED}{engine.key}", choice.node, frozenset(choice.unit_ids),
+                                     EntryState.ASSUMED))
+            moves.append(Move(engine.key, source, choice.node,
+                              tuple(sorted(index_of[u] for u in engine.held.unit_ids if u in index_of)),
+                              choice.gpu_indices, engine.cost_gpu_s))
+        return tuple(moves)
+
+    def _destination(self, engine: Engine, source: str, placed: Sequence[Assignment]) -> GpuChoice | None:
+        landed = {a.node for a in placed}
+        tried = 0
+        for node in self._feasible(engine):
+            if node == source:
+                continue
+            if tried == MAX_DESTINATIONS_TRIED:
+                return None
+            tried += 1
+            if node in landed:
+                info, view = node_what_if(self.snapshot.nodes[node], self.snapshot.ledger, (),
+                                          [a for a in placed if a.node == node])
+                choice = self.framework.choose_gpus(ClusterSnapshot.build([info], view), engine.demand, node)
+            else:
+                choice = self.framework.choose_gpus(self.snapshot, engine.demand, node)
+            if isinstance(choice, GpuChoice):
+                return choice
+        return None
+
+    def _feasible(self, engine: Engine) -> list[str]:
+        """The nodes a replacement of ``engine`` fits on in the snapshot as it is, best score
+        first (ties by name)."""
+        found = self._destinations.get(engine.key)
+        if found is None:
+            names = sorted(self.snapshot.nodes)
+            feasible = self.framework.filter(self.snapshot, engine.demand, names).feasible
+            scores: Mapping[str, int] = self.framework.score(self.snapshot, engine.demand, feasible).scores
+            found = sorted(feasible, key=lambda n: (-scores.get(n, 0), n))
+            self._destinations[engine.key] = found
+        return found
+
