@@ -47,6 +47,10 @@ DRA_CORDON_TAINT = f"{DRA_DRIVER}/cordoned"
 DRA_FOREIGN_TAINT = f"{DRA_DRIVER}/foreign-memory"
 DRA_UNHEALTHY_TAINT = f"{DRA_DRIVER}/unhealthy"
 
+# --- Defragmentation (issue 49) ---------------------------------------------------------------------
+DEFRAG_ANNOTATION = "gpusched.io/defrag"
+DEFRAG_NEVER = "never"
+
 # --- Groups (gangs) --------------------------------------------------------------------------------
 GANG_NAME_ANNOTATION = "gpusched.io/gang-name"
 GANG_SIZE_ANNOTATION = "gpusched.io/gang-size"
@@ -159,6 +163,8 @@ POD_API: tuple[Entry, ...] = (
           "MIG instances published by the node agent's DRA driver, selected by their `migProfile`."),
     Entry(DRA_CLAIMS_NAMESPACE_LABEL, Kind.NAMESPACE_LABEL, Writer.YOU,
           "`enabled`: the claims webhook turns the GPU requests of this namespace's pods into DRA ResourceClaims."),
+    Entry(DEFRAG_ANNOTATION, Kind.POD_ANNOTATION, Writer.YOU,
+          f"`{DEFRAG_NEVER}`: a defragmentation plan (`gpusched defrag plan`) never moves this pod."),
     Entry(GANG_NAME_ANNOTATION, Kind.POD_ANNOTATION, Writer.YOU,
           "The group (gang) the pod belongs to: its members are placed all together or not at all. For clusters "
           "without a PodGroup, LeaderWorkerSet or another group declaration."),

@@ -7,6 +7,7 @@
   gpusched workload PODS.json      FragmentationScore's workload argument from a cluster's own pods
   gpusched simulate -f FILE        where a workload's pods would go if applied now (reserves nothing)
   gpusched capacity --model M      how many more replicas of an engine shape fit now, per node class
+  gpusched defrag plan -f FILE     the fewest engine moves that make room for a target (moves nothing)
   gpusched cordon NODE GPU...      take GPUs out of service (uncordon returns them)
   gpusched version                 the client's release and the extender's
 
@@ -50,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", action="store_true", help="print the raw decision records")
     nodes = sub.add_parser("nodes", help="GPU inventory and holders per node")
     nodes.add_argument("--url", default=DEFAULT_URL, help="extender base URL (default: %(default)s)")
-    from gpusched_cli import capacity, claim, cordon, simulate, tune, version, workload
+    from gpusched_cli import capacity, claim, cordon, defrag, simulate, tune, version, workload
 
     tune.add_parser(sub)
     claim.add_parser(sub)
     workload.add_parser(sub)
     simulate.add_parser(sub, DEFAULT_URL)
     capacity.add_parser(sub, DEFAULT_URL)
+    defrag.add_parser(sub, DEFAULT_URL)
     cordon.add_parsers(sub)
     version.add_parser(sub, DEFAULT_URL)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -81,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if args.command == "capacity":
         text, code = capacity.run(args)
+        emit(text, sys.stderr if code == 2 else sys.stdout)
+        return code
+    if args.command == "defrag":
+        text, code = defrag.run(args)
         emit(text, sys.stderr if code == 2 else sys.stdout)
         return code
     if args.command == "simulate":

@@ -17,6 +17,16 @@ while the core is not ready.
 (``?model=…&tp=4&pp=1&gpuMemory=40Gi&selector=pool=serving,zone=a``); with neither, every
 configured shape. Counted now (not the gauge's last refresh), in the same worker thread.
 
+``POST /debug/defrag``: the fewest engine moves that make room for a target (``service.defrag``),
+reserving and moving nothing. The body is JSON::
+
+    {"target": <a Pod or workload object>, "pods": [<the engines' Pods>...], "maxMoves": 2}
+
+``target``'s first pod is the one room is made for; ``pods`` are the running pods that may move
+(``gpusched defrag plan`` lists them; the GPUs each holds are the ledger's, never the body's);
+``maxMoves`` 0..4 (default 2). Judged in the same worker thread as a simulation. Answers 200 with
+the plan, or with why there is none, 400 with what to fix, 503 while the core is not ready.
+
 ``GET /fleet``, ``/fleet/assets/<file>`` and ``/fleet/data``: the fleet page, its files (package
 data of ``extender/api/fleet_page``) and its data (``service.fleet``; the page parses a simulated
 workload's YAML in the browser, and posts JSON).
@@ -37,10 +47,15 @@ from extender.model.catalog import CatalogError
 from extender.model.shapes import EngineShape, engine_shape
 from extender.model.workloads import WorkloadProblem, Workloads, pods_of
 from extender.service.capacity import Planning
+from extender.service.defrag import DEFAULT_MAX_MOVES, MAX_MOVES, DefragPlanner
 from extender.service.fleet import FleetQuery, FleetView
 from extender.service.simulate import Simulation
 
 MAX_SIMULATE_BYTES = 4 * 1024 * 1024
+# The engines a plan considers come in the body: slimmed by the CLI to what judging them reads
+# (``gpusched_cli.defrag``), a few hundred bytes each.
+MAX_DEFRAG_BYTES = 32 * 1024 * 1024
+MAX_DEFRAG_PODS = 100_000
 
 
 def answer_simulation(body: bytes, simulate: Callable[[Workloads], Simulation]) -> tuple[int, dict[str, Any]]:
@@ -61,6 +76,32 @@ def answer_simulation(body: bytes, simulate: Callable[[Workloads], Simulation]) 
         return 400, {"error": str(exc)}
     simulation = simulate(workloads)
     return (503 if simulation.error else 200), simulation.to_json()
+
+
+def answer_defrag(body: bytes, planner: DefragPlanner) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON answer) for a defrag request's ``body``."""
+    expected = "expected {\"target\": a Pod or workload, \"pods\": [Pods...], \"maxMoves\": 0..4}"
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return 400, {"error": f"the body is not JSON ({exc}); {expected} (gpusched defrag plan sends it)"}
+    if not isinstance(request, dict) or not isinstance(request.get("target"), dict) \
+            or not isinstance(request.get("pods", []), list):
+        return 400, {"error": expected}
+    max_moves = request.get("maxMoves", DEFAULT_MAX_MOVES)
+    if isinstance(max_moves, bool) or not isinstance(max_moves, int) or not 0 <= max_moves <= MAX_MOVES:
+        return 400, {"error": f"maxMoves must be a whole number 0..{MAX_MOVES}"}
+    pods = request.get("pods", [])
+    if len(pods) > MAX_DEFRAG_PODS or not all(isinstance(p, dict) for p in pods):
+        return 400, {"error": f"pods: at most {MAX_DEFRAG_PODS} Pod objects"}
+    try:
+        target = pods_of([request["target"]]).pods
+    except WorkloadProblem as exc:
+        return 400, {"error": f"target: {exc}"}
+    if not target:
+        return 400, {"error": "target: the object makes no pod"}
+    answer = planner.plan(target[0], pods, max_moves)
+    return (503 if answer.error.startswith("gpusched is not ready") else 400 if answer.error else 200), answer.to_json()
 
 
 def answer_capacity(query: Mapping[str, str], planning: Planning) -> tuple[int, dict[str, Any]]:
@@ -132,7 +173,7 @@ def answer_fleet(params: Mapping[str, str], fleet: FleetView) -> tuple[int, dict
 
 
 def build_planning_router(planning: Planning | None, fleet: FleetView | None, body_timeout_s: float) -> APIRouter:
-    """``/debug/simulate``, ``/debug/capacity`` and the fleet page; each answers 404 saying why
+    """``/debug/simulate``, ``/debug/capacity``, ``/debug/defrag`` and the fleet page; each answers 404 saying why
     when the extender has no cluster view (``planning``/``fleet`` None). Every answer that judges
     or walks the fleet is made in a worker thread, never on the event loop that answers probes
     and binds: simulations and counts one at a time, fleet views one at a time."""
@@ -155,6 +196,16 @@ def build_planning_router(planning: Planning | None, fleet: FleetView | None, bo
         except BadRequest as exc:
             return OrjsonResponse({"error": exc.message}, status_code=exc.status)
         return await off_loop(planning_limiter, answer_simulation, body, planning.simulator.simulate)
+
+    @router.post("/debug/defrag")
+    async def defrag(request: Request) -> Response:
+        if planning is None:
+            return standalone
+        try:
+            body = await read_capped(request, MAX_DEFRAG_BYTES, body_timeout_s)
+        except BadRequest as exc:
+            return OrjsonResponse({"error": exc.message}, status_code=exc.status)
+        return await off_loop(planning_limiter, answer_defrag, body, planning.defrag)
 
     @router.get("/debug/capacity")
     async def capacity(request: Request) -> Response:

@@ -33,6 +33,7 @@ from extender.metrics import CapacityGauge, ExtenderMetrics, GangMetrics, count_
 from extender.model.catalog import builtin_catalog
 from extender.service.capacity import CAPACITY_REFRESH_S, CapacityBoard, CapacityCounter, Planning
 from extender.service.decisions import DecisionStore, ForgetDeletedPods
+from extender.service.defrag import DefragPlanner
 from extender.service.dra import ClaimRecorder
 from extender.service.dra.device_taints import DEVICE_TAINTS_PERIOD_S, DeviceTaints
 from extender.service.fleet import FleetView
@@ -117,7 +118,8 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         on_rejected=trigger.rejected,
         planning=Planning(Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
                                     gang_timeout_s=coordinator.default_timeout_s),
-                          capacity, board, lambda: framework_decider.catalog),
+                          capacity, board, lambda: framework_decider.catalog,
+                          DefragPlanner(framework_decider, budgets, synced=watches.synced)),
         fleet=FleetView(state.snapshot, state.telemetry.get if state.telemetry is not None else lambda node: None,
                         decisions.pending, tier_labels=settings.tier_labels,
                         roles=lambda node: {p.ref.key: role for p in bound_pods.on_node(node)

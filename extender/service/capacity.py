@@ -38,6 +38,7 @@ from extender.model.shapes import EngineShape
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
 from extender.model.what_if import HeldAsWell
 from extender.service.core import PodRef
+from extender.service.defrag import DefragPlanner
 from extender.service.simulate import SimulationJudge, Simulator
 
 CAPACITY_REFRESH_S = 15.0  # how often the gauge's counts are refreshed (a count of every shape)
@@ -190,10 +191,12 @@ class CapacityBoard:
 
 @dataclass(frozen=True)
 class Planning:
-    """What the planning endpoints ask (``/debug/simulate``, ``/debug/capacity``): the simulator,
-    the capacity counter, the configured shapes' board and the model catalog shapes are judged with."""
+    """What the planning endpoints ask (``/debug/simulate``, ``/debug/capacity``, ``/debug/defrag``):
+    the simulator, the capacity counter, the configured shapes' board, the model catalog shapes are
+    judged with, and the defragmentation planner."""
 
     simulator: Simulator
     counter: CapacityCounter
     board: CapacityBoard
     catalog: Callable[[], Catalog]
+    defrag: DefragPlanner

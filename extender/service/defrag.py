@@ -27,16 +27,23 @@ pod no controller would replace.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 from extender.framework.decisions import GpuChoice
 from extender.framework.runtime import Framework
-from extender.model.demand import PodDemand
-from extender.model.ledger import Assignment, EntryState
+from extender.model.demand import DemandProblem, PodDemand
+from extender.model.disruption import DisruptionBudget, Victim, violations
+from extender.model.kube_filters import kube_refusal
+from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
 from extender.model.what_if import node_what_if
+from extender.service.core import PodRef
+from extender.service.preemption import BudgetSource
+from extender.service.simulate import SimulationJudge
+from gpusched_api.names import DEFRAG_ANNOTATION, DEFRAG_NEVER, GANG_NAME_ANNOTATION
 
 DEFAULT_MAX_MOVES = 2
 MAX_MOVES = 4  # a longer chain of restarts is not worth planning (and the search grows as C(n, k))
@@ -45,19 +52,25 @@ MAX_DESTINATIONS_TRIED = 64  # per engine and plan, best-scored first
 DEFAULT_RESTART_S = 300.0  # an engine's seconds to serve again when nothing measured says otherwise
 # The ledger key a planned replacement holds its units under: never a real pod's (keys have one "/").
 _PLANNED = "defrag://"
+# The controllers that replace a pod that leaves (a Deployment's ReplicaSet, a StatefulSet, a
+# LeaderWorkerSet's): a pod of any other owner, or none, would not come back where a plan puts it.
+REPLACING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "LeaderWorkerSet"})
 
 
 @dataclass(frozen=True)
 class Engine:
     """One running replica a plan may move: the GPUs it holds now (``held``), what its replacement
-    asks (``demand``, parsed from its pod as a new pod's is), the seconds it takes to serve again
+    asks (``demand``, parsed from its pod as a new pod's is; None where it could not be), the seconds it takes to serve again
     once moved (``restart_s``: the sidecar's measured cold start, else :data:`DEFAULT_RESTART_S`),
     and why it must not move (``exempt``; "" when it may)."""
 
     held: Assignment
-    demand: PodDemand
+    demand: PodDemand | None  # None only for an exempt engine whose pod could not be read
     restart_s: float = DEFAULT_RESTART_S
     exempt: str = ""
+    # Its replacement as kube-scheduler's own filters see it (selectors, affinity, tolerations: the
+    # pod's spec without its nodeName); None: any node.
+    replacement: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -75,7 +88,8 @@ class Engine:
     @property
     def movable(self) -> bool:
         """Not exempt, holding whole GPUs, and bound (a pod still being placed is not an engine yet)."""
-        return not self.exempt and not self.held.is_share and self.held.state == EntryState.BOUND
+        return (not self.exempt and self.demand is not None and not self.held.is_share
+                and self.held.state == EntryState.BOUND)
 
 
 @dataclass(frozen=True)
@@ -112,20 +126,22 @@ class RoomPlan:
 
 
 def plan_room(framework: Framework, snapshot: ClusterSnapshot, target: PodDemand, engines: Iterable[Engine], *,
-              max_moves: int = DEFAULT_MAX_MOVES) -> RoomPlan:
+              max_moves: int = DEFAULT_MAX_MOVES, target_pod: Mapping[str, Any] | None = None) -> RoomPlan:
     """The cheapest plan of at most ``max_moves`` moves after which ``target`` fits on some node
     (see the module docstring for the order and the bounds). ``engines``: the running replicas a
-    plan may consider (exempt ones are never moved); each holds GPUs in ``snapshot``'s ledger."""
+    plan may consider (exempt ones are never moved); each holds GPUs in ``snapshot``'s ledger.
+    ``target_pod``: the target as kube-scheduler's own filters see it (only nodes they let it onto
+    are tried); None: any node."""
     if not 0 <= max_moves <= MAX_MOVES:
         raise ValueError(f"max_moves must be 0..{MAX_MOVES}, got {max_moves}")
-    names = sorted(snapshot.nodes)
+    names = admitted(target_pod, snapshot)
     now = framework.filter(snapshot, target, names)
     if now.feasible:
         node = now.feasible[0]
         choice = framework.choose_gpus(snapshot, target, node)
         gpus = choice.gpu_indices if isinstance(choice, GpuChoice) else ()
         return RoomPlan(node=node, target_gpus=gpus, reason="the target fits already: no move needed")
-    search = _Search(framework, snapshot, target, engines)
+    search = _Search(framework, snapshot, target, engines, frozenset(names))
     tried: set[str] = set()
     for count in range(1, max_moves + 1):
         best: tuple[tuple[float, str, tuple[str, ...]], RoomPlan] | None = None
@@ -148,8 +164,9 @@ class _Search:
     destinations in the snapshot as it is (computed when first asked)."""
 
     def __init__(self, framework: Framework, snapshot: ClusterSnapshot, target: PodDemand,
-                 engines: Iterable[Engine]) -> None:
+                 engines: Iterable[Engine], target_nodes: frozenset[str]) -> None:
         self.framework = framework
+        self.target_nodes = target_nodes
         self.snapshot = snapshot
         self.target = target
         self.engines = tuple(sorted(engines, key=lambda e: e.key))
@@ -166,7 +183,7 @@ class _Search:
         """Nodes where moving ``count`` engines could free enough whole GPUs for the target."""
         view = self.snapshot.ledger
         for node, movable in sorted(self.movable_on.items()):
-            if len(movable) < count:
+            if len(movable) < count or node not in self.target_nodes:
                 continue
             info = self.snapshot.nodes[node]
             free = sum(1 for u in info.units if not u.is_mig and u.id not in view.held_on(node))
@@ -203,6 +220,8 @@ class _Search:
         return tuple(moves)
 
     def _destination(self, engine: Engine, source: str, placed: Sequence[Assignment]) -> GpuChoice | None:
+        demand = engine.demand
+        assert demand is not None, "only movable engines are placed"
         landed = {a.node for a in placed}
         tried = 0
         for node in self._feasible(engine):
@@ -214,9 +233,9 @@ class _Search:
             if node in landed:
                 info, view = node_what_if(self.snapshot.nodes[node], self.snapshot.ledger, (),
                                           [a for a in placed if a.node == node])
-                choice = self.framework.choose_gpus(ClusterSnapshot.build([info], view), engine.demand, node)
+                choice = self.framework.choose_gpus(ClusterSnapshot.build([info], view), demand, node)
             else:
-                choice = self.framework.choose_gpus(self.snapshot, engine.demand, node)
+                choice = self.framework.choose_gpus(self.snapshot, demand, node)
             if isinstance(choice, GpuChoice):
                 return choice
         return None
@@ -226,10 +245,132 @@ class _Search:
         first (ties by name)."""
         found = self._destinations.get(engine.key)
         if found is None:
-            names = sorted(self.snapshot.nodes)
+            assert engine.demand is not None, "only movable engines are placed"
+            names = admitted(engine.replacement, self.snapshot)
             feasible = self.framework.filter(self.snapshot, engine.demand, names).feasible
             scores: Mapping[str, int] = self.framework.score(self.snapshot, engine.demand, feasible).scores
             found = sorted(feasible, key=lambda n: (-scores.get(n, 0), n))
             self._destinations[engine.key] = found
         return found
 
+
+
+def admitted(pod: Mapping[str, Any] | None, snapshot: ClusterSnapshot) -> list[str]:
+    """The nodes kube-scheduler's own filters let ``pod`` onto (all when None), by name."""
+    nodes = snapshot.nodes
+    return sorted(n for n, info in nodes.items() if pod is None or not kube_refusal(pod, info))
+
+
+def engines_of(pods: Iterable[Mapping[str, Any]], budgets: Sequence[DisruptionBudget], view: LedgerView,
+               demand_of: Callable[[Mapping[str, Any]], PodDemand | DemandProblem],
+               restart_s: Callable[[str], float] = lambda key: DEFAULT_RESTART_S) -> list[Engine]:
+    """The engines among ``pods`` (Kubernetes Pod JSON): those the ledger holds bound with the same
+    UID — the GPUs are the ledger's, never the pod body's — each with why it may not move:
+    opted out (``gpusched.io/defrag: never``), a gang member, no controller that would replace
+    it, a budget that allows no disruption now, or a demand that cannot be read. ``demand_of``:
+    the pod's demand as a new pod of its spec is judged; ``restart_s``: its seconds to serve
+    again, by pod key."""
+    engines = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        held = view.assignments.get(key)
+        if held is None or held.state != EntryState.BOUND or (meta.get("uid") and held.uid != meta.get("uid")):
+            continue
+        demand = demand_of(pod)
+        if isinstance(demand, DemandProblem):
+            engines.append(Engine(held, None, exempt=f"its demand cannot be read: {demand.message}"))
+            continue
+        spec = pod.get("spec")
+        spec = spec if isinstance(spec, Mapping) else {}
+        replacement = {"spec": {k: v for k, v in spec.items() if k != "nodeName"}}
+        engines.append(Engine(held, demand, restart_s(key), _exempt(pod, meta, budgets), replacement))
+    return engines
+
+
+def _exempt(pod: Mapping[str, Any], meta: Mapping[str, Any], budgets: Sequence[DisruptionBudget]) -> str:
+    annotations = meta.get("annotations") or {}
+    if annotations.get(DEFRAG_ANNOTATION) == DEFRAG_NEVER:
+        return f"opted out ({DEFRAG_ANNOTATION}: {DEFRAG_NEVER})"
+    if annotations.get(GANG_NAME_ANNOTATION):
+        return f"a member of gang {str(annotations[GANG_NAME_ANNOTATION])[:64]}: gangs move whole, not planned yet"
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, Mapping) and o.get("controller")]
+    if not owners or owners[0].get("kind") not in REPLACING_OWNERS:
+        owner = f"owned by a {str(owners[0].get('kind'))[:64]}" if owners else "owned by no controller"
+        return f"{owner}: nothing would replace it (only a Deployment's, StatefulSet's or LeaderWorkerSet's pods move)"
+    victim = Victim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
+                    {str(k): str(v) for k, v in (meta.get("labels") or {}).items()})
+    broken = violations([victim], budgets).get(0)
+    if broken is not None:
+        return f"PodDisruptionBudget {broken.key} allows no disruption now"
+    return ""
+
+
+
+MAX_EXEMPT_LISTED = 64  # engines an answer lists with why they stay (the count covers all)
+
+
+@dataclass(frozen=True)
+class DefragAnswer:
+    """A plan for one target with the engines it was made from (``engines``), or why none was
+    made (``error``: the core not ready, a target that is no GPU pod)."""
+
+    plan: RoomPlan = RoomPlan()
+    engines: tuple[Engine, ...] = ()
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error:
+            return {"error": self.error}
+        plan = self.plan
+        exempt = [{"pod": e.key, "why": e.exempt} for e in self.engines if e.exempt]
+        if not plan.found:
+            summary = plan.reason
+        elif not plan.moves:
+            summary = f"the target fits on {plan.node} now: no move needed"
+        else:
+            summary = (f"{len(plan.moves)} move(s) make room for the target on {plan.node} "
+                       f"(cost {plan.cost_gpu_s:.0f} GPU-seconds of restarts); nothing was moved or reserved")
+        return {"summary": summary, "found": plan.found, "node": plan.node, "targetGpus": list(plan.target_gpus),
+                "moves": [{"pod": m.pod, "from": m.source, "frees": list(m.frees), "to": m.destination,
+                           "gpus": list(m.gpus), "costGpuSeconds": m.cost_gpu_s} for m in plan.moves],
+                "costGpuSeconds": plan.cost_gpu_s, "nodesTried": plan.nodes_tried,
+                "engines": {"considered": len(self.engines), "movable": sum(1 for e in self.engines if e.movable),
+                            "exempt": exempt[:MAX_EXEMPT_LISTED], "exemptTotal": len(exempt)}}
+
+
+class DefragPlanner:
+    """Plans on the live snapshot with the decision core's framework (``/debug/defrag``), reserving
+    nothing: the GPUs each engine holds are the ledger's and the budgets the core's own watch's
+    (``budgets``: preemption's), the engines' pod specs the caller's (the core keeps GPUs, not
+    specs; ``gpusched defrag plan`` lists the pods). ``synced``: whether the core's view is
+    complete (a plan on half a ledger would move pods onto GPUs that are taken)."""
+
+    def __init__(self, judge: SimulationJudge, budgets: BudgetSource, *,
+                 synced: Callable[[], tuple[bool, str]] = lambda: (True, "")) -> None:
+        self._judge = judge
+        self._budgets = budgets
+        self._synced = synced
+
+    def plan(self, target_pod: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+             max_moves: int = DEFAULT_MAX_MOVES) -> DefragAnswer:
+        ok, why = self._synced()
+        if not ok:
+            return DefragAnswer(error=f"gpusched is not ready to judge GPUs yet ({why}); try again shortly")
+        target = self._judge.demand(_unremembered(target_pod))
+        if isinstance(target, DemandProblem):
+            return DefragAnswer(error=f"the target: {target.message}")
+        if target.gpu_count <= 0 or target.share_bytes is not None:
+            return DefragAnswer(error="the target asks for no whole GPU: nothing to make room for")
+        snapshot = self._judge.snapshot()
+        engines = engines_of(pods, tuple(self._budgets.budgets()), snapshot.ledger,
+                             lambda pod: self._judge.demand(_unremembered(pod)))
+        plan = plan_room(self._judge.framework, snapshot, target, engines, max_moves=max_moves, target_pod=target_pod)
+        return DefragAnswer(plan, tuple(engines))
+
+
+def _unremembered(pod: Mapping[str, Any]) -> PodRef:
+    """``pod`` as the decider judges any pod of its spec: without its UID, so its demand is not
+    remembered as the one a real pod of that name was judged with."""
+    meta = pod.get("metadata") or {}
+    return PodRef(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), "", pod)

@@ -14,7 +14,9 @@ from extender.metrics import CapacityGauge
 from extender.model.catalog import CatalogError, builtin_catalog, catalog_from_configmap_data
 from extender.model.shapes import EngineShape, engine_shape, shapes_from_configmap_data
 from extender.service.capacity import CapacityBoard, Planning
+from extender.service.defrag import DefragPlanner
 from extender.service.gangs import GangIndex
+from extender.service.preemption import NoBudgets
 from extender.service.simulate import Simulator
 from extender.settings import Settings
 from gpusched_cli.capacity import render_capacity
@@ -102,7 +104,8 @@ def test_the_endpoint_counts_an_inline_or_configured_shape(query, status, words)
     world = World({"a": 0})
     board = CapacityBoard(world.counter)
     board.set_shapes([engine_shape("tp8", {"model": MODEL_70B, "tp": 8}, builtin_catalog())])
-    planning = Planning(Simulator(world.decider, GangIndex()), world.counter, board, lambda: builtin_catalog())
+    planning = Planning(Simulator(world.decider, GangIndex()), world.counter, board, lambda: builtin_catalog(),
+                        DefragPlanner(world.decider, NoBudgets()))
     answer = TestClient(create_app(Settings(), Collaborators(planning=planning))).get(f"/debug/capacity{query}")
     assert answer.status_code == status and words in answer.text, answer.text
 
