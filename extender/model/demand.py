@@ -210,13 +210,46 @@ def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,
     ``dra``: the pod's GPUs through DRA as the caller resolved them from its claims
     (``extender.model.dra.resolve_dra_demand``; a sentence when they cannot be read)."""
     meta = pod.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return DemandProblem("default", "", "metadata must be an object")
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     if isinstance(dra, str):
         return DemandProblem(namespace, name, dra)
+    if problem := _shape_problem(pod, meta):
+        return DemandProblem(namespace, name, problem)
     try:
         return _parse(pod, meta, namespace, name, catalog, dra)
     except (_Invalid, CommandLineError) as exc:
         return DemandProblem(namespace, name, str(exc))
+
+
+def _shape_problem(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    """What of the parts parsing reads is not of the Pod API's shape ("" when all is): an
+    apiserver's pod always is, a pod in a planning request's body need not be."""
+    for field_name in ("annotations", "labels"):
+        if meta.get(field_name) is not None and not isinstance(meta[field_name], Mapping):
+            return f"metadata.{field_name} must be an object"
+    spec = pod.get("spec")
+    if spec is None:
+        return ""
+    if not isinstance(spec, Mapping):
+        return "spec must be an object"
+    for field_name in ("containers", "initContainers"):
+        containers = spec.get(field_name)
+        if containers is None:
+            continue
+        if not isinstance(containers, list) or not all(isinstance(c, Mapping) for c in containers):
+            return f"spec.{field_name} must be a list of objects"
+        for c in containers:
+            resources = c.get("resources")
+            if resources is not None and (not isinstance(resources, Mapping) or any(
+                    resources.get(s) is not None and not isinstance(resources[s], Mapping) for s in ("limits", "requests"))):
+                return f"spec.{field_name}[{shown(c.get('name', '?'))}].resources must map limits and requests"
+            for words in ("command", "args", "env"):
+                value = c.get(words)
+                if value is not None and not isinstance(value, list):
+                    return f"spec.{field_name}[{shown(c.get('name', '?'))}].{words} must be a list"
+    return ""
 
 
 def _parse(pod: Mapping[str, Any], meta: Mapping[str, Any], namespace: str, name: str,

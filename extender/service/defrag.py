@@ -60,9 +60,9 @@ REPLACING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "LeaderWorkerSet"})
 @dataclass(frozen=True)
 class Engine:
     """One running replica a plan may move: the GPUs it holds now (``held``), what its replacement
-    asks (``demand``, parsed from its pod as a new pod's is; None where it could not be), the seconds it takes to serve again
-    once moved (``restart_s``: the sidecar's measured cold start, else :data:`DEFAULT_RESTART_S`),
-    and why it must not move (``exempt``; "" when it may)."""
+    asks (``demand``, parsed from its pod as a new pod's is; None where it could not be), the
+    seconds it takes to serve again once moved (``restart_s``: the sidecar's measured cold start,
+    else :data:`DEFAULT_RESTART_S`), and why it must not move (``exempt``; "" when it may)."""
 
     held: Assignment
     demand: PodDemand | None  # None only for an exempt engine whose pod could not be read
@@ -254,7 +254,6 @@ class _Search:
         return found
 
 
-
 def admitted(pod: Mapping[str, Any] | None, snapshot: ClusterSnapshot) -> list[str]:
     """The nodes kube-scheduler's own filters let ``pod`` onto (all when None), by name."""
     nodes = snapshot.nodes
@@ -272,7 +271,9 @@ def engines_of(pods: Iterable[Mapping[str, Any]], budgets: Sequence[DisruptionBu
     again, by pod key."""
     engines = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
+        meta = pod.get("metadata")
+        if not isinstance(meta, Mapping):
+            continue  # no name to hold anything by
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         held = view.assignments.get(key)
         if held is None or held.state != EntryState.BOUND or (meta.get("uid") and held.uid != meta.get("uid")):
@@ -284,27 +285,34 @@ def engines_of(pods: Iterable[Mapping[str, Any]], budgets: Sequence[DisruptionBu
         spec = pod.get("spec")
         spec = spec if isinstance(spec, Mapping) else {}
         replacement = {"spec": {k: v for k, v in spec.items() if k != "nodeName"}}
-        engines.append(Engine(held, demand, restart_s(key), _exempt(pod, meta, budgets), replacement))
+        engines.append(Engine(held, demand, restart_s(key), _exempt(meta, budgets), replacement))
     return engines
 
 
-def _exempt(pod: Mapping[str, Any], meta: Mapping[str, Any], budgets: Sequence[DisruptionBudget]) -> str:
-    annotations = meta.get("annotations") or {}
+def _exempt(meta: Mapping[str, Any], budgets: Sequence[DisruptionBudget]) -> str:
+    """Why the pod of ``meta`` (its metadata, as sent: any shape) may not move; "" when it may."""
+    annotations = _mapping(meta.get("annotations"))
     if annotations.get(DEFRAG_ANNOTATION) == DEFRAG_NEVER:
         return f"opted out ({DEFRAG_ANNOTATION}: {DEFRAG_NEVER})"
     if annotations.get(GANG_NAME_ANNOTATION):
         return f"a member of gang {str(annotations[GANG_NAME_ANNOTATION])[:64]}: gangs move whole, not planned yet"
-    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, Mapping) and o.get("controller")]
+    references = meta.get("ownerReferences")
+    owners = [o for o in (references if isinstance(references, list) else [])
+              if isinstance(o, Mapping) and o.get("controller")]
     if not owners or owners[0].get("kind") not in REPLACING_OWNERS:
         owner = f"owned by a {str(owners[0].get('kind'))[:64]}" if owners else "owned by no controller"
         return f"{owner}: nothing would replace it (only a Deployment's, StatefulSet's or LeaderWorkerSet's pods move)"
     victim = Victim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
-                    {str(k): str(v) for k, v in (meta.get("labels") or {}).items()})
+                    {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()})
     broken = violations([victim], budgets).get(0)
     if broken is not None:
         return f"PodDisruptionBudget {broken.key} allows no disruption now"
     return ""
 
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 MAX_EXEMPT_LISTED = 64  # engines an answer lists with why they stay (the count covers all)

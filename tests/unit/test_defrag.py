@@ -253,6 +253,12 @@ def test_the_planner_moves_the_cheap_engine_and_a_budget_sends_it_to_move_the_ot
     (orjson.dumps({"target": engine_pod("cpu", 0)}), 400, "the target asks for no whole GPU"),
     (orjson.dumps({"target": TARGET, "pods": [engine_pod("one", 1)], "maxMoves": 1}), 200, "1 move(s) make room"),
     (orjson.dumps({"target": TARGET, "pods": [engine_pod("one", 1)], "maxMoves": 0}), 200, "no plan of at most 0"),
+    # Any shape inside a pod is an answer, never a 500: unreadable pods are no engines or stay.
+    (orjson.dumps({"target": TARGET, "pods": [
+        {"metadata": []}, {"metadata": {"name": "tp4", "uid": "uid-tp4", "annotations": [1], "labels": "x",
+                                        "ownerReferences": {"kind": "ReplicaSet"}}, "spec": []},
+        {"metadata": {"name": "one", "uid": "uid-one", "ownerReferences": [7, {"controller": True}]},
+         "spec": {"containers": "vllm"}}]}), 200, '"movable":0'),
 ])
 def test_the_endpoint_answers_a_plan_or_what_to_fix(body, status, words):
     answer = World().http.post("/debug/defrag", content=body)

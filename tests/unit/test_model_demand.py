@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from extender.model.catalog import builtin_catalog
 from extender.model.demand import DemandProblem, PodDemand, as_replica, parse_pod_demand, spec_digest
@@ -316,3 +318,21 @@ def test_labels_in_another_order_are_the_same_spec_and_a_pod_that_is_not_json_ha
 def test_a_demand_as_a_replicas_is_what_parsing_the_replica_gives(pod):
     replica = {**pod, "metadata": {**pod["metadata"], "name": "p-2", "uid": "uid-2"}}
     assert as_replica(parse_pod_demand(pod, builtin_catalog()), replica) == parse_pod_demand(replica, builtin_catalog())
+
+
+JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-3, 300), st.text(max_size=12),
+                      st.sampled_from(["serve", "--tensor-parallel-size", "4", "nvidia.com/gpu", "gpusched.io/gpu-share"]))
+JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                    max_leaves=12)
+POD_FIELD = st.sampled_from(["annotations", "labels", "containers", "resources", "limits", "args", "command", "env"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(meta=st.dictionaries(POD_FIELD, JSON, max_size=3), containers=st.one_of(JSON, st.lists(
+    st.dictionaries(POD_FIELD, JSON, max_size=4), max_size=3)))
+def test_a_pod_of_any_json_shape_parses_to_a_demand_or_a_problem_never_an_exception(meta, containers):
+    """A planning request's body carries pods no apiserver validated (``/debug/defrag``): parsing
+    answers, it never raises."""
+    pod = {"metadata": {"name": "p", **meta}, "spec": {"containers": containers}}
+    assert isinstance(parse_pod_demand(pod, builtin_catalog()), (PodDemand, DemandProblem))
