@@ -187,25 +187,24 @@ def build_planning_router(planning: Planning | None, fleet: FleetView | None, bo
         status, body = await anyio.to_thread.run_sync(answer, *args, limiter=limiter)
         return OrjsonResponse(body, status_code=status)
 
-    @router.post("/debug/simulate")
-    async def simulate(request: Request) -> Response:
+    async def planned(request: Request, max_bytes: int,
+                      answer: Callable[[bytes, Planning], tuple[int, dict[str, Any]]]) -> Response:
+        """A planning POST: its body read (at most ``max_bytes``), answered off the loop."""
         if planning is None:
             return standalone
         try:
-            body = await read_capped(request, MAX_SIMULATE_BYTES, body_timeout_s)
+            body = await read_capped(request, max_bytes, body_timeout_s)
         except BadRequest as exc:
             return OrjsonResponse({"error": exc.message}, status_code=exc.status)
-        return await off_loop(planning_limiter, answer_simulation, body, planning.simulator.simulate)
+        return await off_loop(planning_limiter, answer, body, planning)
+
+    @router.post("/debug/simulate")
+    async def simulate(request: Request) -> Response:
+        return await planned(request, MAX_SIMULATE_BYTES, lambda body, p: answer_simulation(body, p.simulator.simulate))
 
     @router.post("/debug/defrag")
     async def defrag(request: Request) -> Response:
-        if planning is None:
-            return standalone
-        try:
-            body = await read_capped(request, MAX_DEFRAG_BYTES, body_timeout_s)
-        except BadRequest as exc:
-            return OrjsonResponse({"error": exc.message}, status_code=exc.status)
-        return await off_loop(planning_limiter, answer_defrag, body, planning.defrag)
+        return await planned(request, MAX_DEFRAG_BYTES, lambda body, p: answer_defrag(body, p.defrag))
 
     @router.get("/debug/capacity")
     async def capacity(request: Request) -> Response:
