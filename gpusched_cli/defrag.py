@@ -1,7 +1,7 @@
 """``gpusched defrag plan -f target.yaml``: the fewest moves of running engines that make room for a
 target, planned by the core on its live snapshot — nothing is moved or reserved (issue 49).
 
-Reads the target (a Pod or workload, YAML or JSON; ``-`` for stdin), lists the cluster's running
+Reads the target (a Pod or workload, YAML or JSON; ``-`` for stdin), lists the cluster's bound
 pods that hold GPUs gpusched assigned (the core keeps GPUs, not pod specs), slims each to what
 judging it reads, and sends both to the core's ``POST /debug/defrag``. Prints one row per move —
 which engine leaves which node, the GPUs it frees there, where it would go — and the GPU-seconds of
@@ -47,7 +47,7 @@ def add_parser(sub: Any, default_url: str) -> None:
 def run(args: argparse.Namespace, stdin: TextIO | None = None,
         list_pods: Callable[[], Iterable[Mapping[str, Any]]] | None = None) -> tuple[str, int]:
     """(text, exit code); text goes to stdout with 0 or 1, to stderr with 2. ``list_pods``: the
-    cluster's pods as JSON (default: listed with the kubeconfig)."""
+    cluster's bound pods as JSON (default: listed with the kubeconfig)."""
     try:
         objects = read_objects(args.filename, stdin)
         if len(objects) != 1:
@@ -62,9 +62,10 @@ def run(args: argparse.Namespace, stdin: TextIO | None = None,
 
 
 def holds_gpus(pod: Mapping[str, Any]) -> bool:
-    """A running pod gpusched assigned GPUs (the core checks each against its ledger)."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return bool((meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)) and status.get("phase") == "Running"
+    """A bound, not finished pod gpusched assigned GPUs (the core checks each against its ledger)."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    return (bool((meta.get("annotations") or {}).get(ASSIGNED_GPUS_ANNOTATION)) and bool(spec.get("nodeName"))
+            and status.get("phase") not in ("Succeeded", "Failed"))
 
 
 def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def slim(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cluster_pods(kubeconfig: str | None) -> list[dict[str, Any]]:
-    """Every running pod of the cluster as JSON (the API's field names), listed with ``kubeconfig``."""
+    """Every bound, not finished pod of the cluster as JSON (the API's field names), listed with
+    ``kubeconfig``."""
     from kubernetes import client
 
     from gpusched_cli.explain import load_config
@@ -83,7 +85,8 @@ def cluster_pods(kubeconfig: str | None) -> list[dict[str, Any]]:
     load_config(kubeconfig)
     api = client.ApiClient()
     try:
-        listed = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector="status.phase=Running")
+        listed = client.CoreV1Api(api).list_pod_for_all_namespaces(
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
     except client.ApiException as exc:
         raise SimulateError(f"cannot list the cluster's pods: HTTP {exc.status} {exc.reason}") from None
     return [cast("dict[str, Any]", api.sanitize_for_serialization(p)) for p in listed.items]

@@ -119,7 +119,7 @@ def assemble_cluster(settings: Settings, profile: ProfileConfig, framework: Fram
         planning=Planning(Simulator(framework_decider, gangs, synced=watches.synced, preemption=preemptor.plan,
                                     gang_timeout_s=coordinator.default_timeout_s),
                           capacity, board, lambda: framework_decider.catalog,
-                          DefragPlanner(framework_decider, budgets, synced=watches.synced)),
+                          DefragPlanner(framework_decider, budgets, gangs, synced=watches.synced)),
         fleet=FleetView(state.snapshot, state.telemetry.get if state.telemetry is not None else lambda node: None,
                         decisions.pending, tier_labels=settings.tier_labels,
                         roles=lambda node: {p.ref.key: role for p in bound_pods.on_node(node)

@@ -36,14 +36,15 @@ from extender.framework.decisions import GpuChoice
 from extender.framework.runtime import Framework
 from extender.model.demand import DemandProblem, PodDemand
 from extender.model.disruption import DisruptionBudget, Victim, violations
+from extender.model.gang import DEFAULT_TIMEOUT_S, GangProblem
 from extender.model.kube_filters import kube_refusal
 from extender.model.ledger import Assignment, EntryState, LedgerView
 from extender.model.snapshot import ClusterSnapshot, NodeInfo
 from extender.model.what_if import node_what_if
 from extender.service.core import PodRef
 from extender.service.preemption import BudgetSource
-from extender.service.simulate import SimulationJudge
-from gpusched_api.names import DEFRAG_ANNOTATION, DEFRAG_NEVER, GANG_NAME_ANNOTATION
+from extender.service.simulate import GangDeclarations, SimulationJudge
+from gpusched_api.names import DEFRAG_ANNOTATION, DEFRAG_NEVER
 
 DEFAULT_MAX_MOVES = 2
 MAX_MOVES = 4  # a longer chain of restarts is not worth planning (and the search grows as C(n, k))
@@ -52,9 +53,10 @@ MAX_DESTINATIONS_TRIED = 64  # per engine and plan, best-scored first
 DEFAULT_RESTART_S = 300.0  # an engine's seconds to serve again when nothing measured says otherwise
 # The ledger key a planned replacement holds its units under: never a real pod's (keys have one "/").
 _PLANNED = "defrag://"
-# The controllers that replace a pod that leaves (a Deployment's ReplicaSet, a StatefulSet, a
-# LeaderWorkerSet's): a pod of any other owner, or none, would not come back where a plan puts it.
-REPLACING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "LeaderWorkerSet"})
+# The controllers that replace a pod that leaves (a Deployment's ReplicaSet, a StatefulSet): a pod
+# of any other owner, or none, would not come back where a plan puts it. A LeaderWorkerSet's pods
+# (owned by its StatefulSets) are a group, exempt as groups are.
+REPLACING_OWNERS = frozenset({"ReplicaSet", "StatefulSet"})
 
 
 @dataclass(frozen=True)
@@ -262,13 +264,15 @@ def admitted(pod: Mapping[str, Any] | None, snapshot: ClusterSnapshot) -> list[s
 
 def engines_of(pods: Iterable[Mapping[str, Any]], budgets: Sequence[DisruptionBudget], view: LedgerView,
                demand_of: Callable[[Mapping[str, Any]], PodDemand | DemandProblem],
+               gang_of: Callable[[Mapping[str, Any]], str] = lambda pod: "",
                restart_s: Callable[[str], float] = lambda key: DEFAULT_RESTART_S) -> list[Engine]:
     """The engines among ``pods`` (Kubernetes Pod JSON): those the ledger holds bound with the same
     UID — the GPUs are the ledger's, never the pod body's — each with why it may not move:
     opted out (``gpusched.io/defrag: never``), a gang member, no controller that would replace
     it, a budget that allows no disruption now, or a demand that cannot be read. ``demand_of``:
-    the pod's demand as a new pod of its spec is judged; ``restart_s``: its seconds to serve
-    again, by pod key."""
+    the pod's demand as a new pod of its spec is judged; ``gang_of``: the group the pod declares
+    ("" none: any declaration gpusched reads, a LeaderWorkerSet's or a PodGroup's as much as its
+    own annotations); ``restart_s``: its seconds to serve again, by pod key."""
     engines = []
     for pod in pods:
         meta = pod.get("metadata")
@@ -285,8 +289,19 @@ def engines_of(pods: Iterable[Mapping[str, Any]], budgets: Sequence[DisruptionBu
         spec = pod.get("spec")
         spec = spec if isinstance(spec, Mapping) else {}
         replacement = {"spec": {k: v for k, v in spec.items() if k != "nodeName"}}
-        engines.append(Engine(held, demand, restart_s(key), _exempt(meta, budgets), replacement))
+        gang = gang_of(pod)
+        exempt = f"a member of group {gang[:64]}: groups move whole, which plans do not do yet" if gang \
+            else _exempt(meta, budgets)
+        engines.append(Engine(held, demand, restart_s(key), exempt, replacement))
     return engines
+
+
+def group_of(gangs: GangDeclarations, pod: Mapping[str, Any]) -> str:
+    """The group ``pod`` declares by any declaration gpusched reads ("" none)."""
+    spec = gangs.spec_of(pod, DEFAULT_TIMEOUT_S)
+    if isinstance(spec, GangProblem):
+        return "(a declaration that cannot be read)"
+    return str(spec.key) if spec is not None else ""
 
 
 def _exempt(meta: Mapping[str, Any], budgets: Sequence[DisruptionBudget]) -> str:
@@ -294,14 +309,12 @@ def _exempt(meta: Mapping[str, Any], budgets: Sequence[DisruptionBudget]) -> str
     annotations = _mapping(meta.get("annotations"))
     if annotations.get(DEFRAG_ANNOTATION) == DEFRAG_NEVER:
         return f"opted out ({DEFRAG_ANNOTATION}: {DEFRAG_NEVER})"
-    if annotations.get(GANG_NAME_ANNOTATION):
-        return f"a member of gang {str(annotations[GANG_NAME_ANNOTATION])[:64]}: gangs move whole, not planned yet"
     references = meta.get("ownerReferences")
     owners = [o for o in (references if isinstance(references, list) else [])
               if isinstance(o, Mapping) and o.get("controller")]
     if not owners or owners[0].get("kind") not in REPLACING_OWNERS:
         owner = f"owned by a {str(owners[0].get('kind'))[:64]}" if owners else "owned by no controller"
-        return f"{owner}: nothing would replace it (only a Deployment's, StatefulSet's or LeaderWorkerSet's pods move)"
+        return f"{owner}: nothing would replace it (only a Deployment's or StatefulSet's pods move)"
     victim = Victim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
                     {str(k): str(v) for k, v in _mapping(meta.get("labels")).items()})
     broken = violations([victim], budgets).get(0)
@@ -354,11 +367,14 @@ class DefragPlanner:
     specs; ``gpusched defrag plan`` lists the pods). ``synced``: whether the core's view is
     complete (a plan on half a ledger would move pods onto GPUs that are taken)."""
 
-    def __init__(self, judge: SimulationJudge, budgets: BudgetSource, *,
+    def __init__(self, judge: SimulationJudge, budgets: BudgetSource, gangs: GangDeclarations, *,
                  synced: Callable[[], tuple[bool, str]] = lambda: (True, "")) -> None:
         self._judge = judge
         self._budgets = budgets
+        self._gangs = gangs
         self._synced = synced
+
+
 
     def plan(self, target_pod: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
              max_moves: int = DEFAULT_MAX_MOVES) -> DefragAnswer:
@@ -372,7 +388,7 @@ class DefragPlanner:
             return DefragAnswer(error="the target asks for no whole GPU: nothing to make room for")
         snapshot = self._judge.snapshot()
         engines = engines_of(pods, tuple(self._budgets.budgets()), snapshot.ledger,
-                             lambda pod: self._judge.demand(_unremembered(pod)))
+                             lambda pod: self._judge.demand(_unremembered(pod)), lambda pod: group_of(self._gangs, pod))
         plan = plan_room(self._judge.framework, snapshot, target, engines, max_moves=max_moves, target_pod=target_pod)
         return DefragAnswer(plan, tuple(engines))
 

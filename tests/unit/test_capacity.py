@@ -105,7 +105,7 @@ def test_the_endpoint_counts_an_inline_or_configured_shape(query, status, words)
     board = CapacityBoard(world.counter)
     board.set_shapes([engine_shape("tp8", {"model": MODEL_70B, "tp": 8}, builtin_catalog())])
     planning = Planning(Simulator(world.decider, GangIndex()), world.counter, board, lambda: builtin_catalog(),
-                        DefragPlanner(world.decider, NoBudgets()))
+                        DefragPlanner(world.decider, NoBudgets(), GangIndex()))
     answer = TestClient(create_app(Settings(), Collaborators(planning=planning))).get(f"/debug/capacity{query}")
     assert answer.status_code == status and words in answer.text, answer.text
 

@@ -20,7 +20,7 @@ from extender.model.disruption import budget_from_k8s
 from extender.model.ledger import GpuLedger
 from extender.model.workloads import pods_of
 from extender.service.capacity import CapacityBoard, CapacityCounter, Planning
-from extender.service.defrag import DefragPlanner, Engine, RoomPlan, engines_of, plan_room
+from extender.service.defrag import DefragPlanner, Engine, RoomPlan, engines_of, group_of, plan_room
 from extender.service.framework_decider import FrameworkDecider
 from extender.service.gangs import GangIndex
 from extender.service.simulate import Simulator
@@ -170,12 +170,18 @@ def budget(name: str, app: str, allowed: int) -> Any:
     pytest.param(engine_pod("e", 1, owner="StatefulSet"), [budget("b", "e", 1)], "", id="a-budget-that-allows-one"),
     pytest.param(engine_pod("e", 1, annotations={"gpusched.io/defrag": "never"}), [],
                  "opted out (gpusched.io/defrag: never)", id="opted-out"),
-    pytest.param(engine_pod("e", 1, annotations={"gpusched.io/gang-name": "g"}), [],
-                 "a member of gang g: gangs move whole, not planned yet", id="a-gang-member"),
+    pytest.param(engine_pod("e", 1, annotations={"gpusched.io/gang-name": "g", "gpusched.io/gang-size": "2"}), [],
+                 "a member of group default/g: groups move whole, which plans do not do yet", id="a-gang-member"),
+    pytest.param({**engine_pod("e", 1, owner="StatefulSet"), "metadata": {
+        **engine_pod("e", 1)["metadata"], "labels": {"leaderworkerset.sigs.k8s.io/name": "lws",
+                                                     "leaderworkerset.sigs.k8s.io/group-index": "0"},
+        "annotations": {"leaderworkerset.sigs.k8s.io/size": "2"}}}, [],
+                 "a member of group default/lws-0: groups move whole, which plans do not do yet",
+                 id="a-leaderworkersets-worker"),
     pytest.param(engine_pod("e", 1, owner=None), [], "owned by no controller: nothing would replace it (only a "
-                 "Deployment's, StatefulSet's or LeaderWorkerSet's pods move)", id="a-bare-pod"),
+                 "Deployment's or StatefulSet's pods move)", id="a-bare-pod"),
     pytest.param(engine_pod("e", 1, owner="Job"), [], "owned by a Job: nothing would replace it (only a "
-                 "Deployment's, StatefulSet's or LeaderWorkerSet's pods move)", id="a-jobs-pod"),
+                 "Deployment's or StatefulSet's pods move)", id="a-jobs-pod"),
     pytest.param(engine_pod("e", 1), [budget("pdb", "e", 0)], "PodDisruptionBudget default/pdb allows no disruption "
                  "now", id="a-budget-with-no-disruption-left"),
     pytest.param(engine_pod("e", 1, annotations={"gpusched.io/gpu-memory-per-gpu": "a lot"}), [], None,
@@ -185,7 +191,7 @@ def test_which_engines_may_move_and_why_the_others_stay(pod, budgets, exempt):
     ledger = GpuLedger()
     ledger.observe("default/e", "n1", ["GPU-n1-0"], "uid-e")
     parse = lambda raw: parse_pod_demand(raw, builtin_catalog())  # noqa: E731
-    (engine,) = engines_of([pod], budgets, ledger.view(), parse)
+    (engine,) = engines_of([pod], budgets, ledger.view(), parse, lambda raw: group_of(GangIndex(), raw))
     if exempt is None:
         assert engine.exempt.startswith("its demand cannot be read") and not engine.movable, engine
     else:
@@ -216,7 +222,7 @@ class World:
         decider = FrameworkDecider(default_framework(), builtin_catalog(), self.ledger,
                                    lambda: make_snapshot(nodes, self.ledger.view()))
         source = SimpleNamespace(budgets=lambda: budgets)
-        self.planner = DefragPlanner(decider, source)
+        self.planner = DefragPlanner(decider, source, GangIndex())
         self.pods = [engine_pod("tp4", 4, model=BIG), engine_pod("one", 1)]
         planning = Planning(Simulator(decider, GangIndex()), CapacityCounter(decider),
                             CapacityBoard(CapacityCounter(decider)), lambda: builtin_catalog(), self.planner)
@@ -278,7 +284,10 @@ def test_the_cli_sends_slimmed_running_gpu_pods_and_prints_the_moves(tmp_path, m
     target.write_text(yaml.safe_dump(TARGET))
     listed = [{**p, "metadata": {**p["metadata"], "annotations": {ASSIGNED_GPUS_ANNOTATION: "GPU-x"},
                                  "managedFields": [{"manager": "kubelet"}]}} for p in world.pods]
-    listed.append({**engine_pod("web", 0), "status": {"phase": "Running"}})  # no GPU: not sent
+    listed.append(engine_pod("web", 0))  # no GPU: not sent
+    done = world.pods[1]
+    listed.append({**done, "metadata": {**done["metadata"], "name": "finished", "annotations": {
+        ASSIGNED_GPUS_ANNOTATION: "GPU-y"}}, "status": {"phase": "Succeeded"}})  # holds nothing any more
     args = SimpleNamespace(filename=str(target), max_moves=2, url="http://core", kubeconfig=None, json=False)
     text, code = defrag_cli.run(args, list_pods=lambda: listed)
     assert code == 0, text

@@ -14,6 +14,7 @@ from extender.model.catalog import builtin_catalog
 from extender.model.workloads import pods_of
 from extender.service.capacity import CapacityBoard, Planning
 from extender.service.defrag import DefragPlanner
+from extender.service.gangs import GangIndex
 from extender.service.preemption import NoBudgets
 from extender.settings import Settings
 from gpusched_cli.simulate import render_simulation
@@ -138,7 +139,7 @@ def test_the_cli_prints_a_row_per_pod_and_exits_1_when_some_would_wait():
 
 def planning_of(world: World) -> Planning:
     return Planning(world.simulator, world.counter, CapacityBoard(world.counter), lambda: builtin_catalog(),
-                    DefragPlanner(world.decider, NoBudgets()))
+                    DefragPlanner(world.decider, NoBudgets(), GangIndex()))
 
 
 def test_nodes_the_selector_leaves_out_are_counted_not_listed():
