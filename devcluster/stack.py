@@ -162,19 +162,21 @@ class Stack:
                                    grpc.ssl_channel_credentials(self.telemetry_ca),
                                    options=[("grpc.ssl_target_name_override", TELEMETRY_HOST)])
 
-    def cli(self, *args: str) -> str:
-        """Run the ``gpusched`` CLI against this extender (and the apiserver as admin)."""
+    def cli(self, *args: str, exit_code: int | None = 0) -> str:
+        """Run the ``gpusched`` CLI against this extender (and the apiserver as admin); its stdout,
+        once it exited with ``exit_code`` (None: any code but 2, the CLI's "a problem")."""
         import subprocess
 
         assert self.extender is not None
         admin = self.cp.kubeconfig(self.cp.admin_token, "admin")
         argv = [PYTHON, "-m", "gpusched_cli", *args]
-        if args and args[0] in ("explain", "nodes", "simulate", "capacity"):
+        if args and args[0] in ("explain", "nodes", "simulate", "capacity", "defrag"):
             argv += ["--url", self.extender.base]
-        if args and args[0] in ("explain", "workload"):
+        if args and args[0] in ("explain", "workload", "defrag"):
             argv += ["--kubeconfig", str(admin)]
         proc = subprocess.run(argv, capture_output=True, text=True, env=python_component_env(), timeout=60)
-        assert proc.returncode == 0, f"gpusched {' '.join(args)} failed ({proc.returncode}): {proc.stderr}"
+        expected = proc.returncode == exit_code if exit_code is not None else proc.returncode != 2
+        assert expected, f"gpusched {' '.join(args)} exited {proc.returncode}: {proc.stderr}"
         return proc.stdout
 
     # The agent pod object the agent process's tokens are bound to. On a real node the kubelet runs

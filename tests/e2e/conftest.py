@@ -192,6 +192,16 @@ def dra_nodes(admin, stack: Stack, tmp_path):
 LEFTOVER_MIB = 70_000  # of an 80 GB H100
 
 
+@pytest.fixture(scope="module")
+def workload_controllers(control_plane: ControlPlane) -> Iterator[None]:
+    """The Deployment, ReplicaSet and disruption controllers (the last keeps PodDisruptionBudgets'
+    status), so a Deployment applied makes its pods and a budget says what it allows."""
+    cm = control_plane.start_controllers("deployment-controller", "replicaset-controller", "disruption-controller")
+    yield
+    cm.stop()
+    control_plane.components.remove(cm)
+
+
 @pytest.fixture
 def agent_fleet(admin, stack: Stack, tmp_path: Path) -> Iterator[Any]:
     """``add(dirty_gpus, name=None) -> node``: an 8 x H100 node of this test's fleet with its agent

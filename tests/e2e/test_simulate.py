@@ -12,30 +12,19 @@ pods then get.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 
 from devcluster.cluster import create_pod, pod_node, pod_scheduled_message, unique, vllm_pod, wait_until
-from devcluster.controlplane import NAMESPACE, ControlPlane
+from devcluster.controlplane import NAMESPACE
 from devcluster.modes import SchedulingMode
 from devcluster.stack import Stack, scrape_metric
 
 MODEL_70B = "meta-llama/Llama-3.1-70B-Instruct"
 CATALOG = "gpusched-model-catalog"  # the ConfigMap of models and engine shapes
-
-
-@pytest.fixture(scope="module")
-def workload_controllers(control_plane: ControlPlane) -> Iterator[None]:
-    """The Deployment and ReplicaSet controllers, so a Deployment applied makes its pods."""
-    cm = control_plane.start_controllers("deployment-controller", "replicaset-controller")
-    yield
-    cm.stop()
-    control_plane.components.remove(cm)
 
 
 def engine_spec(fleet_id: str, scheduler: str, tp: int = 4, annotations: dict[str, str] | None = None) -> dict[str, Any]:
