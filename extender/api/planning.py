@@ -93,7 +93,7 @@ def answer_defrag(body: bytes, planner: DefragPlanner) -> tuple[int, dict[str, A
         return 400, {"error": f"maxMoves must be a whole number 0..{MAX_MOVES}"}
     pods = request.get("pods", [])
     if len(pods) > MAX_DEFRAG_PODS or not all(isinstance(p, dict) for p in pods):
-        return 400, {"error": f"pods: at most {MAX_DEFRAG_PODS} Pod objects"}
+        return 400, {"error": f"pods: a list of at most {MAX_DEFRAG_PODS} Pod objects"}
     try:
         target = pods_of([request["target"]]).pods
     except WorkloadProblem as exc:

@@ -253,7 +253,7 @@ def test_the_planner_moves_the_cheap_engine_and_a_budget_sends_it_to_move_the_ot
     (b"{not json", 400, "the body is not JSON"),
     (b'{"pods": []}', 400, 'expected {\\"target\\"'),
     (orjson.dumps({"target": TARGET, "maxMoves": 9}), 400, "maxMoves must be a whole number 0..4"),
-    (orjson.dumps({"target": TARGET, "pods": [1]}), 400, "pods: at most 100000 Pod objects"),
+    (orjson.dumps({"target": TARGET, "pods": [1]}), 400, "pods: a list of at most 100000 Pod objects"),
     (orjson.dumps({"target": {"kind": "CronJob", "metadata": {"name": "c"}, "spec": {}}}), 400, "target: "),
     (orjson.dumps({"target": {**TARGET, "spec": {**TARGET["spec"], "replicas": 0}}}), 400, "the object makes no pod"),
     (orjson.dumps({"target": engine_pod("cpu", 0)}), 400, "the target asks for no whole GPU"),
