@@ -71,7 +71,8 @@ def test_a_tp8_pending_on_a_fragmented_fleet_gets_a_one_move_plan_and_a_budget_k
     assert answer["found"] and answer["node"] == big_node, answer
     assert [(m["pod"], m["from"], m["to"], len(m["gpus"])) for m in answer["moves"]] == [
         (f"{namespace}/{big}", big_node, small_node, 4)], answer
-    assert sorted(answer["targetGpus"]) == list(range(8)) and answer["engines"]["movable"] == 2, answer
+    # Other tests' engines of the session count too (the CLI lists the whole cluster's pods).
+    assert sorted(answer["targetGpus"]) == list(range(8)) and answer["engines"]["movable"] >= 2, answer
     # Nothing moved, nothing reserved: the engines are where they were, the TP=8 still waits.
     assert (bound_pod(admin, namespace, "big"), bound_pod(admin, namespace, "small")) == \
         ((big, big_node), (small, small_node))
