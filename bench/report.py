@@ -39,7 +39,8 @@ BEGIN = "<!-- bench-table:begin -->"
 END = "<!-- bench-table:end -->"
 # The order rows appear in (others follow alphabetically); also what `python -m bench` runs.
 BENCHMARKS = ("extender_latency", "telemetry_ingest", "telemetry_core_scale", "relist_scale", "placement_quality", "gang_barrier",
-              "scheduler_throughput", "engine_sidecar", "openb_replay", "openb_ablation", "openb_weights", "soak")
+              "scheduler_throughput", "engine_sidecar", "openb_replay", "openb_ablation", "openb_weights", "defrag_planner",
+              "soak")
 # pyspy, agent_fleet: helpers.
 NOT_BENCHMARKS = frozenset({"__init__", "__main__", "report", "plots", "pyspy", "agent_fleet"})
 # The notes under the table are prose: wrapped, so no line runs to a thousand characters.
