@@ -62,7 +62,7 @@ import orjson
 
 from extender.model.catalog import Catalog
 from extender.model.cpu import pod_cpu_request_milli
-from extender.model.dra import DraDemand
+from extender.model.dra import ClaimsNotSeenYet, DraDemand
 from extender.model.gang import POD_GROUP_LABEL, RAY_CLUSTER_LABEL, declares_gang
 from extender.model.vllm_args import WHOLE_NUMBER, CommandLineError, VllmArgs, mentions_vllm, parse_positive
 from gpusched_api.dra_drivers import DRA_DRIVERS
@@ -93,6 +93,9 @@ class DemandProblem:
     namespace: str
     name: str
     message: str
+    # gpusched's own view is behind (a claim kube-scheduler sees and the core does not yet): the pod
+    # is judged again after kube-scheduler's backoff, not refused for good (``model.dra.ClaimsNotSeenYet``).
+    transient: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -214,8 +217,8 @@ def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,
         return DemandProblem("default", "", "metadata must be an object")
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     if isinstance(dra, str):
-        return DemandProblem(namespace, name, dra)
-    if problem := _shape_problem(pod, meta):
+        return DemandProblem(namespace, name, dra, transient=isinstance(dra, ClaimsNotSeenYet))
+    if problem := pod_shape_problem(pod):
         return DemandProblem(namespace, name, problem)
     try:
         return _parse(pod, meta, namespace, name, catalog, dra)
@@ -223,9 +226,12 @@ def parse_pod_demand(pod: Mapping[str, Any], catalog: Catalog,
         return DemandProblem(namespace, name, str(exc))
 
 
-def _shape_problem(pod: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+def pod_shape_problem(pod: Mapping[str, Any]) -> str:
     """What of the parts parsing reads is not of the Pod API's shape ("" when all is): an
-    apiserver's pod always is, a pod in a planning request's body need not be."""
+    apiserver's pod always is, a pod in a planning request's body or a file need not be."""
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return "metadata must be an object"
     for field_name in ("annotations", "labels"):
         if meta.get(field_name) is not None and not isinstance(meta[field_name], Mapping):
             return f"metadata.{field_name} must be an object"

@@ -179,6 +179,10 @@ class FrameworkDecider:
         if not_synced := self._not_synced():
             return FilterOutcome(feasible=(), error=not_synced, summary=not_synced)
         demand = self.demand(pod)
+        if isinstance(demand, DemandProblem) and demand.transient:
+            # Our view is behind kube-scheduler's: an error makes it retry the pod after its backoff
+            # (1-10 s), where a verdict would leave it waiting for an event that may have passed.
+            return FilterOutcome(feasible=(), error=demand.message, summary=demand.message)
         snapshot = self._snapshot_for(node_objects)
         judged = self.framework.filter(snapshot, demand, candidates)
         decision = self._judged_without_own_stale_hold(pod, demand, snapshot, candidates, judged)

@@ -427,3 +427,15 @@ def test_an_extender_without_dra_state_says_so_to_a_marked_pod(pod, needle):
         assert isinstance(got, PodDemand) and got.dra is None and got.gpu_count == 0
     else:
         assert isinstance(got, DemandProblem) and needle in got.message, got
+
+
+def test_a_dra_pod_whose_claim_the_core_has_not_seen_is_an_error_to_retry_not_a_verdict():
+    """kube-scheduler's DRA plugin refuses a pod whose claim does not exist, so a claim the core
+    lacks is its watch lagging: an error makes kube-scheduler retry after its backoff (a verdict
+    left the pod waiting for an event that had passed: CI's test_tp3_for_a_64_head_model)."""
+    state = cluster(("n1", H100))
+    pod = make_dra_pod(tp=4)
+    before = decider(state).filter(ref(pod), ["n1"], None)
+    assert before.result == "error" and "is not known to gpusched (yet)" in before.error, before
+    ClaimFeed(dra_of(state)).apply("ADDED", make_claim_obj("c", 4))
+    assert decider(state).filter(ref(pod), ["n1"], None).feasible == ("n1",)

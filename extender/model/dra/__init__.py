@@ -6,6 +6,7 @@ and their device classes' names live in ``gpusched_api.dra_drivers``."""
 from extender.model.dra.claims import (
     AllocatedDevice,
     ClaimRequest,
+    ClaimsNotSeenYet,
     DraClaim,
     DraDemand,
     DraSlice,
@@ -18,5 +19,5 @@ from extender.model.dra.claims import (
     resolve_dra_demand,
 )
 
-__all__ = ["AllocatedDevice", "ClaimRequest", "DraClaim", "DraDemand", "DraSlice", "DraTemplate",
+__all__ = ["AllocatedDevice", "ClaimRequest", "ClaimsNotSeenYet", "DraClaim", "DraDemand", "DraSlice", "DraTemplate",
            "MatchAttribute", "PodClaimRef", "SliceDevice", "carries_dra_marker", "pod_claim_refs", "resolve_dra_demand"]

@@ -184,6 +184,13 @@ def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
     return tuple(refs)
 
 
+class ClaimsNotSeenYet(str):
+    """The sentence :func:`resolve_dra_demand` gives when a claim or template the pod names is not
+    in the caller's view: kube-scheduler's own DRA plugin refuses a pod whose claims do not exist,
+    so gpusched is asked about it only when they do — its watch is behind, and the pod must be
+    judged again soon, not refused for good."""
+
+
 def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
                        templates: Mapping[str, DraTemplate], driver: DraDriver = GPUSCHED) -> DraDemand | str | None:
     """The pod's GPUs through ``driver``'s DeviceClasses, from the claims (``namespace/name`` ->
@@ -222,8 +229,8 @@ def resolve_dra_demand(pod: Mapping[str, Any], claims: Mapping[str, DraClaim],
             from_template = from_template or ref.claim is None
     if not requests:
         if missing:
-            return (f"the pod's {', '.join(missing)} is not known to gpusched (yet), so its GPU count cannot be "
-                    "read; create it, or check the name in spec.resourceClaims")
+            return ClaimsNotSeenYet(f"the pod's {', '.join(missing)} is not known to gpusched (yet), so its GPU count "
+                                    "cannot be read; create it, or check the name in spec.resourceClaims")
         return None
     classes = sorted({r.device_class for r in requests})
     if len(classes) > 1:
