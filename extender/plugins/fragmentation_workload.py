@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model.catalog import Catalog
-from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand
+from extender.model.demand import DemandProblem, PodDemand, parse_pod_demand, pod_shape_problem
 from extender.model.fragmentation import GPU_MILLI
 from extender.plugins.fragmentation_score import PodTypeArgs, share_milli
 from gpusched_api.names import DRA_MARKER_RESOURCE
@@ -93,6 +93,8 @@ def _type_key(pod: Mapping[str, Any], catalog: Catalog, gpu_mib: int | None) -> 
         return "a static pod (the kubelet's own: never scheduled)"
     if _asks_dra(pod):
         return "GPUs through DRA claims (resolved in the cluster, not from the pod)"
+    if pod_shape_problem(pod):
+        return "not a Pod the apiserver would accept (a field of the wrong type)"
     try:
         demand = parse_pod_demand(pod, catalog)
     except (AttributeError, TypeError):  # the parser trusts the apiserver's Pod schema; a file need not hold to it
