@@ -328,7 +328,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-MAX_EXEMPT_LISTED = 64  # engines an answer lists with why they stay (the count covers all)
+MAX_EXEMPT_LISTED = 64  # engines an answer lists with why they stay, the target's nodes' first (the count covers all)
 
 
 @dataclass(frozen=True)
@@ -339,12 +339,16 @@ class DefragAnswer:
     plan: RoomPlan = RoomPlan()
     engines: tuple[Engine, ...] = ()
     error: str = ""
+    # The nodes the target may use (kube-scheduler's own filters): the engines that stay there are
+    # the ones an operator asks about, listed first.
+    target_nodes: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         if self.error:
             return {"error": self.error}
         plan = self.plan
-        exempt = [{"pod": e.key, "why": e.exempt} for e in self.engines if e.exempt]
+        staying = sorted((e for e in self.engines if e.exempt), key=lambda e: (e.held.node not in self.target_nodes, e.key))
+        exempt = [{"pod": e.key, "node": e.held.node, "why": e.exempt} for e in staying]
         if not plan.found:
             summary = plan.reason
         elif not plan.moves:
@@ -390,7 +394,7 @@ class DefragPlanner:
         engines = engines_of(pods, tuple(self._budgets.budgets()), snapshot.ledger,
                              lambda pod: self._judge.demand(_unremembered(pod)), lambda pod: group_of(self._gangs, pod))
         plan = plan_room(self._judge.framework, snapshot, target, engines, max_moves=max_moves, target_pod=target_pod)
-        return DefragAnswer(plan, tuple(engines))
+        return DefragAnswer(plan, tuple(engines), target_nodes=frozenset(admitted(target_pod, snapshot)))
 
 
 def _unremembered(pod: Mapping[str, Any]) -> PodRef:

@@ -84,6 +84,6 @@ def test_a_tp8_pending_on_a_fragmented_fleet_gets_a_one_move_plan_and_a_budget_k
     why = f"PodDisruptionBudget {namespace}/big allows no disruption now"
     held = wait_until(lambda: (a := plan(stack, tmp_path, {**target, "metadata": {**target["metadata"],
                                                                                   "namespace": namespace}}, None))
-                      and {"pod": f"{namespace}/{big}", "why": why} in a["engines"]["exempt"] and a, 30,
+                      and {"pod": f"{namespace}/{big}", "node": big_node, "why": why} in a["engines"]["exempt"] and a, 30,
                       "the core to read the budget (its watch) and keep the TP=4 in place")
     assert not held["found"] and held["moves"] == [] and "no plan of at most 2 move(s)" in held["summary"], held

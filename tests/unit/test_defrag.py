@@ -245,8 +245,21 @@ def test_the_planner_moves_the_cheap_engine_and_a_budget_sends_it_to_move_the_ot
     held = World((budget("keep-one", "one", 0),))
     answer = held.planner.plan(pods_of([TARGET]).pods[0], held.pods).to_json()
     assert [(m["pod"], m["from"], m["to"]) for m in answer["moves"]] == [("default/tp4", "n1", "n2")], answer
-    assert answer["engines"]["exempt"] == [{"pod": "default/one",
+    assert answer["engines"]["exempt"] == [{"pod": "default/one", "node": "n2",
                                             "why": "PodDisruptionBudget default/keep-one allows no disruption now"}]
+
+
+def test_the_engines_that_stay_on_the_targets_nodes_are_listed_first():
+    """A cluster has many engines that never move (bare pods, gangs): the answer lists at most 64,
+    and those on nodes the target may use come first — the ones that explain a missing plan."""
+    world = World((budget("keep-one", "one", 0),))
+    bare = [engine_pod(f"a-bare-{i:03d}", 1, owner=None) for i in range(70)]
+    for i, pod in enumerate(bare):
+        world.ledger.observe(f"default/{pod['metadata']['name']}", "elsewhere", [f"GPU-x-{i}"], pod["metadata"]["uid"])
+    answer = world.planner.plan(pods_of([TARGET]).pods[0], [*bare, *world.pods]).to_json()  # n1, n2: not "elsewhere"
+    exempt = answer["engines"]["exempt"]
+    assert len(exempt) == 64 and answer["engines"]["exemptTotal"] == 71
+    assert exempt[0]["pod"] == "default/one" and "keep-one" in exempt[0]["why"], exempt[:2]
 
 
 @pytest.mark.parametrize("body, status, words", [
