@@ -85,7 +85,11 @@ def test_the_fleet_page_shows_the_fleet_pending_pods_their_decisions_and_a_cordo
     name_filter.send_keys(token)
     for preset in ("h100", "a100", "l40s", "mig", "dirty"):
         shown(browser, f'article.node[data-node="{token}-{preset}"]', what=f"the node card of {token}-{preset}")
-    assert len(browser.find_elements(By.CSS_SELECTOR, "article.node")) == 5
+    # The filter applies on input, after a render: until then every node of the cluster shows (CI
+    # once counted 7, two nodes of other tests still there).
+    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "article.node")) == 5, 10,
+               f"the name filter to leave the 5 nodes of {token}",
+               context=lambda: str(len(browser.find_elements(By.CSS_SELECTOR, "article.node"))))
 
     cell = shown(browser, f'.gpu[data-node="{dirty}"][data-gpu="2"]')
     assert cell.get_attribute("data-state") == "dirty" and "state-dirty" in cell.get_attribute("class")

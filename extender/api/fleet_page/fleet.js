@@ -32,15 +32,22 @@ async function getJson(url, options) {
   return body;
 }
 
+// Each refresh is numbered: typing a name filter asks once per keystroke, and an earlier answer
+// arriving after a later one must not draw the fleet of a shorter filter over it.
+let asked = 0;
+
 async function refresh() {
   const params = new URLSearchParams();
   for (const [key, value] of Object.entries(query)) if (value !== "" && value !== null) params.set(key, value);
+  const ask = ++asked;
   try {
     const data = await getJson(`fleet/data?${params}`);
+    if (ask !== asked) return; // a later refresh was asked meanwhile: its answer draws
     draw(data);
     document.getElementById("error").hidden = true;
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
+    if (ask !== asked) return;
     const box = document.getElementById("error");
     box.hidden = false;
     box.textContent = `cannot read the fleet: ${err.message}`;
