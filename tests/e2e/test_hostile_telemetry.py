@@ -82,7 +82,8 @@ def unit_memory(stack: Stack, node: str) -> list[int]:
 
 
 def telemetry_of(stack: Stack, node: str) -> str:
-    return next(n for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node)["telemetry"]
+    # "" until the core's node watch lists the node (a probe polled by wait_until must not raise).
+    return next((n["telemetry"] for n in stack.extender.get_json("/debug/nodes")["nodes"] if n["name"] == node), "")
 
 
 @pytest.fixture
